@@ -1,0 +1,1 @@
+"""How much a model-stage candidate costs: op list, latency, peak memory, calibration."""

@@ -1,0 +1,75 @@
+"""A model-stage candidate: layout (tp, pp) of one replica, DP degree, micro-batch, recompute."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+
+@dataclass(frozen=True, order=True)
+class Layout:
+    """TP and PP degrees of one DP replica (one EMU)."""
+
+    tp: int
+    pp: int
+
+    @property
+    def size(self) -> int:
+        return self.tp * self.pp
+
+    def __str__(self) -> str:
+        return f"(tp={self.tp}, pp={self.pp})"
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One way to run a model-stage: ``dp`` replicas of ``layout``.
+
+    ``micro_batch`` (b) and ``grad_accum`` (a) satisfy ``dp * b * a`` = the stage's batch: the
+    sequences of one optimizer update for training, of the whole step for inference and
+    generation (where ``a`` counts micro-batches run one after another).
+    """
+
+    layout: Layout
+    dp: int
+    micro_batch: int
+    grad_accum: int
+    recompute: bool = False
+
+    @property
+    def tp(self) -> int:
+        return self.layout.tp
+
+    @property
+    def pp(self) -> int:
+        return self.layout.pp
+
+    @property
+    def gpus(self) -> int:
+        return self.dp * self.layout.size
+
+    def __str__(self) -> str:
+        rc = ", recompute" if self.recompute else ""
+        return (f"tp={self.tp} pp={self.pp} dp={self.dp} b={self.micro_batch} "
+                f"a={self.grad_accum}{rc}")
+
+
+class Link(str, Enum):
+    INTRA = "intra"  # inside a node: NVLink, Infinity Fabric, loopback
+    INTER = "inter"  # across nodes: InfiniBand, Slingshot, Ethernet
+
+
+@dataclass(frozen=True)
+class Links:
+    """Which link each parallel dimension's collectives cross."""
+
+    tp: Link
+    pp: Link
+    dp: Link
+
+    @classmethod
+    def for_candidate(cls, cand: Candidate, node_size: int) -> Links:
+        """Replicas fill nodes in order, TP innermost: a group stays intra-node if it fits one."""
+        def link(n: int) -> Link:
+            return Link.INTRA if n <= node_size else Link.INTER
+        return cls(tp=link(cand.tp), pp=link(cand.layout.size), dp=link(cand.gpus))

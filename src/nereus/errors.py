@@ -1,0 +1,27 @@
+"""Errors every layer raises for input a user can fix.
+
+The CLI turns an :class:`InputError` into one line on stderr and exit code 2, with no traceback.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+
+class InputError(ValueError):
+    """A value a user supplied is not allowed: names the field and what is allowed."""
+
+    def __init__(self, field: str, problem: str, allowed: str | Iterable[object] | None = None):
+        self.field = field
+        self.problem = problem
+        if allowed is not None and not isinstance(allowed, str):
+            allowed = ", ".join(str(a) for a in allowed)
+        self.allowed = allowed
+        msg = f"{field}: {problem}"
+        if allowed:
+            msg += f" (allowed: {allowed})"
+        super().__init__(msg)
+
+
+class InfeasibleError(RuntimeError):
+    """The job cannot run under the given resources: says which part fits nowhere and why."""

@@ -1,0 +1,1 @@
+"""The best plan: candidates per model-stage, frontiers, exact search, placement."""

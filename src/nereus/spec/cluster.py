@@ -1,0 +1,94 @@
+"""The cluster (nodes x devices per node) and the pool of device ids a job may use now."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from nereus.errors import InputError
+from nereus.spec.device import DeviceSpec
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """Homogeneous nodes; device ``i`` sits on node ``i // devices_per_node``."""
+
+    device: DeviceSpec
+    num_nodes: int
+    devices_per_node: int
+
+    def __post_init__(self) -> None:
+        if self.num_nodes < 1:
+            raise InputError("cluster.nodes", f"must be >= 1, got {self.num_nodes}")
+        if self.devices_per_node < 1:
+            raise InputError("cluster.devices_per_node",
+                             f"must be >= 1, got {self.devices_per_node}")
+
+    @property
+    def num_devices(self) -> int:
+        return self.num_nodes * self.devices_per_node
+
+    def node_of(self, device_id: int) -> int:
+        return device_id // self.devices_per_node
+
+    def same_node(self, ids: Iterable[int]) -> bool:
+        return len({self.node_of(i) for i in ids}) <= 1
+
+    @classmethod
+    def for_gpus(cls, device: DeviceSpec, gpus: int, devices_per_node: int | None = None) -> Cluster:
+        """The smallest cluster of whole nodes that holds ``gpus`` devices."""
+        if gpus < 1:
+            raise InputError("gpus", f"must be >= 1, got {gpus}")
+        per_node = devices_per_node or device.devices_per_node
+        per_node = min(per_node, gpus) if devices_per_node is None else per_node
+        nodes = -(-gpus // per_node)
+        return cls(device, nodes, per_node)
+
+
+@dataclass(frozen=True)
+class GpuPool:
+    """The device ids of ``cluster`` that the job may use now (sorted, unique)."""
+
+    cluster: Cluster
+    ids: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        ids = tuple(sorted(set(self.ids)))
+        object.__setattr__(self, "ids", ids)
+        if not ids:
+            raise InputError("gpus", "the GPU pool is empty", "at least one device")
+        bad = [i for i in ids if not 0 <= i < self.cluster.num_devices]
+        if bad:
+            raise InputError("gpus", f"device ids {bad} are outside the cluster",
+                             f"0..{self.cluster.num_devices - 1}")
+
+    @classmethod
+    def first(cls, cluster: Cluster, n: int) -> GpuPool:
+        if not 1 <= n <= cluster.num_devices:
+            raise InputError("gpus", f"{n} devices requested", f"1..{cluster.num_devices}")
+        return cls(cluster, tuple(range(n)))
+
+    @classmethod
+    def full(cls, cluster: Cluster) -> GpuPool:
+        return cls(cluster, tuple(range(cluster.num_devices)))
+
+    @property
+    def size(self) -> int:
+        return len(self.ids)
+
+    def by_node(self) -> dict[int, tuple[int, ...]]:
+        out: dict[int, list[int]] = {}
+        for i in self.ids:
+            out.setdefault(self.cluster.node_of(i), []).append(i)
+        return {n: tuple(v) for n, v in sorted(out.items())}
+
+    def largest_node_share(self) -> int:
+        """Most devices of this pool on any one node (bounds a TP group kept inside a node)."""
+        return max(len(v) for v in self.by_node().values())
+
+    def without(self, ids: Iterable[int]) -> GpuPool:
+        drop = set(ids)
+        return GpuPool(self.cluster, tuple(i for i in self.ids if i not in drop))
+
+    def with_ids(self, ids: Iterable[int]) -> GpuPool:
+        return GpuPool(self.cluster, tuple(set(self.ids) | set(ids)))

@@ -1,0 +1,167 @@
+"""The RL workflow as data: its models, its model-stages, and the phase each runs in.
+
+A model-stage is one model doing one kind of work (generate, forward, train). Phases run in the
+order generation -> inference -> training in synchronous execution. Inside a phase, model-stages
+either share a GPU set (and run one after another) or run concurrently on disjoint GPU sets; the
+planner chooses. In asynchronous execution generation of the next step overlaps the rest, so
+generation and the other phases run on disjoint GPUs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+from nereus.errors import InputError
+from nereus.spec.model import Head
+
+
+class Phase(str, Enum):
+    GENERATION = "generation"
+    INFERENCE = "inference"
+    TRAINING = "training"
+
+    @property
+    def order(self) -> int:
+        """Stage order used to break ties (generation -> inference -> training)."""
+        return {"generation": 0, "inference": 1, "training": 2}[self.value]
+
+
+class StageKind(str, Enum):
+    GENERATE = "generate"  # autoregressive sampling with a KV cache
+    FORWARD = "forward"    # log-probs, values or rewards of whole sequences
+    TRAIN = "train"        # forward, backward and optimizer step
+
+
+class Execution(str, Enum):
+    SYNC = "sync"
+    ASYNC = "async"
+
+
+@dataclass(frozen=True)
+class ModelRole:
+    """One model of the job: its output head and whether it is trained."""
+
+    name: str
+    head: Head
+    trainable: bool
+
+
+@dataclass(frozen=True)
+class ModelStage:
+    """One model doing one kind of work in one phase.
+
+    ``greedy`` marks ReMax's extra greedy rollout: one response per prompt, whatever the
+    workload's responses per prompt.
+    """
+
+    name: str
+    model: str
+    kind: StageKind
+    phase: Phase
+    greedy: bool = False
+
+    def __post_init__(self) -> None:
+        expected = {StageKind.GENERATE: Phase.GENERATION, StageKind.FORWARD: Phase.INFERENCE,
+                    StageKind.TRAIN: Phase.TRAINING}[self.kind]
+        if self.phase is not expected:
+            raise InputError(f"workflow.{self.name}.phase",
+                             f"a {self.kind.value} stage runs in {expected.value}, not {self.phase.value}")
+
+
+@dataclass(frozen=True)
+class Workflow:
+    algo: str
+    models: tuple[ModelRole, ...]
+    stages: tuple[ModelStage, ...]
+    execution: Execution = Execution.SYNC
+
+    def __post_init__(self) -> None:
+        names = {m.name for m in self.models}
+        for s in self.stages:
+            if s.model not in names:
+                raise InputError(f"workflow.{s.name}.model", f"unknown model {s.model!r}", names)
+        seen: set[str] = set()
+        for s in self.stages:
+            if s.name in seen:
+                raise InputError("workflow.stages", f"duplicate model-stage {s.name!r}")
+            seen.add(s.name)
+
+    def model(self, name: str) -> ModelRole:
+        for m in self.models:
+            if m.name == name:
+                return m
+        raise KeyError(name)
+
+    def stage(self, name: str) -> ModelStage:
+        for s in self.stages:
+            if s.name == name:
+                return s
+        raise InputError("stage", f"unknown model-stage {name!r}", [s.name for s in self.stages])
+
+    def phase_stages(self, phase: Phase) -> tuple[ModelStage, ...]:
+        return tuple(s for s in self.stages if s.phase is phase)
+
+    @property
+    def phases(self) -> tuple[Phase, ...]:
+        return tuple(p for p in Phase if self.phase_stages(p))
+
+    def stage_order(self) -> tuple[ModelStage, ...]:
+        """Stages sorted generation -> inference -> training, then by declaration order."""
+        return tuple(sorted(self.stages, key=lambda s: s.phase.order))
+
+    def weight_sync(self) -> tuple[str, str] | None:
+        """(training stage, generation stage) of the policy whose weights sync every step."""
+        gens = [s for s in self.stages if s.kind is StageKind.GENERATE and not s.greedy]
+        if not gens:
+            return None
+        trains = [s for s in self.stages if s.kind is StageKind.TRAIN and s.model == gens[0].model]
+        return (trains[0].name, gens[0].name) if trains else None
+
+
+_ACTOR = ModelRole("actor", Head.LM, trainable=True)
+_CRITIC = ModelRole("critic", Head.SCALAR, trainable=True)
+_REFERENCE = ModelRole("reference", Head.LM, trainable=False)
+_REWARD = ModelRole("reward", Head.SCALAR, trainable=False)
+
+_GEN = ModelStage("actor_gen", "actor", StageKind.GENERATE, Phase.GENERATION)
+_REF_INF = ModelStage("reference_infer", "reference", StageKind.FORWARD, Phase.INFERENCE)
+_REW_INF = ModelStage("reward_infer", "reward", StageKind.FORWARD, Phase.INFERENCE)
+_CRITIC_INF = ModelStage("critic_infer", "critic", StageKind.FORWARD, Phase.INFERENCE)
+_ACTOR_TRAIN = ModelStage("actor_train", "actor", StageKind.TRAIN, Phase.TRAINING)
+_CRITIC_TRAIN = ModelStage("critic_train", "critic", StageKind.TRAIN, Phase.TRAINING)
+
+
+def ppo(execution: Execution = Execution.SYNC) -> Workflow:
+    """PPO: the actor generates, reference/reward/critic score, actor and critic train."""
+    return Workflow("ppo", (_ACTOR, _CRITIC, _REFERENCE, _REWARD),
+                    (_GEN, _REF_INF, _REW_INF, _CRITIC_INF, _ACTOR_TRAIN, _CRITIC_TRAIN), execution)
+
+
+def grpo(execution: Execution = Execution.SYNC) -> Workflow:
+    """GRPO: no critic; advantages come from a group of responses per prompt."""
+    return Workflow("grpo", (_ACTOR, _REFERENCE, _REWARD),
+                    (_GEN, _REF_INF, _REW_INF, _ACTOR_TRAIN), execution)
+
+
+def remax(execution: Execution = Execution.SYNC) -> Workflow:
+    """ReMax: no critic; an extra greedy rollout per prompt gives the reward baseline."""
+    greedy = ModelStage("actor_gen_greedy", "actor", StageKind.GENERATE, Phase.GENERATION,
+                        greedy=True)
+    return Workflow("remax", (_ACTOR, _REFERENCE, _REWARD),
+                    (_GEN, greedy, _REF_INF, _REW_INF, _ACTOR_TRAIN), execution)
+
+
+WORKFLOWS = {"ppo": ppo, "grpo": grpo, "remax": remax}
+
+
+def get_workflow(algo: str, execution: str | Execution = Execution.SYNC) -> Workflow:
+    key = algo.lower()
+    if key not in WORKFLOWS:
+        raise InputError("algo", f"unknown algorithm {algo!r}", WORKFLOWS)
+    try:
+        ex = Execution(execution)
+    except ValueError:
+        raise InputError("execution", f"unknown execution mode {execution!r}",
+                         [e.value for e in Execution]) from None
+    return WORKFLOWS[key](ex)

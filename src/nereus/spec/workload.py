@@ -1,0 +1,94 @@
+"""What one RL step processes: prompts, responses, lengths, mini-batches, precision, optimizer."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from enum import Enum
+
+from nereus.errors import InputError
+
+DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+
+
+class Optimizer(str, Enum):
+    ADAM = "adam"  # two fp32 moments per parameter
+    SGD = "sgd"    # no optimizer tensors
+
+
+@dataclass(frozen=True)
+class Workload:
+    """One RL step. Lengths are in tokens; the response length is the one generated now."""
+
+    prompts_per_step: int = 512
+    responses_per_prompt: int = 1
+    prompt_len: int = 512
+    response_len_mean: int = 2048
+    response_len_max: int = 2048
+    ppo_mini_batches: int = 4      # optimizer updates per epoch
+    ppo_epochs: int = 1
+    param_dtype: str = "bf16"      # parameters and activations
+    grad_dtype: str = "fp32"       # gradient accumulation buffers (Megatron main_grad)
+    master_weights: bool = True    # fp32 master copy of trainable parameters
+    optimizer: Optimizer = Optimizer.ADAM
+
+    def __post_init__(self) -> None:
+        for f in ("prompts_per_step", "responses_per_prompt", "prompt_len", "response_len_mean",
+                  "response_len_max", "ppo_mini_batches", "ppo_epochs"):
+            v = getattr(self, f)
+            if not isinstance(v, int) or v < 1:
+                raise InputError(f"workload.{f}", f"must be an integer >= 1, got {v!r}")
+        if self.response_len_max < self.response_len_mean:
+            raise InputError("workload.response_len_max",
+                             f"{self.response_len_max} is below the mean {self.response_len_mean}")
+        for f in ("param_dtype", "grad_dtype"):
+            if getattr(self, f) not in DTYPE_BYTES:
+                raise InputError(f"workload.{f}", f"unknown dtype {getattr(self, f)!r}", DTYPE_BYTES)
+        if self.sequences_per_step % self.ppo_mini_batches:
+            raise InputError("workload.ppo_mini_batches",
+                             f"{self.ppo_mini_batches} does not divide the "
+                             f"{self.sequences_per_step} sequences of a step")
+
+    @property
+    def sequences_per_step(self) -> int:
+        return self.prompts_per_step * self.responses_per_prompt
+
+    @property
+    def sequences_per_update(self) -> int:
+        """The fixed global batch of one optimizer update (dp x b x a)."""
+        return self.sequences_per_step // self.ppo_mini_batches
+
+    @property
+    def updates_per_step(self) -> int:
+        return self.ppo_mini_batches * self.ppo_epochs
+
+    @property
+    def seq_len_mean(self) -> int:
+        return self.prompt_len + self.response_len_mean
+
+    @property
+    def seq_len_max(self) -> int:
+        return self.prompt_len + self.response_len_max
+
+    @property
+    def param_bytes(self) -> int:
+        return DTYPE_BYTES[self.param_dtype]
+
+    @property
+    def grad_bytes(self) -> int:
+        return DTYPE_BYTES[self.grad_dtype]
+
+    def trainable_state_bytes_per_param(self) -> int:
+        """Bytes a trainable parameter holds on its device: param, grad, master, moments."""
+        master = 4 if self.master_weights and self.param_bytes < 4 else 0
+        moments = 8 if self.optimizer is Optimizer.ADAM else 0
+        return self.param_bytes + self.grad_bytes + master + moments
+
+    def optimizer_state_bytes_per_param(self) -> int:
+        """Bytes of ω per parameter (master copy and moments), the part a transition moves."""
+        master = 4 if self.master_weights and self.param_bytes < 4 else 0
+        return master + (8 if self.optimizer is Optimizer.ADAM else 0)
+
+    def with_response_len(self, mean: int, max_len: int | None = None) -> Workload:
+        mean = max(1, int(mean))
+        return replace(self, response_len_mean=mean,
+                       response_len_max=max(mean, int(max_len) if max_len else mean))
