@@ -1,0 +1,47 @@
+"""What every command shares: one-line errors with exit codes, and the Rich console."""
+
+from __future__ import annotations
+
+import functools
+import sys
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import typer
+from rich.console import Console
+
+from nereus.errors import InfeasibleError, InputError
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+EXIT_INPUT = 2        # bad input: a field with a value that is not allowed
+EXIT_INFEASIBLE = 3   # a transition that cannot run (commands say where they use it)
+
+console = Console()
+err_console = Console(stderr=True)
+
+
+def fail(message: str, code: int = EXIT_INPUT) -> typer.Exit:
+    err_console.print(f"error: {message}", markup=False, highlight=False, soft_wrap=True)
+    return typer.Exit(code)
+
+
+def one_line_errors(fn: F) -> F:
+    """Turn input errors into one line on stderr and exit 2; keep tracebacks for real bugs."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except InputError as e:
+            raise fail(str(e)) from None
+        except InfeasibleError as e:
+            raise fail(str(e)) from None
+        except KeyboardInterrupt:
+            raise fail("interrupted", 130) from None
+
+    return wrapper  # type: ignore[return-value]
+
+
+def stdout_is_tty() -> bool:
+    return sys.stdout.isatty()
