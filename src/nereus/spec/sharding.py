@@ -7,7 +7,7 @@ Pure Python, so the planning layers can use it.
 - Layers are split into ``pp`` contiguous equal blocks; the embedding sits on the first block,
   the final norm and the output head on the last.
 - q/k/v, gate and up projections are split on dim 0 (attention by heads), o and down on dim 1;
-  embedding and LM head by vocabulary rows (the vocabulary padded to a multiple of tp); norms and
+  embedding and LM head by vocabulary rows (the vocabulary padded, see ``padded_vocab``); norms and
   the scalar head are replicated.
 - With fewer KV heads than tp, each KV head is replicated on ``tp // num_kv_heads`` ranks.
 - With tied embeddings and pp > 1, the last block holds ``lm_head.weight`` as a copy of the
@@ -17,6 +17,7 @@ Optimizer tensors follow their parameter.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -84,8 +85,14 @@ class Shard:
         return max(0, min(self.stop, self.valid_stop) - self.start)
 
 
+VOCAB_PAD = 64  # vocabulary rows are padded to a multiple of lcm(64, tp)
+
+
 def padded_vocab(model: ModelSpec, tp: int) -> int:
-    return -(-model.vocab_size // tp) * tp
+    """Padded vocabulary size. A multiple of 64 for every tp dividing 64, so the row ranges of
+    tp and of any tp' that divides it nest, and Split / Merge of the embedding stay local."""
+    multiple = math.lcm(VOCAB_PAD, tp)
+    return -(-model.vocab_size // multiple) * multiple
 
 
 def layout_problem(model: ModelSpec, tp: int, pp: int) -> str | None:
