@@ -1,0 +1,92 @@
+"""Achieved fraction of peak, per op class.
+
+Peak rates overstate what kernels and collectives achieve. Each op class has one efficiency in
+(0, 1]; classes never measured start from conservative defaults and are refined by the
+calibrator. Values above 1 are allowed for the cpu device, whose peak figures are guesses.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from nereus.cost.ops import OpClass
+from nereus.errors import InputError
+
+# Conservative starting points (assumptions, refined online): dense GEMMs of LLM training
+# usually reach 40-60 % of peak (Megatron-LM reports ~50 % MFU at scale); attention kernels less;
+# HBM-bound kernels ~60-80 % of datasheet bandwidth; NCCL bus bandwidth ~70-80 % of link peak
+# intra-node and ~60-70 % inter-node in nccl-tests. We start below those figures so that an
+# uncalibrated plan is not optimistic about what it has never measured.
+DEFAULT_EFFICIENCY: Mapping[OpClass, float] = {
+    OpClass.GEMM: 0.45,
+    OpClass.ATTENTION: 0.30,
+    OpClass.DECODE: 0.55,
+    OpClass.OPTIMIZER: 0.50,
+    OpClass.HOST: 0.60,
+    OpClass.SETUP: 1.0,
+}
+DEFAULT_COMM_EFFICIENCY_INTRA = 0.60
+DEFAULT_COMM_EFFICIENCY_INTER = 0.50
+
+
+def default_efficiency(cls: OpClass) -> float:
+    if cls in DEFAULT_EFFICIENCY:
+        return DEFAULT_EFFICIENCY[cls]
+    return DEFAULT_COMM_EFFICIENCY_INTRA if cls.value.endswith("intra") else \
+        DEFAULT_COMM_EFFICIENCY_INTER
+
+
+@dataclass(frozen=True)
+class Efficiencies:
+    """Efficiency per op class; classes absent here use :func:`default_efficiency`."""
+
+    values: Mapping[OpClass, float] = field(default_factory=dict)
+    device: str = ""
+
+    def __post_init__(self) -> None:
+        for cls, v in self.values.items():
+            if not v > 0:
+                raise InputError(f"efficiency.{cls.value}", f"must be > 0, got {v}")
+
+    def __getitem__(self, cls: OpClass) -> float:
+        return self.values.get(cls, default_efficiency(cls))
+
+    def measured(self) -> frozenset[OpClass]:
+        return frozenset(self.values)
+
+    def updated(self, new: Mapping[OpClass, float]) -> Efficiencies:
+        return Efficiencies({**self.values, **new}, self.device)
+
+    def to_dict(self) -> dict[str, object]:
+        return {"device": self.device,
+                "efficiency": {c.value: v for c, v in sorted(self.values.items())}}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, object]) -> Efficiencies:
+        raw = data.get("efficiency", {})
+        if not isinstance(raw, Mapping):
+            raise InputError("profile.efficiency", "must be a mapping of op class to efficiency")
+        values: dict[OpClass, float] = {}
+        for k, v in raw.items():
+            try:
+                values[OpClass(k)] = float(v)
+            except ValueError:
+                raise InputError("profile.efficiency", f"unknown op class {k!r}",
+                                 [c.value for c in OpClass]) from None
+        return cls(values, str(data.get("device", "")))
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+
+    @classmethod
+    def load(cls, path: str | Path) -> Efficiencies:
+        p = Path(path)
+        if not p.is_file():
+            raise InputError("profile", f"no file at {path}")
+        try:
+            return cls.from_dict(json.loads(p.read_text()))
+        except json.JSONDecodeError as e:
+            raise InputError("profile", f"{p} is not valid JSON ({e.msg})") from None
