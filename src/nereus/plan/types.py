@@ -73,12 +73,18 @@ class StagePlan:
 
 @dataclass(frozen=True)
 class Plan:
-    """S = {π_M}: the placed candidate of every model-stage and the predicted step latency."""
+    """S = {π_M}: the placed candidate of every model-stage and the predicted step latency.
+
+    ``groups`` lists the model-stages that share one GPU set inside their phase and so run one
+    after another; stages of one phase in different groups run concurrently on disjoint GPUs.
+    A stage in no group runs alone.
+    """
 
     stages: tuple[StagePlan, ...]
     step_latency_s: float = 0.0
     source: str = "estimated"
     terms: Mapping[str, float] = field(default_factory=dict)  # step latency by phase / sync
+    groups: tuple[tuple[str, ...], ...] = ()
 
     def __post_init__(self) -> None:
         names = [s.stage for s in self.stages]
@@ -100,7 +106,14 @@ class Plan:
 
     def to_dict(self) -> dict[str, Any]:
         return {"step_latency_s": self.step_latency_s, "source": self.source,
-                "terms": dict(self.terms), "stages": [s.to_dict() for s in self.stages]}
+                "terms": dict(self.terms), "groups": [list(g) for g in self.groups],
+                "stages": [s.to_dict() for s in self.stages]}
+
+    def group_of(self, stage: str) -> tuple[str, ...]:
+        for g in self.groups:
+            if stage in g:
+                return g
+        return (stage,)
 
     def to_json(self, indent: int | None = None) -> str:
         return json.dumps(self.to_dict(), indent=indent)
@@ -109,9 +122,10 @@ class Plan:
     def from_dict(cls, data: Mapping[str, Any]) -> Plan:
         if not isinstance(data, Mapping) or "stages" not in data:
             raise InputError("plan", "needs a 'stages' list", "the JSON of `nereus plan --json`")
+        groups = tuple(tuple(str(x) for x in g) for g in data.get("groups", ()))
         return cls(tuple(stage_plan_from_dict(s) for s in data["stages"]),
                    float(data.get("step_latency_s", 0.0)), str(data.get("source", "estimated")),
-                   dict(data.get("terms", {})))
+                   dict(data.get("terms", {})), groups)
 
     @classmethod
     def load(cls, path: str | Path) -> Plan:

@@ -49,17 +49,12 @@ class ModelRole:
 
 @dataclass(frozen=True)
 class ModelStage:
-    """One model doing one kind of work in one phase.
-
-    ``greedy`` marks ReMax's extra greedy rollout: one response per prompt, whatever the
-    workload's responses per prompt.
-    """
+    """One model doing one kind of work in one phase."""
 
     name: str
     model: str
     kind: StageKind
     phase: Phase
-    greedy: bool = False
 
     def __post_init__(self) -> None:
         expected = {StageKind.GENERATE: Phase.GENERATION, StageKind.FORWARD: Phase.INFERENCE,
@@ -71,10 +66,14 @@ class ModelStage:
 
 @dataclass(frozen=True)
 class Workflow:
+    """``greedy_baseline``: ReMax's extra greedy rollout, one per prompt, run by the same
+    generation engine (as verl does) and scored by the reward model."""
+
     algo: str
     models: tuple[ModelRole, ...]
     stages: tuple[ModelStage, ...]
     execution: Execution = Execution.SYNC
+    greedy_baseline: bool = False
 
     def __post_init__(self) -> None:
         names = {m.name for m in self.models}
@@ -112,7 +111,7 @@ class Workflow:
 
     def weight_sync(self) -> tuple[str, str] | None:
         """(training stage, generation stage) of the policy whose weights sync every step."""
-        gens = [s for s in self.stages if s.kind is StageKind.GENERATE and not s.greedy]
+        gens = [s for s in self.stages if s.kind is StageKind.GENERATE]
         if not gens:
             return None
         trains = [s for s in self.stages if s.kind is StageKind.TRAIN and s.model == gens[0].model]
@@ -146,10 +145,8 @@ def grpo(execution: Execution = Execution.SYNC) -> Workflow:
 
 def remax(execution: Execution = Execution.SYNC) -> Workflow:
     """ReMax: no critic; an extra greedy rollout per prompt gives the reward baseline."""
-    greedy = ModelStage("actor_gen_greedy", "actor", StageKind.GENERATE, Phase.GENERATION,
-                        greedy=True)
     return Workflow("remax", (_ACTOR, _REFERENCE, _REWARD),
-                    (_GEN, greedy, _REF_INF, _REW_INF, _ACTOR_TRAIN), execution)
+                    (_GEN, _REF_INF, _REW_INF, _ACTOR_TRAIN), execution, greedy_baseline=True)
 
 
 WORKFLOWS = {"ppo": ppo, "grpo": grpo, "remax": remax}

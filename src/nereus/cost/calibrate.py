@@ -1,0 +1,155 @@
+"""Online calibration: learn each op class's efficiency from measured times.
+
+A stage's predicted time is ``sum_c ideal_c / eff_c``: linear in the inverse efficiencies
+``x_c = 1 / eff_c``. Each measurement adds one row (ideal seconds per class -> measured seconds);
+the calibrator solves a least-squares problem in relative error, pulled toward the current values
+by a small ridge term so that classes a measurement cannot separate stay where they were, and
+weighs old rows down exponentially so that drift (congestion, throttling) is followed.
+Measurements per op class (a framework that times its kernels and collectives) are rows with a
+single regressor, so both granularities share one solver.
+
+Memory is calibrated per stage kind: the ratio of measured to predicted peak, averaged.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from nereus.cost.efficiency import Efficiencies, default_efficiency
+from nereus.cost.estimate import Estimate
+from nereus.cost.ops import OpClass
+from nereus.errors import InputError
+from nereus.spec.workflow import StageKind
+
+PROFILE_VERSION = 1
+
+
+@dataclass
+class _Row:
+    ideal: dict[OpClass, float]
+    measured_s: float
+    weight: float = 1.0
+
+
+@dataclass
+class Calibrator:
+    """Learns efficiencies per op class and a memory scale per stage kind from measurements.
+
+    ``forgetting`` multiplies the weight of every older row at each new one (1.0 keeps all
+    rows equally); ``ridge`` is the pull toward the prior, relative to one measurement.
+    """
+
+    prior: Efficiencies = field(default_factory=Efficiencies)
+    forgetting: float = 0.9
+    ridge: float = 0.05
+    max_rows: int = 256
+    _rows: list[_Row] = field(default_factory=list)
+    _memory: dict[StageKind, list[float]] = field(default_factory=dict)
+    _current: Efficiencies | None = None
+
+    # ---- observations ----
+    def observe_stage(self, estimate: Estimate, measured_s: float) -> None:
+        """One model-stage's measured latency for the ops its estimate lists."""
+        if not measured_s > 0:
+            raise InputError("measured_s", f"must be > 0, got {measured_s}")
+        self._add(_Row(estimate.ideal_by_class(), float(measured_s)))
+
+    def observe_op(self, cls: OpClass, ideal_s: float, measured_s: float) -> None:
+        """A measured time of work whose ideal time (at peak) is ``ideal_s``, one op class."""
+        if not (ideal_s > 0 and measured_s > 0):
+            raise InputError("measured_s", "ideal and measured times must be > 0")
+        self._add(_Row({cls: float(ideal_s)}, float(measured_s)))
+
+    def observe_memory(self, kind: StageKind, estimated_bytes: int, measured_bytes: int) -> None:
+        if estimated_bytes > 0 and measured_bytes > 0:
+            self._memory.setdefault(kind, []).append(measured_bytes / estimated_bytes)
+
+    def _add(self, row: _Row) -> None:
+        for r in self._rows:
+            r.weight *= self.forgetting
+        self._rows.append(row)
+        if len(self._rows) > self.max_rows:
+            self._rows.pop(0)
+        self._current = None
+
+    @property
+    def samples(self) -> int:
+        return len(self._rows)
+
+    # ---- the fit ----
+    def efficiencies(self) -> Efficiencies:
+        if self._current is None:
+            self._current = self._fit()
+        return self._current
+
+    def memory_scale(self) -> dict[StageKind, float]:
+        return {k: float(np.mean(v[-20:])) for k, v in self._memory.items() if v}
+
+    def _fit(self) -> Efficiencies:
+        if not self._rows:
+            return self.prior
+        classes = sorted({c for r in self._rows for c in r.ideal}, key=lambda c: c.value)
+        x0 = np.array([1.0 / self.prior[c] for c in classes])
+        a_rows, b_rows = [], []
+        for r in self._rows:
+            # relative error: divide the row by the measured time
+            w = np.sqrt(r.weight) / r.measured_s
+            a_rows.append([r.ideal.get(c, 0.0) * w for c in classes])
+            b_rows.append(r.measured_s * w)
+        a = np.array(a_rows)
+        b = np.array(b_rows)
+        # ridge toward the prior, in relative terms of each x (scale-free)
+        lam = np.sqrt(self.ridge) * np.eye(len(classes)) / x0
+        a_full = np.vstack([a, lam])
+        b_full = np.concatenate([b, lam @ x0])
+        x, *_ = np.linalg.lstsq(a_full, b_full, rcond=None)
+        # an inverse efficiency below 1e-3 or negative is noise the data cannot support
+        x = np.clip(x, 1e-3, 1e6)
+        return self.prior.updated({c: float(1.0 / xi) for c, xi in zip(classes, x)})
+
+    # ---- profiles ----
+    def to_profile(self, model: str = "") -> dict[str, object]:
+        eff = self.efficiencies()
+        return {"version": PROFILE_VERSION, "device": eff.device or self.prior.device,
+                "model": model, "samples": self.samples,
+                "efficiency": {c.value: v for c, v in sorted(eff.values.items())},
+                "memory_scale": {k.value: v for k, v in self.memory_scale().items()}}
+
+    def save(self, path: str | Path, model: str = "") -> None:
+        Path(path).write_text(json.dumps(self.to_profile(model), indent=2) + "\n")
+
+    @classmethod
+    def from_profile(cls, path: str | Path, device: str,
+                     op_classes: frozenset[OpClass] | None = None) -> Calibrator:
+        """Start from a saved profile of the same device; a new model reuses it when the op
+        classes it will use are all in the profile (else the missing ones start at defaults)."""
+        p = Path(path)
+        if not p.is_file():
+            raise InputError("profile", f"no file at {path}")
+        try:
+            data = json.loads(p.read_text())
+        except json.JSONDecodeError as e:
+            raise InputError("profile", f"{p} is not valid JSON ({e.msg})") from None
+        if data.get("device") and data["device"] != device:
+            raise InputError("profile.device", f"profile is for {data['device']!r}, job runs on "
+                             f"{device!r}", [data["device"]])
+        eff = Efficiencies.from_dict({"efficiency": data.get("efficiency", {}), "device": device})
+        if op_classes is not None:
+            eff = Efficiencies({c: v for c, v in eff.values.items() if c in op_classes}, device)
+        cal = cls(prior=eff)
+        for k, v in dict(data.get("memory_scale", {})).items():
+            cal._memory[StageKind(k)] = [float(v)]
+        return cal
+
+
+def profile_matches(profile: Mapping[OpClass, float], needed: frozenset[OpClass]) -> bool:
+    """Whether a profile covers every op class a model's plans use."""
+    return needed <= frozenset(profile)
+
+
+__all__ = ["Calibrator", "default_efficiency", "profile_matches"]

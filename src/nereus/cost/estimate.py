@@ -1,0 +1,93 @@
+"""An estimate of one model-stage candidate: latency by term and op, peak memory by term.
+
+Latency is linear in the inverse efficiencies: ``latency = sum(op.ideal_s / eff[op.cls])``, so an
+estimate can say which term costs what, and the calibrator can fit efficiencies to measured
+times by least squares.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from nereus.cost.candidate import Candidate
+from nereus.cost.efficiency import Efficiencies
+from nereus.cost.ops import Op, OpClass
+
+HEADROOM = 0.90  # memory feasibility: predicted peak within 90 % of capacity (DESIGN.md)
+GiB = 1024**3
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """Predicted latency (seconds per RL step) and peak memory (bytes per GPU) of a candidate."""
+
+    stage: str
+    candidate: Candidate
+    ops: tuple[Op, ...]
+    efficiencies: Efficiencies
+    memory: Mapping[str, int]          # bytes per GPU by term, on the fullest GPU
+    resident_bytes: int                # what stays on the GPU while the stage is idle in its phase
+    capacity_bytes: int
+    notes: tuple[str, ...] = ()
+    source: str = "estimated"
+    extra_s: Mapping[str, float] = field(default_factory=dict)  # terms added after pricing
+
+    @property
+    def terms(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for op in self.ops:
+            out[op.term] = out.get(op.term, 0.0) + op.ideal_s / self.efficiencies[op.cls]
+        for k, v in self.extra_s.items():
+            out[k] = out.get(k, 0.0) + v
+        return out
+
+    @property
+    def latency_s(self) -> float:
+        return sum(self.terms.values())
+
+    @property
+    def peak_mem_bytes(self) -> int:
+        return int(sum(self.memory.values()))
+
+    @property
+    def transient_bytes(self) -> int:
+        """Memory the stage needs only while it runs (activations, KV cache, workspace...)."""
+        return self.peak_mem_bytes - self.resident_bytes
+
+    @property
+    def fits(self) -> bool:
+        return self.peak_mem_bytes <= HEADROOM * self.capacity_bytes
+
+    def ideal_by_class(self) -> dict[OpClass, float]:
+        """Seconds at peak rate per op class: the regressors of calibration."""
+        out: dict[OpClass, float] = {}
+        for op in self.ops:
+            out[op.cls] = out.get(op.cls, 0.0) + op.ideal_s
+        return out
+
+    def time_by_class(self) -> dict[OpClass, float]:
+        return {c: v / self.efficiencies[c] for c, v in self.ideal_by_class().items()}
+
+    def explain(self) -> str:
+        """Which term costs what: latency by term and op, memory by term."""
+        lat = self.latency_s
+        lines = [f"{self.stage} [{self.candidate}]: {lat:.3f} s per step ({self.source}), "
+                 f"peak {self.peak_mem_bytes / GiB:.2f} GiB of {self.capacity_bytes / GiB:.2f} GiB"
+                 f" per GPU ({self.source})"]
+        terms = self.terms
+        for term, secs in sorted(terms.items(), key=lambda kv: -kv[1]):
+            share = secs / lat if lat else 0.0
+            lines.append(f"  {term:<12} {secs:10.4f} s  {share:6.1%}")
+            for op in self.ops:
+                if op.term != term:
+                    continue
+                eff = self.efficiencies[op.cls]
+                lines.append(f"      {op.name:<34} {op.cls.value:<16} x{op.count:<8.4g} "
+                             f"{op.ideal_s / eff:9.4f} s (ideal {op.ideal_s:.4f} s / eff {eff:.2f})")
+        lines.append("  memory per GPU:")
+        for term, b in sorted(self.memory.items(), key=lambda kv: -kv[1]):
+            if b:
+                lines.append(f"      {term:<34} {b / GiB:9.3f} GiB")
+        lines.extend(f"  note: {n}" for n in self.notes)
+        return "\n".join(lines)

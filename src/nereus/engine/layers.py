@@ -1,0 +1,162 @@
+"""Tensor-parallel building blocks as plain functions over shard tensors.
+
+Column-parallel linears (q/k/v, gate, up, LM head) hold rows of the logical weight and need the
+full input; row-parallel ones (o, down) hold columns and produce partial sums that one
+all-reduce completes. The vocabulary-parallel embedding and log-softmax work on row ranges of
+the padded vocabulary and never assemble full logits. Every function takes its group and the
+recorder explicitly, so the same code runs at tp = 1 (group None) and under any layout.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from nereus.cost.ops import OpClass
+from nereus.engine.comm import all_reduce, copy_to_tp, reduce_from_tp
+from nereus.engine.measure import Recorder
+
+
+@dataclass(frozen=True)
+class TP:
+    """A TP group with its recorder and link, passed to every parallel layer."""
+
+    pg: Any
+    rec: Recorder
+    intra: bool = True
+
+    @property
+    def size(self) -> int:
+        return 1 if self.pg is None else self.pg.size()
+
+
+def matmul(x: torch.Tensor, w: torch.Tensor, rec: Recorder) -> torch.Tensor:
+    """``x @ w.T`` over the last dim, timed as GEMM forward and backward."""
+    lead = x.shape[:-1]
+    with rec.span(OpClass.GEMM):
+        y = x.reshape(-1, x.shape[-1]) @ w.t()
+    rec.time_backward(y, OpClass.GEMM)
+    return y.view(*lead, w.shape[0])
+
+
+def column_linear(x: torch.Tensor, w: torch.Tensor, tp: TP) -> torch.Tensor:
+    """Full input, local output columns (rows of ``w``)."""
+    return matmul(copy_to_tp(x, tp.pg, tp.rec, tp.intra), w, tp.rec)
+
+
+def row_linear(x: torch.Tensor, w: torch.Tensor, tp: TP) -> torch.Tensor:
+    """Local input columns, full output after one all-reduce of the partial sums."""
+    return reduce_from_tp(matmul(x, w, tp.rec), tp.pg, tp.rec, tp.intra)
+
+
+def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm computed in fp32 and cast back, as ``transformers``' Llama and Qwen3 do."""
+    dtype = x.dtype
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return w * h.to(dtype)
+
+
+def rotary_tables(positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin of shape [b, s, head_dim] for integer ``positions`` [b, s]."""
+    inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64,
+                                        device=positions.device).float() / head_dim))
+    ang = positions[..., None].float() * inv
+    emb = torch.cat((ang, ang), dim=-1)
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate ``x`` [b, heads, s, d] by the tables [b, s, d] (half-split convention of HF)."""
+    half = x.shape[-1] // 2
+    rot = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos[:, None] + rot * sin[:, None]
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+              rec: Recorder, causal: bool) -> torch.Tensor:
+    """softmax(QK^T / sqrt(d)) V with grouped KV heads, timed as attention.
+
+    ``mask`` is a boolean [b, 1, sq, sk] (True = may attend) or None with ``causal``.
+    """
+    gqa = q.shape[1] != k.shape[1]
+    with rec.span(OpClass.ATTENTION):
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask,
+                                             is_causal=causal and mask is None, enable_gqa=gqa)
+    rec.time_backward(out, OpClass.ATTENTION)
+    return out
+
+
+def vocab_embedding(ids: torch.Tensor, w: torch.Tensor, start: int, tp: TP) -> torch.Tensor:
+    """Rows ``start:start+len(w)`` of the padded vocabulary live here; other ids give zeros,
+    and the all-reduce over TP fills every position with its one owner's row."""
+    if tp.size == 1:
+        return F.embedding(ids, w)
+    local = ids - start
+    outside = (local < 0) | (local >= w.shape[0])
+    out = F.embedding(local.masked_fill(outside, 0), w)
+    out = out.masked_fill(outside[..., None], 0.0)
+    return reduce_from_tp(out, tp.pg, tp.rec, tp.intra)
+
+
+def mask_padding(logits: torch.Tensor, valid: int) -> torch.Tensor:
+    """Columns at and past ``valid`` are vocabulary padding: -inf, so they carry no mass."""
+    if valid >= logits.shape[-1]:
+        return logits
+    pad = torch.zeros(logits.shape[-1], dtype=torch.bool, device=logits.device)
+    pad[valid:] = True
+    return logits.masked_fill(pad, float("-inf"))
+
+
+class _VocabParallelLogProb(torch.autograd.Function):
+    """log softmax(logits)[target] with logits split by vocabulary over TP ranks.
+
+    Three reductions over TP replace gathering the logits: the max, the sum of exponentials and
+    the target's logit (the last two in one all-reduce). Backward is local:
+    d logp / d logits = onehot(target) - softmax.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, logits: torch.Tensor, target: torch.Tensor, start: int, tp: TP
+                ) -> torch.Tensor:
+        n, vl = logits.shape
+        m = logits.max(dim=-1).values
+        all_reduce(m, tp.pg, tp.rec, tp.intra, dist.ReduceOp.MAX)
+        shifted = logits - m[:, None]
+        exp = shifted.exp()
+        local = target - start
+        inside = (local >= 0) & (local < vl)
+        idx = local.clamp(0, vl - 1)
+        picked = torch.where(inside, shifted.gather(1, idx[:, None]).squeeze(1), 0.0)
+        sums = torch.stack((exp.sum(dim=-1), picked), dim=1)
+        all_reduce(sums, tp.pg, tp.rec, tp.intra)
+        ctx.save_for_backward(exp.div_(sums[:, :1]), idx, inside)
+        return sums[:, 1] - sums[:, 0].log()
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        prob, idx, inside = ctx.saved_tensors
+        grad = prob * (-g[:, None])
+        grad.scatter_add_(1, idx[:, None], (g * inside)[:, None])
+        return grad, None, None, None
+
+
+def vocab_logprob(logits: torch.Tensor, target: torch.Tensor, start: int, tp: TP
+                  ) -> torch.Tensor:
+    """Log-probability of ``target`` [n] under local logits [n, V/tp] (padding masked), fp32."""
+    return _VocabParallelLogProb.apply(logits.float(), target, start, tp)
+
+
+def gather_vocab(logits: torch.Tensor, vocab: int, tp: TP) -> torch.Tensor:
+    """Full-vocabulary logits [..., vocab] from the local columns (sampling and tests only)."""
+    from nereus.engine.comm import all_gather
+
+    if tp.size == 1:
+        return logits[..., :vocab]
+    parts = all_gather(logits.contiguous(), tp.pg, tp.rec, tp.intra)
+    return torch.cat(parts, dim=-1)[..., :vocab]
