@@ -120,6 +120,7 @@ class WorkerMeasurement:
     op_s: Mapping[str, float]          # op class value (or "other") -> seconds
     peak_mem_bytes: int | None         # None when memory was not tracked
     state_bytes: int                   # bytes of state resident when the operation began
+    profiled: bool = False             # CPU memory run: times include the profiler's overhead
     source: str = "measured"
 
 

@@ -1,0 +1,88 @@
+"""Token batches as the engine receives them, and their split into micro-batches."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import torch
+
+from nereus.errors import InputError
+
+
+@dataclass(frozen=True)
+class Batch:
+    """``n`` sequences of length ``s``, left- or right-padded.
+
+    ``attention_mask`` [n, s] is 1 on real tokens (None: all real). ``extra`` holds per-sequence
+    tensors [n, ...] the caller's loss needs (advantages, old log-probs, response masks); they are
+    split with the rows. ``index`` [n] numbers the sequences in the global batch, so that what is
+    drawn per sequence (sampling noise) does not depend on which replica holds it.
+    """
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor | None = None
+    extra: Mapping[str, torch.Tensor] = field(default_factory=dict)
+    index: torch.Tensor | None = None
+
+    def __post_init__(self) -> None:
+        if self.input_ids.dim() != 2:
+            raise InputError("batch.input_ids", f"must be [n, s], got {tuple(self.input_ids.shape)}")
+        n = self.input_ids.shape[0]
+        if self.attention_mask is not None and self.attention_mask.shape != self.input_ids.shape:
+            raise InputError("batch.attention_mask",
+                             f"shape {tuple(self.attention_mask.shape)} differs from input_ids "
+                             f"{tuple(self.input_ids.shape)}")
+        for k, v in self.extra.items():
+            if v.shape[0] != n:
+                raise InputError(f"batch.extra.{k}", f"has {v.shape[0]} rows for {n} sequences")
+        if self.index is not None and self.index.shape != (n,):
+            raise InputError("batch.index", f"must be [{n}], got {tuple(self.index.shape)}")
+
+    @property
+    def size(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    @property
+    def seq_len(self) -> int:
+        return int(self.input_ids.shape[1])
+
+    def rows(self, start: int, stop: int) -> Batch:
+        return Batch(self.input_ids[start:stop],
+                     None if self.attention_mask is None else self.attention_mask[start:stop],
+                     {k: v[start:stop] for k, v in self.extra.items()},
+                     None if self.index is None else self.index[start:stop])
+
+    def split(self, micro_batch: int) -> list[Batch]:
+        """Consecutive micro-batches of ``micro_batch`` sequences (the last one must be full)."""
+        if micro_batch < 1 or self.size % micro_batch:
+            raise InputError("micro_batch", f"{micro_batch} does not divide the {self.size} "
+                             "sequences of this replica's batch")
+        return [self.rows(i, i + micro_batch) for i in range(0, self.size, micro_batch)]
+
+    def to(self, device: torch.device | str) -> Batch:
+        return Batch(self.input_ids.to(device),
+                     None if self.attention_mask is None else self.attention_mask.to(device),
+                     {k: v.to(device) for k, v in self.extra.items()},
+                     None if self.index is None else self.index.to(device))
+
+    def positions(self) -> torch.Tensor:
+        """Position ids: 0 at each sequence's first real token (left padding shifts them)."""
+        if self.attention_mask is None:
+            s = self.seq_len
+            return torch.arange(s, device=self.input_ids.device).expand(self.size, s)
+        return (self.attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+
+    def num_tokens(self) -> int:
+        if self.attention_mask is None:
+            return self.input_ids.numel()
+        return int(self.attention_mask.sum())
+
+
+def replica_rows(n: int, dp: int, dp_rank: int) -> tuple[int, int]:
+    """Rows ``[start, stop)`` of a global batch of ``n`` sequences that replica ``dp_rank`` takes
+    (contiguous equal blocks: the global batch stays dp x b x a whatever dp is)."""
+    if n % dp:
+        raise InputError("batch", f"{n} sequences do not split over dp={dp} replicas")
+    per = n // dp
+    return dp_rank * per, (dp_rank + 1) * per

@@ -1,0 +1,111 @@
+"""Adam on shard tensors, with the gradient bookkeeping that makes a sharded step equal the
+unsharded one: which gradients TP ranks must sum, which elements count once in the global norm.
+
+State is fp32: on CPU the parameters themselves are fp32 and are updated in place; with bf16
+parameters (GPU) an fp32 master copy is updated and cast back. Moments follow their parameter's
+shard, as the sharding format says, so a transition moves them with it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import torch
+
+from nereus.cost.ops import OpClass
+from nereus.engine.measure import Recorder
+from nereus.errors import InputError
+from nereus.spec.model import ModelSpec
+from nereus.spec.sharding import Shard
+
+
+@dataclass(frozen=True)
+class AdamConfig:
+    """torch.optim.AdamW's update rule (weight decay decoupled; 0 gives Adam) and the global
+    gradient-norm clip (None: no clipping)."""
+
+    lr: float = 1e-5
+    beta1: float = 0.9
+    beta2: float = 0.999
+    eps: float = 1e-8
+    weight_decay: float = 0.0
+    max_grad_norm: float | None = 1.0
+
+    def __post_init__(self) -> None:
+        if not self.lr > 0:
+            raise InputError("adam.lr", f"must be > 0, got {self.lr}")
+        for name in ("beta1", "beta2"):
+            if not 0 <= getattr(self, name) < 1:
+                raise InputError(f"adam.{name}", f"must be in [0, 1), got {getattr(self, name)}")
+        if self.max_grad_norm is not None and not self.max_grad_norm > 0:
+            raise InputError("adam.max_grad_norm", f"must be > 0 or None, got "
+                             f"{self.max_grad_norm}")
+
+
+@dataclass
+class AdamState:
+    """Per shard name: first and second moments, and the fp32 master copy where the parameter
+    is not fp32. ``step`` counts updates (Adam's bias correction)."""
+
+    exp_avg: dict[str, torch.Tensor]
+    exp_avg_sq: dict[str, torch.Tensor]
+    master: dict[str, torch.Tensor] = field(default_factory=dict)
+    step: int = 0
+
+    @classmethod
+    def zeros(cls, params: Mapping[str, torch.Tensor]) -> AdamState:
+        return cls({n: torch.zeros_like(p, dtype=torch.float32) for n, p in params.items()},
+                   {n: torch.zeros_like(p, dtype=torch.float32) for n, p in params.items()},
+                   {n: p.detach().float().clone() for n, p in params.items()
+                    if p.dtype != torch.float32})
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [*self.exp_avg.values(), *self.exp_avg_sq.values(), *self.master.values()]
+
+
+def counts_once(shard: Shard, spec: ModelSpec, tp: int, tp_rank: int) -> bool:
+    """Whether this rank's copy of ``shard`` counts in the replica's gradient norm: replicated
+    tensors count on tp_rank 0, replicated KV heads on the first rank of their group, the
+    tied LM-head copy never (the embedding counts it)."""
+    if shard.name != shard.logical:
+        return False
+    if shard.split_dim is None:
+        return tp_rank == 0
+    if is_kv(shard.name) and spec.num_kv_heads < tp:
+        return tp_rank % (tp // spec.num_kv_heads) == 0
+    return True
+
+
+def is_kv(name: str) -> bool:
+    return name.endswith(("self_attn.k_proj.weight", "self_attn.v_proj.weight"))
+
+
+def is_qk_norm(name: str) -> bool:
+    return name.endswith(("self_attn.q_norm.weight", "self_attn.k_norm.weight"))
+
+
+@torch.no_grad()
+def adam_update(params: Mapping[str, torch.Tensor], grads: Mapping[str, torch.Tensor],
+                state: AdamState, cfg: AdamConfig, scale: float, rec: Recorder) -> None:
+    """One AdamW update of every parameter with gradient ``grads[name] * scale``."""
+    with rec.span(OpClass.OPTIMIZER):
+        state.step += 1
+        t = state.step
+        bias1 = 1.0 - cfg.beta1 ** t
+        bias2_sqrt = math.sqrt(1.0 - cfg.beta2 ** t)
+        for name, p in params.items():
+            g = grads[name].float()
+            if scale != 1.0:
+                g = g * scale
+            m, v = state.exp_avg[name], state.exp_avg_sq[name]
+            w = state.master.get(name, p)
+            if cfg.weight_decay:
+                w.mul_(1.0 - cfg.lr * cfg.weight_decay)
+            m.lerp_(g, 1.0 - cfg.beta1)
+            v.mul_(cfg.beta2).addcmul_(g, g, value=1.0 - cfg.beta2)
+            denom = (v.sqrt() / bias2_sqrt).add_(cfg.eps)
+            w.addcdiv_(m, denom, value=-cfg.lr / bias1)
+            if w is not p:
+                p.copy_(w)

@@ -1,0 +1,164 @@
+"""Pipeline-parallel schedules over a replica's PP group: 1F1B for training, a streaming
+forward for inference and generation.
+
+Activations go to the next block and gradients to the previous one by point-to-point calls on
+the PP group object. Sends are asynchronous and kept alive until the schedule ends; receives
+block, so a block computes as soon as its input arrives. 1F1B keeps at most ``pp - pp_rank``
+micro-batches' activations alive on a block (against all of them under GPipe), which is what
+the cost model's activation memory assumes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from nereus.engine.batch import Batch
+from nereus.engine.comm import recv, send
+from nereus.engine.model import Inputs, KVCache, ParallelModel
+
+
+@dataclass(frozen=True)
+class Output:
+    """What the last block produces for a micro-batch: log-probs of the next tokens [b, s-1]
+    (LM head) or per-token values [b, s] (scalar head), fp32."""
+
+    logprobs: torch.Tensor | None = None
+    values: torch.Tensor | None = None
+
+    @staticmethod
+    def cat(parts: list[Output]) -> Output:
+        lp = [p.logprobs for p in parts if p.logprobs is not None]
+        vs = [p.values for p in parts if p.values is not None]
+        return Output(torch.cat(lp) if lp else None, torch.cat(vs) if vs else None)
+
+
+LossFn = Callable[[Output, Batch], torch.Tensor]
+_FWD, _BWD = 0, 1
+
+
+def _tag(micro: int, direction: int) -> int:
+    return 2 * micro + direction
+
+
+class _Links:
+    """Send / receive with the neighbouring blocks of one PP group; pending sends kept alive."""
+
+    def __init__(self, model: ParallelModel) -> None:
+        self.model = model
+        self.pg = model.groups.pp
+        self.intra = model.groups.pp_intra
+        self.pending: list[tuple[Any, torch.Tensor]] = []
+
+    def send(self, t: torch.Tensor, dst: int, tag: int) -> None:
+        t = t.detach().contiguous()
+        self.pending.append((send(t, dst, self.pg, tag), t))
+
+    def recv(self, shape: tuple[int, ...], src: int, tag: int) -> torch.Tensor:
+        m = self.model
+        t = torch.empty(shape, dtype=m.dtype, device=m.device)
+        return recv(t, src, self.pg, m.rec, tag, self.intra)
+
+    def finish(self) -> None:
+        for work, _ in self.pending:
+            work.wait()
+        self.pending.clear()
+
+
+def micro_inputs(model: ParallelModel, mb: Batch) -> Inputs:
+    s = mb.seq_len
+    return model.inputs(mb.positions(), mb.attention_mask, s, s)
+
+
+def head_output(model: ParallelModel, h: torch.Tensor, mb: Batch) -> Output:
+    from nereus.spec.model import Head
+
+    if model.head is Head.SCALAR:
+        return Output(values=model.values(h))
+    return Output(logprobs=model.logprobs(h, mb.input_ids))
+
+
+def forward_step(model: ParallelModel, links: _Links, x: torch.Tensor | None, inp: Inputs,
+                 shape: tuple[int, int, int], tag: int, cache: KVCache | None = None
+                 ) -> torch.Tensor | None:
+    """One micro-batch through this block without autograd: receive, compute, send on.
+    ``x`` is the token ids on the first block. Returns the final hidden states on the last
+    block, None elsewhere."""
+    pos = model.pos
+    if not pos.first:
+        x = links.recv(shape, pos.pp_rank - 1, tag)
+    assert x is not None
+    h = model.stage_forward(x, inp, cache)
+    if pos.last:
+        return h
+    links.send(h, pos.pp_rank + 1, tag)
+    return None
+
+
+def forward_pipeline(model: ParallelModel, micros: list[Batch]) -> list[Output] | None:
+    """Inference over micro-batches (GPipe forward, streaming): outputs on the last block."""
+    links = _Links(model)
+    outs: list[Output] = []
+    with torch.no_grad():
+        for i, mb in enumerate(micros):
+            shape = model.hidden_shape(mb.size, mb.seq_len)
+            h = forward_step(model, links, mb.input_ids, micro_inputs(model, mb), shape,
+                             _tag(i, _FWD))
+            if h is not None:
+                outs.append(head_output(model, h, mb))
+    links.finish()
+    return outs if model.pos.last else None
+
+
+def train_pipeline(model: ParallelModel, micros: list[Batch], loss_fn: LossFn
+                   ) -> list[torch.Tensor]:
+    """Forward and backward of every micro-batch under 1F1B; gradients accumulate in the
+    parameters' ``.grad`` (or their hooks). Returns the detached losses on the last block."""
+    pos = model.pos
+    links = _Links(model)
+    n = len(micros)
+    warmup = min(pos.pp - pos.pp_rank - 1, n)
+    saved: dict[int, tuple[torch.Tensor | None, torch.Tensor]] = {}
+    losses: list[torch.Tensor] = []
+
+    def fwd(i: int) -> None:
+        mb = micros[i]
+        shape = model.hidden_shape(mb.size, mb.seq_len)
+        if pos.first:
+            x, inp_t = mb.input_ids, None
+        else:
+            inp_t = links.recv(shape, pos.pp_rank - 1, _tag(i, _FWD)).requires_grad_()
+            x = inp_t
+        h = model.stage_forward(x, micro_inputs(model, mb))
+        if pos.last:
+            loss = loss_fn(head_output(model, h, mb), mb)
+            if loss.dim() != 0:
+                raise ValueError(f"loss_fn must return a scalar, got shape {tuple(loss.shape)}")
+            losses.append(loss.detach())
+            saved[i] = (inp_t, loss)
+        else:
+            links.send(h, pos.pp_rank + 1, _tag(i, _FWD))
+            saved[i] = (inp_t, h)
+
+    def bwd(i: int) -> None:
+        inp_t, out = saved.pop(i)
+        if pos.last:
+            out.backward()
+        else:
+            g = links.recv(tuple(out.shape), pos.pp_rank + 1, _tag(i, _BWD))
+            torch.autograd.backward(out, g)
+        if inp_t is not None:
+            links.send(inp_t.grad, pos.pp_rank - 1, _tag(i, _BWD))
+
+    for i in range(warmup):
+        fwd(i)
+    for i in range(warmup, n):
+        fwd(i)
+        bwd(i - warmup)
+    for i in range(n - warmup, n):
+        bwd(i)
+    links.finish()
+    return losses

@@ -1,0 +1,96 @@
+"""One worker's side of a model-stage: its model over its shards, its optimizer state, and the
+three stage operations (train_step, forward, generate), each measured.
+
+Every worker of a model-stage (all positions of all replicas) calls the same operation with its
+replica's rows; results are complete on the last pipeline block (the loss, log-probs, values)
+or on every worker (generated tokens).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+
+from nereus.engine.batch import Batch
+from nereus.engine.generate import GenerationResult, Generator
+from nereus.engine.groups import ParallelGroups, Position
+from nereus.engine.measure import Recorder, WorkerMeasurement, measured, tensor_bytes
+from nereus.engine.model import ParallelModel
+from nereus.engine.optim import AdamConfig, AdamState
+from nereus.engine.pipeline import LossFn, Output, forward_pipeline
+from nereus.engine.sampling import SamplingParams
+from nereus.engine.train import TrainResult, TrainStep
+from nereus.errors import InputError
+from nereus.spec.model import Head, ModelSpec
+
+
+def forward(model: ParallelModel, batch: Batch, micro_batch: int) -> Output | None:
+    """Log-probs (LM head) or values (scalar head) of whole sequences, on the last block."""
+    outs = forward_pipeline(model, batch.to(model.device).split(micro_batch))
+    return Output.cat(outs) if outs is not None else None
+
+
+@dataclass(frozen=True)
+class Measured:
+    """An operation's result on this worker and what it cost here."""
+
+    result: object
+    measurement: WorkerMeasurement
+
+
+class StageEngine:
+    """The engine on one worker for one model-stage (one EMU position)."""
+
+    def __init__(self, spec: ModelSpec, head: Head, pos: Position,
+                 shards: Mapping[str, torch.Tensor], groups: ParallelGroups | None = None,
+                 adam_state: AdamState | None = None, adam: AdamConfig | None = None) -> None:
+        device = next(iter(shards.values())).device
+        self.rec = Recorder(device)
+        self.model = ParallelModel(spec, head, pos, shards, groups, self.rec)
+        self.adam_state = adam_state
+        self.adam = adam or AdamConfig()
+
+    @property
+    def pos(self) -> Position:
+        return self.model.pos
+
+    def state_bytes(self) -> int:
+        tensors = list(self.model.params.values())
+        if self.adam_state is not None:
+            tensors += self.adam_state.tensors()
+        return tensor_bytes(tensors)
+
+    def _measure(self, fn: object, track_memory: bool) -> tuple[object, WorkerMeasurement]:
+        dev = self.model.device
+        result, wall, op_s, peak = measured(fn, self.rec, dev, self.state_bytes(),  # type: ignore[arg-type]
+                                            track_memory)
+        p = self.pos
+        profiled = track_memory and dev.type == "cpu"
+        return result, WorkerMeasurement(p.tp_rank, p.pp_rank, p.dp_rank, wall, op_s, peak,
+                                         self.state_bytes(), profiled)
+
+    # ---------------------------------------------------------------- operations
+    def train_step(self, batch: Batch, loss_fn: LossFn, micro_batch: int,
+                   adam: AdamConfig | None = None, track_memory: bool = False) -> Measured:
+        if self.adam_state is None:
+            raise InputError("train_step", "this worker holds no optimizer state (a forward or "
+                             "generation stage holds parameters only)")
+        step = TrainStep(self.model, self.adam_state, adam or self.adam, micro_batch)
+        res, meas = self._measure(lambda: step(batch, loss_fn), track_memory)
+        return Measured(res, meas)
+
+    def forward(self, batch: Batch, micro_batch: int, track_memory: bool = False) -> Measured:
+        res, meas = self._measure(lambda: forward(self.model, batch, micro_batch), track_memory)
+        return Measured(res, meas)
+
+    def generate(self, prompts: Batch, sampling: SamplingParams, micro_batch: int | None = None,
+                 track_memory: bool = False) -> Measured:
+        gen = Generator(self.model)
+        res, meas = self._measure(lambda: gen.generate(prompts, sampling, micro_batch),
+                                  track_memory)
+        return Measured(res, meas)
+
+
+__all__ = ["StageEngine", "Measured", "forward", "GenerationResult", "TrainResult", "Output"]

@@ -1,0 +1,185 @@
+"""One optimizer update of a model-stage replica: 1F1B over micro-batches, gradient sums
+inside the replica (TP partial gradients, tied embedding copies), the DP all-reduce, the global
+gradient-norm clip and Adam.
+
+Loss convention: ``loss_fn(output, micro_batch)`` returns the micro-batch's share of the update's
+loss, already normalised by the caller for the *global* batch (e.g. divided by the number of
+response tokens in all dp x b x a sequences). Gradients of all micro-batches and replicas are
+then summed, so the update is the same whatever dp, b and a are, up to reduction order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from nereus.engine.batch import Batch
+from nereus.engine.comm import all_reduce, recv, send
+from nereus.engine.model import ParallelModel
+from nereus.engine.optim import AdamConfig, AdamState, adam_update, counts_once, is_kv, is_qk_norm
+from nereus.engine.pipeline import LossFn, train_pipeline
+from nereus.spec.model import Head
+from nereus.spec.sharding import EMBED, LM_HEAD
+
+# Gradient bytes per DP all-reduce message (DDP's default bucket is 25 MiB).
+DP_BUCKET_BYTES = 32 * 1024**2
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    """``loss``: the update's loss summed over the global batch (known on the last block, None
+    elsewhere); ``grad_norm``: global norm before clipping; ``clip_coef`` applied (<= 1)."""
+
+    loss: float | None
+    grad_norm: float
+    clip_coef: float
+    micro_batches: int
+    step: int
+
+
+class TrainStep:
+    """Runs updates on one worker's shards; every worker of the model-stage calls it with its
+    replica's rows of the global batch (see ``nereus.engine.batch.replica_rows``)."""
+
+    def __init__(self, model: ParallelModel, state: AdamState, config: AdamConfig,
+                 micro_batch: int) -> None:
+        self.model, self.state, self.cfg, self.micro_batch = model, state, config, micro_batch
+        self._main_grads: dict[str, torch.Tensor] = {}
+
+    # ---------------------------------------------------------------- public
+    def __call__(self, batch: Batch, loss_fn: LossFn) -> TrainResult:
+        m = self.model
+        micros = batch.to(m.device).split(self.micro_batch)
+        hooks = self._enable_grads()
+        try:
+            losses = train_pipeline(m, micros, loss_fn)
+            grads = self._grads()
+            self._sync_in_replica(grads)
+            self._sync_dp(grads)
+            norm = self._global_norm(grads)
+            coef = 1.0
+            if self.cfg.max_grad_norm is not None:
+                coef = min(1.0, self.cfg.max_grad_norm / (norm + 1e-6))
+            adam_update(m.params, grads, self.state, self.cfg, coef, m.rec)
+        finally:
+            self._disable_grads(hooks)
+        loss = self._loss(losses) if m.pos.last else None
+        return TrainResult(loss, norm, coef, len(micros), self.state.step)
+
+    # ---------------------------------------------------------------- gradients
+    def _enable_grads(self) -> list[Any]:
+        """Parameters require grad for the step only; bf16 ones accumulate into fp32 buffers."""
+        hooks = []
+        self._main_grads = {}
+        for name, p in self.model.params.items():
+            p.grad = None
+            p.requires_grad_(True)
+            if p.dtype != torch.float32:
+                buf = torch.zeros_like(p, dtype=torch.float32)
+                self._main_grads[name] = buf
+
+                def acc(t: torch.Tensor, buf: torch.Tensor = buf) -> None:
+                    buf.add_(t.grad)
+                    t.grad = None
+                hooks.append(p.register_post_accumulate_grad_hook(acc))
+        return hooks
+
+    def _disable_grads(self, hooks: list[Any]) -> None:
+        for h in hooks:
+            h.remove()
+        for p in self.model.params.values():
+            p.grad = None
+            p.requires_grad_(False)
+        self._main_grads = {}
+
+    def _grads(self) -> dict[str, torch.Tensor]:
+        out = {}
+        for name, p in self.model.params.items():
+            g = self._main_grads.get(name)
+            if g is None:
+                g = p.grad if p.grad is not None else torch.zeros_like(p)
+            out[name] = g
+        return out
+
+    def _sync_in_replica(self, grads: dict[str, torch.Tensor]) -> None:
+        """Sum the partial gradients that TP and PP ranks hold of one logical tensor."""
+        m = self.model
+        spec, pos, tp = m.spec, m.pos, m.tp
+        if pos.tp > 1:
+            # q/k norms act on each rank's heads: each rank holds a partial gradient
+            norms = [n for n in grads if is_qk_norm(n)]
+            if norms:
+                flat = torch.cat([grads[n].reshape(-1) for n in norms])
+                all_reduce(flat, tp.pg, m.rec, tp.intra)
+                _unflatten(flat, [grads[n] for n in norms])
+            if spec.num_kv_heads < pos.tp:
+                # a replicated KV head's gradient is the sum over the ranks that share it
+                kv = [n for n in grads if is_kv(n)]
+                if kv:
+                    group = pos.tp // spec.num_kv_heads
+                    head = pos.tp_rank // group
+                    size = sum(grads[n].numel() for n in kv)
+                    buf = torch.zeros(spec.num_kv_heads, size, dtype=grads[kv[0]].dtype,
+                                      device=m.device)
+                    buf[head] = torch.cat([grads[n].reshape(-1) for n in kv])
+                    all_reduce(buf, tp.pg, m.rec, tp.intra)
+                    _unflatten(buf[head].clone(), [grads[n] for n in kv])
+        if (m.head is Head.LM and spec.tie_embeddings and pos.pp > 1
+                and (pos.first or pos.last)):
+            # the embedding (first block) and its copy (last block) sum their gradients
+            name, peer = (EMBED, pos.pp - 1) if pos.first else (LM_HEAD, 0)
+            mine = grads[name]
+            theirs = torch.empty_like(mine)
+            work = send(mine, peer, m.groups.pp, tag=1 << 20)
+            recv(theirs, peer, m.groups.pp, m.rec, tag=1 << 20, intra=m.groups.pp_intra)
+            work.wait()
+            mine.add_(theirs)
+
+    def _sync_dp(self, grads: dict[str, torch.Tensor]) -> None:
+        """Sum gradients over the replicas in flat buckets of one dtype (few large messages,
+        and at most one bucket of extra memory)."""
+        m = self.model
+        pg = m.groups.dp
+        if pg is None or pg.size() == 1:
+            return
+        buckets: list[list[str]] = []
+        size = 0
+        for n, g in grads.items():
+            nbytes = g.numel() * g.element_size()
+            if (not buckets or size + nbytes > DP_BUCKET_BYTES
+                    or grads[buckets[-1][0]].dtype != g.dtype):
+                buckets.append([])
+                size = 0
+            buckets[-1].append(n)
+            size += nbytes
+        for names in buckets:
+            flat = torch.cat([grads[n].reshape(-1) for n in names])
+            all_reduce(flat, pg, m.rec, m.groups.dp_intra)
+            _unflatten(flat, [grads[n] for n in names])
+
+    def _global_norm(self, grads: dict[str, torch.Tensor]) -> float:
+        """L2 norm of the logical gradient: every element once, summed over TP and PP."""
+        m = self.model
+        sq = torch.zeros(1, dtype=torch.float64, device=m.device)
+        for name, g in grads.items():
+            if counts_once(m.plan[name], m.spec, m.pos.tp, m.pos.tp_rank):
+                sq += g.double().pow(2).sum()
+        all_reduce(sq, m.tp.pg, m.rec, m.tp.intra)
+        all_reduce(sq, m.groups.pp, m.rec, m.groups.pp_intra)
+        return float(sq.sqrt())
+
+    def _loss(self, losses: list[torch.Tensor]) -> float:
+        m = self.model
+        total = torch.stack(losses).sum().double().reshape(1)
+        all_reduce(total, m.groups.dp, m.rec, m.groups.dp_intra)
+        return float(total)
+
+
+def _unflatten(flat: torch.Tensor, outs: list[torch.Tensor]) -> None:
+    i = 0
+    for t in outs:
+        n = t.numel()
+        t.copy_(flat[i:i + n].view_as(t))
+        i += n
