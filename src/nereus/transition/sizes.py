@@ -1,0 +1,67 @@
+"""Bytes every position of an EMU holds: what a transition allocates, frees and moves.
+
+One number per (layout, position), from the sharding format (``nereus.cost.state``); positions
+differ because the first pipeline block holds the embedding and the last the head. Cached per
+layout because a 256-GPU transition asks for the same few layouts thousands of times.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from nereus.cost.candidate import Layout
+from nereus.cost.state import emu_state_bytes, state_bytes_per_param
+from nereus.spec.job import JobSpec
+from nereus.spec.model import Head, ModelSpec
+from nereus.spec.sharding import layout_problem, shard_plan
+from nereus.spec.workload import Workload
+from nereus.transition.emu import Emu
+
+
+@lru_cache(maxsize=1024)
+def position_bytes(model: ModelSpec, head: Head, trainable: bool, workload: Workload,
+                   tp: int, pp: int) -> tuple[int, ...]:
+    """State bytes of each position of a (tp, pp) unit, indexed ``pp_rank * tp + tp_rank``."""
+    lay = Layout(tp, pp)
+    return tuple(emu_state_bytes(model, head, lay, trainable, workload, i % tp, i // tp)
+                 for i in range(tp * pp))
+
+
+@lru_cache(maxsize=1024)
+def largest_tensor_bytes(model: ModelSpec, head: Head, trainable: bool, workload: Workload,
+                         tp: int, pp: int) -> tuple[int, ...]:
+    """Bytes of the largest single shard (a parameter with its optimizer tensors) per position:
+    the transient of work done one tensor at a time, such as Merge's slicing."""
+    per = state_bytes_per_param(workload, trainable)
+    return tuple(max(s.numel for s in shard_plan(model, head, tp, pp, i % tp, i // tp)) * per
+                 for i in range(tp * pp))
+
+
+class StateSizes:
+    """Bytes per EMU position for one job (its model, heads and dtypes)."""
+
+    def __init__(self, job: JobSpec):
+        self.job = job
+        self._heads = {m.name: m.head for m in job.workflow.models}
+
+    def head(self, model: str) -> Head:
+        return self._heads[model]
+
+    def of(self, emu: Emu) -> tuple[int, ...]:
+        """Bytes held by ``emu.gpus[i]``, for every i."""
+        return position_bytes(self.job.model, self._heads[emu.model], emu.trainable,
+                              self.job.workload, emu.layout.tp, emu.layout.pp)
+
+    def of_layout(self, model: str, trainable: bool, layout: Layout) -> tuple[int, ...]:
+        return position_bytes(self.job.model, self._heads[model], trainable, self.job.workload,
+                              layout.tp, layout.pp)
+
+    def largest_tensor(self, emu: Emu) -> tuple[int, ...]:
+        return largest_tensor_bytes(self.job.model, self._heads[emu.model], emu.trainable,
+                                    self.job.workload, emu.layout.tp, emu.layout.pp)
+
+    def total(self, emu: Emu) -> int:
+        return sum(self.of(emu))
+
+    def layout_problem(self, layout: Layout) -> str | None:
+        return layout_problem(self.job.model, layout.tp, layout.pp)
