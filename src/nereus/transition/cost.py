@@ -1,0 +1,146 @@
+"""How long one primitive takes: communicator set-up plus bytes over the links it crosses.
+
+``seconds = setup_s / eff[setup] + max over op classes c of (ideal_c / eff[c]) + local_s``.
+Set-up is one round of communicator creation (rendezvous + init): every GPU of Split or Extend
+joins exactly one new communicator (its all-gather group, its rank pair), and they are created
+side by side. A link's ideal time is bytes over the per-direction bandwidth of that link (NVLink
+or equivalent when both GPUs sit on one node, the network otherwise) plus per-hop latency; a
+GPU's bytes on one link add up, so transfers sharing a link divide its bandwidth. Primitives
+that touch one GPU never overlap in a schedule, so links are shared only inside a primitive.
+Merge and Destroy are local: a dispatch constant plus memory-bound slicing at HBM bandwidth.
+
+The ideal seconds per op class are kept with each duration so measured times can calibrate the
+efficiencies (``nereus.transition.calibrate``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from nereus.cost.candidate import Link
+from nereus.cost.comm import link_bw, link_latency
+from nereus.cost.efficiency import Efficiencies
+from nereus.cost.ops import OpClass, comm_class
+from nereus.spec.cluster import Cluster
+from nereus.transition.nesting import gather_groups
+from nereus.transition.primitives import Destroy, Extend, Merge, Primitive, Split
+from nereus.transition.sizes import StateSizes
+
+# Communicator set-up, seconds per round (TCPStore rendezvous + communicator init). Estimated
+# constants, an assumption per device kind until measured times calibrate eff[setup]: NCCL /
+# RCCL init of a small communicator takes on the order of 0.1 s (bootstrap over TCP, topology
+# detection, channel set-up); a gloo group on loopback about 10 ms.
+SETUP_S: Mapping[str, float] = {
+    "h100-sxm-80gb": 0.10,
+    "h200-141gb": 0.10,
+    "a100-sxm-80gb": 0.10,
+    "mi250x": 0.20,
+    "cpu": 0.01,
+}
+DEFAULT_SETUP_S = 0.10
+
+# Local work of Merge and Destroy, seconds: Python dispatch in the worker and allocator release.
+# An assumption (not calibrated: no op class covers it); small next to any set-up.
+LOCAL_OP_S = 1e-3
+
+
+@dataclass(frozen=True)
+class Duration:
+    """Predicted seconds of one primitive and where they come from.
+
+    ``ideal``: seconds at peak per op class (``setup``, and for a transfer the slowest GPU of
+    each link class); ``local_s``: the uncalibrated local part.
+    """
+
+    seconds: float
+    ideal: tuple[tuple[OpClass, float], ...] = ()
+    local_s: float = 0.0
+
+    def ideal_of(self, cls: OpClass) -> float:
+        for c, v in self.ideal:
+            if c is cls:
+                return v
+        return 0.0
+
+
+def predict(ideal: Mapping[OpClass, float], local_s: float, eff: Efficiencies) -> float:
+    """Seconds from ideal seconds per class: set-up adds, link classes overlap (max)."""
+    setup = ideal.get(OpClass.SETUP, 0.0) / eff[OpClass.SETUP]
+    comm = max((v / eff[c] for c, v in ideal.items() if c is not OpClass.SETUP), default=0.0)
+    return setup + comm + local_s
+
+
+class TransitionCost:
+    """Durations of primitives for one job's cluster under given efficiencies."""
+
+    def __init__(self, cluster: Cluster, sizes: StateSizes, efficiencies: Efficiencies):
+        self.cluster = cluster
+        self.device = cluster.device
+        self.sizes = sizes
+        self.eff = efficiencies
+        self.setup_ideal_s = SETUP_S.get(self.device.name, DEFAULT_SETUP_S)
+        self._bw = {Link.INTRA: link_bw(self.device, Link.INTRA),
+                    Link.INTER: link_bw(self.device, Link.INTER)}
+        self._lat = {Link.INTRA: link_latency(self.device, Link.INTRA),
+                     Link.INTER: link_latency(self.device, Link.INTER)}
+        self._per_node = cluster.devices_per_node
+        self._eff = {c: efficiencies[c] for c in OpClass}
+        self._eff_pair = {Link.INTRA: efficiencies[OpClass.BROADCAST_INTRA],
+                          Link.INTER: efficiencies[OpClass.BROADCAST_INTER]}
+
+    def link(self, a: int, b: int) -> Link:
+        return Link.INTRA if a // self._per_node == b // self._per_node else Link.INTER
+
+    def setup_s(self) -> float:
+        return self.setup_ideal_s / self.eff[OpClass.SETUP]
+
+    def pair_s(self, a: int, b: int, nbytes: float) -> float:
+        """Predicted seconds to send ``nbytes`` from GPU a to GPU b (no set-up)."""
+        lk = self.link(a, b)
+        return (nbytes / self._bw[lk] + self._lat[lk]) / self._eff_pair[lk]
+
+    def duration(self, p: Primitive) -> Duration:
+        if isinstance(p, Split):
+            return self._split(p)
+        if isinstance(p, Extend):
+            return self._extend(p)
+        if isinstance(p, Merge):
+            new = self.sizes.of(p.output)
+            local = LOCAL_OP_S + 2 * max(new) / self.device.hbm_bw  # read + write the new shard
+            return Duration(local, (), local)
+        if isinstance(p, Destroy):
+            return Duration(LOCAL_OP_S, (), LOCAL_OP_S)
+        raise TypeError(f"not a primitive: {p!r}")
+
+    def _finish(self, ideal: dict[OpClass, float]) -> Duration:
+        eff = self._eff
+        comm = max((v / eff[c] for c, v in ideal.items()), default=0.0)
+        ideal[OpClass.SETUP] = self.setup_ideal_s
+        return Duration(self.setup_ideal_s / eff[OpClass.SETUP] + comm,
+                        tuple(ideal.items()), 0.0)
+
+    def _split(self, p: Split) -> Duration:
+        src = self.sizes.of(p.emu)
+        ideal: dict[OpClass, float] = {}
+        per_node = self._per_node
+        gpus = p.emu.gpus
+        for idx in gather_groups(p.emu.layout, p.sub):
+            grp = [gpus[i] for i in idx]
+            total = sum(src[i] for i in idx)
+            recv = max(total - src[i] for i in idx)
+            lk = Link.INTRA if len({g // per_node for g in grp}) == 1 else Link.INTER
+            t = recv / self._bw[lk] + (len(grp) - 1) * self._lat[lk]
+            cls = comm_class("allgather", lk is Link.INTRA)
+            ideal[cls] = max(ideal.get(cls, 0.0), t)
+        return self._finish(ideal)
+
+    def _extend(self, p: Extend) -> Duration:
+        s = self.sizes.of(p.emu)
+        ideal: dict[OpClass, float] = {}
+        for i, (a, b) in enumerate(p.pairs()):
+            lk = self.link(a, b)
+            t = s[i] / self._bw[lk] + self._lat[lk]
+            cls = comm_class("broadcast", lk is Link.INTRA)
+            ideal[cls] = max(ideal.get(cls, 0.0), t)
+        return self._finish(ideal)

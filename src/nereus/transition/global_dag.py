@@ -1,0 +1,290 @@
+"""The global transition DAG: local DAGs joined by resource edges (paper §6.1).
+
+The local DAGs say what each model-stage must do; when model-stages share a near-capacity GPU
+pool they do not say in which order. We replay the primitives one at a time from the current
+state, releases first (Destroy, then Merge, which shrinks), acquisitions after in stage order
+generation -> inference -> training. An acquisition that does not fit is blocked: it gets an
+edge from Destroys that free the GPUs it needs, never from one that depends on it (so the DAG
+stays acyclic), and waits for them. An Extend onto a GPU held by a model-stage that runs
+concurrently with its own waits for that stage's Destroys there the same way, and every later
+acquisition gets edges from the Destroys that cleared a rival off its GPUs, so no order of the
+DAG lets two rivals meet. When nothing can run and something waits, the transition is
+infeasible and the reason names the GPUs and the model-stages.
+
+The replay order ``order`` fits memory one primitive at a time; the list scheduler uses it to
+run primitives side by side without ever painting itself into a corner.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from nereus.plan.types import Plan
+from nereus.spec.device import GiB
+from nereus.spec.job import JobSpec
+from nereus.transition.cost import TransitionCost
+from nereus.transition.emu import Emu, format_gpus, phi
+from nereus.transition.local_dag import LocalDag, local_dag
+from nereus.transition.ownership import Ownership
+from nereus.transition.primitives import Destroy, Extend, MemStep, Merge, Primitive, Split
+
+STATE = "state"        # edge kinds: a unit flows from one primitive to the next
+RESOURCE = "resource"  # memory or GPU ownership: a Destroy must free GPUs first
+
+_RANK = {Destroy: 0, Merge: 1, Split: 2, Extend: 3}  # release before acquire
+
+
+@dataclass(frozen=True)
+class TransitionDag:
+    primitives: tuple[Primitive, ...]
+    edges: tuple[tuple[int, int, str], ...]          # (before, after, kind)
+    order: tuple[int, ...]                           # a serial order that fits memory
+    memory: tuple[Mapping[int, MemStep], ...]        # per primitive, per GPU
+    initial_bytes: Mapping[int, int]                 # per GPU, before the first primitive
+    capacity_bytes: int
+    initial: Mapping[str, tuple[Emu, ...]]
+    final: Mapping[str, tuple[Emu, ...]]
+    changed: tuple[str, ...]                         # model-stages whose units change
+    problem: str | None = None
+    locals: Mapping[str, LocalDag] = field(default_factory=dict)
+
+    @property
+    def feasible(self) -> bool:
+        return self.problem is None
+
+    def preds(self) -> list[list[int]]:
+        out: list[list[int]] = [[] for _ in self.primitives]
+        for a, b, _ in self.edges:
+            out[b].append(a)
+        return out
+
+
+def _gib(b: float) -> str:
+    return f"{b / GiB:.1f} GiB"
+
+
+def build_dag(job: JobSpec, current: Plan, target: Plan, cost: TransitionCost,
+              capacity_bytes: int) -> TransitionDag:
+    wf = job.workflow
+    order = {s.name: i for i, s in enumerate(wf.stage_order())}
+    names = sorted(current.names, key=lambda n: order[n])
+    initial = phi(job, current)
+    locals_: dict[str, LocalDag] = {}
+    for name in names:
+        locals_[name] = local_dag(initial[name], target.stage(name), job.model, cost,
+                                  capacity_bytes)
+    final = {n: d.final for n, d in locals_.items()}
+    changed = tuple(n for n in names if locals_[n].changed)
+
+    def infeasible(problem: str) -> TransitionDag:
+        return TransitionDag((), (), (), (), {}, capacity_bytes, initial, final, changed,
+                             problem, locals_)
+
+    problems = [d.problem for d in locals_.values() if d.problem]
+    if problems:
+        return infeasible("; ".join(problems))
+
+    prims: list[Primitive] = []
+    edges: list[tuple[int, int, str]] = []
+    rank: list[tuple[int, int, int]] = []
+    for name in changed:
+        d = locals_[name]
+        base = len(prims)
+        for i, p in enumerate(d.primitives):
+            prims.append(p)
+            rank.append((_RANK[type(p)], order[name], i))
+        edges += [(base + a, base + b, STATE) for a, b in d.edges]
+    mem = [p.memory(cost.sizes) for p in prims]
+
+    usage: dict[int, int] = {}
+    present: dict[int, dict[str, int]] = {}
+    for name in names:
+        for e in initial[name]:
+            b = cost.sizes.of(e) if name in changed else None
+            for i, g in enumerate(e.gpus):
+                if b is not None:
+                    usage[g] = usage.get(g, 0) + b[i]
+                present.setdefault(g, {})[name] = present.get(g, {}).get(name, 0) + 1
+    initial_bytes = dict(usage)
+    own = Ownership.between(wf, current, target, names)
+    res = _Replay(prims, mem, rank, edges, usage, present, own, capacity_bytes).run()
+    if res.problem:
+        return infeasible(res.problem)
+    return TransitionDag(tuple(prims), tuple(res.edges), tuple(res.order), tuple(mem),
+                         initial_bytes, capacity_bytes, initial, final, changed, None, locals_)
+
+
+@dataclass
+class _Result:
+    edges: list[tuple[int, int, str]]
+    order: list[int]
+    problem: str | None
+
+
+class _Replay:
+    """One-at-a-time replay that adds resource edges where an acquisition is blocked."""
+
+    def __init__(self, prims: Sequence[Primitive], mem: Sequence[Mapping[int, MemStep]],
+                 rank: Sequence[tuple[int, int, int]], edges: list[tuple[int, int, str]],
+                 usage: dict[int, int], present: dict[int, dict[str, int]], own: Ownership,
+                 cap: int):
+        self.prims, self.mem, self.rank, self.edges = prims, mem, rank, list(edges)
+        self.usage, self.present, self.own, self.cap = usage, present, own, cap
+        n = len(prims)
+        self.succ: list[list[int]] = [[] for _ in range(n)]
+        self.npred = [0] * n
+        self.preds: list[set[int]] = [set() for _ in range(n)]
+        for a, b, _ in self.edges:
+            self.succ[a].append(b)
+            self.preds[b].add(a)
+        self.waiting = [len(p) for p in self.preds]
+        self.done = [False] * n
+        self.destroys_on: dict[int, list[int]] = {}
+        for i, p in enumerate(prims):
+            if isinstance(p, Destroy):
+                for g in p.gpus:
+                    self.destroys_on.setdefault(g, []).append(i)
+        self.departed: dict[int, dict[str, list[int]]] = {}  # gpu -> stage -> Destroys
+        self.why: dict[int, str] = {}
+
+    def run(self) -> _Result:
+        heap = [(self.rank[i], i) for i in range(len(self.prims)) if not self.waiting[i]]
+        heapq.heapify(heap)
+        parked: list[int] = []
+        order: list[int] = []
+        while heap:
+            _, i = heapq.heappop(heap)
+            blocked = self._blocked(i)
+            if blocked is None:
+                self._execute(i)
+                order.append(i)
+                for s in self.succ[i]:
+                    self.waiting[s] -= 1
+                    if not self.waiting[s]:
+                        heapq.heappush(heap, (self.rank[s], s))
+                if parked and self._releases(i):
+                    for j in parked:
+                        heapq.heappush(heap, (self.rank[j], j))
+                    parked = []
+                continue
+            deficits, rivals = blocked
+            added = self._resource_edges(i, deficits, rivals)
+            if added:
+                continue  # waits for the new predecessors
+            parked.append(i)
+        if len(order) < len(self.prims):
+            stuck = parked or [i for i in range(len(self.prims)) if not self.done[i]][:1]
+            return _Result(self.edges, order, "; ".join(self._reason(i) for i in stuck[:3]))
+        return _Result(self.edges, order, None)
+
+    def _releases(self, i: int) -> bool:
+        return isinstance(self.prims[i], Destroy) or any(m.net < 0 for m in self.mem[i].values())
+
+    def _blocked(self, i: int) -> tuple[dict[int, int], list[tuple[int, str]]] | None:
+        deficits = {}
+        for g, m in self.mem[i].items():
+            over = self.usage.get(g, 0) + m.extra - self.cap
+            if over > 0:
+                deficits[g] = over
+        rivals: list[tuple[int, str]] = []
+        p = self.prims[i]
+        if isinstance(p, Extend):
+            mine = self.own.rivals_of(p.stage)
+            if mine:
+                for g in p.targets:
+                    for other, n in self.present.get(g, {}).items():
+                        if n and other in mine and g not in mine[other]:
+                            rivals.append((g, other))
+        if not deficits and not rivals:
+            return None
+        return deficits, rivals
+
+    def _execute(self, i: int) -> None:
+        p = self.prims[i]
+        for g, m in self.mem[i].items():
+            self.usage[g] = self.usage.get(g, 0) + m.net
+        self.done[i] = True
+        if isinstance(p, Extend):
+            mine = self.own.rivals_of(p.stage)
+            for g in p.targets:
+                here = self.present.setdefault(g, {})
+                here[p.stage] = here.get(p.stage, 0) + 1
+                for other, ds in self.departed.get(g, {}).items():
+                    if other in mine and g not in mine[other]:
+                        for d in ds:
+                            self._edge(d, i)
+        elif isinstance(p, Destroy):
+            for g in p.gpus:
+                here = self.present[g]
+                here[p.stage] -= 1
+                self.departed.setdefault(g, {}).setdefault(p.stage, []).append(i)
+        # Split and Merge keep one unit of their stage on each of their GPUs
+
+    def _edge(self, a: int, b: int) -> bool:
+        if a in self.preds[b]:
+            return False
+        self.preds[b].add(a)
+        self.succ[a].append(b)
+        self.edges.append((a, b, RESOURCE))
+        if not self.done[a]:
+            self.waiting[b] += 1
+        return True
+
+    def _descendants(self, i: int) -> set[int]:
+        seen = {i}
+        stack = [i]
+        while stack:
+            for s in self.succ[stack.pop()]:
+                if s not in seen:
+                    seen.add(s)
+                    stack.append(s)
+        return seen
+
+    def _resource_edges(self, i: int, deficits: Mapping[int, int],
+                        rivals: Sequence[tuple[int, str]]) -> bool:
+        desc = self._descendants(i)
+        chosen: set[int] = set()
+        reasons: list[str] = []
+        p = self.prims[i]
+        for g, other in rivals:
+            ds = [d for d in self.destroys_on.get(g, []) if not self.done[d]
+                  and self.prims[d].stage == other]
+            if not ds or any(d in desc for d in ds):
+                reasons.append(f"GPU {g} stays with {other}, which runs concurrently with "
+                               f"{p.stage}")
+                continue
+            chosen.update(ds)
+        for g, over in sorted(deficits.items()):
+            freed = sum(self.mem[d][g].before for d in chosen if g in self.mem[d])
+            cands = sorted((d for d in self.destroys_on.get(g, [])
+                            if not self.done[d] and d not in desc and d not in chosen),
+                           key=lambda d: self.rank[d])
+            for d in cands:
+                if freed >= over:
+                    break
+                chosen.add(d)
+                freed += self.mem[d][g].before
+            if freed < over:
+                reasons.append(f"GPU {g} lacks {_gib(over - freed)}")
+        added = False
+        for d in sorted(chosen):
+            added |= self._edge(d, i) and not self.done[d]
+        if reasons:
+            self.why[i] = ", ".join(reasons)
+        return added
+
+    def _reason(self, i: int) -> str:
+        p = self.prims[i]
+        gpus = sorted(self.mem[i])
+        holders = sorted({s for g in gpus for s, n in self.present.get(g, {}).items() if n})
+        why = self.why.get(i) or "its predecessors never run"
+        what = f"{p.op} of {', '.join(e.id for e in p.inputs)}"
+        if isinstance(p, Extend):
+            what += f" onto GPUs {format_gpus(p.targets)}"
+        else:
+            what += f" on GPUs {format_gpus(p.gpus)}"
+        return (f"{p.stage}: {what} is blocked ({why}; capacity {_gib(self.cap)} per GPU; "
+                f"held by {', '.join(holders) or 'nothing'}) and no Destroy that runs before "
+                "it frees them")

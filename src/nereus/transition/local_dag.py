@@ -1,0 +1,318 @@
+"""The local DAG of one model-stage: Split -> Destroy -> Extend -> Merge through T_sub (§6.1).
+
+Both layouts split into T_sub = (gcd(tp, tp*), gcd(pp, pp*)). Every target unit is then a Merge
+of k* "slots", T_sub units on fixed GPU lists (the nesting mapping). A T_sub piece of a current
+unit that already sits on a slot's exact GPUs is kept there, so shards already on their target
+ranks are never copied; the other slots are filled by Extend from a kept or newly made unit
+(chains make a broadcast tree); the pieces nobody keeps are destroyed. A current unit is split
+only if one of its pieces is kept, or if nothing is kept anywhere (then its pieces are the
+sources); the others are destroyed whole. The last copy: when nothing is kept, a source is
+destroyed only after the Extends that copy it have ended.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from nereus.cost.candidate import Layout
+from nereus.plan.types import StagePlan
+from nereus.spec.model import ModelSpec
+from nereus.transition.cost import TransitionCost
+from nereus.transition.emu import Emu, emu_id, format_gpus
+from nereus.transition.nesting import common_layout, nesting_problem, split_gpus
+from nereus.transition.primitives import Destroy, Extend, Merge, Primitive, Split
+
+
+@dataclass(frozen=True)
+class LocalDag:
+    """Primitives of one model-stage, edges (before, after) between them (local indices), and
+    ``final[i]``: the unit that realizes target replica i. ``problem`` says why none exists."""
+
+    stage: str
+    primitives: tuple[Primitive, ...]
+    edges: tuple[tuple[int, int], ...]
+    final: tuple[Emu, ...]
+    problem: str | None = None
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.primitives)
+
+
+class _Ids:
+    """Next free ``"<stage>/<n>"`` ids, after the ones the current units hold."""
+
+    def __init__(self, stage: str, taken: Sequence[str]):
+        self.stage = stage
+        self.taken = set(taken)
+        self.n = 0
+
+    def __call__(self) -> str:
+        while emu_id(self.stage, self.n) in self.taken:
+            self.n += 1
+        i = emu_id(self.stage, self.n)
+        self.taken.add(i)
+        return i
+
+
+def sub_layouts(model: ModelSpec, lay: Layout, tlay: Layout) -> list[Layout]:
+    """Every T_sub both layouts split into whose shards nest, largest first."""
+    top = common_layout(lay, tlay)
+    out = [Layout(tp, pp) for tp in range(top.tp, 0, -1) if top.tp % tp == 0
+           for pp in range(top.pp, 0, -1) if top.pp % pp == 0]
+    out = [s for s in out
+           if nesting_problem(model, lay, s) is None and nesting_problem(model, tlay, s) is None]
+    return sorted(out, key=lambda s: -s.size)
+
+
+def _pieces(current: Sequence[Emu], tgt_units: Sequence[tuple[int, ...]], lay: Layout,
+            tlay: Layout, sub: Layout) -> tuple[int, int]:
+    """(pieces split, slots to fill) with T_sub = ``sub``: a cheap score of the bytes moved."""
+    k, kt = lay.size // sub.size, tlay.size // sub.size
+    where: dict[tuple[int, ...], int] = {}
+    for u, e in enumerate(current):
+        for g in (split_gpus(e.gpus, lay, sub) if k > 1 else (e.gpus,)):
+            where[g] = u
+    units: set[int] = set()
+    unmatched = 0
+    for g in tgt_units:
+        for piece in (split_gpus(g, tlay, sub) if kt > 1 else (g,)):
+            if piece in where:
+                units.add(where[piece])
+            else:
+                unmatched += 1
+    n_split = len(units) if units else len(current)
+    return (n_split * (k - 1) if k > 1 else 0), unmatched
+
+
+def local_dag(current: Sequence[Emu], target: StagePlan, model: ModelSpec,
+              cost: TransitionCost, capacity_bytes: int | None = None) -> LocalDag:
+    """The local DAG through the T_sub that moves the fewest bytes (full state copies split or
+    extended), preferring larger T_sub; the largest common layout comes first on ties, and
+    smaller ones serve when its pieces cannot reach the target GPUs or nothing nests there.
+    T_sub candidates whose split does not fit a GPU on its own are tried last."""
+    stage = target.stage
+    tgt_units = [tuple(r) for r in target.replicas]
+    lay, tlay = current[0].layout, target.layout
+    if lay == tlay and sorted(e.gpus for e in current) == sorted(tgt_units):
+        by_gpus = {e.gpus: e for e in current}
+        return LocalDag(stage, (), (), tuple(by_gpus[g] for g in tgt_units))
+    subs = sub_layouts(model, lay, tlay)
+    if not subs:
+        p = nesting_problem(model, lay, common_layout(lay, tlay)) or \
+            nesting_problem(model, tlay, common_layout(lay, tlay))
+        return LocalDag(stage, (), (), (), f"{stage}: {lay} -> {tlay}: {p}")
+    e0 = current[0]
+    cur_max = max(cost.sizes.of(e0))
+
+    def fits(sub: Layout) -> bool:
+        if capacity_bytes is None:
+            return True
+        return cur_max + max(cost.sizes.of_layout(e0.model, e0.trainable, sub)) <= capacity_bytes
+
+    ranked = sorted(subs, key=lambda s: (not fits(s), sum(_pieces(current, tgt_units, lay, tlay,
+                                                                   s)), -s.size))
+    first: LocalDag | None = None
+    for sub in ranked:
+        dag = _through(current, target, tgt_units, sub, cost)
+        if dag.problem is None:
+            return dag
+        first = first or dag
+    assert first is not None
+    return first
+
+
+def _through(current: Sequence[Emu], target: StagePlan, tgt_units: list[tuple[int, ...]],
+             sub: Layout, cost: TransitionCost) -> LocalDag:
+    stage = target.stage
+    lay, tlay = current[0].layout, target.layout
+    k = lay.size // sub.size
+    kt = tlay.size // sub.size
+    ids = _Ids(stage, [e.id for e in current])
+    prims: list[Primitive] = []
+    edges: list[tuple[int, int]] = []
+
+    def add(p: Primitive, deps: Sequence[int | None] = ()) -> int:
+        prims.append(p)
+        i = len(prims) - 1
+        for d in deps:
+            if d is not None:
+                edges.append((d, i))
+        return i
+
+    # T_sub pieces of every current unit, and the slots of every target unit
+    pieces = [split_gpus(u.gpus, lay, sub) if k > 1 else (u.gpus,) for u in current]
+    slots = [split_gpus(g, tlay, sub) if kt > 1 else (g,) for g in tgt_units]
+    where = {g: (u, j) for u, ps in enumerate(pieces) for j, g in enumerate(ps)}
+    match: dict[tuple[int, int], tuple[int, int]] = {}
+    for q, ss in enumerate(slots):
+        for j, g in enumerate(ss):
+            if g in where:
+                match[(q, j)] = where[g]
+    kept_pieces = set(match.values())
+    if k > 1:
+        split_units = sorted({u for u, _ in kept_pieces}) or list(range(len(current)))
+    else:
+        split_units = list(range(len(current)))
+
+    producer: dict[str, int | None] = {}
+    piece_emu: dict[tuple[int, int], Emu] = {}
+    for u in split_units:
+        if k > 1:
+            sp = Split.of(current[u], sub, [ids() for _ in range(k)])
+            i = add(sp)
+            for j, o in enumerate(sp.outputs):
+                piece_emu[(u, j)] = o
+                producer[o.id] = i
+        else:
+            piece_emu[(u, 0)] = current[u]
+            producer[current[u].id] = None
+    whole_destroy = [current[u] for u in range(len(current)) if u not in set(split_units)]
+
+    slot_emu: dict[tuple[int, int], Emu] = {s: piece_emu[m] for s, m in match.items()}
+    kept = {piece_emu[m].id for m in match.values()}
+    doomed = [e for key, e in sorted(piece_emu.items()) if e.id not in kept]
+
+    # fill the other slots by Extend, earliest estimated finish first
+    src = _Sources(cost, cost.sizes.of_layout(current[0].model, current[0].trainable, sub))
+    split_done = 0.0
+    if k > 1 and split_units:
+        split_done = cost.duration(prims[0]).seconds
+    # sources, best first: kept and new units; pieces to be destroyed whose GPUs the target
+    # does not use (copying from them delays only their own release); pieces on target GPUs
+    # (their Destroy may be what makes room there, so they are the last resort)
+    target_gpus = set(target.gpus)
+    for e in piece_emu.values():
+        t = split_done if producer.get(e.id) is not None else 0.0
+        src.offer(e, t, 0 if e.id in kept else 2 if target_gpus.intersection(e.gpus) else 1)
+
+    extends_from: dict[str, list[int]] = {}
+    pending = [(q, j) for q, ss in enumerate(slots) for j in range(len(ss))
+               if (q, j) not in slot_emu]
+    while pending:
+        rest: list[tuple[int, int]] = []
+        for s in pending:
+            slot = slots[s[0]][s[1]]
+            best = src.best(slot, (0,) if kept else (0, 1))
+            if best is None and kept:
+                best = src.best(slot, (1,))
+            if best is None:
+                best = src.best(slot, (2,))
+            if best is None:
+                rest.append(s)
+                continue
+            fin, sid = best
+            ext = Extend.of(src.emu[sid], slot, ids())
+            i = add(ext, [producer.get(sid)])
+            extends_from.setdefault(sid, []).append(i)
+            producer[ext.output.id] = i
+            slot_emu[s] = ext.output
+            src.take(sid, fin)
+            src.offer(ext.output, fin, 0)
+        if len(rest) == len(pending):
+            q, j = rest[0]
+            return LocalDag(stage, (), (), (), (
+                f"{stage}: no copy can be extended onto GPUs {format_gpus(slots[q][j])}: every "
+                "unit holding the state shares GPUs with it (Extend needs disjoint GPUs)"))
+        pending = rest
+
+    for e in whole_destroy:
+        add(Destroy(e))
+    for e in doomed:
+        add(Destroy(e), [producer.get(e.id), *extends_from.get(e.id, [])])
+
+    final: list[Emu] = []
+    for q, ss in enumerate(slots):
+        units = [slot_emu[(q, j)] for j in range(len(ss))]
+        if kt == 1:
+            final.append(units[0])
+            continue
+        deps: list[int | None] = []
+        for e in units:
+            deps.append(producer.get(e.id))
+            deps.extend(extends_from.get(e.id, []))
+        m = Merge.of(units, tlay, ids())
+        add(m, deps)
+        final.append(m.output)
+    return LocalDag(stage, tuple(prims), tuple(sorted(set(edges))), tuple(final))
+
+
+class _Sources:
+    """Units an Extend may copy from, in tiers, each with the (estimated) time it is free.
+
+    Finding the best source for a slot looks at the few sources that share a node with it
+    (NVLink pairs beat the network) and at the earliest free one elsewhere (all its pairs cross
+    the network, so all take the same time).
+    """
+
+    def __init__(self, cost: TransitionCost, sub_bytes: Sequence[int]):
+        self.per_node = cost.cluster.devices_per_node
+        self.setup = cost.setup_s()
+        self.intra = [cost.pair_s(0, 0, b) for b in sub_bytes]
+        self.inter = [cost.pair_s(0, self.per_node, b) for b in sub_bytes]
+        self.far = self.setup + max(self.inter)
+        self.lists: tuple[list[tuple[float, int, str]], ...] = ([], [], [])
+        self.tier: dict[str, int] = {}
+        self.avail: dict[str, float] = {}
+        self.seq: dict[str, int] = {}
+        self.emu: dict[str, Emu] = {}
+        self.occupied: dict[int, set[str]] = {}
+        self.on_node: dict[int, set[str]] = {}
+
+    def offer(self, e: Emu, t: float, tier: int) -> None:
+        self.tier[e.id] = tier
+        self.avail[e.id] = t
+        self.seq[e.id] = len(self.seq)
+        self.emu[e.id] = e
+        bisect.insort(self.lists[tier], (t, self.seq[e.id], e.id))
+        for g in e.gpus:
+            self.occupied.setdefault(g, set()).add(e.id)
+            self.on_node.setdefault(g // self.per_node, set()).add(e.id)
+
+    def take(self, sid: str, free_at: float) -> None:
+        """``sid`` sends until ``free_at`` (its GPUs run one primitive at a time)."""
+        lst = self.lists[self.tier[sid]]
+        lst.remove((self.avail[sid], self.seq[sid], sid))
+        self.avail[sid] = free_at
+        bisect.insort(lst, (free_at, self.seq[sid], sid))
+
+    def seconds(self, sid: str, slot: Sequence[int]) -> float:
+        pn = self.per_node
+        return self.setup + max(
+            (self.intra[i] if a // pn == b // pn else self.inter[i])
+            for i, (a, b) in enumerate(zip(self.emu[sid].gpus, slot)))
+
+    def best(self, slot: Sequence[int], tiers: Sequence[int]) -> tuple[float, str] | None:
+        blocked: set[str] = set()
+        for g in slot:
+            blocked |= self.occupied.get(g, set())
+        near: set[str] = set()
+        for n in {g // self.per_node for g in slot}:
+            near |= self.on_node.get(n, set())
+        best: tuple[float, int, str] | None = None
+        for sid in near:
+            if sid in blocked or self.tier[sid] not in tiers:
+                continue
+            cand = (self.avail[sid] + self.seconds(sid, slot), self.seq[sid], sid)
+            if best is None or cand < best:
+                best = cand
+        for tier in tiers:
+            for t, seq, sid in self.lists[tier]:
+                if best is not None and t + self.far >= best[0]:
+                    break
+                if sid in blocked or sid in near:
+                    continue
+                cand = (t + self.far, seq, sid)
+                if best is None or cand < best:
+                    best = cand
+                break
+        return None if best is None else (best[0], best[2])
+
+
+def describe(dag: LocalDag) -> str:
+    """One line per primitive, for logs and the CLI."""
+    return "\n".join(f"{p.op}({', '.join(e.id for e in p.inputs)}) -> "
+                     f"{', '.join(e.id for e in p.outputs) or '-'}" for p in dag.primitives)
+
