@@ -44,7 +44,11 @@ class Generator:
 
     def generate(self, prompts: Batch, sampling: SamplingParams,
                  micro_batch: int | None = None) -> GenerationResult:
-        """Micro-batches of ``micro_batch`` prompts run one after another (default: all)."""
+        """Micro-batches of ``micro_batch`` prompts run one after another (default: all).
+        Sequences without a global ``index`` are numbered 0..n-1 in this call."""
+        if prompts.index is None:
+            prompts = Batch(prompts.input_ids, prompts.attention_mask, prompts.extra,
+                            torch.arange(prompts.size))
         micros = prompts.to(self.model.device).split(micro_batch or prompts.size)
         parts = [self._one(mb, sampling) for mb in micros]
         return GenerationResult.cat(parts)
@@ -58,7 +62,8 @@ class Generator:
         if am is not None and not bool(am[:, -1].all()):
             raise InputError("prompts.attention_mask", "prompts must be left-padded (the last "
                              "column real for every sequence)")
-        index = prompts.index if prompts.index is not None else torch.arange(b)
+        index = prompts.index
+        assert index is not None
         cap = s + sp.max_new_tokens
         cache = m.new_cache(b, cap)
         am_full = torch.ones(b, cap, dtype=torch.long, device=m.device)

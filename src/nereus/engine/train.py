@@ -56,8 +56,9 @@ class TrainStep:
         try:
             losses = train_pipeline(m, micros, loss_fn)
             grads = self._grads()
-            self._sync_in_replica(grads)
+            self._sync_tp(grads)
             self._sync_dp(grads)
+            self._sync_tied(grads)
             norm = self._global_norm(grads)
             coef = 1.0
             if self.cfg.max_grad_norm is not None:
@@ -103,8 +104,8 @@ class TrainStep:
             out[name] = g
         return out
 
-    def _sync_in_replica(self, grads: dict[str, torch.Tensor]) -> None:
-        """Sum the partial gradients that TP and PP ranks hold of one logical tensor."""
+    def _sync_tp(self, grads: dict[str, torch.Tensor]) -> None:
+        """Sum the partial gradients that the TP ranks hold of one logical tensor."""
         m = self.model
         spec, pos, tp = m.spec, m.pos, m.tp
         if pos.tp > 1:
@@ -126,9 +127,15 @@ class TrainStep:
                     buf[head] = torch.cat([grads[n].reshape(-1) for n in kv])
                     all_reduce(buf, tp.pg, m.rec, tp.intra)
                     _unflatten(buf[head].clone(), [grads[n] for n in kv])
+
+    def _sync_tied(self, grads: dict[str, torch.Tensor]) -> None:
+        """The embedding (first block) and its LM-head copy (last block) add each other's
+        gradient. After the DP sum, so both copies add the same two numbers (a + b == b + a
+        bitwise) and stay identical, whatever order each DP group reduced in."""
+        m = self.model
+        spec, pos = m.spec, m.pos
         if (m.head is Head.LM and spec.tie_embeddings and pos.pp > 1
                 and (pos.first or pos.last)):
-            # the embedding (first block) and its copy (last block) sum their gradients
             name, peer = (EMBED, pos.pp - 1) if pos.first else (LM_HEAD, 0)
             mine = grads[name]
             theirs = torch.empty_like(mine)

@@ -1,0 +1,125 @@
+"""Worker-side entry points: module-level functions the runtime's ``WorkerPool.call`` runs as
+``fn(ctx, ...)`` inside a worker.
+
+The engine computes on the ``ShardedState`` the worker already holds (``ctx.units[unit_id]``):
+its parameter views are the model's weights and its moment (and master) views are Adam's state,
+so a training step updates in place exactly the bytes a transition moves. Per-worker engine
+objects live in ``ctx.scratch`` under a key the driver chooses.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+from nereus.engine.batch import Batch
+from nereus.engine.groups import ParallelGroups, Position
+from nereus.engine.measure import WorkerMeasurement
+from nereus.engine.optim import AdamConfig, AdamState
+from nereus.engine.pipeline import LossFn
+from nereus.engine.sampling import SamplingParams
+from nereus.engine.stage import StageEngine
+
+
+@dataclass(frozen=True)
+class GroupNames:
+    """Names of this worker's groups in ``ctx.groups`` (None where the dimension is 1) and
+    whether each group stays inside one node."""
+
+    tp: str | None = None
+    pp: str | None = None
+    dp: str | None = None
+    tp_intra: bool = True
+    pp_intra: bool = True
+    dp_intra: bool = True
+
+
+@dataclass
+class _Attached:
+    engine: StageEngine
+    unit_id: str
+
+
+def _backend(ctx: Any, name: str | None) -> Any:
+    if name is None:
+        return None
+    g = ctx.groups[name]
+    return getattr(g, "backend", g)  # the runtime's Group wraps the torch ProcessGroup
+
+
+def attach(ctx: Any, key: str, unit_id: str, pos: Position, names: GroupNames,
+           adam: AdamConfig | None) -> int:
+    """Build this worker's engine over unit ``unit_id``; returns the unit's bytes."""
+    from nereus.runtime.state import MASTER
+
+    st = ctx.units[unit_id]
+    spec = st.spec
+    if (st.tp, st.pp) != (pos.tp, pos.pp) or st.position != (pos.tp_rank, pos.pp_rank):
+        raise ValueError(f"unit {unit_id} holds position {st.position} of tp={st.tp} "
+                         f"pp={st.pp}, the engine expected {pos}")
+    state = None
+    if spec.trainable:
+        state = AdamState(st.exp_avg, st.exp_avg_sq, st.kind(MASTER) if spec.master else {},
+                          st.meta.adam_step)
+    groups = ParallelGroups(_backend(ctx, names.tp), _backend(ctx, names.pp),
+                            _backend(ctx, names.dp), names.tp_intra, names.pp_intra,
+                            names.dp_intra)
+    eng = StageEngine(spec.model, spec.head, pos, st.params, groups, state, adam)
+    ctx.scratch[key] = _Attached(eng, unit_id)
+    return int(st.nbytes)
+
+
+def detach(ctx: Any, key: str) -> None:
+    ctx.scratch.pop(key, None)
+
+
+def _reports(eng: StageEngine) -> bool:
+    """The worker whose results stand for its replica: last block, tp_rank 0."""
+    return eng.pos.last and eng.pos.tp_rank == 0
+
+
+def train(ctx: Any, key: str, batch: Batch, loss_fn: LossFn, micro_batch: int,
+          adam: AdamConfig | None = None, track_memory: bool = False
+          ) -> tuple[Any, WorkerMeasurement]:
+    att: _Attached = ctx.scratch[key]
+    eng = att.engine
+    out = eng.train_step(batch, loss_fn, micro_batch, adam, track_memory)
+    st = ctx.units[att.unit_id]
+    assert eng.adam_state is not None
+    st.meta = replace(st.meta, adam_step=eng.adam_state.step,
+                      update_count=st.meta.update_count + 1)
+    return (out.result if _reports(eng) else None), out.measurement
+
+
+def forward(ctx: Any, key: str, batch: Batch, micro_batch: int, track_memory: bool = False
+            ) -> tuple[Any, WorkerMeasurement]:
+    eng = ctx.scratch[key].engine
+    out = eng.forward(batch, micro_batch, track_memory)
+    return (out.result if _reports(eng) else None), out.measurement
+
+
+def generate(ctx: Any, key: str, prompts: Batch, sampling: SamplingParams,
+             micro_batch: int | None, track_memory: bool = False
+             ) -> tuple[Any, WorkerMeasurement]:
+    eng = ctx.scratch[key].engine
+    out = eng.generate(prompts, sampling, micro_batch, track_memory)
+    return (out.result if _reports(eng) else None), out.measurement
+
+
+def full_logits(ctx: Any, key: str, batch: Batch) -> Any:
+    """Full-vocabulary logits of a batch (checks only: training never gathers them)."""
+    import torch
+
+    from nereus.engine.pipeline import _Links, forward_step, micro_inputs
+
+    m = ctx.scratch[key].engine.model
+    b = batch.to(m.device)
+    links = _Links(m)
+    with torch.no_grad():
+        h = forward_step(m, links, b.input_ids, micro_inputs(m, b),
+                         m.hidden_shape(b.size, b.seq_len), tag=0)
+        links.finish()
+        if h is None:
+            return None
+        logits = m.full_logits(h)   # every TP rank takes part in the gather
+    return logits.cpu() if _reports(ctx.scratch[key].engine) else None

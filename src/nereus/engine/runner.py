@@ -1,0 +1,199 @@
+"""Driver side of a model-stage: its EMUs' workers, their process groups, and the stage
+operations over a global batch.
+
+For each EMU (one DP replica) the runner makes one TP group per pipeline block and one PP group
+per TP rank; for each (tp_rank, pp_rank) position one DP group across the replicas, ordered as
+the EMUs are given. Replica ``d`` takes rows ``replica_rows(n, dp, d)`` of the global batch, so
+``dp x b x a`` stays the batch whatever the layout. Groups are the runtime's communicators and
+are closed with the runner (a layout change makes a new runner).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from nereus.engine import remote
+from nereus.engine.batch import Batch, replica_rows
+from nereus.engine.generate import GenerationResult
+from nereus.engine.groups import Position
+from nereus.engine.measure import StageMeasurement, WorkerMeasurement
+from nereus.engine.optim import AdamConfig
+from nereus.engine.pipeline import LossFn, Output
+from nereus.engine.sampling import SamplingParams
+from nereus.engine.train import TrainResult
+from nereus.errors import InputError
+from nereus.runtime.comm import Rendezvous, close_groups, open_groups
+from nereus.runtime.workers import WorkerPool
+from nereus.transition.emu import Emu
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a worker sits: its device id, position and group names."""
+
+    device: int
+    unit_id: str
+    pos: Position
+    names: remote.GroupNames
+
+
+def placements(emus: Sequence[Emu], key: str, same_node: Any = None) -> list[Placement]:
+    """Positions and group names of every worker of ``emus`` (DP order = the given order).
+
+    ``same_node(ids) -> bool`` says whether devices share a node (default: all do)."""
+    if not emus:
+        raise InputError("emus", "a model-stage needs at least one EMU")
+    layout = emus[0].layout
+    if any(e.layout != layout for e in emus):
+        raise InputError("emus", "every replica of a model-stage has the same layout",
+                         [str(e) for e in emus])
+    tp, pp, dp = layout.tp, layout.pp, len(emus)
+    intra = same_node or (lambda ids: True)
+    out = []
+    for d, e in enumerate(emus):
+        for i, dev in enumerate(e.gpus):
+            t, r = e.position(i)
+            tp_m = tuple(e.gpus[r * tp + k] for k in range(tp))
+            pp_m = tuple(e.gpus[k * tp + t] for k in range(pp))
+            dp_m = tuple(x.gpus[i] for x in emus)
+            names = remote.GroupNames(
+                f"{key}/tp/{d}/{r}" if tp > 1 else None, f"{key}/pp/{d}/{t}" if pp > 1 else None,
+                f"{key}/dp/{t}/{r}" if dp > 1 else None, intra(tp_m), intra(pp_m), intra(dp_m))
+            out.append(Placement(dev, e.id, Position(tp, pp, dp, t, r, d), names))
+    return out
+
+
+class StageRunner:
+    """Runs train_step / forward / generate of one model-stage on its EMUs' workers."""
+
+    def __init__(self, pool: WorkerPool, emus: Sequence[Emu], rv: Rendezvous,
+                 adam: AdamConfig | None = None, stage: str | None = None) -> None:
+        self.pool, self.emus = pool, tuple(emus)
+        self.stage = stage or self.emus[0].stage
+        self.key = f"engine/{self.stage}/{uuid.uuid4().hex[:8]}"
+        infos = pool.infos()
+        node = {d: infos[d].node_id for d in infos}
+        self.places = placements(self.emus, self.key,
+                                 lambda ids: len({node[i] for i in ids}) == 1)
+        self.device = str(infos[self.places[0].device].device)
+        self.groups = self._members()
+        self.setup_s = open_groups(pool, self.groups, rv) if self.groups else {}
+        try:
+            pool.run({p.device: (remote.attach, (self.key, p.unit_id, p.pos, p.names, adam))
+                      for p in self.places})
+        except BaseException:
+            self.close()
+            raise
+
+    def _members(self) -> dict[str, tuple[int, ...]]:
+        """Each group's device ids in group-rank order."""
+        members: dict[str, dict[int, int]] = {}
+        for p in self.places:
+            for name, rank in ((p.names.tp, p.pos.tp_rank), (p.names.pp, p.pos.pp_rank),
+                               (p.names.dp, p.pos.dp_rank)):
+                if name is not None:
+                    members.setdefault(name, {})[rank] = p.device
+        return {n: tuple(m[r] for r in sorted(m)) for n, m in members.items()}
+
+    @property
+    def tp(self) -> int:
+        return self.emus[0].layout.tp
+
+    @property
+    def pp(self) -> int:
+        return self.emus[0].layout.pp
+
+    @property
+    def dp(self) -> int:
+        return len(self.emus)
+
+    def close(self) -> None:
+        """Forget the engines and close the groups (the state stays on the workers)."""
+        self.pool.run({p.device: (remote.detach, (self.key,)) for p in self.places})
+        if self.groups:
+            close_groups(self.pool, self.groups)
+            self.groups = {}
+
+    def __enter__(self) -> StageRunner:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---------------------------------------------------------------- operations
+    def _rows(self, batch: Batch, micro_batch: int | None = None) -> list[Batch]:
+        """Each replica's rows, checked here so bad input fails before any worker starts."""
+        per = batch.size // self.dp
+        if batch.size % self.dp:
+            raise InputError("batch", f"{batch.size} sequences do not split over dp={self.dp}",
+                             f"a multiple of {self.dp}")
+        if micro_batch is not None and (micro_batch < 1 or per % micro_batch):
+            raise InputError("micro_batch", f"{micro_batch} does not divide the {per} sequences "
+                             "of a replica", [b for b in range(1, per + 1) if per % b == 0])
+        if batch.index is None:
+            batch = Batch(batch.input_ids, batch.attention_mask, batch.extra,
+                          torch.arange(batch.size))
+        return [batch.rows(*replica_rows(batch.size, self.dp, d)) for d in range(self.dp)]
+
+    def _run(self, fn: Any, per_replica: list[Batch], *args: Any
+             ) -> tuple[list[Any], tuple[WorkerMeasurement, ...]]:
+        calls = {p.device: (fn, (self.key, per_replica[p.pos.dp_rank], *args))
+                 for p in self.places}
+        out = self.pool.run(calls)
+        results: list[Any] = [None] * self.dp
+        for p in self.places:
+            res, _ = out[p.device]
+            if res is not None:
+                results[p.pos.dp_rank] = res
+        return results, tuple(out[p.device][1] for p in self.places)
+
+    def _measurement(self, kind: str, workers: tuple[WorkerMeasurement, ...], batch: Batch,
+                     micro_batch: int, tokens: int) -> StageMeasurement:
+        per_replica = batch.size // self.dp
+        return StageMeasurement.combine(
+            workers, stage=self.stage, kind=kind, device=self.device, tp=self.tp, pp=self.pp,
+            dp=self.dp, micro_batch=micro_batch, grad_accum=per_replica // micro_batch,
+            sequences=batch.size, tokens=tokens)
+
+    def train_step(self, batch: Batch, loss_fn: LossFn, micro_batch: int,
+                   adam: AdamConfig | None = None, track_memory: bool = False
+                   ) -> tuple[TrainResult, StageMeasurement]:
+        """One optimizer update over the global ``batch`` (see ``nereus.engine.train`` for
+        the loss convention)."""
+        results, workers = self._run(remote.train, self._rows(batch, micro_batch), loss_fn,
+                                     micro_batch,
+                                     adam, track_memory)
+        res: TrainResult = results[0]
+        return res, self._measurement("train", workers, batch, micro_batch, batch.num_tokens())
+
+    def forward(self, batch: Batch, micro_batch: int, track_memory: bool = False
+                ) -> tuple[Output, StageMeasurement]:
+        results, workers = self._run(remote.forward, self._rows(batch, micro_batch),
+                                     micro_batch, track_memory)
+        return Output.cat(results), self._measurement("forward", workers, batch, micro_batch,
+                                                      batch.num_tokens())
+
+    def generate(self, prompts: Batch, sampling: SamplingParams, micro_batch: int | None = None,
+                 track_memory: bool = False) -> tuple[GenerationResult, StageMeasurement]:
+        rows = self._rows(prompts, micro_batch)
+        mb = micro_batch or rows[0].size
+        results, workers = self._run(remote.generate, rows, sampling, mb, track_memory)
+        res = GenerationResult.cat(results)
+        tokens = prompts.num_tokens() + int(res.lengths.sum())
+        return res, self._measurement("generate", workers, prompts, mb, tokens)
+
+    def full_logits(self, batch: Batch) -> torch.Tensor:
+        """Full-vocabulary logits of the whole batch (checks only)."""
+        rows = self._rows(batch)
+        out = self.pool.run({p.device: (remote.full_logits, (self.key, rows[p.pos.dp_rank]))
+                             for p in self.places})
+        parts: list[Any] = [None] * self.dp
+        for p in self.places:
+            if out[p.device] is not None:
+                parts[p.pos.dp_rank] = out[p.device]
+        return torch.cat(parts)

@@ -1,0 +1,221 @@
+"""Every layout computes what tp = pp = dp = 1 computes: logits, log-probs, values, generated
+tokens, and one training step's loss, gradient norm and updated state (parameters, Adam moments,
+counters), on the runtime's workers and state.
+
+The default run covers a representative set of layouts (TP with replicated KV heads, PP with the
+tied LM-head copy, DP, and all three together); ``-m slow`` sweeps every layout of up to 8
+workers with tp, pp, dp in {1, 2, 4}.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+import ray
+import torch
+
+from engine_testlib import drop_units, gather_unit, layout_emus, place_seeded_units
+from nereus.engine.batch import Batch
+from nereus.engine.losses import weighted_mse, weighted_nll
+from nereus.engine.optim import AdamConfig, AdamState
+from nereus.engine.groups import Position
+from nereus.engine.runner import StageRunner
+from nereus.engine.sampling import SamplingParams
+from nereus.engine.stage import StageEngine
+from nereus.errors import InputError
+from nereus.runtime.comm import Rendezvous
+from nereus.runtime.loading import seeded_shard
+from nereus.runtime.state import EXP_AVG, EXP_AVG_SQ, PARAM, LogicalState, StateSpec
+from nereus.runtime.workers import WorkerPool
+from nereus.spec.model import MODEL_PRESETS, Head
+from nereus.spec.sharding import layout_problem
+
+WORKERS = 8
+SEED = 11
+ADAM = AdamConfig(lr=1e-3, weight_decay=0.01, max_grad_norm=0.05)  # the clip bites
+SAMPLING = SamplingParams(max_new_tokens=6, temperature=0.8, top_p=0.9, seed=5, stop_tokens=(7,))
+
+ALL_LAYOUTS = [(tp, pp, dp) for tp in (1, 2, 4) for pp in (1, 2, 4) for dp in (1, 2, 4)
+               if tp * pp * dp <= WORKERS]
+FAST = {  # representative: TP (replicated KV at tp=4), PP (tied copy), DP, all three
+    "tiny-llama": [(4, 1, 1), (1, 2, 2), (2, 2, 2)],
+    "tiny-qwen3": [(2, 1, 2), (1, 4, 1), (4, 2, 1)],
+}
+
+
+def cases() -> Iterator[Any]:
+    for name in ("tiny-llama", "tiny-qwen3"):
+        for lay in ALL_LAYOUTS:
+            if layout_problem(MODEL_PRESETS[name], lay[0], lay[1]) or lay == (1, 1, 1):
+                continue
+            marks = () if lay in FAST[name] else (pytest.mark.slow,)
+            yield pytest.param(name, lay, id=f"{name}-tp{lay[0]}pp{lay[1]}dp{lay[2]}",
+                               marks=marks)
+
+
+@pytest.fixture(scope="module")
+def runtime() -> Iterator[tuple[WorkerPool, Rendezvous]]:
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+             resources={"nereus_slot": WORKERS})
+    pool = rv = None
+    try:
+        pool = WorkerPool.start(WORKERS, kind="cpu")
+        rv = Rendezvous("127.0.0.1")
+        yield pool, rv
+    finally:
+        port = rv.port if rv is not None else None
+        if rv is not None:
+            rv.close()
+        if pool is not None:
+            pool.shutdown()
+        ray.shutdown()
+        if port is not None:   # the rendezvous port is free again
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", port))
+
+
+def lm_batch(vocab: int) -> Batch:
+    g = torch.Generator().manual_seed(3)
+    n, s = 8, 12
+    ids = torch.randint(0, vocab, (n, s), generator=g)
+    am = torch.ones(n, s, dtype=torch.long)
+    am[0, :3] = 0
+    am[5, :1] = 0
+    w = torch.rand(n, s - 1, generator=g) / (n * (s - 1)) * am[:, :-1]
+    target = torch.randn(n, s, generator=g)
+    return Batch(ids, am, {"weight": w, "value_weight": am / am.sum(), "target": target})
+
+
+def prompts_of(b: Batch) -> Batch:
+    return Batch(b.input_ids[:, :6], b.attention_mask[:, :6])  # type: ignore[index]
+
+
+@dataclass(frozen=True)
+class Ref:
+    logits: torch.Tensor
+    logprobs: torch.Tensor
+    tokens: torch.Tensor
+    loss: float
+    grad_norm: float
+    state: LogicalState
+
+
+def _reference(name: str) -> Ref:
+    """tp = pp = dp = 1 in this process, on the same seeded state the workers build."""
+    spec = MODEL_PRESETS[name]
+    sspec = StateSpec(spec, Head.LM)
+    st = seeded_shard(sspec, 1, 1, 0, 0, SEED)
+    eng = StageEngine(spec, Head.LM, Position(), st.params, None,
+                      AdamState(st.exp_avg, st.exp_avg_sq, {}, st.meta.adam_step), ADAM)
+    b = lm_batch(spec.vocab_size)
+    m = eng.model
+    from nereus.engine.pipeline import micro_inputs
+    with torch.no_grad():
+        logits = m.full_logits(m.stage_forward(b.input_ids, micro_inputs(m, b)))
+    lp = eng.forward(b, 2).result.logprobs  # type: ignore[union-attr]
+    toks = eng.generate(prompts_of(b).rows(0, 8), SAMPLING, 4).result.tokens  # type: ignore
+    res = eng.train_step(b, weighted_nll, 2).result
+    from dataclasses import replace
+    from nereus.runtime.state import gather
+    st.meta = replace(st.meta, adam_step=eng.adam_state.step,  # type: ignore[union-attr]
+                      update_count=st.meta.update_count + 1)
+    return Ref(logits, lp, toks, res.loss, res.grad_norm, gather([st]))  # type: ignore
+
+
+_REFS: dict[str, Ref] = {}
+
+
+def reference(name: str) -> Ref:
+    if name not in _REFS:
+        _REFS[name] = _reference(name)
+    return _REFS[name]
+
+
+def assert_state_close(got: LogicalState, want: LogicalState) -> None:
+    """Parameters within 2 % of one step (Adam turns reduction-order noise in a near-zero
+    gradient into up to lr x noise / eps), moments within float tolerance, counters exact."""
+    assert got.meta == want.meta
+    for (kind, name), t in want.tensors.items():
+        atol = {PARAM: 0.02 * ADAM.lr, EXP_AVG: 1e-6, EXP_AVG_SQ: 1e-8}[kind]
+        torch.testing.assert_close(got.tensors[(kind, name)], t, atol=atol, rtol=1e-4,
+                                   msg=f"{kind}:{name}")
+
+
+@pytest.mark.parametrize("name,lay", list(cases()))
+def test_layout_equals_single_worker(runtime: tuple[WorkerPool, Rendezvous], name: str,
+                                     lay: tuple[int, int, int]) -> None:
+    pool, rv = runtime
+    tp, pp, dp = lay
+    spec = MODEL_PRESETS[name]
+    ref = reference(name)
+    emus = layout_emus("actor_train", tp, pp, dp, f"t{tp}{pp}{dp}", trainable=True)
+    place_seeded_units(pool, emus, StateSpec(spec, Head.LM), SEED)
+    try:
+        b = lm_batch(spec.vocab_size)
+        with StageRunner(pool, emus, rv, ADAM) as run:
+            torch.testing.assert_close(run.full_logits(b), ref.logits, atol=1e-5, rtol=0)
+            out, meas = run.forward(b, micro_batch=8 // dp // 2 or 1)
+            torch.testing.assert_close(out.logprobs, ref.logprobs, atol=1e-5, rtol=0)
+            assert meas.source == "measured" and len(meas.workers) == tp * pp * dp
+            gen, _ = run.generate(prompts_of(b), SAMPLING, micro_batch=4 // dp or 1)
+            assert torch.equal(gen.tokens, ref.tokens)
+            res, meas = run.train_step(b, weighted_nll, micro_batch=max(1, 4 // dp))
+            assert res.loss == pytest.approx(ref.loss, rel=1e-5)
+            assert res.grad_norm == pytest.approx(ref.grad_norm, rel=1e-5)
+            assert meas.op_s.get("gemm", 0) > 0
+        for e in emus:   # every replica holds the same updated state
+            assert_state_close(gather_unit(pool, e), ref.state)
+    finally:
+        drop_units(pool, emus)
+
+
+@pytest.mark.parametrize("lay", [(2, 2, 2), pytest.param((4, 1, 2), marks=pytest.mark.slow)])
+def test_critic_layout_equals_single_worker(runtime: tuple[WorkerPool, Rendezvous],
+                                            lay: tuple[int, int, int]) -> None:
+    """The scalar head (values, and a value-regression step) in a sharded layout."""
+    pool, rv = runtime
+    spec = MODEL_PRESETS["tiny-llama"]
+    sspec = StateSpec(spec, Head.SCALAR)
+    b = lm_batch(spec.vocab_size)
+    b = Batch(b.input_ids, b.attention_mask, {"target": b.extra["target"],
+                                              "weight": b.extra["value_weight"]})
+    st = seeded_shard(sspec, 1, 1, 0, 0, SEED)
+    eng = StageEngine(spec, Head.SCALAR, Position(), st.params, None,
+                      AdamState(st.exp_avg, st.exp_avg_sq, {}, st.meta.adam_step), ADAM)
+    want_v = eng.forward(b, 4).result.values  # type: ignore[union-attr]
+    want = eng.train_step(b, weighted_mse, 4).result
+    emus = layout_emus("critic_train", *lay, tag="c", trainable=True)
+    place_seeded_units(pool, emus, sspec, SEED)
+    try:
+        with StageRunner(pool, emus, rv, ADAM) as run:
+            out, _ = run.forward(b, micro_batch=2)
+            torch.testing.assert_close(out.values, want_v, atol=1e-5, rtol=0)
+            res, _ = run.train_step(b, weighted_mse, micro_batch=2)
+        assert res.loss == pytest.approx(want.loss, rel=1e-5)
+        assert res.grad_norm == pytest.approx(want.grad_norm, rel=1e-5)
+        got = gather_unit(pool, emus[0])
+        for name, t in st.params.items():
+            torch.testing.assert_close(got.tensors[(PARAM, name)], t, atol=0.02 * ADAM.lr,
+                                       rtol=1e-4, msg=name)
+    finally:
+        drop_units(pool, emus)
+
+
+def test_bad_micro_batch_fails_before_dispatch(runtime: tuple[WorkerPool, Rendezvous]) -> None:
+    pool, rv = runtime
+    spec = MODEL_PRESETS["tiny-llama"]
+    emus = layout_emus("actor_train", 1, 1, 2, "bad", trainable=True)
+    place_seeded_units(pool, emus, StateSpec(spec, Head.LM), SEED)
+    try:
+        with StageRunner(pool, emus, rv, ADAM) as run:
+            with pytest.raises(InputError, match="micro_batch"):
+                run.train_step(lm_batch(spec.vocab_size), weighted_nll, micro_batch=3)
+            groups = dict(run.groups)
+        held = pool.run({d: (lambda ctx: list(ctx.groups), ()) for d in range(2)})
+        assert not any(set(groups) & set(h) for h in held.values())   # closed with the runner
+    finally:
+        drop_units(pool, emus)
