@@ -1,0 +1,183 @@
+"""Checkpoints of model-stage state with torch.distributed.checkpoint (DCP), resharded on load.
+
+Why DCP: a checkpoint saved in one layout must load into any other (the job restores into the
+layout it runs *now*). Each position's shards are described as DTensors over device meshes of
+its TP group (``Shard(dim)`` for split tensors, ``(Shard, Replicate)`` on a (kv, tp / kv) mesh
+for replicated KV heads, ``Replicate`` for norms), with the padded vocabulary as the global
+shape; DCP stores the chunks once (replicas are deduplicated) and each loading position reads
+exactly the chunk it needs, whatever layout saved it. Different pipeline blocks hold different
+keys; the tied LM-head copy is saved once (as the embedding) and loaded from it.
+
+DCP runs collectives through the default process group, so a checkpoint operation creates one
+for its participants (TCPStore + PrefixStore rendezvous hosted by the driver) and destroys it
+when done; the transition communicators never need one.
+"""
+
+from __future__ import annotations
+
+import datetime
+import shutil
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from nereus.runtime.comm import Rendezvous, StoreAddress
+from nereus.runtime.movement import META_BYTES, _meta_from, _meta_tensor
+from nereus.runtime.state import ShardedState, StateMeta, StateSpec
+from nereus.runtime.workers import WorkerContext, WorkerPool
+from nereus.spec.sharding import EMBED, LM_HEAD
+from nereus.transition.emu import Emu
+
+COMPLETE = "COMPLETE"  # marker written after every model-stage of a checkpoint is saved
+
+
+def _init_default_group(ctx: WorkerContext, store: StoreAddress, prefix: str, rank: int,
+                        world: int, timeout_s: float) -> None:
+    timeout = datetime.timedelta(seconds=timeout_s)
+    client = dist.TCPStore(store.host, store.port, None, False, timeout)
+    backend = "cpu:gloo,cuda:nccl" if ctx.device.type == "cuda" else "gloo"
+    dist.init_process_group(backend, store=dist.PrefixStore(prefix, client), rank=rank,
+                            world_size=world, timeout=timeout)
+
+
+def _state_dict(st: ShardedState, base: int, for_load: bool) -> dict[str, Any]:
+    """DTensor views of a position's arena keyed ``<kind>/<logical name>``, plus the scalars."""
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.tensor import DTensor, Replicate, Shard
+
+    model = st.spec.model
+    tp, pp = st.tp, st.pp
+    t, r = st.position
+    tp_group = [base + r * tp + i for i in range(tp)]
+    meshes: dict[tuple[tuple[int, ...], ...], Any] = {}
+
+    def mesh(rows: list[list[int]]) -> Any:
+        key = tuple(tuple(x) for x in rows)
+        if key not in meshes:
+            ranks = torch.tensor(rows if len(rows) > 1 else rows[0], dtype=torch.int)
+            meshes[key] = DeviceMesh(st.device.type, ranks, _init_backend=False)
+        return meshes[key]
+
+    kv_rep = model.num_kv_heads < tp
+    sd: dict[str, Any] = {}
+    for e in st.layout.entries:
+        sh = e.shard
+        if sh.name == LM_HEAD and sh.logical == EMBED and not for_load:
+            continue  # the tied copy: saved once, as the embedding
+        local = st.tensor(e.kind, sh.name)
+        shape = list(sh.full_shape)
+        if sh.split_dim is None:
+            m, placements = mesh([tp_group]), [Replicate()]
+        elif kv_rep and sh.logical.endswith(("k_proj.weight", "v_proj.weight")):
+            rep = tp // model.num_kv_heads
+            rows = [tp_group[h * rep:(h + 1) * rep] for h in range(model.num_kv_heads)]
+            m, placements = mesh(rows), [Shard(sh.split_dim), Replicate()]
+        else:
+            shape[sh.split_dim] = (sh.stop - sh.start) * tp  # padded vocabulary rows
+            m, placements = mesh([tp_group]), [Shard(sh.split_dim)]
+        stride = torch.empty(shape, device="meta").stride()
+        sd[f"{e.kind}/{sh.logical}"] = DTensor.from_local(
+            local, m, placements, run_check=False, shape=torch.Size(shape), stride=stride)
+    return sd
+
+
+def dcp_save(ctx: WorkerContext, unit_id: str, path: str, store: StoreAddress, prefix: str,
+             rank: int, world: int, timeout_s: float = 120.0) -> float:
+    """This worker's part of saving one unit (DCP); returns its seconds."""
+    import torch.distributed.checkpoint as dcp
+
+    t0 = time.perf_counter()
+    st = ctx.units[unit_id]
+    _init_default_group(ctx, store, prefix, rank, world, timeout_s)
+    try:
+        sd = _state_dict(st, 0, for_load=False)
+        sd["meta"] = _meta_tensor(st.meta, ctx.device)
+        dcp.save(sd, storage_writer=dcp.FileSystemWriter(path))
+    finally:
+        dist.destroy_process_group()
+    return time.perf_counter() - t0
+
+
+def dcp_load(ctx: WorkerContext, unit_id: str, spec: StateSpec, layout: tuple[int, int],
+             position: tuple[int, int], base: int, path: str, store: StoreAddress, prefix: str,
+             rank: int, world: int, timeout_s: float = 120.0) -> float:
+    """This worker's part of loading one position of a unit in any layout (DCP reshards)."""
+    import torch.distributed.checkpoint as dcp
+
+    t0 = time.perf_counter()
+    target = ctx.allocate(spec, *layout, *position, StateMeta(), f"restore {unit_id}")
+    try:
+        _init_default_group(ctx, store, prefix, rank, world, timeout_s)
+        try:
+            sd = _state_dict(target, base, for_load=True)
+            meta = torch.zeros(META_BYTES, dtype=torch.uint8, device=ctx.device)
+            sd["meta"] = meta
+            dcp.load(sd, storage_reader=dcp.FileSystemReader(path))
+        finally:
+            dist.destroy_process_group()
+        target.meta = _meta_from(meta)
+        target.zero_padding()
+    except BaseException:
+        ctx.free(target)
+        raise
+    ctx.hold(unit_id, target)
+    return time.perf_counter() - t0
+
+
+class Checkpointer:
+    """Saves model-stage state under ``root/step-<tag>/<stage>`` and restores it resharded."""
+
+    def __init__(self, root: str | Path, timeout_s: float = 120.0):
+        self.root = Path(root)
+        self.timeout_s = timeout_s
+
+    def save(self, pool: WorkerPool, units: Mapping[str, Sequence[Emu]], tag: int | str
+             ) -> Path:
+        """Save one unit of each model-stage (all its positions take part); returns the
+        checkpoint folder, marked complete once every stage is written."""
+        where = self.root / f"step-{tag}"
+        if where.exists():
+            shutil.rmtree(where)
+        where.mkdir(parents=True)
+        with Rendezvous(timeout_s=self.timeout_s) as rv:
+            for stage, es in units.items():
+                if not es:
+                    continue
+                e = es[0]
+                prefix = f"ckpt-save/{stage}/{time.time_ns()}/"
+                pool.run({g: (dcp_save, (e.id, str(where / stage), rv.address, prefix, i,
+                                         len(e.gpus), self.timeout_s))
+                          for i, g in enumerate(e.gpus)})
+        (where / COMPLETE).write_text(str(tag))
+        return where
+
+    def latest(self) -> Path | None:
+        """The newest complete checkpoint, or None."""
+        done = [p for p in self.root.glob("step-*") if (p / COMPLETE).is_file()]
+        return max(done, key=lambda p: (p / COMPLETE).stat().st_mtime_ns) if done else None
+
+    def restore(self, pool: WorkerPool, stage: str, units: Sequence[Emu], spec: StateSpec,
+                where: Path | None = None) -> float:
+        """Load ``stage`` into ``units`` (any layout, any number of replicas); seconds taken."""
+        where = where or self.latest()
+        if where is None or not (where / stage).is_dir():
+            raise FileNotFoundError(f"no checkpoint of {stage} under {self.root}")
+        t0 = time.perf_counter()
+        world = sum(len(e.gpus) for e in units)
+        calls = {}
+        base = 0
+        with Rendezvous(timeout_s=self.timeout_s) as rv:
+            prefix = f"ckpt-load/{stage}/{time.time_ns()}/"
+            for e in units:
+                lay = (e.layout.tp, e.layout.pp)
+                for i, g in enumerate(e.gpus):
+                    calls[g] = (dcp_load, (e.id, spec, lay, e.position(i), base,
+                                           str(where / stage), rv.address, prefix, base + i,
+                                           world, self.timeout_s))
+                base += len(e.gpus)
+            pool.run(calls)
+        return time.perf_counter() - t0

@@ -1,0 +1,295 @@
+"""Communicators among any subset of workers, made for a purpose and destroyed after it.
+
+No global ``init_process_group``: a job's groups change with every transition, and a world that
+must be torn down and rebuilt to change one group would stop every model-stage. Instead
+
+- the driver hosts one ``Rendezvous`` (a ``TCPStore`` server on a port the OS picks: the socket
+  is bound to port 0 and handed to the store as ``master_listen_fd``, so no other process can
+  take the port between choosing and listening; closing the rendezvous frees it);
+- each communicator gets a ``PrefixStore`` under a unique prefix in that store, and every member
+  builds ``ProcessGroupGloo`` (CPU) or ``ProcessGroupNCCL`` (GPU) on it with its group-local
+  rank; calls are made on the ``Group`` object (``broadcast``, ``all_gather``, ``all_reduce``,
+  ``send`` / ``recv``, ``barrier``);
+- set-up (store connect + rendezvous + backend init, plus one tiny collective on NCCL, whose
+  communicator is created lazily) is timed, since it is part of a transition's cost.
+
+Engine use (issue 5): ``open_groups(pool, {"tp.0": (0, 1), "dp": (0, 2)}, rv)`` makes long-lived
+groups; inside ``call(fn, ...)`` a worker finds them as ``ctx.groups["tp.0"]``;
+``close_groups(pool, names)`` destroys them. A worker joins its groups in one global order, so
+groups that share workers never wait on each other.
+"""
+
+from __future__ import annotations
+
+import datetime
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as dist
+
+if TYPE_CHECKING:
+    from nereus.runtime.workers import WorkerContext, WorkerPool
+
+DEFAULT_TIMEOUT_S = 120.0
+
+
+@dataclass(frozen=True)
+class StoreAddress:
+    host: str
+    port: int
+
+
+def node_ip() -> str:
+    """This process's node address as Ray sees it (reachable from the other nodes)."""
+    import ray.util
+
+    try:
+        return str(ray.util.get_node_ip_address())
+    except Exception:  # noqa: BLE001 - outside Ray: loopback is the only safe choice
+        return "127.0.0.1"
+
+
+class Rendezvous:
+    """A TCPStore server in this process on a free port, released by ``close``."""
+
+    def __init__(self, host: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S):
+        self.host = host or node_ip()
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            sock.bind((self.host, 0))
+            sock.listen(1024)
+            self.port = int(sock.getsockname()[1])
+            self._store: dist.TCPStore | None = dist.TCPStore(
+                self.host, self.port, None, True, datetime.timedelta(seconds=timeout_s),
+                wait_for_workers=False, master_listen_fd=sock.fileno(), use_libuv=True)
+        except BaseException:
+            sock.close()
+            raise
+        sock.detach()  # the store owns the descriptor now and closes it when destroyed
+        self.timeout_s = timeout_s
+
+    @property
+    def address(self) -> StoreAddress:
+        return StoreAddress(self.host, self.port)
+
+    @property
+    def closed(self) -> bool:
+        return self._store is None
+
+    def close(self) -> None:
+        """Stop the server: frees the port, and rendezvous still waiting on it fail at once."""
+        self._store = None
+
+    def __enter__(self) -> Rendezvous:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+@dataclass(frozen=True)
+class GroupSpec:
+    """What a member needs to join a communicator: its name, the store, the members in rank
+    order (device ids) and a prefix unique to this instance of the group."""
+
+    name: str
+    store: StoreAddress
+    members: tuple[int, ...]
+    prefix: str
+    timeout_s: float = DEFAULT_TIMEOUT_S
+
+    @classmethod
+    def new(cls, name: str, members: Sequence[int], rv: Rendezvous,
+            timeout_s: float | None = None) -> GroupSpec:
+        if len(set(members)) != len(members):
+            raise ValueError(f"group {name}: a worker appears twice in {tuple(members)}")
+        return cls(name, rv.address, tuple(members), f"{name}/{uuid.uuid4().hex[:12]}/",
+                   rv.timeout_s if timeout_s is None else timeout_s)
+
+
+class GroupAborted(RuntimeError):
+    """A collective was abandoned because its group was aborted (a member died)."""
+
+
+class Group:
+    """One member's handle on a communicator: group-local rank, collectives on the group.
+
+    Collectives wait by polling, so ``abort`` (from the worker's control thread) makes a blocked
+    call return at once: gloo does not wake a receive whose peer died before the operation's
+    timeout, so an aborted backend is parked (``WorkerContext.zombies``) until that timeout
+    frees it, instead of blocking the worker in its destructor.
+    """
+
+    def __init__(self, spec: GroupSpec, rank: int, backend: Any, device: torch.device,
+                 setup_s: float):
+        self.spec = spec
+        self.rank = rank
+        self.backend = backend
+        self.device = device
+        self.setup_s = setup_s
+        self.aborted = threading.Event()
+        self._pending: list[Any] = []
+
+    def _wait(self, work: Any) -> None:
+        if self.aborted.is_set():
+            raise GroupAborted(f"group {self.name} was aborted")
+        if self.device.type == "cuda":  # NCCL: abort() unblocks the stream; wait enqueues
+            work.wait()
+            return
+        self._pending = [work]
+        delay = 20e-6
+        while not work.is_completed():
+            if self.aborted.is_set():
+                raise GroupAborted(f"group {self.name} was aborted")
+            time.sleep(delay)
+            delay = min(2e-3, delay * 2)
+        self._pending = []
+        work.wait()  # raises the operation's own error, if it failed
+
+    def idle(self) -> bool:
+        """No operation of this member is still running inside the backend."""
+        return all(w.is_completed() for w in self._pending)
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def size(self) -> int:
+        return len(self.spec.members)
+
+    @property
+    def members(self) -> tuple[int, ...]:
+        return self.spec.members
+
+    # ---- collectives (blocking; on CUDA they are enqueued on the group's stream)
+    def broadcast(self, tensor: torch.Tensor, src: int = 0) -> None:
+        opts = dist.BroadcastOptions()
+        opts.rootRank = src
+        opts.rootTensor = 0
+        self._wait(self.backend.broadcast([tensor], opts))
+
+    def all_gather(self, outputs: list[torch.Tensor], tensor: torch.Tensor) -> None:
+        self._wait(self.backend.allgather([outputs], [tensor]))
+
+    def all_reduce(self, tensor: torch.Tensor, op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM
+                   ) -> None:
+        opts = dist.AllreduceOptions()
+        opts.reduceOp = op
+        self._wait(self.backend.allreduce([tensor], opts))
+
+    def send(self, tensor: torch.Tensor, dst: int, tag: int = 0) -> None:
+        self._wait(self.backend.send([tensor], dst, tag))
+
+    def recv(self, tensor: torch.Tensor, src: int, tag: int = 0) -> None:
+        self._wait(self.backend.recv([tensor], src, tag))
+
+    def barrier(self) -> None:
+        if self.device.type == "cuda":
+            t = torch.zeros(1, device=self.device)
+            self.all_reduce(t)
+        else:
+            self._wait(self.backend.barrier(dist.BarrierOptions()))
+        self.synchronize()
+
+    def synchronize(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def abort(self) -> None:
+        """Stop waiting (a member died); the group is unusable afterwards."""
+        self.aborted.set()
+        try:
+            self.backend.abort()
+        except Exception:  # noqa: BLE001 - not every backend implements abort
+            pass
+
+    def close(self) -> None:
+        try:
+            self.backend.shutdown()
+        except Exception:  # noqa: BLE001 - not every backend implements shutdown
+            pass
+        self.backend = None
+
+
+def _make_backend(store: dist.Store, rank: int, size: int, device: torch.device,
+                  timeout: datetime.timedelta, host: str) -> Any:
+    if device.type == "cuda":
+        opts = dist.ProcessGroupNCCL.Options()
+        opts._timeout = timeout
+        return dist.ProcessGroupNCCL(store, rank, size, opts)
+    opts = dist.ProcessGroupGloo._Options()
+    opts._timeout = timeout
+    opts._devices = [dist.ProcessGroupGloo.create_device(hostname=host)]
+    return dist.ProcessGroupGloo(store, rank, size, opts)
+
+
+def join_group(ctx: WorkerContext, spec: GroupSpec) -> Group:
+    """Connect this worker to ``spec`` (blocks until every member has joined); timed."""
+    rank = spec.members.index(ctx.device_id)
+    timeout = datetime.timedelta(seconds=spec.timeout_s)
+    t0 = time.perf_counter()
+    client = dist.TCPStore(spec.store.host, spec.store.port, None, False, timeout)
+    store = dist.PrefixStore(spec.prefix, client)
+    backend = _make_backend(store, rank, len(spec.members), ctx.device, timeout, ctx.node_ip)
+    group = Group(spec, rank, backend, ctx.device, 0.0)
+    if ctx.device.type == "cuda":  # NCCL makes its communicator at the first collective
+        group.all_reduce(torch.zeros(1, device=ctx.device))
+        group.synchronize()
+    group.setup_s = time.perf_counter() - t0
+    ctx.add_group(group)
+    return group
+
+
+def leave_group(ctx: WorkerContext, name: str) -> None:
+    group = ctx.pop_group(name)
+    if group is not None:
+        group.close()
+
+
+# ---- worker-side entry points (module level, so ``call`` can run them)
+def _join_all(ctx: WorkerContext, specs: Sequence[GroupSpec]) -> dict[str, float]:
+    return {s.name: join_group(ctx, s).setup_s for s in specs}
+
+
+def _leave_all(ctx: WorkerContext, names: Sequence[str]) -> None:
+    for n in names:
+        leave_group(ctx, n)
+
+
+def _abort_all(ctx: WorkerContext, names: Sequence[str] | None) -> list[str]:
+    return ctx.abort_groups(names)
+
+
+# ---- driver side
+def open_groups(pool: WorkerPool, groups: Mapping[str, Sequence[int]], rv: Rendezvous,
+                timeout_s: float | None = None) -> dict[str, float]:
+    """Create ``groups`` (name -> member device ids in rank order) on their workers; returns
+    each group's measured set-up seconds (the slowest member's)."""
+    specs = [GroupSpec.new(name, members, rv, timeout_s) for name, members in groups.items()]
+    per_worker: dict[int, list[GroupSpec]] = {}
+    for s in specs:  # every worker joins in the same (creation) order
+        for d in s.members:
+            per_worker.setdefault(d, []).append(s)
+    results = pool.run({d: (_join_all, (ss,)) for d, ss in per_worker.items()})
+    out: dict[str, float] = {}
+    for r in results.values():
+        for name, t in r.items():
+            out[name] = max(out.get(name, 0.0), t)
+    return out
+
+
+def close_groups(pool: WorkerPool, groups: Mapping[str, Sequence[int]]) -> None:
+    per_worker: dict[int, list[str]] = {}
+    for name, members in groups.items():
+        for d in members:
+            per_worker.setdefault(d, []).append(name)
+    pool.run({d: (_leave_all, (names,)) for d, names in per_worker.items()})
+
+

@@ -1,0 +1,305 @@
+"""Runs a transition ``Schedule`` on the workers: real data movement, measured per primitive.
+
+The schedule (``nereus.transition.schedule``) gives the primitives, their dependencies and the
+estimated times. The executor starts a primitive when its dependencies have ended, none of its
+workers is busy with another one, and every worker it touches has the bytes it will allocate
+(checked against the worker's capacity with the bytes it holds now); ready primitives on
+disjoint workers run at the same time. Each primitive's measured start, end, communicator set-up
+and bytes are reported in the schedule's shape (same index), so the transition cost model can be
+calibrated against them. At the end, units are renamed to the ids Φ(target) gives them, so the
+next transition's Φ(current) finds them.
+
+If a worker dies or a primitive fails, the executor stops starting primitives, closes the
+rendezvous (waiting joins fail at once), aborts the communicators of primitives that include a
+failed or dead worker, waits for the others, reconciles what the live workers hold, and raises
+``TransitionFailed`` with a ``FaultReport`` of the intact units (``nereus.runtime.faults``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import ray
+
+from nereus.errors import InfeasibleError
+from nereus.runtime import movement as mv
+from nereus.runtime.comm import Rendezvous, _abort_all
+from nereus.runtime.faults import FaultReport, TransitionFailed, reconcile
+from nereus.runtime.memory import MemoryStats
+from nereus.runtime.primitives import PrimitiveTiming, launch, need_bytes, workers_of
+from nereus.runtime.state import StateSpec
+from nereus.runtime.workers import WorkerPool, is_actor_death
+from nereus.transition.emu import Emu
+from nereus.transition.primitives import Primitive
+from nereus.transition.schedule import Schedule
+
+EventHook = Callable[[str, int, Primitive], None]
+SLOW_BW = 50e6  # bytes/s: the slowest transfer rate a live worker is assumed to reach
+
+
+@dataclass(frozen=True)
+class ExecutionReport:
+    """What a transition did, measured. ``timings[k]`` is schedule primitive k."""
+
+    timings: tuple[PrimitiveTiming, ...]
+    wall_s: float
+    units: Mapping[str, tuple[Emu, ...]]
+    peak_bytes: Mapping[int, int]
+    capacity_bytes: Mapping[int, int]
+    estimated_s: float
+    source: str = "measured"
+
+    def measured_seconds(self) -> dict[int, float]:
+        """Measured seconds of each primitive, by schedule index."""
+        return {t.index: t.duration_s for t in self.timings}
+
+    @property
+    def setup_s(self) -> float:
+        return sum(t.setup_s for t in self.timings)
+
+    @property
+    def bytes(self) -> int:
+        return sum(t.bytes for t in self.timings)
+
+    def within_capacity(self) -> bool:
+        return all(self.peak_bytes[g] <= self.capacity_bytes[g] for g in self.peak_bytes)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"source": self.source, "wall_s": self.wall_s, "estimated_s": self.estimated_s,
+                "bytes": self.bytes, "setup_s": self.setup_s,
+                "primitives": [t.to_dict() for t in self.timings],
+                "peak_bytes": {str(g): b for g, b in sorted(self.peak_bytes.items())},
+                "capacity_bytes": {str(g): b for g, b in sorted(self.capacity_bytes.items())}}
+
+
+@dataclass
+class _Running:
+    index: int
+    prim: Primitive
+    refs: dict[int, Any]
+    groups: dict[str, tuple[int, ...]]
+    start: float
+    results: dict[int, mv.MoveResult] = field(default_factory=dict)
+    errors: dict[int, BaseException] = field(default_factory=dict)
+
+    def pending(self) -> list[Any]:
+        return [r for d, r in self.refs.items() if d not in self.results and d not in self.errors]
+
+
+def _reset_peak(ctx: Any) -> MemoryStats:
+    ctx.memory.reset_peak()
+    return ctx.memory.stats()
+
+
+def _rename(ctx: Any, mapping: Mapping[str, str]) -> None:
+    """Rename held units in two phases, so swaps (a -> b, b -> a) work."""
+    moved = {new: ctx.units.pop(old) for old, new in mapping.items() if old in ctx.units}
+    for new, st in moved.items():
+        if new in ctx.units:
+            raise KeyError(f"worker {ctx.device_id}: unit {new} exists already")
+        ctx.units[new] = st
+
+
+def state_specs(job: Any, device_kind: str) -> dict[str, StateSpec]:
+    """The ``StateSpec`` of every model-stage of ``job`` (a ``JobSpec``) on this device kind."""
+    return {s.name: StateSpec.for_stage(job, s.name, device_kind) for s in job.workflow.stages}
+
+
+class Executor:
+    """Executes schedules on ``pool``; ``specs`` gives each model-stage's ``StateSpec``.
+
+    ``min_timeout_s``: per-operation timeout of the transition's communicators (grown with the
+    bytes an operation moves); a dead peer is noticed through Ray at once, this bounds how long
+    an aborted backend lingers. ``on_event(kind, index, primitive)`` is called with "start"
+    after a primitive's calls are submitted and "end" when it ends (tests use it to inject
+    faults).
+    """
+
+    def __init__(self, pool: WorkerPool, specs: Mapping[str, StateSpec], *,
+                 min_timeout_s: float = 60.0, on_event: EventHook | None = None):
+        self.pool = pool
+        self.specs = dict(specs)
+        self.min_timeout_s = min_timeout_s
+        self.on_event = on_event
+
+    def run(self, schedule: Schedule, rename: bool = True) -> ExecutionReport:
+        if not schedule.feasible:
+            raise InfeasibleError(f"transition: {schedule.reason}")
+        prims = [sp.primitive for sp in schedule.primitives]
+        deps = [set(sp.deps) for sp in schedule.primitives]
+        involved = sorted({g for p in prims for g in workers_of(p)})
+        missing = [g for g in involved if g not in self.pool.device_ids]
+        if missing:
+            raise InfeasibleError(f"transition: no worker for devices {missing}; grow the pool")
+        units: dict[str, Emu] = {e.id: e for es in schedule.initial.values() for e in es}
+        self._check_held(units, involved, prims)
+        stats = ray.get([self.pool.submit_control(d, _reset_peak) for d in involved])
+        held = {d: s.held for d, s in zip(involved, stats)}
+        cap = {d: s.capacity for d, s in zip(involved, stats)}
+
+        timings: dict[int, PrimitiveTiming] = {}
+        done: set[int] = set()
+        running: dict[int, _Running] = {}
+        busy: set[int] = set()
+        rv = Rendezvous()
+        t0 = time.perf_counter()
+        try:
+            while len(done) < len(prims):
+                for i, p in enumerate(prims):
+                    if i in done or i in running or not deps[i] <= done:
+                        continue
+                    ws = workers_of(p)
+                    if busy.intersection(ws):
+                        continue
+                    spec = self.specs[p.stage]
+                    need = need_bytes(p, spec)
+                    short = {g: held[g] + n - cap[g] for g, n in need.items()
+                             if held[g] + n > cap[g]}
+                    if short:
+                        if running:
+                            continue  # wait: a running primitive may release memory
+                        raise InfeasibleError(
+                            f"transition: {p.op}({p.stage}) needs more memory than workers "
+                            f"{sorted(short)} have free (short by {max(short.values())} bytes)")
+                    timeout = self.min_timeout_s + max(need.values(), default=0) / SLOW_BW
+                    refs, groups = launch(p, self.pool, rv, spec, f"t{i}", timeout)
+                    running[i] = _Running(i, p, refs, groups, time.perf_counter() - t0)
+                    busy.update(ws)
+                    self._event("start", i, p)
+                if not running:
+                    raise RuntimeError("executor stalled: primitives wait on unmet dependencies")
+                failed = self._collect(running, block=True)
+                for i in [i for i, r in running.items() if not r.pending() and not r.errors]:
+                    r = running.pop(i)
+                    end = time.perf_counter() - t0
+                    timings[i] = PrimitiveTiming.of(i, r.prim, r.start, end, r.results,
+                                                    len(r.groups))
+                    for d, res in r.results.items():
+                        held[d] = res.held_after
+                    for e in r.prim.inputs:
+                        units.pop(e.id, None)
+                    units.update({e.id: e for e in r.prim.outputs})
+                    busy.difference_update(workers_of(r.prim))
+                    done.add(i)
+                    self._event("end", i, r.prim)
+                if failed:
+                    raise _Abort()
+        except _Abort:
+            rv.close()
+            report = self._fail(running, units, timings, t0)
+            raise TransitionFailed(report) from None
+        finally:
+            rv.close()
+        wall = time.perf_counter() - t0
+        final_units = {s: tuple(es) for s, es in schedule.final.items()}
+        if rename:
+            mapping = schedule.renames()
+            per: dict[int, dict[str, str]] = {}
+            for es in final_units.values():
+                for e in es:
+                    if mapping.get(e.id, e.id) != e.id:
+                        for g in e.gpus:
+                            per.setdefault(g, {})[e.id] = mapping[e.id]
+            if per:
+                self.pool.run({g: (_rename, (m,)) for g, m in per.items()})
+            final_units = {s: tuple(_renamed(e, mapping.get(e.id, e.id)) for e in es)
+                           for s, es in final_units.items()}
+        mem = self.pool.memory()
+        return ExecutionReport(
+            tuple(timings[i] for i in range(len(prims))), wall, final_units,
+            {d: mem[d].peak for d in involved}, cap, schedule.estimated_s)
+
+    # ---- helpers
+    def _event(self, kind: str, i: int, p: Primitive) -> None:
+        if self.on_event is not None:
+            self.on_event(kind, i, p)
+
+    def _check_held(self, units: Mapping[str, Emu], involved: Sequence[int],
+                    prims: Sequence[Primitive]) -> None:
+        need: dict[int, set[str]] = {}
+        produced = {e.id for p in prims for e in p.outputs}
+        for p in prims:
+            for e in p.inputs:
+                if e.id in produced:
+                    continue
+                if e.id not in units:
+                    raise InfeasibleError(f"transition: {p.op} needs unit {e.id}, which the "
+                                          "schedule's initial collection lacks")
+                for g in e.gpus:
+                    need.setdefault(g, set()).add(e.id)
+        if not need:
+            return
+        held = self.pool.run({g: (mv.held_units, ()) for g in need})
+        for g, ids in need.items():
+            lacking = ids - set(held[g])
+            if lacking:
+                raise InfeasibleError(f"transition: worker {g} does not hold {sorted(lacking)}")
+
+    def _collect(self, running: Mapping[int, _Running], block: bool) -> bool:
+        """Fill results and errors of finished calls; True when any call failed."""
+        refs = [ref for r in running.values() for ref in r.pending()]
+        if not refs:
+            return any(r.errors for r in running.values())
+        ready, _ = ray.wait(refs, num_returns=1, timeout=None if block else 0)
+        if ready:  # take everything else that is ready too
+            more, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+            ready = list({*ready, *more})
+        ready_set = set(ready)
+        for r in running.values():
+            for d, ref in r.refs.items():
+                if ref in ready_set and d not in r.results and d not in r.errors:
+                    try:
+                        r.results[d] = ray.get(ref)
+                    except Exception as e:  # noqa: BLE001 - a failed call is a fault
+                        r.errors[d] = e
+        return any(r.errors for r in running.values())
+
+    def _fail(self, running: dict[int, _Running], units: dict[str, Emu],
+              timings: dict[int, PrimitiveTiming], t0: float) -> FaultReport:
+        errors = {d: e for r in running.values() for d, e in r.errors.items()}
+        dead = {d for d, e in errors.items() if is_actor_death(e)}
+        involved = {d for r in running.values() for d in r.refs}
+        alive = self.pool.alive(timeout_s=5.0)
+        dead |= {d for d in involved if not alive.get(d, False)}
+        bad = dead | set(errors)
+        for r in running.values():  # abort communicators that include a failed worker
+            if bad.intersection(r.refs) and r.groups:
+                for d in r.refs:
+                    if d not in dead:
+                        names = [n for n, ms in r.groups.items() if d in ms]
+                        try:
+                            ray.get(self.pool.submit_control(d, _abort_all, names), timeout=10)
+                        except Exception:  # noqa: BLE001 - it may have died meanwhile
+                            dead.add(d)
+        while any(r.pending() for r in running.values()):
+            self._collect(running, block=True)
+        completed = []
+        failed: dict[int, dict[int, BaseException]] = {}
+        candidates = dict(units)
+        for i, r in running.items():
+            end = time.perf_counter() - t0
+            if r.errors:
+                failed[i] = dict(r.errors)
+                candidates.update({e.id: e for e in r.prim.outputs})
+                dead |= {d for d, e in r.errors.items() if is_actor_death(e)}
+                continue
+            timings[i] = PrimitiveTiming.of(i, r.prim, r.start, end, r.results, len(r.groups))
+            for e in r.prim.inputs:
+                candidates.pop(e.id, None)
+            candidates.update({e.id: e for e in r.prim.outputs})
+            completed.append(i)
+        return reconcile(self.pool, candidates, dead, failed,
+                         tuple(sorted(timings.values(), key=lambda t: t.index)))
+
+
+class _Abort(Exception):
+    """Internal: leave the scheduling loop for the fault path."""
+
+
+def _renamed(e: Emu, new_id: str) -> Emu:
+    if new_id == e.id:
+        return e
+    return Emu(new_id, e.stage, e.model, e.layout, e.gpus, e.holds)

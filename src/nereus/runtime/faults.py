@@ -1,0 +1,201 @@
+"""Faults during a transition: what survived, and how the job gets back onto a plan.
+
+A unit is intact when every one of its positions sits on a live worker that holds it under the
+unit's id: a primitive that failed half-way leaves its inputs partly consumed and its outputs
+partly made, and neither counts. Arenas on live workers that belong to no intact unit are
+dropped, so their bytes come back. No logical state is lost while a model-stage keeps one
+intact unit (the transition layer destroys a unit only while another copy exists).
+
+``recover`` replans from the intact units: per model-stage it keeps the intact units of one
+layout (others are redundant copies and are destroyed), forms the plan they realize, asks the
+transition layer for a schedule to the target plan of the surviving pool, runs it, and restores
+the model-stages that lost every copy from the latest checkpoint (torch.distributed.checkpoint)
+straight into their target layout.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from nereus.runtime import movement as mv
+from nereus.transition.emu import Emu
+
+if TYPE_CHECKING:
+    from nereus.plan.types import Plan
+    from nereus.runtime.checkpoint import Checkpointer
+    from nereus.runtime.executor import ExecutionReport, Executor
+    from nereus.runtime.primitives import PrimitiveTiming
+    from nereus.runtime.workers import WorkerPool
+    from nereus.spec.job import JobSpec
+
+
+@dataclass(frozen=True)
+class FaultReport:
+    """The state of the job after a failed transition."""
+
+    dead: frozenset[int]                               # workers whose actor died
+    failed: Mapping[int, Mapping[int, str]]            # primitive index -> worker -> error
+    intact: Mapping[str, tuple[Emu, ...]]              # model-stage -> complete units
+    lost: tuple[Emu, ...]                              # units that are gone or incomplete
+    timings: tuple[PrimitiveTiming, ...] = ()          # primitives that did complete
+    dropped_bytes: Mapping[int, int] = field(default_factory=dict)  # orphan arenas freed
+
+    def lost_stages(self, stages: Sequence[str]) -> tuple[str, ...]:
+        """Model-stages (of ``stages``) with no intact unit left: their last copy is lost."""
+        return tuple(s for s in stages if not self.intact.get(s))
+
+    def describe(self) -> str:
+        dead = ", ".join(map(str, sorted(self.dead))) or "none"
+        fails = "; ".join(f"#{i}: " + ", ".join(f"worker {d}: {e}" for d, e in errs.items())
+                          for i, errs in sorted(self.failed.items()))
+        keep = ", ".join(e.id for es in self.intact.values() for e in es) or "none"
+        return f"dead workers: {dead}; failed: {fails or 'none'}; intact units: {keep}"
+
+
+class TransitionFailed(RuntimeError):
+    """A transition stopped part-way; ``report`` says what survived."""
+
+    def __init__(self, report: FaultReport):
+        self.report = report
+        super().__init__(f"transition failed ({report.describe()})")
+
+
+def _drop_all(ctx: Any, ids: Sequence[str]) -> int:
+    return sum(ctx.drop(i) for i in ids)
+
+
+def reconcile(pool: WorkerPool, candidates: Mapping[str, Emu], dead: set[int],
+              failed: Mapping[int, Mapping[int, BaseException]],
+              timings: tuple[PrimitiveTiming, ...] = ()) -> FaultReport:
+    """Which of ``candidates`` are intact on the live workers; drop every other arena there."""
+    live = [d for d in pool.device_ids if d not in dead]
+    alive = pool.alive(timeout_s=5.0)
+    dead = set(dead) | {d for d in live if not alive.get(d, False)}
+    live = [d for d in live if d not in dead]
+    held: dict[int, set[str]] = {}
+    for d in live:
+        try:
+            held[d] = set(pool.run({d: (mv.held_units, ())})[d])
+        except Exception:  # noqa: BLE001 - died while we looked
+            dead.add(d)
+    intact: dict[str, list[Emu]] = {}
+    lost: list[Emu] = []
+    for e in candidates.values():
+        if all(g in held and e.id in held[g] for g in e.gpus):
+            intact.setdefault(e.stage, []).append(e)
+        else:
+            lost.append(e)
+    keep = {(g, e.id) for es in intact.values() for e in es for g in e.gpus}
+    orphans = {d: [u for u in ids if (d, u) not in keep] for d, ids in held.items()}
+    dropped = {}
+    todo = {d: (_drop_all, (ids,)) for d, ids in orphans.items() if ids}
+    if todo:
+        dropped = pool.run(todo)
+    return FaultReport(frozenset(dead),
+                       {i: {d: f"{type(e).__name__}: {e}".splitlines()[0][:300]
+                            for d, e in errs.items()} for i, errs in failed.items()},
+                       {s: tuple(sorted(es, key=lambda e: e.id)) for s, es in intact.items()},
+                       tuple(sorted(lost, key=lambda e: e.id)), timings, dropped)
+
+
+@dataclass(frozen=True)
+class Recovery:
+    """How the job got back onto a plan after a fault."""
+
+    plan: Plan                                      # the plan the job runs now
+    destroyed: tuple[str, ...]                      # redundant intact units dropped first
+    transition: ExecutionReport | None              # the replanned transition, if any
+    restored: tuple[str, ...]                       # model-stages restored from a checkpoint
+    checkpoint: str | None                          # where they came from
+    units: Mapping[str, tuple[Emu, ...]]
+
+
+def _current_plan(job: JobSpec, intact: Mapping[str, tuple[Emu, ...]], target: Plan
+                  ) -> tuple[Plan, list[Emu]]:
+    """The plan the intact units realize (one layout per stage; the rest are returned to be
+    destroyed). Stages without a copy take their target's entry (they are restored)."""
+    from nereus.cost.candidate import Candidate
+    from nereus.plan.types import Plan, StagePlan
+
+    stages = []
+    extra: list[Emu] = []
+    for tsp in target.stages:
+        units = list(intact.get(tsp.stage, ()))
+        if not units:
+            stages.append(tsp)
+            continue
+        by_layout: dict[Any, list[Emu]] = {}
+        for e in units:
+            by_layout.setdefault(e.layout, []).append(e)
+        # keep the layout with the most copies; ties: the target's layout, then the larger
+        best = max(by_layout, key=lambda lay: (len(by_layout[lay]), lay == tsp.layout,
+                                               lay.size))
+        keep = sorted(by_layout[best], key=lambda e: e.id)
+        extra += [e for lay, es in by_layout.items() if lay != best for e in es]
+        c = tsp.candidate
+        cand = Candidate(best, len(keep), c.micro_batch, c.grad_accum, c.recompute)
+        stages.append(StagePlan(tsp.stage, cand, tuple(e.gpus for e in keep)))
+    return Plan(tuple(stages), source="intact units after a fault"), extra
+
+
+def recover(pool: WorkerPool, executor: Executor, job: JobSpec, report: FaultReport,
+            target_for: Callable[[Sequence[int]], Plan],
+            checkpointer: Checkpointer | None = None) -> Recovery:
+    """Get the job onto ``target_for(surviving device ids)`` from the intact units.
+
+    Dead workers leave the pool. Model-stages with an intact copy are moved by a replanned
+    transition; those without one are restored from ``checkpointer``'s latest checkpoint into
+    their target layout (``RuntimeError`` when there is none).
+    """
+    from nereus.transition.emu import phi
+    from nereus.transition.planner import plan_transition
+
+    pool.shrink(report.dead)
+    target = target_for(pool.device_ids)
+    current, extra = _current_plan(job, report.intact, target)
+    renames: dict[int, dict[str, str]] = {}
+    # Units of the kept layout are renamed to the ids Φ(current) gives them.
+    phi_current = phi(job, current)
+    kept = {s: [e for e in report.intact.get(s, ()) if e not in extra] for s in phi_current}
+    for s, es in kept.items():
+        for e in sorted(es, key=lambda u: u.id):
+            want = next(u for u in phi_current[s] if u.gpus == e.gpus and u.layout == e.layout)
+            if want.id != e.id:
+                for g in e.gpus:
+                    renames.setdefault(g, {})[e.id] = want.id
+    todo: dict[int, list[str]] = {}
+    for e in extra:
+        for g in e.gpus:
+            todo.setdefault(g, []).append(e.id)
+    if todo:
+        pool.run({g: (_drop_all, (ids,)) for g, ids in todo.items()})
+    if renames:
+        from nereus.runtime.executor import _rename
+
+        pool.run({g: (_rename, (m,)) for g, m in renames.items()})
+    lost = report.lost_stages([s.stage for s in target.stages])
+    if lost and checkpointer is None:
+        raise RuntimeError(f"the last copy of {', '.join(lost)} is lost and no checkpoint "
+                           "is configured")
+    from nereus.spec.cluster import GpuPool
+
+    schedule = plan_transition(job.with_pool(GpuPool(job.cluster, pool.device_ids)), current,
+                               target)
+    run = executor.run(schedule) if schedule.primitives else None
+    units = dict(run.units) if run else dict(phi(job, target))
+    restored: tuple[str, ...] = ()
+    where = None
+    if lost:
+        assert checkpointer is not None
+        where = checkpointer.latest()
+        if where is None:
+            raise RuntimeError(f"the last copy of {', '.join(lost)} is lost and no "
+                               "checkpoint was saved")
+        phi_target = phi(job, target)
+        for s in lost:
+            checkpointer.restore(pool, s, phi_target[s], executor.specs[s], where)
+            units[s] = phi_target[s]
+        restored = tuple(lost)
+    return Recovery(target, tuple(e.id for e in extra), run, restored, where, units)

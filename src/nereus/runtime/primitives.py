@@ -1,0 +1,139 @@
+"""The four primitives of the transition layer, as the driver runs them on workers.
+
+For a ``nereus.transition.primitives`` value (Split, Merge, Extend, Destroy) this module says
+which bytes each worker allocates when it starts (the memory check) and submits one ``call`` per
+worker (``nereus.runtime.movement``); each worker joins and leaves its own communicator, so a
+primitive is one round trip. Communicators: Split makes one all-gather group per T_sub position
+(the GPUs of one enclosing TP/PP block, ``transition.nesting.gather_groups``); Extend one
+two-member group per rank pair; Merge and Destroy none. Units are keyed by ``Emu.id`` on the
+workers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from nereus.runtime import movement as mv
+from nereus.runtime.comm import GroupSpec, Rendezvous
+from nereus.runtime.movement import MoveResult
+from nereus.runtime.state import StateSpec, position_bytes
+from nereus.runtime.workers import WorkerPool
+from nereus.transition.emu import Emu
+from nereus.transition.nesting import factors, gather_groups
+from nereus.transition.primitives import Destroy, Extend, Merge, Primitive, Split
+
+
+def _layout(e: Emu) -> tuple[int, int]:
+    return e.layout.tp, e.layout.pp
+
+
+def split_member_groups(p: Split) -> list[tuple[tuple[int, int], tuple[int, ...],
+                                                tuple[tuple[int, int], ...]]]:
+    """(T_sub position, member devices in group-rank order, their T positions) per group."""
+    out = []
+    sub = p.sub
+    for n, idx in enumerate(gather_groups(p.emu.layout, sub)):
+        sub_pos = (n % sub.tp, n // sub.tp)
+        out.append((sub_pos, tuple(p.emu.gpus[i] for i in idx),
+                    tuple(p.emu.position(i) for i in idx)))
+    return out
+
+
+def need_bytes(p: Primitive, spec: StateSpec) -> dict[int, int]:
+    """Bytes each worker allocates when ``p`` starts (its inputs stay until it ends)."""
+    if isinstance(p, Split):
+        m_tp, m_pp = factors(p.emu.layout, p.sub)
+        out = {}
+        for _, members, positions in split_member_groups(p):
+            work = mv.split_workspace_bytes(spec, *_layout(p.emu), positions)
+            for g, (t, r) in zip(members, positions):
+                out[g] = work + position_bytes(spec, p.sub.tp, p.sub.pp, t // m_tp, r // m_pp)
+        return out
+    if isinstance(p, (Merge, Extend)):
+        o = p.output
+        return {g: position_bytes(spec, *_layout(o), *o.position(i))
+                for i, g in enumerate(o.gpus)}
+    return {}
+
+
+def workers_of(p: Primitive) -> tuple[int, ...]:
+    ids = {g for e in p.inputs + p.outputs for g in e.gpus}
+    return tuple(sorted(ids))
+
+
+def launch(p: Primitive, pool: WorkerPool, rv: Rendezvous, spec: StateSpec, tag: str,
+           timeout_s: float) -> tuple[dict[int, Any], dict[str, tuple[int, ...]]]:
+    """Submit the workers' calls of ``p``; returns refs by device and its groups by name."""
+    refs: dict[int, Any] = {}
+    groups: dict[str, tuple[int, ...]] = {}
+    if isinstance(p, Split):
+        for sub_pos, members, positions in split_member_groups(p):
+            name = f"{tag}.split.{sub_pos[0]}.{sub_pos[1]}"
+            gs = GroupSpec.new(name, members, rv, timeout_s)
+            groups[name] = members
+            for j, g in enumerate(members):
+                refs[g] = pool.submit(g, mv.split_member, gs, p.emu.id, p.outputs[j].id,
+                                      (p.sub.tp, p.sub.pp), positions)
+    elif isinstance(p, Merge):
+        o = p.output
+        src_of = {g: e.id for e in p.emus for g in e.gpus}
+        for i, g in enumerate(o.gpus):
+            refs[g] = pool.submit(g, mv.merge_member, src_of[g], o.id, _layout(o),
+                                  o.position(i))
+    elif isinstance(p, Extend):
+        o = p.output
+        for i, (a, b) in enumerate(p.pairs()):
+            name = f"{tag}.extend.{i}"
+            gs = GroupSpec.new(name, (a, b), rv, timeout_s)  # one communicator per rank pair
+            groups[name] = (a, b)
+            pos = o.position(i)
+            refs[a] = pool.submit(a, mv.extend_member, gs, p.emu.id, o.id, spec, _layout(o),
+                                  pos)
+            refs[b] = pool.submit(b, mv.extend_member, gs, None, o.id, spec, _layout(o), pos)
+    elif isinstance(p, Destroy):
+        for g in p.emu.gpus:
+            refs[g] = pool.submit(g, mv.destroy_member, p.emu.id)
+    else:
+        raise TypeError(f"not a primitive: {p!r}")
+    return refs, groups
+
+
+@dataclass(frozen=True)
+class PrimitiveTiming:
+    """What one primitive measured, in the schedule's shape (``index`` = its position in the
+    schedule). Times in seconds from the start of the transition on the driver's clock;
+    ``setup_s`` / ``move_s`` are the slowest worker's; ``bytes`` is what workers received."""
+
+    index: int
+    op: str
+    stage: str
+    gpus: tuple[int, ...]
+    start_s: float
+    end_s: float
+    setup_s: float
+    move_s: float
+    bytes: int
+    communicators: int
+    source: str = "measured"
+
+    @property
+    def duration_s(self) -> float:
+        return self.end_s - self.start_s
+
+    @classmethod
+    def of(cls, index: int, p: Primitive, start: float, end: float,
+           results: Mapping[int, MoveResult], communicators: int) -> PrimitiveTiming:
+        rs = list(results.values())
+        return cls(index, p.op, p.stage, workers_of(p), start, end,
+                   max((r.setup_s for r in rs), default=0.0),
+                   max((r.move_s for r in rs), default=0.0),
+                   sum(r.bytes_received for r in rs), communicators)
+
+    def to_dict(self) -> dict[str, object]:
+        return {"index": self.index, "op": self.op, "stage": self.stage,
+                "gpus": list(self.gpus), "start_s": self.start_s, "end_s": self.end_s,
+                "duration_s": self.duration_s, "setup_s": self.setup_s, "move_s": self.move_s,
+                "bytes": self.bytes, "communicators": self.communicators,
+                "source": self.source}

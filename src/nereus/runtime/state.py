@@ -1,0 +1,496 @@
+"""Sharded training state of one EMU position, and the full logical state it is a slice of.
+
+One position (tp_rank, pp_rank) of an EMU holds the shards ``nereus.spec.sharding.shard_plan``
+gives it, for each kind of tensor the model-stage keeps: the parameter θ and, for a trainable
+stage, the Adam moments (``exp_avg``, ``exp_avg_sq``) and, where the parameter dtype is narrower
+than fp32 and the workload asks for it, an fp32 master copy. On a CPU device the parameters are
+fp32, so the master copy *is* the parameter and none is stored (``StateSpec.master`` is False).
+
+All tensors of a position live in one contiguous byte buffer (the arena), kind-major
+(all θ, then master, then moments), each tensor a typed view at an offset aligned to its element
+size, so an arena holds exactly the bytes the planner counts (``nereus.cost.state``). Why:
+Extend sends a position as one contiguous buffer with no packing, the receiver's tensors are views
+of what it received, θ alone is one contiguous region (weight sync), and the bytes a worker holds
+are exactly the arenas it keeps. The arena layout depends only on (spec, layout, position), so a
+receiver computes it without being told.
+
+Scalars (Adam step, update counter, versions, minibatch position, seed and RNG state) are
+``StateMeta``; every position of every copy holds the same value.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+import torch
+
+from nereus.errors import InputError
+from nereus.spec.model import Head, ModelSpec
+from nereus.spec.sharding import Shard, check_layout, logical_params, shard_plan
+
+PARAM = "param"
+MASTER = "master"
+EXP_AVG = "exp_avg"
+EXP_AVG_SQ = "exp_avg_sq"
+
+TORCH_DTYPES: Mapping[str, torch.dtype] = {
+    "fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+class StateMismatch(RuntimeError):
+    """Copies of one logical tensor (or of the scalars) that should be equal are not."""
+
+
+@dataclass(frozen=True)
+class StateSpec:
+    """What one model-stage's EMU holds, whatever its layout.
+
+    ``trainable``: holds the Adam moments (a training stage). ``master``: holds an fp32 master
+    copy besides a narrower parameter (bf16 / fp16 on a GPU with master weights).
+    """
+
+    model: ModelSpec
+    head: Head = Head.LM
+    trainable: bool = True
+    param_dtype: str = "fp32"
+    master: bool = False
+
+    def __post_init__(self) -> None:
+        if self.param_dtype not in TORCH_DTYPES:
+            raise InputError("state.param_dtype", f"unknown dtype {self.param_dtype!r}",
+                             TORCH_DTYPES)
+        if self.master and self.param_dtype == "fp32":
+            raise InputError("state.master", "an fp32 parameter is its own master copy",
+                             "master=False with param_dtype fp32")
+        if self.master and not self.trainable:
+            raise InputError("state.master", "only a trainable stage keeps a master copy")
+
+    @property
+    def kinds(self) -> tuple[str, ...]:
+        out = [PARAM]
+        if self.master:
+            out.append(MASTER)
+        if self.trainable:
+            out += [EXP_AVG, EXP_AVG_SQ]
+        return tuple(out)
+
+    def dtype(self, kind: str) -> torch.dtype:
+        return TORCH_DTYPES[self.param_dtype] if kind == PARAM else torch.float32
+
+    @classmethod
+    def for_stage(cls, job: object, stage: str, device_kind: str = "cpu") -> StateSpec:
+        """The state a model-stage of ``job`` (a ``JobSpec``) keeps on ``device_kind`` workers.
+
+        A training stage holds θ and ω of its model; forward and generation stages hold θ only
+        (contracts.md). On a CPU device parameters are fp32 whatever the workload says, so the
+        master copy is the parameter itself.
+        """
+        from nereus.spec.job import JobSpec
+        from nereus.spec.workflow import StageKind
+
+        assert isinstance(job, JobSpec)
+        st = job.workflow.stage(stage)
+        role = job.workflow.model(st.model)
+        trainable = role.trainable and st.kind is StageKind.TRAIN
+        wl = job.workload
+        if device_kind == "cpu":
+            return cls(job.model, role.head, trainable, "fp32", False)
+        narrow = wl.param_bytes < 4
+        return cls(job.model, role.head, trainable, wl.param_dtype,
+                   trainable and narrow and wl.master_weights)
+
+
+@dataclass(frozen=True)
+class StateMeta:
+    """The scalars of a logical state (DESIGN.md: c, v, p, plus the Adam step and RNG)."""
+
+    adam_step: int = 0
+    update_count: int = 0
+    versions: tuple[tuple[str, int], ...] = (("model", 0), ("policy", 0))
+    minibatch_pos: int = 0
+    seed: int = 0
+    rng_state: bytes = b""
+
+    def to_bytes(self) -> bytes:
+        d = {"adam_step": self.adam_step, "update_count": self.update_count,
+             "versions": [list(v) for v in self.versions], "minibatch_pos": self.minibatch_pos,
+             "seed": self.seed, "rng_state": base64.b64encode(self.rng_state).decode()}
+        return json.dumps(d, sort_keys=True).encode()
+
+    @classmethod
+    def from_bytes(cls, raw: bytes) -> StateMeta:
+        d = json.loads(raw.decode())
+        return cls(int(d["adam_step"]), int(d["update_count"]),
+                   tuple((str(k), int(v)) for k, v in d["versions"]), int(d["minibatch_pos"]),
+                   int(d["seed"]), base64.b64decode(d["rng_state"]))
+
+    def digest(self) -> str:
+        return hashlib.sha256(self.to_bytes()).hexdigest()[:16]
+
+    def generator(self, dp_rank: int) -> torch.Generator:
+        """The RNG of DP replica ``dp_rank``, derived from the seed, the rank and the minibatch
+        position, so a new replica continues the global sample order (paper §6.2)."""
+        g = torch.Generator()
+        g.manual_seed(derive_seed(self.seed, f"replica/{dp_rank}/{self.minibatch_pos}"))
+        return g
+
+
+def derive_seed(seed: int, name: str) -> int:
+    """A stable 63-bit seed for ``name`` (independent of process, layout and Python hashing)."""
+    h = hashlib.sha256(f"{seed}/{name}".encode()).digest()
+    return int.from_bytes(h[:8], "little") & (2**63 - 1)
+
+
+# ---------------------------------------------------------------- arena layout
+@dataclass(frozen=True)
+class ArenaEntry:
+    kind: str
+    shard: Shard
+    dtype: torch.dtype
+    offset: int     # bytes from the arena start
+    nbytes: int
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return self.kind, self.shard.name
+
+
+@dataclass(frozen=True)
+class ArenaLayout:
+    """Where each (kind, shard) of one position sits in its arena."""
+
+    spec: StateSpec
+    tp: int
+    pp: int
+    tp_rank: int
+    pp_rank: int
+    entries: tuple[ArenaEntry, ...]
+    nbytes: int
+    _index: dict[tuple[str, str], ArenaEntry] = field(
+        default_factory=dict, compare=False, hash=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._index.update({e.key: e for e in self.entries})
+
+    def entry(self, kind: str, shard_name: str) -> ArenaEntry:
+        return self._index[(kind, shard_name)]
+
+    def kind_span(self, kind: str) -> tuple[int, int]:
+        """[start, stop) bytes of the region holding every tensor of ``kind``."""
+        es = [e for e in self.entries if e.kind == kind]
+        return es[0].offset, es[-1].offset + es[-1].nbytes
+
+
+def _align(n: int, size: int) -> int:
+    return -(-n // size) * size
+
+
+@lru_cache(maxsize=1024)
+def arena_layout(spec: StateSpec, tp: int, pp: int, tp_rank: int, pp_rank: int) -> ArenaLayout:
+    """The arena of position (tp_rank, pp_rank) of a (tp, pp) unit: kind-major, each tensor
+    aligned to its element size (no gaps when the dtypes of consecutive kinds match)."""
+    shards = shard_plan(spec.model, spec.head, tp, pp, tp_rank, pp_rank)
+    entries: list[ArenaEntry] = []
+    off = 0
+    for kind in spec.kinds:
+        dt = spec.dtype(kind)
+        size = torch.empty((), dtype=dt).element_size()
+        off = _align(off, size)
+        for s in shards:
+            nb = s.numel * size
+            entries.append(ArenaEntry(kind, s, dt, off, nb))
+            off += nb
+    return ArenaLayout(spec, tp, pp, tp_rank, pp_rank, tuple(entries), off)
+
+
+def position_bytes(spec: StateSpec, tp: int, pp: int, tp_rank: int, pp_rank: int) -> int:
+    return arena_layout(spec, tp, pp, tp_rank, pp_rank).nbytes
+
+
+# ---------------------------------------------------------------- one position
+class ShardedState:
+    """The state one worker holds for one EMU position: typed views into one byte arena.
+
+    ``params`` / ``master`` / ``exp_avg`` / ``exp_avg_sq`` map shard names (the logical names,
+    and ``lm_head.weight`` for the tied copy on the last pipeline block) to tensors the engine
+    may update in place. ``meta`` is replaced, not mutated (it is frozen).
+    """
+
+    def __init__(self, spec: StateSpec, tp: int, pp: int, tp_rank: int, pp_rank: int,
+                 buffer: torch.Tensor, meta: StateMeta):
+        self.layout = arena_layout(spec, tp, pp, tp_rank, pp_rank)
+        if buffer.dtype != torch.uint8 or buffer.dim() != 1 or buffer.numel() != self.layout.nbytes:
+            raise ValueError(f"arena needs {self.layout.nbytes} uint8 bytes, got "
+                             f"{tuple(buffer.shape)} {buffer.dtype}")
+        self.buffer = buffer
+        self.meta = meta
+        self._views: dict[tuple[str, str], torch.Tensor] = {}
+        for e in self.layout.entries:
+            v = buffer[e.offset:e.offset + e.nbytes].view(e.dtype).view(e.shard.local_shape)
+            self._views[e.key] = v
+
+    # ---- identity
+    @property
+    def spec(self) -> StateSpec:
+        return self.layout.spec
+
+    @property
+    def tp(self) -> int:
+        return self.layout.tp
+
+    @property
+    def pp(self) -> int:
+        return self.layout.pp
+
+    @property
+    def position(self) -> tuple[int, int]:
+        return self.layout.tp_rank, self.layout.pp_rank
+
+    @property
+    def shards(self) -> tuple[Shard, ...]:
+        return shard_plan(self.spec.model, self.spec.head, self.tp, self.pp, *self.position)
+
+    @property
+    def nbytes(self) -> int:
+        return self.layout.nbytes
+
+    @property
+    def device(self) -> torch.device:
+        return self.buffer.device
+
+    # ---- tensors
+    def tensor(self, kind: str, shard_name: str) -> torch.Tensor:
+        return self._views[(kind, shard_name)]
+
+    def kind(self, kind: str) -> dict[str, torch.Tensor]:
+        return {name: v for (k, name), v in self._views.items() if k == kind}
+
+    @property
+    def params(self) -> dict[str, torch.Tensor]:
+        return self.kind(PARAM)
+
+    @property
+    def master(self) -> dict[str, torch.Tensor]:
+        """fp32 master copies; on an fp32 stage (CPU) the parameters themselves."""
+        return self.kind(MASTER) if self.spec.master else self.params
+
+    @property
+    def exp_avg(self) -> dict[str, torch.Tensor]:
+        return self.kind(EXP_AVG)
+
+    @property
+    def exp_avg_sq(self) -> dict[str, torch.Tensor]:
+        return self.kind(EXP_AVG_SQ)
+
+    def kind_bytes(self, kind: str) -> torch.Tensor:
+        """One contiguous uint8 view of every tensor of ``kind`` (θ for a weight sync)."""
+        a, b = self.layout.kind_span(kind)
+        return self.buffer[a:b]
+
+    def zero_padding(self) -> None:
+        """Zero the padded vocabulary rows (they are not part of the logical state)."""
+        for e in self.layout.entries:
+            s = e.shard
+            if s.split_dim is not None and s.valid_len < s.stop - s.start:
+                self._views[e.key].narrow(s.split_dim, s.valid_len,
+                                          s.stop - s.start - s.valid_len).zero_()
+
+    # ---- construction and transport
+    @classmethod
+    def empty(cls, spec: StateSpec, tp: int, pp: int, tp_rank: int, pp_rank: int,
+              meta: StateMeta, device: torch.device | str = "cpu") -> ShardedState:
+        n = arena_layout(spec, tp, pp, tp_rank, pp_rank).nbytes
+        return cls(spec, tp, pp, tp_rank, pp_rank,
+                   torch.empty(n, dtype=torch.uint8, device=device), meta)
+
+    def cpu_copy(self) -> ShardedState:
+        return ShardedState(self.spec, self.tp, self.pp, *self.position,
+                            self.buffer.detach().to("cpu", copy=True), self.meta)
+
+    def __reduce__(self) -> tuple[object, tuple[object, ...]]:
+        # Pickle the arena once (pickling the views would copy the storage per view).
+        return (ShardedState, (self.spec, self.tp, self.pp, self.layout.tp_rank,
+                               self.layout.pp_rank, self.buffer, self.meta))
+
+    def __repr__(self) -> str:
+        return (f"ShardedState({self.spec.model.name}, tp={self.tp}, pp={self.pp}, "
+                f"pos={self.position}, {self.nbytes} bytes, {self.device})")
+
+
+# ---------------------------------------------------------------- copying between layouts
+def _overlap(dst: Shard, src: Shard) -> tuple[int, int] | None:
+    """Padded row range of the logical tensor that both shards hold (split dim), or None."""
+    if dst.split_dim is None:
+        return (0, 0)
+    a, b = max(dst.start, src.start), min(dst.stop, src.stop, dst.valid_stop)
+    return (a, b) if a < b else None
+
+
+def copy_region(dst_view: torch.Tensor, dst: Shard, src_view: torch.Tensor, src: Shard) -> int:
+    """Copy the part of ``src`` that ``dst`` holds into ``dst_view``; returns the rows copied
+    along the split dim (or 1 for a replicated tensor, 0 for no overlap)."""
+    if dst.split_dim is None:
+        dst_view.copy_(src_view)
+        return 1
+    ov = _overlap(dst, src)
+    if ov is None:
+        return 0
+    a, b = ov
+    d = dst.split_dim
+    dst_view.narrow(d, a - dst.start, b - a).copy_(src_view.narrow(d, a - src.start, b - a))
+    return b - a
+
+
+class Coverage:
+    """Which valid rows of each target tensor were written, to prove an assembly complete."""
+
+    def __init__(self) -> None:
+        self._rows: dict[tuple[str, str], list[tuple[int, int]]] = {}
+
+    def add(self, key: tuple[str, str], dst: Shard, src: Shard) -> None:
+        ov = _overlap(dst, src)
+        if ov is not None:
+            self._rows.setdefault(key, []).append(ov)
+
+    def has(self, key: tuple[str, str]) -> bool:
+        return key in self._rows
+
+    def missing(self, layout: ArenaLayout) -> list[str]:
+        out = []
+        for e in layout.entries:
+            s = e.shard
+            spans = sorted(self._rows.get(e.key, []))
+            if s.split_dim is None:
+                if not spans:
+                    out.append(f"{e.kind}:{s.name}")
+                continue
+            pos = s.start
+            for a, b in spans:
+                if a > pos:
+                    break
+                pos = max(pos, b)
+            if pos < min(s.stop, s.valid_stop) and s.valid_len > 0:
+                out.append(f"{e.kind}:{s.name}[{pos}:{min(s.stop, s.valid_stop)}]")
+        return out
+
+
+def assemble(target: ShardedState, sources: Iterable[ShardedState]) -> None:
+    """Fill ``target`` from the shards of ``sources`` that overlap it (local slicing).
+
+    Sources are matched by logical tensor, so the tied ``lm_head`` copy is cut from the
+    embedding. Raises when a valid row of the target is not covered by any source.
+    """
+    cov = Coverage()
+    by_logical: dict[tuple[str, str], list[tuple[torch.Tensor, Shard]]] = {}
+    for src in sources:
+        for e in src.layout.entries:
+            by_logical.setdefault((e.kind, e.shard.logical), []).append(
+                (src.tensor(e.kind, e.shard.name), e.shard))
+    for e in target.layout.entries:
+        dst_view = target.tensor(e.kind, e.shard.name)
+        for src_view, s in by_logical.get((e.kind, e.shard.logical), []):
+            if e.shard.split_dim is None:
+                copy_region(dst_view, e.shard, src_view, s)
+                cov.add(e.key, e.shard, s)
+                break
+            if copy_region(dst_view, e.shard, src_view, s):
+                cov.add(e.key, e.shard, s)
+    missing = cov.missing(target.layout)
+    if missing:
+        raise StateMismatch(f"target position {target.position} of tp={target.tp} "
+                            f"pp={target.pp} not covered: {missing[:4]}")
+    target.zero_padding()
+
+
+# ---------------------------------------------------------------- the logical state
+@dataclass
+class LogicalState:
+    """The full (unsharded, unpadded) state of a model-stage: what every copy must equal."""
+
+    spec: StateSpec
+    tensors: dict[tuple[str, str], torch.Tensor] = field(default_factory=dict)
+    meta: StateMeta = field(default_factory=StateMeta)
+
+    def first_difference(self, other: LogicalState) -> str | None:
+        """None when both are bitwise equal (``torch.equal`` on every tensor), else where not."""
+        if self.spec != other.spec:
+            return f"spec {self.spec} != {other.spec}"
+        if self.meta != other.meta:
+            return f"meta {self.meta.digest()} != {other.meta.digest()}"
+        if self.tensors.keys() != other.tensors.keys():
+            return f"tensor sets differ: {sorted(self.tensors.keys() ^ other.tensors.keys())[:4]}"
+        for k, t in self.tensors.items():
+            o = other.tensors[k]
+            if t.dtype != o.dtype or t.shape != o.shape or not torch.equal(t, o):
+                return f"tensor {k[0]}:{k[1]} differs"
+        return None
+
+    def equal(self, other: LogicalState) -> bool:
+        return self.first_difference(other) is None
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.tensors.values())
+
+
+def gather(shards: Sequence[ShardedState]) -> LogicalState:
+    """Reassemble the logical state from every position of one unit (any layout).
+
+    Checks that each position appears once, that the scalars agree, and that every copy of a
+    tensor inside the unit (replicated norms and KV heads, the tied LM-head copy) is identical.
+    """
+    if not shards:
+        raise ValueError("gather needs the shards of one unit")
+    first = shards[0]
+    spec, tp, pp = first.spec, first.tp, first.pp
+    check_layout(spec.model, tp, pp)
+    seen = {s.position for s in shards}
+    want = {(t, r) for t in range(tp) for r in range(pp)}
+    if len(shards) != len(want) or seen != want:
+        raise ValueError(f"gather needs positions {sorted(want)}, got {sorted(seen)}")
+    for s in shards:
+        if s.spec != spec or (s.tp, s.pp) != (tp, pp):
+            raise ValueError("shards of different units")
+        if s.meta != first.meta:
+            raise StateMismatch(f"scalars differ between positions {first.position} and "
+                                f"{s.position}")
+    full: dict[tuple[str, str], torch.Tensor] = {}
+    written: dict[tuple[str, str], torch.Tensor] = {}
+    params = {p.name: p for p in logical_params(spec.model, spec.head)}
+    for kind in spec.kinds:
+        for name, p in params.items():
+            full[(kind, name)] = torch.zeros(p.shape, dtype=spec.dtype(kind))
+            rows = p.shape[p.split_dim] if p.split_dim is not None else 1
+            written[(kind, name)] = torch.zeros(rows, dtype=torch.bool)
+    for s in shards:
+        for e in s.layout.entries:
+            sh = e.shard
+            key = (e.kind, sh.logical)
+            src = s.tensor(e.kind, sh.name).detach().cpu()
+            dst = full[key]
+            if sh.split_dim is None:
+                part, rows = src, slice(0, 1)
+                region = dst
+            else:
+                n = sh.valid_len
+                if n == 0:
+                    continue
+                part = src.narrow(sh.split_dim, 0, n)
+                region = dst.narrow(sh.split_dim, sh.start, n)
+                rows = slice(sh.start, sh.start + n)
+            w = written[key][rows]
+            if bool(w.any()):
+                # A replica of rows already written: it must be identical where it overlaps.
+                if bool(w.all()) and not torch.equal(region, part):
+                    raise StateMismatch(f"copies of {e.kind}:{sh.logical} differ in the unit")
+            region.copy_(part)
+            written[key][rows] = True
+    holes = [f"{k[0]}:{k[1]}" for k, w in written.items() if not bool(w.all())]
+    if holes:
+        raise StateMismatch(f"unit lacks rows of {holes[:4]}")
+    return LogicalState(spec, full, first.meta)

@@ -1,0 +1,383 @@
+"""Ray workers, one per device, and the pool that owns them.
+
+Contract (contracts.md): ``WorkerPool`` owns one Ray actor per device; an actor's ``call(fn,
+*args, **kwargs)`` runs a picklable module-level ``fn(ctx, *args, **kwargs)`` inside the worker,
+where ``ctx`` is its ``WorkerContext``: the device, the device id (the GPU id plans use), the
+``ShardedState`` units it holds keyed by EMU id, the process groups it belongs to keyed by name,
+and its byte counter. The runtime's own data movement runs through ``call`` too, so the engine,
+the executor and the state share one set of processes.
+
+Placement: a placement group per batch of workers (``PACK``), one bundle per device:
+``{"GPU": 1}`` on a GPU cluster, ``{"nereus_slot": 1}`` on a CPU machine, where a device slot is
+a custom resource (``ray.init(resources={"nereus_slot": n})`` or ``ray start --resources``).
+Works on a local ``ray.init()`` and on an existing cluster (``address=``).
+
+Each actor has two concurrency groups: ``work`` (one thread: calls run one at a time, so
+collectives of different primitives never interleave on a worker) and ``control`` (abort a
+blocked collective, ping, memory stats), which answers while ``work`` is blocked.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import ray
+import torch
+from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from nereus.errors import InfeasibleError, InputError
+from nereus.runtime.comm import Group, node_ip
+from nereus.runtime.inventory import SLOT_RESOURCE, detect_inventory
+from nereus.runtime.memory import ByteCounter, MemoryStats
+from nereus.runtime.state import ShardedState, StateMeta, StateSpec, arena_layout
+
+DEFAULT_CPU_CAPACITY = int(0.9 * 2 * 1024**3)  # 90 % of the ``cpu`` device preset's 2 GiB
+GPU_HEADROOM = 0.9                               # contracts.md: capacity = 90 % of memory
+
+
+class WorkerContext:
+    """What ``fn`` sees inside a worker (see module docstring). Thread-safe where it counts."""
+
+    def __init__(self, device_id: int, device: torch.device, capacity_bytes: int):
+        self.device_id = device_id
+        self.device = device
+        self.node_ip = node_ip()
+        self.memory = ByteCounter(device_id, capacity_bytes)
+        self.units: dict[str, ShardedState] = {}
+        self.groups: dict[str, Group] = {}
+        self.zombies: list[Group] = []  # aborted groups whose backend still has an operation
+        self.scratch: dict[str, Any] = {}  # the engine's per-worker objects (models, caches)
+        self._lock = threading.Lock()
+
+    # ---- state units (bytes counted)
+    def allocate(self, spec: StateSpec, tp: int, pp: int, tp_rank: int, pp_rank: int,
+                 meta: StateMeta, what: str = "state") -> ShardedState:
+        """A new empty arena for one position, its bytes reserved first (CapacityError)."""
+        n = arena_layout(spec, tp, pp, tp_rank, pp_rank).nbytes
+        self.memory.reserve(n, what)
+        try:
+            return ShardedState.empty(spec, tp, pp, tp_rank, pp_rank, meta, self.device)
+        except BaseException:
+            self.memory.release(n)
+            raise
+
+    def hold(self, unit_id: str, state: ShardedState) -> None:
+        """Keep an arena made by ``allocate`` under ``unit_id``."""
+        with self._lock:
+            if unit_id in self.units:
+                raise KeyError(f"worker {self.device_id} already holds unit {unit_id}")
+            self.units[unit_id] = state
+
+    def adopt(self, unit_id: str, state: ShardedState) -> None:
+        """Keep an arena made elsewhere (engine, loader): reserve its bytes, then hold it."""
+        self.memory.reserve(state.nbytes, f"unit {unit_id}")
+        try:
+            self.hold(unit_id, state)
+        except BaseException:
+            self.memory.release(state.nbytes)
+            raise
+
+    def drop(self, unit_id: str) -> int:
+        """Free a unit's arena; returns the bytes released (0 if not held)."""
+        with self._lock:
+            state = self.units.pop(unit_id, None)
+        if state is None:
+            return 0
+        n = state.nbytes
+        del state
+        self.memory.release(n)
+        return n
+
+    def free(self, state: ShardedState) -> None:
+        """Release an arena from ``allocate`` that was never held (a failed primitive)."""
+        self.memory.release(state.nbytes)
+
+    # ---- process groups
+    def add_group(self, group: Group) -> None:
+        with self._lock:
+            if group.name in self.groups:
+                raise KeyError(f"worker {self.device_id} is already in group {group.name}")
+            self.groups[group.name] = group
+
+    def pop_group(self, name: str) -> Group | None:
+        with self._lock:
+            return self.groups.pop(name, None)
+
+    def abort_groups(self, names: Iterable[str] | None = None) -> list[str]:
+        """Abort and forget groups (all when ``names`` is None): a member died."""
+        with self._lock:
+            chosen = list(self.groups) if names is None else [n for n in names
+                                                              if n in self.groups]
+            groups = [self.groups.pop(n) for n in chosen]
+            self.zombies.extend(groups)
+        for g in groups:
+            g.abort()
+        self.reap()
+        return chosen
+
+    def reap(self) -> int:
+        """Free aborted groups whose backend has finished (its operations timed out);
+        returns how many are still parked."""
+        with self._lock:
+            done = [g for g in self.zombies if g.idle()]
+            self.zombies = [g for g in self.zombies if not g.idle()]
+        for g in done:
+            g.close()
+        return len(self.zombies)
+
+
+@dataclass(frozen=True)
+class WorkerInfo:
+    device_id: int
+    pid: int
+    node_ip: str
+    node_id: str
+    device: str
+    capacity_bytes: int
+
+
+class Worker:
+    """The actor body; see the module docstring for its two concurrency groups."""
+
+    def __init__(self, device_id: int, kind: str, capacity_bytes: int, threads: int):
+        torch.set_num_threads(threads)
+        if kind == "gpu":
+            torch.cuda.set_device(0)  # Ray sets CUDA_VISIBLE_DEVICES to this actor's GPU
+            device = torch.device("cuda", 0)
+        else:
+            device = torch.device("cpu")
+        self.ctx = WorkerContext(device_id, device, capacity_bytes)
+
+    @ray.method(concurrency_group="work")
+    def call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        return fn(self.ctx, *args, **kwargs)
+
+    @ray.method(concurrency_group="control")
+    def control(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        return fn(self.ctx, *args, **kwargs)
+
+    @ray.method(concurrency_group="control")
+    def info(self) -> WorkerInfo:
+        return WorkerInfo(self.ctx.device_id, os.getpid(), self.ctx.node_ip,
+                          ray.get_runtime_context().get_node_id(), str(self.ctx.device),
+                          self.ctx.memory.capacity)
+
+    @ray.method(concurrency_group="control")
+    def memory(self) -> MemoryStats:
+        return self.ctx.memory.stats()
+
+
+RemoteWorker = ray.remote(concurrency_groups={"work": 1, "control": 4})(Worker)
+
+
+class WorkerCallsFailed(RuntimeError):
+    """Some calls of a batch failed; ``errors`` by device id, ``results`` of the others."""
+
+    def __init__(self, errors: Mapping[int, BaseException], results: Mapping[int, Any]):
+        self.errors = dict(errors)
+        self.results = dict(results)
+        first = next(iter(self.errors.items()))
+        super().__init__(f"{len(self.errors)} worker call(s) failed; worker {first[0]}: "
+                         f"{type(first[1]).__name__}: {first[1]}")
+
+    @property
+    def dead(self) -> set[int]:
+        return {d for d, e in self.errors.items() if is_actor_death(e)}
+
+
+def is_actor_death(e: BaseException) -> bool:
+    return isinstance(e, ray.exceptions.RayActorError)
+
+
+@dataclass
+class _Slot:
+    actor: Any
+    group: PlacementGroup
+    bundle: int
+
+
+def _init_ray(address: str | None, slots: int, slot_resource: str) -> None:
+    if ray.is_initialized():
+        return
+    if address is None:  # a local Ray: this machine offers the device slots
+        ray.init(include_dashboard=False, resources={slot_resource: slots},
+                 object_store_memory=512 * 1024**2)
+    else:
+        ray.init(address=address)
+
+
+class WorkerPool:
+    """One Ray actor per device id; grows and shrinks with the job's pool."""
+
+    def __init__(self, kind: str, capacity_bytes: int, slot_resource: str, threads: int,
+                 ready_timeout_s: float):
+        self.kind = kind
+        self.capacity_bytes = capacity_bytes
+        self.slot_resource = slot_resource
+        self.threads = threads
+        self.ready_timeout_s = ready_timeout_s
+        self._slots: dict[int, _Slot] = {}
+
+    @classmethod
+    def start(cls, devices: int | Sequence[int], *, kind: str = "auto",
+              capacity_bytes: int | None = None, address: str | None = None,
+              slot_resource: str = SLOT_RESOURCE, threads: int = 1,
+              ready_timeout_s: float = 60.0) -> WorkerPool:
+        """Start workers for ``devices`` (a count, or the device ids plans use).
+
+        ``kind``: "gpu", "cpu" or "auto" (GPU when the cluster has GPUs). ``capacity_bytes``:
+        bytes each worker may hold; default 90 % of the GPU's memory per NVML, or of the ``cpu``
+        device preset's 2 GiB. Connects to ``address`` or starts a local Ray when none runs.
+        """
+        ids = list(range(devices)) if isinstance(devices, int) else list(devices)
+        if not ids or len(set(ids)) != len(ids) or min(ids) < 0:
+            raise InputError("devices", f"{devices!r}", "distinct device ids >= 0")
+        _init_ray(address, max(ids) + 1, slot_resource)
+        inv = detect_inventory(slot_resource)
+        if kind == "auto":
+            kind = inv.kind
+        if kind not in ("cpu", "gpu"):
+            raise InputError("kind", f"{kind!r}", ["auto", "cpu", "gpu"])
+        if capacity_bytes is None:
+            mem = inv.device_memory_bytes() if kind == "gpu" else None
+            capacity_bytes = int(GPU_HEADROOM * mem) if mem else DEFAULT_CPU_CAPACITY
+        pool = cls(kind, int(capacity_bytes), slot_resource, threads, ready_timeout_s)
+        pool.grow(ids)
+        return pool
+
+    # ---- membership
+    @property
+    def device_ids(self) -> tuple[int, ...]:
+        return tuple(sorted(self._slots))
+
+    def actor(self, device_id: int) -> Any:
+        if device_id not in self._slots:
+            raise InputError("device", f"no worker for device {device_id}", self.device_ids)
+        return self._slots[device_id].actor
+
+    def _bundle(self) -> dict[str, float]:
+        return {"GPU": 1.0} if self.kind == "gpu" else {self.slot_resource: 1.0}
+
+    def _spawn(self, device_id: int, group: PlacementGroup, bundle: int) -> Any:
+        opts: dict[str, Any] = {
+            "scheduling_strategy": PlacementGroupSchedulingStrategy(group, bundle),
+            "num_cpus": 0, "max_restarts": 0}
+        if self.kind == "gpu":
+            opts["num_gpus"] = 1
+        else:
+            opts["resources"] = {self.slot_resource: 1}
+        return RemoteWorker.options(**opts).remote(device_id, self.kind, self.capacity_bytes,
+                                                   self.threads)
+
+    def grow(self, device_ids: Iterable[int]) -> None:
+        """Add workers for new device ids (one placement group for the batch)."""
+        ids = [d for d in device_ids if d not in self._slots]
+        if not ids:
+            return
+        group = placement_group([self._bundle() for _ in ids], strategy="PACK")
+        if not group.wait(self.ready_timeout_s):
+            remove_placement_group(group)
+            have = ray.available_resources().get(
+                "GPU" if self.kind == "gpu" else self.slot_resource, 0)
+            raise InfeasibleError(f"pool: {len(ids)} more {self.kind} device(s) requested, the "
+                                  f"Ray cluster has {have:g} free "
+                                  f"({'GPU' if self.kind == 'gpu' else self.slot_resource})")
+        actors = {d: self._spawn(d, group, i) for i, d in enumerate(ids)}
+        for d, a in actors.items():
+            self._slots[d] = _Slot(a, group, ids.index(d))
+        ray.get([a.info.remote() for a in actors.values()], timeout=self.ready_timeout_s)
+
+    def shrink(self, device_ids: Iterable[int]) -> None:
+        """Stop the workers of ``device_ids`` and free their placement bundles."""
+        for d in list(device_ids):
+            slot = self._slots.pop(d, None)
+            if slot is None:
+                continue
+            ray.kill(slot.actor, no_restart=True)
+            if not any(s.group.id == slot.group.id for s in self._slots.values()):
+                remove_placement_group(slot.group)
+
+    def replace(self, device_id: int) -> None:
+        """Start a fresh worker in a dead worker's bundle (same device id, empty state)."""
+        slot = self._slots[device_id]
+        ray.kill(slot.actor, no_restart=True)
+        slot.actor = self._spawn(device_id, slot.group, slot.bundle)
+        ray.get(slot.actor.info.remote(), timeout=self.ready_timeout_s)
+
+    def shutdown(self) -> None:
+        """Stop every worker and free every placement group."""
+        groups = {s.group.id: s.group for s in self._slots.values()}
+        for s in self._slots.values():
+            ray.kill(s.actor, no_restart=True)
+        for g in groups.values():
+            remove_placement_group(g)
+        self._slots.clear()
+
+    def __enter__(self) -> WorkerPool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+    # ---- calls
+    def submit(self, device_id: int, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """``call(fn, ...)`` on one worker; returns the Ray ObjectRef."""
+        return self.actor(device_id).call.remote(fn, *args, **kwargs)
+
+    def submit_control(self, device_id: int, fn: Callable[..., Any], *args: Any,
+                       **kwargs: Any) -> Any:
+        return self.actor(device_id).control.remote(fn, *args, **kwargs)
+
+    def run(self, calls: Mapping[int, tuple[Callable[..., Any], tuple[Any, ...]]],
+            timeout_s: float | None = None) -> dict[int, Any]:
+        """Run one call per worker concurrently and wait for all; raises ``WorkerCallsFailed``
+        (after every call ended) when any failed."""
+        refs = {d: self.submit(d, fn, *args) for d, (fn, args) in calls.items()}
+        return wait_all(refs, timeout_s)
+
+    def run_all(self, fn: Callable[..., Any], *args: Any,
+                device_ids: Iterable[int] | None = None) -> dict[int, Any]:
+        ids = self.device_ids if device_ids is None else tuple(device_ids)
+        return self.run({d: (fn, args) for d in ids})
+
+    def infos(self) -> dict[int, WorkerInfo]:
+        return {d: ray.get(s.actor.info.remote()) for d, s in self._slots.items()}
+
+    def memory(self) -> dict[int, MemoryStats]:
+        refs = {d: s.actor.memory.remote() for d, s in self._slots.items()}
+        return {d: ray.get(r) for d, r in refs.items()}
+
+    def alive(self, timeout_s: float = 10.0) -> dict[int, bool]:
+        """Which workers answer; a dead actor (RayActorError) or a silent one is not alive."""
+        refs = {d: s.actor.info.remote() for d, s in self._slots.items()}
+        out = {}
+        for d, r in refs.items():
+            try:
+                ray.get(r, timeout=timeout_s)
+                out[d] = True
+            except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+                out[d] = False
+        return out
+
+
+def wait_all(refs: Mapping[int, Any], timeout_s: float | None = None) -> dict[int, Any]:
+    """Wait for every ref; results by key, or ``WorkerCallsFailed`` with each error."""
+    results: dict[int, Any] = {}
+    errors: dict[int, BaseException] = {}
+    ready, pending = ray.wait(list(refs.values()), num_returns=len(refs), timeout=timeout_s)
+    for d, r in refs.items():
+        if r in pending:
+            errors[d] = TimeoutError(f"worker {d} did not answer within {timeout_s} s")
+            continue
+        try:
+            results[d] = ray.get(r)
+        except Exception as e:  # noqa: BLE001 - collected and re-raised below
+            errors[d] = e
+    if errors:
+        raise WorkerCallsFailed(errors, results)
+    return results
