@@ -164,3 +164,61 @@ def test_forward_does_not_depend_on_micro_batch() -> None:
     four = Output.cat(forward_pipeline(m, b.split(4)) or [])
     assert one.logprobs is not None and four.logprobs is not None
     torch.testing.assert_close(one.logprobs, four.logprobs, atol=1e-6, rtol=0)
+
+
+def _seeded_engine(spec: ModelSpec, param_dtype: str, master: bool, cfg: AdamConfig
+                   ) -> tuple[StageEngine, object]:
+    from nereus.runtime.loading import seeded_shard
+    from nereus.runtime.state import MASTER, StateSpec
+
+    sspec = StateSpec(spec, Head.LM, True, param_dtype, master)
+    st = seeded_shard(sspec, 1, 1, 0, 0, seed=14)
+    state = AdamState(st.exp_avg, st.exp_avg_sq, st.kind(MASTER) if master else {},
+                      st.meta.adam_step)
+    return StageEngine(spec, Head.LM, Position(), st.params, None, state, cfg), st
+
+
+def _nll_batch(spec: ModelSpec) -> Batch:
+    b = batch(spec, 4, 10, seed=15)
+    w = torch.full((4, 9), 1.0 / 36)
+    return Batch(b.input_ids, None, {"weight": w})
+
+
+def test_bf16_parameters_train_on_fp32_master_weights() -> None:
+    """bf16 parameters (the GPU setting) update through an fp32 master copy and fp32 moments,
+    and land on the master rounded to bf16; the step follows the fp32 one."""
+    from nereus.engine.losses import weighted_nll
+
+    spec = MODEL_PRESETS["tiny-qwen3"]
+    cfg = AdamConfig(lr=1e-3, max_grad_norm=1.0)
+    e16, st16 = _seeded_engine(spec, "bf16", True, cfg)
+    e32, _ = _seeded_engine(spec, "fp32", False, cfg)
+    master0 = {n: t.clone() for n, t in e16.adam_state.master.items()}  # type: ignore[union-attr]
+    b = _nll_batch(spec)
+    r16 = e16.train_step(b, weighted_nll, micro_batch=2).result
+    r32 = e32.train_step(b, weighted_nll, micro_batch=2).result
+    assert r16.loss == pytest.approx(r32.loss, rel=2e-2)
+    assert r16.grad_norm == pytest.approx(r32.grad_norm, rel=5e-2)
+    moved = 0
+    for name, p in e16.model.params.items():
+        master = e16.adam_state.master[name]  # type: ignore[union-attr]
+        assert p.dtype == torch.bfloat16 and master.dtype == torch.float32
+        assert torch.equal(p, master.to(torch.bfloat16))
+        moved += int((master != master0[name]).sum())
+        assert e16.adam_state.exp_avg[name].dtype == torch.float32  # type: ignore[union-attr]
+    assert moved > 0.9 * sum(p.numel() for p in e16.model.params.values())
+
+
+def test_recompute_gives_the_same_step() -> None:
+    from nereus.engine.losses import weighted_nll
+
+    spec = MODEL_PRESETS["tiny-llama"]
+    cfg = AdamConfig(lr=1e-3)
+    a, _ = _seeded_engine(spec, "fp32", False, cfg)
+    b, _ = _seeded_engine(spec, "fp32", False, cfg)
+    data = _nll_batch(spec)
+    ra = a.train_step(data, weighted_nll, micro_batch=2).result
+    rb = b.train_step(data, weighted_nll, micro_batch=2, recompute=True).result
+    assert ra.loss == rb.loss and ra.grad_norm == rb.grad_norm
+    for name, p in a.model.params.items():
+        assert torch.equal(p, b.model.params[name]), name

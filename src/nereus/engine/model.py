@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+import torch.utils.checkpoint
 
 from nereus.engine.comm import copy_to_tp
 from nereus.engine.groups import ParallelGroups, Position
@@ -94,6 +95,7 @@ class ParallelModel:
         self.layers = layer_range(spec, pos.pp, pos.pp_rank)
         self.local_heads = spec.num_heads // pos.tp
         self.local_kv = max(1, spec.num_kv_heads // pos.tp)
+        self.recompute = False  # keep only layer inputs; rerun each layer in backward
 
     # ------------------------------------------------------------------ inputs
     def inputs(self, positions: torch.Tensor, am: torch.Tensor | None, sq: int, sk: int) -> Inputs:
@@ -150,8 +152,12 @@ class ParallelModel:
                       ) -> torch.Tensor:
         """Token ids [b, s] (first block) or hidden states [b, s, h] -> this block's output."""
         h = self.embed(x) if self.pos.first else x
+        checkpoint = self.recompute and cache is None and torch.is_grad_enabled()
         for i in self.layers:
-            h = self.layer(i, h, inp, cache)
+            if checkpoint:
+                h = torch.utils.checkpoint.checkpoint(self.layer, i, h, inp, use_reentrant=False)
+            else:
+                h = self.layer(i, h, inp, cache)
         if cache is not None:
             cache.length += x.shape[1]
         if self.pos.last:

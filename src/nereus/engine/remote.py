@@ -79,11 +79,11 @@ def _reports(eng: StageEngine) -> bool:
 
 
 def train(ctx: Any, key: str, batch: Batch, loss_fn: LossFn, micro_batch: int,
-          adam: AdamConfig | None = None, track_memory: bool = False
+          adam: AdamConfig | None = None, track_memory: bool = False, recompute: bool = False
           ) -> tuple[Any, WorkerMeasurement]:
     att: _Attached = ctx.scratch[key]
     eng = att.engine
-    out = eng.train_step(batch, loss_fn, micro_batch, adam, track_memory)
+    out = eng.train_step(batch, loss_fn, micro_batch, adam, track_memory, recompute)
     st = ctx.units[att.unit_id]
     assert eng.adam_state is not None
     st.meta = replace(st.meta, adam_step=eng.adam_state.step,

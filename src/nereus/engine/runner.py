@@ -161,13 +161,12 @@ class StageRunner:
             sequences=batch.size, tokens=tokens)
 
     def train_step(self, batch: Batch, loss_fn: LossFn, micro_batch: int,
-                   adam: AdamConfig | None = None, track_memory: bool = False
-                   ) -> tuple[TrainResult, StageMeasurement]:
+                   adam: AdamConfig | None = None, track_memory: bool = False,
+                   recompute: bool = False) -> tuple[TrainResult, StageMeasurement]:
         """One optimizer update over the global ``batch`` (see ``nereus.engine.train`` for
-        the loss convention)."""
+        the loss convention); ``recompute`` reruns each layer's forward in backward."""
         results, workers = self._run(remote.train, self._rows(batch, micro_batch), loss_fn,
-                                     micro_batch,
-                                     adam, track_memory)
+                                     micro_batch, adam, track_memory, recompute)
         res: TrainResult = results[0]
         return res, self._measurement("train", workers, batch, micro_batch, batch.num_tokens())
 

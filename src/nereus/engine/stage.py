@@ -73,11 +73,12 @@ class StageEngine:
 
     # ---------------------------------------------------------------- operations
     def train_step(self, batch: Batch, loss_fn: LossFn, micro_batch: int,
-                   adam: AdamConfig | None = None, track_memory: bool = False) -> Measured:
+                   adam: AdamConfig | None = None, track_memory: bool = False,
+                   recompute: bool = False) -> Measured:
         if self.adam_state is None:
             raise InputError("train_step", "this worker holds no optimizer state (a forward or "
                              "generation stage holds parameters only)")
-        step = TrainStep(self.model, self.adam_state, adam or self.adam, micro_batch)
+        step = TrainStep(self.model, self.adam_state, adam or self.adam, micro_batch, recompute)
         res, meas = self._measure(lambda: step(batch, loss_fn), track_memory)
         return Measured(res, meas)
 

@@ -44,8 +44,9 @@ class TrainStep:
     replica's rows of the global batch (see ``nereus.engine.batch.replica_rows``)."""
 
     def __init__(self, model: ParallelModel, state: AdamState, config: AdamConfig,
-                 micro_batch: int) -> None:
+                 micro_batch: int, recompute: bool = False) -> None:
         self.model, self.state, self.cfg, self.micro_batch = model, state, config, micro_batch
+        self.recompute = recompute
         self._main_grads: dict[str, torch.Tensor] = {}
 
     # ---------------------------------------------------------------- public
@@ -53,6 +54,7 @@ class TrainStep:
         m = self.model
         micros = batch.to(m.device).split(self.micro_batch)
         hooks = self._enable_grads()
+        m.recompute = self.recompute
         try:
             losses = train_pipeline(m, micros, loss_fn)
             grads = self._grads()
@@ -65,6 +67,7 @@ class TrainStep:
                 coef = min(1.0, self.cfg.max_grad_norm / (norm + 1e-6))
             adam_update(m.params, grads, self.state, self.cfg, coef, m.rec)
         finally:
+            m.recompute = False
             self._disable_grads(hooks)
         loss = self._loss(losses) if m.pos.last else None
         return TrainResult(loss, norm, coef, len(micros), self.state.step)
