@@ -1,9 +1,13 @@
-"""The cost model: latency and peak memory of one model-stage candidate, and the weight sync.
+"""The cost model: latency and peak memory of model-stage candidates, and the weight sync.
 
 Every latency is a sum of ops whose ideal time comes from FLOPs over peak FLOP/s, bytes over
 HBM or link bandwidth, and per-message latency; op-class efficiencies scale them (``explain()``
 shows each). Memory is the fullest GPU of a replica: parameters, gradients, optimizer state,
 activations (with or without recomputation), KV cache, co-resident idle state, workspace.
+
+The formulas are written once, over NumPy columns of candidates: ``evaluate`` prices thousands
+of candidates in one pass for the planner, and ``estimate`` runs the same code on one candidate
+to build its explainable op list. There is no second implementation to drift.
 
 Modelling choices (each is stated where it is used):
 - Training runs 1F1B pipelines; the bubble is (pp - 1) micro-batch slots; DP gradient sync and
@@ -20,14 +24,13 @@ Modelling choices (each is stated where it is used):
 
 from __future__ import annotations
 
-import math
-from collections.abc import Mapping
-from dataclasses import dataclass
-from functools import lru_cache
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
 
 from nereus.cost import work
-from nereus.cost.candidate import Candidate, Layout, Link, Links
-from nereus.cost.comm import collective
+from nereus.cost.candidate import Candidate, Layout
 from nereus.cost.efficiency import Efficiencies
 from nereus.cost.estimate import HEADROOM, Estimate
 from nereus.cost.ops import Op, OpClass
@@ -46,22 +49,85 @@ GPU_WORKSPACE_BYTES = 2 * GiB
 CPU_WORKSPACE_BYTES = 64 * MiB
 # Tokens per chunked-prefill step (vLLM's max_num_batched_tokens is of this order). Assumption.
 PREFILL_CHUNK_TOKENS = 8192
-# Memory traffic of one Adam update, bytes per parameter on top of the param/grad/master reads:
-# read and write m and v (fp32) = 16 bytes (Kingma & Ba 2015 update rule; counted by hand).
+# Memory traffic of one Adam update on top of the param/grad/master reads and writes: read and
+# write both fp32 moments = 16 bytes per parameter (Kingma & Ba 2015 update rule, counted by hand).
 ADAM_MOMENT_TRAFFIC = 16
+
+Arr = np.ndarray
 
 
 @dataclass(frozen=True)
-class _Ctx:
-    """What every term of one estimate needs."""
+class Columns:
+    """Candidates of one stage as columns; every field is an array of the same length."""
+
+    tp: Arr
+    pp: Arr
+    dp: Arr
+    b: Arr
+    a: Arr
+    recompute: Arr
+    numel: Arr       # parameters on the fullest GPU of a replica
+    resident: Arr    # bytes of state kept while idle inside the phase
+
+    @property
+    def size(self) -> Arr:
+        return self.tp * self.pp
+
+    @property
+    def gpus(self) -> Arr:
+        return self.dp * self.tp * self.pp
+
+
+@dataclass(frozen=True)
+class Row:
+    """One op of every candidate: ideal seconds (array) and its class (per candidate when the
+    class depends on the link: ``cls_inter`` where ``intra`` is False)."""
+
+    term: str
+    name: str
+    cls: OpClass
+    count: Arr
+    flops: Arr
+    nbytes: Arr
+    ideal: Arr
+    cls_inter: OpClass | None = None
+    intra: Arr | None = None
+
+    def eff(self, e: Efficiencies) -> Arr:
+        if self.cls_inter is None:
+            return np.full_like(self.ideal, e[self.cls], dtype=float)
+        return np.where(self.intra, e[self.cls], e[self.cls_inter])
+
+    def cls_at(self, i: int) -> OpClass:
+        if self.cls_inter is None or self.intra is None:
+            return self.cls
+        return self.cls if bool(self.intra[i]) else self.cls_inter
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """Prices of many candidates of one stage (arrays aligned with the input candidates)."""
 
     stage: ModelStage
-    cand: Candidate
-    head: Head
-    trainable: bool
-    links: Links
-    numel: int          # parameters on the fullest GPU of a replica (tp x pp position)
-    layers: int         # layers per pipeline block
+    candidates: tuple[Candidate, ...]
+    rows: tuple[Row, ...]
+    memory: Mapping[str, Arr]
+    resident: Arr
+    latency: Arr
+    efficiencies: Efficiencies
+    notes: tuple[tuple[str, ...], ...] = field(default=())
+
+    @property
+    def peak(self) -> Arr:
+        return sum(self.memory.values(), np.zeros(len(self.candidates)))
+
+    @property
+    def transient(self) -> Arr:
+        return self.peak - self.resident
+
+
+def _f(x: object) -> Arr:
+    return np.asarray(x, dtype=float)
 
 
 class CostModel:
@@ -81,9 +147,9 @@ class CostModel:
         """Sequences one run of the stage handles: per update (train) or per step."""
         st = self._stage(stage)
         w = self.job.workload
+        greedy = self.job.workflow.greedy_baseline
         if st.kind is StageKind.TRAIN:
             return w.sequences_per_update
-        greedy = self.job.workflow.greedy_baseline
         if st.kind is StageKind.GENERATE:
             return w.sequences_per_step + (w.prompts_per_step if greedy else 0)
         extra = w.prompts_per_step if greedy and st.model == "reward" else 0
@@ -92,26 +158,56 @@ class CostModel:
     def layout_problem(self, stage: ModelStage | str, layout: Layout) -> str | None:
         return layout_problem(self.job.model, layout.tp, layout.pp)
 
-    def estimate(self, stage: ModelStage | str, cand: Candidate,
-                 coresident_bytes: int = 0) -> Estimate:
-        st = self._stage(stage)
-        key = (st.name, cand, int(coresident_bytes))
-        hit = self._cache.get(key)
-        if hit is not None:
-            return hit
-        est = self._estimate(st, cand, int(coresident_bytes))
-        self._cache[key] = est
-        return est
-
     def resident_bytes(self, stage: ModelStage | str, layout: Layout) -> int:
         """State a stage keeps on a GPU while it waits for its turn inside its phase."""
         st = self._stage(stage)
-        role = self.job.workflow.model(st.model)
-        numel = max_shard_numel(self.job.model, role.head, layout.tp, layout.pp)
-        w = self.job.workload
+        head = self.job.workflow.model(st.model).head
+        numel = max_shard_numel(self.job.model, head, layout.tp, layout.pp)
+        return int(numel * self._resident_per_param(st) * self.memory_scale.get(st.kind, 1.0))
+
+    def evaluate(self, stage: ModelStage | str, cands: Sequence[Candidate],
+                 coresident_bytes: float | Arr = 0.0) -> Evaluation:
+        """Latency and memory of many candidates at once."""
+        st = self._stage(stage)
+        cols = self._columns(st, cands)
+        co = np.broadcast_to(_f(coresident_bytes), cols.tp.shape).astype(float)
         if st.kind is StageKind.TRAIN:
-            return numel * w.trainable_state_bytes_per_param()
-        return numel * w.param_bytes
+            rows, memory = self._train(st, cols)
+        elif st.kind is StageKind.FORWARD:
+            rows, memory = self._forward(st, cols)
+        else:
+            rows, memory = self._generate(st, cols, co)
+        scale = self.memory_scale.get(st.kind, 1.0)
+        memory = {k: v * scale for k, v in memory.items()}
+        memory["co-resident idle state"] = co
+        latency = np.zeros(len(cands))
+        for r in rows:
+            latency = latency + r.ideal / r.eff(self.eff)
+        return Evaluation(st, tuple(cands), tuple(rows), memory, cols.resident * scale, latency,
+                          self.eff)
+
+    def estimate(self, stage: ModelStage | str, cand: Candidate,
+                 coresident_bytes: int = 0) -> Estimate:
+        """One candidate, with its op list for ``explain()``."""
+        st = self._stage(stage)
+        problem = layout_problem(self.job.model, cand.tp, cand.pp)
+        if problem:
+            raise ValueError(f"{st.name}: {problem}")
+        key = (st.name, cand, int(coresident_bytes))
+        hit = self._cache.get(key)
+        if hit is None:
+            hit = self.to_estimate(self.evaluate(st, [cand], coresident_bytes), 0)
+            self._cache[key] = hit
+        return hit
+
+    def to_estimate(self, ev: Evaluation, i: int) -> Estimate:
+        ops = tuple(Op(r.cls_at(i), r.term, r.name, float(r.count[i]), float(r.flops[i]),
+                       float(r.nbytes[i]), float(r.ideal[i]))
+                    for r in ev.rows if r.ideal[i] > 0)
+        memory = {k: int(v[i]) for k, v in ev.memory.items()}
+        return Estimate(ev.stage.name, ev.candidates[i], ops, ev.efficiencies, memory,
+                        int(ev.resident[i]), self.device.memory_bytes,
+                        self._notes(ev.stage, ev.candidates[i], memory))
 
     def weight_sync(self, train: Layout, gen: Layout) -> Estimate:
         """Per-step resharding of the actor's weights from its training to its generation layout.
@@ -122,248 +218,284 @@ class CostModel:
         created once per layout pair, not per step.
         """
         m, w, dev = self.job.model, self.job.workload, self.device
-        sync = self.job.workflow.weight_sync()
         name = f"weight_sync[{train}->{gen}]"
         cand = Candidate(gen, 1, 1, 1)
-        if sync is None:
-            return Estimate(name, cand, (), self.eff, {}, 0, dev.memory_bytes)
         full = m.param_count(Head.LM) * w.param_bytes
-        own = full / gen.size
-        overlap = full / (max(gen.tp, train.tp) * max(gen.pp, train.pp))
-        need = max(0.0, own - overlap)
+        need = max(0.0, full / gen.size
+                   - full / (max(gen.tp, train.tp) * max(gen.pp, train.pp)))
+        if self.job.workflow.weight_sync() is None or need <= 0:
+            notes = ("generation shards already resident: no weight movement",) if need <= 0 else ()
+            return Estimate(name, cand, (), self.eff, {}, 0, dev.memory_bytes, notes)
         intra = gen.size <= self.node_size and train.size <= self.node_size
-        link = Link.INTRA if intra else Link.INTER
-        ops: list[Op] = []
-        op = collective("allgather", max(2, train.size), need * max(2, train.size) /
-                        max(1, train.size - 1), link, dev, term="weight_sync",
-                        name="reshard actor weights (train->gen)")
-        if op is not None and need > 0:
-            ops.append(op)
-        notes = () if need > 0 else ("generation shards already resident: no weight movement",)
-        return Estimate(name, cand, tuple(ops), self.eff, {}, 0, dev.memory_bytes, notes)
+        n = max(2, train.size)
+        row = _collective("allgather", n, [need * n / (n - 1)], intra, self.device, "weight_sync",
+                          "reshard actor weights (train->gen)", 1.0)
+        op = Op(row.cls_at(0), row.term, row.name, 1.0, 0.0, float(row.nbytes[0]),
+                float(row.ideal[0]))
+        return Estimate(name, cand, (op,), self.eff, {}, 0, dev.memory_bytes)
+
+    def kv_bytes_per_token(self, layout: Layout) -> int:
+        """KV-cache bytes one token takes on one GPU (its layers, its KV heads)."""
+        return int(self._kv_per_token(_f(layout.tp), _f(layout.pp)))
 
     # ------------------------------------------------------------------ internals
     def _stage(self, stage: ModelStage | str) -> ModelStage:
         return stage if isinstance(stage, ModelStage) else self.job.workflow.stage(stage)
 
-    def _ctx(self, st: ModelStage, cand: Candidate) -> _Ctx:
-        role = self.job.workflow.model(st.model)
+    def _resident_per_param(self, st: ModelStage) -> int:
+        w = self.job.workload
+        return w.trainable_state_bytes_per_param() if st.kind is StageKind.TRAIN else w.param_bytes
+
+    def _columns(self, st: ModelStage, cands: Sequence[Candidate]) -> Columns:
+        head = self.job.workflow.model(st.model).head
         m = self.job.model
-        return _Ctx(st, cand, role.head, role.trainable and st.kind is StageKind.TRAIN,
-                    Links.for_candidate(cand, self.node_size),
-                    max_shard_numel(m, role.head, cand.tp, cand.pp), m.num_layers // cand.pp)
+        numel = _f([max_shard_numel(m, head, c.tp, c.pp) for c in cands])
+        return Columns(
+            tp=_f([c.tp for c in cands]), pp=_f([c.pp for c in cands]),
+            dp=_f([c.dp for c in cands]), b=_f([c.micro_batch for c in cands]),
+            a=_f([c.grad_accum for c in cands]),
+            recompute=np.array([c.recompute for c in cands], dtype=bool),
+            numel=numel, resident=numel * self._resident_per_param(st))
 
-    def _estimate(self, st: ModelStage, cand: Candidate, coresident: int) -> Estimate:
-        problem = layout_problem(self.job.model, cand.tp, cand.pp)
-        if problem:
-            raise ValueError(f"{st.name}: {problem}")
-        ctx = self._ctx(st, cand)
-        if st.kind is StageKind.TRAIN:
-            ops, memory, notes = self._train(ctx)
-        elif st.kind is StageKind.FORWARD:
-            ops, memory, notes = self._forward(ctx)
-        else:
-            ops, memory, notes = self._generate(ctx, coresident)
-        scale = self.memory_scale.get(st.kind, 1.0)
-        memory = {k: int(v * scale) for k, v in memory.items()}
-        memory["co-resident idle state"] = coresident
-        resident = self.resident_bytes(st, cand.layout)
-        return Estimate(st.name, cand, tuple(o for o in ops if o is not None), self.eff, memory,
-                        int(resident * scale), self.device.memory_bytes, tuple(notes))
+    def _workspace(self) -> float:
+        return float(CPU_WORKSPACE_BYTES if self.device.name == "cpu" else GPU_WORKSPACE_BYTES)
 
-    def _workspace(self) -> int:
-        return CPU_WORKSPACE_BYTES if self.device.name == "cpu" else GPU_WORKSPACE_BYTES
+    def _head(self, st: ModelStage) -> Head:
+        return self.job.workflow.model(st.model).head
 
-    def _host_op(self, nbytes: float, name: str) -> Op | None:
+    def _kv_per_token(self, tp: Arr, pp: Arr) -> Arr:
+        m = self.job.model
+        heads = np.maximum(1.0, np.floor(m.num_kv_heads / tp))
+        return 2.0 * (m.num_layers / pp) * heads * m.head_dim * self.job.workload.param_bytes
+
+    def _host(self, nbytes: Arr, name: str) -> list[Row]:
         """Offload / reload over the host link; none for a CPU slot (state lives in host RAM)."""
-        if self.device.name == "cpu" or nbytes <= 0:
-            return None
-        return Op(OpClass.HOST, "offload", name, 1, 0.0, nbytes, nbytes / self.device.host_bw)
+        if self.device.name == "cpu":
+            return []
+        return [Row("offload", name, OpClass.HOST, np.ones_like(nbytes), np.zeros_like(nbytes),
+                    nbytes, nbytes / self.device.host_bw)]
 
-    def _compute_ops(self, ctx: _Ctx, tokens: float, seq: float, passes: float, count: float,
-                     term: str, with_head: bool) -> list[Op]:
-        """GEMM and attention ops of ``count`` micro-batches of ``tokens`` on the last block."""
-        m, dev, tp = self.job.model, self.device, ctx.cand.tp
-        gemm = tokens * work.gemm_flops_per_token(m) * ctx.layers
-        if with_head:
-            gemm += tokens * work.head_flops_per_token(m, ctx.head)
-        attn = (tokens / seq) * work.attention_flops(m, seq, seq, causal=True) * ctx.layers
-        per_gemm = passes * gemm / tp
-        per_attn = passes * attn / tp
-        return [
-            Op(OpClass.GEMM, term, "GEMMs (layers + head)", count, per_gemm, 0.0,
-               count * per_gemm / dev.peak_flops),
-            Op(OpClass.ATTENTION, term, "attention", count, per_attn, 0.0,
-               count * per_attn / dev.peak_flops),
-        ]
+    def _compute(self, st: ModelStage, cols: Columns, tokens: Arr, seq: float, passes: Arr,
+                 count: Arr, term: str) -> list[Row]:
+        """GEMM and attention of ``count`` micro-batches of ``tokens`` on the last block."""
+        m, dev = self.job.model, self.device
+        layers = m.num_layers / cols.pp
+        gemm = tokens * (work.gemm_flops_per_token(m) * layers
+                         + work.head_flops_per_token(m, self._head(st)))
+        attn = (tokens / seq) * work.attention_flops(m, seq, seq, causal=True) * layers
+        g1 = passes * gemm / cols.tp
+        a1 = passes * attn / cols.tp
+        zero = np.zeros_like(tokens)
+        return [Row(term, "GEMMs (layers + head)", OpClass.GEMM, count, g1, zero,
+                    count * g1 / dev.peak_flops),
+                Row(term, "attention", OpClass.ATTENTION, count, a1, zero,
+                    count * a1 / dev.peak_flops)]
 
-    def _tp_ops(self, ctx: _Ctx, tokens: float, per_layer: int, count: float, term: str,
-                loss_reductions: int) -> list[Op | None]:
-        m, w, dev = self.job.model, self.job.workload, self.device
-        tp = ctx.cand.tp
-        act = tokens * m.hidden_size * w.param_bytes
-        ops = [collective("allreduce", tp, act, ctx.links.tp, dev, term=term,
-                          name=f"tp allreduce x{per_layer}/layer",
-                          count=count * per_layer * ctx.layers)]
-        if loss_reductions and ctx.head is Head.LM:
-            ops.append(collective("allreduce", tp, tokens * 4.0, ctx.links.tp, dev, term=term,
-                                  name="vocab-parallel log-softmax",
-                                  count=count * loss_reductions))
-        return ops
+    def _tp(self, st: ModelStage, cols: Columns, tokens: Arr, per_layer: Arr, count: Arr,
+            term: str, loss_reductions: int) -> list[Row]:
+        m, w = self.job.model, self.job.workload
+        intra = cols.tp <= self.node_size
+        layers = m.num_layers / cols.pp
+        rows = [_collective("allreduce", cols.tp, tokens * m.hidden_size * w.param_bytes, intra,
+                            self.device, term, "tp allreduce (attention out, mlp out)",
+                            count * per_layer * layers)]
+        if loss_reductions and self._head(st) is Head.LM:
+            rows.append(_collective("allreduce", cols.tp, tokens * 4.0, intra, self.device, term,
+                                    "vocab-parallel log-softmax", count * loss_reductions))
+        return rows
 
-    def _pp_op(self, ctx: _Ctx, tokens: float, per_mb: int, count: float, term: str) -> Op | None:
-        if ctx.cand.pp == 1:
-            return None
-        act = tokens * self.job.model.hidden_size * self.job.workload.param_bytes
-        return collective("p2p", 2, act, ctx.links.pp, self.device, term=term,
-                          name=f"pp send/recv x{per_mb}/micro-batch", count=count * per_mb)
+    def _pp(self, cols: Columns, tokens: Arr, count: Arr, term: str) -> Row:
+        m, w = self.job.model, self.job.workload
+        n = np.where(cols.pp > 1, 2.0, 1.0)
+        return _collective("p2p", n, tokens * m.hidden_size * w.param_bytes,
+                           cols.size <= self.node_size, self.device, term,
+                           "pp activation send/recv", count)
 
     # ---- training --------------------------------------------------------------
-    def _train(self, ctx: _Ctx) -> tuple[list[Op | None], dict[str, int], list[str]]:
-        m, w, dev, c = self.job.model, self.job.workload, self.device, ctx.cand
-        updates = w.updates_per_step
+    def _train(self, st: ModelStage, cols: Columns) -> tuple[list[Row], dict[str, Arr]]:
+        m, w, dev = self.job.model, self.job.workload, self.device
+        updates = float(w.updates_per_step)
         seq_t, seq_m = float(w.seq_len_mean), float(w.seq_len_max)
-        tok_t, tok_m = c.micro_batch * seq_t, c.micro_batch * seq_m
-        passes = 4.0 if c.recompute else 3.0  # fwd + 2x bwd (+ fwd again when recomputing)
-        ar_per_layer = 6 if c.recompute else 4
-        ops: list[Op | None] = []
-        slots = {"compute": updates * c.grad_accum, "bubble": updates * (c.pp - 1)}
-        for term, count in slots.items():
-            if count == 0:
-                continue
-            ops += self._compute_ops(ctx, tok_t, seq_t, passes, count, term, with_head=True)
-            ops += self._tp_ops(ctx, tok_t, ar_per_layer, count,
-                                "tp_comm" if term == "compute" else term, loss_reductions=3)
-            ops.append(self._pp_op(ctx, tok_t, 2, count, "pp_comm" if term == "compute" else term))
-        grad = ctx.numel * w.grad_bytes
-        ops.append(collective("allreduce", c.dp, grad, ctx.links.dp, dev, term="dp_sync",
-                              name="gradient allreduce", count=updates))
-        if m.tie_embeddings and ctx.head is Head.LM and c.pp > 1:
-            emb = m.vocab_size / c.tp * m.hidden_size * w.grad_bytes
-            ops.append(collective("allreduce", 2, emb, ctx.links.pp, dev, term="dp_sync",
-                                  name="tied embedding grad (first<->last)", count=updates))
-        master = w.optimizer_state_bytes_per_param() - (8 if w.optimizer.value == "adam" else 0)
-        moments = ADAM_MOMENT_TRAFFIC if w.optimizer.value == "adam" else 0
-        traffic = ctx.numel * (2 * w.param_bytes + w.grad_bytes + 2 * master + moments)
-        ops.append(Op(OpClass.OPTIMIZER, "optimizer", "optimizer step", updates, 0.0, traffic,
-                      updates * traffic / dev.hbm_bw))
-        state = ctx.numel * (w.param_bytes + w.optimizer_state_bytes_per_param())
-        ops.append(self._host_op(2 * state, "reload + offload params and optimizer state"))
+        tok_t, tok_m = cols.b * seq_t, cols.b * seq_m
+        rc = cols.recompute
+        passes = np.where(rc, 4.0, 3.0)          # fwd + 2x bwd (+ fwd again when recomputing)
+        ar_per_layer = np.where(rc, 6.0, 4.0)   # 2 per fwd, 2 per bwd
+        rows: list[Row] = []
+        for term, count in (("compute", updates * cols.a), ("bubble", updates * (cols.pp - 1))):
+            rows += self._compute(st, cols, tok_t, seq_t, passes, count, term)
+            rows += self._tp(st, cols, tok_t, ar_per_layer, count,
+                             "tp_comm" if term == "compute" else term, loss_reductions=3)
+            rows.append(self._pp(cols, tok_t, 2.0 * count, "pp_comm" if term == "compute" else term))
+        rows.append(_collective("allreduce", cols.dp, cols.numel * w.grad_bytes,
+                                cols.gpus <= self.node_size, dev, "dp_sync", "gradient allreduce",
+                                np.full_like(cols.tp, updates)))
+        if m.tie_embeddings and self._head(st) is Head.LM:
+            emb = m.vocab_size / cols.tp * m.hidden_size * w.grad_bytes
+            rows.append(_collective("allreduce", np.where(cols.pp > 1, 2.0, 1.0), emb,
+                                    cols.size <= self.node_size, dev, "dp_sync",
+                                    "tied embedding grad (first<->last block)",
+                                    np.full_like(cols.tp, updates)))
+        adam = w.optimizer.value == "adam"
+        master = w.optimizer_state_bytes_per_param() - (8 if adam else 0)
+        traffic = cols.numel * (2 * w.param_bytes + w.grad_bytes + 2 * master
+                                + (ADAM_MOMENT_TRAFFIC if adam else 0))
+        rows.append(Row("optimizer", "optimizer step", OpClass.OPTIMIZER,
+                        np.full_like(cols.tp, updates), np.zeros_like(cols.tp), traffic,
+                        updates * traffic / dev.hbm_bw))
+        state = cols.numel * (w.param_bytes + w.optimizer_state_bytes_per_param())
+        rows += self._host(2.0 * state, "reload + offload params and optimizer state")
 
-        # memory on the fullest GPU
-        per_layer = work.layer_activation_bytes(m, w.param_bytes).per_rank(c.tp)
-        in_flight = min(c.pp, c.grad_accum)
-        if c.recompute:
-            stored = ctx.layers * tok_m * m.hidden_size * w.param_bytes  # layer inputs only
-            first = in_flight * stored + tok_m * per_layer               # + one layer live
-            last = stored + tok_m * per_layer
-        else:
-            first = in_flight * ctx.layers * tok_m * per_layer
-            last = ctx.layers * tok_m * per_layer
-        logits = 8.0 * tok_m * m.vocab_size / c.tp if ctx.head is Head.LM else 0.0
+        # activations on the fullest GPU: the first block holds min(pp, a) micro-batches in
+        # flight under 1F1B; the last block holds one plus the vocab-parallel logits
+        per_layer = work.layer_activation_bytes(m, w.param_bytes)
+        per_tok = per_layer.replicated + per_layer.split / cols.tp
+        layers = m.num_layers / cols.pp
+        in_flight = np.minimum(cols.pp, cols.a)
+        stored = layers * tok_m * m.hidden_size * w.param_bytes   # layer inputs (recompute)
+        first = np.where(rc, in_flight * stored + tok_m * per_tok, in_flight * layers * tok_m * per_tok)
+        last = np.where(rc, stored + tok_m * per_tok, layers * tok_m * per_tok)
+        logits = 8.0 * tok_m * m.vocab_size / cols.tp if self._head(st) is Head.LM else 0.0 * tok_m
         memory = {
-            "parameters": ctx.numel * w.param_bytes,
-            "gradients": ctx.numel * w.grad_bytes,
-            "optimizer state": ctx.numel * w.optimizer_state_bytes_per_param(),
-            "activations": int(max(first, last + logits)),
-            "workspace": self._workspace(),
+            "parameters": cols.numel * w.param_bytes,
+            "gradients": cols.numel * w.grad_bytes,
+            "optimizer state": cols.numel * w.optimizer_state_bytes_per_param(),
+            "activations": np.maximum(first, last + logits),
+            "workspace": np.full_like(cols.tp, self._workspace()),
         }
-        notes = [f"1F1B pipeline: {c.grad_accum} micro-batches + {c.pp - 1} bubble slots per "
-                 f"update, {updates} updates per step"]
-        if c.recompute:
-            notes.append("full activation recomputation: one extra forward per micro-batch")
-        return ops, memory, notes
+        return rows, memory
 
     # ---- inference ---------------------------------------------------------------
-    def _forward(self, ctx: _Ctx) -> tuple[list[Op | None], dict[str, int], list[str]]:
-        m, w, c = self.job.model, self.job.workload, ctx.cand
+    def _forward(self, st: ModelStage, cols: Columns) -> tuple[list[Row], dict[str, Arr]]:
+        m, w = self.job.model, self.job.workload
         seq_t, seq_m = float(w.seq_len_mean), float(w.seq_len_max)
-        tok_t, tok_m = c.micro_batch * seq_t, c.micro_batch * seq_m
-        ops: list[Op | None] = []
-        for term, count in (("compute", c.grad_accum), ("bubble", c.pp - 1)):
-            if count == 0:
-                continue
-            ops += self._compute_ops(ctx, tok_t, seq_t, 1.0, count, term, with_head=True)
-            ops += self._tp_ops(ctx, tok_t, 2, count, "tp_comm" if term == "compute" else term,
-                                loss_reductions=2)
-            ops.append(self._pp_op(ctx, tok_t, 1, count, "pp_comm" if term == "compute" else term))
-        ops.append(self._host_op(ctx.numel * w.param_bytes, "reload params"))
-        live = work.layer_forward_workspace_bytes(m, w.param_bytes).per_rank(c.tp) * tok_m
-        boundary = 2.0 * min(c.pp, c.grad_accum) * tok_m * m.hidden_size * w.param_bytes
-        logits = 8.0 * tok_m * m.vocab_size / c.tp if ctx.head is Head.LM else 0.0
+        tok_t, tok_m = cols.b * seq_t, cols.b * seq_m
+        one = np.ones_like(cols.tp)
+        rows: list[Row] = []
+        for term, count in (("compute", cols.a), ("bubble", cols.pp - 1)):
+            rows += self._compute(st, cols, tok_t, seq_t, one, count, term)
+            rows += self._tp(st, cols, tok_t, 2.0 * one, count,
+                             "tp_comm" if term == "compute" else term, loss_reductions=2)
+            rows.append(self._pp(cols, tok_t, count, "pp_comm" if term == "compute" else term))
+        rows += self._host(cols.numel * w.param_bytes, "reload params")
+        ws = work.layer_forward_workspace_bytes(m, w.param_bytes)
+        live = (ws.replicated + ws.split / cols.tp) * tok_m
+        boundary = 2.0 * np.minimum(cols.pp, cols.a) * tok_m * m.hidden_size * w.param_bytes
+        logits = 8.0 * tok_m * m.vocab_size / cols.tp if self._head(st) is Head.LM else 0.0 * tok_m
         memory = {
-            "parameters": ctx.numel * w.param_bytes,
-            "activations": int(live + boundary + logits),
-            "workspace": self._workspace(),
+            "parameters": cols.numel * w.param_bytes,
+            "activations": live + boundary + logits,
+            "workspace": np.full_like(cols.tp, self._workspace()),
         }
-        return ops, memory, [f"forward pipeline: {c.grad_accum} micro-batches + {c.pp - 1} "
-                             f"bubble slots"]
+        return rows, memory
 
     # ---- generation --------------------------------------------------------------
-    def kv_bytes_per_token(self, layout: Layout) -> int:
-        """KV-cache bytes one token takes on one GPU (its layers, its KV heads)."""
-        m = self.job.model
-        heads = max(1, m.num_kv_heads // layout.tp)
-        return 2 * (m.num_layers // layout.pp) * heads * m.head_dim * self.job.workload.param_bytes
+    def _generate_batch(self, st: ModelStage, cols: Columns, co: Arr) -> tuple[Arr, Arr, Arr, Arr]:
+        """Decode batch per replica: as many sequences as the KV cache left in memory holds."""
+        m, w, dev = self.job.model, self.job.workload, self.device
+        n = cols.b * cols.a
+        weights = cols.numel * w.param_bytes
+        kv_seq = self._kv_per_token(cols.tp, cols.pp) * (w.prompt_len + w.response_len_max)
+        chunk = np.minimum(PREFILL_CHUNK_TOKENS, n * w.prompt_len)
+        ws = work.layer_forward_workspace_bytes(m, w.param_bytes)
+        prefill_ws = (ws.replicated + ws.split / cols.tp) * chunk
+        sample = 4.0 * m.vocab_size / cols.tp     # fp32 next-token logits of one sequence
+        free = HEADROOM * dev.memory_bytes - weights - self._workspace() - prefill_ws - co
+        batch = np.minimum(n, np.maximum(1.0, np.floor(free / (kv_seq + sample))))
+        return batch, kv_seq, prefill_ws, sample
 
-    def _generate(self, ctx: _Ctx, coresident: int) -> tuple[list[Op | None], dict[str, int],
-                                                             list[str]]:
-        m, w, dev, c = self.job.model, self.job.workload, self.device, ctx.cand
-        n = c.micro_batch * c.grad_accum          # sequences per replica
+    def _generate(self, st: ModelStage, cols: Columns, co: Arr) -> tuple[list[Row], dict[str, Arr]]:
+        m, w, dev = self.job.model, self.job.workload, self.device
+        n = cols.b * cols.a                       # sequences per replica
         prompt, mean, longest = w.prompt_len, w.response_len_mean, w.response_len_max
-        weights = ctx.numel * w.param_bytes
-        kv_tok = self.kv_bytes_per_token(c.layout)
-        kv_seq = kv_tok * (prompt + longest)
-        chunk = min(PREFILL_CHUNK_TOKENS, n * prompt)
-        prefill_ws = work.layer_forward_workspace_bytes(m, w.param_bytes).per_rank(c.tp) * chunk
-        fixed = weights + self._workspace() + prefill_ws + coresident
-        sample_bytes = 4.0 * m.vocab_size / c.tp       # fp32 logits of one sequence's next token
-        free = HEADROOM * dev.memory_bytes - fixed
-        batch = int(min(n, max(1.0, free // (kv_seq + sample_bytes))))
-        notes = [f"decode batch {batch} of {n} sequences per replica (KV cache "
-                 f"{kv_seq / MiB:.1f} MiB per sequence per GPU)"]
-        if free < kv_seq + sample_bytes:
-            notes.append("one sequence's KV cache does not fit next to the weights")
+        weights = cols.numel * w.param_bytes
+        batch, kv_seq, prefill_ws, sample = self._generate_batch(st, cols, co)
+        head = self._head(st)
+        zero, one = np.zeros_like(n), np.ones_like(n)
 
-        ops: list[Op | None] = []
-        # prefill: a forward pass over every prompt, pipelined in chunks across pp blocks
-        p_tokens = float(n * prompt)
-        chunks = max(1.0, math.ceil(p_tokens / PREFILL_CHUNK_TOKENS))
-        gemm = p_tokens * work.gemm_flops_per_token(m) * m.num_layers / (c.tp * c.pp)
-        gemm += n * work.head_flops_per_token(m, ctx.head) / c.tp
-        attn = n * work.attention_flops(m, prompt, prompt, causal=True) * m.num_layers / (c.tp * c.pp)
-        ops.append(Op(OpClass.GEMM, "prefill", "prefill GEMMs", 1, gemm, 0.0, gemm / dev.peak_flops))
-        ops.append(Op(OpClass.ATTENTION, "prefill", "prefill attention", 1, attn, 0.0,
-                      attn / dev.peak_flops))
-        ops += self._tp_ops(ctx, p_tokens / chunks, 2, chunks, "prefill", loss_reductions=0)
-        ops.append(self._pp_op(ctx, p_tokens / chunks, 1, chunks + c.pp - 1, "prefill"))
+        # prefill: a forward pass over every prompt, pipelined in chunks across the pp blocks
+        p_tokens = n * prompt
+        chunks = np.maximum(1.0, np.ceil(p_tokens / PREFILL_CHUNK_TOKENS))
+        gemm = (p_tokens * work.gemm_flops_per_token(m) * m.num_layers / (cols.tp * cols.pp)
+                + n * work.head_flops_per_token(m, head) / cols.tp)
+        attn = (n * work.attention_flops(m, prompt, prompt, causal=True) * m.num_layers
+                / (cols.tp * cols.pp))
+        rows = [Row("prefill", "prefill GEMMs", OpClass.GEMM, one, gemm, zero, gemm / dev.peak_flops),
+                Row("prefill", "prefill attention", OpClass.ATTENTION, one, attn, zero,
+                    attn / dev.peak_flops)]
+        rows += self._tp(st, cols, p_tokens / chunks, 2.0 * one, chunks, "prefill", 0)
+        rows.append(self._pp(cols, p_tokens / chunks, chunks + cols.pp - 1, "prefill"))
 
-        # decode: iterations of the running batch; each token crosses all pp blocks in turn
-        total = float(n * mean)
-        iters = max(float(longest), math.ceil(total / batch))
-        active = total / iters                       # mean running sequences per iteration
-        slots = min(c.pp, max(1.0, active))          # micro-batches in flight in the pipeline
-        ctx_len = prompt + mean / 2.0                # mean context a decode step attends over
-        hbm = c.pp * weights + active * ctx_len * kv_tok * (c.pp / slots)
+        # decode: iterations of the running batch; a token crosses all pp blocks in turn, and
+        # with pp micro-batches in flight each block reads its weights once per micro-batch
+        total = n * mean
+        iters = np.maximum(float(longest), np.ceil(total / batch))
+        active = total / iters                    # mean running sequences per iteration
+        slots = np.minimum(cols.pp, np.maximum(1.0, active))
+        ctx_len = prompt + mean / 2.0             # mean context a decode step attends over
+        kv_tok = self._kv_per_token(cols.tp, cols.pp)
+        hbm = cols.pp * weights + active * ctx_len * kv_tok * (cols.pp / slots)
         flops = active * (work.gemm_flops_per_token(m) * m.num_layers
-                          + work.head_flops_per_token(m, ctx.head)) / c.tp * (1.0 / slots)
-        t_hbm = hbm / dev.hbm_bw / self.eff[OpClass.DECODE]
-        t_gemm = flops / dev.peak_flops / self.eff[OpClass.GEMM]
-        if t_hbm >= t_gemm:  # roofline: whichever bound is slower sets the iteration time
-            ops.append(Op(OpClass.DECODE, "decode", "weights + KV reads per iteration", iters,
-                          0.0, hbm, iters * hbm / dev.hbm_bw))
-        else:
-            ops.append(Op(OpClass.GEMM, "decode", "decode GEMMs per iteration", iters, flops,
-                          0.0, iters * flops / dev.peak_flops))
-        tokens_mb = active / slots
+                          + work.head_flops_per_token(m, head)) / cols.tp / slots
+        t_hbm = iters * hbm / dev.hbm_bw
+        t_gemm = iters * flops / dev.peak_flops
+        hbm_bound = t_hbm / self.eff[OpClass.DECODE] >= t_gemm / self.eff[OpClass.GEMM]
+        rows.append(Row("decode", "weights + KV reads per iteration", OpClass.DECODE, iters,
+                        zero, hbm, np.where(hbm_bound, t_hbm, 0.0)))
+        rows.append(Row("decode", "decode GEMMs per iteration", OpClass.GEMM, iters, flops, zero,
+                        np.where(hbm_bound, 0.0, t_gemm)))
         # every layer all-reduces twice per token: 2 x num_layers per iteration on the path
-        ops += self._tp_ops(ctx, tokens_mb, 2, iters * c.pp, "decode", loss_reductions=0)
-        ops.append(self._pp_op(ctx, tokens_mb, 1, iters * c.pp, "decode"))
+        rows += self._tp(st, cols, active / slots, 2.0 * one, iters * cols.pp, "decode", 0)
+        rows.append(self._pp(cols, active / slots, iters * cols.pp, "decode"))
 
         memory = {
             "parameters": weights,
-            "kv cache": int(batch * kv_seq),
-            "activations": int(prefill_ws + batch * sample_bytes),
-            "workspace": self._workspace(),
+            "kv cache": batch * kv_seq,
+            "activations": prefill_ws + batch * sample,
+            "workspace": np.full_like(n, self._workspace()),
         }
-        return ops, memory, notes
+        return rows, memory
+
+    def _notes(self, st: ModelStage, c: Candidate, memory: Mapping[str, int]) -> tuple[str, ...]:
+        w = self.job.workload
+        if st.kind is StageKind.TRAIN:
+            notes = [f"1F1B pipeline: {c.grad_accum} micro-batches + {c.pp - 1} bubble slots per "
+                     f"update, {w.updates_per_step} updates per step"]
+            if c.recompute:
+                notes.append("full activation recomputation: one extra forward per micro-batch")
+            return tuple(notes)
+        if st.kind is StageKind.FORWARD:
+            return (f"forward pipeline: {c.grad_accum} micro-batches + {c.pp - 1} bubble slots",)
+        kv_seq = self.kv_bytes_per_token(c.layout) * (w.prompt_len + w.response_len_max)
+        batch = memory.get("kv cache", 0) // max(1, kv_seq)
+        notes = [f"decode batch {batch} of {c.micro_batch} sequences per replica "
+                 f"(KV cache {kv_seq / MiB:.1f} MiB per sequence per GPU)"]
+        if sum(memory.values()) > HEADROOM * self.device.memory_bytes:
+            notes.append("one sequence's KV cache does not fit next to the weights")
+        return tuple(notes)
+
+
+_WIRE = {"allreduce": lambda n: 2 * (n - 1) / n, "allgather": lambda n: (n - 1) / n,
+         "broadcast": lambda n: np.ones_like(n), "p2p": lambda n: np.ones_like(n)}
+_HOPS = {"allreduce": lambda n: 2 * (n - 1), "allgather": lambda n: n - 1,
+         "broadcast": lambda n: n - 1, "p2p": lambda n: np.ones_like(n)}
+
+
+def _collective(kind: str, n: Arr | float, nbytes: Arr | float, intra: Arr | bool, device,
+                term: str, name: str, count: Arr | float) -> Row:
+    """``count`` ring collectives among ``n`` ranks (alpha-beta model); zero where n == 1.
+
+    all-reduce moves 2(n-1)/n of the message per rank in 2(n-1) steps, all-gather (n-1)/n in
+    n-1 steps, broadcast (pipelined) about the whole message in n-1 hops, p2p one message.
+    """
+    n = _f(n)
+    nbytes, count, intra = np.broadcast_arrays(_f(nbytes), _f(count), np.asarray(intra, dtype=bool))
+    n = np.broadcast_to(n, nbytes.shape)
+    active = n > 1
+    safe = np.where(active, n, 2.0)
+    wire = np.where(active, _WIRE[kind](safe) * nbytes, 0.0)
+    hops = np.where(active, _HOPS[kind](safe), 0.0)
+    bw = np.where(intra, device.intra_node_bw, device.inter_node_bw)
+    lat = np.where(intra, device.intra_latency_s, device.inter_latency_s)
+    ideal = np.where(active, count * (wire / bw + hops * lat), 0.0)
+    return Row(term, name, OpClass(f"{kind}.intra"), count, np.zeros_like(wire), wire, ideal,
+               OpClass(f"{kind}.inter"), intra)

@@ -195,11 +195,13 @@ def shard_plan(model: ModelSpec, head: Head, tp: int, pp: int, tp_rank: int,
     return tuple(out + tied_copy)
 
 
+@lru_cache(maxsize=8192)
 def shard_numel(model: ModelSpec, head: Head, tp: int, pp: int, tp_rank: int, pp_rank: int) -> int:
     """Elements one position holds (padding and tied copies included)."""
     return sum(s.numel for s in shard_plan(model, head, tp, pp, tp_rank, pp_rank))
 
 
+@lru_cache(maxsize=1024)
 def max_shard_numel(model: ModelSpec, head: Head, tp: int, pp: int) -> int:
     """Elements held by the fullest position of a (tp, pp) unit."""
     return max(shard_numel(model, head, tp, pp, t, p) for t in range(tp) for p in range(pp))

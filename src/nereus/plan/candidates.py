@@ -1,0 +1,137 @@
+"""Candidate enumeration and pruning into per-stage option tables.
+
+For each model-stage: power-of-two TP (inside a node where the pool allows) and PP (dividing the
+layers), every DP degree that divides the stage's batch and fits the pool, micro-batches that
+divide the per-replica batch, recomputation on or off for training. Candidates over 90 % of
+device memory are dropped; the rest are reduced to those no other candidate beats on all of
+GPU count, latency, resident state and transient memory -- the only quantities the search
+looks at, so the pruning loses no optimum.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from nereus.cost.candidate import Candidate, Layout
+from nereus.cost.estimate import HEADROOM
+from nereus.cost.model import CostModel, Evaluation
+from nereus.spec.workflow import ModelStage, StageKind
+
+MAX_MICRO_BATCH = 16  # sequences per micro-batch considered (larger ones only add memory)
+
+
+def powers_of_two(limit: int) -> list[int]:
+    out, v = [], 1
+    while v <= limit:
+        out.append(v)
+        v *= 2
+    return out
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def enumerate_candidates(cost: CostModel, stage: ModelStage, pool_size: int,
+                         max_tp: int | None = None) -> list[Candidate]:
+    """Every valid candidate of ``stage`` on at most ``pool_size`` devices."""
+    model = cost.job.model
+    node = cost.node_size if max_tp is None else max_tp
+    batch = cost.stage_batch(stage)
+    out: list[Candidate] = []
+    for tp in powers_of_two(min(node, pool_size)):
+        for pp in powers_of_two(min(model.num_layers, pool_size // tp)):
+            layout = Layout(tp, pp)
+            if cost.layout_problem(stage, layout):
+                continue
+            for dp in _divisors(batch):
+                if dp * layout.size > pool_size:
+                    break
+                per_replica = batch // dp
+                if stage.kind is StageKind.GENERATE:
+                    out.append(Candidate(layout, dp, per_replica, 1))
+                    continue
+                for b in powers_of_two(min(MAX_MICRO_BATCH, per_replica)):
+                    if per_replica % b:
+                        continue
+                    a = per_replica // b
+                    out.append(Candidate(layout, dp, b, a))
+                    if stage.kind is StageKind.TRAIN:
+                        out.append(Candidate(layout, dp, b, a, recompute=True))
+    return out
+
+
+@dataclass(frozen=True)
+class StageOptions:
+    """The surviving candidates of one stage, as parallel arrays for the search."""
+
+    stage: ModelStage
+    candidates: tuple[Candidate, ...]
+    gpus: np.ndarray        # int, GPUs used
+    latency: np.ndarray     # seconds per step
+    resident: np.ndarray    # bytes kept while idle inside the phase
+    transient: np.ndarray   # bytes needed only while running
+
+    def __len__(self) -> int:
+        return len(self.candidates)
+
+    def subset(self, mask: np.ndarray) -> StageOptions:
+        idx = np.flatnonzero(mask)
+        return StageOptions(self.stage, tuple(self.candidates[i] for i in idx), self.gpus[idx],
+                            self.latency[idx], self.resident[idx], self.transient[idx])
+
+    def layouts(self) -> list[Layout]:
+        return sorted({c.layout for c in self.candidates})
+
+
+def pareto_mask(cols: list[np.ndarray]) -> np.ndarray:
+    """Rows not dominated (<= in every column) by an earlier-sorted row; ties keep the first."""
+    n = len(cols[0])
+    keep = np.zeros(n, dtype=bool)
+    if n == 0:
+        return keep
+    m = np.stack(cols, axis=1).astype(float)
+    order = np.lexsort(tuple(m[:, i] for i in reversed(range(m.shape[1]))))
+    kept = np.empty((0, m.shape[1]))
+    for i in order:
+        if len(kept) and np.any(np.all(kept <= m[i], axis=1)):
+            continue
+        keep[i] = True
+        kept = np.vstack([kept, m[i]])
+    return keep
+
+
+def stage_options(cost: CostModel, stage: ModelStage, pool_size: int,
+                  prune: bool = True) -> tuple[StageOptions, Evaluation | None]:
+    """Every candidate priced in one pass, memory-pruned and (optionally) dominance-pruned.
+
+    Returns the options and the full evaluation (for "fits nowhere" messages).
+    """
+    cands = enumerate_candidates(cost, stage, pool_size)
+    ev = cost.evaluate(stage, cands) if cands else None
+    fits = ev is not None and bool(np.any(ev.peak <= memory_limit(cost)))
+    if not fits and cost.node_size < pool_size:
+        # TP stays inside a node where it can; here it cannot, so let TP span nodes
+        cands = enumerate_candidates(cost, stage, pool_size, max_tp=pool_size)
+        ev = cost.evaluate(stage, cands) if cands else None
+    if ev is None:
+        return StageOptions(stage, (), *(np.zeros(0),) * 4), None
+    opts = StageOptions(stage, ev.candidates, np.array([c.gpus for c in ev.candidates]),
+                        ev.latency, ev.resident, ev.transient)
+    opts = opts.subset(ev.peak <= memory_limit(cost))
+    if prune and len(opts):
+        opts = opts.subset(pareto_mask([opts.gpus, opts.latency, opts.resident, opts.transient]))
+    return opts, ev
+
+
+def memory_limit(cost: CostModel) -> float:
+    return HEADROOM * cost.device.memory_bytes
+
+
+def frontier(opts: StageOptions) -> StageOptions:
+    """The latency-GPU-count frontier: for each GPU count, nothing with fewer GPUs is faster."""
+    if not len(opts):
+        return opts
+    return opts.subset(pareto_mask([opts.gpus, opts.latency]))

@@ -1,0 +1,79 @@
+"""The execution-overlap graph of one RL step and its critical path (the step latency).
+
+Nodes are model-stages (weighted by their latency) and the weight sync. Stages sharing a GPU
+set run one after another (a chain); groups of one phase run side by side; in synchronous
+execution phases follow one another (generation -> inference -> training -> weight sync). In
+asynchronous execution the next step's generation overlaps inference and training, and the
+interval between weight syncs is the critical path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import networkx as nx
+
+from nereus.spec.workflow import Execution, Phase, Workflow
+
+START, END, SYNC = "<start>", "<end>", "weight_sync"
+
+
+def overlap_graph(workflow: Workflow, groups: Sequence[Sequence[str]],
+                  latency: Mapping[str, float], sync_s: float) -> nx.DiGraph:
+    """Build the graph; every stage of ``workflow`` must be in exactly one of ``groups``."""
+    g = nx.DiGraph()
+    g.add_node(START, weight=0.0)
+    g.add_node(END, weight=0.0)
+    g.add_node(SYNC, weight=float(sync_s))
+    by_phase: dict[Phase, list[Sequence[str]]] = {}
+    order = {s.name: i for i, s in enumerate(workflow.stages)}
+    for grp in groups:
+        phase = workflow.stage(grp[0]).phase
+        by_phase.setdefault(phase, []).append(sorted(grp, key=order.__getitem__))
+
+    def chain_from(src: str, phase: Phase) -> str:
+        barrier = f"<{phase.value} done>"
+        g.add_node(barrier, weight=0.0)
+        for grp in by_phase.get(phase, []):
+            prev = src
+            for name in grp:
+                g.add_node(name, weight=float(latency[name]))
+                g.add_edge(prev, name)
+                prev = name
+            g.add_edge(prev, barrier)
+        if not by_phase.get(phase):
+            g.add_edge(src, barrier)
+        return barrier
+
+    if workflow.execution is Execution.SYNC:
+        node = START
+        for phase in Phase:
+            node = chain_from(node, phase)
+        g.add_edge(node, SYNC)
+    else:
+        gen_done = chain_from(START, Phase.GENERATION)
+        node = START
+        for phase in (Phase.INFERENCE, Phase.TRAINING):
+            node = chain_from(node, phase)
+        g.add_edge(gen_done, SYNC)
+        g.add_edge(node, SYNC)
+    g.add_edge(SYNC, END)
+    return g
+
+
+def critical_path(g: nx.DiGraph) -> tuple[float, list[str]]:
+    """Length (sum of node weights) and nodes of the longest START -> END path."""
+    best: dict[str, tuple[float, str | None]] = {}
+    for n in nx.topological_sort(g):
+        w = g.nodes[n]["weight"]
+        preds = list(g.predecessors(n))
+        if not preds:
+            best[n] = (w, None)
+            continue
+        p = max(preds, key=lambda q: best[q][0])
+        best[n] = (best[p][0] + w, p)
+    path, n = [], END
+    while n is not None:
+        path.append(n)
+        n = best[n][1]
+    return best[END][0], [x for x in reversed(path) if not x.startswith("<")]

@@ -1,0 +1,348 @@
+"""Exact plan search (Eq. 1): one candidate per model-stage, minimal critical path, within the
+pool and 90 % of device memory on every GPU.
+
+Structure of the search (all of it exact under the cost model):
+1. Per stage, the memory-feasible candidates no other beats on (GPUs, latency, resident bytes,
+   transient bytes) (``candidates.stage_options``).
+2. Per phase, every partition of its stages into groups. A group shares one GPU set and runs
+   its stages one after another: its latency is their sum, its size the largest GPU count, and it
+   fits when (sum of resident state) + (largest transient need) <= 90 % of memory. Groups run
+   concurrently on disjoint GPUs, so a phase's latency is the largest of its groups' under a
+   GPU budget: a min-max knapsack solved over Pareto points (GPUs, latency).
+3. Phases of a synchronous step add up; the weight sync couples the actor's training and
+   generation layouts, so the search conditions on the training layout (a handful) and adds
+   each generation candidate's sync cost under it. In asynchronous execution generation runs on
+   GPUs disjoint from inference and training, and the interval is max(gen, inf + train) + sync.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from nereus.cost.candidate import Candidate, Layout
+from nereus.cost.efficiency import Efficiencies
+from nereus.cost.estimate import HEADROOM, Estimate
+from nereus.cost.model import CostModel, Evaluation
+from nereus.errors import InfeasibleError
+from nereus.plan.candidates import StageOptions, pareto_mask, stage_options
+from nereus.plan.overlap import critical_path, overlap_graph
+from nereus.plan.placement import GroupAssignment, place_phase
+from nereus.plan.types import Plan, StagePlan
+from nereus.spec.cluster import GpuPool
+from nereus.spec.job import JobSpec
+from nereus.spec.workflow import Execution, ModelStage, Phase, StageKind
+
+GiB = 1024**3
+
+
+@dataclass(frozen=True)
+class GroupChoice:
+    """Stages sharing one GPU set, their candidates and their latencies (without sync)."""
+
+    stages: tuple[str, ...]
+    candidates: tuple[Candidate, ...]
+    latencies: tuple[float, ...]
+
+    @property
+    def gpus(self) -> int:
+        return max(c.gpus for c in self.candidates)
+
+
+@dataclass(frozen=True)
+class Point:
+    """A way to run a phase (or part of one): GPUs used, latency, and the choices behind it."""
+
+    gpus: int
+    latency: float
+    groups: tuple[GroupChoice, ...]
+    extra: float = 0.0  # latency added on top of the estimates (weight sync) inside ``latency``
+
+
+def pareto(points: Sequence[Point]) -> list[Point]:
+    """Points sorted by GPUs with strictly falling latency (a step function of the budget)."""
+    out: list[Point] = []
+    for p in sorted(points, key=lambda p: (p.gpus, p.latency)):
+        if not out or p.latency < out[-1].latency - 1e-12:
+            out.append(p)
+    return out
+
+
+def set_partitions(items: Sequence[str]) -> Iterator[list[tuple[str, ...]]]:
+    if not items:
+        yield []
+        return
+    first, rest = items[0], items[1:]
+    for part in set_partitions(rest):
+        yield [(first,), *part]
+        for i in range(len(part)):
+            yield [*part[:i], (first, *part[i]), *part[i + 1:]]
+
+
+def _choice(members: Sequence[StageOptions], picks: Sequence[int]) -> GroupChoice:
+    return GroupChoice(tuple(o.stage.name for o in members),
+                       tuple(o.candidates[i] for o, i in zip(members, picks)),
+                       tuple(float(o.latency[i]) for o, i in zip(members, picks)))
+
+
+def group_points(members: Sequence[StageOptions], limit: float, budget: int,
+                 extra: Mapping[str, np.ndarray] | None = None) -> list[Point]:
+    """Pareto points (GPUs, latency) of one group of stages sharing a GPU set.
+
+    The group is as large as its largest member, its latency is the members' sum, and it fits
+    when the members' resident state plus the largest transient need stays within ``limit``.
+    For each group size the fastest members are tried first; only when their memory does not
+    fit together does the search enumerate the combinations (pruned to Pareto sets).
+    """
+    extra = extra or {}
+    adds = [extra.get(o.stage.name, np.zeros(len(o))) for o in members]
+    if len(members) == 1:
+        o, add = members[0], adds[0]
+        pts = [Point(int(o.gpus[i]), float(o.latency[i] + add[i]), (_choice(members, [i]),),
+                     float(add[i]))
+               for i in range(len(o)) if o.gpus[i] <= budget]
+        return pareto(pts)
+    if any(o.stage.kind is StageKind.GENERATE for o in members):
+        # a generation engine takes the memory it is given for its KV cache (vLLM's
+        # gpu_memory_utilization), so it never shares its GPU set inside the phase
+        return []
+    sizes = sorted({int(g) for o in members for g in o.gpus if g <= budget})
+    pts: list[Point] = []
+    for size in sizes:
+        masks = [o.gpus <= size for o in members]
+        if not all(m.any() for m in masks):
+            continue
+        lat = [np.where(m, o.latency + add, np.inf) for o, m, add in zip(members, masks, adds)]
+        picks = [int(np.argmin(x)) for x in lat]
+        res = sum(float(o.resident[i]) for o, i in zip(members, picks))
+        tra = max(float(o.transient[i]) for o, i in zip(members, picks))
+        if res + tra <= limit:
+            best = picks
+        else:
+            best = _exhaustive(members, masks, adds, limit)
+            if best is None:
+                continue
+        total = sum(float(o.latency[i] + add[i]) for o, i, add in zip(members, best, adds))
+        gpus = max(int(o.gpus[i]) for o, i in zip(members, best))
+        pts.append(Point(gpus, total, (_choice(members, best),),
+                         sum(float(add[i]) for add, i in zip(adds, best))))
+    return pareto(pts)
+
+
+def _exhaustive(members: Sequence[StageOptions], masks: Sequence[np.ndarray],
+                adds: Sequence[np.ndarray], limit: float) -> list[int] | None:
+    """Fastest feasible combination among members restricted by ``masks``."""
+    idxs = []
+    for o, m, add in zip(members, masks, adds):
+        sub = np.flatnonzero(m)
+        keep = pareto_mask([o.latency[sub] + add[sub], o.resident[sub], o.transient[sub]])
+        idxs.append(sub[keep])
+    k = len(members)
+    lat = np.zeros([len(i) for i in idxs])
+    res = np.zeros_like(lat)
+    tra = np.zeros_like(lat)
+    for axis, (o, ix, add) in enumerate(zip(members, idxs, adds)):
+        view = [1] * k
+        view[axis] = len(ix)
+        lat = lat + (o.latency[ix] + add[ix]).reshape(view)
+        res = res + o.resident[ix].reshape(view)
+        tra = np.maximum(tra, o.transient[ix].reshape(view))
+    lat = np.where(res + tra <= limit, lat, np.inf)
+    flat = int(np.argmin(lat))
+    if not np.isfinite(lat.flat[flat]):
+        return None
+    pos = np.unravel_index(flat, lat.shape)
+    return [int(ix[p]) for ix, p in zip(idxs, pos)]
+
+
+def combine(a: Sequence[Point], b: Sequence[Point], budget: int) -> list[Point]:
+    """Two parts running side by side on disjoint GPUs."""
+    out = [Point(p.gpus + q.gpus, max(p.latency, q.latency), p.groups + q.groups,
+                 max(p.extra, q.extra))
+           for p in a for q in b if p.gpus + q.gpus <= budget]
+    return pareto(out)
+
+
+def phase_points(options: Mapping[str, StageOptions], stages: Sequence[ModelStage], limit: float,
+                 budget: int, extra: Mapping[str, np.ndarray] | None = None,
+                 cache: dict[object, list[Point]] | None = None, tag: object = None) -> list[Point]:
+    """Pareto points (GPUs, latency) of one phase over every grouping of its stages."""
+    names = [s.name for s in stages]
+    cache = {} if cache is None else cache
+    found: list[Point] = []
+    for part in set_partitions(names):
+        acc: list[Point] | None = None
+        for grp in part:
+            touched = extra is not None and any(n in extra for n in grp)
+            key = (grp, budget, tag if touched else None)
+            pts = cache.get(key)
+            if pts is None:
+                pts = group_points([options[n] for n in grp], limit, budget,
+                                   extra if touched else None)
+                cache[key] = pts
+            acc = pts if acc is None else combine(acc, pts, budget)
+            if not acc:
+                break
+        if acc:
+            found += acc
+    return pareto(found)
+
+
+def _fits_nowhere(cost: CostModel, stage: ModelStage, ev: Evaluation | None) -> InfeasibleError:
+    limit = HEADROOM * cost.device.memory_bytes
+    if ev is None or not len(ev.candidates):
+        return InfeasibleError(
+            f"model-stage {stage.name} has no valid layout on {cost.job.pool.size} GPUs "
+            f"(batch {cost.stage_batch(stage)} sequences, model {cost.job.model.name})")
+    small = cost.estimate(stage, ev.candidates[int(np.argmin(ev.peak))])
+    return InfeasibleError(
+        f"model-stage {stage.name} fits nowhere: its smallest footprint is "
+        f"{small.peak_mem_bytes / GiB:.1f} GiB per GPU ({small.candidate}) vs "
+        f"{limit / GiB:.1f} GiB allowed (90 % of {cost.device.memory_bytes / GiB:.0f} GiB "
+        f"on {cost.device.name}, estimated)")
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    latency: float
+    phases: Mapping[Phase, Point]
+    sync_s: float
+    train_layout: Layout | None
+
+
+class Planner:
+    """Builds stage options once and answers plan queries for one job and cost model."""
+
+    def __init__(self, job: JobSpec, efficiencies: Efficiencies | None = None,
+                 cost: CostModel | None = None):
+        self.job = job
+        self.cost = cost or CostModel(job, efficiencies)
+        self.limit = HEADROOM * self.cost.device.memory_bytes
+        self.options: dict[str, StageOptions] = {}
+        for st in job.workflow.stages:
+            opts, ev = stage_options(self.cost, st, job.pool.size)
+            if not len(opts):
+                raise _fits_nowhere(self.cost, st, ev)
+            self.options[st.name] = opts
+
+    # ---- search ----
+    def search(self) -> SearchResult:
+        wf = self.job.workflow
+        budget = self.job.pool.size
+        sync = wf.weight_sync()
+        cache: dict[object, list[Point]] = {}
+        phases = {p: wf.phase_stages(p) for p in wf.phases}
+        if sync is None:
+            layouts: list[Layout | None] = [None]
+        else:
+            layouts = list(self.options[sync[0]].layouts())
+        best: SearchResult | None = None
+        for lt in layouts:
+            opts = dict(self.options)
+            extra: dict[str, np.ndarray] | None = None
+            if sync is not None and lt is not None:
+                train, gen = sync
+                t = opts[train]
+                opts[train] = t.subset(np.array([c.layout == lt for c in t.candidates]))
+                g = opts[gen]
+                sync_s = {lg: self.cost.weight_sync(lt, lg).latency_s for lg in g.layouts()}
+                extra = {gen: np.array([sync_s[c.layout] for c in g.candidates])}
+            res = self._solve(opts, phases, budget, extra, cache, lt)
+            if res is not None and (best is None or res.latency < best.latency - 1e-12):
+                best = res
+        if best is None:
+            raise InfeasibleError(
+                f"no plan fits {budget} GPUs of {self.cost.device.name}: every grouping of the "
+                f"model-stages exceeds the pool or 90 % of device memory (estimated)")
+        return best
+
+    def _solve(self, opts: Mapping[str, StageOptions], phases: Mapping[Phase, Sequence[ModelStage]],
+               budget: int, extra: Mapping[str, np.ndarray] | None,
+               cache: dict[object, list[Point]], lt: Layout | None) -> SearchResult | None:
+        # the training stage's options change with lt, so its groups are cached per lt
+        touched = set(extra or {})
+        sync = self.job.workflow.weight_sync()
+        if sync is not None:
+            touched.add(sync[0])
+
+        def points(phase: Phase) -> list[Point]:
+            ex = {n: a for n, a in (extra or {}).items()
+                  if self.job.workflow.stage(n).phase is phase}
+            local_cache = cache if not any(s.name in touched for s in phases[phase]) else {}
+            return phase_points(opts, phases[phase], self.limit, budget, ex or None,
+                                local_cache, lt)
+
+        pts = {p: points(p) for p in phases}
+        if any(not v for v in pts.values()):
+            return None
+        if self.job.workflow.execution is Execution.SYNC:
+            chosen = {p: v[-1] for p, v in pts.items()}  # fastest within the whole pool
+            total = sum(c.latency for c in chosen.values())
+            sync_s = sum(c.extra for c in chosen.values())
+            return SearchResult(total, chosen, sync_s, lt)
+        return self._solve_async(pts, budget, lt)
+
+    def _solve_async(self, pts: Mapping[Phase, list[Point]], budget: int,
+                     lt: Layout | None) -> SearchResult | None:
+        gen = pts.get(Phase.GENERATION, [Point(0, 0.0, ())])
+        inf = pts.get(Phase.INFERENCE, [Point(0, 0.0, ())])
+        trn = pts.get(Phase.TRAINING, [Point(0, 0.0, ())])
+        best: SearchResult | None = None
+        for gp in gen:
+            rest_budget = budget - gp.gpus
+            i = [p for p in inf if p.gpus <= rest_budget]
+            t = [p for p in trn if p.gpus <= rest_budget]
+            if not i or not t:
+                continue
+            ip, tp = i[-1], t[-1]
+            interval = max(gp.latency - gp.extra, ip.latency + tp.latency) + gp.extra
+            if best is None or interval < best.latency - 1e-12:
+                best = SearchResult(interval, {Phase.GENERATION: gp, Phase.INFERENCE: ip,
+                                               Phase.TRAINING: tp}, gp.extra, lt)
+        return best
+
+    # ---- plan assembly ----
+    def best(self) -> Plan:
+        return self.assemble(self.search())
+
+    def assemble(self, res: SearchResult) -> Plan:
+        wf = self.job.workflow
+        stage_plans: dict[str, StagePlan] = {}
+        groups: list[tuple[str, ...]] = []
+        for phase in wf.phases:
+            point = res.phases[phase]
+            assigns = [GroupAssignment(gc.stages, gc.candidates) for gc in point.groups]
+            pool = self.job.pool
+            if wf.execution is Execution.ASYNC:
+                # generation takes the first GPUs, inference and training the rest
+                ids = pool.ids
+                gen_gpus = res.phases[Phase.GENERATION].gpus if Phase.GENERATION in res.phases else 0
+                part = ids[:gen_gpus] if phase is Phase.GENERATION else ids[gen_gpus:]
+                pool = GpuPool(pool.cluster, part)
+            placed = place_phase(pool, assigns)
+            for gc in point.groups:
+                if len(gc.stages) > 1:
+                    groups.append(gc.stages)
+                others = {n: self.cost.resident_bytes(n, c.layout)
+                          for n, c in zip(gc.stages, gc.candidates)}
+                for name, cand in zip(gc.stages, gc.candidates):
+                    co = sum(v for n, v in others.items() if n != name)
+                    est = self.cost.estimate(name, cand, co)
+                    stage_plans[name] = StagePlan(name, cand, tuple(placed[name]),
+                                                  est.latency_s, est.peak_mem_bytes)
+        ordered = tuple(stage_plans[s.name] for s in wf.stages)
+        terms = {p.value: res.phases[p].latency - res.phases[p].extra for p in wf.phases}
+        terms["weight_sync"] = res.sync_s
+        singles = [(s.stage,) for s in ordered if not any(s.stage in g for g in groups)]
+        graph = overlap_graph(wf, [*groups, *singles], {s.stage: s.latency_s for s in ordered},
+                              res.sync_s)
+        step, _ = critical_path(graph)
+        return Plan(ordered, step, "estimated", terms, tuple(groups))
+
+
+def best_plan(job: JobSpec, efficiencies: Efficiencies | None = None,
+              cost: CostModel | None = None) -> Plan:
+    """The fastest plan for ``job`` that fits its pool and device memory."""
+    return Planner(job, efficiencies, cost).best()
