@@ -219,3 +219,64 @@ def test_bad_micro_batch_fails_before_dispatch(runtime: tuple[WorkerPool, Rendez
         assert not any(set(groups) & set(h) for h in held.values())   # closed with the runner
     finally:
         drop_units(pool, emus)
+
+
+def _plan(tp: int, pp: int, replicas: list[tuple[int, ...]]) -> Any:
+    from nereus.cost.candidate import Candidate, Layout
+    from nereus.plan.types import Plan, StagePlan
+
+    return Plan((StagePlan("actor_train", Candidate(Layout(tp, pp), len(replicas), 1, 1),
+                           tuple(replicas)),))
+
+
+@pytest.mark.parametrize("moves", [
+    # (tp=2, dp=2) -> (pp=2, dp=2) on the same GPUs (Split, Merge), then onto 4 more (Extend)
+    [(1, 2, [(0, 1), (2, 3)]), (2, 2, [(0, 1, 2, 3), (4, 5, 6, 7)])],
+])
+def test_transition_between_steps_keeps_the_losses(runtime: tuple[WorkerPool, Rendezvous],
+                                                   moves: list[Any]) -> None:
+    """Train a step, move the state with the runtime's executor, train the next step in the
+    new layout, and so on: the losses are those of a run that never moved (tp=pp=dp=1)."""
+    from nereus.runtime.executor import Executor, state_specs
+    from nereus.spec.job import parse_job
+    from nereus.transition.emu import phi
+    from nereus.transition.planner import plan_transition
+
+    pool, rv = runtime
+    job = parse_job({"model": "tiny-llama", "gpus": WORKERS, "cluster": {"device": "cpu"}})
+    spec, sspec = job.model, StateSpec(job.model, Head.LM)
+    steps = len(moves) + 1
+    g = torch.Generator().manual_seed(21)
+    batches = []
+    for _ in range(steps):
+        ids = torch.randint(0, spec.vocab_size, (8, 10), generator=g)
+        batches.append(Batch(ids, None, {"weight": torch.full((8, 9), 1.0 / 72)}))
+
+    st = seeded_shard(sspec, 1, 1, 0, 0, SEED)
+    ref = StageEngine(spec, Head.LM, Position(), st.params, None,
+                      AdamState(st.exp_avg, st.exp_avg_sq, {}, st.meta.adam_step), ADAM)
+    want = [ref.train_step(b, weighted_nll, 2).result.loss for b in batches]
+
+    plan = _plan(2, 1, [(0, 1), (2, 3)])
+    emus = list(phi(job, plan)["actor_train"])
+    place_seeded_units(pool, emus, sspec, SEED)
+    executor = Executor(pool, state_specs(job, "cpu"))
+    got = []
+    try:
+        for k, b in enumerate(batches):
+            with StageRunner(pool, emus, rv, ADAM) as run:
+                got.append(run.train_step(b, weighted_nll, micro_batch=2)[0].loss)
+            if k < len(moves):
+                target = _plan(*moves[k])
+                report = executor.run(plan_transition(job, plan, target))
+                assert report.within_capacity()
+                plan, emus = target, list(report.units["actor_train"])
+        assert got == pytest.approx(want, rel=1e-5)
+        final = gather_unit(pool, emus[0])
+        assert ref.adam_state is not None
+        assert final.meta.adam_step == ref.adam_state.step == st.meta.adam_step + steps
+        for name, t in st.params.items():
+            torch.testing.assert_close(final.tensors[(PARAM, name)], t, atol=0.05 * ADAM.lr,
+                                       rtol=1e-4, msg=name)
+    finally:
+        drop_units(pool, emus)

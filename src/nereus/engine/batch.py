@@ -27,7 +27,8 @@ class Batch:
 
     def __post_init__(self) -> None:
         if self.input_ids.dim() != 2:
-            raise InputError("batch.input_ids", f"must be [n, s], got {tuple(self.input_ids.shape)}")
+            raise InputError("batch.input_ids",
+                             f"must be [n, s], got {tuple(self.input_ids.shape)}")
         n = self.input_ids.shape[0]
         if self.attention_mask is not None and self.attention_mask.shape != self.input_ids.shape:
             raise InputError("batch.attention_mask",

@@ -64,8 +64,8 @@ class StageEngine:
 
     def _measure(self, fn: object, track_memory: bool) -> tuple[object, WorkerMeasurement]:
         dev = self.model.device
-        result, wall, op_s, peak = measured(fn, self.rec, dev, self.state_bytes(),  # type: ignore[arg-type]
-                                            track_memory)
+        result, wall, op_s, peak = measured(fn, self.rec, dev,  # type: ignore[arg-type]
+                                            self.state_bytes(), track_memory)
         p = self.pos
         profiled = track_memory and dev.type == "cpu"
         return result, WorkerMeasurement(p.tp_rank, p.pp_rank, p.dp_rank, wall, op_s, peak,
