@@ -29,7 +29,13 @@ from nereus.runtime import movement as mv
 from nereus.runtime.comm import Rendezvous, _abort_all
 from nereus.runtime.faults import FaultReport, TransitionFailed, reconcile
 from nereus.runtime.memory import MemoryStats
-from nereus.runtime.primitives import PrimitiveTiming, launch, need_bytes, workers_of
+from nereus.runtime.primitives import (
+    PrimitiveTiming,
+    fit_bucket,
+    launch,
+    need_bytes,
+    workers_of,
+)
 from nereus.runtime.state import StateSpec
 from nereus.runtime.workers import WorkerPool, is_actor_death
 from nereus.transition.emu import Emu
@@ -155,17 +161,19 @@ class Executor:
                     if busy.intersection(ws):
                         continue
                     spec = self.specs[p.stage]
-                    need = need_bytes(p, spec)
-                    short = {g: held[g] + n - cap[g] for g, n in need.items()
-                             if held[g] + n > cap[g]}
-                    if short:
+                    bucket = fit_bucket(p, spec, {g: cap[g] - held[g] for g in ws})
+                    if bucket is None:  # the memory check before each primitive
                         if running:
                             continue  # wait: a running primitive may release memory
+                        need = need_bytes(p, spec, mv.MIN_BUCKET_BYTES)
+                        short = sorted(g for g, n in need.items() if held[g] + n > cap[g])
                         raise InfeasibleError(
                             f"transition: {p.op}({p.stage}) needs more memory than workers "
-                            f"{sorted(short)} have free (short by {max(short.values())} bytes)")
+                            f"{short} have free (" + ", ".join(
+                                f"{g}: {need[g]} > {cap[g] - held[g]}" for g in short) + ")")
+                    need = need_bytes(p, spec, bucket)
                     timeout = self.min_timeout_s + max(need.values(), default=0) / SLOW_BW
-                    refs, groups = launch(p, self.pool, rv, spec, f"t{i}", timeout)
+                    refs, groups = launch(p, self.pool, rv, spec, f"t{i}", timeout, bucket)
                     running[i] = _Running(i, p, refs, groups, time.perf_counter() - t0)
                     busy.update(ws)
                     self._event("start", i, p)

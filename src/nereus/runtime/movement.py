@@ -23,18 +23,21 @@ import torch
 
 from nereus.runtime.comm import Group, GroupSpec, join_group, leave_group
 from nereus.runtime.state import (
+    ArenaEntry,
     ArenaLayout,
     Coverage,
     ShardedState,
     StateMeta,
     StateSpec,
     arena_layout,
-    copy_region,
+    copy_block,
 )
+from nereus.spec.sharding import Shard
 from nereus.runtime.workers import WorkerContext
 
 META_BYTES = 16 * 1024  # fixed size of the scalars' message (JSON; the RNG state is ~7 KB)
-BUCKET_BYTES = 64 * 1024**2
+BUCKET_BYTES = 16 * 1024**2  # all-gather chunk of Split
+MIN_BUCKET_BYTES = 64 * 1024  # smallest chunk the executor shrinks to under memory pressure
 
 
 @dataclass(frozen=True)
@@ -66,35 +69,60 @@ def _result(ctx: WorkerContext, t0: float, setup: float, move: float, sent: int,
 
 
 # ---------------------------------------------------------------- Split
+def _row_bytes(e: ArenaEntry) -> int:
+    rows = e.shard.local_shape[0] if e.shard.local_shape else 1
+    return e.nbytes // max(rows, 1)
+
+
 def bucket_ranges(layout: ArenaLayout, bucket_bytes: int) -> list[tuple[int, int]]:
-    """Contiguous byte ranges of an arena, each a run of whole tensors of about
-    ``bucket_bytes`` (one tensor when it is larger)."""
+    """The arena cut into contiguous byte ranges of at most ``bucket_bytes`` (or one row, when
+    a row is larger), cut only at row boundaries of its tensors, so a receiver can place every
+    piece it gets without waiting for the rest of a tensor."""
     out: list[tuple[int, int]] = []
-    start = end = 0
+    lo: int | None = None
+    end = 0
     for e in layout.entries:
-        if end > start and e.offset + e.nbytes - start > bucket_bytes:
-            out.append((start, end))
-            start = e.offset
-        end = e.offset + e.nbytes
-    if end > start:
-        out.append((start, end))
+        if e.nbytes == 0:
+            continue
+        rb = _row_bytes(e)
+        rows = e.nbytes // rb
+        r = 0
+        while r < rows:
+            pos = e.offset + r * rb
+            if lo is None:
+                lo = pos
+            take = min(rows - r, (lo + bucket_bytes - pos) // rb)
+            if take <= 0:
+                if pos > lo:
+                    out.append((lo, pos))
+                    lo = pos
+                    continue
+                take = 1  # one row larger than a bucket
+            r += take
+            end = e.offset + r * rb
+            if end - lo >= bucket_bytes:
+                out.append((lo, end))
+                lo = None
+    if lo is not None and end > lo:
+        out.append((lo, end))
     return out
+
+
+def _chunk_sizes(spec: StateSpec, tp: int, pp: int, member_positions: Sequence[tuple[int, int]],
+                 bucket_bytes: int) -> tuple[list[list[tuple[int, int]]], list[int]]:
+    plans = [bucket_ranges(arena_layout(spec, tp, pp, t, r), bucket_bytes)
+             for t, r in member_positions]
+    n = max(len(p) for p in plans)
+    return plans, [max((p[b][1] - p[b][0]) if b < len(p) else 0 for p in plans)
+                   for b in range(n)]
 
 
 def split_workspace_bytes(spec: StateSpec, tp: int, pp: int,
                           member_positions: Sequence[tuple[int, int]],
                           bucket_bytes: int = BUCKET_BYTES) -> int:
-    """Buffers of one member's all-gathers: (group size + 1) x the largest bucket."""
-    return (len(member_positions) + 1) * max(_bucket_sizes(spec, tp, pp, member_positions,
-                                                     bucket_bytes), default=0)
-
-
-def _bucket_sizes(spec: StateSpec, tp: int, pp: int, member_positions: Sequence[tuple[int, int]],
-                  bucket_bytes: int) -> list[int]:
-    plans = [bucket_ranges(arena_layout(spec, tp, pp, t, r), bucket_bytes)
-             for t, r in member_positions]
-    n = max(len(p) for p in plans)
-    return [max((p[b][1] - p[b][0]) if b < len(p) else 0 for p in plans) for b in range(n)]
+    """Buffers of one member's all-gathers: (group size + 1) x the largest chunk."""
+    _, sizes = _chunk_sizes(spec, tp, pp, member_positions, bucket_bytes)
+    return (len(member_positions) + 1) * max(sizes, default=0)
 
 
 def split_member(ctx: WorkerContext, group: GroupSpec, src_id: str, out_id: str,
@@ -109,9 +137,7 @@ def split_member(ctx: WorkerContext, group: GroupSpec, src_id: str, out_id: str,
     t, r = src.position
     target = ctx.allocate(spec, tp_sub, pp_sub, t // m_tp, r // m_pp, src.meta,
                           f"split {src_id} -> {out_id}")
-    plans = [bucket_ranges(arena_layout(spec, tp, pp, pt, pr), bucket_bytes)
-             for pt, pr in member_positions]
-    sizes = _bucket_sizes(spec, tp, pp, member_positions, bucket_bytes)
+    plans, sizes = _chunk_sizes(spec, tp, pp, member_positions, bucket_bytes)
     size = len(member_positions)
     work_bytes = (size + 1) * max(sizes, default=0)  # receive buffers and one padded send
     held_work = False
@@ -125,38 +151,26 @@ def split_member(ctx: WorkerContext, group: GroupSpec, src_id: str, out_id: str,
         tm = time.perf_counter()
         me = g.rank
         cov = Coverage()
-        targets: dict[tuple[str, str], list[tuple[torch.Tensor, object]]] = {}
+        targets: dict[tuple[str, str], list[tuple[torch.Tensor, Shard, tuple[str, str]]]] = {}
         for e in target.layout.entries:
             targets.setdefault((e.kind, e.shard.logical), []).append(
-                (target.tensor(e.kind, e.shard.name), e.shard))
+                (target.tensor(e.kind, e.shard.name), e.shard, e.key))
         layouts = [arena_layout(spec, tp, pp, pt, pr) for pt, pr in member_positions]
         sent = received = 0
         for b, bsize in enumerate(sizes):
             outs = [work[m * bsize:(m + 1) * bsize] for m in range(size)]
-            mine = plans[me][b] if b < len(plans[me]) else (0, 0)
-            a = mine[0]
-            if a + bsize <= src.nbytes:
-                send = src.buffer[a:a + bsize]  # a contiguous run of the arena, no packing
-            else:  # the last bucket of a smaller arena: pad it to the common size
+            lo, hi = plans[me][b] if b < len(plans[me]) else (0, 0)
+            if lo + bsize <= src.nbytes:
+                send = src.buffer[lo:lo + bsize]  # a contiguous run of the arena, no packing
+            else:  # the last chunk of a smaller arena: pad it to the common size
                 send = work[size * bsize:(size + 1) * bsize]
-                send[:mine[1] - a].copy_(src.buffer[a:mine[1]])
+                send[:hi - lo].copy_(src.buffer[lo:hi])
             g.all_gather(outs, send)
             sent += bsize
             received += bsize * (size - 1)
             for m in range(size):
-                if b >= len(plans[m]):
-                    continue
-                lo, hi = plans[m][b]
-                for e in layouts[m].entries:
-                    if e.offset < lo or e.offset + e.nbytes > hi:
-                        continue
-                    raw = outs[m][e.offset - lo:e.offset - lo + e.nbytes]
-                    view = raw.view(e.dtype).view(e.shard.local_shape)
-                    for dst_view, dst_shard in targets.get((e.kind, e.shard.logical), []):
-                        if dst_shard.split_dim is None and cov.has((e.kind, dst_shard.name)):
-                            continue
-                        if copy_region(dst_view, dst_shard, view, e.shard):
-                            cov.add((e.kind, dst_shard.name), dst_shard, e.shard)
+                if b < len(plans[m]):
+                    _place_chunk(outs[m], plans[m][b], layouts[m], targets, cov)
         missing = cov.missing(target.layout)
         if missing:
             raise RuntimeError(f"split {src_id}: position not covered: {missing[:4]}")
@@ -175,6 +189,24 @@ def split_member(ctx: WorkerContext, group: GroupSpec, src_id: str, out_id: str,
     ctx.drop(src_id)  # the source lives until its all-gathers ended
     ctx.hold(out_id, target)
     return _result(ctx, t0, setup, move, sent, received, target.meta.digest())
+
+
+def _place_chunk(chunk: torch.Tensor, span: tuple[int, int], layout: ArenaLayout,
+                 targets: dict[tuple[str, str], list[tuple[torch.Tensor, Shard, tuple[str, str]]]],
+                 cov: Coverage) -> None:
+    """Copy every row a member sent in ``chunk`` (its arena bytes ``span``) that the target
+    position holds."""
+    lo, hi = span
+    for e in layout.entries:
+        a, b = max(lo, e.offset), min(hi, e.offset + e.nbytes)
+        if a >= b:
+            continue
+        rb = _row_bytes(e)
+        ra, rz = (a - e.offset) // rb, (b - e.offset) // rb
+        shape = (rz - ra, *e.shard.local_shape[1:])
+        rows = chunk[a - lo:b - lo].view(e.dtype).view(shape)
+        for dst_view, dst_shard, key in targets.get((e.kind, e.shard.logical), []):
+            cov.add(key, copy_block(dst_view, dst_shard, rows, e.shard, ra))
 
 
 # ---------------------------------------------------------------- Merge

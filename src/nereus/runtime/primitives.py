@@ -41,13 +41,15 @@ def split_member_groups(p: Split) -> list[tuple[tuple[int, int], tuple[int, ...]
     return out
 
 
-def need_bytes(p: Primitive, spec: StateSpec) -> dict[int, int]:
-    """Bytes each worker allocates when ``p`` starts (its inputs stay until it ends)."""
+def need_bytes(p: Primitive, spec: StateSpec, bucket_bytes: int = mv.BUCKET_BYTES
+               ) -> dict[int, int]:
+    """Bytes each worker allocates when ``p`` starts (its inputs stay until it ends); for a
+    Split, its new shard plus the all-gather buffers of chunks of ``bucket_bytes``."""
     if isinstance(p, Split):
         m_tp, m_pp = factors(p.emu.layout, p.sub)
         out = {}
         for _, members, positions in split_member_groups(p):
-            work = mv.split_workspace_bytes(spec, *_layout(p.emu), positions)
+            work = mv.split_workspace_bytes(spec, *_layout(p.emu), positions, bucket_bytes)
             for g, (t, r) in zip(members, positions):
                 out[g] = work + position_bytes(spec, p.sub.tp, p.sub.pp, t // m_tp, r // m_pp)
         return out
@@ -58,13 +60,29 @@ def need_bytes(p: Primitive, spec: StateSpec) -> dict[int, int]:
     return {}
 
 
+def fit_bucket(p: Primitive, spec: StateSpec, free: Mapping[int, int]) -> int | None:
+    """The largest all-gather chunk (<= ``BUCKET_BYTES``) for which every worker of ``p`` has
+    the bytes it needs free; None when even the smallest chunk does not fit. Only a Split's
+    need depends on it (the transition planner counts its new shards, not these buffers)."""
+    bucket = mv.BUCKET_BYTES
+    while bucket >= mv.MIN_BUCKET_BYTES:
+        need = need_bytes(p, spec, bucket)
+        if all(n <= free.get(g, 0) for g, n in need.items()):
+            return bucket
+        if not isinstance(p, Split):
+            return None
+        bucket //= 2
+    return None
+
+
 def workers_of(p: Primitive) -> tuple[int, ...]:
     ids = {g for e in p.inputs + p.outputs for g in e.gpus}
     return tuple(sorted(ids))
 
 
 def launch(p: Primitive, pool: WorkerPool, rv: Rendezvous, spec: StateSpec, tag: str,
-           timeout_s: float) -> tuple[dict[int, Any], dict[str, tuple[int, ...]]]:
+           timeout_s: float, bucket_bytes: int = mv.BUCKET_BYTES
+           ) -> tuple[dict[int, Any], dict[str, tuple[int, ...]]]:
     """Submit the workers' calls of ``p``; returns refs by device and its groups by name."""
     refs: dict[int, Any] = {}
     groups: dict[str, tuple[int, ...]] = {}
@@ -75,7 +93,7 @@ def launch(p: Primitive, pool: WorkerPool, rv: Rendezvous, spec: StateSpec, tag:
             groups[name] = members
             for j, g in enumerate(members):
                 refs[g] = pool.submit(g, mv.split_member, gs, p.emu.id, p.outputs[j].id,
-                                      (p.sub.tp, p.sub.pp), positions)
+                                      (p.sub.tp, p.sub.pp), positions, bucket_bytes)
     elif isinstance(p, Merge):
         o = p.output
         src_of = {g: e.id for e in p.emus for g in e.gpus}

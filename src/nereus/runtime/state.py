@@ -323,60 +323,83 @@ class ShardedState:
 
 
 # ---------------------------------------------------------------- copying between layouts
-def _overlap(dst: Shard, src: Shard) -> tuple[int, int] | None:
-    """Padded row range of the logical tensor that both shards hold (split dim), or None."""
-    if dst.split_dim is None:
-        return (0, 0)
-    a, b = max(dst.start, src.start), min(dst.stop, src.stop, dst.valid_stop)
-    return (a, b) if a < b else None
+Box = tuple[tuple[int, int], ...]  # a [start, stop) range per dim, in logical coordinates
 
 
-def copy_region(dst_view: torch.Tensor, dst: Shard, src_view: torch.Tensor, src: Shard) -> int:
-    """Copy the part of ``src`` that ``dst`` holds into ``dst_view``; returns the rows copied
-    along the split dim (or 1 for a replicated tensor, 0 for no overlap)."""
-    if dst.split_dim is None:
-        dst_view.copy_(src_view)
-        return 1
-    ov = _overlap(dst, src)
-    if ov is None:
-        return 0
-    a, b = ov
-    d = dst.split_dim
-    dst_view.narrow(d, a - dst.start, b - a).copy_(src_view.narrow(d, a - src.start, b - a))
-    return b - a
+def _base(shard: Shard, dim: int) -> int:
+    """Logical index of local index 0 along ``dim``."""
+    return shard.start if dim == shard.split_dim else 0
+
+
+def valid_box(shard: Shard) -> Box:
+    """The logical region a shard holds, padding rows excluded."""
+    out = []
+    for d, n in enumerate(shard.full_shape):
+        if d == shard.split_dim:
+            out.append((shard.start, min(shard.stop, shard.valid_stop)))
+        else:
+            out.append((0, n))
+    return tuple(out)
+
+
+def copy_block(dst_view: torch.Tensor, dst: Shard, src_rows: torch.Tensor, src: Shard,
+               row0: int = 0) -> Box | None:
+    """Copy what ``dst`` holds of ``src_rows`` -- local rows [row0, row0 + len) along dim 0 of
+    ``src``'s shard -- into ``dst_view``. Returns the logical box copied, or None."""
+    box = []
+    sv = valid_box(src)
+    dv = valid_box(dst)
+    for d in range(len(dst.full_shape)):
+        a, b = sv[d]
+        if d == 0:
+            lo = _base(src, 0) + row0
+            a, b = max(a, lo), min(b, lo + src_rows.shape[0])
+        a, b = max(a, dv[d][0]), min(b, dv[d][1])
+        if a >= b:
+            return None
+        box.append((a, b))
+    di = tuple(slice(a - _base(dst, d), b - _base(dst, d)) for d, (a, b) in enumerate(box))
+    si = tuple(slice(a - _base(src, d) - (row0 if d == 0 else 0),
+                     b - _base(src, d) - (row0 if d == 0 else 0)) for d, (a, b) in enumerate(box))
+    dst_view[di].copy_(src_rows[si])
+    return tuple(box)
+
+
+def _covers(boxes: list[Box], want: Box) -> bool:
+    """Whether the union of ``boxes`` contains ``want`` (1-D or 2-D)."""
+    if any(a >= b for a, b in want):
+        return True
+    if len(want) == 1:
+        pos = want[0][0]
+        for (a, b), in sorted(boxes):
+            if a > pos:
+                break
+            pos = max(pos, b)
+        return pos >= want[0][1]
+    cuts = sorted({want[1][0], want[1][1], *(x for bx in boxes for x in bx[1])})
+    for c0, c1 in zip(cuts, cuts[1:]):
+        if c1 <= want[1][0] or c0 >= want[1][1]:
+            continue
+        rows = [bx[0] for bx in boxes if bx[1][0] <= c0 and bx[1][1] >= c1]
+        if not _covers([(r,) for r in rows], (want[0],)):
+            return False
+    return True
 
 
 class Coverage:
-    """Which valid rows of each target tensor were written, to prove an assembly complete."""
+    """Which logical regions of each target tensor were written, to prove an assembly complete
+    (a missed region would otherwise stay uninitialised memory)."""
 
     def __init__(self) -> None:
-        self._rows: dict[tuple[str, str], list[tuple[int, int]]] = {}
+        self._boxes: dict[tuple[str, str], list[Box]] = {}
 
-    def add(self, key: tuple[str, str], dst: Shard, src: Shard) -> None:
-        ov = _overlap(dst, src)
-        if ov is not None:
-            self._rows.setdefault(key, []).append(ov)
-
-    def has(self, key: tuple[str, str]) -> bool:
-        return key in self._rows
+    def add(self, key: tuple[str, str], box: Box | None) -> None:
+        if box is not None:
+            self._boxes.setdefault(key, []).append(box)
 
     def missing(self, layout: ArenaLayout) -> list[str]:
-        out = []
-        for e in layout.entries:
-            s = e.shard
-            spans = sorted(self._rows.get(e.key, []))
-            if s.split_dim is None:
-                if not spans:
-                    out.append(f"{e.kind}:{s.name}")
-                continue
-            pos = s.start
-            for a, b in spans:
-                if a > pos:
-                    break
-                pos = max(pos, b)
-            if pos < min(s.stop, s.valid_stop) and s.valid_len > 0:
-                out.append(f"{e.kind}:{s.name}[{pos}:{min(s.stop, s.valid_stop)}]")
-        return out
+        return [f"{e.kind}:{e.shard.name}" for e in layout.entries
+                if not _covers(self._boxes.get(e.key, []), valid_box(e.shard))]
 
 
 def assemble(target: ShardedState, sources: Iterable[ShardedState]) -> None:
@@ -394,12 +417,9 @@ def assemble(target: ShardedState, sources: Iterable[ShardedState]) -> None:
     for e in target.layout.entries:
         dst_view = target.tensor(e.kind, e.shard.name)
         for src_view, s in by_logical.get((e.kind, e.shard.logical), []):
+            cov.add(e.key, copy_block(dst_view, e.shard, src_view, s))
             if e.shard.split_dim is None:
-                copy_region(dst_view, e.shard, src_view, s)
-                cov.add(e.key, e.shard, s)
-                break
-            if copy_region(dst_view, e.shard, src_view, s):
-                cov.add(e.key, e.shard, s)
+                break  # replicated: one copy is the whole tensor
     missing = cov.missing(target.layout)
     if missing:
         raise StateMismatch(f"target position {target.position} of tp={target.tp} "
