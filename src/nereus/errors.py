@@ -22,6 +22,10 @@ class InputError(ValueError):
             msg += f" (allowed: {allowed})"
         super().__init__(msg)
 
+    def __reduce__(self) -> tuple[object, tuple[object, ...]]:
+        # Rebuilt from its fields when it crosses a process boundary (raised in a Ray worker).
+        return (type(self), (self.field, self.problem, self.allowed))
+
 
 class InfeasibleError(RuntimeError):
     """The job cannot run under the given resources: says which part fits nowhere and why."""

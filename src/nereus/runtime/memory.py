@@ -17,8 +17,12 @@ class CapacityError(RuntimeError):
 
     def __init__(self, device_id: int, need: int, held: int, capacity: int, what: str):
         self.device_id, self.need, self.held, self.capacity = device_id, need, held, capacity
+        self.what = what
         super().__init__(f"worker {device_id}: {what} needs {need} bytes, holds {held} of "
                          f"{capacity}")
+
+    def __reduce__(self) -> tuple[object, tuple[object, ...]]:  # crosses processes via Ray
+        return (CapacityError, (self.device_id, self.need, self.held, self.capacity, self.what))
 
 
 @dataclass(frozen=True)

@@ -19,26 +19,28 @@ from nereus.transition.emu import Emu
 
 
 def place_units(pool: WorkerPool, units: Iterable[Emu], specs: Mapping[str, StateSpec],
-                seed: int = 0, warm: bool = True,
+                seed: int | Mapping[str, int] = 0, warm: bool = True,
                 checkpoint: str | Path | None = None) -> dict[int, int]:
-    """Build every position of ``units`` on its worker: seeded (``seed``, ``warm`` optimizer
-    state) or read from a Hugging Face ``checkpoint``. Returns bytes placed per worker."""
+    """Build every position of ``units`` on its worker: seeded (``seed``, one for all stages
+    or one per stage; ``warm`` optimizer state) or read from a Hugging Face ``checkpoint``.
+    Returns bytes placed per worker."""
     refs: dict[int, list[object]] = {}
     for e in units:
         spec = specs[e.stage]
         lay = (e.layout.tp, e.layout.pp)
+        s = seed if isinstance(seed, int) else seed[e.stage]
         for i, g in enumerate(e.gpus):
             if checkpoint is None:
-                ref = pool.submit(g, mv.place_seeded, e.id, spec, lay, e.position(i), seed, warm)
+                ref = pool.submit(g, mv.place_seeded, e.id, spec, lay, e.position(i), s, warm)
             else:
                 ref = pool.submit(g, mv.place_safetensors, e.id, str(checkpoint), spec, lay,
-                                  e.position(i), seed)
+                                  e.position(i), s)
             refs.setdefault(g, []).append(ref)
     return {g: sum(ray.get(rs)) for g, rs in refs.items()}
 
 
 def place_plan(pool: WorkerPool, job: object, plan: object, specs: Mapping[str, StateSpec],
-               seed: int = 0, stages: Sequence[str] | None = None, warm: bool = True,
+               seed: int | Mapping[str, int] = 0, stages: Sequence[str] | None = None, warm: bool = True,
                checkpoint: str | Path | None = None) -> dict[str, tuple[Emu, ...]]:
     """Place Φ(plan) (optionally only ``stages``) and return it."""
     from nereus.transition.emu import phi

@@ -1,0 +1,124 @@
+"""Workers, capacity and communicators on a real local Ray session (one per module)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import ray
+import torch
+
+from nereus.runtime import movement as mv
+from nereus.runtime.comm import Rendezvous, close_groups, open_groups
+from nereus.runtime.inventory import detect_inventory
+from nereus.runtime.memory import CapacityError
+from nereus.runtime.state import StateSpec, arena_layout
+from nereus.runtime.workers import WorkerContext, WorkerPool
+from nereus.spec.model import MODEL_PRESETS, Head
+
+from runtime_testlib import gone, listening_ports, pids, ray_session, wait_released, \
+    worker_resources
+
+CAPACITY = 4 * 1024**2
+
+
+@pytest.fixture(scope="module")
+def pool() -> Iterator[WorkerPool]:
+    with ray_session(__name__):
+        p = WorkerPool.start(4, kind="cpu", capacity_bytes=CAPACITY)
+        try:
+            yield p
+        finally:
+            ids = list(pids(p).values())
+            p.shutdown()
+            assert gone(ids), "worker processes outlived the pool"
+
+
+@pytest.fixture(autouse=True)
+def no_leaks(pool: WorkerPool) -> Iterator[None]:
+    """Every test leaves no group, no parked backend and no extra listening port behind."""
+    before_driver = listening_ports()
+    before = {d: r[0] for d, r in worker_resources(pool).items()}
+    yield
+    after = wait_released(pool, before)
+    assert all(r[1] == 0 and r[2] == 0 for r in after.values()), after
+    assert all(after[d][0] <= before.get(d, after[d][0]) for d in after), (before, after)
+    assert listening_ports() <= before_driver
+
+
+def _whoami(ctx: WorkerContext, x: int, *, y: int) -> tuple[int, str, int]:
+    return ctx.device_id, str(ctx.device), x + y
+
+
+def test_one_worker_per_slot_and_call_runs_fn_with_the_context(pool: WorkerPool) -> None:
+    infos = pool.infos()
+    assert sorted(infos) == [0, 1, 2, 3]
+    assert len({i.pid for i in infos.values()}) == 4
+    assert all(i.capacity_bytes == CAPACITY for i in infos.values())
+    got = {d: ray.get(pool.submit(d, _whoami, d, y=10)) for d in range(4)}
+    assert got == {d: (d, "cpu", d + 10) for d in range(4)}
+    inv = detect_inventory()
+    assert inv.kind == "cpu" and inv.devices >= 4 and "ray" in inv.source
+
+
+def test_capacity_is_enforced_by_counting_held_bytes(pool: WorkerPool) -> None:
+    spec = StateSpec(MODEL_PRESETS["tiny-llama"], Head.LM, True)
+    one = arena_layout(spec, 1, 1, 0, 0).nbytes  # ~2.4 MB: one fits in 4 MiB, two do not
+    assert one < CAPACITY < 2 * one
+    assert ray.get(pool.submit(0, mv.place_seeded, "a", spec, (1, 1), (0, 0), 1)) == one
+    with pytest.raises(CapacityError):
+        ray.get(pool.submit(0, mv.place_seeded, "b", spec, (1, 1), (0, 0), 1))
+    mem = pool.memory()[0]
+    assert mem.held == one and mem.peak <= mem.capacity
+    assert ray.get(pool.submit(0, mv.held_units)) == {"a": one}
+    ray.get(pool.submit(0, mv.destroy_member, "a"))
+    assert pool.memory()[0].held == 0
+
+
+def _sum_in(ctx: WorkerContext, name: str) -> float:
+    g = ctx.groups[name]
+    t = torch.tensor([float(ctx.device_id + 1)])
+    g.all_reduce(t)
+    return float(t.item())
+
+
+def _gather_ids(ctx: WorkerContext, name: str) -> list[int]:
+    g = ctx.groups[name]
+    outs = [torch.zeros(1, dtype=torch.int64) for _ in range(g.size)]
+    g.all_gather(outs, torch.tensor([ctx.device_id]))
+    return [int(o.item()) for o in outs]
+
+
+def test_groups_among_any_subset_without_a_global_world(pool: WorkerPool) -> None:
+    groups = {"a": (2, 0, 3), "b": (1, 3), "c": (0, 1)}
+    with Rendezvous() as rv:
+        setup = open_groups(pool, groups, rv)
+    assert set(setup) == set(groups) and all(0 < s < 30 for s in setup.values())
+    try:
+        refs = {d: pool.submit(d, _sum_in, "a") for d in groups["a"]}
+        sums = {d: ray.get(r) for d, r in refs.items()}
+        assert sums == {d: 3.0 + 1.0 + 4.0 for d in groups["a"]}
+        refs = {d: pool.submit(d, _gather_ids, "a") for d in groups["a"]}
+        assert all(ray.get(r) == [2, 0, 3] for r in refs.values())  # group-local rank order
+        refs = {d: pool.submit(d, _sum_in, "b") for d in groups["b"]}
+        assert {d: ray.get(r) for d, r in refs.items()} == {1: 6.0, 3: 6.0}
+        assert worker_resources(pool)[0][1] == 2  # worker 0 is in "a" and "c"
+    finally:
+        close_groups(pool, groups)
+
+
+def test_rendezvous_port_is_held_then_released() -> None:
+    rv = Rendezvous()
+    assert rv.port in listening_ports()
+    rv.close()
+    assert rv.port not in listening_ports()
+
+
+def test_pool_grows_and_shrinks_with_its_processes(pool: WorkerPool) -> None:
+    pool.grow([4, 5])
+    assert pool.device_ids == (0, 1, 2, 3, 4, 5)
+    new = pids(pool)
+    assert ray.get(pool.submit(5, _whoami, 1, y=1))[0] == 5
+    pool.shrink([4, 5])
+    assert pool.device_ids == (0, 1, 2, 3)
+    assert gone([new[4], new[5]])
