@@ -161,12 +161,15 @@ def test_layout_equals_single_worker(runtime: tuple[WorkerPool, Rendezvous], nam
             out, meas = run.forward(b, micro_batch=8 // dp // 2 or 1)
             torch.testing.assert_close(out.logprobs, ref.logprobs, atol=1e-5, rtol=0)
             assert meas.source == "measured" and len(meas.workers) == tp * pp * dp
-            gen, _ = run.generate(prompts_of(b), SAMPLING, micro_batch=4 // dp or 1)
+            gen, gmeas = run.generate(prompts_of(b), SAMPLING, micro_batch=4 // dp or 1)
             assert torch.equal(gen.tokens, ref.tokens)
+            assert "decode" in gmeas.op_s and ("allgather.intra" in gmeas.op_s) == (tp > 1)
             res, meas = run.train_step(b, weighted_nll, micro_batch=max(1, 4 // dp))
             assert res.loss == pytest.approx(ref.loss, rel=1e-5)
             assert res.grad_norm == pytest.approx(ref.grad_norm, rel=1e-5)
-            assert meas.op_s.get("gemm", 0) > 0
+            assert meas.op_s.get("gemm", 0) > 0 and meas.op_s.get("optimizer", 0) > 0
+            assert ("allreduce.intra" in meas.op_s) == (lay != (1, 1, 1))  # PP: the norm
+            assert ("p2p.intra" in meas.op_s) == (pp > 1)
         for e in emus:   # every replica holds the same updated state
             assert_state_close(gather_unit(pool, e), ref.state)
     finally:

@@ -1,0 +1,98 @@
+"""What the engine reports as measured: time per op class (forward and backward) and peak
+memory held, with where each number came from."""
+
+from __future__ import annotations
+
+import torch
+
+from engine_testlib import logical_state, shards_for
+from nereus.cost.ops import OpClass
+from nereus.engine.batch import Batch
+from nereus.engine.groups import Position
+from nereus.engine.layers import matmul
+from nereus.engine.losses import weighted_nll
+from nereus.engine.measure import OTHER, Recorder, StageMeasurement, WorkerMeasurement, measured
+from nereus.engine.optim import AdamConfig, AdamState
+from nereus.engine.sampling import SamplingParams
+from nereus.engine.stage import StageEngine
+from nereus.spec.model import MODEL_PRESETS, Head
+
+
+def test_backward_of_a_timed_matmul_is_timed_too() -> None:
+    rec = Recorder("cpu")
+    x = torch.randn(64, 32, requires_grad=True)
+    w = torch.randn(48, 32, requires_grad=True)
+    y = matmul(x, w, rec)
+    assert len(rec._spans) == 1
+    y.sum().backward()
+    assert len(rec._spans) == 2 and rec.totals()[OpClass.GEMM.value] > 0
+
+
+def test_nested_spans_count_once_and_decode_mode_maps_compute() -> None:
+    rec = Recorder("cpu")
+    with rec.span(OpClass.GEMM):
+        with rec.span(OpClass.ATTENTION):
+            pass
+    assert set(rec.totals()) == {"gemm"}
+    rec.reset()
+    rec.decode = True
+    with rec.span(OpClass.ATTENTION):
+        pass
+    with rec.span(OpClass.ALLREDUCE_INTRA):
+        pass
+    assert set(rec.totals()) == {"decode", "allreduce.intra"}
+
+
+def test_other_is_the_rest_of_the_wall_time() -> None:
+    rec = Recorder("cpu")
+
+    def work() -> int:
+        with rec.span(OpClass.GEMM):
+            torch.randn(200, 200) @ torch.randn(200, 200)
+        sum(range(20000))
+        return 3
+
+    res, wall, op_s, peak = measured(work, rec, torch.device("cpu"), 0, track_memory=False)
+    assert res == 3 and peak is None
+    assert abs(sum(op_s.values()) - wall) < 1e-6 and op_s[OTHER] > 0
+
+
+def _engine() -> tuple[StageEngine, Batch]:
+    spec = MODEL_PRESETS["tiny-llama"]
+    full = logical_state(spec, Head.LM, seed=1)
+    shards = shards_for(full, spec, Head.LM, 1, 1, 0, 0)
+    eng = StageEngine(spec, Head.LM, Position(), shards, None, AdamState.zeros(shards),
+                      AdamConfig())
+    ids = torch.randint(0, spec.vocab_size, (4, 32), generator=torch.Generator().manual_seed(0))
+    return eng, Batch(ids, None, {"weight": torch.full((4, 31), 1 / 124)})
+
+
+def test_cpu_peak_memory_comes_from_allocator_events() -> None:
+    eng, b = _engine()
+    state = eng.state_bytes()
+    grads = sum(p.numel() * 4 for p in eng.model.params.values())
+    train = eng.train_step(b, weighted_nll, 2, track_memory=True).measurement
+    assert train.profiled and train.state_bytes == state
+    assert train.peak_mem_bytes is not None and train.peak_mem_bytes >= state + grads
+    fwd = eng.forward(b, 2, track_memory=True).measurement
+    assert fwd.peak_mem_bytes is not None and state < fwd.peak_mem_bytes < train.peak_mem_bytes
+    timed = eng.forward(b, 2).measurement
+    assert timed.peak_mem_bytes is None and not timed.profiled
+
+
+def test_generation_times_prefill_as_compute_and_decode_as_decode() -> None:
+    eng, b = _engine()
+    m = eng.generate(Batch(b.input_ids[:, :8]), SamplingParams(max_new_tokens=4), 2).measurement
+    assert {"gemm", "attention", "decode", OTHER} <= set(m.op_s)
+    t = eng.train_step(b, weighted_nll, 2).measurement
+    assert {"gemm", "attention", "optimizer"} <= set(t.op_s)
+
+
+def test_stage_measurement_takes_the_slowest_worker() -> None:
+    a = WorkerMeasurement(0, 0, 0, 1.0, {"gemm": 0.5, OTHER: 0.5}, 100, 50)
+    b = WorkerMeasurement(0, 1, 0, 2.0, {"gemm": 0.2, "p2p.intra": 1.0, OTHER: 0.8}, None, 60)
+    s = StageMeasurement.combine((a, b), stage="actor_train", kind="train", device="cpu", tp=1,
+                                 pp=2, dp=1, micro_batch=1, grad_accum=2, sequences=2, tokens=8)
+    assert s.wall_s == 2.0 and s.op_s == {"gemm": 0.5, "p2p.intra": 1.0, OTHER: 0.8}
+    assert s.peak_mem_bytes == 100 and s.source == "measured"
+    assert s.to_dict()["op_s"]["p2p.intra"] == 1.0
