@@ -16,6 +16,13 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
+
+
+@app.callback()
+def _root() -> None:
+    """Nereus: keep an RL post-training job on its best TP/PP/DP plan while it runs."""
+
+
 register(app)
 
 

@@ -17,8 +17,9 @@ F = TypeVar("F", bound=Callable[..., Any])
 EXIT_INPUT = 2        # bad input: a field with a value that is not allowed
 EXIT_INFEASIBLE = 3   # a transition that cannot run (commands say where they use it)
 
-console = Console()
-err_console = Console(stderr=True)
+# Tables are wide; when output goes to a pipe or a file, do not squeeze them into 80 columns.
+console = Console(width=None if sys.stdout.isatty() else 160)
+err_console = Console(stderr=True, width=None if sys.stderr.isatty() else 200)
 
 
 def fail(message: str, code: int = EXIT_INPUT) -> typer.Exit:

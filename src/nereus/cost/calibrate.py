@@ -33,15 +33,16 @@ PROFILE_VERSION = 1
 class _Row:
     ideal: dict[OpClass, float]
     measured_s: float
-    weight: float = 1.0
+    step: int
 
 
 @dataclass
 class Calibrator:
     """Learns efficiencies per op class and a memory scale per stage kind from measurements.
 
-    ``forgetting`` multiplies the weight of every older row at each new one (1.0 keeps all
-    rows equally); ``ridge`` is the pull toward the prior, relative to one measurement.
+    Rows carry the step they were measured in; at each :meth:`next_step` the weight of every
+    older row is multiplied by ``forgetting`` (1.0 keeps all rows equally). ``ridge`` is the
+    pull toward the prior, relative to one measurement.
     """
 
     prior: Efficiencies = field(default_factory=Efficiencies)
@@ -51,27 +52,31 @@ class Calibrator:
     _rows: list[_Row] = field(default_factory=list)
     _memory: dict[StageKind, list[float]] = field(default_factory=dict)
     _current: Efficiencies | None = None
+    _step: int = 0
+
+    def next_step(self) -> None:
+        """Older measurements count less from now on (drift: congestion, throttling)."""
+        self._step += 1
+        self._current = None
 
     # ---- observations ----
     def observe_stage(self, estimate: Estimate, measured_s: float) -> None:
         """One model-stage's measured latency for the ops its estimate lists."""
         if not measured_s > 0:
             raise InputError("measured_s", f"must be > 0, got {measured_s}")
-        self._add(_Row(estimate.ideal_by_class(), float(measured_s)))
+        self._add(_Row(estimate.ideal_by_class(), float(measured_s), self._step))
 
     def observe_op(self, cls: OpClass, ideal_s: float, measured_s: float) -> None:
         """A measured time of work whose ideal time (at peak) is ``ideal_s``, one op class."""
         if not (ideal_s > 0 and measured_s > 0):
             raise InputError("measured_s", "ideal and measured times must be > 0")
-        self._add(_Row({cls: float(ideal_s)}, float(measured_s)))
+        self._add(_Row({cls: float(ideal_s)}, float(measured_s), self._step))
 
     def observe_memory(self, kind: StageKind, estimated_bytes: int, measured_bytes: int) -> None:
         if estimated_bytes > 0 and measured_bytes > 0:
             self._memory.setdefault(kind, []).append(measured_bytes / estimated_bytes)
 
     def _add(self, row: _Row) -> None:
-        for r in self._rows:
-            r.weight *= self.forgetting
         self._rows.append(row)
         if len(self._rows) > self.max_rows:
             self._rows.pop(0)
@@ -98,7 +103,8 @@ class Calibrator:
         a_rows, b_rows = [], []
         for r in self._rows:
             # relative error: divide the row by the measured time
-            w = np.sqrt(r.weight) / r.measured_s
+            weight = self.forgetting ** (self._step - r.step)
+            w = np.sqrt(weight) / r.measured_s
             a_rows.append([r.ideal.get(c, 0.0) * w for c in classes])
             b_rows.append(r.measured_s * w)
         a = np.array(a_rows)

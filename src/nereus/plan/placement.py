@@ -51,32 +51,56 @@ def _chunk_unit(group: GroupAssignment, node_size: int) -> int:
     return unit
 
 
+def _take(node_free: dict[int, list[int]], total: int, unit: int, what: str) -> list[int]:
+    """``total`` GPUs as node-contained chunks (best fit); a chunk spans nodes only if it must."""
+    ids: list[int] = []
+    for size in _chunk_sizes(total, unit):
+        fits = [n for n, free in node_free.items() if len(free) >= size]
+        if fits:  # best fit: the node with the fewest free GPUs that still holds the chunk
+            n = min(fits, key=lambda k: (len(node_free[k]), k))
+            ids += node_free[n][:size]
+            node_free[n] = node_free[n][size:]
+            continue
+        for n in sorted(node_free, key=lambda k: -len(node_free[k])):  # span nodes
+            take = min(size, len(node_free[n]))
+            ids += node_free[n][:take]
+            node_free[n] = node_free[n][take:]
+            size -= take
+            if not size:
+                break
+        if size:
+            raise ValueError(f"the pool cannot hold {what}")
+    return ids
+
+
+def _free(pool: GpuPool) -> dict[int, list[int]]:
+    return {n: list(ids) for n, ids in pool.by_node().items()}
+
+
+def unit_of(groups: Sequence[GroupAssignment], pool: GpuPool) -> int:
+    node_size = max(len(v) for v in pool.by_node().values())
+    return max((_chunk_unit(g, node_size) for g in groups), default=1)
+
+
+def split_pool(pool: GpuPool, parts: Sequence[tuple[int, int]]) -> list[GpuPool]:
+    """Disjoint sub-pools of (size, chunk unit), the largest units placed first."""
+    free = _free(pool)
+    out: dict[int, list[int]] = {}
+    for i in sorted(range(len(parts)), key=lambda i: -parts[i][1]):
+        size, unit = parts[i]
+        out[i] = _take(free, size, unit, f"a part of {size} GPUs") if size else []
+    return [GpuPool(pool.cluster, tuple(out[i])) if out[i] else pool for i in range(len(parts))]
+
+
 def place_phase(pool: GpuPool, groups: Sequence[GroupAssignment]) -> dict[str, list[tuple[int, ...]]]:
     """GPU ids per replica for every stage of one phase; raises if the pool is too small."""
-    node_free = {n: list(ids) for n, ids in pool.by_node().items()}
-    node_size = max(len(v) for v in node_free.values())
+    free = _free(pool)
+    node_size = max(len(v) for v in free.values())
     # place the groups with the largest chunks first so smaller chunks fill the gaps
     order = sorted(groups, key=lambda g: (-_chunk_unit(g, node_size), -g.gpus))
     out: dict[str, list[tuple[int, ...]]] = {}
     for grp in order:
-        unit = _chunk_unit(grp, node_size)
-        ids: list[int] = []
-        for size in _chunk_sizes(grp.gpus, unit):
-            fits = [n for n, free in node_free.items() if len(free) >= size]
-            if fits:  # best fit: the node with the fewest free GPUs that still holds the chunk
-                n = min(fits, key=lambda k: (len(node_free[k]), k))
-                ids += node_free[n][:size]
-                node_free[n] = node_free[n][size:]
-                continue
-            for n in sorted(node_free, key=lambda k: -len(node_free[k])):  # span nodes
-                take = min(size, len(node_free[n]))
-                ids += node_free[n][:take]
-                node_free[n] = node_free[n][take:]
-                size -= take
-                if not size:
-                    break
-            if size:
-                raise ValueError(f"pool of {pool.size} GPUs cannot hold group {grp.stages}")
+        ids = _take(free, grp.gpus, _chunk_unit(grp, node_size), f"group {grp.stages}")
         for name, cand in zip(grp.stages, grp.candidates):
             size = cand.layout.size
             out[name] = [tuple(ids[r * size:(r + 1) * size]) for r in range(cand.dp)]

@@ -29,7 +29,7 @@ from nereus.cost.model import CostModel, Evaluation
 from nereus.errors import InfeasibleError
 from nereus.plan.candidates import StageOptions, pareto_mask, stage_options
 from nereus.plan.overlap import critical_path, overlap_graph
-from nereus.plan.placement import GroupAssignment, place_phase
+from nereus.plan.placement import GroupAssignment, place_phase, split_pool, unit_of
 from nereus.plan.types import Plan, StagePlan
 from nereus.spec.cluster import GpuPool
 from nereus.spec.job import JobSpec
@@ -167,7 +167,7 @@ def combine(a: Sequence[Point], b: Sequence[Point], budget: int) -> list[Point]:
 
 def phase_points(options: Mapping[str, StageOptions], stages: Sequence[ModelStage], limit: float,
                  budget: int, extra: Mapping[str, np.ndarray] | None = None,
-                 cache: dict[object, list[Point]] | None = None, tag: object = None) -> list[Point]:
+                 cache: dict[object, list[Point]] | None = None) -> list[Point]:
     """Pareto points (GPUs, latency) of one phase over every grouping of its stages."""
     names = [s.name for s in stages]
     cache = {} if cache is None else cache
@@ -175,12 +175,10 @@ def phase_points(options: Mapping[str, StageOptions], stages: Sequence[ModelStag
     for part in set_partitions(names):
         acc: list[Point] | None = None
         for grp in part:
-            touched = extra is not None and any(n in extra for n in grp)
-            key = (grp, budget, tag if touched else None)
+            key = (grp, budget)
             pts = cache.get(key)
             if pts is None:
-                pts = group_points([options[n] for n in grp], limit, budget,
-                                   extra if touched else None)
+                pts = group_points([options[n] for n in grp], limit, budget, extra)
                 cache[key] = pts
             acc = pts if acc is None else combine(acc, pts, budget)
             if not acc:
@@ -232,24 +230,37 @@ class Planner:
         wf = self.job.workflow
         budget = self.job.pool.size
         sync = wf.weight_sync()
-        cache: dict[object, list[Point]] = {}
         phases = {p: wf.phase_stages(p) for p in wf.phases}
-        if sync is None:
-            layouts: list[Layout | None] = [None]
-        else:
-            layouts = list(self.options[sync[0]].layouts())
+        varying = set(sync) if sync else set()
+        stable: dict[object, list[Point]] = {}  # groups whose options never change
+
+        def points(phase: Phase, opts: Mapping[str, StageOptions], local: dict[object, list[Point]],
+                   extra: Mapping[str, np.ndarray] | None = None) -> list[Point]:
+            cache = local if any(st.name in varying for st in phases[phase]) else stable
+            return phase_points(opts, phases[phase], self.limit, budget, extra, cache)
+
         best: SearchResult | None = None
-        for lt in layouts:
+        for lt in (self.options[sync[0]].layouts() if sync else [None]):
             opts = dict(self.options)
-            extra: dict[str, np.ndarray] | None = None
-            if sync is not None and lt is not None:
-                train, gen = sync
-                t = opts[train]
-                opts[train] = t.subset(np.array([c.layout == lt for c in t.candidates]))
-                g = opts[gen]
-                sync_s = {lg: self.cost.weight_sync(lt, lg).latency_s for lg in g.layouts()}
-                extra = {gen: np.array([sync_s[c.layout] for c in g.candidates])}
-            res = self._solve(opts, phases, budget, extra, cache, lt)
+            if sync and lt is not None:
+                t = opts[sync[0]]
+                opts[sync[0]] = t.subset(np.array([c.layout == lt for c in t.candidates]))
+            local: dict[object, list[Point]] = {}
+            if wf.execution is Execution.SYNC:
+                extra = None
+                if sync:
+                    g = opts[sync[1]]
+                    cost = {lg: self.cost.weight_sync(lt, lg).latency_s for lg in g.layouts()}
+                    extra = {sync[1]: np.array([cost[c.layout] for c in g.candidates])}
+                pts = {p: points(p, opts, local, extra if p is Phase.GENERATION else None)
+                       for p in phases}
+                if any(not v for v in pts.values()):
+                    continue
+                chosen = {p: v[-1] for p, v in pts.items()}  # fastest within the whole pool
+                res = SearchResult(sum(c.latency for c in chosen.values()), chosen,
+                                   sum(c.extra for c in chosen.values()), lt)
+            else:
+                res = self._search_async(opts, points, local, lt)
             if res is not None and (best is None or res.latency < best.latency - 1e-12):
                 best = res
         if best is None:
@@ -258,49 +269,44 @@ class Planner:
                 f"model-stages exceeds the pool or 90 % of device memory (estimated)")
         return best
 
-    def _solve(self, opts: Mapping[str, StageOptions], phases: Mapping[Phase, Sequence[ModelStage]],
-               budget: int, extra: Mapping[str, np.ndarray] | None,
-               cache: dict[object, list[Point]], lt: Layout | None) -> SearchResult | None:
-        # the training stage's options change with lt, so its groups are cached per lt
-        touched = set(extra or {})
-        sync = self.job.workflow.weight_sync()
-        if sync is not None:
-            touched.add(sync[0])
+    def _search_async(self, opts: dict[str, StageOptions], points, local: dict[object, list[Point]],
+                      lt: Layout | None) -> SearchResult | None:
+        """Generation on GPUs of its own; interval = max(gen, inference + training) + sync.
 
-        def points(phase: Phase) -> list[Point]:
-            ex = {n: a for n, a in (extra or {}).items()
-                  if self.job.workflow.stage(n).phase is phase}
-            local_cache = cache if not any(s.name in touched for s in phases[phase]) else {}
-            return phase_points(opts, phases[phase], self.limit, budget, ex or None,
-                                local_cache, lt)
-
-        pts = {p: points(p) for p in phases}
-        if any(not v for v in pts.values()):
+        The sync cost moves with the generation layout, so the generation stage is solved one
+        layout at a time (its points then share one sync cost and a 2-D Pareto set is exact).
+        """
+        wf = self.job.workflow
+        budget = self.job.pool.size
+        sync = wf.weight_sync()
+        empty = [Point(0, 0.0, ())]
+        inf = points(Phase.INFERENCE, opts, local) if Phase.INFERENCE in wf.phases else empty
+        trn = points(Phase.TRAINING, opts, local) if Phase.TRAINING in wf.phases else empty
+        if not inf or not trn:
             return None
-        if self.job.workflow.execution is Execution.SYNC:
-            chosen = {p: v[-1] for p, v in pts.items()}  # fastest within the whole pool
-            total = sum(c.latency for c in chosen.values())
-            sync_s = sum(c.extra for c in chosen.values())
-            return SearchResult(total, chosen, sync_s, lt)
-        return self._solve_async(pts, budget, lt)
-
-    def _solve_async(self, pts: Mapping[Phase, list[Point]], budget: int,
-                     lt: Layout | None) -> SearchResult | None:
-        gen = pts.get(Phase.GENERATION, [Point(0, 0.0, ())])
-        inf = pts.get(Phase.INFERENCE, [Point(0, 0.0, ())])
-        trn = pts.get(Phase.TRAINING, [Point(0, 0.0, ())])
+        gen_layouts: list[Layout | None] = [None]
+        if sync and Phase.GENERATION in wf.phases:
+            gen_layouts = list(opts[sync[1]].layouts())
         best: SearchResult | None = None
-        for gp in gen:
-            rest_budget = budget - gp.gpus
-            i = [p for p in inf if p.gpus <= rest_budget]
-            t = [p for p in trn if p.gpus <= rest_budget]
-            if not i or not t:
-                continue
-            ip, tp = i[-1], t[-1]
-            interval = max(gp.latency - gp.extra, ip.latency + tp.latency) + gp.extra
-            if best is None or interval < best.latency - 1e-12:
-                best = SearchResult(interval, {Phase.GENERATION: gp, Phase.INFERENCE: ip,
-                                               Phase.TRAINING: tp}, gp.extra, lt)
+        for lg in gen_layouts:
+            gopts = dict(opts)
+            sync_s = 0.0
+            if lg is not None and lt is not None:
+                g = gopts[sync[1]]
+                gopts[sync[1]] = g.subset(np.array([c.layout == lg for c in g.candidates]))
+                sync_s = self.cost.weight_sync(lt, lg).latency_s
+            gen = points(Phase.GENERATION, gopts, {}) if Phase.GENERATION in wf.phases else empty
+            for gp in gen:
+                rest = budget - gp.gpus
+                i = [p for p in inf if p.gpus <= rest]
+                t = [p for p in trn if p.gpus <= rest]
+                if not i or not t:
+                    continue
+                interval = max(gp.latency, i[-1].latency + t[-1].latency) + sync_s
+                if best is None or interval < best.latency - 1e-12:
+                    chosen = {Phase.GENERATION: gp, Phase.INFERENCE: i[-1], Phase.TRAINING: t[-1]}
+                    best = SearchResult(interval, {p: v for p, v in chosen.items()
+                                                   if p in wf.phases}, sync_s, lt)
         return best
 
     # ---- plan assembly ----
@@ -311,17 +317,21 @@ class Planner:
         wf = self.job.workflow
         stage_plans: dict[str, StagePlan] = {}
         groups: list[tuple[str, ...]] = []
+        assigns = {p: [GroupAssignment(gc.stages, gc.candidates) for gc in res.phases[p].groups]
+                   for p in wf.phases}
+        pools = {p: self.job.pool for p in wf.phases}
+        if wf.execution is Execution.ASYNC and Phase.GENERATION in wf.phases:
+            # generation gets GPUs of its own; inference and training share the rest
+            rest = [p for p in wf.phases if p is not Phase.GENERATION]
+            gen_part = (res.phases[Phase.GENERATION].gpus,
+                        unit_of(assigns[Phase.GENERATION], self.job.pool))
+            rest_part = (max((res.phases[p].gpus for p in rest), default=0),
+                         unit_of([g for p in rest for g in assigns[p]], self.job.pool))
+            gen_pool, rest_pool = split_pool(self.job.pool, [gen_part, rest_part])
+            pools = {p: gen_pool if p is Phase.GENERATION else rest_pool for p in wf.phases}
         for phase in wf.phases:
             point = res.phases[phase]
-            assigns = [GroupAssignment(gc.stages, gc.candidates) for gc in point.groups]
-            pool = self.job.pool
-            if wf.execution is Execution.ASYNC:
-                # generation takes the first GPUs, inference and training the rest
-                ids = pool.ids
-                gen_gpus = res.phases[Phase.GENERATION].gpus if Phase.GENERATION in res.phases else 0
-                part = ids[:gen_gpus] if phase is Phase.GENERATION else ids[gen_gpus:]
-                pool = GpuPool(pool.cluster, part)
-            placed = place_phase(pool, assigns)
+            placed = place_phase(pools[phase], assigns[phase])
             for gc in point.groups:
                 if len(gc.stages) > 1:
                     groups.append(gc.stages)

@@ -25,8 +25,8 @@ class DeviceSpec:
     intra_node_bw: float     # bytes/s, per device per direction on the node's fabric
     inter_node_bw: float     # bytes/s, per device per direction on the network
     host_bw: float           # bytes/s, device <-> host memory (offload and reload)
-    intra_latency_s: float   # seconds, small-message latency of one collective step in a node
-    inter_latency_s: float   # seconds, same across nodes
+    intra_latency_s: float   # seconds per ring step of a small collective inside a node
+    inter_latency_s: float   # seconds per ring step across nodes
     devices_per_node: int    # typical devices per node for this part
     source: str              # where the figures come from
 
@@ -37,21 +37,22 @@ class DeviceSpec:
 DEVICE_PRESETS: dict[str, DeviceSpec] = {
     # NVIDIA H100 SXM5 80GB datasheet: 80 GB HBM3 (80 GiB physical), 989.4 TFLOP/s dense BF16,
     # 3.35 TB/s HBM, NVLink 4 900 GB/s total = 450 GB/s per direction; ConnectX-7 NDR 400 Gb/s
-    # per GPU = 50 GB/s; PCIe Gen5 x16 64 GB/s per direction. Latencies: typical nccl-tests
-    # small-message figures (~10 us NVLink, ~20 us InfiniBand), an assumption until calibrated.
+    # per GPU = 50 GB/s; PCIe Gen5 x16 64 GB/s per direction. Per-step latencies: nccl-tests
+    # small-message all-reduce on 8 NVLink GPUs takes ~20-30 us for its 14 ring steps (~2 us a
+    # step); across InfiniBand ~8 us a step. Assumptions until calibrated.
     "h100-sxm-80gb": DeviceSpec("h100-sxm-80gb", 80 * GiB, 989.4e12, 3.35e12, 450 * GB, 50 * GB,
-                                64 * GB, 10e-6, 20e-6, 8,
+                                64 * GB, 2e-6, 8e-6, 8,
                                 "NVIDIA H100 datasheet; ConnectX-7 NDR; PCIe Gen5"),
     # NVIDIA H200 SXM 141GB datasheet: 141 GB HBM3e (CUDA reports ~140 GiB), 989 TFLOP/s dense
     # BF16, 4.8 TB/s, NVLink 4 900 GB/s total; same network and PCIe as H100 systems (DGX H200).
     "h200-141gb": DeviceSpec("h200-141gb", 140 * GiB, 989.4e12, 4.8e12, 450 * GB, 50 * GB,
-                             64 * GB, 10e-6, 20e-6, 8,
+                             64 * GB, 2e-6, 8e-6, 8,
                              "NVIDIA H200 datasheet; DGX H200 network (ConnectX-7 NDR)"),
     # NVIDIA A100 SXM4 80GB datasheet: 80 GB HBM2e, 312 TFLOP/s dense BF16, 2.039 TB/s,
     # NVLink 3 600 GB/s total = 300 GB/s per direction; HDR 200 Gb/s per GPU = 25 GB/s (DGX A100);
     # PCIe Gen4 x16 32 GB/s.
     "a100-sxm-80gb": DeviceSpec("a100-sxm-80gb", 80 * GiB, 312e12, 2.039e12, 300 * GB, 25 * GB,
-                                32 * GB, 10e-6, 25e-6, 8,
+                                32 * GB, 3e-6, 10e-6, 8,
                                 "NVIDIA A100 datasheet; DGX A100 HDR network; PCIe Gen4"),
     # AMD Instinct MI250X, one GCD (the unit ROCm exposes as a device): 64 GiB HBM2e,
     # 383 TFLOP/s BF16 per OAM / 2 = 191.5, 3.2768 TB/s per OAM / 2 = 1.6384 TB/s; one Infinity
@@ -59,7 +60,7 @@ DEVICE_PRESETS: dict[str, DeviceSpec] = {
     # Frontier node: 4 Slingshot-11 NICs of 25 GB/s for 8 GCDs = 12.5 GB/s per GCD; host link
     # 36 GB/s (Infinity Fabric CPU-GCD, Frontier user guide).
     "mi250x": DeviceSpec("mi250x", 64 * GiB, 191.5e12, 1.6384e12, 50 * GB, 12.5 * GB, 36 * GB,
-                         15e-6, 30e-6, 8,
+                         4e-6, 12e-6, 8,
                          "AMD MI250X datasheet (per GCD); OLCF Frontier node architecture"),
     # One CPU device slot (a Ray worker process on a CPU machine). These are assumptions that the
     # calibrator corrects from measured times: ~50 GFLOP/s fp32 for one core with AVX2,

@@ -1,0 +1,193 @@
+"""``nereus plan``: the fastest plan that fits, where its time and memory go, and how a user's
+current plan compares."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.table import Table
+
+from nereus.commands.common import console, one_line_errors
+from nereus.commands.jobopts import job_from_options
+from nereus.cost.calibrate import Calibrator
+from nereus.cost.efficiency import Efficiencies
+from nereus.cost.model import CostModel
+from nereus.plan.candidates import frontier
+from nereus.plan.evaluate import evaluate_plan, load_layout_spec
+from nereus.plan.search import Planner
+from nereus.plan.types import Plan
+from nereus.plan.validate import validate_plan
+from nereus.spec.job import JobSpec
+
+GiB = 1024**3
+
+
+def gpu_ranges(ids: tuple[int, ...] | list[int]) -> str:
+    """[0,1,2,3,8,9] -> '0-3,8-9'."""
+    s = sorted(ids)
+    if not s:
+        return "-"
+    out, start, prev = [], s[0], s[0]
+    for g in s[1:]:
+        if g == prev + 1:
+            prev = g
+            continue
+        out.append(f"{start}-{prev}" if prev > start else f"{start}")
+        start = prev = g
+    out.append(f"{start}-{prev}" if prev > start else f"{start}")
+    return ",".join(out)
+
+
+def plan_table(job: JobSpec, plan: Plan, title: str) -> Table:
+    """One row per model-stage; stages with the same group letter share GPUs and take turns."""
+    cap = job.cluster.device.memory_bytes
+    letters = {name: chr(ord("A") + i) for i, g in enumerate(plan.groups) for name in g}
+    t = Table(title=f"{title} (latency and memory estimated)", title_justify="left")
+    for col in ("model-stage", "phase", "tp", "pp", "dp", "b x a", "recomp", "GPUs", "shares",
+                "latency s", "peak/cap GiB"):
+        t.add_column(col, justify="right" if col in ("tp", "pp", "dp", "latency s") else "left",
+                     no_wrap=True)
+    for sp in plan.stages:
+        c = sp.candidate
+        t.add_row(sp.stage, job.workflow.stage(sp.stage).phase.value, str(c.tp), str(c.pp),
+                  str(c.dp), f"{c.micro_batch}x{c.grad_accum}", "yes" if c.recompute else "no",
+                  gpu_ranges(sp.gpus), letters.get(sp.stage, "-"), f"{sp.latency_s:.3f}",
+                  f"{sp.peak_mem_bytes / GiB:.1f}/{cap / GiB:.0f}")
+    return t
+
+
+def _summary(plan: Plan) -> str:
+    parts = ", ".join(f"{k} {v:.3f} s" for k, v in plan.terms.items())
+    return f"step latency {plan.step_latency_s:.3f} s (estimated): {parts}"
+
+
+def _efficiencies(job: JobSpec, profile: Optional[Path]) -> Efficiencies | None:
+    if profile is None:
+        return None
+    return Calibrator.from_profile(profile, job.cluster.device.name).efficiencies()
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("plan")
+    @one_line_errors
+    def plan_cmd(
+        config: Optional[Path] = typer.Option(None, "--config", "-c", help="job YAML (see examples/)"),
+        model: Optional[str] = typer.Option(None, help="model preset or path to a HF config.json"),
+        algo: Optional[str] = typer.Option(None, help="ppo, grpo or remax [default: ppo]"),
+        execution: Optional[str] = typer.Option(None, help="sync or async [default: sync]"),
+        gpus: Optional[int] = typer.Option(None, help="GPUs in the pool"),
+        device: Optional[str] = typer.Option(None, help="h100-sxm-80gb, h200-141gb, "
+                                             "a100-sxm-80gb, mi250x, cpu [default: h100-sxm-80gb]"),
+        devices_per_node: Optional[int] = typer.Option(None, help="devices per node"),
+        response_len: Optional[int] = typer.Option(None, help="mean response length (tokens)"),
+        response_len_max: Optional[int] = typer.Option(None, help="longest response (tokens)"),
+        prompt_len: Optional[int] = typer.Option(None, help="prompt length (tokens)"),
+        prompts: Optional[int] = typer.Option(None, help="prompts per RL step"),
+        responses_per_prompt: Optional[int] = typer.Option(None, help="responses per prompt"),
+        explain: bool = typer.Option(False, "--explain", help="break every estimate down by term"),
+        frontier_stage: Optional[str] = typer.Option(None, "--frontier", metavar="STAGE",
+                                                     help="list STAGE's latency-GPU frontier"),
+        evaluate: Optional[Path] = typer.Option(None, "--evaluate", metavar="PLAN",
+                                                help="score your plan (plan JSON or YAML of "
+                                                "tp/pp/dp per model-stage) beside the best"),
+        profile: Optional[Path] = typer.Option(None, help="calibration profile JSON to use"),
+        as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
+    ) -> None:
+        """Find the fastest execution plan that fits, and show where its time and memory go."""
+        job = job_from_options(config, model=model, algo=algo, execution=execution, gpus=gpus,
+                               device=device, devices_per_node=devices_per_node,
+                               response_len=response_len, response_len_max=response_len_max,
+                               prompt_len=prompt_len, prompts=prompts,
+                               responses_per_prompt=responses_per_prompt)
+        cost = CostModel(job, _efficiencies(job, profile))
+        if evaluate is not None:
+            _evaluate(job, cost, evaluate, explain, as_json)
+            return
+        planner = Planner(job, cost=cost)
+        if frontier_stage is not None:
+            _frontier(job, planner, frontier_stage, as_json)
+            return
+        plan = planner.best()
+        if as_json:
+            print(json.dumps(plan.to_dict()))
+            return
+        console.print(f"[bold]{job.workflow.algo.upper()}[/] {job.model.name} on "
+                      f"{job.pool.size} x {job.cluster.device.name} "
+                      f"({job.cluster.num_nodes} nodes x {job.cluster.devices_per_node}), "
+                      f"response {job.workload.response_len_mean} tokens (max "
+                      f"{job.workload.response_len_max}), {job.workflow.execution.value}")
+        console.print(plan_table(job, plan, "best plan"))
+        console.print(_summary(plan))
+        if explain:
+            _explain(cost, plan)
+
+    def _explain(cost: CostModel, plan: Plan) -> None:
+        for sp in plan.stages:
+            grp = plan.group_of(sp.stage)
+            idle = sum(cost.resident_bytes(o, plan.stage(o).layout) for o in grp if o != sp.stage)
+            console.print(cost.estimate(sp.stage, sp.candidate, idle).explain(),
+                          markup=False, highlight=False)
+        sync = cost.job.workflow.weight_sync()
+        if sync:
+            console.print(cost.weight_sync(plan.stage(sync[0]).layout,
+                                           plan.stage(sync[1]).layout).explain(),
+                          markup=False, highlight=False)
+
+    def _frontier(job: JobSpec, planner: Planner, stage: str, as_json: bool) -> None:
+        job.workflow.stage(stage)  # raises a one-line error for an unknown stage
+        f = frontier(planner.options[stage])
+        order = sorted(range(len(f)), key=lambda i: (f.gpus[i], f.latency[i]))
+        rows = [{"tp": f.candidates[i].tp, "pp": f.candidates[i].pp, "dp": f.candidates[i].dp,
+                 "micro_batch": f.candidates[i].micro_batch,
+                 "grad_accum": f.candidates[i].grad_accum,
+                 "recompute": f.candidates[i].recompute, "gpus": int(f.gpus[i]),
+                 "latency_s": float(f.latency[i]),
+                 "peak_mem_bytes": int(f.resident[i] + f.transient[i])} for i in order]
+        if as_json:
+            print(json.dumps({"stage": stage, "source": "estimated", "frontier": rows}))
+            return
+        t = Table(title=f"{stage}: latency-GPU frontier (estimated)", title_justify="left")
+        for col in ("GPUs", "tp", "pp", "dp", "b x a", "recompute", "latency s", "peak GiB"):
+            t.add_column(col, justify="right")
+        for r in rows:
+            t.add_row(str(r["gpus"]), str(r["tp"]), str(r["pp"]), str(r["dp"]),
+                      f"{r['micro_batch']} x {r['grad_accum']}", "yes" if r["recompute"] else "no",
+                      f"{r['latency_s']:.3f}", f"{r['peak_mem_bytes'] / GiB:.1f}")
+        console.print(t)
+
+    def _evaluate(job: JobSpec, cost: CostModel, path: Path, explain: bool, as_json: bool) -> None:
+        yours = evaluate_plan(job, load_layout_spec(path), cost)
+        problems = validate_plan(job, yours, cost)
+        try:
+            best: Plan | None = Planner(job, cost=cost).best()
+        except Exception as e:  # the best plan is context; a job that fits nowhere still scores
+            best, why = None, str(e)
+        if as_json:
+            out = yours.to_dict()
+            out["fits"] = not problems
+            out["problems"] = problems
+            if best is not None:
+                out["best_step_latency_s"] = best.step_latency_s
+            print(json.dumps(out))
+            return
+        console.print(plan_table(job, yours, f"your plan ({path.name})"))
+        console.print(_summary(yours))
+        if problems:
+            console.print(f"[red]does not fit[/]: {len(problems)} problem(s)")
+            for p in problems[:10]:
+                console.print(f"  - {p}", markup=False)
+        else:
+            console.print("[green]fits[/] (every GPU within 90 % of memory, estimated)")
+        if best is not None:
+            console.print(plan_table(job, best, "best plan"))
+            console.print(_summary(best))
+            gain = yours.step_latency_s / best.step_latency_s
+            console.print(f"best plan: {gain:.2f}x the speed of yours per step (estimated)")
+        else:
+            console.print(f"no best plan: {why}")
+        if explain:
+            _explain(cost, yours)
+

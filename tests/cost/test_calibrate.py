@@ -1,0 +1,101 @@
+import random
+
+import pytest
+
+from nereus.cost.calibrate import Calibrator
+from nereus.cost.candidate import Candidate, Layout
+from nereus.cost.efficiency import Efficiencies
+from nereus.cost.model import CostModel
+from nereus.cost.ops import OpClass
+from nereus.errors import InputError
+from nereus.plan.candidates import enumerate_candidates
+from nereus.spec import parse_job
+from nereus.spec.workflow import StageKind
+
+HIDDEN = Efficiencies({OpClass.GEMM: 0.62, OpClass.ATTENTION: 0.41, OpClass.DECODE: 0.7,
+                       OpClass.ALLREDUCE_INTRA: 0.75, OpClass.ALLREDUCE_INTER: 0.35,
+                       OpClass.P2P_INTRA: 0.7, OpClass.P2P_INTER: 0.45, OpClass.HOST: 0.5,
+                       OpClass.OPTIMIZER: 0.8})
+
+
+@pytest.fixture(scope="module")
+def setup():
+    job = parse_job({"model": "llama-3.1-8b", "gpus": 16, "workload": {"response_len": 2048}})
+    return job, CostModel(job), CostModel(job, HIDDEN)
+
+
+def test_per_op_measurements_recover_hidden_efficiencies(setup):
+    cal = Calibrator()
+    rng = random.Random(1)
+    for cls, eff in HIDDEN.values.items():
+        for _ in range(5):
+            ideal = rng.uniform(0.01, 1.0)
+            cal.observe_op(cls, ideal, ideal / eff * (1 + rng.gauss(0, 0.005)))
+    got = cal.efficiencies()
+    for cls, eff in HIDDEN.values.items():
+        assert got[cls] == pytest.approx(eff, rel=0.02)
+
+
+def test_stage_measurements_converge_to_hidden_latencies(setup):
+    job, base, truth = setup
+    rng = random.Random(0)
+    cands = []
+    for stage in ("actor_train", "reference_infer", "actor_gen", "critic_train"):
+        cs = enumerate_candidates(base, job.workflow.stage(stage), 16)
+        rng.shuffle(cs)
+        cands += [(stage, c) for c in cs[:25]]
+    rng.shuffle(cands)
+    train, held_out = cands[:70], cands[70:]
+    cal = Calibrator(forgetting=1.0)
+    for stage, c in train:
+        cal.observe_stage(base.estimate(stage, c),
+                          truth.estimate(stage, c).latency_s * (1 + rng.gauss(0, 0.01)))
+    fitted = CostModel(job, cal.efficiencies())
+    errors_before, errors_after = [], []
+    for stage, c in held_out:
+        true = truth.estimate(stage, c).latency_s
+        errors_before.append(abs(base.estimate(stage, c).latency_s - true) / true)
+        errors_after.append(abs(fitted.estimate(stage, c).latency_s - true) / true)
+    assert max(errors_after) < 0.05
+    assert sum(errors_after) < 0.2 * sum(errors_before)
+    # the dominant classes are identified closely
+    assert cal.efficiencies()[OpClass.GEMM] == pytest.approx(0.62, rel=0.05)
+    assert cal.efficiencies()[OpClass.DECODE] == pytest.approx(0.7, rel=0.05)
+
+
+def test_forgetting_tracks_drift(setup):
+    cal = Calibrator(forgetting=0.7)
+    for _ in range(10):
+        cal.observe_op(OpClass.ALLREDUCE_INTER, 1.0, 2.0)
+        cal.next_step()
+    for _ in range(10):
+        cal.observe_op(OpClass.ALLREDUCE_INTER, 1.0, 4.0)  # congestion: half the efficiency
+        cal.next_step()
+    before = 0.5
+    after = cal.efficiencies()[OpClass.ALLREDUCE_INTER]
+    assert 0.25 <= after < 0.3 < before  # old measurements have faded
+
+
+def test_profile_round_trip_and_reuse(tmp_path, setup):
+    job, base, _ = setup
+    cal = Calibrator(prior=Efficiencies(device="h100-sxm-80gb"))
+    cal.observe_op(OpClass.GEMM, 1.0, 1.6)
+    cal.observe_memory(StageKind.TRAIN, 100, 110)
+    path = tmp_path / "h100.json"
+    cal.save(path, model="llama-3.1-8b")
+    again = Calibrator.from_profile(path, "h100-sxm-80gb")
+    assert again.efficiencies()[OpClass.GEMM] == pytest.approx(cal.efficiencies()[OpClass.GEMM])
+    assert again.memory_scale()[StageKind.TRAIN] == pytest.approx(1.1)
+    # a new model whose op classes match reuses it directly
+    other = parse_job({"model": "qwen3-14b", "gpus": 16})
+    est = CostModel(other, again.efficiencies()).estimate("actor_train", Candidate(Layout(4, 2), 2, 1, 64))
+    assert est.efficiencies[OpClass.GEMM] == pytest.approx(1 / 1.6, rel=0.05)
+    with pytest.raises(InputError, match="profile.device"):
+        Calibrator.from_profile(path, "mi250x")
+
+
+def test_bad_measurements_are_rejected(setup):
+    job, base, _ = setup
+    e = base.estimate("actor_train", Candidate(Layout(4, 2), 2, 1, 64))
+    with pytest.raises(InputError):
+        Calibrator().observe_stage(e, 0.0)

@@ -1,0 +1,101 @@
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from nereus.cost.candidate import Candidate, Layout
+from nereus.cost.efficiency import Efficiencies
+from nereus.cost.model import CostModel
+from nereus.cost.ops import OpClass
+from nereus.plan.candidates import enumerate_candidates
+from nereus.spec import parse_job
+
+
+def job(resp=2048, gpus=16, model="llama-3.1-8b", algo="ppo"):
+    return parse_job({"model": model, "algo": algo, "gpus": gpus,
+                      "workload": {"response_len": resp}})
+
+
+@pytest.fixture(scope="module")
+def cm():
+    return CostModel(job())
+
+
+def test_terms_sum_to_latency_and_explain_names_them(cm):
+    e = cm.estimate("actor_train", Candidate(Layout(2, 2), 4, 1, 32))
+    assert e.source == "estimated"
+    assert sum(e.terms.values()) == pytest.approx(e.latency_s)
+    text = e.explain()
+    for term in ("compute", "tp_comm", "dp_sync", "bubble", "optimizer", "parameters",
+                 "optimizer state", "activations"):
+        assert term in text
+    assert e.peak_mem_bytes == sum(e.memory.values())
+
+
+def test_vectorized_evaluation_equals_single_estimates(cm):
+    """The planner prices candidates in bulk; explain() prices one: same numbers."""
+    for stage in ("actor_gen", "reference_infer", "actor_train"):
+        cands = enumerate_candidates(cm, cm.job.workflow.stage(stage), 16)[:60]
+        ev = cm.evaluate(stage, cands)
+        for i, c in enumerate(cands):
+            e = cm.estimate(stage, c)
+            assert ev.latency[i] == pytest.approx(e.latency_s, rel=1e-12)
+            assert ev.peak[i] == pytest.approx(e.peak_mem_bytes, abs=8)
+
+
+@given(st.sampled_from(["actor_gen", "reference_infer", "actor_train", "critic_train"]),
+       st.integers(0, 10_000), st.integers(256, 4096), st.integers(1, 4096))
+@settings(max_examples=60)
+def test_memory_rises_with_response_length(stage, pick, short, extra):
+    small, large = CostModel(job(short)), CostModel(job(short + extra))
+    cands = enumerate_candidates(small, small.job.workflow.stage(stage), 16)
+    c = cands[pick % len(cands)]
+    a, b = small.estimate(stage, c), large.estimate(stage, c)
+    if stage == "actor_gen":
+        # generation fills what memory allows with KV cache; what it needs per sequence rises
+        assert large.kv_bytes_per_token(c.layout) * (512 + short + extra) > \
+            small.kv_bytes_per_token(c.layout) * (512 + short)
+        assert b.latency_s >= a.latency_s
+    else:
+        assert b.peak_mem_bytes >= a.peak_mem_bytes
+        assert b.memory["activations"] > a.memory["activations"]
+
+
+def test_recomputation_trades_memory_for_time(cm):
+    plain = cm.estimate("actor_train", Candidate(Layout(2, 1), 8, 1, 16))
+    rc = cm.estimate("actor_train", Candidate(Layout(2, 1), 8, 1, 16, recompute=True))
+    assert rc.memory["activations"] < plain.memory["activations"]
+    assert rc.latency_s > plain.latency_s
+
+
+def test_efficiency_scales_its_class_inversely(cm):
+    c = Candidate(Layout(1, 1), 16, 1, 8)
+    base = cm.estimate("reference_infer", c)
+    faster = CostModel(cm.job, Efficiencies({OpClass.GEMM: 0.9})).estimate("reference_infer", c)
+    gemm_base = sum(o.ideal_s for o in base.ops if o.cls is OpClass.GEMM)
+    assert base.latency_s - faster.latency_s == pytest.approx(gemm_base / 0.45 - gemm_base / 0.9)
+
+
+def test_weight_sync_depends_on_both_layouts(cm):
+    same = cm.weight_sync(Layout(2, 1), Layout(2, 1))
+    assert same.latency_s == 0 and "already resident" in same.notes[0]
+    a = cm.weight_sync(Layout(4, 2), Layout(1, 1))
+    b = cm.weight_sync(Layout(2, 1), Layout(1, 1))
+    assert a.latency_s > b.latency_s > 0
+
+
+def test_generation_batch_is_bounded_by_kv_memory():
+    long = CostModel(job(8192))
+    e = long.estimate("actor_gen", Candidate(Layout(1, 1), 2, 256, 1))
+    assert e.fits and e.memory["kv cache"] < 256 * long.kv_bytes_per_token(Layout(1, 1)) * (512 + 8192)
+    assert any("decode batch" in n for n in e.notes)
+
+
+def test_tp_inter_node_costs_more():
+    c = Candidate(Layout(8, 1), 2, 1, 32)
+    intra = CostModel(job()).estimate("reference_infer", c)
+    narrow = parse_job({"model": "llama-3.1-8b", "gpus": 16, "cluster": {"devices_per_node": 4}})
+    inter = CostModel(narrow).estimate("reference_infer", c)
+    assert inter.terms["tp_comm"] > intra.terms["tp_comm"]
+    assert any(o.cls is OpClass.ALLREDUCE_INTER for o in inter.ops)
+    assert not np.isnan(inter.latency_s)

@@ -1,0 +1,121 @@
+"""The exact search against brute force, and every returned plan against the validator."""
+
+import math
+from dataclasses import replace
+
+import pytest
+from hypothesis import assume, event, given, settings
+from hypothesis import strategies as st
+
+from nereus.cost.model import CostModel
+from nereus.errors import InfeasibleError
+from nereus.plan.bruteforce import brute_force_latency
+from nereus.plan.candidates import enumerate_candidates
+from nereus.plan.search import Planner, best_plan
+from nereus.plan.validate import validate_plan
+from nereus.spec import GiB, parse_job
+
+STAGE_SETS = [
+    ("grpo", ("actor_gen", "reference_infer", "actor_train")),
+    ("grpo", ("actor_gen", "reference_infer", "reward_infer", "actor_train")),
+    ("ppo", ("actor_gen", "critic_infer", "actor_train", "critic_train")),
+    ("ppo", ("reference_infer", "reward_infer", "critic_infer")),
+    ("remax", ("actor_gen", "reward_infer", "actor_train")),
+]
+
+
+@st.composite
+def small_jobs(draw):
+    algo, stages = draw(st.sampled_from(STAGE_SETS))
+    gpus = draw(st.sampled_from([1, 2, 3, 4, 6, 8, 16]))
+    per_node = draw(st.sampled_from([1, 2, 4, 8]))
+    data = {
+        "model": draw(st.sampled_from(["tiny-llama", "tiny-qwen3"])),
+        "algo": algo,
+        "execution": draw(st.sampled_from(["sync", "async"])),
+        "gpus": gpus,
+        "cluster": {"device": "cpu", "devices_per_node": per_node,
+                    # small memories make the memory constraints bind
+                    "device_memory_gib": draw(st.sampled_from([0.07, 0.1, 0.2, 2.0]))},
+        "workload": {"prompts_per_step": draw(st.sampled_from([2, 4])),
+                     "responses_per_prompt": draw(st.sampled_from([1, 2])),
+                     "prompt_len": draw(st.sampled_from([16, 64])),
+                     "response_len": draw(st.sampled_from([32, 256, 1024])),
+                     "ppo_mini_batches": 2},
+    }
+    job = parse_job(data)
+    wf = job.workflow
+    return replace(job, workflow=replace(wf, stages=tuple(s for s in wf.stages if s.name in stages)))
+
+
+def _combinations(job) -> int:
+    cost = CostModel(job)
+    return math.prod(max(1, len(enumerate_candidates(cost, s, job.pool.size)))
+                     for s in job.workflow.stages)
+
+
+@given(small_jobs())
+@settings(max_examples=45)
+def test_search_equals_brute_force(job):
+    assume(_combinations(job) <= 20_000)
+    expected = brute_force_latency(job)
+    event("feasible" if expected < math.inf else "infeasible")
+    try:
+        plan = best_plan(job)
+    except InfeasibleError:
+        assert expected == math.inf
+        return
+    assert plan.step_latency_s == pytest.approx(expected, rel=1e-9)
+    assert validate_plan(job, plan) == []
+
+
+@given(st.sampled_from(["llama-3.1-8b", "qwen3-14b"]), st.sampled_from([8, 16, 24, 32, 64]),
+       st.sampled_from([1024, 2048, 4096, 8192]), st.sampled_from(["ppo", "grpo", "remax"]),
+       st.sampled_from(["sync", "async"]))
+@settings(max_examples=25)
+def test_every_plan_passes_the_validator(model, gpus, resp, algo, execution):
+    job = parse_job({"model": model, "gpus": gpus, "algo": algo, "execution": execution,
+                     "workload": {"response_len": resp, "prompts_per_step": 256}})
+    try:
+        plan = best_plan(job)
+    except InfeasibleError:
+        return
+    assert validate_plan(job, plan) == []
+    assert set(plan.names) == {s.name for s in job.workflow.stages}
+    for sp in plan.stages:
+        assert len(sp.gpus) == sp.candidate.gpus <= gpus
+
+
+def test_validator_catches_broken_plans():
+    job = parse_job({"model": "llama-3.1-8b", "gpus": 16})
+    plan = best_plan(job)
+    train = plan.stage("actor_train")
+    # move actor_train onto critic_train's GPUs while they still run concurrently
+    critic = plan.stage("critic_train")
+    assert not set(train.gpus) & set(critic.gpus)  # they run side by side in this plan
+    if train.candidate.gpus <= critic.candidate.gpus:
+        flat, size = critic.gpus, train.layout.size
+        moved = replace(train, replicas=tuple(tuple(flat[r * size:(r + 1) * size])
+                                              for r in range(train.dp)))
+        broken = replace(plan, stages=tuple(moved if s.stage == "actor_train" else s
+                                            for s in plan.stages))
+        assert any("concurrently" in p for p in validate_plan(job, broken))
+    tiny = replace(job, cluster=replace(job.cluster, device=job.cluster.device.with_memory(20 * GiB)))
+    assert any("GiB" in p for p in validate_plan(tiny, plan))
+
+
+def test_fits_nowhere_names_the_stage_and_its_smallest_footprint():
+    job = parse_job({"model": "llama-3.3-70b", "gpus": 2})
+    with pytest.raises(InfeasibleError, match=r"model-stage \w+ fits nowhere: its smallest "
+                                              r"footprint is .* GiB per GPU"):
+        Planner(job)
+
+
+def test_tp_stays_inside_a_node():
+    job = parse_job({"model": "llama-3.1-8b", "gpus": 24, "cluster": {"devices_per_node": 8},
+                     "workload": {"response_len": 4096}})
+    plan = best_plan(job)
+    for sp in plan.stages:
+        for r in sp.replicas:
+            for i in range(0, len(r), sp.tp):
+                assert job.cluster.same_node(r[i:i + sp.tp])

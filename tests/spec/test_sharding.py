@@ -1,0 +1,67 @@
+"""The sharding format: shards tile each logical tensor, and layouts nest (Split/Merge stay local)."""
+
+import itertools
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from nereus.spec import MODEL_PRESETS, Head
+from nereus.spec.sharding import LM_HEAD, layout_problem, logical_params, padded_vocab, shard_plan
+
+MODELS = ["tiny-llama", "tiny-qwen3"]
+
+
+def layouts(model):
+    m = MODEL_PRESETS[model]
+    return [(tp, pp) for tp, pp in itertools.product((1, 2, 4, 8), (1, 2, 4))
+            if layout_problem(m, tp, pp) is None]
+
+
+@pytest.mark.parametrize("model", MODELS)
+@pytest.mark.parametrize("head", [Head.LM, Head.SCALAR])
+def test_shards_cover_every_logical_element(model, head):
+    m = MODEL_PRESETS[model]
+    for tp, pp in layouts(model):
+        covered = {p.name: np.zeros(p.shape[p.split_dim] if p.split_dim is not None else 1, bool)
+                   for p in logical_params(m, head)}
+        for t, r in itertools.product(range(tp), range(pp)):
+            for s in shard_plan(m, head, tp, pp, t, r):
+                if s.split_dim is None:
+                    covered[s.logical][:] = True
+                else:
+                    covered[s.logical][s.start:s.start + s.valid_len] = True
+        assert all(v.all() for v in covered.values()), (tp, pp)
+
+
+@given(st.sampled_from(MODELS), st.data())
+@settings(max_examples=40)
+def test_sub_layout_shards_contain_the_layout_shards(model, data):
+    """Under the contracts' nesting map, a T_sub position holds every T shard it becomes."""
+    m = MODEL_PRESETS[model]
+    tp, pp = data.draw(st.sampled_from(layouts(model)))
+    subs = [(a, b) for a, b in layouts(model) if tp % a == 0 and pp % b == 0]
+    tps, pps = data.draw(st.sampled_from(subs))
+    mt, mp = tp // tps, pp // pps
+    for t, r in itertools.product(range(tp), range(pp)):
+        sub = {s.logical: s for s in shard_plan(m, Head.LM, tps, pps, t // mt, r // mp)}
+        for s in shard_plan(m, Head.LM, tp, pp, t, r):
+            owner = sub[s.logical]
+            if s.split_dim is not None:
+                assert owner.start <= s.start and s.stop <= owner.stop, (s, owner)
+
+
+def test_vocab_padding_and_tied_copy_on_last_block():
+    m = MODEL_PRESETS["tiny-qwen3"]  # vocab 250, tied embeddings
+    assert padded_vocab(m, 4) == 256
+    last = shard_plan(m, Head.LM, 2, 2, 1, 1)
+    assert any(s.name == LM_HEAD and s.logical == "model.embed_tokens.weight" for s in last)
+    assert not any(s.name == LM_HEAD for s in shard_plan(m, Head.LM, 2, 1, 0, 0))
+
+
+def test_kv_heads_replicate_beyond_their_count():
+    m = MODEL_PRESETS["tiny-llama"]  # 2 KV heads
+    ks = [next(s for s in shard_plan(m, Head.LM, 4, 1, t, 0) if s.name.endswith("0.self_attn.k_proj.weight"))
+          for t in range(4)]
+    assert [k.start for k in ks] == [0, 0, m.head_dim, m.head_dim]

@@ -1,0 +1,71 @@
+from pathlib import Path
+
+import pytest
+
+from nereus.errors import InputError
+from nereus.spec import GpuPool, Workload, load_job, parse_job
+from nereus.spec.workflow import Execution, Phase, StageKind, get_workflow
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+def test_minimal_job_fills_defaults():
+    job = parse_job({"model": "llama-3.1-8b", "gpus": 16})
+    assert job.pool.size == 16 and job.cluster.num_nodes == 2
+    assert job.workflow.algo == "ppo" and job.workload.response_len_mean == 2048
+
+
+@pytest.mark.parametrize("data,field", [
+    ({"model": "llama-3.1-8b", "gpus": 16, "workload": {"respons_len": 3}}, "workload.respons_len"),
+    ({"model": "llama-3.1-8b", "gpus": 0}, "gpus"),
+    ({"model": "llama-3.1-8b", "gpus": 4, "algo": "dpo"}, "algo"),
+    ({"model": "llama-3.1-8b", "gpus": 4, "cluster": {"device": "tpu"}}, "device"),
+    ({"gpus": 4}, "model"),
+    ({"model": "llama-3.1-8b", "gpus": 4, "workload": {"param_dtype": "int3"}}, "workload.param_dtype"),
+])
+def test_bad_fields_are_named(data, field):
+    with pytest.raises(InputError) as e:
+        parse_job(data)
+    assert e.value.field == field
+    assert "\n" not in str(e.value)
+
+
+def test_unknown_field_lists_allowed_fields():
+    with pytest.raises(InputError, match="allowed: .*response_len"):
+        parse_job({"model": "llama-3.1-8b", "gpus": 4, "workload": {"respons_len": 3}})
+
+
+def test_examples_all_load():
+    files = sorted(EXAMPLES.glob("*.yaml"))
+    assert len(files) >= 4
+    for f in files:
+        job = load_job(f)
+        assert job.pool.size >= 1
+
+
+def test_workflows_as_data():
+    ppo = get_workflow("ppo")
+    assert [s.name for s in ppo.phase_stages(Phase.TRAINING)] == ["actor_train", "critic_train"]
+    assert ppo.weight_sync() == ("actor_train", "actor_gen")
+    grpo = get_workflow("grpo", "async")
+    assert grpo.execution is Execution.ASYNC and "critic" not in {m.name for m in grpo.models}
+    remax = get_workflow("remax")
+    assert remax.greedy_baseline and all(s.model != "critic" for s in remax.stages)
+    assert sum(s.kind is StageKind.GENERATE for s in remax.stages) == 1
+
+
+def test_workload_batch_arithmetic_and_errors():
+    w = Workload(prompts_per_step=64, responses_per_prompt=8, ppo_mini_batches=4, ppo_epochs=2)
+    assert w.sequences_per_step == 512 and w.sequences_per_update == 128
+    assert w.updates_per_step == 8
+    with pytest.raises(InputError, match="ppo_mini_batches"):
+        Workload(prompts_per_step=10, ppo_mini_batches=3)
+    with pytest.raises(InputError, match="response_len_max"):
+        Workload(response_len_mean=100, response_len_max=50)
+
+
+def test_pool_rejects_ids_outside_cluster():
+    job = parse_job({"model": "tiny-llama", "gpus": 4, "cluster": {"device": "cpu"}})
+    with pytest.raises(InputError, match="outside the cluster"):
+        GpuPool(job.cluster, (0, 99))
+    assert job.pool.without([1]).ids == (0, 2, 3)
