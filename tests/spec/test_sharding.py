@@ -65,3 +65,13 @@ def test_kv_heads_replicate_beyond_their_count():
     ks = [next(s for s in shard_plan(m, Head.LM, 4, 1, t, 0) if s.name.endswith("0.self_attn.k_proj.weight"))
           for t in range(4)]
     assert [k.start for k in ks] == [0, 0, m.head_dim, m.head_dim]
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_max_shard_numel_is_the_fullest_position(model):
+    from nereus.spec.sharding import max_shard_numel, shard_numel
+    m = MODEL_PRESETS[model]
+    for head in (Head.LM, Head.SCALAR):
+        for tp, pp in layouts(model):
+            full = max(shard_numel(m, head, tp, pp, t, r) for t in range(tp) for r in range(pp))
+            assert max_shard_numel(m, head, tp, pp) == full

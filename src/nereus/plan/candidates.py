@@ -87,19 +87,26 @@ class StageOptions:
 
 
 def pareto_mask(cols: list[np.ndarray]) -> np.ndarray:
-    """Rows not dominated (<= in every column) by an earlier-sorted row; ties keep the first."""
-    n = len(cols[0])
+    """Rows no other row dominates (<= in every column); of equal rows the first.
+
+    Rows are visited in lexicographic order, so a row can only be dominated by one visited
+    before it, and only kept rows need checking.
+    """
+    m = np.stack(cols, axis=1).astype(float)
+    n = len(m)
     keep = np.zeros(n, dtype=bool)
     if n == 0:
         return keep
-    m = np.stack(cols, axis=1).astype(float)
     order = np.lexsort(tuple(m[:, i] for i in reversed(range(m.shape[1]))))
-    kept = np.empty((0, m.shape[1]))
+    kept = np.empty_like(m)
+    k = 0
     for i in order:
-        if len(kept) and np.any(np.all(kept <= m[i], axis=1)):
+        row = m[i]
+        if k and (kept[:k] <= row).all(axis=1).any():
             continue
         keep[i] = True
-        kept = np.vstack([kept, m[i]])
+        kept[k] = row
+        k += 1
     return keep
 
 

@@ -203,5 +203,11 @@ def shard_numel(model: ModelSpec, head: Head, tp: int, pp: int, tp_rank: int, pp
 
 @lru_cache(maxsize=1024)
 def max_shard_numel(model: ModelSpec, head: Head, tp: int, pp: int) -> int:
-    """Elements held by the fullest position of a (tp, pp) unit."""
-    return max(shard_numel(model, head, tp, pp, t, p) for t in range(tp) for p in range(pp))
+    """Elements held by the fullest position of a (tp, pp) unit.
+
+    Every TP rank holds the same number of elements (equal splits, padded vocabulary,
+    replicated KV heads), and all middle pipeline blocks are alike, so the first, one middle and
+    the last block of TP rank 0 decide it.
+    """
+    blocks = {0, min(1, pp - 1), pp - 1}
+    return max(shard_numel(model, head, tp, pp, 0, p) for p in blocks)
