@@ -18,7 +18,12 @@ import torch.nn.functional as F
 
 from nereus.cost.ops import OpClass
 from nereus.engine.comm import all_reduce, copy_to_tp, reduce_from_tp
+from nereus.engine.fused import apply_rotary, heads_linear, rms_norm, swiglu
 from nereus.engine.measure import Recorder
+
+__all__ = ["TP", "apply_rotary", "attention", "column_linear", "gather_vocab",
+           "heads_row_linear", "mask_padding", "matmul", "rms_norm", "rotary_tables",
+           "row_linear", "swiglu", "vocab_embedding", "vocab_logprob"]
 
 
 @dataclass(frozen=True)
@@ -53,12 +58,9 @@ def row_linear(x: torch.Tensor, w: torch.Tensor, tp: TP) -> torch.Tensor:
     return reduce_from_tp(matmul(x, w, tp.rec), tp.pg, tp.rec, tp.intra)
 
 
-def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
-    """RMSNorm computed in fp32 and cast back, as ``transformers``' Llama and Qwen3 do."""
-    dtype = x.dtype
-    h = x.float()
-    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
-    return w * h.to(dtype)
+def heads_row_linear(o: torch.Tensor, w: torch.Tensor, tp: TP) -> torch.Tensor:
+    """The attention output projection: local heads o [b, heads, s, d] in, full output out."""
+    return reduce_from_tp(heads_linear(o, w, tp.rec), tp.pg, tp.rec, tp.intra)
 
 
 def rotary_tables(positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype
@@ -69,13 +71,6 @@ def rotary_tables(positions: torch.Tensor, head_dim: int, theta: float, dtype: t
     ang = positions[..., None].float() * inv
     emb = torch.cat((ang, ang), dim=-1)
     return emb.cos().to(dtype), emb.sin().to(dtype)
-
-
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate ``x`` [b, heads, s, d] by the tables [b, s, d] (half-split convention of HF)."""
-    half = x.shape[-1] // 2
-    rot = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos[:, None] + rot * sin[:, None]
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
@@ -127,12 +122,11 @@ class _VocabParallelLogProb(torch.autograd.Function):
         n, vl = logits.shape
         m = logits.max(dim=-1).values
         all_reduce(m, tp.pg, tp.rec, tp.intra, dist.ReduceOp.MAX)
-        shifted = logits - m[:, None]
-        exp = shifted.exp()
         local = target - start
         inside = (local >= 0) & (local < vl)
         idx = local.clamp(0, vl - 1)
-        picked = torch.where(inside, shifted.gather(1, idx[:, None]).squeeze(1), 0.0)
+        picked = torch.where(inside, logits.gather(1, idx[:, None]).squeeze(1) - m, 0.0)
+        exp = (logits - m[:, None]).exp_()   # one [n, V/tp] buffer beside the logits
         sums = torch.stack((exp.sum(dim=-1), picked), dim=1)
         all_reduce(sums, tp.pg, tp.rec, tp.intra)
         ctx.save_for_backward(exp.div_(sums[:, :1]), idx, inside)

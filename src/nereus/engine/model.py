@@ -12,14 +12,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 import torch.utils.checkpoint
 
 from nereus.engine.comm import copy_to_tp
 from nereus.engine.groups import ParallelGroups, Position
-from nereus.engine.layers import (TP, apply_rotary, attention, gather_vocab, mask_padding, matmul,
-                                  rms_norm, rotary_tables, row_linear, vocab_embedding,
-                                  vocab_logprob)
+from nereus.engine.layers import (TP, apply_rotary, attention, gather_vocab, heads_row_linear,
+                                  mask_padding, matmul, rms_norm, rotary_tables, row_linear,
+                                  swiglu, vocab_embedding, vocab_logprob)
 from nereus.engine.measure import Recorder
 from nereus.errors import InputError
 from nereus.spec.model import Head, ModelSpec
@@ -140,13 +139,12 @@ class ParallelModel:
             k = cache.k[i][:, :, :start + s]
             v = cache.v[i][:, :, :start + s]
         o = attention(q, k, v, inp.mask, self.rec, causal=True)
-        o = o.transpose(1, 2).reshape(b, s, self.local_heads * hd)
-        h = h + row_linear(o, w[p + "self_attn.o_proj.weight"], self.tp)
+        h = h + heads_row_linear(o, w[p + "self_attn.o_proj.weight"], self.tp)
         x = copy_to_tp(rms_norm(h, w[p + "post_attention_layernorm.weight"], spec.rms_norm_eps),
                        self.tp.pg, self.rec, self.tp.intra)
         g = matmul(x, w[p + "mlp.gate_proj.weight"], self.rec)
         u = matmul(x, w[p + "mlp.up_proj.weight"], self.rec)
-        return h + row_linear(F.silu(g) * u, w[p + "mlp.down_proj.weight"], self.tp)
+        return h + row_linear(swiglu(g, u), w[p + "mlp.down_proj.weight"], self.tp)
 
     def stage_forward(self, x: torch.Tensor, inp: Inputs, cache: KVCache | None = None
                       ) -> torch.Tensor:

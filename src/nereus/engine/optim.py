@@ -89,16 +89,17 @@ def is_qk_norm(name: str) -> bool:
 @torch.no_grad()
 def adam_update(params: Mapping[str, torch.Tensor], grads: Mapping[str, torch.Tensor],
                 state: AdamState, cfg: AdamConfig, scale: float, rec: Recorder) -> None:
-    """One AdamW update of every parameter with gradient ``grads[name] * scale``."""
+    """One AdamW update of every parameter with gradient ``grads[name] * scale`` (fp32
+    gradients, scaled in place)."""
     with rec.span(OpClass.OPTIMIZER):
         state.step += 1
         t = state.step
         bias1 = 1.0 - cfg.beta1 ** t
         bias2_sqrt = math.sqrt(1.0 - cfg.beta2 ** t)
         for name, p in params.items():
-            g = grads[name].float()
+            g = grads[name]   # fp32; the step's own buffer, so it may be scaled in place
             if scale != 1.0:
-                g = g * scale
+                g.mul_(scale)
             m, v = state.exp_avg[name], state.exp_avg_sq[name]
             w = state.master.get(name, p)
             if cfg.weight_decay:

@@ -48,6 +48,7 @@ class TrainStep:
         self.model, self.state, self.cfg, self.micro_batch = model, state, config, micro_batch
         self.recompute = recompute
         self._main_grads: dict[str, torch.Tensor] = {}
+        self._flat = torch.zeros(0)
 
     # ---------------------------------------------------------------- public
     def __call__(self, batch: Batch, loss_fn: LossFn) -> TrainResult:
@@ -74,17 +75,27 @@ class TrainStep:
 
     # ---------------------------------------------------------------- gradients
     def _enable_grads(self) -> list[Any]:
-        """Parameters require grad for the step only; bf16 ones accumulate into fp32 buffers."""
+        """Parameters require grad for the step only. Gradients accumulate in fp32 views of one
+        flat buffer (Megatron's contiguous grad buffer): the DP all-reduce then runs on it in
+        place, and gradients take exactly numel x 4 bytes. An fp32 parameter's ``.grad`` is its
+        view (autograd adds into it in place); a bf16 one's is added by a hook and dropped."""
         hooks = []
+        params = self.model.params
+        total = sum(p.numel() for p in params.values())
+        self._flat = torch.zeros(total, dtype=torch.float32, device=self.model.device)
         self._main_grads = {}
-        for name, p in self.model.params.items():
-            p.grad = None
+        off = 0
+        for name, p in params.items():
+            view = self._flat[off:off + p.numel()].view_as(p)
+            off += p.numel()
+            self._main_grads[name] = view
             p.requires_grad_(True)
-            if p.dtype != torch.float32:
-                buf = torch.zeros_like(p, dtype=torch.float32)
-                self._main_grads[name] = buf
+            if p.dtype == torch.float32:
+                p.grad = view
+            else:
+                p.grad = None
 
-                def acc(t: torch.Tensor, buf: torch.Tensor = buf) -> None:
+                def acc(t: torch.Tensor, buf: torch.Tensor = view) -> None:
                     buf.add_(t.grad)
                     t.grad = None
                 hooks.append(p.register_post_accumulate_grad_hook(acc))
@@ -97,15 +108,13 @@ class TrainStep:
             p.grad = None
             p.requires_grad_(False)
         self._main_grads = {}
+        self._flat = torch.zeros(0)
 
     def _grads(self) -> dict[str, torch.Tensor]:
-        out = {}
         for name, p in self.model.params.items():
-            g = self._main_grads.get(name)
-            if g is None:
-                g = p.grad if p.grad is not None else torch.zeros_like(p)
-            out[name] = g
-        return out
+            if p.grad is not None and p.grad.data_ptr() != self._main_grads[name].data_ptr():
+                raise RuntimeError(f"gradient of {name} left its buffer")
+        return self._main_grads
 
     def _sync_tp(self, grads: dict[str, torch.Tensor]) -> None:
         """Sum the partial gradients that the TP ranks hold of one logical tensor."""
@@ -148,26 +157,15 @@ class TrainStep:
             mine.add_(theirs)
 
     def _sync_dp(self, grads: dict[str, torch.Tensor]) -> None:
-        """Sum gradients over the replicas in flat buckets of one dtype (few large messages,
-        and at most one bucket of extra memory)."""
+        """Sum gradients over the replicas: in place on the flat buffer, in chunks of
+        ``DP_BUCKET_BYTES`` (a few large messages, no copies)."""
         m = self.model
         pg = m.groups.dp
         if pg is None or pg.size() == 1:
             return
-        buckets: list[list[str]] = []
-        size = 0
-        for n, g in grads.items():
-            nbytes = g.numel() * g.element_size()
-            if (not buckets or size + nbytes > DP_BUCKET_BYTES
-                    or grads[buckets[-1][0]].dtype != g.dtype):
-                buckets.append([])
-                size = 0
-            buckets[-1].append(n)
-            size += nbytes
-        for names in buckets:
-            flat = torch.cat([grads[n].reshape(-1) for n in names])
-            all_reduce(flat, pg, m.rec, m.groups.dp_intra)
-            _unflatten(flat, [grads[n] for n in names])
+        step = DP_BUCKET_BYTES // 4
+        for i in range(0, self._flat.numel(), step):
+            all_reduce(self._flat[i:i + step], pg, m.rec, m.groups.dp_intra)
 
     def _global_norm(self, grads: dict[str, torch.Tensor]) -> float:
         """L2 norm of the logical gradient: every element once, summed over TP and PP."""
@@ -175,7 +173,7 @@ class TrainStep:
         sq = torch.zeros(1, dtype=torch.float64, device=m.device)
         for name, g in grads.items():
             if counts_once(m.plan[name], m.spec, m.pos.tp, m.pos.tp_rank):
-                sq += g.double().pow(2).sum()
+                sq += torch.linalg.vector_norm(g).double() ** 2
         all_reduce(sq, m.tp.pg, m.rec, m.tp.intra)
         all_reduce(sq, m.groups.pp, m.rec, m.groups.pp_intra)
         return float(sq.sqrt())

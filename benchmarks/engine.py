@@ -1,0 +1,260 @@
+"""Measured engine stages beside the cost model's estimate after calibration.
+
+Each case is one stage operation (train_step, forward, generate) of a small model in one layout
+(tp, pp, dp) and one batch shape, run on the runtime's workers (Ray actors, gloo on CPU, NCCL on
+GPU). Time is the slowest worker's wall time of the operation (the fastest of ``--repeats`` runs
+after a warm-up: on a shared machine other processes only add time); memory is the largest
+per-worker peak of one extra run with memory tracking (``nereus.engine.measure``): the bytes of
+tensors, state and transient, so it is compared with the estimate's tensor terms (all but its
+``workspace`` assumption for non-tensor memory). Both are measured.
+
+Calibration never sees the case it scores: the cases are split into two folds; a ``Calibrator``
+learns the op-class efficiencies (from stage latencies) and the memory scale per stage kind from
+one fold, and the cost model so calibrated estimates the other fold. The last line is one JSON
+object: ``cases``, ``latency_mape``, ``memory_mape`` (targets 0.15 and 0.10), and the device.
+
+    python benchmarks/engine.py [--json] [--workers 2] [--repeats 3] [--model small-llama]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+import ray
+import torch
+
+from nereus.cost.calibrate import Calibrator
+from nereus.cost.candidate import Candidate, Layout
+from nereus.cost.efficiency import Efficiencies
+from nereus.cost.model import CostModel
+from nereus.engine.batch import Batch
+from nereus.engine.losses import weighted_nll
+from nereus.engine.optim import AdamConfig
+from nereus.engine.runner import StageRunner
+from nereus.engine.sampling import SamplingParams
+from nereus.runtime.comm import Rendezvous
+from nereus.runtime.movement import destroy_member, place_seeded
+from nereus.runtime.state import StateSpec
+from nereus.runtime.workers import WorkerPool
+from nereus.spec.cluster import Cluster, GpuPool
+from nereus.spec.device import get_device
+from nereus.spec.job import JobSpec
+from nereus.spec.model import Head, get_model
+from nereus.spec.workflow import StageKind, ppo
+from nereus.spec.workload import Workload
+from nereus.transition.emu import Emu, Holds
+
+STAGES = {"train": "actor_train", "forward": "reference_infer", "generate": "actor_gen"}
+KINDS = {"train": StageKind.TRAIN, "forward": StageKind.FORWARD, "generate": StageKind.GENERATE}
+
+
+@dataclass(frozen=True)
+class Case:
+    """One stage operation: ``seqs`` sequences of ``prompt`` + ``response`` tokens (for
+    generation, ``response`` new tokens are sampled), micro-batch ``b``, ``a`` per replica."""
+
+    kind: str
+    tp: int
+    pp: int
+    dp: int
+    a: int
+    seqs: int
+    prompt: int
+    response: int
+
+    @property
+    def b(self) -> int:
+        return self.seqs // (self.dp * self.a)
+
+    @property
+    def name(self) -> str:
+        return (f"{self.kind} tp{self.tp}pp{self.pp}dp{self.dp} b{self.b}a{self.a} "
+                f"n{self.seqs} s{self.prompt}+{self.response}")
+
+
+def cases(workers: int) -> list[Case]:
+    layouts = [(tp, pp, dp) for tp in (1, 2, 4) for pp in (1, 2, 4) for dp in (1, 2, 4)
+               if tp * pp * dp <= workers]
+    out = []
+    for tp, pp, dp in layouts:
+        out += [Case("train", tp, pp, dp, 2, 8, 64, 64), Case("train", tp, pp, dp, 1, 8, 32, 32),
+                Case("forward", tp, pp, dp, 2, 8, 64, 64),
+                Case("forward", tp, pp, dp, 1, 16, 32, 32),
+                Case("generate", tp, pp, dp, 1, 8, 32, 32),
+                Case("generate", tp, pp, dp, 1, 4, 64, 16)]
+    return out
+
+
+def job_for(c: Case, model: str, device: str, workers: int) -> JobSpec:
+    dev = get_device(device)
+    cluster = Cluster(dev, 1, workers)
+    dtype = "fp32" if device == "cpu" else "bf16"
+    wl = Workload(prompts_per_step=c.seqs, responses_per_prompt=1, prompt_len=c.prompt,
+                  response_len_mean=c.response, response_len_max=c.response,
+                  ppo_mini_batches=1, ppo_epochs=1, param_dtype=dtype, grad_dtype="fp32",
+                  master_weights=dtype != "fp32")
+    return JobSpec(get_model(model), cluster, GpuPool.first(cluster, workers), ppo(), wl)
+
+
+def candidate(c: Case) -> Candidate:
+    return Candidate(Layout(c.tp, c.pp), c.dp, c.b, c.a)
+
+
+def batch_for(c: Case, vocab: int) -> Batch:
+    g = torch.Generator().manual_seed(7)
+    s = c.prompt + c.response
+    ids = torch.randint(0, vocab, (c.seqs, s), generator=g)
+    if c.kind == "generate":
+        return Batch(ids[:, :c.prompt])
+    w = torch.full((c.seqs, s - 1), 1.0 / (c.seqs * (s - 1)))
+    return Batch(ids, None, {"weight": w})
+
+
+@dataclass(frozen=True)
+class Measured:
+    case: Case
+    wall_s: float            # fastest of the repeats (measured)
+    walls: tuple[float, ...]
+    peak_mem_bytes: int      # largest worker peak (measured, memory run)
+    op_s: dict[str, float]   # per op class, median run (measured)
+
+
+def measure(pool: WorkerPool, rv: Rendezvous, c: Case, model: str, device: str,
+            repeats: int, tag: str) -> Measured:
+    spec = get_model(model)
+    kind = c.kind
+    trainable = kind == "train"
+    dtype = "fp32" if device == "cpu" else "bf16"
+    sspec = StateSpec(spec, Head.LM, trainable, dtype, trainable and dtype != "fp32")
+    size = c.tp * c.pp
+    holds = Holds.THETA_OMEGA if trainable else Holds.THETA
+    emus = [Emu(f"{STAGES[kind]}/{tag}{d}", STAGES[kind], "actor", Layout(c.tp, c.pp),
+                tuple(range(d * size, (d + 1) * size)), holds) for d in range(c.dp)]
+    pool.run({g: (place_seeded, (e.id, sspec, (c.tp, c.pp), e.position(i), 1, False))
+              for e in emus for i, g in enumerate(e.gpus)})
+    batch = batch_for(c, spec.vocab_size)
+    sampling = SamplingParams(max_new_tokens=c.response, temperature=1.0, seed=3)
+    try:
+        with StageRunner(pool, emus, rv, AdamConfig(lr=1e-5)) as run:
+            def once(track: bool) -> Any:
+                if kind == "train":
+                    return run.train_step(batch, weighted_nll, c.b, track_memory=track)[1]
+                if kind == "forward":
+                    return run.forward(batch, c.b, track_memory=track)[1]
+                return run.generate(batch, sampling, c.b, track_memory=track)[1]
+
+            once(False)  # warm-up
+            runs = sorted((once(False) for _ in range(repeats)), key=lambda m: m.wall_s)
+            best = runs[0]   # the least disturbed run: other processes only ever add time
+            mem = once(True)
+    finally:
+        pool.run({g: (destroy_member, (e.id,)) for e in emus for g in e.gpus})
+    return Measured(c, best.wall_s, tuple(m.wall_s for m in runs), int(mem.peak_mem_bytes),
+                    dict(best.op_s))
+
+
+def tensor_bytes(est: Any) -> int:
+    """The estimate's bytes of tensors: every memory term but ``workspace`` (CUDA context,
+    library buffers, the interpreter), which the engine's allocator-level peak does not see."""
+    return int(est.peak_mem_bytes - est.memory.get("workspace", 0))
+
+
+def calibrated(train: list[Measured], model: str, device: str, workers: int
+               ) -> tuple[Efficiencies, dict[StageKind, float]]:
+    cal = Calibrator(prior=Efficiencies(device=device), forgetting=1.0)
+    for m in train:
+        job = job_for(m.case, model, device, workers)
+        est = CostModel(job).estimate(STAGES[m.case.kind], candidate(m.case))
+        cal.observe_stage(est, m.wall_s)
+        cal.observe_memory(KINDS[m.case.kind], tensor_bytes(est), m.peak_mem_bytes)
+    return cal.efficiencies(), cal.memory_scale()
+
+
+def score(test: list[Measured], eff: Efficiencies, mem_scale: dict[StageKind, float],
+          model: str, device: str, workers: int) -> list[dict[str, Any]]:
+    rows = []
+    for m in test:
+        job = job_for(m.case, model, device, workers)
+        est = CostModel(job, eff).estimate(STAGES[m.case.kind], candidate(m.case))
+        mem = int(tensor_bytes(est) * mem_scale.get(KINDS[m.case.kind], 1.0))
+        rows.append({"case": m.case.name, "measured_s": m.wall_s,
+                     "estimated_s": est.latency_s,
+                     "latency_err": abs(est.latency_s - m.wall_s) / m.wall_s,
+                     "measured_mem": m.peak_mem_bytes, "estimated_mem": mem,
+                     "memory_err": abs(mem - m.peak_mem_bytes) / m.peak_mem_bytes,
+                     "op_s": m.op_s, "walls": m.walls})
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--json", action="store_true", help="print per-case rows as JSON too")
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--model", default="small-llama")
+    ap.add_argument("--only", default="", help="measure only cases whose name has this text "
+                    "(diagnosis; the scores then come from fewer cases)")
+    ap.add_argument("--kind", choices=["cpu", "gpu"], default="cpu")
+    ap.add_argument("--device", default=None, help="device preset the cost model prices "
+                    "(default: cpu, or h200-141gb with --kind gpu)")
+    args = ap.parse_args(argv)
+    device = args.device or ("cpu" if args.kind == "cpu" else "h200-141gb")
+
+    t0 = time.perf_counter()
+    if args.kind == "cpu":
+        ray.init(num_cpus=max(2, args.workers), include_dashboard=False, log_to_driver=False,
+                 resources={"nereus_slot": args.workers})
+    else:
+        ray.init(include_dashboard=False, log_to_driver=False)
+    pool = rv = None
+    results: list[Measured] = []
+    try:
+        pool = WorkerPool.start(args.workers, kind=args.kind)
+        rv = Rendezvous("127.0.0.1" if args.kind == "cpu" else None)
+        for i, c in enumerate(cases(args.workers)):
+            if args.only not in c.name:
+                continue
+            m = measure(pool, rv, c, args.model, device, args.repeats, f"b{i}_")
+            results.append(m)
+            ops = " ".join(f"{k}={v * 1e3:.0f}" for k, v in sorted(m.op_s.items()))
+            print(f"measured  {c.name:<44} {m.wall_s * 1e3:9.1f} ms  "
+                  f"{m.peak_mem_bytes / 2**20:8.1f} MiB  [{ops} ms]", file=sys.stderr)
+    finally:
+        if rv is not None:
+            rv.close()
+        if pool is not None:
+            pool.shutdown()
+        ray.shutdown()
+
+    folds = [results[0::2], results[1::2]]
+    rows = []
+    for k in (0, 1):
+        eff, mem_scale = calibrated(folds[1 - k], args.model, device, args.workers)
+        rows += score(folds[k], eff, mem_scale, args.model, device, args.workers)
+    for r in rows:
+        print(f"{r['case']:<44} time {r['measured_s'] * 1e3:8.1f} ms meas / "
+              f"{r['estimated_s'] * 1e3:8.1f} ms est ({r['latency_err']:5.1%})   memory "
+              f"{r['measured_mem'] / 2**20:7.1f} MiB meas / {r['estimated_mem'] / 2**20:7.1f} "
+              f"MiB est ({r['memory_err']:5.1%})")
+    if args.json:
+        print(json.dumps({"rows": rows}, default=str))
+    summary = {
+        "cases": len(rows),
+        "latency_mape": statistics.fmean(r["latency_err"] for r in rows),
+        "memory_mape": statistics.fmean(r["memory_err"] for r in rows),
+        "device": device, "workers": args.workers, "model": args.model,
+        "source": "measured vs estimated (2-fold: calibrated on the other fold)",
+        "wall_s": time.perf_counter() - t0,
+    }
+    print(json.dumps(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
