@@ -283,3 +283,32 @@ def test_transition_between_steps_keeps_the_losses(runtime: tuple[WorkerPool, Re
                                        rtol=1e-4, msg=name)
     finally:
         drop_units(pool, emus)
+
+
+def test_weights_from_a_transformers_checkpoint(runtime: tuple[WorkerPool, Rendezvous],
+                                                tmp_path: Any) -> None:
+    """A checkpoint ``transformers`` wrote (tied embeddings, a vocabulary that needs padding),
+    loaded by the runtime into a (tp=2, pp=2) unit, gives transformers' logits."""
+    import transformers
+
+    from nereus.runtime.movement import place_safetensors
+
+    pool, rv = runtime
+    spec = MODEL_PRESETS["tiny-qwen3"]
+    cfg = transformers.AutoConfig.for_model(**spec.to_hf_dict())
+    torch.manual_seed(0)
+    hf = transformers.AutoModelForCausalLM.from_config(cfg).float().eval()
+    hf.save_pretrained(tmp_path, safe_serialization=True)
+    emus = layout_emus("reference_infer", 2, 2, 1, "hf", trainable=False)
+    sspec = StateSpec(spec, Head.LM, trainable=False)
+    pool.run({dev: (place_safetensors, (e.id, str(tmp_path), sspec, (2, 2), e.position(i)))
+              for e in emus for i, dev in enumerate(e.gpus)})
+    try:
+        b = lm_batch(spec.vocab_size)
+        with StageRunner(pool, emus, rv) as run:
+            got = run.full_logits(Batch(b.input_ids))
+        with torch.no_grad():
+            want = hf(b.input_ids).logits
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+    finally:
+        drop_units(pool, emus)

@@ -29,6 +29,10 @@ class Output:
     logprobs: torch.Tensor | None = None
     values: torch.Tensor | None = None
 
+    def cpu(self) -> Output:
+        return Output(None if self.logprobs is None else self.logprobs.cpu(),
+                      None if self.values is None else self.values.cpu())
+
     @staticmethod
     def cat(parts: list[Output]) -> Output:
         lp = [p.logprobs for p in parts if p.logprobs is not None]

@@ -95,7 +95,7 @@ def forward(ctx: Any, key: str, batch: Batch, micro_batch: int, track_memory: bo
             ) -> tuple[Any, WorkerMeasurement]:
     eng = ctx.scratch[key].engine
     out = eng.forward(batch, micro_batch, track_memory)
-    return (out.result if _reports(eng) else None), out.measurement
+    return (out.result.cpu() if _reports(eng) else None), out.measurement
 
 
 def generate(ctx: Any, key: str, prompts: Batch, sampling: SamplingParams,
