@@ -1,0 +1,167 @@
+"""Admission (§4.3): is a move executable, and does it repay its cost before conditions change?
+
+Feasibility is the transition layer's memory and pool check (its schedule says feasible or
+why not). Profitability is Eq. 2: admit an opportunistic move when
+
+    L_tran / ΔL  <=  γ · H_x
+
+with ΔL the predicted per-step saving of the whole RL step, L_tran the predicted transition
+time and H_x the horizon of the triggering signal (the smallest when several trigger). The ratio
+is the payback period in steps; γ in [0, 1] keeps part of the horizon as a margin, and γ = 0
+admits only urgent moves. If the best target is rejected, slightly slower targets with cheaper
+transitions are tried before keeping the current plan. The urgent path waives profitability and
+takes the feasible option that finishes the horizon soonest: L_tran + H · L_step.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from nereus.plan.types import Plan
+from nereus.transition.schedule import Schedule
+
+REL_EPS = 1e-9  # a "faster" plan must save more than float noise
+
+
+@dataclass(frozen=True)
+class Option:
+    """A target the controller may move to, priced at the current telemetry (estimated)."""
+
+    label: str
+    plan: Plan
+    step_s: float
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The admission check of one option, as data (every number estimated)."""
+
+    label: str
+    step_s: float
+    delta_l_s: float | None      # L(current) - L(option); None when the current plan cannot run
+    l_tran_s: float              # inf when the transition is infeasible
+    feasible: bool
+    payback_steps: float | None  # L_tran / ΔL; None when ΔL <= 0 or unknown
+    admitted: bool
+    why: str
+
+
+def payback_steps(l_tran_s: float, delta_l_s: float) -> float:
+    """Steps for the saving ΔL to repay L_tran (inf when nothing is saved)."""
+    if delta_l_s <= 0:
+        return math.inf
+    return l_tran_s / delta_l_s
+
+
+def profitable(l_tran_s: float, delta_l_s: float, gamma: float, horizon_steps: float) -> bool:
+    """Eq. 2, inclusive at the boundary; γ = 0 admits nothing opportunistic."""
+    if gamma <= 0 or delta_l_s <= 0:
+        return False
+    return l_tran_s <= gamma * horizon_steps * delta_l_s
+
+
+def _delta(current_step_s: float | None, step_s: float) -> float | None:
+    return None if current_step_s is None else current_step_s - step_s
+
+
+def _faster(current_step_s: float | None, step_s: float) -> bool:
+    if current_step_s is None:
+        return True
+    return current_step_s - step_s > REL_EPS * max(1.0, current_step_s)
+
+
+def select(options: Sequence[Option], current_step_s: float | None, *, urgent: bool,
+           gamma: float, horizon_steps: float, schedule_of: Callable[[Option], Schedule],
+           profitability: bool = True, max_tries: int = 8
+           ) -> tuple[int | None, Schedule | None, tuple[Verdict, ...]]:
+    """Pick the option to move to (index into ``options``), its schedule, and every verdict.
+
+    ``options[0]`` is the planner's best target S*; the rest are fallbacks. Schedules are
+    computed lazily (they cost milliseconds each) and at most ``max_tries`` of them.
+    """
+    verdicts: list[Verdict] = []
+    if not options:
+        return None, None, ()
+    if urgent:
+        return _urgent(options, current_step_s, horizon_steps, schedule_of, max_tries)
+
+    best = options[0]
+    rest = sorted(options[1:], key=lambda o: o.step_s)
+    order = [best] + [o for o in rest if _faster(current_step_s, o.step_s)]
+    best_l_tran: float | None = None
+    tries = 0
+    for i, opt in enumerate(order):
+        delta = _delta(current_step_s, opt.step_s)
+        if not _faster(current_step_s, opt.step_s):
+            verdicts.append(Verdict(opt.label, opt.step_s, delta, math.nan, True, None, False,
+                                    "not faster than the current plan"))
+            continue
+        if profitability and gamma <= 0:
+            verdicts.append(Verdict(opt.label, opt.step_s, delta, math.nan, True, None, False,
+                                    "γ = 0 admits only urgent moves"))
+            break
+        if tries >= max_tries:
+            break
+        tries += 1
+        sched = schedule_of(opt)
+        if not sched.feasible:
+            verdicts.append(Verdict(opt.label, opt.step_s, delta, math.inf, False, None, False,
+                                    f"infeasible: {sched.reason}"))
+            continue
+        l_tran = sched.estimated_s
+        if i > 0 and best_l_tran is not None and l_tran >= best_l_tran:
+            verdicts.append(Verdict(opt.label, opt.step_s, delta, l_tran, True, None, False,
+                                    f"its transition ({l_tran:.3g} s) is not cheaper than the "
+                                    f"best target's ({best_l_tran:.3g} s)"))
+            continue
+        if i == 0:
+            best_l_tran = l_tran
+        d = float(delta) if delta is not None else math.inf
+        pb = payback_steps(l_tran, d)
+        if not profitability:
+            verdicts.append(Verdict(opt.label, opt.step_s, delta, l_tran, True, pb, True,
+                                    "admitted: faster and feasible (no payback check)"))
+            return _index(options, opt), sched, tuple(verdicts)
+        if profitable(l_tran, d, gamma, horizon_steps):
+            verdicts.append(Verdict(opt.label, opt.step_s, delta, l_tran, True, pb, True,
+                                    f"admitted: payback {pb:.3g} steps <= γ·H = "
+                                    f"{gamma * horizon_steps:.3g}"))
+            return _index(options, opt), sched, tuple(verdicts)
+        verdicts.append(Verdict(opt.label, opt.step_s, delta, l_tran, True, pb, False,
+                                f"rejected: payback {pb:.3g} steps > γ·H = "
+                                f"{gamma * horizon_steps:.3g}"))
+    return None, None, tuple(verdicts)
+
+
+def _urgent(options: Sequence[Option], current_step_s: float | None, horizon_steps: float,
+            schedule_of: Callable[[Option], Schedule], max_tries: int
+            ) -> tuple[int | None, Schedule | None, tuple[Verdict, ...]]:
+    verdicts: list[Verdict] = []
+    scored: list[tuple[float, int, Schedule]] = []
+    h = max(1.0, horizon_steps)
+    for k, opt in enumerate(sorted(options, key=lambda o: o.step_s)[:max_tries]):
+        sched = schedule_of(opt)
+        delta = _delta(current_step_s, opt.step_s)
+        if not sched.feasible:
+            verdicts.append(Verdict(opt.label, opt.step_s, delta, math.inf, False, None, False,
+                                    f"infeasible: {sched.reason}"))
+            continue
+        pb = payback_steps(sched.estimated_s, delta) if delta is not None else None
+        verdicts.append(Verdict(opt.label, opt.step_s, delta, sched.estimated_s, True, pb, False,
+                                "feasible (urgent: payback waived)"))
+        scored.append((sched.estimated_s + h * opt.step_s, len(verdicts) - 1, sched))
+    if not scored:
+        return None, None, tuple(verdicts)
+    _, vi, sched = min(scored, key=lambda s: (s[0], s[1]))
+    v = verdicts[vi]
+    verdicts[vi] = Verdict(v.label, v.step_s, v.delta_l_s, v.l_tran_s, True, v.payback_steps,
+                           True, f"admitted (urgent): L_tran + H·L_step = "
+                           f"{v.l_tran_s + h * v.step_s:.4g} s is the least over H = {h:.3g}")
+    idx = next(i for i, o in enumerate(options) if o.label == v.label)
+    return idx, sched, tuple(verdicts)
+
+
+def _index(options: Sequence[Option], opt: Option) -> int:
+    return next(i for i, o in enumerate(options) if o is opt)

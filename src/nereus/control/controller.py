@@ -1,0 +1,423 @@
+"""The adaptation controller (§4): at each safe boundary, keep the plan or move, and say why.
+
+``Controller.on_boundary(telemetry)`` runs the loop of §4.1-§4.3 once:
+1. the calibrator learns from the step's measured stage (or op-class) times and peak memory;
+2. the monitor raises triggers: pool changes, a predicted memory violation, drifting signals;
+3. on a trigger, a CPU-side replan prices the planner's best target S*, hybrids of S* and the
+   current plan, and -- when urgent -- the current layout re-batched; admission (feasibility and
+   Eq. 2, or the urgent path) picks one, or keeps the plan, or falls back to checkpoint/restart;
+4. references reset after every replan, admitted or not.
+
+The decision carries its reasons as data (triggers, ΔL, L_tran, H_x, payback) and as one log
+line. Every number in it is estimated. The controller never imports the simulator: the planner
+and the transition planner are injectable so a simulator can cache them.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from enum import Enum
+
+from nereus.control.admission import Option, Verdict, select
+from nereus.control.horizon import DEFAULT_ALPHA, Horizons
+from nereus.control.monitor import (
+    Monitor,
+    Trigger,
+    TriggerKind,
+    memory_trigger,
+    pool_triggers,
+)
+from nereus.control.restart import RestartCost, RestartParams, restart_cost
+from nereus.control.targets import Priced, hybrids, intact, price, rebatched, specs_of
+from nereus.control.telemetry import Telemetry
+from nereus.cost.calibrate import Calibrator
+from nereus.cost.efficiency import Efficiencies
+from nereus.cost.estimate import HEADROOM
+from nereus.cost.model import CostModel
+from nereus.cost.ops import OpClass
+from nereus.errors import InfeasibleError, InputError
+from nereus.plan.search import Planner
+from nereus.plan.types import Plan
+from nereus.spec.cluster import GpuPool
+from nereus.spec.job import JobSpec
+from nereus.transition.planner import plan_transition
+from nereus.transition.schedule import Schedule
+
+PlanFn = Callable[[JobSpec, CostModel], Plan]
+TransitionFn = Callable[[JobSpec, Plan, Plan, Efficiencies], Schedule]
+
+log = logging.getLogger("nereus.control")
+
+MEMORY_BUCKET = 1.02  # memory checks run at the next 2 % step of the longest response
+
+
+def default_planner(job: JobSpec, cost: CostModel) -> Plan:
+    """The exact search of the planning core (Eq. 1) under the calibrated cost model."""
+    return Planner(job, cost=cost).best()
+
+
+@dataclass(frozen=True)
+class ControlConfig:
+    """Knobs of the controller. δ_len and γ are the paper's; the rest are assumptions."""
+
+    gamma: float = 0.5              # §4.3 default confidence margin
+    delta_len: float = 0.30         # §4.1: δ_len = 30 % for per-step response length
+    delta_eff: float = 0.20         # assumption: an op class's efficiency moving 20 % is drift
+    eff_min_share: float = 0.05     # assumption: watch classes >= 5 % of the plan's time
+    warmup_steps: int = 10          # assumption: efficiency signals arm after calibration warm-up
+    horizon_alpha: float = DEFAULT_ALPHA
+    length_margin: float = 0.10     # assumption: plan memory for responses 10 % longer than seen
+    admission: bool = True          # False: replan every boundary, move whenever faster
+    max_tries: int = 8              # transition schedules priced per replan at most
+    restart: RestartParams = field(default_factory=RestartParams)
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.gamma <= 1.0:
+            raise InputError("control.gamma", f"must be in [0, 1], got {self.gamma}")
+        for f in ("delta_len", "delta_eff"):
+            if not getattr(self, f) > 0:
+                raise InputError(f"control.{f}", f"must be > 0, got {getattr(self, f)}")
+        if self.length_margin < 0:
+            raise InputError("control.length_margin", f"must be >= 0, got {self.length_margin}")
+
+
+class Action(str, Enum):
+    KEEP = "keep"
+    MOVE = "move"
+    RESTART = "restart"   # checkpoint/restart onto ``plan``
+    WAIT = "wait"         # no plan fits the pool: hold until GPUs come back
+
+
+@dataclass(frozen=True)
+class Reasons:
+    """Why a decision was taken, as data. Times in seconds, horizons in steps (estimated)."""
+
+    step: int
+    triggers: tuple[Trigger, ...] = ()
+    urgent: bool = False
+    horizon_steps: float | None = None
+    gamma: float = 0.5
+    current_step_s: float | None = None
+    target_step_s: float | None = None
+    delta_l_s: float | None = None
+    l_tran_s: float | None = None
+    payback_steps: float | None = None
+    restart_s: float | None = None
+    chosen: str = ""
+    verdicts: tuple[Verdict, ...] = ()
+    summary: str = ""
+
+
+@dataclass(frozen=True)
+class Decision:
+    action: Action
+    plan: Plan | None                 # the plan to run next (the current one when kept)
+    schedule: Schedule | None = None  # for a move
+    restart: RestartCost | None = None
+    reasons: Reasons = field(default_factory=lambda: Reasons(0))
+    source: str = "estimated"
+
+    def log_line(self) -> str:
+        r = self.reasons
+        trig = "; ".join(t.describe() for t in r.triggers) or "no trigger"
+        parts = [f"step {r.step} {self.action.value} [{trig}]"]
+        if r.current_step_s is not None and r.target_step_s is not None:
+            parts.append(f"L {r.current_step_s:.2f}->{r.target_step_s:.2f} s")
+        elif r.target_step_s is not None:
+            parts.append(f"L_target {r.target_step_s:.2f} s")
+        if r.delta_l_s is not None:
+            parts.append(f"ΔL={r.delta_l_s:.3g} s")
+        if r.l_tran_s is not None:
+            parts.append(f"L_tran={r.l_tran_s:.3g} s")
+        if r.horizon_steps is not None:
+            parts.append(f"H={r.horizon_steps:.3g}")
+        if r.payback_steps is not None and math.isfinite(r.payback_steps):
+            parts.append(f"payback={r.payback_steps:.3g} steps")
+        if r.restart_s is not None:
+            parts.append(f"restart={r.restart_s:.0f} s")
+        if r.summary:
+            parts.append(f"-- {r.summary}")
+        return " ".join(parts) + f" ({self.source})"
+
+
+class Controller:
+    """Keeps one job on its best plan; call :meth:`on_boundary` at every safe boundary.
+
+    ``job`` is the job as it starts (its pool and workload give the first plan unless ``plan``
+    is given). The calibrator may come from a saved profile.
+    """
+
+    def __init__(self, job: JobSpec, plan: Plan | None = None, *,
+                 config: ControlConfig | None = None, calibrator: Calibrator | None = None,
+                 planner: PlanFn | None = None, transition: TransitionFn | None = None,
+                 on_log: Callable[[str], None] | None = None):
+        self.job = job
+        self.config = config or ControlConfig()
+        self.calibrator = calibrator or Calibrator(
+            prior=Efficiencies(device=job.cluster.device.name))
+        self.planner = planner or default_planner
+        self.transition = transition or plan_transition
+        self.on_log = on_log or log.info
+        self.pool: tuple[int, ...] = job.pool.ids
+        self.monitor = Monitor({"response_len": self.config.delta_len,
+                                "eff.*": self.config.delta_eff})
+        self.horizons = Horizons(self.config.horizon_alpha)
+        self.pending: tuple[Trigger, ...] = ()
+        self.steps_seen = 0
+        self.stopped = False  # after a wait: the state on the GPUs is gone until a restart
+        self._mem_cache: dict[tuple[object, ...], tuple[bool, Trigger]] = {}
+        if plan is None:
+            w = job.workload
+            now = self._job(job.pool.ids, w.response_len_mean, w.response_len_max)
+            plan = self.planner(now, self._cost(now))
+        self.plan: Plan = plan
+
+    # ------------------------------------------------------------------ helpers
+    def _job(self, pool: tuple[int, ...], mean: float, longest: float,
+             margin: bool = True) -> JobSpec:
+        m = 1.0 + (self.config.length_margin if margin else 0.0)
+        w = self.job.workload.with_response_len(int(round(mean)), int(math.ceil(longest * m)))
+        return self.job.with_pool(GpuPool(self.job.cluster, pool)).with_workload(w)
+
+    def _cost(self, job: JobSpec) -> CostModel:
+        return CostModel(job, self.calibrator.efficiencies(), self.calibrator.memory_scale())
+
+    def _log(self, d: Decision) -> Decision:
+        self.on_log(d.log_line())
+        return d
+
+    # ------------------------------------------------------------------ learning
+    def _learn(self, tel: Telemetry) -> dict[str, float]:
+        """Calibrate from the step just measured; return each op class's share of its time."""
+        if not tel.latency_s:
+            return {}
+        ran = self._job(self.pool, tel.response_len_mean, tel.response_len_max, margin=False)
+        cost = CostModel(ran, self.calibrator.efficiencies())
+        time_by_class: dict[str, float] = {}
+        for sp in self.plan.stages:
+            if sp.stage not in tel.latency_s:
+                continue
+            idle = sum(cost.resident_bytes(o, self.plan.stage(o).layout)
+                       for o in self.plan.group_of(sp.stage) if o != sp.stage)
+            est = cost.estimate(sp.stage, sp.candidate, idle)
+            per_op = tel.op_times(sp.stage)
+            ideal = est.ideal_by_class()
+            used = [c for c in per_op if ideal.get(c, 0.0) > 0]
+            if used:
+                for c in used:
+                    self.calibrator.observe_op(c, ideal[c], per_op[c])
+            else:
+                self.calibrator.observe_stage(est, tel.latency_s[sp.stage])
+            if sp.stage in tel.peak_mem_bytes:
+                kind = self.job.workflow.stage(sp.stage).kind
+                self.calibrator.observe_memory(kind, est.peak_mem_bytes,
+                                               tel.peak_mem_bytes[sp.stage])
+            for c, t in est.time_by_class().items():
+                time_by_class[c.value] = time_by_class.get(c.value, 0.0) + t
+        self.calibrator.next_step()
+        self.steps_seen += 1
+        total = sum(time_by_class.values()) or 1.0
+        return {c: t / total for c, t in time_by_class.items()}
+
+    def _signals(self, tel: Telemetry, shares: Mapping[str, float]) -> dict[str, float]:
+        sig = {"response_len": float(tel.response_len_mean)}
+        if self.steps_seen >= self.config.warmup_steps:
+            eff = self.calibrator.efficiencies()
+            for name, share in shares.items():
+                if share >= self.config.eff_min_share:
+                    sig[f"eff.{name}"] = eff[OpClass(name)]
+        return sig
+
+    def _memory_check(self, tel: Telemetry) -> tuple[bool, Trigger]:
+        """Does the current plan fit responses ``length_margin`` longer than the last longest?
+
+        Peaks grow with the longest response, so the check runs at the next 2 % step above it
+        and is remembered per plan: most boundaries cost nothing.
+        """
+        need = tel.response_len_max * (1.0 + self.config.length_margin)
+        bucket = math.ceil(math.log(need) / math.log(MEMORY_BUCKET))
+        scale = tuple(sorted((k.value, round(v, 3))
+                             for k, v in self.calibrator.memory_scale().items()))
+        key = (id(self.plan), bucket, scale)
+        hit = self._mem_cache.get(key)
+        if hit is None:
+            longest = MEMORY_BUCKET ** bucket
+            job = self._job(self.pool, min(tel.response_len_mean, longest), longest, margin=False)
+            priced = price(job, self._cost(job), specs_of(self.plan))
+            limit = HEADROOM * job.cluster.device.memory_bytes
+            peaks = {sp.stage: sp.peak_mem_bytes for sp in priced.plan.stages} \
+                if priced.plan else {}
+            trig = memory_trigger(peaks, limit) or Trigger(
+                TriggerKind.MEMORY, "memory", True, detail="; ".join(priced.problems))
+            hit = (priced.fits, trig)
+            if len(self._mem_cache) > 256:
+                self._mem_cache.clear()
+            self._mem_cache[key] = hit
+        return hit
+
+    # ------------------------------------------------------------------ the boundary
+    def on_boundary(self, tel: Telemetry) -> Decision:
+        cfg = self.config
+        shares = self._learn(tel)
+        step = tel.step
+        triggers = pool_triggers(self.pool, tel.pool, self.plan.gpus())
+        if not tel.pool:
+            self.pool = ()
+            self.stopped = True
+            return self._log(Decision(Action.WAIT, None, reasons=Reasons(
+                step, tuple(triggers), True, gamma=cfg.gamma,
+                summary="no GPU left: wait for the pool to come back")))
+        now = self._job(tel.pool, tel.response_len_mean, tel.response_len_max)
+        cost = self._cost(now)
+        if self.stopped:
+            return self._log(self._resume(step, tuple(triggers), now, cost, tel))
+        survivors, lost = intact(self.plan, tel.pool)
+        whole = survivors is not None and all(
+            len(a.replicas) == len(b.replicas) for a, b in zip(survivors.stages, self.plan.stages))
+        broken = not whole
+        if whole:
+            fits, problems = self._memory_check(tel)
+            if not fits:
+                broken = True
+                triggers.append(problems)
+        signals = self._signals(tel, shares)
+        self.monitor, drift = self.monitor.check(signals)
+        triggers += drift
+        for sig in sorted({t.signal for t in triggers
+                           if t.kind in (TriggerKind.DRIFT, TriggerKind.POOL_LOSS,
+                                         TriggerKind.POOL_GAIN)}):
+            self.horizons = self.horizons.crossed(sig, step)
+        urgent = any(t.urgent for t in triggers)
+        if not cfg.admission and not triggers:
+            triggers.append(Trigger(TriggerKind.ALWAYS, "always", False))
+        pending = self.pending + tuple(triggers)
+        if not pending:
+            return self._log(Decision(Action.KEEP, self.plan, reasons=Reasons(
+                step, (), False, gamma=cfg.gamma)))
+        if tel.transition_running and not urgent:
+            self.pending = pending
+            return self._log(Decision(Action.KEEP, self.plan, reasons=Reasons(
+                step, pending, False, gamma=cfg.gamma,
+                summary="deferred: a transition is still running")))
+        self.pending = ()
+        decision = self._replan(step, pending, urgent, now, cost, broken, survivors, lost)
+        self.monitor = self.monitor.reset(signals)
+        self.pool = tel.pool
+        self._adopt(decision)
+        return self._log(decision)
+
+    def _adopt(self, decision: Decision) -> None:
+        if decision.action is Action.WAIT:
+            self.stopped = True
+        elif decision.plan is not None and decision.action in (Action.MOVE, Action.RESTART):
+            self.plan = decision.plan
+            self.stopped = False
+            self._mem_cache.clear()
+
+    def _resume(self, step: int, triggers: tuple[Trigger, ...], now: JobSpec, cost: CostModel,
+                tel: Telemetry) -> Decision:
+        """GPUs are back after a wait: restart from the checkpoint on the best plan."""
+        base = Reasons(step, triggers, True, None, self.config.gamma)
+        best, why_none = self._best(now, cost)
+        decision = self._restart(base, now, best, why_none, after_failure=True,
+                                 why="resuming after a wait")
+        self.monitor = self.monitor.reset({"response_len": float(tel.response_len_mean)})
+        self.pool = tel.pool
+        self._adopt(decision)
+        return decision
+
+    def _best(self, now: JobSpec, cost: CostModel) -> tuple[Priced | None, str]:
+        try:
+            best = price(now, cost, specs_of(self.planner(now, cost)))
+        except InfeasibleError as e:
+            return None, str(e)
+        if not best.fits:
+            return None, "; ".join(best.problems)
+        return best, ""
+
+    def _replan(self, step: int, triggers: tuple[Trigger, ...], urgent: bool, now: JobSpec,
+                cost: CostModel, broken: bool, survivors: Plan | None,
+                lost: tuple[str, ...]) -> Decision:
+        cfg = self.config
+        signals = [t.signal for t in triggers if not t.urgent and t.kind is not TriggerKind.ALWAYS]
+        horizon = self.horizons.smallest(signals) if signals else \
+            self.horizons.smallest(["pool"]) if urgent else 1.0
+        cur_s = None if broken else price(now, cost, specs_of(self.plan)).step_s
+        base = Reasons(step, triggers, urgent, horizon, cfg.gamma, cur_s)
+
+        best, why_none = self._best(now, cost)
+
+        if survivors is None:  # the last copy of some model-stage's state is gone
+            return self._restart(base, now, best, why_none, after_failure=True,
+                                 why=f"last copy of {', '.join(lost)} lost with the GPUs")
+
+        options: list[Option] = []
+        if best is not None:
+            options.append(Option("best", best.plan, best.step_s))
+        source_specs = rebatched(cost, survivors, every_stage=False)
+        if best is not None:
+            for label, specs in hybrids(now, survivors, source_specs, best.plan):
+                p = price(now, cost, specs)
+                if p.fits:
+                    options.append(Option(label, p.plan, p.step_s))
+        if urgent:
+            for label, specs in (("re-batched in place", rebatched(cost, survivors)),
+                                 ("survivors as they are", source_specs)):
+                p = price(now, cost, specs)
+                if p.fits and not any(o.plan.to_dict()["stages"] == p.plan.to_dict()["stages"]
+                                      for o in options):
+                    options.append(Option(label, p.plan, p.step_s))
+
+        transition_job = self.job.with_pool(now.pool)
+        eff = self.calibrator.efficiencies()
+
+        def schedule_of(opt: Option) -> Schedule:
+            return self.transition(transition_job, survivors, opt.plan, eff)
+
+        idx, sched, verdicts = select(options, cur_s, urgent=urgent, gamma=cfg.gamma,
+                                      horizon_steps=horizon, schedule_of=schedule_of,
+                                      profitability=cfg.admission, max_tries=cfg.max_tries)
+        if idx is not None and sched is not None:
+            opt = options[idx]
+            v = next(v for v in verdicts if v.admitted)
+            r = Reasons(step, triggers, urgent, horizon, cfg.gamma, cur_s, opt.step_s,
+                        v.delta_l_s, sched.estimated_s, v.payback_steps, None, opt.label,
+                        verdicts, v.why)
+            return Decision(Action.MOVE, opt.plan, sched, None, r)
+        if urgent:
+            why = "no feasible move" if options else f"no plan fits: {why_none}"
+            return self._restart(base, now, best, why_none, after_failure=survivors is None or any(
+                                     t.kind is TriggerKind.POOL_LOSS and t.urgent for t in triggers),
+                                 why=why, verdicts=verdicts)
+        first = verdicts[0] if verdicts else None
+        summary = (f"keep: best target {_short(first.why)}" if first else
+                   f"keep: no target ({why_none})" if best is None else "keep")
+        r = Reasons(step, triggers, urgent, horizon, cfg.gamma, cur_s,
+                    best.step_s if best else None,
+                    first.delta_l_s if first else None,
+                    first.l_tran_s if first and math.isfinite(first.l_tran_s) else None,
+                    first.payback_steps if first else None, None, "", verdicts, summary)
+        return Decision(Action.KEEP, self.plan, None, None, r)
+
+    def _restart(self, base: Reasons, now: JobSpec, best: Priced | None, why_none: str, *,
+                 after_failure: bool, why: str, verdicts: tuple[Verdict, ...] = ()) -> Decision:
+        if best is None:
+            r = Reasons(base.step, base.triggers, True, base.horizon_steps, base.gamma,
+                        base.current_step_s, verdicts=verdicts,
+                        summary=f"{why}; no plan fits the pool ({why_none}): wait")
+            return Decision(Action.WAIT, None, reasons=r)
+        cost = restart_cost(now, self.config.restart, step_s=best.step_s,
+                            after_failure=after_failure)
+        r = Reasons(base.step, base.triggers, True, base.horizon_steps, base.gamma,
+                    base.current_step_s, best.step_s, None, None, None, cost.seconds,
+                    "checkpoint/restart", verdicts, f"{why}: checkpoint/restart")
+        return Decision(Action.RESTART, best.plan, None, cost, r)
+
+
+def _short(text: str, limit: int = 160) -> str:
+    """The first clause of a long reason (the schedule's reasons list every GPU)."""
+    head = text.split("; ")[0]
+    return head if len(head) <= limit else head[:limit - 3] + "..."

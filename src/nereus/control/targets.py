@@ -1,0 +1,170 @@
+"""The plans a replan weighs besides the planner's best: what survives a loss, cheaper hybrids,
+and the current layout re-batched.
+
+- ``intact``: the current plan without the replicas that lost a GPU (the units a transition can
+  start from); a model-stage with no replica left has lost its last copy.
+- ``hybrids``: the best target S* with some of the current plan kept -- whole phases (each phase
+  uses the pool afresh, so mixing phases keeps every phase valid) or single model-stages. They
+  are the "slightly slower targets with cheaper transitions" of §4.3.
+- ``rebatched``: the surviving replicas with DP cut to a divisor of the batch and the fastest
+  micro-batch / recomputation that fits: the urgent path's "smaller per-replica batches and
+  recomputation", which moves no state (only Destroys).
+Each comes back as layout specs that ``price`` turns into a placed, priced plan.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from nereus.cost.candidate import Candidate
+from nereus.cost.estimate import HEADROOM
+from nereus.cost.model import CostModel
+from nereus.errors import InputError
+from nereus.plan.evaluate import StageLayoutSpec, evaluate_plan
+from nereus.plan.types import Plan, StagePlan
+from nereus.spec.job import JobSpec
+from nereus.spec.workflow import Execution, Phase
+
+Specs = dict[str, StageLayoutSpec]
+
+
+def spec_of(sp: StagePlan, rechoose: bool = False) -> StageLayoutSpec:
+    """A placed stage as a layout spec; ``rechoose`` leaves (b, a, recompute) to the pricer."""
+    c = sp.candidate
+    if rechoose:
+        return StageLayoutSpec(c.tp, c.pp, c.dp, sp.replicas)
+    return StageLayoutSpec(c.tp, c.pp, c.dp, sp.replicas, c.micro_batch, c.grad_accum,
+                           c.recompute)
+
+
+def specs_of(plan: Plan) -> Specs:
+    return {sp.stage: spec_of(sp) for sp in plan.stages}
+
+
+def intact(plan: Plan, pool: Iterable[int]) -> tuple[Plan | None, tuple[str, ...]]:
+    """The replicas of ``plan`` whose GPUs are all in ``pool``, and the stages left with none.
+
+    The result describes state, not a runnable plan: a stage that lost replicas keeps its
+    (b, a), so dp x b x a may fall short of the batch until a target re-batches it.
+    """
+    alive = set(pool)
+    stages: list[StagePlan] = []
+    lost: list[str] = []
+    for sp in plan.stages:
+        reps = tuple(r for r in sp.replicas if set(r) <= alive)
+        if not reps:
+            lost.append(sp.stage)
+            continue
+        if len(reps) == len(sp.replicas):
+            stages.append(sp)
+            continue
+        c = sp.candidate
+        stages.append(StagePlan(sp.stage, Candidate(c.layout, len(reps), c.micro_batch,
+                                                    c.grad_accum, c.recompute), reps))
+    if lost:
+        return None, tuple(lost)
+    return Plan(tuple(stages), plan.step_latency_s, plan.source, dict(plan.terms),
+                plan.groups), ()
+
+
+def rebatched(cost: CostModel, survivors: Plan, every_stage: bool = True) -> Specs:
+    """Survivors with DP cut to the largest divisor of each stage's batch and (b, a, recompute)
+    re-chosen by the pricer (the fastest that fits). With ``every_stage`` False, stages whose
+    replicas still cover their batch keep their exact (b, a, recompute)."""
+    out: Specs = {}
+    for sp in survivors.stages:
+        batch = cost.stage_batch(sp.stage)
+        c = sp.candidate
+        if not every_stage and c.dp * c.micro_batch * c.grad_accum == batch:
+            out[sp.stage] = spec_of(sp)
+            continue
+        dp = max(d for d in range(1, len(sp.replicas) + 1) if batch % d == 0)
+        out[sp.stage] = StageLayoutSpec(c.tp, c.pp, dp, sp.replicas[:dp])
+    return out
+
+
+def _changed(a: StagePlan, b: StagePlan) -> bool:
+    return a.candidate != b.candidate or a.replicas != b.replicas
+
+
+def hybrids(job: JobSpec, source: Plan, source_specs: Mapping[str, StageLayoutSpec],
+            target: Plan) -> list[tuple[str, Specs]]:
+    """Mixes of ``target`` and ``source``: by phase, then by single model-stage.
+
+    ``source_specs`` say how a stage kept from ``source`` runs (after a loss: its survivors
+    re-batched, see :func:`rebatched`).
+    """
+    wf = job.workflow
+    changed = [s.name for s in wf.stages if _changed(source.stage(s.name), target.stage(s.name))]
+    if len(changed) < 2:
+        return []
+    phases = [p for p in wf.phases if any(wf.stage(n).phase is p for n in changed)]
+    out: list[tuple[str, Specs]] = []
+    seen: set[tuple[str, ...]] = set()
+
+    def add(label: str, moved: Iterable[str]) -> None:
+        moved = tuple(sorted(set(moved)))
+        if not moved or len(moved) == len(changed) or moved in seen:
+            return
+        seen.add(moved)
+        specs: Specs = {}
+        for s in wf.stages:
+            if s.name in moved:
+                specs[s.name] = spec_of(target.stage(s.name))
+            else:
+                specs[s.name] = source_specs[s.name]
+        out.append((label, specs))
+
+    if len(phases) > 1:
+        for i in range(1, 2 ** len(phases) - 1):
+            sub = [p for k, p in enumerate(phases) if i >> k & 1]
+            add("move " + "+".join(p.value for p in sub) + ", keep the rest",
+                [n for n in changed if wf.stage(n).phase in sub])
+    for n in changed:
+        add(f"move all but {n}", [m for m in changed if m != n])
+        add(f"move only {n}", [n])
+    return out
+
+
+@dataclass(frozen=True)
+class Priced:
+    """A placed plan priced at the current telemetry, with what keeps it from running."""
+
+    plan: Plan | None
+    problems: tuple[str, ...]
+
+    @property
+    def fits(self) -> bool:
+        return self.plan is not None and not self.problems
+
+    @property
+    def step_s(self) -> float:
+        return self.plan.step_latency_s if self.plan is not None else float("inf")
+
+
+def price(job: JobSpec, cost: CostModel, specs: Mapping[str, StageLayoutSpec]) -> Priced:
+    """Place and price ``specs`` with ``cost``; list pool, memory and concurrency problems."""
+    try:
+        plan = evaluate_plan(job, specs, cost)
+    except InputError as e:
+        return Priced(None, (str(e),))
+    problems: list[str] = []
+    pool = set(job.pool.ids)
+    limit = HEADROOM * job.cluster.device.memory_bytes
+    for sp in plan.stages:
+        off = sorted(set(sp.gpus) - pool)
+        if off:
+            problems.append(f"{sp.stage}: GPUs {off[:8]} are not in the pool")
+        if sp.peak_mem_bytes > limit:
+            problems.append(f"{sp.stage}: {sp.peak_mem_bytes / 2**30:.1f} GiB > "
+                            f"{limit / 2**30:.1f} GiB per GPU (estimated)")
+    wf = job.workflow
+    if wf.execution is Execution.ASYNC:
+        gen = {g for sp in plan.stages if wf.stage(sp.stage).phase is Phase.GENERATION
+               for g in sp.gpus}
+        rest = {g for sp in plan.stages if wf.stage(sp.stage).phase is not Phase.GENERATION
+                for g in sp.gpus}
+        if gen & rest:
+            problems.append("asynchronous generation shares GPUs with inference or training")
+    return Priced(plan, tuple(problems))

@@ -1,0 +1,72 @@
+"""What the running job reports at each safe boundary (one RL step): the monitor's input.
+
+A plain frozen value, so the engine (real measurements) and the simulator (simulated ones)
+build the same thing. Per-op-class times are optional: frameworks that time their kernels and
+collectives give them, others give stage latencies only; the calibrator uses whatever is there.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from nereus.cost.ops import OpClass
+from nereus.errors import InputError
+
+
+@dataclass(frozen=True)
+class Telemetry:
+    """One step's measurements, taken when the step ended.
+
+    ``pool`` is the GPU ids the job holds *now* (after the step), so a loss that happened during
+    the step shows here. ``latency_s`` and ``peak_mem_bytes`` are per model-stage of the plan
+    that ran the step; ``op_time_s[stage][op_class]`` are measured seconds of one op class inside
+    a stage. ``transition_running`` tells the controller a transition has not finished yet
+    (asynchronous execution), so opportunistic replans wait for it.
+    """
+
+    step: int
+    response_len_mean: float
+    response_len_max: int
+    pool: tuple[int, ...]
+    latency_s: Mapping[str, float] = field(default_factory=dict)
+    peak_mem_bytes: Mapping[str, int] = field(default_factory=dict)
+    op_time_s: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
+    transition_running: bool = False
+    source: str = "measured"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.step, int) or self.step < 0:
+            raise InputError("telemetry.step", f"must be an integer >= 0, got {self.step!r}")
+        if not (math.isfinite(self.response_len_mean) and self.response_len_mean >= 1):
+            raise InputError("telemetry.response_len_mean",
+                             f"must be a number >= 1, got {self.response_len_mean!r}")
+        if self.response_len_max < self.response_len_mean:
+            raise InputError("telemetry.response_len_max",
+                             f"{self.response_len_max} is below the mean {self.response_len_mean}")
+        pool = tuple(sorted(set(int(g) for g in self.pool)))
+        if any(g < 0 for g in pool):
+            raise InputError("telemetry.pool", f"negative GPU ids {[g for g in pool if g < 0]}",
+                             "ids >= 0")
+        object.__setattr__(self, "pool", pool)
+        for stage, v in self.latency_s.items():
+            if not (math.isfinite(v) and v > 0):
+                raise InputError(f"telemetry.latency_s.{stage}", f"must be > 0, got {v!r}")
+        for stage, b in self.peak_mem_bytes.items():
+            if b < 0:
+                raise InputError(f"telemetry.peak_mem_bytes.{stage}", f"must be >= 0, got {b!r}")
+        allowed = [c.value for c in OpClass]
+        for stage, per in self.op_time_s.items():
+            for cls, v in per.items():
+                if str(getattr(cls, "value", cls)) not in allowed:
+                    raise InputError(f"telemetry.op_time_s.{stage}", f"unknown op class {cls!r}",
+                                     allowed)
+                if not (math.isfinite(v) and v > 0):
+                    raise InputError(f"telemetry.op_time_s.{stage}.{cls}",
+                                     f"must be > 0, got {v!r}")
+
+    def op_times(self, stage: str) -> dict[OpClass, float]:
+        """Measured seconds per op class of one stage (empty when the framework gives none)."""
+        return {OpClass(getattr(c, "value", c)): float(v)
+                for c, v in self.op_time_s.get(stage, {}).items()}
