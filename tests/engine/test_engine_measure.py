@@ -96,3 +96,26 @@ def test_stage_measurement_takes_the_slowest_worker() -> None:
     assert s.wall_s == 2.0 and s.op_s == {"gemm": 0.5, "p2p.intra": 1.0, OTHER: 0.8}
     assert s.peak_mem_bytes == 100 and s.source == "measured"
     assert s.to_dict()["op_s"]["p2p.intra"] == 1.0
+
+
+def test_telemetry_sums_a_stage_runs_and_keeps_op_classes_only() -> None:
+    from nereus.engine.generate import GenerationResult
+    from nereus.engine.telemetry import response_lengths, telemetry
+
+    def sm(stage: str, wall: float, peak: int | None, ops: dict[str, float]) -> StageMeasurement:
+        w = WorkerMeasurement(0, 0, 0, wall, ops, peak, 10)
+        return StageMeasurement.combine((w,), stage=stage, kind="train", device="cpu", tp=1,
+                                        pp=1, dp=1, micro_batch=1, grad_accum=1, sequences=1,
+                                        tokens=1)
+
+    runs = [sm("actor_train", 1.0, 100, {"gemm": 0.6, OTHER: 0.4}),
+            sm("actor_train", 2.0, 300, {"gemm": 1.0, "allreduce.intra": 0.5, OTHER: 0.5}),
+            sm("actor_gen", 3.0, None, {"decode": 2.0, OTHER: 1.0})]
+    gen = GenerationResult(torch.zeros(2, 5, dtype=torch.long), torch.tensor([3, 5]))
+    mean, longest = response_lengths([gen])
+    t = telemetry(4, runs, [1, 0], mean, longest)
+    assert (t.step, t.pool, t.response_len_mean, t.response_len_max) == (4, (0, 1), 4.0, 5)
+    assert t.latency_s == {"actor_train": 3.0, "actor_gen": 3.0}
+    assert t.peak_mem_bytes == {"actor_train": 300}
+    assert t.op_times("actor_train") == {OpClass.GEMM: 1.6, OpClass.ALLREDUCE_INTRA: 0.5}
+    assert t.op_times("actor_gen") == {OpClass.DECODE: 2.0} and t.source == "measured"
