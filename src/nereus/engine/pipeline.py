@@ -123,8 +123,6 @@ def train_pipeline(model: ParallelModel, micros: list[Batch], loss_fn: LossFn
     parameters' ``.grad`` (or their hooks). Returns the detached losses on the last block."""
     pos = model.pos
     links = _Links(model)
-    n = len(micros)
-    warmup = min(pos.pp - pos.pp_rank - 1, n)
     saved: dict[int, tuple[torch.Tensor | None, torch.Tensor]] = {}
     losses: list[torch.Tensor] = []
 
@@ -157,12 +155,19 @@ def train_pipeline(model: ParallelModel, micros: list[Batch], loss_fn: LossFn
         if inp_t is not None:
             links.send(inp_t.grad, pos.pp_rank - 1, _tag(i, _BWD))
 
-    for i in range(warmup):
-        fwd(i)
-    for i in range(warmup, n):
-        fwd(i)
-        bwd(i - warmup)
-    for i in range(n - warmup, n):
-        bwd(i)
+    for op, i in one_f_one_b(len(micros), pos.pp, pos.pp_rank):
+        (fwd if op == "F" else bwd)(i)
     links.finish()
     return losses
+
+
+def one_f_one_b(n: int, pp: int, pp_rank: int) -> list[tuple[str, int]]:
+    """The order of forwards ("F", i) and backwards ("B", i) of ``n`` micro-batches on block
+    ``pp_rank``: ``pp - pp_rank - 1`` warm-up forwards, then one forward and one backward in
+    turn, then the remaining backwards."""
+    warmup = min(pp - pp_rank - 1, n)
+    order = [("F", i) for i in range(warmup)]
+    for i in range(warmup, n):
+        order += [("F", i), ("B", i - warmup)]
+    order += [("B", i) for i in range(n - warmup, n)]
+    return order
