@@ -216,6 +216,7 @@ class Group:
         except Exception:  # noqa: BLE001 - not every backend implements shutdown
             pass
         self.backend = None
+        self._pending = []
 
 
 def _make_backend(store: dist.Store, rank: int, size: int, device: torch.device,
@@ -230,20 +231,74 @@ def _make_backend(store: dist.Store, rank: int, size: int, device: torch.device,
     return dist.ProcessGroupGloo(store, rank, size, opts)
 
 
+class PendingJoin:
+    """A backend being built in a helper thread, so an abort can stop the wait for it (the
+    constructor itself cannot be interrupted; it ends by its timeout and is then freed)."""
+
+    def __init__(self, spec: GroupSpec, build: Any):
+        self.spec = spec
+        self.aborted = threading.Event()
+        self.backend: Any = None
+        self.error: BaseException | None = None
+
+        def run() -> None:
+            try:
+                self.backend = build()
+            except BaseException as e:  # noqa: BLE001 - handed to the joining thread
+                self.error = e
+
+        self.thread = threading.Thread(target=run, name=f"join-{spec.name}", daemon=True)
+        self.thread.start()
+
+    def wait(self) -> Any:
+        delay = 1e-4
+        while self.thread.is_alive():
+            if self.aborted.is_set():
+                raise GroupAborted(f"group {self.spec.name} was aborted while joining")
+            self.thread.join(timeout=delay)
+            delay = min(5e-3, delay * 2)
+        if self.error is not None:
+            raise self.error
+        return self.backend
+
+    def idle(self) -> bool:
+        return not self.thread.is_alive()
+
+    def close(self) -> None:
+        if self.backend is not None:
+            Group(self.spec, 0, self.backend, torch.device("cpu"), 0.0).close()
+            self.backend = None
+
+
 def join_group(ctx: WorkerContext, spec: GroupSpec) -> Group:
-    """Connect this worker to ``spec`` (blocks until every member has joined); timed."""
+    """Connect this worker to ``spec`` (blocks until every member has joined, or until the
+    group is aborted); timed."""
     rank = spec.members.index(ctx.device_id)
     timeout = datetime.timedelta(seconds=spec.timeout_s)
     t0 = time.perf_counter()
-    client = dist.TCPStore(spec.store.host, spec.store.port, None, False, timeout)
-    store = dist.PrefixStore(spec.prefix, client)
-    backend = _make_backend(store, rank, len(spec.members), ctx.device, timeout, ctx.node_ip)
+
+    def build() -> Any:
+        client = dist.TCPStore(spec.store.host, spec.store.port, None, False, timeout)
+        store = dist.PrefixStore(spec.prefix, client)
+        return _make_backend(store, rank, len(spec.members), ctx.device, timeout, ctx.node_ip)
+
+    pending = PendingJoin(spec, build)
+    ctx.add_pending(pending)
+    try:
+        backend = pending.wait()
+    except BaseException:
+        ctx.finish_join(pending, None)
+        raise
     group = Group(spec, rank, backend, ctx.device, 0.0)
+    registered = ctx.finish_join(pending, group)
+    if registered:
+        pending.backend = None  # the group owns it now
+    else:
+        raise GroupAborted(f"group {spec.name} was aborted while joining")
     if ctx.device.type == "cuda":  # NCCL makes its communicator at the first collective
         group.all_reduce(torch.zeros(1, device=ctx.device))
         group.synchronize()
     group.setup_s = time.perf_counter() - t0
-    ctx.add_group(group)
     return group
 
 

@@ -17,6 +17,7 @@ failed or dead worker, waits for the others, reconciles what the live workers ho
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -42,6 +43,7 @@ from nereus.transition.emu import Emu
 from nereus.transition.primitives import Primitive
 from nereus.transition.schedule import Schedule
 
+log = logging.getLogger(__name__)
 EventHook = Callable[[str, int, Primitive], None]
 SLOW_BW = 50e6  # bytes/s: the slowest transfer rate a live worker is assumed to reach
 
@@ -270,7 +272,9 @@ class Executor:
         errors = {d: e for r in running.values() for d, e in r.errors.items()}
         dead = {d for d, e in errors.items() if is_actor_death(e)}
         involved = {d for r in running.values() for d in r.refs}
+        log.debug("fault at %.3f s: errors from %s", time.perf_counter() - t0, sorted(errors))
         alive = self.pool.alive(timeout_s=5.0)
+        log.debug("liveness at %.3f s: %s", time.perf_counter() - t0, alive)
         dead |= {d for d in involved if not alive.get(d, False)}
         bad = dead | set(errors)
         for r in running.values():  # abort communicators that include a failed worker
@@ -282,8 +286,10 @@ class Executor:
                             ray.get(self.pool.submit_control(d, _abort_all, names), timeout=10)
                         except Exception:  # noqa: BLE001 - it may have died meanwhile
                             dead.add(d)
+        log.debug("aborted at %.3f s", time.perf_counter() - t0)
         while any(r.pending() for r in running.values()):
             self._collect(running, block=True)
+        log.debug("running primitives ended at %.3f s", time.perf_counter() - t0)
         completed = []
         failed: dict[int, dict[int, BaseException]] = {}
         candidates = dict(units)

@@ -58,6 +58,12 @@ class ByteCounter:
                                    f"holds {self._held}")
             self._held -= nbytes
 
+    def set_capacity(self, capacity: int) -> None:
+        with self._lock:
+            if capacity < self._held:
+                raise CapacityError(self.device_id, 0, self._held, capacity, "new capacity")
+            self.capacity = int(capacity)
+
     def reset_peak(self) -> None:
         with self._lock:
             self._peak = self._held

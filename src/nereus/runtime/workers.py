@@ -50,7 +50,8 @@ class WorkerContext:
         self.memory = ByteCounter(device_id, capacity_bytes)
         self.units: dict[str, ShardedState] = {}
         self.groups: dict[str, Group] = {}
-        self.zombies: list[Group] = []  # aborted groups whose backend still has an operation
+        self.zombies: list[Any] = []  # aborted groups / joins whose backend is still busy
+        self._joining: dict[str, Any] = {}  # PendingJoin by group name
         self.scratch: dict[str, Any] = {}  # the engine's per-worker objects (models, caches)
         self._lock = threading.Lock()
 
@@ -108,17 +109,40 @@ class WorkerContext:
         with self._lock:
             return self.groups.pop(name, None)
 
-    def abort_groups(self, names: Iterable[str] | None = None) -> list[str]:
-        """Abort and forget groups (all when ``names`` is None): a member died."""
+    def add_pending(self, join: Any) -> None:
         with self._lock:
-            chosen = list(self.groups) if names is None else [n for n in names
-                                                              if n in self.groups]
+            self._joining[join.spec.name] = join
+
+    def finish_join(self, join: Any, group: Group | None) -> bool:
+        """End a join atomically with respect to ``abort_groups``: register ``group`` unless
+        the join was aborted (then park it until its thread ends). True when registered."""
+        with self._lock:
+            if self._joining.get(join.spec.name) is join:
+                del self._joining[join.spec.name]
+            if group is None or join.aborted.is_set():
+                if join.aborted.is_set():
+                    self.zombies.append(join)  # its backend is freed once the thread ends
+                return False
+            if group.name in self.groups:
+                raise KeyError(f"worker {self.device_id} is already in group {group.name}")
+            self.groups[group.name] = group
+            return True
+
+    def abort_groups(self, names: Iterable[str] | None = None) -> list[str]:
+        """Abort and forget groups (all when ``names`` is None), those still joining
+        included: a member died. Blocked calls on them return at once."""
+        with self._lock:
+            want = None if names is None else set(names)
+            chosen = [n for n in self.groups if want is None or n in want]
             groups = [self.groups.pop(n) for n in chosen]
             self.zombies.extend(groups)
+            joins = [j for n, j in self._joining.items() if want is None or n in want]
         for g in groups:
             g.abort()
+        for j in joins:
+            j.aborted.set()
         self.reap()
-        return chosen
+        return chosen + [j.spec.name for j in joins]
 
     def reap(self) -> int:
         """Free aborted groups whose backend has finished (its operations timed out);
@@ -345,6 +369,14 @@ class WorkerPool:
         ids = self.device_ids if device_ids is None else tuple(device_ids)
         return self.run({d: (fn, args) for d in ids})
 
+    def set_capacity(self, capacity_bytes: int, device_ids: Iterable[int] | None = None) -> None:
+        """Change the bytes workers may hold (a job's capacity rule changed); refused by a
+        worker that already holds more."""
+        ids = self.device_ids if device_ids is None else tuple(device_ids)
+        ray.get([self.submit_control(d, _set_capacity, int(capacity_bytes)) for d in ids])
+        if device_ids is None:
+            self.capacity_bytes = int(capacity_bytes)
+
     def infos(self) -> dict[int, WorkerInfo]:
         return {d: ray.get(s.actor.info.remote()) for d, s in self._slots.items()}
 
@@ -363,6 +395,10 @@ class WorkerPool:
             except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
                 out[d] = False
         return out
+
+
+def _set_capacity(ctx: WorkerContext, capacity_bytes: int) -> None:
+    ctx.memory.set_capacity(capacity_bytes)
 
 
 def wait_all(refs: Mapping[int, Any], timeout_s: float | None = None) -> dict[int, Any]:

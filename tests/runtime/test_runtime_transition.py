@@ -1,0 +1,272 @@
+"""Transitions executed on real workers: bitwise state, capacity, faults, checkpoint restore.
+
+One Ray session for the module; the pool grows and shrinks with each case's plans.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator, Mapping, Sequence
+
+import pytest
+import ray
+
+from nereus.cost.candidate import Candidate, Layout
+from nereus.plan.types import Plan, StagePlan
+from nereus.runtime.checkpoint import Checkpointer
+from nereus.runtime.executor import Executor, state_specs
+from nereus.runtime.faults import TransitionFailed, recover
+from nereus.runtime.loading import seeded_logical
+from nereus.runtime.placement import gather_unit, place_plan
+from nereus.runtime.primitives import PrimitiveTiming
+from nereus.runtime.workers import WorkerPool
+from nereus.spec.job import JobSpec
+from nereus.transition.calibrate import calibrate_transition
+from nereus.transition.emu import Emu, phi
+from nereus.transition.instances import random_pair, stage_names
+from nereus.transition.planner import plan_transition
+from nereus.transition.primitives import Primitive
+
+from runtime_testlib import (
+    clear_units,
+    cpu_job,
+    gone,
+    listening_ports,
+    pids,
+    ray_session,
+    stage_seeds,
+    wait_released,
+    worker_resources,
+)
+
+
+@pytest.fixture(scope="module")
+def pool() -> Iterator[WorkerPool]:
+    with ray_session(__name__):
+        p = WorkerPool.start(8, kind="cpu")
+        try:
+            yield p
+        finally:
+            ids = list(pids(p).values())
+            p.shutdown()
+            assert gone(ids), "worker processes outlived the pool"
+
+
+@pytest.fixture(autouse=True)
+def no_leaks(pool: WorkerPool) -> Iterator[None]:
+    """After every test, failing ones included: no group, no parked backend, no extra port on
+    any worker or in the driver, and no state left on the workers."""
+    before_driver = listening_ports()
+    before = {d: r[0] for d, r in worker_resources(pool).items()}
+    try:
+        yield
+    finally:
+        after = wait_released(pool, before)
+        clear_units(pool)
+        assert all(r[1] == 0 and r[2] == 0 for r in after.values()), after
+        assert all(after[d][0] <= before.get(d, after[d][0]) for d in after), (before, after)
+        assert listening_ports() <= before_driver
+
+
+def _fit_pool(pool: WorkerPool, ids: Sequence[int], exact: bool = False) -> None:
+    """Workers for ``ids`` (started when missing); ``exact`` also stops the others."""
+    if exact:
+        pool.shrink([d for d in pool.device_ids if d not in ids])
+    pool.grow([d for d in ids if d not in pool.device_ids])
+
+
+def _check_stages(pool: WorkerPool, job: JobSpec, units: Mapping[str, Sequence[Emu]],
+                  seeds: Mapping[str, int]) -> None:
+    specs = state_specs(job, "cpu")
+    for stage, es in units.items():
+        want = seeded_logical(specs[stage], seeds[stage])
+        for e in es:
+            diff = gather_unit(pool, e).first_difference(want)
+            assert diff is None, f"{e}: {diff}"
+
+
+def _held_ids(pool: WorkerPool) -> dict[int, list[str]]:
+    return {d: r[3] for d, r in worker_resources(pool).items()}
+
+
+def _plan(job: JobSpec, stages: Mapping[str, tuple[int, int, Sequence[Sequence[int]]]]) -> Plan:
+    out = []
+    for s in job.workflow.stages:
+        if s.name in stages:
+            tp, pp, reps = stages[s.name]
+            out.append(StagePlan(s.name, Candidate(Layout(tp, pp), len(reps), 1, 1),
+                                 tuple(tuple(r) for r in reps)))
+    return Plan(tuple(out))
+
+
+# (model, seed, current pool size, target pool size, device memory in MiB or None, whether
+# the Ray workers themselves start and stop with the pool: the growth case transitions onto
+# workers started for it, the shrink case stops the workers the target no longer uses)
+CASES = [("tiny-llama", 0, 4, 6, None, False), ("tiny-qwen3", 1, 6, 4, None, False),
+         ("tiny-llama", 4, 8, 5, 8.0, False), ("tiny-qwen3", 4, 8, 5, None, False),
+         ("tiny-qwen3", 3, 4, 8, 6.0, False), ("tiny-llama", 3, 4, 8, None, True),
+         ("tiny-llama", 1, 6, 4, None, True)]
+
+
+@pytest.mark.parametrize("model,seed,cur,tgt,mem,workers", CASES)
+def test_random_transition_keeps_every_copy_bitwise(pool: WorkerPool, model: str, seed: int,
+                                                    cur: int, tgt: int, mem: float | None,
+                                                    workers: bool) -> None:
+    """Random plan pairs (TP, PP, DP, GPU sets, pool growth and shrinkage): after the
+    transition every unit of every model-stage equals the state before, bitwise, optimizer
+    moments, counters and RNG included; no worker ever holds more than its capacity."""
+    job = cpu_job(model, 8, memory_mib=mem)
+    pair = random_pair(random.Random(seed), job, stage_names(job, 4), cur, tgt)
+    assert pair is not None
+    current, target = pair
+    schedule = plan_transition(job, current, target)
+    assert schedule.feasible, schedule.reason
+    if workers:  # only the current plan's workers run; the target's new ones start now
+        _fit_pool(pool, current.gpus(), exact=True)
+        pool.set_capacity(schedule.capacity_bytes)
+        started = [g for g in target.gpus() if g not in pool.device_ids]
+        _fit_pool(pool, sorted(set(current.gpus()) | set(target.gpus())))
+        assert started or cur >= tgt
+    else:
+        _fit_pool(pool, sorted(set(current.gpus()) | set(target.gpus())))
+        pool.set_capacity(schedule.capacity_bytes)
+    specs = state_specs(job, "cpu")
+    seeds = stage_seeds(job, seed)
+    place_plan(pool, job, current, specs, seeds)
+    report = Executor(pool, specs).run(schedule)
+
+    _check_stages(pool, job, report.units, seeds)
+    want = {e.id for es in phi(job, target).values() for e in es}
+    assert {e.id for es in report.units.values() for e in es} == want
+    held = _held_ids(pool)
+    for e in (e for es in report.units.values() for e in es):
+        for g in e.gpus:
+            assert e.id in held[g]
+    assert sum(len(v) for v in held.values()) == sum(len(e.gpus) for es in report.units.values()
+                                                     for e in es)
+    assert report.within_capacity(), (report.peak_bytes, report.capacity_bytes)
+    # measured timings, in the schedule's shape
+    assert [t.op for t in report.timings] == [p.op for p in schedule.primitives]
+    for t, sp in zip(report.timings, schedule.primitives):
+        assert isinstance(t, PrimitiveTiming) and t.source == "measured"
+        assert 0 <= t.start_s <= t.end_s <= report.wall_s + 1e-6
+        assert t.gpus == tuple(sorted({g for e in sp.primitive.inputs + sp.primitive.outputs
+                                       for g in e.gpus}))
+        if t.op in ("Split", "Extend"):
+            assert t.setup_s > 0 and t.bytes > 0 and t.communicators >= 1
+        for d in sp.deps:
+            assert report.timings[d].end_s <= t.start_s
+    if schedule.primitives:
+        eff = calibrate_transition(schedule, report.measured_seconds())
+        assert eff is not None
+    if workers:  # the workers the target does not use stop
+        stopped = [d for d in pool.device_ids if d not in target.gpus()]
+        old = pids(pool)
+        _fit_pool(pool, target.gpus(), exact=True)
+        assert gone([old[d] for d in stopped])
+
+
+def _kill_when(pool: WorkerPool, op: str, pick: int) -> tuple[list[int], object]:
+    """An event hook that kills the worker at index ``pick`` of the first ``op`` it sees,
+    right after that primitive's calls were submitted (mid-transition)."""
+    killed: list[int] = []
+
+    def hook(kind: str, index: int, p: Primitive) -> None:
+        if kind == "start" and p.op == op and not killed:
+            gpus = [g for e in p.inputs + p.outputs for g in e.gpus]
+            killed.append(gpus[pick])
+            ray.kill(pool.actor(gpus[pick]), no_restart=True)
+
+    return killed, hook
+
+
+def _one_stage_plan(job: JobSpec, stage: str, tp: int, pp: int,
+                    reps: Sequence[Sequence[int]]) -> Plan:
+    return _plan(job, {stage: (tp, pp, reps)})
+
+
+def test_worker_killed_mid_transition_loses_nothing_while_another_copy_exists(
+        pool: WorkerPool) -> None:
+    job = cpu_job("tiny-llama", 6)
+    stage = "actor_train"
+    _fit_pool(pool, range(6))
+    current = _one_stage_plan(job, stage, 2, 1, [[0, 1], [2, 3]])
+    target = _one_stage_plan(job, stage, 2, 1, [[0, 1], [2, 3], [4, 5]])
+    schedule = plan_transition(job, current, target)
+    assert [p.op for p in schedule.primitives] == ["Extend"]
+    specs = state_specs(job, "cpu")
+    seeds = stage_seeds(job, 11)
+    place_plan(pool, job, current, specs, seeds)
+    killed, hook = _kill_when(pool, "Extend", -1)  # a receiving worker dies mid-Extend
+    ex = Executor(pool, specs, min_timeout_s=5.0, on_event=hook)
+    with pytest.raises(TransitionFailed) as info:
+        ex.run(schedule)
+    rep = info.value.report
+    assert set(killed) <= rep.dead and rep.dead
+    assert len(rep.intact[stage]) == 2  # both replicas survived the failed Extend
+    assert not rep.lost_stages([stage])
+
+    def target_for(ids: Sequence[int]) -> Plan:  # the surviving pool: tp=1 replicas
+        return _one_stage_plan(job, stage, 1, 1, [[g] for g in ids if g < 6])
+
+    rec = recover(pool, ex, job, rep, target_for)
+    assert rec.restored == () and rec.transition is not None
+    assert killed[0] not in pool.device_ids
+    _check_stages(pool, job, rec.units, seeds)
+    assert len(rec.units[stage]) == 5
+    pool.grow(killed)
+
+
+def test_last_copy_lost_mid_transition_restores_from_the_checkpoint(pool: WorkerPool,
+                                                                     tmp_path) -> None:
+    job = cpu_job("tiny-qwen3", 6)
+    stage = "actor_train"
+    _fit_pool(pool, range(6))
+    current = _one_stage_plan(job, stage, 2, 2, [[0, 1, 2, 3]])
+    target = _one_stage_plan(job, stage, 2, 1, [[4, 5], [2, 3]])
+    schedule = plan_transition(job, current, target)
+    specs = state_specs(job, "cpu")
+    seeds = stage_seeds(job, 12)
+    units = place_plan(pool, job, current, specs, seeds)
+    ck = Checkpointer(tmp_path / "ckpt")
+    ck.save(pool, units, tag=1)
+    killed, hook = _kill_when(pool, schedule.primitives[0].op, 0)
+    ex = Executor(pool, specs, min_timeout_s=5.0, on_event=hook)
+    with pytest.raises(TransitionFailed) as info:
+        ex.run(schedule)
+    rep = info.value.report
+    assert rep.lost_stages([stage]) == (stage,)
+
+    def target_for(ids: Sequence[int]) -> Plan:
+        return _one_stage_plan(job, stage, 2, 1, [[4, 5], [2, 3]] if killed[0] < 2
+                               else [[4, 5], [0, 1]])
+
+    rec = recover(pool, ex, job, rep, target_for, ck)
+    assert rec.restored == (stage,) and rec.checkpoint is not None
+    _check_stages(pool, job, rec.units, seeds)
+    pool.grow(killed)
+
+
+@pytest.mark.parametrize("save,load", [((2, 2), [(1, 1), (1, 1)]), ((1, 1), [(4, 1), (1, 2)])])
+def test_checkpoint_restores_into_any_layout(pool: WorkerPool, tmp_path,
+                                            save: tuple[int, int],
+                                            load: list[tuple[int, int]]) -> None:
+    job = cpu_job("tiny-llama", 6)
+    stage = "actor_train"
+    _fit_pool(pool, range(6))
+    specs = state_specs(job, "cpu")
+    seeds = stage_seeds(job, 13)
+    n = save[0] * save[1]
+    units = place_plan(pool, job, _one_stage_plan(job, stage, *save, [list(range(n))]),
+                       specs, seeds)
+    ck = Checkpointer(tmp_path / "ckpt")
+    where = ck.save(pool, units, tag=3)
+    clear_units(pool)
+    emus, first = [], 0
+    for i, (tp, pp) in enumerate(load):
+        gpus = tuple(range(first, first + tp * pp))
+        emus.append(Emu(f"{stage}/{i}", stage, "actor", Layout(tp, pp), gpus,
+                        units[stage][0].holds))
+        first += tp * pp
+    ck.restore(pool, stage, emus, specs[stage], where)
+    _check_stages(pool, job, {stage: emus}, seeds)
