@@ -198,6 +198,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--model", default="small-llama")
+    ap.add_argument("--profile", default=None, help="write the efficiencies calibrated on all "
+                    "cases to this JSON profile (nereus.cost.calibrate format)")
     ap.add_argument("--only", default="", help="measure only cases whose name has this text "
                     "(diagnosis; the scores then come from fewer cases)")
     ap.add_argument("--kind", choices=["cpu", "gpu"], default="cpu")
@@ -242,6 +244,13 @@ def main(argv: list[str] | None = None) -> int:
               f"{r['estimated_s'] * 1e3:8.1f} ms est ({r['latency_err']:5.1%})   memory "
               f"{r['measured_mem'] / 2**20:7.1f} MiB meas / {r['estimated_mem'] / 2**20:7.1f} "
               f"MiB est ({r['memory_err']:5.1%})")
+    if args.profile:
+        cal = Calibrator(prior=Efficiencies(device=device), forgetting=1.0)
+        for m in results:
+            job = job_for(m.case, args.model, device, args.workers)
+            cal.observe_stage(CostModel(job).estimate(STAGES[m.case.kind], candidate(m.case)),
+                              m.wall_s)
+        cal.save(args.profile, args.model)
     if args.json:
         print(json.dumps({"rows": rows}, default=str))
     summary = {

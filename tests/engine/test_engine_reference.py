@@ -222,3 +222,26 @@ def test_recompute_gives_the_same_step() -> None:
     assert ra.loss == rb.loss and ra.grad_norm == rb.grad_norm
     for name, p in a.model.params.items():
         assert torch.equal(p, b.model.params[name]), name
+
+
+def test_stop_tokens_end_a_sequence_and_pad_the_rest() -> None:
+    spec = MODEL_PRESETS["tiny-llama"]
+    full = logical_state(spec, Head.LM, seed=16)
+    eng = engine(spec, full)
+    b = batch(spec, 3, 5, seed=17)
+    free = eng.generate(b, SamplingParams(max_new_tokens=6, temperature=0.0), 3).result
+    stop = int(free.tokens[0, 2])
+    ends = [int((row == stop).nonzero()[0]) + 1 if bool((row == stop).any()) else 6
+            for row in free.tokens]
+    sp = SamplingParams(max_new_tokens=6, temperature=0.0, stop_tokens=(stop,), pad_token=-1)
+    got = eng.generate(b, sp, 1).result
+    assert got.lengths.tolist() == ends and ends[0] <= 3
+    for row, n, want in zip(got.tokens, ends, free.tokens):
+        assert torch.equal(row[:n], want[:n]) and bool((row[n:] == -1).all())
+
+
+def test_reward_scores_read_the_last_real_token() -> None:
+    values = torch.arange(12.0).view(3, 4)
+    am = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0], [0, 1, 1, 0]])
+    assert Output(values=values).scores(am).tolist() == [3.0, 5.0, 10.0]
+    assert Output(values=values).scores(None).tolist() == [3.0, 7.0, 11.0]

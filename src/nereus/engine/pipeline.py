@@ -29,6 +29,17 @@ class Output:
     logprobs: torch.Tensor | None = None
     values: torch.Tensor | None = None
 
+    def scores(self, attention_mask: torch.Tensor | None) -> torch.Tensor:
+        """A reward model's score per sequence: the value at its last real token [n]."""
+        if self.values is None:
+            raise ValueError("scores need a scalar head's values")
+        if attention_mask is None:
+            return self.values[:, -1]
+        s = attention_mask.shape[1]
+        pos = torch.arange(s, device=attention_mask.device)
+        last = torch.where(attention_mask.bool(), pos, -1).max(dim=1).values.clamp(min=0)
+        return self.values.gather(1, last.to(self.values.device)[:, None]).squeeze(1)
+
     def cpu(self) -> Output:
         return Output(None if self.logprobs is None else self.logprobs.cpu(),
                       None if self.values is None else self.values.cpu())
