@@ -10,6 +10,7 @@
 - ``TransitionFailed`` / ``FaultReport`` / ``recover`` (faults.py), ``Checkpointer``
   (checkpoint.py): faults and the checkpoint fallback.
 - ``place_plan`` / ``gather_unit`` (placement.py): put a plan's state on workers, read it back.
+- ``cli_execute`` (demo.py): what ``nereus transition --execute`` runs.
 """
 
 from nereus.runtime.checkpoint import Checkpointer
@@ -25,11 +26,14 @@ from nereus.runtime.state import LogicalState, ShardedState, StateMeta, StateSpe
 from nereus.runtime.workers import WorkerContext, WorkerPool
 
 
-def cli_execute(*args: object, **kwargs: object) -> object:
-    """``nereus transition --execute``: see ``nereus.runtime.demo.execute_transition``."""
-    from nereus.runtime.demo import execute_transition
+def cli_execute(*args: object, **kwargs: object) -> int:
+    """``nereus transition --execute``: ``nereus.runtime.demo.cli_execute(job, current, target,
+    schedule=None, *, seed=0, kind="cpu", address=None, as_json=False)`` runs the schedule on
+    local workers on a seeded model, prints measured vs estimated per primitive, and returns
+    the exit code (0 when the state survived bitwise)."""
+    from nereus.runtime.demo import cli_execute as run
 
-    return execute_transition(*args, **kwargs)  # type: ignore[arg-type]
+    return run(*args, **kwargs)  # type: ignore[arg-type]
 
 
 __all__ = [
