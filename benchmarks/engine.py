@@ -2,8 +2,9 @@
 
 Each case is one stage operation (train_step, forward, generate) of a small model in one layout
 (tp, pp, dp) and one batch shape, run on the runtime's workers (Ray actors, gloo on CPU, NCCL on
-GPU). Time is the slowest worker's wall time of the operation (the fastest of ``--repeats`` runs
-after a warm-up: on a shared machine other processes only add time); memory is the largest
+GPU). Time is the slowest worker's wall time of the operation (the fastest of ``--repeats``
+rounds that run every case in turn, after a warm-up: on a shared machine other processes only
+add time, and interleaving spreads their bursts over all cases); memory is the largest
 per-worker peak of one extra run with memory tracking (``nereus.engine.measure``): the bytes of
 tensors, state and transient, so it is compared with the estimate's tensor terms (all but its
 ``workspace`` assumption for non-tensor memory). Both are measured.
@@ -20,10 +21,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import ray
@@ -125,38 +127,67 @@ class Measured:
     op_s: dict[str, float]   # per op class, median run (measured)
 
 
-def measure(pool: WorkerPool, rv: Rendezvous, c: Case, model: str, device: str,
-            repeats: int, tag: str) -> Measured:
-    spec = get_model(model)
-    kind = c.kind
-    trainable = kind == "train"
-    dtype = "fp32" if device == "cpu" else "bf16"
-    sspec = StateSpec(spec, Head.LM, trainable, dtype, trainable and dtype != "fp32")
-    size = c.tp * c.pp
-    holds = Holds.THETA_OMEGA if trainable else Holds.THETA
-    emus = [Emu(f"{STAGES[kind]}/{tag}{d}", STAGES[kind], "actor", Layout(c.tp, c.pp),
-                tuple(range(d * size, (d + 1) * size)), holds) for d in range(c.dp)]
-    pool.run({g: (place_seeded, (e.id, sspec, (c.tp, c.pp), e.position(i), 1, False))
-              for e in emus for i, g in enumerate(e.gpus)})
-    batch = batch_for(c, spec.vocab_size)
-    sampling = SamplingParams(max_new_tokens=c.response, temperature=1.0, seed=3)
-    try:
-        with StageRunner(pool, emus, rv, AdamConfig(lr=1e-5)) as run:
-            def once(track: bool) -> Any:
-                if kind == "train":
-                    return run.train_step(batch, weighted_nll, c.b, track_memory=track)[1]
-                if kind == "forward":
-                    return run.forward(batch, c.b, track_memory=track)[1]
-                return run.generate(batch, sampling, c.b, track_memory=track)[1]
+class Bench:
+    """One case set up on the workers: its seeded units and its runner (groups open)."""
 
-            once(False)  # warm-up
-            runs = sorted((once(False) for _ in range(repeats)), key=lambda m: m.wall_s)
-            best = runs[0]   # the least disturbed run: other processes only ever add time
-            mem = once(True)
+    def __init__(self, pool: WorkerPool, rv: Rendezvous, c: Case, model: str, device: str,
+                 tag: str) -> None:
+        spec = get_model(model)
+        trainable = c.kind == "train"
+        dtype = "fp32" if device == "cpu" else "bf16"
+        sspec = StateSpec(spec, Head.LM, trainable, dtype, trainable and dtype != "fp32")
+        size = c.tp * c.pp
+        holds = Holds.THETA_OMEGA if trainable else Holds.THETA
+        self.pool, self.case = pool, c
+        self.emus = [Emu(f"{STAGES[c.kind]}/{tag}{d}", STAGES[c.kind], "actor",
+                         Layout(c.tp, c.pp), tuple(range(d * size, (d + 1) * size)), holds)
+                     for d in range(c.dp)]
+        pool.run({g: (place_seeded, (e.id, sspec, (c.tp, c.pp), e.position(i), 1, False))
+                  for e in self.emus for i, g in enumerate(e.gpus)})
+        self.batch = batch_for(c, spec.vocab_size)
+        self.sampling = SamplingParams(max_new_tokens=c.response, temperature=1.0, seed=3)
+        self.runner = StageRunner(pool, self.emus, rv, AdamConfig(lr=1e-5))
+        self.runs: list[Any] = []
+
+    def once(self, track: bool = False) -> Any:
+        c, run = self.case, self.runner
+        if c.kind == "train":
+            return run.train_step(self.batch, weighted_nll, c.b, track_memory=track)[1]
+        if c.kind == "forward":
+            return run.forward(self.batch, c.b, track_memory=track)[1]
+        return run.generate(self.batch, self.sampling, c.b, track_memory=track)[1]
+
+    def close(self) -> None:
+        self.runner.close()
+        self.pool.run({g: (destroy_member, (e.id,)) for e in self.emus for g in e.gpus})
+
+
+def measure_all(pool: WorkerPool, rv: Rendezvous, todo: list[Case], model: str, device: str,
+                repeats: int) -> list[Measured]:
+    """Every case set up at once, then ``repeats`` rounds that run each case once in turn, so
+    a burst of load from other processes hits all cases alike; each case keeps its fastest
+    round (other processes only ever add time). Then one memory run per case."""
+    benches: list[Bench] = []
+    try:
+        for i, c in enumerate(todo):
+            benches.append(Bench(pool, rv, c, model, device, f"b{i}_"))
+            benches[-1].once()   # warm-up
+        for _ in range(repeats):
+            for b in benches:
+                b.runs.append(b.once())
+        out = []
+        for b in benches:
+            best = min(b.runs, key=lambda m: m.wall_s)
+            mem = b.once(track=True)
+            out.append(Measured(b.case, best.wall_s, tuple(m.wall_s for m in b.runs),
+                                int(mem.peak_mem_bytes), dict(best.op_s)))
+            ops = " ".join(f"{k}={v * 1e3:.0f}" for k, v in sorted(best.op_s.items()))
+            print(f"measured  {b.case.name:<44} {best.wall_s * 1e3:9.1f} ms  "
+                  f"{mem.peak_mem_bytes / 2**20:8.1f} MiB  [{ops} ms]", file=sys.stderr)
+        return out
     finally:
-        pool.run({g: (destroy_member, (e.id,)) for e in emus for g in e.gpus})
-    return Measured(c, best.wall_s, tuple(m.wall_s for m in runs), int(mem.peak_mem_bytes),
-                    dict(best.op_s))
+        for b in benches:
+            b.close()
 
 
 def tensor_bytes(est: Any) -> int:
@@ -192,23 +223,8 @@ def score(test: list[Measured], eff: Efficiencies, mem_scale: dict[StageKind, fl
     return rows
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--json", action="store_true", help="print per-case rows as JSON too")
-    ap.add_argument("--workers", type=int, default=2)
-    ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--model", default="small-llama")
-    ap.add_argument("--profile", default=None, help="write the efficiencies calibrated on all "
-                    "cases to this JSON profile (nereus.cost.calibrate format)")
-    ap.add_argument("--only", default="", help="measure only cases whose name has this text "
-                    "(diagnosis; the scores then come from fewer cases)")
-    ap.add_argument("--kind", choices=["cpu", "gpu"], default="cpu")
-    ap.add_argument("--device", default=None, help="device preset the cost model prices "
-                    "(default: cpu, or h200-141gb with --kind gpu)")
-    args = ap.parse_args(argv)
-    device = args.device or ("cpu" if args.kind == "cpu" else "h200-141gb")
-
-    t0 = time.perf_counter()
+def run_cases(args: argparse.Namespace, device: str) -> list[Measured]:
+    """Measure every case on a fresh Ray session and worker pool (released at the end)."""
     if args.kind == "cpu":
         ray.init(num_cpus=max(2, args.workers), include_dashboard=False, log_to_driver=False,
                  resources={"nereus_slot": args.workers})
@@ -219,20 +235,48 @@ def main(argv: list[str] | None = None) -> int:
     try:
         pool = WorkerPool.start(args.workers, kind=args.kind)
         rv = Rendezvous("127.0.0.1" if args.kind == "cpu" else None)
-        for i, c in enumerate(cases(args.workers)):
-            if args.only not in c.name:
-                continue
-            m = measure(pool, rv, c, args.model, device, args.repeats, f"b{i}_")
-            results.append(m)
-            ops = " ".join(f"{k}={v * 1e3:.0f}" for k, v in sorted(m.op_s.items()))
-            print(f"measured  {c.name:<44} {m.wall_s * 1e3:9.1f} ms  "
-                  f"{m.peak_mem_bytes / 2**20:8.1f} MiB  [{ops} ms]", file=sys.stderr)
+        todo = [c for c in cases(args.workers) if args.only in c.name]
+        results = measure_all(pool, rv, todo, args.model, device, args.repeats)
     finally:
         if rv is not None:
             rv.close()
         if pool is not None:
             pool.shutdown()
         ray.shutdown()
+    return results
+
+
+def load_measurements(path: str) -> list[Measured]:
+    with open(path) as f:
+        return [Measured(Case(**r["case"]), r["wall_s"], tuple(r["walls"]), r["peak_mem_bytes"],
+                         r["op_s"]) for r in json.load(f)]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--json", action="store_true", help="print per-case rows as JSON too")
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--model", default="small-llama")
+    ap.add_argument("--profile", default=None, help="write the efficiencies calibrated on all "
+                    "cases to this JSON profile (nereus.cost.calibrate format)")
+    ap.add_argument("--save", default=None, help="write the raw measurements to this JSON file")
+    ap.add_argument("--load", default=None, help="score measurements saved by --save instead of "
+                    "measuring (calibration studies without re-running)")
+    ap.add_argument("--only", default="", help="measure only cases whose name has this text "
+                    "(diagnosis; the scores then come from fewer cases)")
+    ap.add_argument("--kind", choices=["cpu", "gpu"], default="cpu")
+    ap.add_argument("--device", default=None, help="device preset the cost model prices "
+                    "(default: cpu, or h200-141gb with --kind gpu)")
+    args = ap.parse_args(argv)
+    device = args.device or ("cpu" if args.kind == "cpu" else "h200-141gb")
+
+    t0 = time.perf_counter()
+    load0 = os.getloadavg()[0]
+    results = load_measurements(args.load) if args.load else run_cases(args, device)
+    if args.save:
+        with open(args.save, "w") as f:
+            json.dump([asdict(m) for m in results], f)
 
     folds = [results[0::2], results[1::2]]
     rows = []
@@ -260,6 +304,9 @@ def main(argv: list[str] | None = None) -> int:
         "device": device, "workers": args.workers, "model": args.model,
         "source": "measured vs estimated (2-fold: calibrated on the other fold)",
         "wall_s": time.perf_counter() - t0,
+        # other processes on the machine add time to every measurement; say how busy it was
+        "load_avg_1min": [round(load0, 2), round(os.getloadavg()[0], 2)],
+        "cpus": os.cpu_count(),
     }
     print(json.dumps(summary))
     return 0
