@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Mapping
-from dataclasses import dataclass
+import random
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from nereus.cost.efficiency import Efficiencies
@@ -105,51 +106,223 @@ def infeasible_schedule(dag: TransitionDag, efficiencies: Efficiencies) -> Sched
                     efficiencies, dag.problem or "infeasible", dag.changed)
 
 
+@dataclass
+class _Problem:
+    """What one list-scheduling pass needs, forward or in reversed time.
+
+    Reversed: edges point back, each primitive turns its after-state into its before-state
+    (so its extra is during - after), it starts from the final bytes, and the serial order runs
+    backwards, which fits memory exactly when the forward one does.
+    """
+
+    dur: list[float]
+    succ: list[list[int]]
+    npred: list[int]
+    order: list[int]
+    gpus: list[tuple[int, ...]]
+    steps: list[tuple[tuple[int, int, int], ...]]  # (gpu, extra, net) per primitive
+    initial: dict[int, int]
+    cap: int
+    destroy: list[bool]
+    stage: list[int]       # rank of each primitive's model-stage (generation first)
+    rem: dict[int, list[tuple[int, int, int]]] = field(default_factory=dict)
+    pos_rem: dict[int, int] = field(default_factory=dict)
+    settle: list[dict[int, int]] = field(default_factory=list)  # per primitive: net - extra
+
+    def __post_init__(self) -> None:
+        """Per GPU: the primitives touching it in serial order, and their positive extras."""
+        self.settle = [{g: net - extra for g, extra, net in st} for st in self.steps]
+        for i in self.order:
+            for g, extra, net in self.steps[i]:
+                self.rem.setdefault(g, []).append((i, extra, net))
+                self.pos_rem[g] = self.pos_rem.get(g, 0) + max(0, extra)
+                self.initial.setdefault(g, 0)
+
+    @classmethod
+    def forward(cls, dag: TransitionDag, dur: list[float]) -> _Problem:
+        n = len(dag.primitives)
+        succ: list[list[int]] = [[] for _ in range(n)]
+        npred = [0] * n
+        for a, b, _ in dag.edges:
+            succ[a].append(b)
+            npred[b] += 1
+        return cls(dur, succ, npred, list(dag.order), [tuple(m) for m in dag.memory],
+                   [tuple((g, s.extra, s.net) for g, s in m.items()) for m in dag.memory],
+                   dict(dag.initial_bytes), dag.capacity_bytes,
+                   [isinstance(p, Destroy) for p in dag.primitives],
+                   [dag.changed.index(p.stage) for p in dag.primitives])
+
+    def reversed(self) -> _Problem:
+        n = len(self.dur)
+        succ: list[list[int]] = [[] for _ in range(n)]
+        npred = [0] * n
+        for a in range(n):
+            for b in self.succ[a]:
+                succ[b].append(a)
+                npred[a] += 1
+        final = dict(self.initial)
+        for st in self.steps:
+            for g, _, net in st:
+                final[g] = final.get(g, 0) + net
+        steps = [tuple((g, extra - net, -net) for g, extra, net in st) for st in self.steps]
+        return _Problem(self.dur, succ, npred, self.order[::-1], self.gpus, steps, final,
+                        self.cap, self.destroy, self.stage)
+
+    def memory_succ(self) -> list[list[int]]:
+        """Release -> later acquisitions on its GPU that would not fit without it (in the
+        serial order). Not edges of the DAG: they make priorities see chains through memory."""
+        out: list[list[int]] = [[] for _ in self.dur]
+        cap = self.cap
+        for g, seq in self.rem.items():
+            cur = self.initial.get(g, 0)
+            freed: list[tuple[int, int]] = []  # (release, bytes), in order
+            for i, extra, net in seq:
+                if extra > 0:
+                    over = cur + sum(b for _, b in freed) + extra - cap
+                    for r, b in reversed(freed):
+                        if over <= 0:
+                            break
+                        out[r].append(i)
+                        over -= b
+                cur += net
+                if net < 0:
+                    freed.append((i, -net))
+        return out
+
+    def tails(self) -> list[float]:
+        """Longest path to the end from each primitive, through DAG and memory successors."""
+        tail = [0.0] * len(self.dur)
+        mem = self.memory_succ()
+        for i in reversed(self.order):
+            tail[i] = self.dur[i] + max((tail[s] for s in (*self.succ[i], *mem[i])),
+                                        default=0.0)
+        return tail
+
+
+# Starting points (priority rule, reservation), tried in turn while the work budget lasts; each
+# is improved by forward-backward passes. The budget counts primitives scheduled over all
+# passes, so a small transition gets the whole portfolio and a 256-GPU one a few passes.
+STARTS = (("tail", True), ("tail", False), ("stage", True), ("stage_rev", True),
+          ("release", True), ("wide", True), ("release", False), ("wide", False))
+IMPROVE_ROUNDS = 3   # forward-backward rounds at most per starting point
+WORK_BUDGET = 1500   # primitives scheduled, over all passes
+MIN_PASSES = 3
+MAX_PASSES = 80
+JITTER = 0.3         # then random starts: the best order so far, starts shifted by up to JITTER x makespan
+
+
 def list_schedule(dag: TransitionDag, cost: TransitionCost) -> Schedule:
-    prims = dag.primitives
-    n = len(prims)
-    cap = dag.capacity_bytes
-    durs = [cost.duration(p) for p in prims]
-    dur = [d.seconds for d in durs]
-    succ: list[list[int]] = [[] for _ in range(n)]
-    preds: list[list[int]] = [[] for _ in range(n)]
-    for a, b, _ in dag.edges:
-        succ[a].append(b)
-        preds[b].append(a)
+    """The best list schedule found from a few priority rules, each improved by
+    forward-backward passes (re-schedule in the order the previous pass found, right- then
+    left-justified: the classic improvement of list schedules in project scheduling)."""
+    durs = [cost.duration(p) for p in dag.primitives]
+    fwd = _Problem.forward(dag, [d.seconds for d in durs])
+    n = len(durs)
     pos = [0] * n
-    for k, i in enumerate(dag.order):
+    for k, i in enumerate(fwd.order):
         pos[i] = k
-    tail = [0.0] * n
-    for i in reversed(dag.order):
-        tail[i] = dur[i] + max((tail[s] for s in succ[i]), default=0.0)
-    prio = [(0 if isinstance(prims[i], Destroy) else 1, -tail[i], pos[i]) for i in range(n)]
+    tail = fwd.tails()
+    rules = {
+        "tail": [(-tail[i], pos[i]) for i in range(n)],
+        "release": [(0 if fwd.destroy[i] else 1, -tail[i], pos[i]) for i in range(n)],
+        "wide": [(-tail[i] * len(fwd.gpus[i]), pos[i]) for i in range(n)],
+        # one model-stage after another (stages compete for the same GPUs' links)
+        "stage": [(fwd.stage[i], -tail[i], pos[i]) for i in range(n)],
+        "stage_rev": [(-fwd.stage[i], -tail[i], pos[i]) for i in range(n)],
+    }
+    bwd = fwd.reversed() if n > 1 else fwd
+    passes = min(MAX_PASSES, max(MIN_PASSES, WORK_BUDGET // max(1, n)))
+    rng = random.Random(n)  # deterministic: the same DAG always gets the same schedule
+    best: _ListScheduler | None = None
+    k = 0
+    while passes > 0:
+        if k < len(STARTS):
+            rule, reserve = STARTS[k]
+            prio = rules[rule]
+        else:  # perturb the best order found so far (iterated local search)
+            assert best is not None
+            reserve = rng.random() < 0.5
+            span = max(best.makespan, 1e-9) * JITTER
+            prio = [(best.start[i] + span * rng.random(), pos[i]) for i in range(n)]
+        k += 1
+        run = _ListScheduler(fwd, prio, reserve).run()
+        passes -= 1
+        run, used = _improve(fwd, bwd, run, pos, passes, reserve)
+        passes -= used
+        if best is None or run.makespan < best.makespan - 1e-12:
+            best = run
+    assert best is not None
+    return _assemble(dag, cost, durs, best.start, best.end, pos,
+                     _timeline(dag, best.start, best.end))
 
-    gpus = [tuple(dag.memory[i]) for i in range(n)]
-    steps = [tuple((g, m.extra, m.net) for g, m in dag.memory[i].items()) for i in range(n)]
-    usage: dict[int, int] = dict(dag.initial_bytes)
-    committed: dict[int, int] = dict(dag.initial_bytes)
-    rem: dict[int, list[tuple[int, int, int]]] = {}  # per GPU: (primitive, extra, net), serial order
-    pos_rem: dict[int, int] = {}     # per GPU, sum of positive extras not yet started
-    for i in dag.order:
-        for g, extra, net in steps[i]:
-            rem.setdefault(g, []).append((i, extra, net))
-            pos_rem[g] = pos_rem.get(g, 0) + max(0, extra)
-            usage.setdefault(g, 0)
-            committed.setdefault(g, 0)
-    started = [False] * n
-    busy: set[int] = set()
-    waiting = [len(p) for p in preds]
-    ready_on: dict[int, set[int]] = {}
-    timeline: dict[int, list[tuple[float, int]]] = {g: [(0.0, b)] for g, b in usage.items()}
 
-    def guard_ok(i: int) -> bool:
-        for g, extra, net in steps[i]:
+def _improve(fwd: _Problem, bwd: _Problem, run: _ListScheduler, pos: list[int], passes: int,
+             reserve: bool) -> tuple[_ListScheduler, int]:
+    """Forward-backward improvement: right-justify in the order of the latest ends, then
+    left-justify in the order of those starts (with and without reservations), while the
+    makespan shrinks. Returns the best run and the passes spent."""
+    n = len(pos)
+    used = 0
+    if n < 2:
+        return run, used
+    for _ in range(IMPROVE_ROUNDS):
+        if passes - used < 3:
+            break
+        back = _ListScheduler(bwd, [(-run.end[i], pos[i]) for i in range(n)], reserve).run()
+        late = [(back.makespan - back.end[i], pos[i]) for i in range(n)]
+        again = min((_ListScheduler(fwd, late, r).run() for r in (reserve, not reserve)),
+                    key=lambda x: x.makespan)
+        used += 3
+        if again.makespan >= run.makespan - 1e-12:
+            break
+        run = again
+    return run, used
+
+
+class _ListScheduler:
+    """One pass of list scheduling (parallel schedule generation) under a priority per primitive.
+
+    ``reserve``: a primitive that is blocked only until a running one ends (its GPUs busy, or
+    memory that the running one frees) holds its GPUs against lower-priority primitives that
+    would still run at that moment, so a long copy does not grab the GPUs a critical one is
+    about to need.
+    """
+
+    def __init__(self, prob: _Problem, prio: list[tuple[float, ...]], reserve: bool):
+        n = self.n = len(prob.dur)
+        self.cap = prob.cap
+        self.dur = prob.dur
+        self.reserve = reserve
+        self.succ = prob.succ
+        self.waiting = list(prob.npred)
+        self.prio = prio
+        self.gpus = prob.gpus
+        self.steps = prob.steps
+        self.settle = prob.settle
+        self.usage: dict[int, int] = dict(prob.initial)
+        self.committed: dict[int, int] = dict(prob.initial)
+        self.rem = prob.rem                      # per GPU, in serial order (read only)
+        self.pos_rem = dict(prob.pos_rem)        # per GPU: positive extras not yet started
+        self.started = [False] * n
+        self.start = [0.0] * n
+        self.end = [0.0] * n
+        self.on: dict[int, int] = {}          # busy GPU -> running primitive
+        self.held: dict[int, tuple[float, int]] = {}  # GPU -> (free at, reserving primitive)
+        self.holds: dict[int, list[int]] = {}  # primitive -> GPUs it reserves
+        self.hold_at: dict[int, float] = {}    # primitive -> when it expects to start
+        self.makespan = 0.0
+
+    def guard_ok(self, i: int) -> bool:
+        """Starting ``i`` now leaves the rest of the serial order feasible on its GPUs."""
+        cap = self.cap
+        for g, extra, net in self.steps[i]:
             if net <= 0:
                 continue
-            cur = committed[g] + net
-            if cur + pos_rem[g] - max(0, extra) <= cap:
+            cur = self.committed[g] + net
+            if cur + self.pos_rem[g] - (extra if extra > 0 else 0) <= cap:
                 continue
-            for r, e2, n2 in rem[g]:
+            started = self.started
+            for r, e2, n2 in self.rem[g]:
                 if started[r] or r == i:
                     continue
                 if cur + e2 > cap:
@@ -157,74 +330,181 @@ def list_schedule(dag: TransitionDag, cost: TransitionCost) -> Schedule:
                 cur += n2
         return True
 
-    def can_start(i: int) -> bool:
-        for g in gpus[i]:
-            if g in busy:
+    def fits(self, i: int) -> bool:
+        on, usage, cap = self.on, self.usage, self.cap
+        for g, extra, _ in self.steps[i]:
+            if g in on or usage[g] + extra > cap:
                 return False
-        for g, extra, _ in steps[i]:
-            if usage[g] + extra > cap:
-                return False
-        return guard_ok(i)
+        return self.guard_ok(i)
 
-    start = [0.0] * n
-    end = [0.0] * n
-    running: list[tuple[float, int]] = []
-    cand = {i for i in range(n) if not waiting[i]}
-    for i in cand:
-        for g in gpus[i]:
-            ready_on.setdefault(g, set()).add(i)
-    t = 0.0
-    done = 0
-    while done < n:
-        for i in sorted(cand, key=prio.__getitem__):
-            if started[i] or not can_start(i):
+    def free_at(self, i: int) -> float:
+        """When ``i`` could start if only running primitives ended (inf: later than that, or
+        never held back by a running one)."""
+        if not self.guard_ok(i):
+            return math.inf
+        t = -math.inf
+        on, usage, cap, end, settle = self.on, self.usage, self.cap, self.end, self.settle
+        for g, extra, _ in self.steps[i]:
+            r = on.get(g)
+            if r is None:
+                if usage[g] + extra > cap:
+                    return math.inf
                 continue
-            started[i] = True
-            start[i] = t
-            end[i] = t + dur[i]
-            heapq.heappush(running, (end[i], i))
-            for g, extra, net in steps[i]:
-                busy.add(g)
-                usage[g] += extra
-                committed[g] += net
-                pos_rem[g] -= max(0, extra)
-                ready_on[g].discard(i)
-                if extra:
-                    timeline[g].append((t, usage[g]))
-        cand = set()
-        if not running:
-            raise RuntimeError("transition scheduler stalled: the serial order does not fit "
-                               "memory (a bug in the global DAG)")
-        t = running[0][0]
-        while running and running[0][0] <= t:
-            _, i = heapq.heappop(running)
-            done += 1
-            for g, extra, net in steps[i]:
-                busy.discard(g)
-                usage[g] += net - extra
-                if net - extra:
-                    timeline[g].append((t, usage[g]))
-                cand |= ready_on.get(g, set())
-            for s in succ[i]:
-                waiting[s] -= 1
-                if not waiting[s]:
-                    cand.add(s)
-                    for g in gpus[s]:
-                        ready_on.setdefault(g, set()).add(s)
-        cand = {i for i in cand if not started[i]}
+            if end[r] > t:
+                t = end[r]
+            if usage[g] + settle[r][g] + extra > cap:
+                return math.inf
+        return t if t > -math.inf else math.inf
 
+    def yields(self, j: int, t: float) -> bool:
+        """Whether ``j`` must leave its GPUs to a higher-priority reservation."""
+        pj = self.prio[j]
+        tj = t + self.dur[j]
+        held = self.held
+        for g in self.gpus[j]:
+            h = held.get(g)
+            if h is not None and h[1] != j and tj > h[0] and self.prio[h[1]] < pj:
+                return True
+        return False
+
+    def unhold(self, i: int) -> None:
+        self.hold_at.pop(i, None)
+        for g in self.holds.pop(i, ()):
+            if self.held.get(g, (0.0, -1))[1] == i:
+                del self.held[g]
+
+    def hold(self, i: int, at: float) -> None:
+        mine = []
+        for g in self.gpus[i]:
+            h = self.held.get(g)
+            if h is None or self.prio[i] < self.prio[h[1]]:
+                self.held[g] = (at, i)
+                mine.append(g)
+        if mine:
+            self.holds[i] = mine
+            self.hold_at[i] = at
+
+    def run(self) -> _ListScheduler:
+        n, steps, started, prio = self.n, self.steps, self.started, self.prio
+        ready_on: dict[int, set[int]] = {}
+        running: list[tuple[float, int]] = []
+        cand = {i for i in range(n) if not self.waiting[i]}
+        for i in cand:
+            for g in self.gpus[i]:
+                ready_on.setdefault(g, set()).add(i)
+        t = 0.0
+        done = 0
+        reserve = self.reserve
+        while done < n:
+            if self.hold_at:
+                cand |= {i for i, at in self.hold_at.items() if at <= t}
+            for i in sorted(cand, key=prio.__getitem__):
+                if started[i]:
+                    continue
+                if i in self.holds:
+                    self.unhold(i)
+                if self.fits(i) and not (reserve and self.held and self.yields(i, t)):
+                    self._start(i, t, running, ready_on)
+                elif reserve:
+                    at = self.free_at(i)
+                    if at < math.inf:
+                        self.hold(i, at)
+            cand = set()
+            if not running and self.holds:  # reservations held everything back: drop them
+                cand = {i for i in range(n) if not started[i] and not self.waiting[i]}
+                self.held.clear()
+                self.holds.clear()
+                self.hold_at.clear()
+                for i in sorted(cand, key=prio.__getitem__):
+                    if self.fits(i):
+                        self._start(i, t, running, ready_on)
+                cand = set()
+            if not running:
+                raise RuntimeError("transition scheduler stalled: the serial order does not fit "
+                                   "memory (a bug in the global DAG)")
+            t = running[0][0]
+            on, usage = self.on, self.usage
+            while running and running[0][0] <= t:
+                _, i = heapq.heappop(running)
+                done += 1
+                for g, extra, net in steps[i]:
+                    del on[g]
+                    usage[g] += net - extra
+                    waiting_here = ready_on.get(g)
+                    if waiting_here:
+                        cand |= waiting_here
+                for s in self.succ[i]:
+                    self.waiting[s] -= 1
+                    if not self.waiting[s]:
+                        cand.add(s)
+                        for g in self.gpus[s]:
+                            ready_on.setdefault(g, set()).add(s)
+        self.makespan = max(self.end, default=0.0)
+        return self
+
+    def _start(self, i: int, t: float, running: list[tuple[float, int]],
+               ready_on: dict[int, set[int]]) -> None:
+        self.started[i] = True
+        self.start[i] = t
+        self.end[i] = t + self.dur[i]
+        heapq.heappush(running, (self.end[i], i))
+        on, usage, committed, pos_rem = self.on, self.usage, self.committed, self.pos_rem
+        for g, extra, net in self.steps[i]:
+            on[g] = i
+            usage[g] += extra
+            committed[g] += net
+            if extra > 0:
+                pos_rem[g] -= extra
+            ready_on[g].discard(i)
+
+
+def _timeline(dag: TransitionDag, start: Sequence[float], end: Sequence[float]
+              ) -> dict[int, tuple[tuple[float, int], ...]]:
+    """Every GPU's bytes over time, replayed from start and end times (ends first at ties)."""
+    n = len(dag.primitives)
+    usage = dict(dag.initial_bytes)
+    steps: dict[int, list[tuple[float, int]]] = {g: [(0.0, b)] for g, b in usage.items()}
+    events = sorted([(end[i], 0, i) for i in range(n)] + [(start[i], 1, i) for i in range(n)])
+    for t, kind, i in events:
+        for g, m in dag.memory[i].items():
+            usage[g] = usage.get(g, 0) + (m.extra if kind else m.net - m.extra)
+            steps.setdefault(g, [(0.0, 0)]).append((t, usage[g]))
+    return {g: tuple(_compact(v)) for g, v in steps.items()}
+
+
+def _assemble(dag: TransitionDag, cost: TransitionCost, durs: list[Duration],
+              start: list[float], end: list[float], pos: list[int],
+              mem: Mapping[int, tuple[tuple[float, int], ...]]) -> Schedule:
+    """Primitives ordered by start time, dependencies renumbered to that order."""
+    n = len(dag.primitives)
+    preds: list[list[int]] = [[] for _ in range(n)]
+    resource: set[tuple[int, int]] = set()
+    for a, b, kind in dag.edges:
+        preds[b].append(a)
+        if kind == RESOURCE:
+            resource.add((a, b))
     order = sorted(range(n), key=lambda i: (start[i], pos[i]))
     new = {old: k for k, old in enumerate(order)}
-    resource = {(a, b) for a, b, kind in dag.edges if kind == RESOURCE}
     out = tuple(
-        ScheduledPrimitive(k, prims[i], start[i], end[i],
+        ScheduledPrimitive(k, dag.primitives[i], start[i], end[i],
                            tuple(sorted(new[a] for a in preds[i])),
                            tuple(sorted(new[a] for a in preds[i] if (a, i) in resource)),
                            durs[i], dag.memory[i])
         for k, i in enumerate(order))
-    mem = {g: tuple(_compact(v)) for g, v in timeline.items()}
-    return Schedule(True, max(end, default=0.0), out, mem, cap, dag.initial, dag.final,
-                    cost.eff, "", dag.changed)
+    return Schedule(True, max(end, default=0.0), out, mem, dag.capacity_bytes, dag.initial,
+                    dag.final, cost.eff, "", dag.changed)
+
+
+def fixed_schedule(dag: TransitionDag, cost: TransitionCost, start: Sequence[float],
+                   end: Sequence[float]) -> Schedule:
+    """A schedule with given start and end times (e.g. an exact solver's), its memory timeline
+    replayed from them. Nothing is checked here: that is the validator's job."""
+    n = len(dag.primitives)
+    durs = [cost.duration(p) for p in dag.primitives]
+    pos = [0] * n
+    for k, i in enumerate(dag.order):
+        pos[i] = k
+    return _assemble(dag, cost, durs, list(start), list(end), pos, _timeline(dag, start, end))
 
 
 def _compact(steps: list[tuple[float, int]]) -> list[tuple[float, int]]:
