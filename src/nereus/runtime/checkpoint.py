@@ -86,7 +86,7 @@ def _state_dict(st: ShardedState, base: int, for_load: bool) -> dict[str, Any]:
 
 
 def dcp_save(ctx: WorkerContext, unit_id: str, path: str, store: StoreAddress, prefix: str,
-             rank: int, world: int, timeout_s: float = 120.0) -> float:
+             rank: int, world: int, timeout_s: float = 120.0, sync_files: bool = True) -> float:
     """This worker's part of saving one unit (DCP); returns its seconds."""
     import torch.distributed.checkpoint as dcp
 
@@ -96,7 +96,7 @@ def dcp_save(ctx: WorkerContext, unit_id: str, path: str, store: StoreAddress, p
     try:
         sd = _state_dict(st, 0, for_load=False)
         sd["meta"] = _meta_tensor(st.meta, ctx.device)
-        dcp.save(sd, storage_writer=dcp.FileSystemWriter(path))
+        dcp.save(sd, storage_writer=dcp.FileSystemWriter(path, sync_files=sync_files))
     finally:
         dist.destroy_process_group()
     return time.perf_counter() - t0
@@ -129,11 +129,13 @@ def dcp_load(ctx: WorkerContext, unit_id: str, spec: StateSpec, layout: tuple[in
 
 
 class Checkpointer:
-    """Saves model-stage state under ``root/step-<tag>/<stage>`` and restores it resharded."""
+    """Saves model-stage state under ``root/step-<tag>/<stage>`` and restores it resharded.
+    ``sync_files``: fsync every file written (off only where durability does not matter)."""
 
-    def __init__(self, root: str | Path, timeout_s: float = 120.0):
+    def __init__(self, root: str | Path, timeout_s: float = 120.0, sync_files: bool = True):
         self.root = Path(root)
         self.timeout_s = timeout_s
+        self.sync_files = sync_files
 
     def save(self, pool: WorkerPool, units: Mapping[str, Sequence[Emu]], tag: int | str
              ) -> Path:
@@ -150,7 +152,7 @@ class Checkpointer:
                 e = es[0]
                 prefix = f"ckpt-save/{stage}/{time.time_ns()}/"
                 pool.run({g: (dcp_save, (e.id, str(where / stage), rv.address, prefix, i,
-                                         len(e.gpus), self.timeout_s))
+                                         len(e.gpus), self.timeout_s, self.sync_files))
                           for i, g in enumerate(e.gpus)})
         (where / COMPLETE).write_text(str(tag))
         return where

@@ -11,6 +11,8 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 
+import torch
+
 
 class CapacityError(RuntimeError):
     """A worker was asked to hold more bytes than its capacity."""
@@ -27,9 +29,10 @@ class CapacityError(RuntimeError):
 
 @dataclass(frozen=True)
 class MemoryStats:
-    held: int
-    peak: int
+    held: int       # bytes of live state and buffers
+    peak: int       # the largest ``held`` since the last reset
     capacity: int
+    cached: int = 0  # freed arena memory kept for reuse (CPU workers; see ArenaCache)
 
 
 class ByteCounter:
@@ -71,3 +74,63 @@ class ByteCounter:
     def stats(self) -> MemoryStats:
         with self._lock:
             return MemoryStats(self._held, self._peak, self.capacity)
+
+
+def _storage_refs(t: torch.Tensor) -> int:
+    """Tensors sharing ``t``'s memory, ``t`` included."""
+    return int(torch._C._storage_Use_Count(t.untyped_storage()._cdata)) - 1
+
+
+class ArenaCache:
+    """Freed arena buffers of a CPU worker, kept for the next arena of about the same size.
+
+    Why: a fresh allocation is faulted in page by page on its first write, and on a virtual
+    machine a 4 KiB page fault costs microseconds, so receiving a replica into new memory took
+    2-3 times as long as the transfer itself. Reusing memory is what CUDA's caching allocator
+    does for GPU workers. A buffer is cached only when nothing else still views it (an engine
+    holding views of a dropped unit keeps its memory to itself); cached bytes count against
+    the worker's capacity together with live ones and are freed first when live state needs
+    the room.
+    """
+
+    def __init__(self, max_slack: float = 0.25):
+        self.max_slack = max_slack  # reuse a block at most this fraction larger than needed
+        self._blocks: list[torch.Tensor] = []
+        self._lock = threading.Lock()
+
+    @property
+    def bytes(self) -> int:
+        with self._lock:
+            return sum(b.numel() for b in self._blocks)
+
+    def take(self, nbytes: int) -> torch.Tensor | None:
+        """A cached buffer of at least ``nbytes`` (a view of its first ``nbytes``), or None."""
+        with self._lock:
+            fits = [b for b in self._blocks
+                    if nbytes <= b.numel() <= nbytes * (1 + self.max_slack)]
+            if not fits:
+                return None
+            best = min(fits, key=lambda b: b.numel())
+            self._blocks.remove(best)
+        return best[:nbytes]
+
+    def give(self, buffer: torch.Tensor) -> bool:
+        """Keep ``buffer``'s memory if nothing but ``buffer`` (and the block it views)
+        references it; True when cached."""
+        block = buffer if buffer._base is None else buffer._base
+        expected = 1 if block is buffer else 2
+        if block.dtype != torch.uint8 or block.dim() != 1 or _storage_refs(block) != expected:
+            return False
+        with self._lock:
+            self._blocks.append(block)
+        return True
+
+    def evict(self, keep_at_most: int) -> None:
+        """Free cached blocks, largest first, until at most ``keep_at_most`` bytes stay."""
+        with self._lock:
+            self._blocks.sort(key=lambda b: b.numel())
+            while self._blocks and sum(b.numel() for b in self._blocks) > keep_at_most:
+                self._blocks.pop()
+
+    def clear(self) -> None:
+        self.evict(0)

@@ -157,6 +157,7 @@ def split_member(ctx: WorkerContext, group: GroupSpec, src_id: str, out_id: str,
                 (target.tensor(e.kind, e.shard.name), e.shard, e.key))
         layouts = [arena_layout(spec, tp, pp, pt, pr) for pt, pr in member_positions]
         sent = received = 0
+        send: torch.Tensor | None = None
         for b, bsize in enumerate(sizes):
             outs = [work[m * bsize:(m + 1) * bsize] for m in range(size)]
             lo, hi = plans[me][b] if b < len(plans[me]) else (0, 0)
@@ -186,6 +187,7 @@ def split_member(ctx: WorkerContext, group: GroupSpec, src_id: str, out_id: str,
         if held_work:
             del work
             ctx.memory.release(work_bytes)
+    del src, send  # nothing may view the source when it is dropped (its memory is reused)
     ctx.drop(src_id)  # the source lives until its all-gathers ended
     ctx.hold(out_id, target)
     return _result(ctx, t0, setup, move, sent, received, target.meta.digest())
@@ -226,6 +228,7 @@ def merge_member(ctx: WorkerContext, src_id: str, out_id: str, layout: tuple[int
         ctx.free(target)
         raise
     move = time.perf_counter() - t0
+    del src
     ctx.drop(src_id)
     ctx.hold(out_id, target)
     return _result(ctx, t0, 0.0, move, 0, 0, target.meta.digest())

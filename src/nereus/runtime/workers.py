@@ -33,7 +33,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from nereus.errors import InfeasibleError, InputError
 from nereus.runtime.comm import Group, node_ip
 from nereus.runtime.inventory import SLOT_RESOURCE, detect_inventory
-from nereus.runtime.memory import ByteCounter, MemoryStats
+from nereus.runtime.memory import ArenaCache, ByteCounter, MemoryStats
 from nereus.runtime.state import ShardedState, StateMeta, StateSpec, arena_layout
 
 DEFAULT_CPU_CAPACITY = int(0.9 * 2 * 1024**3)  # 90 % of the ``cpu`` device preset's 2 GiB
@@ -48,6 +48,8 @@ class WorkerContext:
         self.device = device
         self.node_ip = node_ip()
         self.memory = ByteCounter(device_id, capacity_bytes)
+        # CUDA's caching allocator already reuses GPU memory; CPU workers reuse arenas here.
+        self.cache = ArenaCache() if device.type == "cpu" else None
         self.units: dict[str, ShardedState] = {}
         self.groups: dict[str, Group] = {}
         self.zombies: list[Any] = []  # aborted groups / joins whose backend is still busy
@@ -62,10 +64,28 @@ class WorkerContext:
         n = arena_layout(spec, tp, pp, tp_rank, pp_rank).nbytes
         self.memory.reserve(n, what)
         try:
-            return ShardedState.empty(spec, tp, pp, tp_rank, pp_rank, meta, self.device)
+            buf = self.buffer(n)
+            return ShardedState(spec, tp, pp, tp_rank, pp_rank, buf, meta)
         except BaseException:
             self.memory.release(n)
             raise
+
+    def buffer(self, nbytes: int) -> torch.Tensor:
+        """Uninitialised bytes for an arena whose bytes are already reserved: reused from the
+        cache where one fits, else new (after evicting cached memory past the capacity)."""
+        if self.cache is not None:
+            buf = self.cache.take(nbytes)
+            if buf is not None:
+                return buf
+            self.cache.evict(max(0, self.memory.capacity - self.memory.stats().held))
+        return torch.empty(nbytes, dtype=torch.uint8, device=self.device)
+
+    def _recycle(self, buf: torch.Tensor) -> None:
+        """Offer a freed arena's memory to the cache (only the caller's ``buf`` may still
+        reference it)."""
+        if self.cache is not None:
+            self.cache.give(buf)
+            self.cache.evict(max(0, self.memory.capacity - self.memory.stats().held))
 
     def hold(self, unit_id: str, state: ShardedState) -> None:
         """Keep an arena made by ``allocate`` under ``unit_id``."""
@@ -89,14 +109,23 @@ class WorkerContext:
             state = self.units.pop(unit_id, None)
         if state is None:
             return 0
-        n = state.nbytes
-        del state
+        n, buf = state.nbytes, state.buffer
+        del state  # callers drop their own references to the unit before dropping it
         self.memory.release(n)
+        self._recycle(buf)
         return n
 
     def free(self, state: ShardedState) -> None:
         """Release an arena from ``allocate`` that was never held (a failed primitive)."""
         self.memory.release(state.nbytes)
+        buf = state.buffer
+        del state
+        self._recycle(buf)
+
+    def memory_stats(self) -> MemoryStats:
+        st = self.memory.stats()
+        cached = self.cache.bytes if self.cache is not None else 0
+        return MemoryStats(st.held, st.peak, st.capacity, cached)
 
     # ---- process groups
     def add_group(self, group: Group) -> None:
@@ -193,7 +222,7 @@ class Worker:
 
     @ray.method(concurrency_group="control")
     def memory(self) -> MemoryStats:
-        return self.ctx.memory.stats()
+        return self.ctx.memory_stats()
 
 
 RemoteWorker = ray.remote(concurrency_groups={"work": 1, "control": 4})(Worker)

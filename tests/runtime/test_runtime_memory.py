@@ -1,0 +1,83 @@
+"""Byte counting and arena reuse inside one worker context (no Ray)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from nereus.runtime.loading import seeded_meta
+from nereus.runtime.memory import ArenaCache, ByteCounter, CapacityError
+from nereus.runtime.state import StateSpec, arena_layout
+from nereus.runtime.workers import WorkerContext
+from nereus.spec.model import MODEL_PRESETS
+
+SPEC = StateSpec(MODEL_PRESETS["tiny-llama"])
+ONE = arena_layout(SPEC, 1, 1, 0, 0).nbytes
+
+
+def _ctx(capacity: int) -> WorkerContext:
+    return WorkerContext(0, torch.device("cpu"), capacity)
+
+
+def test_counter_refuses_past_capacity_and_keeps_its_peak() -> None:
+    c = ByteCounter(3, 100)
+    c.reserve(60)
+    with pytest.raises(CapacityError) as e:
+        c.reserve(41, "x")
+    assert e.value.device_id == 3 and e.value.held == 60
+    c.release(60)
+    c.reserve(100)
+    assert c.stats().peak == 100
+    with pytest.raises(RuntimeError):
+        c.release(101)
+    with pytest.raises(CapacityError):
+        c.set_capacity(50)
+
+
+def test_freed_arena_is_reused_and_counted_within_capacity() -> None:
+    ctx = _ctx(3 * ONE)
+    a = ctx.allocate(SPEC, 1, 1, 0, 0, seeded_meta(1))
+    ptr = a.buffer.data_ptr()
+    ctx.hold("a", a)
+    del a
+    assert ctx.drop("a") == ONE
+    st = ctx.memory_stats()
+    assert st.held == 0 and st.cached == ONE
+    b = ctx.allocate(SPEC, 1, 1, 0, 0, seeded_meta(1))
+    assert b.buffer.data_ptr() == ptr and ctx.memory_stats().cached == 0
+    ctx.hold("b", b)
+    del b
+    # live plus cached bytes never pass the capacity: the cache gives way to live state
+    c = ctx.allocate(SPEC, 1, 1, 0, 0, seeded_meta(1))
+    ctx.hold("c", c)
+    del c
+    ctx.drop("b")
+    assert ctx.memory_stats().cached == ONE
+    d = ctx.allocate(SPEC, 2, 1, 0, 0, seeded_meta(1))  # a different size: not from the cache
+    st = ctx.memory_stats()
+    assert st.held + st.cached <= st.capacity
+    ctx.free(d)
+
+
+def test_memory_still_viewed_elsewhere_is_not_reused() -> None:
+    ctx = _ctx(4 * ONE)
+    a = ctx.allocate(SPEC, 1, 1, 0, 0, seeded_meta(1))
+    ctx.hold("a", a)
+    kept = a.params["model.norm.weight"]  # e.g. the engine still holds a view
+    del a
+    ctx.drop("a")
+    assert ctx.memory_stats().cached == 0
+    kept.fill_(1.0)
+    b = ctx.allocate(SPEC, 1, 1, 0, 0, seeded_meta(1))
+    b.buffer.fill_(0)
+    assert bool((kept == 1.0).all())
+
+
+def test_cache_takes_the_smallest_block_that_fits() -> None:
+    cache = ArenaCache(max_slack=0.5)
+    for n in (100, 140, 400):
+        assert cache.give(torch.empty(n, dtype=torch.uint8))
+    assert cache.take(90).numel() == 90 and cache.bytes == 540
+    assert cache.take(1000) is None
+    cache.evict(100)
+    assert cache.bytes == 0 or cache.bytes <= 100
