@@ -16,7 +16,7 @@ import torch
 from nereus.engine.batch import Batch
 from nereus.engine.comm import broadcast
 from nereus.engine.model import ParallelModel
-from nereus.engine.pipeline import _Links, forward_step
+from nereus.engine.pipeline import PipeLinks, forward_step
 from nereus.engine.sampling import SamplingParams, sample
 from nereus.errors import InputError
 
@@ -71,7 +71,7 @@ class Generator:
             am_full[:, :s] = am
         positions = prompts.positions()
         last_pos = positions[:, -1]
-        links = _Links(m)
+        links = PipeLinks(m)
         out = torch.full((b, sp.max_new_tokens), sp.pad_token, dtype=torch.long, device=m.device)
         done = torch.zeros(b, dtype=torch.bool, device=m.device)
         lengths = torch.zeros(b, dtype=torch.long, device=m.device)

@@ -59,7 +59,7 @@ def _tag(micro: int, direction: int) -> int:
     return 2 * micro + direction
 
 
-class _Links:
+class PipeLinks:
     """Send / receive with the neighbouring blocks of one PP group; pending sends kept alive."""
 
     def __init__(self, model: ParallelModel) -> None:
@@ -96,7 +96,7 @@ def head_output(model: ParallelModel, h: torch.Tensor, mb: Batch) -> Output:
     return Output(logprobs=model.logprobs(h, mb.input_ids))
 
 
-def forward_step(model: ParallelModel, links: _Links, x: torch.Tensor | None, inp: Inputs,
+def forward_step(model: ParallelModel, links: PipeLinks, x: torch.Tensor | None, inp: Inputs,
                  shape: tuple[int, int, int], tag: int, cache: KVCache | None = None
                  ) -> torch.Tensor | None:
     """One micro-batch through this block without autograd: receive, compute, send on.
@@ -115,7 +115,7 @@ def forward_step(model: ParallelModel, links: _Links, x: torch.Tensor | None, in
 
 def forward_pipeline(model: ParallelModel, micros: list[Batch]) -> list[Output] | None:
     """Inference over micro-batches (GPipe forward, streaming): outputs on the last block."""
-    links = _Links(model)
+    links = PipeLinks(model)
     outs: list[Output] = []
     with torch.no_grad():
         for i, mb in enumerate(micros):
@@ -133,7 +133,7 @@ def train_pipeline(model: ParallelModel, micros: list[Batch], loss_fn: LossFn
     """Forward and backward of every micro-batch under 1F1B; gradients accumulate in the
     parameters' ``.grad`` (or their hooks). Returns the detached losses on the last block."""
     pos = model.pos
-    links = _Links(model)
+    links = PipeLinks(model)
     saved: dict[int, tuple[torch.Tensor | None, torch.Tensor]] = {}
     losses: list[torch.Tensor] = []
 

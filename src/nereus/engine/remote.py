@@ -110,11 +110,11 @@ def full_logits(ctx: Any, key: str, batch: Batch) -> Any:
     """Full-vocabulary logits of a batch (checks only: training never gathers them)."""
     import torch
 
-    from nereus.engine.pipeline import _Links, forward_step, micro_inputs
+    from nereus.engine.pipeline import PipeLinks, forward_step, micro_inputs
 
     m = ctx.scratch[key].engine.model
     b = batch.to(m.device)
-    links = _Links(m)
+    links = PipeLinks(m)
     with torch.no_grad():
         h = forward_step(m, links, b.input_ids, micro_inputs(m, b),
                          m.hidden_shape(b.size, b.seq_len), tag=0)
