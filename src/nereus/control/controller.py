@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import logging
 import math
+from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 
-from nereus.control.admission import Option, Verdict, select
+from nereus.control.admission import Option, Verdict, payback_steps, profitable, select
 from nereus.control.horizon import DEFAULT_ALPHA, Horizons
 from nereus.control.monitor import (
     Monitor,
@@ -31,7 +32,7 @@ from nereus.control.monitor import (
     pool_triggers,
 )
 from nereus.control.restart import RestartCost, RestartParams, restart_cost
-from nereus.control.targets import Priced, hybrids, intact, price, rebatched, specs_of
+from nereus.control.targets import Priced, hybrids, intact, price, rebatched, reprice
 from nereus.control.telemetry import Telemetry
 from nereus.cost.calibrate import Calibrator
 from nereus.cost.efficiency import Efficiencies
@@ -51,7 +52,7 @@ TransitionFn = Callable[[JobSpec, Plan, Plan, Efficiencies], Schedule]
 
 log = logging.getLogger("nereus.control")
 
-MEMORY_BUCKET = 1.02  # memory checks run at the next 2 % step of the longest response
+MEMORY_BUCKET = 1.05  # memory checks run at the next 5 % step of the longest response
 
 
 def default_planner(job: JobSpec, cost: CostModel) -> Plan:
@@ -69,9 +70,11 @@ class ControlConfig:
     eff_min_share: float = 0.05     # assumption: watch classes >= 5 % of the plan's time
     warmup_steps: int = 10          # assumption: efficiency signals arm after calibration warm-up
     horizon_alpha: float = DEFAULT_ALPHA
-    length_margin: float = 0.10     # assumption: plan memory for responses 10 % longer than seen
+    length_window: int = 20         # assumption: memory is planned for the longest of 20 steps
+    length_margin: float = 0.05     # assumption: ... plus 5 %
     admission: bool = True          # False: replan every boundary, move whenever faster
-    max_tries: int = 8              # transition schedules priced per replan at most
+    max_tries: int = 12             # transition schedules priced per replan at most
+    restart_moves: bool = True      # extension: a planned restart when no transition can run
     restart: RestartParams = field(default_factory=RestartParams)
 
     def __post_init__(self) -> None:
@@ -82,6 +85,8 @@ class ControlConfig:
                 raise InputError(f"control.{f}", f"must be > 0, got {getattr(self, f)}")
         if self.length_margin < 0:
             raise InputError("control.length_margin", f"must be >= 0, got {self.length_margin}")
+        if self.length_window < 1:
+            raise InputError("control.length_window", f"must be >= 1, got {self.length_window}")
 
 
 class Action(str, Enum):
@@ -168,7 +173,8 @@ class Controller:
         self.pending: tuple[Trigger, ...] = ()
         self.steps_seen = 0
         self.stopped = False  # after a wait: the state on the GPUs is gone until a restart
-        self._mem_cache: dict[tuple[object, ...], tuple[bool, Trigger]] = {}
+        self._recent_longest: deque[int] = deque(maxlen=self.config.length_window)
+        self._mem_bound: tuple[object, float, float, Trigger | None] | None = None
         if plan is None:
             w = job.workload
             now = self._job(job.pool.ids, w.response_len_mean, w.response_len_max)
@@ -182,6 +188,11 @@ class Controller:
         w = self.job.workload.with_response_len(int(round(mean)), int(math.ceil(longest * m)))
         return self.job.with_pool(GpuPool(self.job.cluster, pool)).with_workload(w)
 
+    def _longest(self, tel: Telemetry) -> float:
+        """The longest response of the last ``length_window`` steps: the noise envelope that
+        memory must cover (planning for the last step alone flip-flops with noise)."""
+        return max([tel.response_len_max, *self._recent_longest])
+
     def _cost(self, job: JobSpec) -> CostModel:
         return CostModel(job, self.calibrator.efficiencies(), self.calibrator.memory_scale())
 
@@ -194,6 +205,7 @@ class Controller:
         """Calibrate from the step just measured; return each op class's share of its time."""
         if not tel.latency_s:
             return {}
+        self._recent_longest.append(tel.response_len_max)
         ran = self._job(self.pool, tel.response_len_mean, tel.response_len_max, margin=False)
         cost = CostModel(ran, self.calibrator.efficiencies())
         time_by_class: dict[str, float] = {}
@@ -231,32 +243,37 @@ class Controller:
                     sig[f"eff.{name}"] = eff[OpClass(name)]
         return sig
 
-    def _memory_check(self, tel: Telemetry) -> tuple[bool, Trigger]:
-        """Does the current plan fit responses ``length_margin`` longer than the last longest?
+    def _memory_check(self, tel: Telemetry) -> tuple[bool, Trigger | None]:
+        """Does the current plan fit the longest response it must plan for?
 
-        Peaks grow with the longest response, so the check runs at the next 2 % step above it
-        and is remembered per plan: most boundaries cost nothing.
+        Peaks grow with the longest response, so a length known to fit (or to fail) answers
+        for all shorter (longer) ones; a new check runs at the next 5 % step above the need,
+        and exactly at the need only when that step does not fit.
         """
-        need = tel.response_len_max * (1.0 + self.config.length_margin)
-        bucket = math.ceil(math.log(need) / math.log(MEMORY_BUCKET))
+        need = self._longest(tel) * (1.0 + self.config.length_margin)
         scale = tuple(sorted((k.value, round(v, 3))
                              for k, v in self.calibrator.memory_scale().items()))
-        key = (id(self.plan), bucket, scale)
-        hit = self._mem_cache.get(key)
-        if hit is None:
-            longest = MEMORY_BUCKET ** bucket
-            job = self._job(self.pool, min(tel.response_len_mean, longest), longest, margin=False)
-            priced = price(job, self._cost(job), specs_of(self.plan))
-            limit = HEADROOM * job.cluster.device.memory_bytes
-            peaks = {sp.stage: sp.peak_mem_bytes for sp in priced.plan.stages} \
-                if priced.plan else {}
-            trig = memory_trigger(peaks, limit) or Trigger(
-                TriggerKind.MEMORY, "memory", True, detail="; ".join(priced.problems))
-            hit = (priced.fits, trig)
-            if len(self._mem_cache) > 256:
-                self._mem_cache.clear()
-            self._mem_cache[key] = hit
-        return hit
+        if self._mem_bound is None or self._mem_bound[0] != scale:
+            self._mem_bound = (scale, 0.0, math.inf, None)
+        _, fits_to, fails_from, trig = self._mem_bound
+        if need <= fits_to:
+            return True, None
+        if need >= fails_from:
+            return False, trig
+        step = MEMORY_BUCKET ** math.ceil(math.log(need) / math.log(MEMORY_BUCKET))
+        for longest in (step, need):
+            job = self._job(self.pool, min(tel.response_len_mean, longest), longest,
+                            margin=False)
+            priced = reprice(job, self._cost(job), self.plan)
+            if priced.fits:
+                self._mem_bound = (scale, max(fits_to, longest), fails_from, trig)
+                return True, None
+        limit = HEADROOM * job.cluster.device.memory_bytes
+        peaks = {sp.stage: sp.peak_mem_bytes for sp in priced.plan.stages} if priced.plan else {}
+        trig = memory_trigger(peaks, limit) or Trigger(
+            TriggerKind.MEMORY, "memory", True, detail="; ".join(priced.problems))
+        self._mem_bound = (scale, fits_to, need, trig)
+        return False, trig
 
     # ------------------------------------------------------------------ the boundary
     def on_boundary(self, tel: Telemetry) -> Decision:
@@ -270,7 +287,7 @@ class Controller:
             return self._log(Decision(Action.WAIT, None, reasons=Reasons(
                 step, tuple(triggers), True, gamma=cfg.gamma,
                 summary="no GPU left: wait for the pool to come back")))
-        now = self._job(tel.pool, tel.response_len_mean, tel.response_len_max)
+        now = self._job(tel.pool, tel.response_len_mean, self._longest(tel))
         cost = self._cost(now)
         if self.stopped:
             return self._log(self._resume(step, tuple(triggers), now, cost, tel))
@@ -279,10 +296,10 @@ class Controller:
             len(a.replicas) == len(b.replicas) for a, b in zip(survivors.stages, self.plan.stages))
         broken = not whole
         if whole:
-            fits, problems = self._memory_check(tel)
+            fits, mem = self._memory_check(tel)
             if not fits:
                 broken = True
-                triggers.append(problems)
+                triggers.append(mem or Trigger(TriggerKind.MEMORY, "memory", True))
         signals = self._signals(tel, shares)
         self.monitor, drift = self.monitor.check(signals)
         triggers += drift
@@ -315,7 +332,12 @@ class Controller:
         elif decision.plan is not None and decision.action in (Action.MOVE, Action.RESTART):
             self.plan = decision.plan
             self.stopped = False
-            self._mem_cache.clear()
+            self._mem_bound = None
+
+    def on_failure(self, tel: Telemetry) -> Decision:
+        """The job crashed (out of memory, a lost process): restart from the checkpoint."""
+        self.stopped = True
+        return self.on_boundary(tel)
 
     def _resume(self, step: int, triggers: tuple[Trigger, ...], now: JobSpec, cost: CostModel,
                 tel: Telemetry) -> Decision:
@@ -323,7 +345,7 @@ class Controller:
         base = Reasons(step, triggers, True, None, self.config.gamma)
         best, why_none = self._best(now, cost)
         decision = self._restart(base, now, best, why_none, after_failure=True,
-                                 why="resuming after a wait")
+                                 why="restarting after the job stopped")
         self.monitor = self.monitor.reset({"response_len": float(tel.response_len_mean)})
         self.pool = tel.pool
         self._adopt(decision)
@@ -331,7 +353,7 @@ class Controller:
 
     def _best(self, now: JobSpec, cost: CostModel) -> tuple[Priced | None, str]:
         try:
-            best = price(now, cost, specs_of(self.planner(now, cost)))
+            best = reprice(now, cost, self.planner(now, cost))
         except InfeasibleError as e:
             return None, str(e)
         if not best.fits:
@@ -345,7 +367,7 @@ class Controller:
         signals = [t.signal for t in triggers if not t.urgent and t.kind is not TriggerKind.ALWAYS]
         horizon = self.horizons.smallest(signals) if signals else \
             self.horizons.smallest(["pool"]) if urgent else 1.0
-        cur_s = None if broken else price(now, cost, specs_of(self.plan)).step_s
+        cur_s = None if broken else reprice(now, cost, self.plan).step_s
         base = Reasons(step, triggers, urgent, horizon, cfg.gamma, cur_s)
 
         best, why_none = self._best(now, cost)
@@ -380,19 +402,41 @@ class Controller:
         idx, sched, verdicts = select(options, cur_s, urgent=urgent, gamma=cfg.gamma,
                                       horizon_steps=horizon, schedule_of=schedule_of,
                                       profitability=cfg.admission, max_tries=cfg.max_tries)
+        first = verdicts[0] if verdicts else None
+        restart = None
+        if cfg.admission and cfg.restart_moves and not urgent and best is not None \
+                and cur_s is not None and first is not None and not first.feasible:
+            restart = self._restart_move(step, triggers, horizon, cur_s, best, now, verdicts)
+        if urgent and cfg.restart_moves and best is not None:
+            # a planned restart into S* against the best feasible move, over the horizon
+            h = max(1.0, horizon)
+            rc = restart_cost(now, cfg.restart, step_s=best.step_s, after_failure=False)
+            move_score = math.inf if idx is None or sched is None else \
+                sched.estimated_s + h * options[idx].step_s
+            if rc.seconds + h * best.step_s < move_score and idx is not None:
+                r = Reasons(step, triggers, True, horizon, cfg.gamma, cur_s, best.step_s, None,
+                            rc.seconds, None, rc.seconds, "planned checkpoint/restart", verdicts,
+                            f"restart + H·L_step = {rc.seconds + h * best.step_s:.4g} s beats the "
+                            f"best feasible move's {move_score:.4g} s over H = {h:.3g}")
+                return Decision(Action.RESTART, best.plan, None, rc, r)
         if idx is not None and sched is not None:
             opt = options[idx]
             v = next(v for v in verdicts if v.admitted)
+            gain = (v.delta_l_s or 0.0) * horizon - sched.estimated_s
+            if restart is not None and restart.reasons.delta_l_s is not None and \
+                    restart.reasons.delta_l_s * horizon - (restart.reasons.l_tran_s or 0.0) > gain:
+                return restart
             r = Reasons(step, triggers, urgent, horizon, cfg.gamma, cur_s, opt.step_s,
                         v.delta_l_s, sched.estimated_s, v.payback_steps, None, opt.label,
                         verdicts, v.why)
             return Decision(Action.MOVE, opt.plan, sched, None, r)
+        if restart is not None:
+            return restart
         if urgent:
             why = "no feasible move" if options else f"no plan fits: {why_none}"
             return self._restart(base, now, best, why_none, after_failure=survivors is None or any(
                                      t.kind is TriggerKind.POOL_LOSS and t.urgent for t in triggers),
                                  why=why, verdicts=verdicts)
-        first = verdicts[0] if verdicts else None
         summary = (f"keep: best target {_short(first.why)}" if first else
                    f"keep: no target ({why_none})" if best is None else "keep")
         r = Reasons(step, triggers, urgent, horizon, cfg.gamma, cur_s,
@@ -401,6 +445,23 @@ class Controller:
                     first.l_tran_s if first and math.isfinite(first.l_tran_s) else None,
                     first.payback_steps if first else None, None, "", verdicts, summary)
         return Decision(Action.KEEP, self.plan, None, None, r)
+
+    def _restart_move(self, step: int, triggers: tuple[Trigger, ...], horizon: float,
+                      cur_s: float, best: Priced, now: JobSpec,
+                      verdicts: tuple[Verdict, ...]) -> Decision | None:
+        """A planned checkpoint/restart into S* when no transition to it can run (an extension
+        of §4.3: the state moves through storage), admitted by the same Eq. 2."""
+        cfg = self.config
+        rc = restart_cost(now, cfg.restart, step_s=best.step_s, after_failure=False)
+        delta = cur_s - best.step_s
+        if not profitable(rc.seconds, delta, cfg.gamma, horizon):
+            return None
+        pb = payback_steps(rc.seconds, delta)
+        r = Reasons(step, triggers, False, horizon, cfg.gamma, cur_s, best.step_s, delta,
+                    rc.seconds, pb, rc.seconds, "planned checkpoint/restart", verdicts,
+                    f"no feasible transition to the best target; a restart repays in {pb:.3g} "
+                    f"steps <= γ·H = {cfg.gamma * horizon:.3g}")
+        return Decision(Action.RESTART, best.plan, None, rc, r)
 
     def _restart(self, base: Reasons, now: JobSpec, best: Priced | None, why_none: str, *,
                  after_failure: bool, why: str, verdicts: tuple[Verdict, ...] = ()) -> Decision:

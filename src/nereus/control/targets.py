@@ -22,6 +22,7 @@ from nereus.cost.estimate import HEADROOM
 from nereus.cost.model import CostModel
 from nereus.errors import InputError
 from nereus.plan.evaluate import StageLayoutSpec, evaluate_plan
+from nereus.plan.overlap import critical_path, overlap_graph
 from nereus.plan.types import Plan, StagePlan
 from nereus.spec.job import JobSpec
 from nereus.spec.workflow import Execution, Phase
@@ -149,6 +150,38 @@ def price(job: JobSpec, cost: CostModel, specs: Mapping[str, StageLayoutSpec]) -
         plan = evaluate_plan(job, specs, cost)
     except InputError as e:
         return Priced(None, (str(e),))
+    return Priced(plan, tuple(_problems(job, plan)))
+
+
+def reprice(job: JobSpec, cost: CostModel, plan: Plan) -> Priced:
+    """The same placed candidates and groups priced again with ``cost`` (new lengths, pool or
+    efficiencies): the fast path for a plan that already runs or a planner's plan."""
+    wf = job.workflow
+    stages: list[StagePlan] = []
+    lat: dict[str, float] = {}
+    for sp in plan.stages:
+        idle = sum(cost.resident_bytes(o, plan.stage(o).layout)
+                   for o in plan.group_of(sp.stage) if o != sp.stage)
+        est = cost.estimate(sp.stage, sp.candidate, int(idle))
+        lat[sp.stage] = est.latency_s
+        stages.append(StagePlan(sp.stage, sp.candidate, sp.replicas, est.latency_s,
+                                est.peak_mem_bytes))
+    sync = wf.weight_sync()
+    sync_s = cost.weight_sync(plan.stage(sync[0]).layout, plan.stage(sync[1]).layout
+                              ).latency_s if sync else 0.0
+    groups = [*plan.groups, *[(s.stage,) for s in plan.stages
+                              if not any(s.stage in g for g in plan.groups)]]
+    step, _ = critical_path(overlap_graph(wf, groups, lat, sync_s))
+    terms: dict[str, float] = {}
+    for phase in wf.phases:
+        terms[phase.value] = max((sum(lat[n] for n in g) for g in groups
+                                  if wf.stage(g[0]).phase is phase), default=0.0)
+    terms["weight_sync"] = sync_s
+    new = Plan(tuple(stages), step, "estimated", terms, plan.groups)
+    return Priced(new, tuple(_problems(job, new)))
+
+
+def _problems(job: JobSpec, plan: Plan) -> list[str]:
     problems: list[str] = []
     pool = set(job.pool.ids)
     limit = HEADROOM * job.cluster.device.memory_bytes
@@ -167,4 +200,4 @@ def price(job: JobSpec, cost: CostModel, specs: Mapping[str, StageLayoutSpec]) -
                 for g in sp.gpus}
         if gen & rest:
             problems.append("asynchronous generation shares GPUs with inference or training")
-    return Priced(plan, tuple(problems))
+    return problems
