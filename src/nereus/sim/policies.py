@@ -1,0 +1,239 @@
+"""The policies a simulation compares.
+
+- ``static``: what a user of verl or OpenRLHF runs: per GPU budget, the fastest plan that stays
+  feasible for the whole trace, chosen at start with the true efficiencies (a parameter sweep
+  measures them). It never moves: a lost GPU crashes the job, which restarts from the last
+  checkpoint on the GPUs left; GPUs that come back are used at its next restart.
+- ``replan_always``: the controller with admission off: it replans at every boundary and moves
+  whenever a faster feasible plan exists, whatever the move costs.
+- ``nereus``: the controller as §4 describes it (triggers, horizons, Eq. 2, urgent path).
+- ``oracle``: the best plan for every step, knowing that step's lengths and the true
+  efficiencies, with free transitions and no restarts but after a pause: the upper bound.
+
+All of them pause while the pool is empty (the state on the GPUs is gone; they restart from the
+checkpoint when GPUs return), and all wait when no plan fits the pool.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from nereus.control.controller import Action, ControlConfig, Controller, Decision
+from nereus.control.telemetry import Telemetry
+from nereus.cost.calibrate import Calibrator
+from nereus.cost.efficiency import Efficiencies
+from nereus.cost.model import CostModel
+from nereus.errors import InfeasibleError, InputError
+from nereus.plan.search import best_plan
+from nereus.plan.types import Plan
+from nereus.sim.plancache import PlanCache
+from nereus.sim.traces import LengthTrace
+from nereus.sim.truth import Truth
+
+POLICIES = ("static", "replan_always", "nereus", "oracle")
+
+
+@dataclass(frozen=True)
+class Act:
+    """What a policy does at a boundary. ``free``: the move costs nothing (oracle)."""
+
+    kind: Action
+    plan: Plan | None = None
+    after_failure: bool = True
+    free: bool = False
+    decision: Decision | None = None
+
+
+class Policy:
+    name = "policy"
+
+    def start(self, pool: tuple[int, ...], mean: float, longest: int) -> Plan | None:
+        raise NotImplementedError
+
+    def decide(self, tel: Telemetry, upcoming: tuple[int, float, int]) -> Act:
+        """``upcoming``: (step, mean, longest) of the step about to run (only the oracle may
+        look)."""
+        raise NotImplementedError
+
+    def failed(self, tel: Telemetry, upcoming: tuple[int, float, int]) -> Act:
+        """The job crashed (out of memory): restart from the checkpoint."""
+        raise NotImplementedError
+
+    def efficiencies(self) -> Efficiencies | None:
+        """The efficiencies the policy believes (for the calibration error); None if none."""
+        return None
+
+
+class StaticPolicy(Policy):
+    name = "static"
+
+    def __init__(self, truth: Truth, lengths: LengthTrace, samples: int = 12, candidates: int = 6):
+        self.truth = truth
+        self.lengths = lengths
+        self.samples = samples
+        self.candidates = candidates
+        self._plans: dict[tuple[int, ...], Plan | None] = {}
+        self.plan: Plan | None = None
+        self.stopped = False
+
+    def plan_for(self, pool: tuple[int, ...]) -> Plan | None:
+        """The fastest plan over the trace among those that fit its longest responses."""
+        if pool in self._plans:
+            return self._plans[pool]
+        tr, lt = self.truth, self.lengths
+        longest = max(lt.longest)
+        order = np.argsort(lt.mean)
+        picks = [int(order[int(q)]) for q in np.linspace(0, len(order) - 1, self.samples)]
+        means = sorted({int(round(lt.mean[int(order[int(q)])]))
+                        for q in np.linspace(0, len(order) - 1, self.candidates)})
+        found: list[Plan] = []
+        for m in means + [int(round(max(lt.mean)))]:
+            try:
+                found.append(best_plan(tr.job_at(pool, min(m, longest), longest), tr.hidden))
+            except InfeasibleError:
+                continue
+        best: tuple[float, Plan] | None = None
+        for p in found:
+            if not tr.fits(tr.price(p, pool, 0, max(lt.mean), longest)):
+                continue
+            total = sum(tr.price(p, pool, k, *lt.at(k)).step_s for k in picks)
+            if best is None or total < best[0]:
+                best = (total, p)
+        self._plans[pool] = best[1] if best else None
+        return self._plans[pool]
+
+    def start(self, pool: tuple[int, ...], mean: float, longest: int) -> Plan | None:
+        self.plan = self.plan_for(pool)
+        return self.plan
+
+    def decide(self, tel: Telemetry, upcoming: tuple[int, float, int]) -> Act:
+        if not tel.pool:
+            self.stopped = True
+            return Act(Action.WAIT)
+        if self.stopped or self.plan is None or not set(self.plan.gpus()) <= set(tel.pool):
+            self.stopped = False
+            self.plan = self.plan_for(tel.pool)
+            if self.plan is None:
+                self.stopped = True
+                return Act(Action.WAIT)
+            return Act(Action.RESTART, self.plan, after_failure=True)
+        return Act(Action.KEEP, self.plan)
+
+    def failed(self, tel: Telemetry, upcoming: tuple[int, float, int]) -> Act:
+        self.stopped = True
+        return self.decide(tel, upcoming)
+
+
+class OraclePolicy(Policy):
+    name = "oracle"
+
+    def __init__(self, truth: Truth, cache: PlanCache):
+        self.truth = truth
+        self.cache = cache
+        self.plan: Plan | None = None
+        self.stopped = False
+
+    def _best(self, pool: tuple[int, ...], step: int, mean: float, longest: int) -> Plan | None:
+        tr = self.truth
+        job = tr.job_at(pool, mean, longest)
+        cands: list[Plan] = []
+        try:
+            cands.append(self.cache(job, CostModel(job, tr.efficiencies(step))))
+        except InfeasibleError:
+            pass
+        if self.plan is not None and set(self.plan.gpus()) <= set(pool):
+            cands.append(self.plan)
+        priced = [(tr.price(p, pool, step, mean, longest), p) for p in cands]
+        fit = [(q.step_s, i, p) for i, (q, p) in enumerate(priced) if tr.fits(q)]
+        return min(fit, key=lambda x: (x[0], x[1]))[2] if fit else None
+
+    def start(self, pool: tuple[int, ...], mean: float, longest: int) -> Plan | None:
+        self.plan = self._best(pool, 0, mean, longest)
+        return self.plan
+
+    def decide(self, tel: Telemetry, upcoming: tuple[int, float, int]) -> Act:
+        if not tel.pool:
+            self.stopped = True
+            return Act(Action.WAIT)
+        plan = self._best(tel.pool, *upcoming)
+        if plan is None:
+            self.stopped = True
+            return Act(Action.WAIT)
+        if self.stopped:
+            self.stopped = False
+            self.plan = plan
+            return Act(Action.RESTART, plan, after_failure=True)
+        moved = plan is not self.plan
+        self.plan = plan
+        return Act(Action.MOVE if moved else Action.KEEP, plan, free=True)
+
+    def failed(self, tel: Telemetry, upcoming: tuple[int, float, int]) -> Act:
+        self.stopped = True
+        return self.decide(tel, upcoming)
+
+    def efficiencies(self) -> Efficiencies | None:
+        return None
+
+
+class ControllerPolicy(Policy):
+    """Nereus (``admission=True``) or replan-without-admission (``admission=False``)."""
+
+    def __init__(self, name: str, truth: Truth, cache: PlanCache, config: ControlConfig,
+                 on_log: Callable[[str], None] | None = None):
+        self.name = name
+        self.truth = truth
+        self.cache = cache
+        self.config = config
+        self.on_log = on_log or (lambda line: None)
+        self.controller: Controller | None = None
+
+    def start(self, pool: tuple[int, ...], mean: float, longest: int) -> Plan | None:
+        job = self.truth.job_at(pool, mean, longest)
+        cal = Calibrator(prior=Efficiencies(device=job.cluster.device.name))
+        try:
+            self.controller = Controller(job, config=self.config, calibrator=cal,
+                                         planner=self.cache, on_log=self.on_log)
+        except InfeasibleError:
+            return None
+        return self.controller.plan
+
+    def _act(self, d: Decision) -> Act:
+        if d.action is Action.RESTART:
+            planned = d.restart is not None and d.restart.save_s > 0
+            return Act(Action.RESTART, d.plan, after_failure=not planned, decision=d)
+        return Act(d.action, d.plan, decision=d)
+
+    def decide(self, tel: Telemetry, upcoming: tuple[int, float, int]) -> Act:
+        assert self.controller is not None
+        return self._act(self.controller.on_boundary(tel))
+
+    def failed(self, tel: Telemetry, upcoming: tuple[int, float, int]) -> Act:
+        assert self.controller is not None
+        return self._act(self.controller.on_failure(tel))
+
+    def efficiencies(self) -> Efficiencies | None:
+        return self.controller.calibrator.efficiencies() if self.controller else None
+
+
+def make_policies(names: Sequence[str], truth: Truth, lengths: LengthTrace,
+                  config: ControlConfig, cache: PlanCache | None = None,
+                  on_log: Callable[[str, str], None] | None = None) -> list[Policy]:
+    cache = cache or PlanCache()
+    out: list[Policy] = []
+    for n in names:
+        log = (lambda line, n=n: on_log(n, line)) if on_log else None
+        if n == "static":
+            out.append(StaticPolicy(truth, lengths))
+        elif n == "oracle":
+            out.append(OraclePolicy(truth, cache))
+        elif n == "nereus":
+            out.append(ControllerPolicy("nereus", truth, cache, config, log))
+        elif n == "replan_always":
+            out.append(ControllerPolicy("replan_always", truth, cache,
+                                        replace(config, admission=False), log))
+        else:
+            raise InputError("policy", f"unknown policy {n!r}", POLICIES)
+    return out

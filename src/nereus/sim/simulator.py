@@ -1,0 +1,460 @@
+"""A trace-driven job simulator: each policy runs the same steps, meeting the same events.
+
+Per step, a policy's job: hands the last step's telemetry to the policy and carries out its
+answer -- a move costs the transition schedule's makespan under the hidden efficiencies (times
+noise); a restart costs start-up, the checkpoint load and, after a failure, the steps since the
+last checkpoint done again -- then runs the step (ground truth: ``Truth``). If a GPU the plan
+uses leaves the pool during the step, the step is lost up to that moment and the policy decides
+again. An empty pool pauses the job: the state on its GPUs is gone, so it restarts from the
+checkpoint when GPUs return. Every number here is simulated.
+
+Progress-aligned replay: the availability trace is a function of wall-clock time, but policies
+run at different speeds, and a few seconds' difference decides which 5-minute outages a job
+falls into -- luck that otherwise swamps the policies' differences. So every policy meets each
+change at the same point of training progress: trace time is mapped to steps once, by a
+nominal clock (each step as long as the best full-pool plan takes under the true efficiencies)
+that stops while the pool is empty (``align``). Restarts and transitions take a policy's own
+time but do not move the events.
+
+Throughput is response tokens per second of time the job held GPUs (paused time is reported
+apart and is the same for every policy).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from nereus.control.controller import Action
+from nereus.control.restart import RestartParams, checkpoint_bytes
+from nereus.control.targets import intact
+from nereus.control.telemetry import Telemetry
+from nereus.cost.model import CostModel
+from nereus.errors import InfeasibleError, InputError
+from nereus.plan.search import best_plan
+from nereus.plan.types import Plan
+from nereus.sim.policies import Act, Policy
+from nereus.sim.traces import Availability, LengthTrace
+from nereus.sim.truth import Truth, same_layouts
+
+OOM_LOST_FRACTION = 0.5  # assumption: an out-of-memory crash loses half a step on average
+
+
+@dataclass(frozen=True)
+class Event:
+    step: int
+    time_s: float
+    kind: str          # move, restart, wait, loss, oom
+    seconds: float     # time the event cost (simulated)
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class StepRow:
+    policy: str
+    step: int
+    end_s: float             # simulated wall clock when the step ended
+    step_s: float            # the step itself
+    transition_s: float      # transitions before it (since the previous step)
+    restart_s: float         # restarts before it
+    lost_s: float            # work lost to failures before it
+    paused_s: float          # time without GPUs before it
+    pool_gpus: int
+    plan_gpus: int
+    response_len_mean: float
+    tokens: float
+    calib_error: float | None = None   # mean |predicted - true| / true over stages (nereus)
+
+
+@dataclass(frozen=True)
+class PolicyResult:
+    name: str
+    rows: tuple[StepRow, ...]
+    events: tuple[Event, ...]
+
+    @property
+    def total_s(self) -> float:
+        return self.rows[-1].end_s if self.rows else 0.0
+
+    @property
+    def paused_s(self) -> float:
+        return sum(r.paused_s for r in self.rows)
+
+    @property
+    def busy_s(self) -> float:
+        return self.total_s - self.paused_s
+
+    @property
+    def tokens(self) -> float:
+        return sum(r.tokens for r in self.rows)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.busy_s if self.busy_s > 0 else 0.0
+
+    @property
+    def mean_step_s(self) -> float:
+        """Mean step latency including transitions, restarts and lost work (not pauses)."""
+        return self.busy_s / len(self.rows) if self.rows else 0.0
+
+    @property
+    def transitions(self) -> int:
+        return sum(1 for e in self.events if e.kind == "move")
+
+    @property
+    def transition_s(self) -> float:
+        return sum(r.transition_s for r in self.rows)
+
+    @property
+    def restarts(self) -> int:
+        return sum(1 for e in self.events if e.kind == "restart")
+
+    @property
+    def restart_s(self) -> float:
+        return sum(r.restart_s for r in self.rows)
+
+    @property
+    def lost_s(self) -> float:
+        return sum(r.lost_s for r in self.rows)
+
+    def calib_error_at(self, step: int) -> float | None:
+        for r in self.rows:
+            if r.step == step:
+                return r.calib_error
+        return None
+
+    def summary(self) -> dict[str, float | int]:
+        return {"tokens_per_s": self.tokens_per_s, "mean_step_s": self.mean_step_s,
+                "transitions": self.transitions, "transition_s": self.transition_s,
+                "restarts": self.restarts, "restart_s": self.restart_s, "lost_s": self.lost_s,
+                "paused_s": self.paused_s, "total_s": self.total_s, "steps": len(self.rows)}
+
+
+@dataclass(frozen=True)
+class SimResult:
+    scenario: str
+    results: Mapping[str, PolicyResult]
+    notes: Mapping[str, str] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, object]:
+        out: dict[str, object] = {"scenario": self.scenario, "source": "simulated",
+                                  "policies": {n: r.summary() for n, r in self.results.items()}}
+        nereus = self.results.get("nereus")
+        if nereus is not None:
+            out["calibration_error_step10"] = nereus.calib_error_at(10)
+        return out
+
+
+@dataclass(frozen=True)
+class StepEvents:
+    """What the pool does around one step, on the nominal clock.
+
+    ``pause_s``: time with an empty pool before the step; ``pool``: the pool at its start;
+    ``changes``: (fraction of the step, pause before it, new pool) for each change inside it
+    (a pause inside the step empties the pool for that long, then it becomes the new pool).
+    """
+
+    pause_s: float
+    pool: tuple[int, ...]
+    changes: tuple[tuple[float, float, tuple[int, ...]], ...] = ()
+
+
+def align(av: Availability, nominal: Sequence[float], min_gpus: int = 1) -> list[StepEvents]:
+    """Map the trace onto steps of ``nominal`` seconds; pools under ``min_gpus`` are empty."""
+
+    def at(t: float) -> tuple[int, ...]:
+        p = av.at(t)
+        return p if len(p) >= min_gpus else ()
+
+    def resume(t: float) -> float:
+        """The first time >= t with a usable pool."""
+        while not at(t):
+            nxt = av.next_change(t)
+            if nxt is None:
+                raise InputError("availability", f"the pool is empty (or under {min_gpus} "
+                                 f"GPUs) from {t:.0f} s on and never comes back",
+                                 "a trace that gives GPUs again")
+            t = nxt
+        return t
+
+    out: list[StepEvents] = []
+    t = 0.0
+    for length in nominal:
+        t0 = resume(t)
+        pause, t = t0 - t, t0
+        pool = at(t)
+        changes: list[tuple[float, float, tuple[int, ...]]] = []
+        done = 0.0
+        while True:
+            nxt = av.next_change(t)
+            if nxt is None or nxt >= t + (length - done):
+                t += length - done
+                break
+            done += nxt - t
+            t = nxt
+            gap = 0.0
+            if not at(t):
+                back = resume(t)
+                gap, t = back - t, back
+            new = at(t)
+            if gap > 0 or new != (changes[-1][2] if changes else pool):
+                changes.append((done / length, gap, new))
+        out.append(StepEvents(pause, pool, tuple(changes)))
+    return out
+
+
+class _Runner:
+    """One policy's job moving through the steps."""
+
+    def __init__(self, policy: Policy, sim: Simulator):
+        self.p = policy
+        self.sim = sim
+        self.t = 0.0
+        self.plan: Plan | None = None
+        self.tel: Telemetry | None = None
+        self.since_ckpt: list[float] = []
+        self.rows: list[StepRow] = []
+        self.events: list[Event] = []
+        self._acc = {"transition_s": 0.0, "restart_s": 0.0, "lost_s": 0.0, "paused_s": 0.0}
+
+    # ---- helpers ----
+    def _telemetry(self, k: int, pool: tuple[int, ...]) -> Telemetry:
+        if self.tel is not None:
+            t = self.tel
+            return Telemetry(t.step, t.response_len_mean, t.response_len_max, pool,
+                             t.latency_s, t.peak_mem_bytes, source=t.source)
+        mean, longest = self.sim.lengths.at(k)
+        return Telemetry(max(0, k - 1), mean, longest, pool, source="simulated")
+
+    def _consumed(self) -> None:
+        """The policy has learned from the last step; later boundaries repeat no measurement."""
+        t = self.tel
+        if t is not None and t.latency_s:
+            self.tel = Telemetry(t.step, t.response_len_mean, t.response_len_max, t.pool,
+                                 source=t.source)
+
+    def _pause(self, k: int, seconds: float, why: str) -> None:
+        """The pool is empty for ``seconds``: the policy hears of it, the job stops."""
+        upcoming = (k, *self.sim.lengths.at(k))
+        self.p.decide(self._telemetry(k, ()), upcoming)
+        self._consumed()
+        self.events.append(Event(k, self.t, "wait", seconds, why))
+        self._acc["paused_s"] += seconds
+        self.t += seconds
+
+    def _restart(self, k: int, act: Act, pool: tuple[int, ...]) -> None:
+        sim = self.sim
+        job = sim.truth.job_at(pool, *sim.lengths.at(k))
+        nodes = max(1, len({job.cluster.node_of(g) for g in pool}))
+        params = sim.restart
+        nbytes = checkpoint_bytes(job)
+        secs = params.startup_s + nbytes / (params.storage_read_bw_per_node * nodes)
+        lost = sum(self.since_ckpt) if act.after_failure else 0.0
+        save = 0.0 if act.after_failure else nbytes / (params.storage_write_bw_per_node * nodes)
+        self._acc["restart_s"] += secs + save
+        self._acc["lost_s"] += lost
+        self.t += secs + save + lost
+        why = act.decision.reasons.summary if act.decision else ""
+        self.events.append(Event(k, self.t, "restart", secs + save + lost,
+                                 why or ("after a failure" if act.after_failure else "planned")))
+        self.plan = act.plan
+
+    def _apply(self, k: int, act: Act, pool: tuple[int, ...]) -> bool:
+        """Carry out a decision; False when the job cannot run (no plan fits the pool)."""
+        if act.kind is Action.WAIT:
+            return False
+        if act.kind is Action.RESTART:
+            self._restart(k, act, pool)
+            return True
+        if act.kind is Action.MOVE and act.plan is not None:
+            if self.plan is not None and same_layouts(self.plan, act.plan):
+                self.plan = act.plan
+            elif act.free:
+                self.events.append(Event(k, self.t, "move", 0.0, "free (oracle)"))
+                self.plan = act.plan
+            else:
+                source, lost = intact(self.plan, pool) if self.plan else (None, ("all",))
+                sched = self.sim.truth.transition(source, act.plan, pool, k) if source else None
+                if sched is None or not sched.feasible:
+                    # the state cannot move as planned: the job fails and restarts
+                    why = sched.reason if sched is not None else f"lost {', '.join(lost)}"
+                    self._restart(k, Act(Action.RESTART, act.plan, True, decision=act.decision),
+                                  pool)
+                    self.events[-1] = Event(k, self.t, "restart", self.events[-1].seconds,
+                                            f"transition failed: {why}")
+                    return True
+                secs = sched.estimated_s * self.sim.truth.factor(k, "transition")
+                self._acc["transition_s"] += secs
+                self.t += secs
+                d = act.decision
+                self.events.append(Event(k, self.t, "move", secs,
+                                         d.log_line() if d is not None else ""))
+                self.plan = act.plan
+            return True
+        # keep: the plan must still have its GPUs
+        if self.plan is None or not set(self.plan.gpus()) <= set(pool):
+            raise RuntimeError(f"{self.p.name} kept a plan whose GPUs are gone")
+        return True
+
+    # ---- one step ----
+    def advance(self, k: int) -> None:
+        sim = self.sim
+        ev = sim.events[k]
+        mean, longest = sim.lengths.at(k)
+        upcoming = (k, mean, longest)
+        if ev.pause_s > 0 and self.plan is None:  # before the job starts
+            self._acc["paused_s"] += ev.pause_s
+            self.t += ev.pause_s
+        elif ev.pause_s > 0:
+            self._pause(k, ev.pause_s, "no usable GPU in the pool")
+        pool = ev.pool
+        pending = list(ev.changes)
+        decide = True
+        if self.plan is None:  # the first step: the policy's initial plan, no decision
+            self.plan = self.p.start(pool, mean, longest)
+            if self.plan is None:
+                raise InputError("scenario", f"no plan fits the {len(pool)} GPUs of the start")
+            decide = False
+        failed = False
+        for _ in range(10_000):
+            if decide:
+                tel = self._telemetry(k, pool)
+                act = self.p.failed(tel, upcoming) if failed else self.p.decide(tel, upcoming)
+                failed = False
+                self._consumed()
+                if not self._apply(k, act, pool):
+                    # nothing fits this pool: wait out the rest of the step's window
+                    self._pause(k, sim.nominal[k], f"no plan fits {len(pool)} GPUs")
+                    if pending:
+                        pool = pending[-1][2]
+                        pending = []
+                    continue
+            decide = True
+            assert self.plan is not None
+            calib = self._calibration_error(k, pool, mean, longest)
+            step_s, stage_s, priced = sim.truth.run_step(self.plan, pool, k, mean, longest)
+            if not sim.truth.fits(priced):
+                lost = OOM_LOST_FRACTION * step_s
+                self._acc["lost_s"] += lost
+                self.t += lost
+                self.events.append(Event(k, self.t, "oom", lost, "a stage ran out of memory"))
+                failed = True
+                continue
+            used = set(self.plan.gpus())
+            hit = next((i for i, (_, gap, p) in enumerate(pending)
+                        if gap > 0 or not used <= set(p)), None)
+            if hit is not None:
+                f, gap, new = pending[hit]
+                self._acc["lost_s"] += f * step_s
+                self.t += f * step_s
+                self.events.append(Event(k, self.t, "loss", f * step_s,
+                                         "GPUs of the plan left during the step"))
+                if gap > 0:
+                    self._pause(k, gap, "the pool emptied during the step")
+                rest = max(1e-9, 1.0 - f)
+                pending = [((g - f) / rest, z, q) for g, z, q in pending[hit + 1:]]
+                pool = new
+                continue
+            self.t += step_s
+            self.since_ckpt.append(step_s)
+            if (k + 1) % sim.restart.checkpoint_interval_steps == 0:
+                self.since_ckpt.clear()
+            end_pool = pending[-1][2] if pending else pool
+            tokens = sim.truth.job.workload.sequences_per_step * mean
+            self.rows.append(StepRow(self.p.name, k, self.t, step_s, self._acc["transition_s"],
+                                     self._acc["restart_s"], self._acc["lost_s"],
+                                     self._acc["paused_s"], len(pool), len(self.plan.gpus()),
+                                     mean, tokens, calib))
+            for key in self._acc:
+                self._acc[key] = 0.0
+            self.tel = Telemetry(k, mean, longest, end_pool, stage_s,
+                                 dict(priced.peak_bytes), source="simulated")
+            return
+        raise RuntimeError(f"{self.p.name}: step {k} never completed")
+
+    def _calibration_error(self, k: int, pool: tuple[int, ...], mean: float, longest: int
+                           ) -> float | None:
+        if k > self.sim.calibration_steps:
+            return None
+        eff = self.p.efficiencies()
+        if eff is None or self.plan is None:
+            return None
+        truth = self.sim.truth.price(self.plan, pool, k, mean, longest)
+        cost = CostModel(self.sim.truth.job_at(pool, mean, longest), eff)
+        errs = []
+        for sp in self.plan.stages:
+            grp = self.plan.group_of(sp.stage)
+            idle = sum(cost.resident_bytes(o, self.plan.stage(o).layout) for o in grp
+                       if o != sp.stage)
+            pred = cost.estimate(sp.stage, sp.candidate, int(idle)).latency_s
+            true = truth.stage_s[sp.stage]
+            errs.append(abs(pred - true) / true)
+        return float(sum(errs) / len(errs)) if errs else None
+
+
+class Simulator:
+    """Runs policies over one scenario's traces, in lockstep by step (they share caches)."""
+
+    def __init__(self, truth: Truth, lengths: LengthTrace, availability: Availability,
+                 restart: RestartParams, steps: int | None = None, calibration_steps: int = 40):
+        self.truth = truth
+        self.lengths = lengths
+        self.availability = availability
+        self.restart = restart
+        self.steps = min(steps or len(lengths), len(lengths))
+        self.calibration_steps = calibration_steps
+        self.min_gpus, self.nominal = nominal_clock(truth, lengths, availability, self.steps)
+        self.events = align(availability, self.nominal, self.min_gpus)
+
+    def run(self, policies: Sequence[Policy], scenario: str = "",
+            progress: Callable[[int], None] | None = None,
+            notes: Mapping[str, str] | None = None) -> SimResult:
+        runners = [_Runner(p, self) for p in policies]
+        for k in range(self.steps):
+            for r in runners:
+                r.advance(k)
+            if progress is not None:
+                progress(k + 1)
+        return SimResult(scenario, {r.p.name: PolicyResult(r.p.name, tuple(r.rows),
+                                                           tuple(r.events)) for r in runners},
+                         dict(notes or {}))
+
+
+def nominal_clock(truth: Truth, lengths: LengthTrace, av: Availability, steps: int,
+                  samples: int = 24) -> tuple[int, list[float]]:
+    """The smallest pool any plan fits, and each step's nominal seconds.
+
+    The nominal step is the best plan on the largest pool of the trace, under the true
+    efficiencies, at the trace's longest responses (so it runs everywhere), priced at sample
+    lengths and interpolated.
+    """
+    full = max(av.pools, key=len)
+    if not full:
+        raise InputError("availability", "the trace never gives a GPU")
+    means = lengths.mean[:steps]
+    top = max(lengths.longest[:steps])
+    try:
+        plan = best_plan(truth.job_at(full, max(means), top), truth.hidden)
+    except InfeasibleError as e:
+        raise InputError("scenario", f"no plan fits the largest pool of the trace "
+                         f"({len(full)} GPUs) at the longest responses: {e}") from None
+    grid = np.linspace(min(means), max(means), samples)
+    secs = [truth.price(plan, full, 0, float(m), top).step_s for m in grid]
+    nominal = [float(np.interp(m, grid, secs)) for m in means]
+    min_gpus = len(full)
+    lo = 1
+    while lo < min_gpus:  # bisect the smallest prefix pool that fits at the longest lengths
+        mid = (lo + min_gpus) // 2
+        try:
+            best_plan(truth.job_at(tuple(range(mid)), max(means), top), truth.hidden)
+            min_gpus = mid
+        except InfeasibleError:
+            lo = mid + 1
+    return min_gpus, nominal
+
+
+def speedup(a: PolicyResult, b: PolicyResult) -> float:
+    return a.tokens_per_s / b.tokens_per_s if b.tokens_per_s > 0 else math.inf

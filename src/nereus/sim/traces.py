@@ -1,0 +1,398 @@
+"""Traces that drive the simulator: response lengths per step, the GPU pool over time, and
+efficiency drift. Each has a seeded generator and a CSV format a user can supply.
+
+CSV formats (a header row, then one row per entry):
+- lengths: ``step,response_len_mean,response_len_max`` -- one row per RL step, steps 0..n-1;
+- availability: ``time_s,gpus`` -- the pool from ``time_s`` on; ``gpus`` is a count (the first
+  that many device ids of the cluster) or device ids separated by spaces, ranges allowed
+  (``0-7 12 13``); 0 or an empty field means no GPU (the job pauses);
+- drift: ``start_step,end_step,op_class,factor`` -- from ``start_step`` up to (not including)
+  ``end_step`` the op class achieves ``factor`` times its usual efficiency.
+
+The real spot trace (``nereus/data/spot-traces``) counts single-GPU instances; it gives counts,
+not identities, so ``from_counts`` maps n instances to device ids 0..n-1: the instances acquired
+last are the ones reclaimed first (an assumption; AWS does not say which instance goes).
+"""
+
+from __future__ import annotations
+
+import bisect
+import csv
+import json
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+import numpy as np
+
+from nereus.cost.efficiency import Efficiencies
+from nereus.cost.ops import OpClass
+from nereus.errors import InputError
+
+SPOT_TRACE = "aws-2023-08-27-us-west-2a-v100-16node.json"
+
+
+# ------------------------------------------------------------------ response lengths
+@dataclass(frozen=True)
+class LengthTrace:
+    """Mean and longest response length (tokens) of each RL step."""
+
+    mean: tuple[float, ...]
+    longest: tuple[int, ...]
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.mean or len(self.mean) != len(self.longest):
+            raise InputError("lengths", "needs one mean and one longest length per step")
+        for k, (m, x) in enumerate(zip(self.mean, self.longest)):
+            if not (m >= 1 and x >= m):
+                raise InputError(f"lengths.step {k}",
+                                 f"mean {m} and longest {x}: need 1 <= mean <= longest")
+
+    def __len__(self) -> int:
+        return len(self.mean)
+
+    def at(self, step: int) -> tuple[float, int]:
+        k = min(step, len(self.mean) - 1)
+        return self.mean[k], self.longest[k]
+
+    def max_ratio(self) -> float:
+        return max(x / m for m, x in zip(self.mean, self.longest))
+
+
+def growth(steps: int = 1000, start: float = 500.0, end: float = 8000.0, noise: float = 0.05,
+           max_ratio: float = 1.5, seed: int = 0) -> LengthTrace:
+    """Linear growth from ``start`` to ``end`` tokens with multiplicative step-to-step noise."""
+    if steps < 1:
+        raise InputError("steps", f"must be >= 1, got {steps}")
+    rng = np.random.default_rng(seed)
+    trend = np.linspace(start, end, steps)
+    mean = np.maximum(1.0, trend * np.exp(rng.normal(0.0, noise, steps)))
+    longest = np.ceil(mean * max_ratio * np.exp(np.abs(rng.normal(0.0, noise, steps))))
+    return LengthTrace(tuple(float(round(m, 1)) for m in mean), tuple(int(x) for x in longest),
+                       f"generated: linear growth {start:g}->{end:g} tokens over {steps} steps, "
+                       f"noise {noise:g}, longest/mean {max_ratio:g}, seed {seed}")
+
+
+def stationary(steps: int = 1000, length: float = 2000.0, noise: float = 0.05,
+               max_ratio: float = 1.5, seed: int = 0) -> LengthTrace:
+    """A constant length with step-to-step noise only."""
+    t = growth(steps, length, length, noise, max_ratio, seed)
+    return LengthTrace(t.mean, t.longest, f"generated: stationary {length:g} tokens, noise "
+                       f"{noise:g}, longest/mean {max_ratio:g}, seed {seed}")
+
+
+def save_lengths(trace: LengthTrace, path: str | Path) -> None:
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["step", "response_len_mean", "response_len_max"])
+        for k, (m, x) in enumerate(zip(trace.mean, trace.longest)):
+            w.writerow([k, m, x])
+
+
+def load_lengths(path: str | Path) -> LengthTrace:
+    rows = _read_csv(path, ["step", "response_len_mean", "response_len_max"], "lengths")
+    mean, longest = [], []
+    for i, r in enumerate(rows):
+        try:
+            step, m, x = int(r["step"]), float(r["response_len_mean"]), int(
+                float(r["response_len_max"]))
+        except (TypeError, ValueError):
+            raise InputError(f"lengths row {i + 2}", "step, response_len_mean and "
+                             "response_len_max must be numbers") from None
+        if step != i:
+            raise InputError(f"lengths row {i + 2}", f"step {step} out of order", f"{i}")
+        mean.append(m)
+        longest.append(x)
+    if not mean:
+        raise InputError("lengths", f"{path} has no rows")
+    return LengthTrace(tuple(mean), tuple(longest), f"file {path}")
+
+
+# ------------------------------------------------------------------ GPU availability
+@dataclass(frozen=True)
+class Availability:
+    """The pool (device ids) from each time on; ``times[0]`` is 0."""
+
+    times: tuple[float, ...]
+    pools: tuple[tuple[int, ...], ...]
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.times or len(self.times) != len(self.pools) or self.times[0] != 0:
+            raise InputError("availability", "needs pools from time 0 on, one per time")
+        if any(b <= a for a, b in zip(self.times, self.times[1:])):
+            raise InputError("availability.time_s", "times must increase")
+
+    def _index(self, t: float) -> int:
+        return max(0, bisect.bisect_right(self.times, t) - 1)
+
+    def at(self, t: float) -> tuple[int, ...]:
+        return self.pools[self._index(t)]
+
+    def changes(self) -> int:
+        return sum(1 for a, b in zip(self.pools, self.pools[1:]) if a != b)
+
+    def first_loss(self, t0: float, t1: float, used: Iterable[int]) -> float | None:
+        """The first time in (t0, t1] when a GPU of ``used`` leaves the pool."""
+        need = set(used)
+        i = self._index(t0) + 1
+        while i < len(self.times) and self.times[i] <= t1:
+            if not need <= set(self.pools[i]):
+                return self.times[i]
+            i += 1
+        return None
+
+    def next_change(self, t: float) -> float | None:
+        """The next time after ``t`` when the pool differs from the pool at ``t``."""
+        i = self._index(t)
+        cur = self.pools[i]
+        for j in range(i + 1, len(self.times)):
+            if self.pools[j] != cur:
+                return self.times[j]
+        return None
+
+    def ids(self) -> set[int]:
+        return {g for p in self.pools for g in p}
+
+
+def _compress(times: Sequence[float], pools: Sequence[tuple[int, ...]], source: str
+              ) -> Availability:
+    t_out, p_out = [float(times[0])], [tuple(sorted(pools[0]))]
+    for t, p in zip(times[1:], pools[1:]):
+        p = tuple(sorted(p))
+        if p != p_out[-1]:
+            t_out.append(float(t))
+            p_out.append(p)
+    return Availability(tuple(t_out), tuple(p_out), source)
+
+
+def constant(ids: Iterable[int]) -> Availability:
+    return Availability((0.0,), (tuple(sorted(ids)),), "constant pool")
+
+
+def from_counts(counts: Sequence[int], tick_s: float, source: str = "") -> Availability:
+    """n available instances at a tick -> device ids 0..n-1 (count-only traces)."""
+    if tick_s <= 0:
+        raise InputError("availability.tick_s", f"must be > 0, got {tick_s}")
+    pools = [tuple(range(int(n))) for n in counts]
+    return _compress([i * tick_s for i in range(len(counts))], pools, source)
+
+
+def spot_counts(name: str = SPOT_TRACE) -> tuple[list[int], float]:
+    """Instance counts and tick length of a spot trace shipped with the package."""
+    ref = resources.files("nereus").joinpath("data", "spot-traces", name)
+    if not ref.is_file():
+        raise InputError("availability.spot", f"no spot trace {name!r}", [SPOT_TRACE])
+    data = json.loads(ref.read_text())
+    return [int(n) for n in data["data"]], float(data["metadata"]["gap_seconds"])
+
+
+def spot_window(start_tick: int, name: str = SPOT_TRACE, max_gpus: int | None = None
+                ) -> Availability:
+    """The real spot trace from ``start_tick`` to its end (the pool holds the last value after).
+
+    Counts above ``max_gpus`` are clipped to it (a job never holds more than it asked for).
+    """
+    counts, tick = spot_counts(name)
+    if not 0 <= start_tick < len(counts):
+        raise InputError("availability.start_tick", f"{start_tick} is outside the trace",
+                         f"0..{len(counts) - 1}")
+    window = counts[start_tick:]
+    if max_gpus is not None:
+        window = [min(n, max_gpus) for n in window]
+    return from_counts(window, tick, f"real AWS spot trace {name} from tick {start_tick} "
+                       f"({tick:g} s ticks); n instances -> GPU ids 0..n-1")
+
+
+def busiest_window(counts: Sequence[int], ticks: int, min_running: float) -> int:
+    """Start tick of the ``ticks``-long window with the most changes among those that start
+    with GPUs and hold GPUs in at least ``min_running`` of their ticks (earliest on ties)."""
+    best, best_start = -1, 0
+    for s in range(0, len(counts) - ticks + 1):
+        seg = counts[s:s + ticks]
+        if seg[0] == 0 or sum(1 for n in seg if n > 0) < min_running * ticks:
+            continue
+        ch = sum(1 for a, b in zip(seg, seg[1:]) if a != b)
+        if ch > best:
+            best, best_start = ch, s
+    if best < 0:
+        raise InputError("availability", f"no {ticks}-tick window runs {min_running:.0%} of "
+                         f"the time")
+    return best_start
+
+
+def node_churn(num_nodes: int, devices_per_node: int, hours: float = 10.0, changes: int = 12,
+               min_nodes: int = 1, seed: int = 0) -> Availability:
+    """Whole nodes leave and come back; ``changes`` events in ``hours`` on average.
+
+    Times between events are exponential (a Poisson process); each event takes away a random
+    held node or, when fewer than ``num_nodes`` are held, gives one back, with equal odds
+    (never below ``min_nodes``). The process continues past ``hours`` at the same rate.
+    """
+    if not 1 <= min_nodes <= num_nodes:
+        raise InputError("availability.min_nodes", f"must be in 1..{num_nodes}, got {min_nodes}")
+    if changes < 1 or hours <= 0:
+        raise InputError("availability.changes", "needs changes >= 1 over hours > 0")
+    rng = np.random.default_rng(seed)
+    rate = changes / (hours * 3600.0)
+    held = list(range(num_nodes))
+    t = 0.0
+    times, pools = [0.0], [_node_ids(held, devices_per_node)]
+    horizon = max(hours * 3600.0, 1.0) * 20  # long enough for any run; bounded
+    while t < horizon:
+        t += float(rng.exponential(1.0 / rate))
+        can_lose = len(held) > min_nodes
+        can_gain = len(held) < num_nodes
+        if can_lose and (not can_gain or rng.random() < 0.5):
+            held.remove(int(rng.choice(held)))
+        elif can_gain:
+            held.append(int(rng.choice([n for n in range(num_nodes) if n not in held])))
+        times.append(t)
+        pools.append(_node_ids(held, devices_per_node))
+    return _compress(times, pools, f"generated: whole-node churn of {num_nodes} x "
+                     f"{devices_per_node} GPUs, {changes} changes per {hours:g} h, seed {seed}")
+
+
+def _node_ids(nodes: Iterable[int], per: int) -> tuple[int, ...]:
+    return tuple(sorted(g for n in nodes for g in range(n * per, (n + 1) * per)))
+
+
+def parse_ids(text: str) -> tuple[int, ...]:
+    """``"16"`` -> 0..15; ``"0-7 12 13"`` -> those ids; ``""`` or ``"0"`` -> none."""
+    text = text.strip()
+    if not text:
+        return ()
+    parts = text.replace(",", " ").split()
+    if len(parts) == 1 and "-" not in parts[0]:
+        return tuple(range(int(parts[0])))
+    out: list[int] = []
+    for p in parts:
+        if "-" in p:
+            a, b = p.split("-", 1)
+            out.extend(range(int(a), int(b) + 1))
+        else:
+            out.append(int(p))
+    return tuple(sorted(set(out)))
+
+
+def save_availability(av: Availability, path: str | Path) -> None:
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["time_s", "gpus"])
+        for t, p in zip(av.times, av.pools):
+            w.writerow([f"{t:g}", " ".join(map(str, p))])
+
+
+def load_availability(path: str | Path) -> Availability:
+    rows = _read_csv(path, ["time_s", "gpus"], "availability")
+    times, pools = [], []
+    for i, r in enumerate(rows):
+        try:
+            times.append(float(r["time_s"]))
+            pools.append(parse_ids(r["gpus"] or ""))
+        except ValueError:
+            raise InputError(f"availability row {i + 2}", "time_s must be a number and gpus a "
+                             "count or device ids", "e.g. 0,16 or 3600,0-7 12") from None
+    if not times:
+        raise InputError("availability", f"{path} has no rows")
+    if times[0] != 0:
+        raise InputError("availability row 2", f"the first time is {times[0]:g}", "0")
+    return _compress(times, pools, f"file {path}")
+
+
+# ------------------------------------------------------------------ efficiency drift
+@dataclass(frozen=True)
+class DriftPeriod:
+    start_step: int
+    end_step: int
+    op_class: OpClass
+    factor: float
+
+
+@dataclass(frozen=True)
+class DriftTrace:
+    """Periods in which one op class achieves a fraction of its usual efficiency."""
+
+    periods: tuple[DriftPeriod, ...] = ()
+    source: str = "none"
+
+    def factors_at(self, step: int) -> tuple[tuple[OpClass, float], ...]:
+        out: dict[OpClass, float] = {}
+        for p in self.periods:
+            if p.start_step <= step < p.end_step:
+                out[p.op_class] = out.get(p.op_class, 1.0) * p.factor
+        return tuple(sorted(out.items(), key=lambda kv: kv[0].value))
+
+    def apply(self, base: Efficiencies, step: int) -> Efficiencies:
+        f = self.factors_at(step)
+        if not f:
+            return base
+        return base.updated({c: base[c] * v for c, v in f})
+
+
+def congestion(steps: int, periods: int = 3, length: tuple[int, int] = (40, 120),
+               op_classes: Sequence[str] = ("allreduce.inter", "p2p.inter"),
+               factor: float = 0.4, seed: int = 0) -> DriftTrace:
+    """``periods`` non-overlapping stretches of network congestion: the listed inter-node op
+    classes achieve ``factor`` of their usual efficiency for ``length`` steps each."""
+    rng = np.random.default_rng(seed)
+    cls = [_op_class(c, "drift.op_class") for c in op_classes]
+    out: list[DriftPeriod] = []
+    span = steps / (periods + 1)
+    for k in range(periods):
+        n = int(rng.integers(length[0], length[1] + 1))
+        center = (k + 1) * span + rng.uniform(-span / 4, span / 4)
+        start = max(0, int(center - n / 2))
+        end = min(steps, start + n)
+        for c in cls:
+            out.append(DriftPeriod(start, end, c, factor))
+    return DriftTrace(tuple(out), f"generated: {periods} congestion periods of "
+                      f"{length[0]}-{length[1]} steps, {'+'.join(op_classes)} x{factor:g}, "
+                      f"seed {seed}")
+
+
+def save_drift(trace: DriftTrace, path: str | Path) -> None:
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["start_step", "end_step", "op_class", "factor"])
+        for p in trace.periods:
+            w.writerow([p.start_step, p.end_step, p.op_class.value, p.factor])
+
+
+def load_drift(path: str | Path) -> DriftTrace:
+    rows = _read_csv(path, ["start_step", "end_step", "op_class", "factor"], "drift")
+    out = []
+    for i, r in enumerate(rows):
+        try:
+            a, b, f = int(r["start_step"]), int(r["end_step"]), float(r["factor"])
+        except (TypeError, ValueError):
+            raise InputError(f"drift row {i + 2}", "start_step, end_step must be integers and "
+                             "factor a number") from None
+        if not (0 <= a < b and f > 0 and math.isfinite(f)):
+            raise InputError(f"drift row {i + 2}", "needs 0 <= start_step < end_step and "
+                             "factor > 0")
+        out.append(DriftPeriod(a, b, _op_class(r["op_class"], f"drift row {i + 2}.op_class"), f))
+    return DriftTrace(tuple(out), f"file {path}")
+
+
+def _op_class(name: str | None, fld: str) -> OpClass:
+    try:
+        return OpClass(str(name).strip())
+    except ValueError:
+        raise InputError(fld, f"unknown op class {name!r}", [c.value for c in OpClass]) from None
+
+
+def _read_csv(path: str | Path, columns: list[str], what: str) -> list[dict[str, str]]:
+    p = Path(path)
+    if not p.is_file():
+        raise InputError(what, f"no file at {path}")
+    with open(p, newline="") as f:
+        reader = csv.DictReader(f)
+        header = [h.strip() for h in (reader.fieldnames or [])]
+        missing = [c for c in columns if c not in header]
+        if missing:
+            raise InputError(what, f"{p.name} lacks column {missing[0]!r}", columns)
+        return [{k.strip(): (v or "").strip() for k, v in row.items() if k} for row in reader]

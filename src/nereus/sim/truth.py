@@ -1,0 +1,154 @@
+"""The simulator's ground truth: the cost model under hidden efficiencies, with noise.
+
+What a step "really" takes is the cost model's estimate under efficiencies the policies do not
+know (they differ from the defaults, and drift periods scale some op classes), times a
+log-normal noise factor per stage and step. The same (step, stage) draws the same noise for
+every policy, so two policies running one plan see one time. Transitions take what the
+transition schedule says under the same hidden efficiencies, times noise.
+
+Cost models are shared per (efficiencies, lengths, node size), and each memoizes its estimates:
+the four policies of a run price the same few stage candidates at the same lengths.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from nereus.cost.efficiency import Efficiencies
+from nereus.cost.model import CostModel
+from nereus.control.targets import reprice
+from nereus.plan.overlap import critical_path, overlap_graph
+from nereus.plan.types import Plan
+from nereus.sim.traces import DriftTrace
+from nereus.spec.cluster import GpuPool
+from nereus.spec.job import JobSpec
+from nereus.transition.planner import plan_transition
+from nereus.transition.schedule import Schedule
+
+EffKey = tuple[tuple[str, float], ...]
+
+
+def eff_key(eff: Efficiencies) -> EffKey:
+    return tuple(sorted((c.value, round(v, 6)) for c, v in eff.values.items()))
+
+
+@dataclass(frozen=True)
+class Priced:
+    """A plan's noise-free step latency, stage latencies and peak memory (simulated)."""
+
+    step_s: float
+    stage_s: Mapping[str, float]
+    peak_bytes: Mapping[str, int]
+    sync_s: float
+
+
+def node_size(job: JobSpec, pool: tuple[int, ...]) -> int:
+    return min(job.cluster.devices_per_node, GpuPool(job.cluster, pool).largest_node_share())
+
+
+class Truth:
+    """Prices plans and transitions as the simulated cluster runs them."""
+
+    def __init__(self, job: JobSpec, hidden: Efficiencies, drift: DriftTrace, noise: float,
+                 seed: int = 0):
+        self.job = job
+        self.hidden = hidden
+        self.drift = drift
+        self.noise = noise
+        self.seed = seed
+        self._models: dict[tuple[object, ...], CostModel] = {}
+        self._transitions: dict[tuple[object, ...], Schedule] = {}
+        self._eff_cache: dict[int, Efficiencies] = {}
+
+    # ---- efficiencies and jobs ----
+    def efficiencies(self, step: int) -> Efficiencies:
+        hit = self._eff_cache.get(step)
+        if hit is None:
+            hit = self.drift.apply(self.hidden, step)
+            if len(self._eff_cache) > 4096:
+                self._eff_cache.clear()
+            self._eff_cache[step] = hit
+        return hit
+
+    def job_at(self, pool: tuple[int, ...], mean: float, longest: int) -> JobSpec:
+        w = self.job.workload.with_response_len(int(round(mean)), int(longest))
+        return self.job.with_pool(GpuPool(self.job.cluster, pool)).with_workload(w)
+
+    def _model(self, eff: Efficiencies, mean: float, longest: int, pool: tuple[int, ...]
+               ) -> CostModel:
+        key = (eff_key(eff), int(round(mean)), int(longest), node_size(self.job, pool))
+        m = self._models.get(key)
+        if m is None:
+            if len(self._models) > 256:
+                self._models.clear()
+            m = CostModel(self.job_at(pool, mean, longest), eff)
+            self._models[key] = m
+        return m
+
+    # ---- pricing ----
+    def price(self, plan: Plan, pool: tuple[int, ...], step: int, mean: float, longest: int
+              ) -> Priced:
+        """Noise-free time and memory of ``plan`` on ``pool`` at one step's lengths."""
+        eff = self.efficiencies(step)
+        cost = self._model(eff, mean, longest, pool)
+        p = reprice(cost.job, cost, plan).plan
+        assert p is not None
+        return Priced(p.step_latency_s, {s.stage: s.latency_s for s in p.stages},
+                      {s.stage: s.peak_mem_bytes for s in p.stages},
+                      float(p.terms.get("weight_sync", 0.0)))
+
+    def fits(self, priced: Priced) -> bool:
+        """Whether every GPU holds its peak: the simulated device has all of its memory."""
+        cap = self.job.cluster.device.memory_bytes
+        return all(b <= cap for b in priced.peak_bytes.values())
+
+    # ---- noise ----
+    def factor(self, step: int, what: str) -> float:
+        """exp(N(0, noise)) drawn from (seed, step, what): the same for every policy."""
+        if self.noise <= 0:
+            return 1.0
+        h = hashlib.blake2b(f"{self.seed}/{step}/{what}".encode(), digest_size=8).digest()
+        rng = np.random.default_rng(int.from_bytes(h, "little"))
+        return float(math.exp(rng.normal(0.0, self.noise)))
+
+    def run_step(self, plan: Plan, pool: tuple[int, ...], step: int, mean: float, longest: int
+                 ) -> tuple[float, dict[str, float], Priced]:
+        """Measured (noisy) step time and stage times of one step."""
+        p = self.price(plan, pool, step, mean, longest)
+        stage = {s: v * self.factor(step, s) for s, v in p.stage_s.items()}
+        sync = self.job.workflow.weight_sync()
+        groups = [*plan.groups, *[(s.stage,) for s in plan.stages
+                                  if not any(s.stage in g for g in plan.groups)]]
+        sync_s = p.sync_s * self.factor(step, "weight_sync") if sync else 0.0
+        step_s, _ = critical_path(overlap_graph(self.job.workflow, groups, stage, sync_s))
+        return step_s, stage, p
+
+    def transition(self, source: Plan, target: Plan, pool: tuple[int, ...], step: int
+                   ) -> Schedule:
+        """The schedule as it runs under the hidden efficiencies (its makespan is L_tran)."""
+        eff = self.efficiencies(step)
+        key = (_layout_key(source), _layout_key(target), pool, eff_key(eff))
+        hit = self._transitions.get(key)
+        if hit is None:
+            job = self.job.with_pool(GpuPool(self.job.cluster, pool))
+            hit = plan_transition(job, source, target, eff)
+            if len(self._transitions) > 512:
+                self._transitions.clear()
+            self._transitions[key] = hit
+        return hit
+
+
+def _layout_key(plan: Plan) -> tuple[object, ...]:
+    return tuple((s.stage, s.candidate, s.replicas) for s in plan.stages)
+
+
+def same_layouts(a: Plan, b: Plan) -> bool:
+    """Plans that place the same candidates on the same GPUs (a move between them is free)."""
+    return all(x.candidate == y.candidate and x.replicas == y.replicas
+               for x, y in zip(a.stages, b.stages)) and a.names == b.names
+
