@@ -1,0 +1,179 @@
+"""``nereus simulate``: how the policies fare on a trace of response-length growth, GPU churn
+and efficiency drift. Every number it prints is simulated and names its scenario."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from nereus.commands.common import console, err_console, one_line_errors
+from nereus.errors import InputError
+from nereus.sim.policies import POLICIES
+from nereus.sim.scenarios import (
+    SCENARIOS,
+    Scenario,
+    builtin,
+    load_scenario,
+    run_scenario,
+    with_overrides,
+)
+from nereus.sim.simulator import SimResult
+
+PLOT_FORMATS = (".png", ".pdf", ".svg")
+
+
+def _policies(text: str) -> list[str]:
+    names = [p.strip() for p in text.split(",") if p.strip()]
+    bad = [p for p in names if p not in POLICIES]
+    if bad or not names:
+        raise InputError("--policies", f"unknown policy {bad[0]!r}" if bad else "empty",
+                         POLICIES)
+    return list(dict.fromkeys(names))
+
+
+def result_json(res: SimResult) -> dict[str, object]:
+    """The shape the issue fixes: scenario, source, and four numbers per policy."""
+    return {"scenario": res.scenario, "source": "simulated",
+            "policies": {n: {"tokens_per_s": r.tokens_per_s, "transitions": r.transitions,
+                             "transition_s": r.transition_s, "restarts": r.restarts}
+                         for n, r in res.results.items()}}
+
+
+def summary_table(sc: Scenario, res: SimResult) -> Table:
+    base = res.results.get("static")
+    t = Table(title=f"{sc.name}: {sc.steps} steps (simulated)", title_justify="left")
+    for col in ("policy", "tokens/s", "vs static", "mean step s", "transitions",
+                "transition s", "restarts", "restart s", "lost s", "paused s"):
+        t.add_column(col, justify="left" if col == "policy" else "right", no_wrap=True)
+    for name, r in res.results.items():
+        rel = f"{r.tokens_per_s / base.tokens_per_s:.2f}x" if base and base.tokens_per_s else "-"
+        t.add_row(name, f"{r.tokens_per_s:,.0f}", rel, f"{r.mean_step_s:.1f}",
+                  str(r.transitions), f"{r.transition_s:.1f}", str(r.restarts),
+                  f"{r.restart_s:.0f}", f"{r.lost_s:.0f}", f"{r.paused_s:.0f}")
+    return t
+
+
+def write_csv(res: SimResult, path: Path) -> None:
+    fields = ["policy", "step", "end_s", "step_s", "transition_s", "restart_s", "lost_s",
+              "paused_s", "pool_gpus", "plan_gpus", "response_len_mean", "tokens",
+              "calib_error"]
+    try:
+        with open(path, "w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(fields)
+            for r in res.results.values():
+                for row in r.rows:
+                    w.writerow([getattr(row, k) if getattr(row, k) is not None else ""
+                                for k in fields])
+    except OSError as e:
+        raise InputError("--csv", f"cannot write {path}: {e.strerror}") from None
+
+
+def plot(res: SimResult, sc: Scenario, path: Path) -> None:
+    """Step latency (plus the transitions, restarts and lost work before it) over steps."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(11, 5.5))
+    for name, r in res.results.items():
+        steps = [row.step for row in r.rows]
+        lat = [row.step_s + row.transition_s + row.restart_s + row.lost_s for row in r.rows]
+        (line,) = ax.plot(steps, lat, lw=1.0, label=name)
+        moves = {e.step for e in r.events if e.kind == "move"}
+        restarts = {e.step for e in r.events if e.kind == "restart"}
+        by_step = dict(zip(steps, lat))
+        mx = [k for k in sorted(moves) if k in by_step]
+        rx = [k for k in sorted(restarts) if k in by_step]
+        ax.scatter(mx, [by_step[k] for k in mx], marker="^", s=22, color=line.get_color(),
+                   zorder=3)
+        ax.scatter(rx, [by_step[k] for k in rx], marker="x", s=28, color=line.get_color(),
+                   zorder=3)
+    ax.set_yscale("log")
+    ax.set_xlabel("RL step")
+    ax.set_ylabel("step latency incl. transitions and restarts (s, simulated)")
+    ax.set_title(f"nereus simulate --scenario {sc.name}: ^ transition, x restart (simulated)")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    try:
+        fig.savefig(path, dpi=120)
+    except OSError as e:
+        raise InputError("--plot", f"cannot write {path}: {e.strerror}") from None
+    finally:
+        plt.close(fig)
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("simulate")
+    @one_line_errors
+    def simulate_cmd(
+        scenario: str = typer.Option("default", "--scenario", "-s",
+                                     help=f"built-in scenario: {', '.join(SCENARIOS)}"),
+        config: Optional[Path] = typer.Option(None, "--config", "-c",
+                                              help="scenario YAML (job, trace files, truth)"),
+        steps: Optional[int] = typer.Option(None, help="simulate only the first N steps"),
+        seed: int = typer.Option(0, help="seed of the generated traces and noise"),
+        gamma: Optional[float] = typer.Option(None, help="Nereus's confidence margin γ"),
+        policies: str = typer.Option(",".join(POLICIES), help="policies to compare"),
+        plot_path: Optional[Path] = typer.Option(None, "--plot", metavar="PNG",
+                                                 help="draw step latency over steps"),
+        csv_path: Optional[Path] = typer.Option(None, "--csv", metavar="CSV",
+                                                help="write per-step rows of every policy"),
+        as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
+        notes: bool = typer.Option(False, "--notes", help="list every parameter's source"),
+        log: bool = typer.Option(False, "--log", help="print the controllers' decisions"),
+    ) -> None:
+        """Compare static, replan-always, Nereus and an oracle on a simulated run."""
+        names = _policies(policies)
+        if plot_path is not None and plot_path.suffix.lower() not in PLOT_FORMATS:
+            raise InputError("--plot", f"unsupported file type {plot_path.suffix!r}",
+                             PLOT_FORMATS)
+        if gamma is not None and not 0.0 <= gamma <= 1.0:
+            raise InputError("--gamma", f"must be in [0, 1], got {gamma}")
+        sc = load_scenario(config) if config is not None else builtin(scenario, seed=seed)
+        sc = with_overrides(sc, steps=steps, gamma=gamma)
+        lines: list[tuple[str, str]] = []
+        on_log = (lambda policy, line: lines.append((policy, line))) if log else None
+        if not as_json:
+            console.print(f"[bold]{sc.name}[/]: {sc.description} -- {sc.steps} steps, "
+                          f"policies {', '.join(names)} (simulated)")
+        with Progress(TextColumn("simulating"), BarColumn(), MofNCompleteColumn(),
+                      TimeElapsedColumn(), console=err_console, transient=True,
+                      disable=as_json) as bar:
+            task = bar.add_task("steps", total=sc.steps)
+            res = run_scenario(sc, names, lambda k: bar.update(task, completed=k), on_log)
+        if csv_path is not None:
+            write_csv(res, csv_path)
+        if plot_path is not None:
+            plot(res, sc, plot_path)
+        if as_json:
+            print(json.dumps(result_json(res)))
+            return
+        console.print(summary_table(sc, res))
+        nereus = res.results.get("nereus")
+        if nereus is not None and nereus.calib_error_at(10) is not None:
+            console.print(f"Nereus calibrator: stage-latency error "
+                          f"{nereus.calib_error_at(10):.1%} after 10 steps (simulated, vs the "
+                          f"hidden truth)")
+        if log:
+            for policy, line in lines:
+                if " keep [no trigger]" not in line and " keep [always]" not in line:
+                    console.print(f"{policy}: {line}", markup=False, highlight=False)
+        if notes:
+            t = Table(title="parameters and their sources", title_justify="left")
+            t.add_column("parameter", no_wrap=True)
+            t.add_column("source")
+            for k, v in sc.notes.items():
+                t.add_row(k, v)
+            console.print(t)
+        for path, what in ((csv_path, "per-step rows"), (plot_path, "plot")):
+            if path is not None:
+                console.print(f"wrote {what} to {path}")
