@@ -20,7 +20,7 @@ from nereus.cost.ops import OpClass
 from nereus.errors import InputError
 from nereus.transition.schedule import Schedule
 
-RIDGE = 1e-2  # pull toward the prior, in relative units, against one measurement
+RIDGE = 1e-3  # pull toward the prior (relative units, against one measurement of weight 1)
 
 
 def _nnls(a: np.ndarray, b: np.ndarray) -> np.ndarray:

@@ -161,36 +161,23 @@ class Merge:
 
     @classmethod
     def of(cls, emus: Sequence[Emu], layout: Layout, new_id: str) -> Merge:
-        if not emus:
-            raise PrimitiveError("Merge: no units to merge")
+        problem = _merge_problem(emus, layout)
+        if problem:
+            raise PrimitiveError(problem)
         first = emus[0]
         gpus = merge_gpus([e.gpus for e in emus], first.layout, layout)
         return cls(tuple(emus), layout, Emu(new_id, first.stage, first.model, layout, gpus,
                                             first.holds))
 
     def __post_init__(self) -> None:
-        name = f"Merge({', '.join(e.id for e in self.emus)})"
-        if len(self.emus) < 2:
-            raise PrimitiveError(f"{name}: a merge needs k >= 2 units")
-        sub = self.emus[0].layout
-        if any(e.layout != sub for e in self.emus):
-            raise PrimitiveError(f"{name}: units have different layouts "
-                                 f"{sorted({str(e.layout) for e in self.emus})}")
-        if any(not _same_state(e, self.emus[0]) for e in self.emus):
-            raise PrimitiveError(f"{name}: units of different model-stages or state")
-        if self.layout.tp % sub.tp or self.layout.pp % sub.pp:
-            raise PrimitiveError(f"{name}: {sub} does not divide {self.layout}")
-        m_tp, m_pp = factors(self.layout, sub)
-        if m_tp * m_pp != len(self.emus):
-            raise PrimitiveError(f"{name}: merging {sub} into {self.layout} takes "
-                                 f"{m_tp * m_pp} units, got {len(self.emus)}")
-        flat = [g for e in self.emus for g in e.gpus]
-        if len(set(flat)) != len(flat):
-            raise PrimitiveError(f"{name}: units share GPUs")
-        want = merge_gpus([e.gpus for e in self.emus], sub, self.layout)
+        problem = _merge_problem(self.emus, self.layout)
+        if problem:
+            raise PrimitiveError(problem)
+        want = merge_gpus([e.gpus for e in self.emus], self.emus[0].layout, self.layout)
         if (self.output.gpus != want or self.output.layout != self.layout
                 or not _same_state(self.output, self.emus[0])):
-            raise PrimitiveError(f"{name}: output does not follow the nesting mapping")
+            raise PrimitiveError(f"Merge({', '.join(e.id for e in self.emus)}): output does "
+                                 "not follow the nesting mapping")
 
     @property
     def stage(self) -> str:
@@ -330,6 +317,26 @@ class Destroy:
 
 
 Primitive = Union[Split, Merge, Extend, Destroy]
+
+
+def _merge_problem(emus: Sequence[Emu], layout: Layout) -> str | None:
+    name = f"Merge({', '.join(e.id for e in emus)})"
+    if len(emus) < 2:
+        return f"{name}: a merge needs k >= 2 units"
+    sub = emus[0].layout
+    if any(e.layout != sub for e in emus):
+        return f"{name}: units have different layouts {sorted({str(e.layout) for e in emus})}"
+    if any(not _same_state(e, emus[0]) for e in emus):
+        return f"{name}: units of different model-stages or state"
+    if layout.tp % sub.tp or layout.pp % sub.pp:
+        return f"{name}: {sub} does not divide {layout}"
+    m_tp, m_pp = factors(layout, sub)
+    if m_tp * m_pp != len(emus):
+        return f"{name}: merging {sub} into {layout} takes {m_tp * m_pp} units, got {len(emus)}"
+    flat = [g for e in emus for g in e.gpus]
+    if len(set(flat)) != len(flat):
+        return f"{name}: units share GPUs"
+    return None
 
 
 def _need_alive(p: Primitive, emus: Sequence[Emu], alive: Mapping[str, Emu]) -> None:

@@ -1,0 +1,114 @@
+"""``nereus transition``: tables, --json, --gantt, exit 3 when infeasible, exit 2 on bad input."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from nereus.cli import app
+from nereus.plan.types import Plan
+
+from transition_testlib import example_a, sp
+
+runner = CliRunner()
+
+
+def write(tmp: Path, name: str, plan: Plan) -> Path:
+    p = tmp / name
+    p.write_text(plan.to_json())
+    return p
+
+
+@pytest.fixture()
+def plans(tmp_path: Path) -> tuple[Path, Path]:
+    cur, tgt = example_a()
+    return write(tmp_path, "cur.json", cur), write(tmp_path, "tgt.json", tgt)
+
+
+def test_tables_and_ltran(plans: tuple[Path, Path]) -> None:
+    r = runner.invoke(app, ["transition", *map(str, plans), "--model", "llama-3.1-8b"])
+    assert r.exit_code == 0, r.output
+    assert "primitives per model-stage" in r.output and "critic_train" in r.output
+    assert "L_tran =" in r.output and "(estimated)" in r.output
+    assert "Extend" in r.output and "Merge" in r.output
+
+
+def test_json_has_exactly_the_documented_shape(plans: tuple[Path, Path]) -> None:
+    r = runner.invoke(app, ["transition", *map(str, plans), "--model", "llama-3.1-8b", "--json"])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    assert set(out) == {"estimated_s", "feasible", "primitives"}
+    assert out["feasible"] is True and out["estimated_s"] > 0
+    assert sorted(p["op"] for p in out["primitives"]) == ["Extend"] * 4 + ["Merge"] * 2
+    for p in out["primitives"]:
+        assert set(p) == {"op", "stage", "gpus", "start_s", "end_s"}
+        assert p["end_s"] >= p["start_s"] >= 0 and all(isinstance(g, int) for g in p["gpus"])
+
+
+def test_gantt_chart_is_written(plans: tuple[Path, Path], tmp_path: Path) -> None:
+    out = tmp_path / "g.png"
+    r = runner.invoke(app, ["transition", *map(str, plans), "--model", "llama-3.1-8b",
+                            "--gantt", str(out)])
+    assert r.exit_code == 0, r.output
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_config_sizes_the_state(plans: tuple[Path, Path], tmp_path: Path) -> None:
+    cfg = tmp_path / "job.yaml"
+    cfg.write_text(yaml.safe_dump({"model": "llama-3.1-8b", "gpus": 16}))  # the old pool
+    r = runner.invoke(app, ["transition", *map(str, plans), "--config", str(cfg), "--json"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["feasible"] is True
+
+
+def test_infeasible_exits_3_with_the_reason(tmp_path: Path) -> None:
+    cur = Plan((sp("reference_infer", 1, 4, [range(0, 4)]), sp("reward_infer", 1, 4, [range(4, 8)])))
+    tgt = Plan((sp("reference_infer", 1, 4, [range(4, 8)]), sp("reward_infer", 1, 4, [range(0, 4)])))
+    a, b = write(tmp_path, "a.json", cur), write(tmp_path, "b.json", tgt)
+    r = runner.invoke(app, ["transition", str(a), str(b), "--model", "llama-3.1-8b"])
+    assert r.exit_code == 3
+    assert "infeasible" in r.output and "reward_infer" in r.output and "GPU" in r.output
+    r = runner.invoke(app, ["transition", str(a), str(b), "--model", "llama-3.1-8b", "--json"])
+    assert r.exit_code == 3
+    assert json.loads(r.stdout.splitlines()[0])["feasible"] is False
+
+
+@pytest.mark.parametrize("args,field", [
+    (["missing.json", "missing2.json", "--model", "llama-3.1-8b"], "current"),
+    (["{cur}", "{tgt}"], "--model"),
+    (["{cur}", "{txt}", "--model", "llama-3.1-8b"], "target"),
+    (["{cur}", "{other}", "--model", "llama-3.1-8b"], "target.stages"),
+    (["{cur}", "{tgt}", "--model", "no-such-model"], "model"),
+])
+def test_bad_input_exits_2_with_one_line(args: list[str], field: str,
+                                         plans: tuple[Path, Path], tmp_path: Path) -> None:
+    txt = tmp_path / "t.txt"
+    txt.write_text("x")
+    other = write(tmp_path, "o.json", Plan((sp("actor_gen", 1, 4, [range(0, 4)]),)))
+    subs = {"cur": str(plans[0]), "tgt": str(plans[1]), "txt": str(txt), "other": str(other)}
+    r = runner.invoke(app, ["transition", *(a.format(**subs) for a in args)])
+    assert r.exit_code == 2, r.output
+    assert field in r.output and "Traceback" not in r.output
+    assert len(r.output.strip().splitlines()) == 1
+
+
+def test_two_job_specs_are_planned_and_moved(tmp_path: Path) -> None:
+    """A pool that doubles, planned by the planner on both sides."""
+    a, b = tmp_path / "a.yaml", tmp_path / "b.yaml"
+    a.write_text(yaml.safe_dump({"model": "llama-3.1-8b", "gpus": 16}))
+    b.write_text(yaml.safe_dump({"model": "llama-3.1-8b", "gpus": 32}))
+    r = runner.invoke(app, ["transition", str(a), str(b), "--json"])
+    assert r.exit_code in (0, 3), r.output
+    out = json.loads(r.stdout.splitlines()[0])
+    assert set(out) == {"estimated_s", "feasible", "primitives"}
+    if out["feasible"]:
+        assert out["primitives"]
+        assert max(g for p in out["primitives"] for g in p["gpus"]) >= 16  # new GPUs in use
+    c = tmp_path / "c.yaml"
+    c.write_text(yaml.safe_dump({"model": "qwen3-14b", "gpus": 32}))
+    r = runner.invoke(app, ["transition", str(a), str(c)])
+    assert r.exit_code == 2 and "target.model" in r.output

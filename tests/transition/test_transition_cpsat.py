@@ -1,0 +1,53 @@
+"""The exact comparator: CP-SAT's optimum of the same problem bounds the list schedule from
+below, and its schedules pass the same independent validator."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from nereus.transition.cpsat import as_schedule, solve
+from nereus.transition.instances import make_job, random_pair, stage_names
+from nereus.transition.planner import plan_transition, transition_dag
+from nereus.transition.validate import validate
+
+from transition_testlib import example_a, example_b, job8b
+
+
+def cases():
+    job = job8b(32)
+    yield "paper a", job, *example_a()
+    yield "paper b", job, *example_b()
+    for seed in range(12):
+        rng = random.Random(seed)
+        j = make_job("llama-3.1-8b", 16)
+        got = random_pair(rng, j, rng.sample(stage_names(j, 6), rng.randint(2, 4)), 16, 16)
+        if got is not None:
+            yield f"random {seed}", j, *got
+
+
+@pytest.mark.parametrize("name,job,cur,tgt", list(cases()), ids=lambda x: x if isinstance(x, str) else "")
+def test_cpsat_optimum_bounds_the_list_schedule_and_is_valid(name, job, cur, tgt) -> None:
+    dag, cost = transition_dag(job, cur, tgt)
+    if not dag.feasible or not dag.primitives:
+        pytest.skip(f"{name}: nothing to schedule")
+    greedy = plan_transition(job, cur, tgt)
+    res = solve(dag, cost, time_limit_s=20, workers=2, hint=greedy)
+    assert res.status in ("OPTIMAL", "FEASIBLE")
+    exact = as_schedule(dag, cost, res)
+    assert validate(job, cur, tgt, exact) == []
+    if res.optimal:
+        # microsecond ticks: the solver's makespan may round a hair below the float one
+        assert res.makespan_s <= greedy.estimated_s + 1e-6 * len(dag.primitives)
+        assert greedy.estimated_s <= 1.25 * res.makespan_s
+
+
+def test_paper_examples_are_scheduled_optimally() -> None:
+    job = job8b(32)
+    for cur, tgt in (example_a(), example_b()):
+        dag, cost = transition_dag(job, cur, tgt)
+        res = solve(dag, cost, time_limit_s=20, workers=2)
+        assert res.optimal
+        assert plan_transition(job, cur, tgt).estimated_s == pytest.approx(res.makespan_s,
+                                                                           abs=1e-5)

@@ -1,0 +1,171 @@
+"""Local DAGs (order, last copy, no copies of resident shards) and the global DAG's resource
+edges (release before acquire, ownership, acyclicity, infeasibility reasons)."""
+
+from __future__ import annotations
+
+import networkx as nx
+import pytest
+
+from nereus.errors import InputError
+from nereus.plan.types import Plan
+from nereus.transition.global_dag import RESOURCE, STATE
+from nereus.transition.planner import plan_transition, transition_dag
+from nereus.transition.primitives import Destroy, Extend, Merge, Split
+from nereus.transition.validate import validate
+
+from transition_testlib import job8b, sp, tiny_job
+
+CAP_1MB = 1e6 / 0.9 / 2**30  # device memory (GiB) whose 90 % is 1 MB
+CAP_05MB = 5e5 / 0.9 / 2**30
+
+
+def edges_of(dag, kind: str | None = None) -> set[tuple[str, str]]:
+    name = {i: f"{p.op}({','.join(e.id for e in p.inputs)})" for i, p in enumerate(dag.primitives)}
+    return {(name[a], name[b]) for a, b, k in dag.edges if kind is None or k == kind}
+
+
+def test_unchanged_stages_do_nothing_and_hold_no_memory() -> None:
+    job = job8b(16)
+    plan = Plan((sp("actor_gen", 2, 2, [range(0, 4)]), sp("reward_infer", 1, 4, [range(4, 8)])))
+    moved = Plan((sp("actor_gen", 2, 2, [range(0, 4)]), sp("reward_infer", 1, 4, [range(8, 12)])))
+    dag, _ = transition_dag(job, plan, moved)
+    assert dag.changed == ("reward_infer",)
+    assert all(p.stage == "reward_infer" for p in dag.primitives)
+    assert set(dag.initial_bytes) == set(range(4, 8))  # the actor is offloaded: no bytes
+    assert dag.final["actor_gen"][0].id == "actor_gen/0"
+    s = plan_transition(job, plan, plan)
+    assert s.feasible and s.primitives == () and s.estimated_s == 0.0
+
+
+def test_a_move_copies_before_it_destroys_the_last_copy() -> None:
+    job = job8b(16)
+    cur = Plan((sp("reward_infer", 2, 2, [range(0, 4)]),))
+    tgt = Plan((sp("reward_infer", 2, 2, [range(8, 12)]),))
+    dag, _ = transition_dag(job, cur, tgt)
+    assert edges_of(dag, STATE) == {("Extend(reward_infer/0)", "Destroy(reward_infer/0)")}
+
+
+def test_split_destroy_extend_merge_order_and_resident_pieces_are_kept() -> None:
+    """(tp=2, pp=2) x 2 -> (tp=4, pp=1) x 2 through T_sub = (2, 1). The first target unit's
+    GPU order puts both (2, 1) pieces of current unit 0 on their target ranks: it is a Merge
+    of them in place; the second target unit is filled by Extends; current unit 1 has no
+    piece anyone keeps, so it is destroyed whole, unsplit."""
+    job = job8b(16)
+    cur = Plan((sp("actor_gen", 2, 2, [range(0, 4), range(4, 8)]),))
+    tgt = Plan((sp("actor_gen", 4, 1, [[0, 2, 1, 3], [8, 10, 9, 11]]),))
+    dag, _ = transition_dag(job, cur, tgt)
+    assert dag.feasible, dag.problem
+    names = [f"{p.op}({','.join(e.id for e in p.inputs)})" for p in dag.primitives]
+    assert sorted(n.split("(")[0] for n in names) == \
+        ["Destroy", "Extend", "Extend", "Merge", "Merge", "Split"]
+    assert "Split(actor_gen/0)" in names and "Destroy(actor_gen/1)" in names
+    split = next(p for p in dag.primitives if isinstance(p, Split))
+    resident = next(p for p in dag.primitives if isinstance(p, Merge) and p.output.gpus[0] == 0)
+    assert resident.emus == split.outputs  # merged where they are, not copied
+    for a, b, _ in dag.edges:  # the paper's order: Split -> Destroy -> Extend -> Merge
+        assert not isinstance(dag.primitives[b], Split)
+        assert not isinstance(dag.primitives[a], (Merge, Destroy))
+    assert nx.is_directed_acyclic_graph(nx.DiGraph([(a, b) for a, b, _ in dag.edges]))
+    s = plan_transition(job, cur, tgt)
+    assert validate(job, cur, tgt, s) == []
+
+
+def test_pure_dp_shrink_is_destroys_alone() -> None:
+    job = job8b(16)
+    cur = Plan((sp("critic_infer", 1, 2, [range(0, 2), range(2, 4), range(4, 6)]),))
+    tgt = Plan((sp("critic_infer", 1, 2, [range(2, 4)]),))
+    dag, _ = transition_dag(job, cur, tgt)
+    assert sorted(type(p).__name__ for p in dag.primitives) == ["Destroy", "Destroy"]
+    assert dag.edges == ()
+
+
+def test_blocked_extend_waits_for_a_destroy_that_frees_its_gpus() -> None:
+    """A GPU holds 0.5 MB here: a reward replica (0.38 MB) and an actor replica (0.41 MB) do
+    not fit together. Generation goes first, so the actor's Extend onto GPU 0 is blocked by
+    the reward replica there; it gets a resource edge from that replica's Destroy, which
+    itself waits for the reward model's copy onto GPU 8."""
+    job = tiny_job(9, memory_gib=CAP_05MB)
+    cur = Plan((sp("actor_gen", 1, 1, [[1]]), sp("reward_infer", 1, 1, [[0]])))
+    tgt = Plan((sp("actor_gen", 1, 1, [[1], [0]]), sp("reward_infer", 1, 1, [[8]])))
+    dag, _ = transition_dag(job, cur, tgt)
+    assert dag.feasible, dag.problem
+    assert edges_of(dag, RESOURCE) == {("Destroy(reward_infer/0)", "Extend(actor_gen/0)")}
+    assert edges_of(dag, STATE) == {("Extend(reward_infer/0)", "Destroy(reward_infer/0)")}
+    s = plan_transition(job, cur, tgt)
+    assert validate(job, cur, tgt, s) == []
+    ext = next(p for p in s.primitives if p.op == "Extend" and p.stage == "actor_gen")
+    assert [s.primitives[d].op for d in ext.resource_deps] == ["Destroy"]
+    assert ext.start_s >= s.primitives[ext.resource_deps[0]].end_s
+
+
+def test_release_before_acquire_then_stage_order() -> None:
+    job = job8b(24)
+    cur = Plan((sp("actor_gen", 1, 4, [range(0, 4)]), sp("reward_infer", 1, 4, [range(4, 8)]),
+                sp("actor_train", 2, 4, [range(8, 16)])))
+    tgt = Plan((sp("actor_gen", 1, 4, [range(0, 4), range(16, 20)]),
+                sp("reward_infer", 1, 4, [range(20, 24)]),
+                sp("actor_train", 2, 4, [range(8, 16), [0, 1, 2, 3, 4, 5, 6, 7]])))
+    dag, _ = transition_dag(job, cur, tgt)
+    order = [dag.primitives[i] for i in dag.order]
+    first_acquire = next(k for k, p in enumerate(order) if not isinstance(p, Destroy))
+    ready_destroys = [k for k, p in enumerate(order) if isinstance(p, Destroy)
+                      and not any(b == dag.order[k] for _, b, _ in dag.edges)]
+    assert all(k < first_acquire for k in ready_destroys)
+    extends = [p.stage for p in order if isinstance(p, Extend)]
+    assert extends.index("actor_gen") < extends.index("reward_infer") < \
+        extends.index("actor_train")
+
+
+def test_concurrent_stages_never_share_a_gpu_but_may_meet_where_a_plan_shares() -> None:
+    """reference and reward inference run side by side on disjoint GPUs in both plans; the
+    reward model moves onto GPUs the reference model leaves: its Extend waits for the
+    reference's Destroy there even though memory would allow both."""
+    job = job8b(16)
+    cur = Plan((sp("reference_infer", 1, 4, [range(0, 4), range(4, 8)]),
+                sp("reward_infer", 1, 4, [range(8, 12)])))
+    tgt = Plan((sp("reference_infer", 1, 4, [range(0, 4)]),
+                sp("reward_infer", 1, 4, [range(4, 8)])))
+    dag, _ = transition_dag(job, cur, tgt)
+    assert ("Destroy(reference_infer/1)", "Extend(reward_infer/0)") in edges_of(dag, RESOURCE)
+    s = plan_transition(job, cur, tgt)
+    assert validate(job, cur, tgt, s) == []
+    # the same move between stages of different phases needs no such edge
+    cur2 = Plan((sp("reference_infer", 1, 4, [range(0, 4), range(4, 8)]),
+                 sp("critic_train", 1, 4, [range(8, 12)])))
+    tgt2 = Plan((sp("reference_infer", 1, 4, [range(0, 4)]),
+                 sp("critic_train", 1, 4, [range(4, 8)])))
+    dag2, _ = transition_dag(job, cur2, tgt2)
+    assert not edges_of(dag2, RESOURCE)
+
+
+def test_a_swap_of_concurrent_stages_is_infeasible_and_says_where() -> None:
+    job = job8b(16)
+    cur = Plan((sp("reference_infer", 1, 4, [range(0, 4)]), sp("reward_infer", 1, 4, [range(4, 8)])))
+    tgt = Plan((sp("reference_infer", 1, 4, [range(4, 8)]), sp("reward_infer", 1, 4, [range(0, 4)])))
+    s = plan_transition(job, cur, tgt)
+    assert not s.feasible
+    assert "reference_infer" in s.reason and "reward_infer" in s.reason
+    assert "GPU" in s.reason and "concurrently" in s.reason
+
+
+def test_not_enough_memory_is_infeasible_and_names_gpus_and_stages() -> None:
+    job = tiny_job(8, memory_gib=CAP_1MB)  # a (1, 2) shard of θ and ω takes 1.4 MB
+    cur = Plan((sp("actor_train", 2, 2, [range(0, 4)]),))
+    tgt = Plan((sp("actor_train", 1, 2, [[0, 1]]),))
+    s = plan_transition(job, cur, tgt)
+    assert not s.feasible
+    assert "actor_train" in s.reason and "GPU 0" in s.reason and "GiB" in s.reason
+
+
+def test_bad_plan_pairs_are_input_errors() -> None:
+    job = job8b(16)
+    a = Plan((sp("actor_gen", 1, 4, [range(0, 4)]),))
+    b = Plan((sp("reward_infer", 1, 4, [range(0, 4)]),))
+    with pytest.raises(InputError, match="target.stages"):
+        plan_transition(job, a, b)
+    c = Plan((sp("actor_gen", 3, 1, [range(0, 3)]),))
+    with pytest.raises(InputError, match="current.actor_gen"):
+        plan_transition(job, c, c)
+    d = Plan((sp("no_such_stage", 1, 1, [[0]]),))
+    with pytest.raises(InputError, match="stage"):
+        plan_transition(job, d, d)

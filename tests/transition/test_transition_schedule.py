@@ -1,0 +1,141 @@
+"""Durations over the links, the list schedule, its memory timeline, and calibration."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from nereus.cost.efficiency import Efficiencies
+from nereus.cost.ops import OpClass
+from nereus.cost.state import emu_state_bytes
+from nereus.errors import InputError
+from nereus.plan.types import Plan
+from nereus.transition.calibrate import calibrate_transition
+from nereus.transition.cost import SETUP_S, predict
+from nereus.transition.planner import plan_transition, transition_dag
+from nereus.transition.validate import validate
+
+from transition_testlib import example_a, example_b, job8b, sp
+
+
+def test_a_copy_inside_a_node_is_faster_than_across_nodes() -> None:
+    job = job8b(32)
+    cur = Plan((sp("reward_infer", 1, 2, [range(0, 2)]),))
+    near = plan_transition(job, cur, Plan((sp("reward_infer", 1, 2, [range(0, 2), [2, 3]]),)))
+    far = plan_transition(job, cur, Plan((sp("reward_infer", 1, 2, [range(0, 2), [8, 9]]),)))
+    dev = job.cluster.device
+    b = max(emu_state_bytes(job.model, job.workflow.model("reward").head,
+                            near.final["reward_infer"][0].layout, False, job.workload, 0, r)
+            for r in range(2))
+    eff = Efficiencies()
+    setup = SETUP_S[dev.name] / eff[OpClass.SETUP]
+    assert near.estimated_s == pytest.approx(
+        setup + (b / dev.intra_node_bw + dev.intra_latency_s) / eff[OpClass.BROADCAST_INTRA])
+    assert far.estimated_s == pytest.approx(
+        setup + (b / dev.inter_node_bw + dev.inter_latency_s) / eff[OpClass.BROADCAST_INTER])
+    assert far.estimated_s > near.estimated_s
+
+
+def test_schedule_runs_primitives_side_by_side_on_disjoint_gpus_only() -> None:
+    job = job8b(32)
+    for cur, tgt in (example_a(), example_b()):
+        s = plan_transition(job, cur, tgt)
+        for p in s.primitives:
+            assert all(s.primitives[d].end_s <= p.start_s + 1e-12 for d in p.deps)
+            for q in s.primitives:
+                if q.index < p.index and q.end_s > p.start_s + 1e-12:
+                    assert not set(q.gpus) & set(p.gpus)
+        assert s.estimated_s == max(p.end_s for p in s.primitives)
+        assert [p.start_s for p in s.primitives] == sorted(p.start_s for p in s.primitives)
+
+
+def test_memory_timeline_starts_with_the_current_state_and_ends_with_the_target() -> None:
+    job = job8b(32)
+    cur, tgt = example_b()
+    s = plan_transition(job, cur, tgt)
+    head = job.workflow.model("reward").head
+
+    def held(plan: Plan) -> dict[int, int]:
+        out: dict[int, int] = {}
+        for st in plan.stages:
+            for r in st.replicas:
+                for i, g in enumerate(r):
+                    out[g] = out.get(g, 0) + emu_state_bytes(
+                        job.model, head, st.layout, False, job.workload, i % st.tp, i // st.tp)
+        return out
+
+    dag, _ = transition_dag(job, cur, tgt)
+    assert dag.initial_bytes == held(cur)  # only the stages that change are loaded
+    end = held(tgt)
+    for g, steps in s.memory.items():  # (t, bytes from t on), after what starts at t
+        assert steps[0][0] == 0.0
+        assert steps[-1][1] == end.get(g, 0)
+        assert max(b for _, b in steps) <= s.capacity_bytes
+    assert s.capacity_bytes == int(0.9 * job.cluster.device.memory_bytes)
+
+
+def test_lower_efficiencies_mean_longer_transitions() -> None:
+    job = job8b(32)
+    cur, tgt = example_a()
+    base = plan_transition(job, cur, tgt)
+    slow = plan_transition(job, cur, tgt, Efficiencies({OpClass.BROADCAST_INTER: 0.1,
+                                                        OpClass.SETUP: 0.5}))
+    assert slow.estimated_s > 2 * base.estimated_s
+    assert slow.efficiencies[OpClass.BROADCAST_INTER] == 0.1
+
+
+TRUE = {OpClass.SETUP: 0.4, OpClass.BROADCAST_INTRA: 0.7, OpClass.BROADCAST_INTER: 0.35,
+        OpClass.ALLGATHER_INTRA: 0.55, OpClass.ALLGATHER_INTER: 0.3}
+
+
+def synthetic_times(schedule, noise: float, seed: int = 0) -> list[float]:
+    """Times the schedule's primitives would take under TRUE efficiencies (+- noise)."""
+    rng = random.Random(seed)
+    eff = Efficiencies(TRUE)
+    out = []
+    for p in schedule.primitives:
+        t = predict(dict(p.duration.ideal), p.duration.local_s, eff) if p.duration.ideal \
+            else p.seconds
+        out.append(t * (1 + noise * (2 * rng.random() - 1)))
+    return out
+
+
+def test_calibration_recovers_setup_and_bandwidth_efficiencies() -> None:
+    """Exact times from known efficiencies are fitted back exactly, and re-planning with the
+    fitted efficiencies predicts those times."""
+    job = job8b(64)
+    cur = Plan((sp("reward_infer", 4, 4, [range(0, 16)]), sp("critic_train", 2, 4, [range(16, 24)]),
+                sp("actor_gen", 2, 2, [range(24, 28)])))
+    tgt = Plan((sp("reward_infer", 4, 2, [[0, 1, 2, 3, 8, 9, 10, 11], [4, 5, 6, 7, 12, 13, 14, 15],
+                                          range(32, 40)]),
+                sp("critic_train", 2, 4, [range(16, 24), range(40, 48)]),
+                sp("actor_gen", 2, 2, [range(24, 28), range(28, 32)])))
+    s = plan_transition(job, cur, tgt)
+    assert validate(job, cur, tgt, s) == []
+    classes = {c for p in s.primitives for c, _ in p.duration.ideal}
+    assert {OpClass.SETUP, OpClass.BROADCAST_INTRA, OpClass.BROADCAST_INTER,
+            OpClass.ALLGATHER_INTRA} <= classes
+    measured = synthetic_times(s, 0.0)
+    fit = calibrate_transition(s, measured)
+    for c in classes:
+        assert fit[c] == pytest.approx(TRUE[c], rel=1e-3)
+    again = plan_transition(job, cur, tgt, fit)
+    by_key = {(p.op, tuple(e.id for e in p.primitive.inputs)): p.seconds for p in again.primitives}
+    for p, m in zip(s.primitives, measured):
+        assert by_key[(p.op, tuple(e.id for e in p.primitive.inputs))] == pytest.approx(m, rel=1e-4)
+
+
+def test_calibration_with_noisy_times_stays_close() -> None:
+    job = job8b(32)
+    cur, tgt = example_a()
+    s = plan_transition(job, cur, tgt)
+    fit = calibrate_transition(s, synthetic_times(s, 0.05, seed=1))
+    again = plan_transition(job, cur, tgt, fit)
+    truth = plan_transition(job, cur, tgt, Efficiencies(TRUE))
+    assert again.estimated_s == pytest.approx(truth.estimated_s, rel=0.1)
+    assert calibrate_transition(s, {}) == s.efficiencies  # nothing measured: nothing learned
+    with pytest.raises(InputError, match="measured"):
+        calibrate_transition(s, [1.0])
+    with pytest.raises(InputError, match="> 0"):
+        calibrate_transition(s, {0: -1.0})
