@@ -303,14 +303,16 @@ class Controller:
         signals = self._signals(tel, shares)
         self.monitor, drift = self.monitor.check(signals)
         triggers += drift
+        waiting = {t.signal for t in self.pending}
         for sig in sorted({t.signal for t in triggers
                            if t.kind in (TriggerKind.DRIFT, TriggerKind.POOL_LOSS,
-                                         TriggerKind.POOL_GAIN)}):
-            self.horizons = self.horizons.crossed(sig, step)
+                                         TriggerKind.POOL_GAIN)} - waiting):
+            self.horizons = self.horizons.crossed(sig, step)  # a deferred one crossed already
         urgent = any(t.urgent for t in triggers)
         if not cfg.admission and not triggers:
             triggers.append(Trigger(TriggerKind.ALWAYS, "always", False))
-        pending = self.pending + tuple(triggers)
+        fresh = {t.signal for t in triggers}
+        pending = tuple(t for t in self.pending if t.signal not in fresh) + tuple(triggers)
         if not pending:
             return self._log(Decision(Action.KEEP, self.plan, reasons=Reasons(
                 step, (), False, gamma=cfg.gamma)))

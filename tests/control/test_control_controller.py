@@ -1,0 +1,235 @@
+"""The controller on the paper's default job with hand-made telemetry."""
+
+import math
+from dataclasses import replace
+
+import pytest
+
+from nereus.control.controller import Action, ControlConfig, Controller
+from nereus.control.monitor import TriggerKind
+from nereus.control.restart import RestartParams, checkpoint_bytes, restart_cost
+from nereus.control.targets import intact, reprice
+from nereus.control.telemetry import Telemetry
+from nereus.cost.efficiency import Efficiencies
+from nereus.cost.model import CostModel
+from nereus.cost.ops import OpClass
+from nereus.plan.search import best_plan
+from nereus.spec import GpuPool, parse_job
+
+JOB = {"model": "llama-3.1-8b", "algo": "ppo", "gpus": 16,
+       "cluster": {"device": "h100-sxm-80gb", "devices_per_node": 8},
+       "workload": {"response_len": 2000, "response_len_max": 3000}}
+HIDDEN = Efficiencies({OpClass.GEMM: 0.6, OpClass.ATTENTION: 0.4, OpClass.DECODE: 0.7,
+                       OpClass.ALLREDUCE_INTRA: 0.75, OpClass.ALLREDUCE_INTER: 0.4,
+                       OpClass.HOST: 0.75, OpClass.OPTIMIZER: 0.65})
+
+
+@pytest.fixture(scope="module")
+def job():
+    return parse_job(JOB)
+
+
+@pytest.fixture(scope="module")
+def plans(job):
+    small = best_plan(job.with_pool(GpuPool(job.cluster, tuple(range(8)))))
+    return {"best16": best_plan(job), "best8": small}
+
+
+class _Sched:
+    """A stand-in schedule with a chosen L_tran (the transition layer is tested elsewhere)."""
+
+    def __init__(self, seconds, feasible=True):
+        self.estimated_s = seconds if feasible else math.inf
+        self.feasible = feasible
+        self.reason = "" if feasible else "GPU 0 lacks 1 GiB"
+
+
+def _tel(job, plan, step, mean, pool=None, longest=None, eff=None):
+    """Telemetry of ``plan`` at ``mean`` tokens: each stage as the cost model under ``eff``."""
+    w = job.workload.with_response_len(int(mean), int(longest or mean * 1.5))
+    cost = CostModel(job.with_workload(w), eff)
+    p = reprice(job.with_workload(w), cost, plan).plan
+    return Telemetry(step, float(mean), int(longest or mean * 1.5),
+                     tuple(pool if pool is not None else job.pool.ids),
+                     {s.stage: s.latency_s for s in p.stages},
+                     {s.stage: s.peak_mem_bytes for s in p.stages})
+
+
+def _drift_decision(job, plans, l_tran, gamma=0.5):
+    """Start on the 8-GPU plan with 16 GPUs in the pool; a length crossing triggers."""
+    lines = []
+    c = Controller(job, plans["best8"], config=ControlConfig(gamma=gamma),
+                   transition=lambda j, s, t, e: _Sched(l_tran), on_log=lines.append)
+    d0 = c.on_boundary(_tel(job, plans["best8"], 0, 2000))
+    assert d0.action is Action.KEEP and not d0.reasons.triggers
+    return c, c.on_boundary(_tel(job, plans["best8"], 1, 2700)), lines
+
+
+def test_no_trigger_keeps_the_plan_and_learns(job, plans):
+    c = Controller(job, plans["best16"], on_log=lambda s: None)
+    before = c.calibrator.samples
+    d = c.on_boundary(_tel(job, plans["best16"], 0, 2000))
+    assert d.action is Action.KEEP and d.plan is c.plan and d.reasons.triggers == ()
+    assert c.calibrator.samples == before + len(plans["best16"].stages)
+    assert d.source == "estimated" and "keep [no trigger]" in d.log_line()
+
+
+def test_reasons_match_their_numbers_and_payback_is_admitted_at_its_boundary(job, plans):
+    _, probe, _ = _drift_decision(job, plans, 1e9)
+    r = probe.reasons
+    assert probe.action is Action.KEEP
+    assert [t.kind for t in r.triggers] == [TriggerKind.DRIFT]
+    assert r.triggers[0].signal == "response_len" and r.horizon_steps == 1.0
+    best = r.verdicts[0]
+    assert best.label == "best" and not best.admitted and "rejected" in best.why
+    delta = r.current_step_s - r.target_step_s
+    assert delta > 0 and best.delta_l_s == pytest.approx(delta)
+    assert best.payback_steps == pytest.approx(1e9 / delta)
+    # L_tran exactly γ·H·ΔL is admitted; a hair more is not
+    _, d, lines = _drift_decision(job, plans, 0.5 * 1.0 * delta)
+    assert d.action is Action.MOVE and d.schedule is not None
+    assert d.reasons.delta_l_s == pytest.approx(delta)
+    assert d.reasons.l_tran_s == pytest.approx(0.5 * delta)
+    assert d.reasons.payback_steps == pytest.approx(0.5)
+    assert d.reasons.l_tran_s / d.reasons.delta_l_s <= d.reasons.gamma * d.reasons.horizon_steps
+    line = lines[-1]
+    assert "\n" not in line and line.startswith("step 1 move")
+    assert f"ΔL={delta:.3g} s" in line and "H=1" in line and "(estimated)" in line
+    _, d, _ = _drift_decision(job, plans, 0.5 * delta * (1 + 1e-6))
+    assert d.action is not Action.MOVE or d.reasons.chosen != "best"
+
+
+def test_rejected_replan_resets_references_so_the_same_length_does_not_retrigger(job, plans):
+    c, d, _ = _drift_decision(job, plans, 1e9)
+    assert d.action is Action.KEEP and d.reasons.triggers
+    again = c.on_boundary(_tel(job, plans["best8"], 2, 2700))
+    assert again.reasons.triggers == ()
+    later = c.on_boundary(_tel(job, plans["best8"], 3, 2700 * 1.31))
+    assert [t.signal for t in later.reasons.triggers] == ["response_len"]
+    assert later.reasons.horizon_steps == 2.0           # crossings at steps 1 and 3
+
+
+def test_gamma_zero_never_moves_opportunistically(job, plans):
+    _, d, _ = _drift_decision(job, plans, 0.0, gamma=0.0)
+    assert d.action is Action.KEEP
+    assert "γ = 0" in d.reasons.verdicts[0].why
+
+
+def test_urgent_path_moves_from_the_intact_units_when_a_gpu_is_lost(job, plans):
+    p = plans["best16"]
+    c = Controller(job, p, on_log=lambda s: None)
+    c.on_boundary(_tel(job, p, 0, 2000))
+    pool = tuple(range(15))
+    survivors, lost = intact(p, pool)
+    assert survivors is not None and not lost
+    d = c.on_boundary(_tel(job, p, 1, 2000, pool=pool))
+    assert d.reasons.urgent
+    assert any(t.kind is TriggerKind.POOL_LOSS and t.urgent for t in d.reasons.triggers)
+    assert d.action is Action.MOVE and set(d.plan.gpus()) <= set(pool)
+    assert d.schedule.feasible and d.reasons.l_tran_s == d.schedule.estimated_s
+    assert d.reasons.current_step_s is None and d.reasons.target_step_s > 0
+    assert c.plan is d.plan and c.pool == pool
+
+
+def test_losing_the_last_copy_of_trained_state_restarts_from_the_checkpoint(job, plans):
+    p = plans["best16"]
+    critic = p.stage("critic_train")
+    pool = tuple(g for g in range(16) if g not in critic.replicas[0])
+    assert intact(p, pool)[0] is None
+    c = Controller(job, p, on_log=lambda s: None)
+    d = c.on_boundary(_tel(job, p, 0, 2000, pool=pool))
+    assert d.action is Action.RESTART and d.restart is not None
+    assert "critic_train" in d.reasons.summary and d.reasons.restart_s == d.restart.seconds
+    assert d.restart.lost_s > 0 and d.restart.save_s == 0      # after a failure
+    assert set(d.plan.gpus()) <= set(pool)
+
+
+def test_predicted_memory_violation_is_urgent(job, plans):
+    p = plans["best16"]
+    c = Controller(job, p, config=ControlConfig(restart_moves=False), on_log=lambda s: None)
+    d = c.on_boundary(_tel(job, p, 0, 6000, longest=24000))
+    kinds = [t.kind for t in d.reasons.triggers]
+    assert TriggerKind.MEMORY in kinds and d.reasons.urgent
+    # the re-batched current layout (smaller micro-batches, recomputation) moves no state
+    assert d.action is Action.MOVE and d.reasons.chosen == "re-batched in place"
+    assert d.reasons.l_tran_s == 0.0
+    for a, b in zip(p.stages, d.plan.stages):
+        assert (a.layout, a.replicas) == (b.layout, b.replicas)
+    assert any(a.candidate != b.candidate for a, b in zip(p.stages, d.plan.stages))
+
+
+def test_an_empty_pool_waits_and_the_return_of_gpus_restarts(job, plans):
+    p = plans["best16"]
+    c = Controller(job, p, on_log=lambda s: None)
+    d = c.on_boundary(Telemetry(0, 2000.0, 3000, ()))
+    assert d.action is Action.WAIT and d.plan is None and c.stopped
+    d = c.on_boundary(Telemetry(0, 2000.0, 3000, tuple(range(16))))
+    assert d.action is Action.RESTART and not c.stopped and d.restart.lost_s > 0
+
+
+def test_replan_without_admission_moves_whenever_faster(job, plans):
+    c = Controller(job, plans["best8"], config=ControlConfig(admission=False),
+                   transition=lambda j, s, t, e: _Sched(1e6), on_log=lambda s: None)
+    d = c.on_boundary(_tel(job, plans["best8"], 0, 2000))
+    assert [t.kind for t in d.reasons.triggers] == [TriggerKind.ALWAYS]
+    assert d.action is Action.MOVE and d.reasons.l_tran_s == 1e6
+
+
+def test_calibrated_stage_latency_within_10_percent_after_10_steps(job, plans):
+    p = plans["best16"]
+    c = Controller(job, p, on_log=lambda s: None)
+    for k in range(10):
+        c.on_boundary(_tel(job, p, k, 2000 + 10 * k, eff=HIDDEN))
+    w = job.workload.with_response_len(2100, 3150)
+    truth = reprice(job, CostModel(job.with_workload(w), HIDDEN), p).plan
+    pred = reprice(job, CostModel(job.with_workload(w), c.calibrator.efficiencies()), p).plan
+    for t, q in zip(truth.stages, pred.stages):
+        assert abs(q.latency_s - t.latency_s) / t.latency_s < 0.10, t.stage
+
+
+def test_restart_cost_terms(job):
+    params = RestartParams(startup_s=100.0, storage_read_bw_per_node=1e9,
+                           storage_write_bw_per_node=5e8, checkpoint_interval_steps=10)
+    nbytes = checkpoint_bytes(job)
+    # actor and critic: θ (bf16) + fp32 master + two fp32 moments; reference and reward: θ
+    m = job.model
+    from nereus.spec.model import Head
+    expect = (m.param_count(Head.LM) + m.param_count(Head.SCALAR)) * 14 \
+        + (m.param_count(Head.LM) + m.param_count(Head.SCALAR)) * 2
+    assert nbytes == expect
+    rc = restart_cost(job, params, step_s=50.0)
+    assert rc.load_s == pytest.approx(nbytes / 2e9)      # two nodes read in parallel
+    assert rc.lost_s == 5 * 50.0 and rc.save_s == 0
+    planned = restart_cost(job, params, step_s=50.0, after_failure=False)
+    assert planned.lost_s == 0 and planned.save_s == pytest.approx(nbytes / 1e9)
+    assert planned.seconds == pytest.approx(100.0 + nbytes / 2e9 + nbytes / 1e9)
+    assert "restart" in planned.explain()
+
+
+def test_a_running_transition_defers_opportunistic_replans(job, plans):
+    c = Controller(job, plans["best8"], transition=lambda j, s, t, e: _Sched(0.0),
+                   on_log=lambda s: None)
+    c.on_boundary(_tel(job, plans["best8"], 0, 2000))
+    busy = replace(_tel(job, plans["best8"], 1, 2700), transition_running=True)
+    d = c.on_boundary(busy)
+    assert d.action is Action.KEEP and "deferred" in d.reasons.summary
+    assert [t.signal for t in d.reasons.triggers] == ["response_len"]
+    d = c.on_boundary(_tel(job, plans["best8"], 2, 2700))
+    assert d.action is Action.MOVE
+    assert [t.signal for t in d.reasons.triggers] == ["response_len"]
+
+
+def test_no_feasible_transition_prices_a_planned_restart_under_eq2(job, plans):
+    fast = RestartParams(startup_s=1.0, storage_read_bw_per_node=1e12,
+                         storage_write_bw_per_node=1e12)
+    for moves, expect in ((True, Action.RESTART), (False, Action.KEEP)):
+        c = Controller(job, plans["best8"],
+                       config=ControlConfig(restart=fast, restart_moves=moves),
+                       transition=lambda j, s, t, e: _Sched(0.0, feasible=False),
+                       on_log=lambda s: None)
+        c.on_boundary(_tel(job, plans["best8"], 0, 2000))
+        d = c.on_boundary(_tel(job, plans["best8"], 1, 2700))
+        assert d.action is expect
+        if expect is Action.RESTART:
+            assert d.restart.save_s > 0 and d.restart.lost_s == 0      # planned
+            assert d.reasons.payback_steps <= d.reasons.gamma * d.reasons.horizon_steps

@@ -1,0 +1,205 @@
+"""Triggers, reference resets, horizons and the admission rule, on hand-made values."""
+
+import math
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from nereus.control.admission import Option, profitable, payback_steps, select
+from nereus.control.horizon import Horizons
+from nereus.control.monitor import Monitor, TriggerKind, memory_trigger, pool_triggers
+from nereus.control.telemetry import Telemetry
+from nereus.errors import InputError
+from nereus.plan.types import Plan
+
+
+# ---------------------------------------------------------------- triggers
+def test_drift_triggers_only_beyond_delta_and_first_value_sets_reference():
+    m = Monitor({"response_len": 0.30})
+    m, t = m.check({"response_len": 1000.0})
+    assert t == [] and m.references["response_len"] == 1000.0
+    m, t = m.check({"response_len": 1300.0})          # exactly 30 %: not beyond δ
+    assert t == []
+    m, t = m.check({"response_len": 1301.0})
+    assert [x.kind for x in t] == [TriggerKind.DRIFT]
+    assert t[0].reference == 1000.0 and t[0].value == 1301.0 and t[0].threshold == 0.30
+    m, t = m.check({"response_len": 699.0})            # falls count too
+    assert len(t) == 1
+
+
+def test_reference_reset_stops_a_persistent_deviation_from_retriggering():
+    m = Monitor({"response_len": 0.30}, {"response_len": 1000.0})
+    m, t = m.check({"response_len": 1400.0})
+    assert t
+    m = m.reset({"response_len": 1400.0})              # a replan happened (admitted or not)
+    for v in (1400.0, 1500.0, 1800.0):
+        m, t = m.check({"response_len": v})
+        assert t == []
+    m, t = m.check({"response_len": 1821.0})           # growth crosses again from the new ref
+    assert t
+
+
+def test_wildcard_delta_and_signals_without_delta_are_ignored():
+    m = Monitor({"eff.*": 0.2})
+    m, _ = m.check({"eff.gemm": 0.5, "other": 1.0})
+    assert "other" not in m.references
+    _, t = m.check({"eff.gemm": 0.39, "other": 100.0})
+    assert [x.signal for x in t] == ["eff.gemm"]
+
+
+def test_pool_loss_is_urgent_only_when_the_plan_used_a_lost_gpu():
+    used = range(8)
+    t = pool_triggers(range(16), range(12), used)
+    assert [(x.kind, x.urgent) for x in t] == [(TriggerKind.POOL_LOSS, False)]
+    t = pool_triggers(range(16), [i for i in range(16) if i != 3], used)
+    assert t[0].urgent and "3" in t[0].detail
+    t = pool_triggers(range(8), range(16), used)
+    assert [(x.kind, x.urgent) for x in t] == [(TriggerKind.POOL_GAIN, False)]
+    assert pool_triggers(range(16), range(16), used) == []
+
+
+def test_memory_trigger_names_the_worst_stage():
+    assert memory_trigger({"a": 10, "b": 20}, 20) is None
+    t = memory_trigger({"a": 30, "b": 25}, 20)
+    assert t is not None and t.urgent and t.detail.startswith("a ")
+
+
+# ---------------------------------------------------------------- horizons
+def test_horizon_is_one_until_an_interval_is_seen_then_an_ema_of_intervals():
+    h = Horizons(alpha=0.5)
+    assert h.of("x") == 1.0
+    h = h.crossed("x", 10)
+    assert h.of("x") == 1.0                      # one crossing: no interval yet
+    h = h.crossed("x", 30)
+    assert h.of("x") == 20.0
+    h = h.crossed("x", 40)
+    assert h.of("x") == pytest.approx(0.5 * 10 + 0.5 * 20)
+    h = h.crossed("y", 5).crossed("y", 7)
+    assert h.smallest(["x", "y"]) == 2.0
+    assert h.smallest([]) == 1.0
+    with pytest.raises(InputError):
+        Horizons(alpha=0.0)
+
+
+@given(st.lists(st.integers(1, 50), min_size=2, max_size=12), st.floats(0.05, 1.0))
+def test_horizon_stays_within_the_intervals_seen(gaps, alpha):
+    h, step = Horizons(alpha=alpha), 0
+    h = h.crossed("x", step)
+    for g in gaps:
+        step += g
+        h = h.crossed("x", step)
+    assert min(gaps) - 1e-9 <= h.of("x") <= max(gaps) + 1e-9
+
+
+# ---------------------------------------------------------------- admission
+def test_payback_inequality_at_its_boundary():
+    # L_tran / ΔL <= γ H: 10 / 2 = 5 = 0.5 * 10
+    assert payback_steps(10.0, 2.0) == 5.0
+    assert profitable(10.0, 2.0, 0.5, 10.0)
+    assert not profitable(10.0 + 1e-9, 2.0, 0.5, 10.0)
+    assert not profitable(1.0, 0.0, 0.5, 10.0)
+    assert payback_steps(1.0, 0.0) == math.inf
+    assert not profitable(0.0, 5.0, 0.0, 100.0)          # γ = 0: nothing opportunistic
+
+
+class _Sched:
+    def __init__(self, seconds, feasible=True, reason=""):
+        self.estimated_s = seconds if feasible else math.inf
+        self.feasible = feasible
+        self.reason = reason
+
+
+def _opts(*steps):
+    return [Option(f"o{i}", Plan(()), s) for i, s in enumerate(steps)]
+
+
+def _schedules(table):
+    calls = []
+
+    def f(opt):
+        calls.append(opt.label)
+        return table[opt.label]
+    return f, calls
+
+
+def test_best_target_admitted_when_it_repays_within_gamma_h():
+    f, calls = _schedules({"o0": _Sched(10.0)})
+    idx, sched, v = select(_opts(8.0), 10.0, urgent=False, gamma=0.5, horizon_steps=10.0,
+                           schedule_of=f)
+    assert idx == 0 and v[0].admitted and v[0].payback_steps == 5.0
+    assert v[0].delta_l_s == 2.0 and v[0].l_tran_s == 10.0
+
+
+def test_rejected_target_falls_back_to_a_slower_cheaper_one_before_keeping():
+    f, calls = _schedules({"o0": _Sched(100.0), "o1": _Sched(150.0), "o2": _Sched(2.0),
+                           "o3": _Sched(1.0)})
+    # S* saves 2 s/step for 100 s; o1 is slower and dearer; o2 saves 1 s/step for 2 s; o3 is
+    # not faster than the current plan
+    idx, _, v = select(_opts(8.0, 8.5, 9.0, 10.0), 10.0, urgent=False, gamma=0.5,
+                       horizon_steps=10.0, schedule_of=f)
+    assert idx == 2
+    assert [x.label for x in v] == ["o0", "o1", "o2"]
+    assert not v[0].admitted and "rejected" in v[0].why
+    assert not v[1].admitted and "not cheaper" in v[1].why
+    assert v[2].admitted
+    assert "o3" not in calls
+
+
+def test_nothing_admitted_keeps_the_plan_and_gamma_zero_prices_nothing():
+    f, calls = _schedules({"o0": _Sched(100.0)})
+    idx, sched, v = select(_opts(8.0), 10.0, urgent=False, gamma=0.5, horizon_steps=1.0,
+                           schedule_of=f)
+    assert idx is None and sched is None and not v[0].admitted
+    f, calls = _schedules({"o0": _Sched(0.0)})
+    idx, _, v = select(_opts(1.0), 10.0, urgent=False, gamma=0.0, horizon_steps=1e9,
+                       schedule_of=f)
+    assert idx is None and calls == [] and "γ = 0" in v[0].why
+
+
+def test_infeasible_best_target_lets_any_feasible_fallback_through():
+    f, _ = _schedules({"o0": _Sched(0, False, "GPU 3 lacks 2 GiB"), "o1": _Sched(50.0)})
+    idx, _, v = select(_opts(8.0, 9.0), 10.0, urgent=False, gamma=0.5, horizon_steps=200.0,
+                       schedule_of=f)
+    assert idx == 1 and "infeasible: GPU 3" in v[0].why
+
+
+def test_without_profitability_any_faster_feasible_move_is_taken():
+    f, _ = _schedules({"o0": _Sched(1e6)})
+    idx, _, v = select(_opts(9.999), 10.0, urgent=False, gamma=0.5, horizon_steps=1.0,
+                       schedule_of=f, profitability=False)
+    assert idx == 0 and v[0].admitted
+
+
+def test_urgent_path_waives_payback_and_minimizes_time_over_the_horizon():
+    f, _ = _schedules({"o0": _Sched(0, False), "o1": _Sched(300.0), "o2": _Sched(0.0)})
+    # horizon 10: o1 costs 300 + 10*20 = 500, o2 costs 0 + 10*40 = 400
+    idx, _, v = select(_opts(15.0, 20.0, 40.0), None, urgent=True, gamma=0.0,
+                       horizon_steps=10.0, schedule_of=f)
+    assert idx == 2 and [x.admitted for x in v] == [False, False, True]
+    # a long horizon favours the faster plan despite its transition
+    f, _ = _schedules({"o0": _Sched(0, False), "o1": _Sched(300.0), "o2": _Sched(0.0)})
+    idx, _, _ = select(_opts(15.0, 20.0, 40.0), None, urgent=True, gamma=0.0,
+                       horizon_steps=100.0, schedule_of=f)
+    assert idx == 1
+    f, _ = _schedules({"o0": _Sched(0, False)})
+    idx, _, v = select(_opts(15.0), None, urgent=True, gamma=0.5, horizon_steps=1.0,
+                       schedule_of=f)
+    assert idx is None and not v[0].feasible
+
+
+# ---------------------------------------------------------------- telemetry
+def test_telemetry_rejects_bad_fields_by_name():
+    ok = Telemetry(3, 1000.0, 1500, (3, 1, 2), {"a": 1.0}, {"a": 10}, {"a": {"gemm": 0.5}})
+    assert ok.pool == (1, 2, 3)
+    assert ok.op_times("a")
+    for kwargs, field in (({"step": -1}, "telemetry.step"),
+                          ({"response_len_max": 10}, "telemetry.response_len_max"),
+                          ({"latency_s": {"a": 0.0}}, "telemetry.latency_s.a"),
+                          ({"op_time_s": {"a": {"flops": 1.0}}}, "telemetry.op_time_s.a"),
+                          ({"pool": (-1,)}, "telemetry.pool")):
+        args = {"step": 1, "response_len_mean": 100.0, "response_len_max": 200, "pool": (0,)}
+        args.update(kwargs)
+        with pytest.raises(InputError) as e:
+            Telemetry(**args)
+        assert e.value.field == field
