@@ -217,9 +217,9 @@ def scenario_churn(seed: int = 0, steps: int = 1000) -> Scenario:
     notes.update({
         "lengths": _growth_note(steps),
         "availability": "generated (seeded): whole 8-GPU nodes of the job's 2 leave and come "
-                        "back, 12 changes per 10 hours on average (paper §3.2 after Wu et al.: "
-                        "more than ten changes for a 16-GPU job over ten hours), never fewer "
-                        "than one node",
+                        "back, 12 changes in every 10 hours (paper §3.2 after Wu et al.: more "
+                        "than ten changes for a 16-GPU job over ten hours), never fewer than "
+                        "one node",
         "drift": "none",
     })
     return Scenario("churn", "the default job on a generated trace of whole-node churn", job,

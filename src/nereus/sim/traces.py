@@ -226,34 +226,36 @@ def busiest_window(counts: Sequence[int], ticks: int, min_running: float) -> int
 
 def node_churn(num_nodes: int, devices_per_node: int, hours: float = 10.0, changes: int = 12,
                min_nodes: int = 1, seed: int = 0) -> Availability:
-    """Whole nodes leave and come back; ``changes`` events in ``hours`` on average.
+    """Whole nodes leave and come back: exactly ``changes`` events in every ``hours``.
 
-    Times between events are exponential (a Poisson process); each event takes away a random
+    Event times are uniform within each ``hours`` block (so every block has its count, as the
+    AWS analysis the paper cites counts changes per 10 hours); each event takes away a random
     held node or, when fewer than ``num_nodes`` are held, gives one back, with equal odds
-    (never below ``min_nodes``). The process continues past ``hours`` at the same rate.
+    (never below ``min_nodes``). Blocks repeat long enough for any run.
     """
     if not 1 <= min_nodes <= num_nodes:
         raise InputError("availability.min_nodes", f"must be in 1..{num_nodes}, got {min_nodes}")
     if changes < 1 or hours <= 0:
         raise InputError("availability.changes", "needs changes >= 1 over hours > 0")
+    if min_nodes == num_nodes:
+        raise InputError("availability.min_nodes", "leaves no node to take away",
+                         f"1..{num_nodes - 1}")
     rng = np.random.default_rng(seed)
-    rate = changes / (hours * 3600.0)
+    block = hours * 3600.0
     held = list(range(num_nodes))
-    t = 0.0
     times, pools = [0.0], [_node_ids(held, devices_per_node)]
-    horizon = max(hours * 3600.0, 1.0) * 20  # long enough for any run; bounded
-    while t < horizon:
-        t += float(rng.exponential(1.0 / rate))
-        can_lose = len(held) > min_nodes
-        can_gain = len(held) < num_nodes
-        if can_lose and (not can_gain or rng.random() < 0.5):
-            held.remove(int(rng.choice(held)))
-        elif can_gain:
-            held.append(int(rng.choice([n for n in range(num_nodes) if n not in held])))
-        times.append(t)
-        pools.append(_node_ids(held, devices_per_node))
+    for b in range(20):
+        for t in np.sort(rng.uniform(b * block, (b + 1) * block, changes)):
+            can_lose = len(held) > min_nodes
+            can_gain = len(held) < num_nodes
+            if can_lose and (not can_gain or rng.random() < 0.5):
+                held.remove(int(rng.choice(held)))
+            else:
+                held.append(int(rng.choice([n for n in range(num_nodes) if n not in held])))
+            times.append(float(t))
+            pools.append(_node_ids(held, devices_per_node))
     return _compress(times, pools, f"generated: whole-node churn of {num_nodes} x "
-                     f"{devices_per_node} GPUs, {changes} changes per {hours:g} h, seed {seed}")
+                     f"{devices_per_node} GPUs, {changes} changes every {hours:g} h, seed {seed}")
 
 
 def _node_ids(nodes: Iterable[int], per: int) -> tuple[int, ...]:

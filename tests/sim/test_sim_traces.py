@@ -1,0 +1,108 @@
+"""Trace generators, CSV formats, the shipped spot trace, and progress alignment."""
+
+import numpy as np
+import pytest
+
+from nereus.errors import InputError
+from nereus.sim import traces as T
+from nereus.sim.scenarios import SPOT_MIN_RUNNING, SPOT_WINDOW_TICKS
+from nereus.sim.simulator import align
+
+
+def test_growth_is_seeded_and_spans_the_papers_range():
+    a, b = T.growth(1000, seed=3), T.growth(1000, seed=3)
+    assert a == b and T.growth(1000, seed=4) != a
+    assert len(a) == 1000
+    head, tail = np.mean(a.mean[:20]), np.mean(a.mean[-20:])
+    assert 450 < head < 700 and 7500 < tail < 8500
+    assert all(x >= m for m, x in zip(a.mean, a.longest))
+    s = T.stationary(200, 2000, seed=1)
+    assert abs(np.mean(s.mean) - 2000) < 50 and np.std(np.log(s.mean)) < 0.08
+
+
+def test_length_csv_round_trip_and_errors(tmp_path):
+    a = T.growth(50, seed=1)
+    p = tmp_path / "lengths.csv"
+    T.save_lengths(a, p)
+    b = T.load_lengths(p)
+    assert b.mean == a.mean and b.longest == a.longest
+    p.write_text("step,response_len_mean\n0,100\n")
+    with pytest.raises(InputError, match="response_len_max"):
+        T.load_lengths(p)
+    p.write_text("step,response_len_mean,response_len_max\n0,100,50\n")
+    with pytest.raises(InputError, match="step 0"):
+        T.load_lengths(p)
+    with pytest.raises(InputError, match="no file"):
+        T.load_lengths(tmp_path / "missing.csv")
+
+
+def test_availability_csv_counts_ids_and_pauses(tmp_path):
+    p = tmp_path / "pool.csv"
+    p.write_text("time_s,gpus\n0,16\n600,0-7 12 13\n1200,\n1800,16\n")
+    av = T.load_availability(p)
+    assert av.at(0) == tuple(range(16)) and av.at(700) == (*range(8), 12, 13)
+    assert av.at(1500) == () and av.at(10_000) == tuple(range(16))
+    assert av.changes() == 3 and av.next_change(0) == 600
+    assert av.first_loss(0, 700, [12]) is None and av.first_loss(0, 700, [14]) == 600
+    T.save_availability(av, tmp_path / "again.csv")
+    assert T.load_availability(tmp_path / "again.csv").pools == av.pools
+    p.write_text("time_s,gpus\n60,16\n")
+    with pytest.raises(InputError, match="first time"):
+        T.load_availability(p)
+
+
+def test_the_shipped_spot_trace_loads_from_the_package():
+    counts, tick = T.spot_counts()
+    assert tick == 300 and len(counts) == 4736 and max(counts) == 16 and min(counts) == 0
+    start = T.busiest_window(counts, SPOT_WINDOW_TICKS, SPOT_MIN_RUNNING)
+    seg = counts[start:start + SPOT_WINDOW_TICKS]
+    assert seg[0] > 0 and sum(n > 0 for n in seg) >= SPOT_MIN_RUNNING * len(seg)
+    av = T.spot_window(start, max_gpus=16)
+    assert av.at(0) == tuple(range(counts[start]))      # n instances -> ids 0..n-1
+    with pytest.raises(InputError, match="start_tick"):
+        T.spot_window(10**6)
+
+
+def test_node_churn_changes_whole_nodes_more_than_ten_times_in_ten_hours():
+    for seed in range(5):
+        av = T.node_churn(2, 8, hours=10, changes=12, min_nodes=1, seed=seed)
+        assert sum(1 for t in av.times[1:] if t <= 10 * 3600) == 12
+        assert sum(1 for t in av.times[1:] if 10 * 3600 < t <= 20 * 3600) == 12
+        for pool in av.pools:
+            nodes = {g // 8 for g in pool}
+            assert pool == tuple(g for n in sorted(nodes) for g in range(n * 8, n * 8 + 8))
+            assert len(nodes) >= 1
+    assert T.node_churn(2, 8, seed=1) == T.node_churn(2, 8, seed=1)
+    with pytest.raises(InputError, match="min_nodes"):
+        T.node_churn(2, 8, min_nodes=2)
+
+
+def test_drift_periods_scale_one_class_and_round_trip(tmp_path):
+    d = T.congestion(1000, periods=3, seed=2)
+    assert len({(p.start_step, p.end_step) for p in d.periods}) == 3
+    p0 = d.periods[0]
+    from nereus.cost.efficiency import Efficiencies
+    base = Efficiencies({p0.op_class: 0.5})
+    assert d.apply(base, p0.start_step)[p0.op_class] == pytest.approx(0.5 * p0.factor)
+    assert d.apply(base, p0.end_step + 10_000)[p0.op_class] == 0.5
+    path = tmp_path / "drift.csv"
+    T.save_drift(d, path)
+    assert T.load_drift(path).periods == d.periods
+    path.write_text("start_step,end_step,op_class,factor\n0,10,flops,0.5\n")
+    with pytest.raises(InputError, match="op_class"):
+        T.load_drift(path)
+
+
+def test_alignment_puts_every_change_at_a_step_and_stops_the_clock_in_pauses():
+    av = T.Availability((0.0, 150.0, 250.0, 400.0), ((0, 1), (0,), (), (0, 1)))
+    ev = align(av, [100.0, 100.0, 100.0])
+    assert ev[0].pause_s == 0 and ev[0].pool == (0, 1) and ev[0].changes == ()
+    # step 1 covers [100, 200): GPU 1 leaves half way; step 2 starts at 200 and sees the pool
+    # empty from 250 to 400 (a pause of 150 s) after half of it
+    assert ev[1].changes == ((0.5, 0.0, (0,)),)
+    assert ev[2].pool == (0,) and ev[2].changes == ((0.5, 150.0, (0, 1)),)
+    # pools under min_gpus count as empty: the job waits before step 1 instead
+    ev = align(av, [100.0, 100.0], min_gpus=2)
+    assert ev[1].changes == ((0.5, 250.0, (0, 1)),)
+    with pytest.raises(InputError, match="never comes back"):
+        align(T.Availability((0.0, 50.0), ((0,), ())), [100.0, 100.0])
