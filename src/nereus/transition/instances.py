@@ -170,6 +170,35 @@ def random_pair(rng: random.Random, job: JobSpec, stages: Sequence[str], cur_gpu
     return cur, tgt
 
 
+def _sp(name: str, tp: int, pp: int, replicas: Sequence[Sequence[int]]) -> StagePlan:
+    reps = tuple(tuple(r) for r in replicas)
+    return StagePlan(name, Candidate(Layout(tp, pp), len(reps), 1, 1), reps)
+
+
+def paper_example_a() -> tuple[Plan, Plan]:
+    """§5.1: actor generation and critic training, each (TP=1, PP=4, DP=2) on 16 GPUs; the pool
+    grows to 32 and responses to 4K. The actor goes to (TP=2, PP=4, DP=2), the critic to
+    (TP=1, PP=4, DP=4). Each actor target unit is the Merge of two (1, 4) units laid
+    TP-innermost: the first from the current replicas, the second from their Extends."""
+    cur = Plan((_sp("actor_gen", 1, 4, [range(0, 4), range(4, 8)]),
+                _sp("critic_train", 1, 4, [range(8, 12), range(12, 16)])))
+    tgt = Plan((_sp("actor_gen", 2, 4, [[0, 4, 1, 5, 2, 6, 3, 7],
+                                        [16, 20, 17, 21, 18, 22, 19, 23]]),
+                _sp("critic_train", 1, 4, [range(8, 12), range(12, 16), range(24, 28),
+                                           range(28, 32)])))
+    return cur, tgt
+
+
+def paper_example_b() -> tuple[Plan, Plan]:
+    """§6.1, Fig. 6: reward inference (TP=4, PP=8) on 32 GPUs becomes (TP=8, PP=2) on 16 of
+    them. The (4, 2) pieces of the Split on GPUs 0-7 and 16-23 are exactly the two pieces the
+    target unit merges, so two are kept and two destroyed."""
+    cur = Plan((_sp("reward_infer", 4, 8, [range(32)]),))
+    tgt = Plan((_sp("reward_infer", 8, 2, [[0, 4, 1, 5, 2, 6, 3, 7,
+                                            16, 20, 17, 21, 18, 22, 19, 23]]),))
+    return cur, tgt
+
+
 def stage_names(job: JobSpec, count: int) -> list[str]:
     return [s.name for s in job.workflow.stages][:count]
 

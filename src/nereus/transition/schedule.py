@@ -132,11 +132,17 @@ class _Problem:
     def __post_init__(self) -> None:
         """Per GPU: the primitives touching it in serial order, and their positive extras."""
         self.settle = [{g: net - extra for g, extra, net in st} for st in self.steps]
+        rem, pos_rem, initial, steps = self.rem, self.pos_rem, self.initial, self.steps
         for i in self.order:
-            for g, extra, net in self.steps[i]:
-                self.rem.setdefault(g, []).append((i, extra, net))
-                self.pos_rem[g] = self.pos_rem.get(g, 0) + max(0, extra)
-                self.initial.setdefault(g, 0)
+            for g, extra, net in steps[i]:
+                lst = rem.get(g)
+                if lst is None:
+                    rem[g] = lst = []
+                    pos_rem[g] = 0
+                    initial.setdefault(g, 0)
+                lst.append((i, extra, net))
+                if extra > 0:
+                    pos_rem[g] += extra
 
     @classmethod
     def forward(cls, dag: TransitionDag, dur: list[float]) -> _Problem:
@@ -202,19 +208,21 @@ class _Problem:
 # Starting points (priority rule, reservation), tried in turn while the work budget lasts; each
 # is improved by forward-backward passes. The budget counts primitives scheduled over all
 # passes, so a small transition gets the whole portfolio and a 256-GPU one a few passes.
-STARTS = (("tail", True), ("tail", False), ("stage", True), ("stage_rev", True),
-          ("release", True), ("wide", True), ("release", False), ("wide", False))
+STARTS = (("stage_rev", True), ("tail", True), ("release", False), ("wide", True),
+          ("tail", False), ("stage", True), ("wide", False), ("stage_rev", False),
+          ("release", True), ("stage", False))
 IMPROVE_ROUNDS = 3   # forward-backward rounds at most per starting point
-WORK_BUDGET = 1500   # primitives scheduled, over all passes
+WORK_BUDGET = 1000   # primitives scheduled, over all passes
 MIN_PASSES = 3
-MAX_PASSES = 80
+MAX_PASSES = 40
 JITTER = 0.3         # then random starts: the best order so far, starts shifted by up to JITTER x makespan
 
 
 def list_schedule(dag: TransitionDag, cost: TransitionCost) -> Schedule:
-    """The best list schedule found from a few priority rules, each improved by
+    """The best list schedule found from a few priority rules, the most promising improved by
     forward-backward passes (re-schedule in the order the previous pass found, right- then
-    left-justified: the classic improvement of list schedules in project scheduling)."""
+    left-justified: the classic improvement of list schedules in project scheduling), then
+    perturbations of the best order while the work budget lasts."""
     durs = [cost.duration(p) for p in dag.primitives]
     fwd = _Problem.forward(dag, [d.seconds for d in durs])
     n = len(durs)
@@ -232,24 +240,31 @@ def list_schedule(dag: TransitionDag, cost: TransitionCost) -> Schedule:
     }
     bwd = fwd.reversed() if n > 1 else fwd
     passes = min(MAX_PASSES, max(MIN_PASSES, WORK_BUDGET // max(1, n)))
+    # every starting rule once, then forward-backward improvement of the most promising
+    runs: list[tuple[float, int, _ListScheduler, bool]] = []
+    for k, (rule, reserve) in enumerate(STARTS[:max(2, passes // 2)]):
+        run = _ListScheduler(fwd, rules[rule], reserve).run()
+        runs.append((run.makespan, k, run, reserve))
+        passes -= 1
+    runs.sort(key=lambda r: (r[0], r[1]))
+    best = runs[0][2]
+    for _, _, run, reserve in runs:
+        if passes < 3:
+            break
+        run, used = _improve(fwd, bwd, run, pos, passes, reserve)
+        passes -= used
+        if run.makespan < best.makespan - 1e-12:
+            best = run
     rng = random.Random(n)  # deterministic: the same DAG always gets the same schedule
-    best: _ListScheduler | None = None
-    k = 0
-    while passes > 0:
-        if k < len(STARTS):
-            rule, reserve = STARTS[k]
-            prio = rules[rule]
-        else:  # perturb the best order found so far (iterated local search)
-            assert best is not None
-            reserve = rng.random() < 0.5
-            span = max(best.makespan, 1e-9) * JITTER
-            prio = [(best.start[i] + span * rng.random(), pos[i]) for i in range(n)]
-        k += 1
+    while passes >= 1:  # then perturb the best order found so far (iterated local search)
+        reserve = rng.random() < 0.5
+        span = max(best.makespan, 1e-9) * JITTER
+        prio = [(best.start[i] + span * rng.random(), pos[i]) for i in range(n)]
         run = _ListScheduler(fwd, prio, reserve).run()
         passes -= 1
         run, used = _improve(fwd, bwd, run, pos, passes, reserve)
         passes -= used
-        if best is None or run.makespan < best.makespan - 1e-12:
+        if run.makespan < best.makespan - 1e-12:
             best = run
     assert best is not None
     return _assemble(dag, cost, durs, best.start, best.end, pos,
