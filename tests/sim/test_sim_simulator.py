@@ -97,3 +97,12 @@ def test_every_builtin_parameter_has_a_source_or_is_an_assumption():
                 "paper", "§", "examples/", "AWS", "computed", "constant", "none",
                 "simulation shortcut", "from", "schedule", "progress-aligned", "extension",
                 "per GPU budget", "after a failure", "generated")), (name, k, v)
+
+
+def test_worker_processes_give_the_same_results_as_one_process():
+    sc = builtin("churn", steps=20)
+    one = run_scenario(sc, ["static", "nereus", "oracle"], workers=1)
+    two = run_scenario(sc, ["static", "nereus", "oracle"], workers=2)
+    assert list(two.results) == ["static", "nereus", "oracle"]
+    for name in one.results:
+        assert one.results[name].rows == two.results[name].rows

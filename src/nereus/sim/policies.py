@@ -219,20 +219,21 @@ class ControllerPolicy(Policy):
 
 
 def make_policies(names: Sequence[str], truth: Truth, lengths: LengthTrace,
-                  config: ControlConfig, cache: PlanCache | None = None,
+                  config: ControlConfig,
                   on_log: Callable[[str, str], None] | None = None) -> list[Policy]:
-    cache = cache or PlanCache()
+    """Policies by name; each has its own plan cache, so what one finds never reaches another
+    and a policy's result does not depend on which others run beside it."""
     out: list[Policy] = []
     for n in names:
         log = (lambda line, n=n: on_log(n, line)) if on_log else None
         if n == "static":
             out.append(StaticPolicy(truth, lengths))
         elif n == "oracle":
-            out.append(OraclePolicy(truth, cache))
+            out.append(OraclePolicy(truth, PlanCache()))
         elif n == "nereus":
-            out.append(ControllerPolicy("nereus", truth, cache, config, log))
+            out.append(ControllerPolicy("nereus", truth, PlanCache(), config, log))
         elif n == "replan_always":
-            out.append(ControllerPolicy("replan_always", truth, cache,
+            out.append(ControllerPolicy("replan_always", truth, PlanCache(),
                                         replace(config, admission=False), log))
         else:
             raise InputError("policy", f"unknown policy {n!r}", POLICIES)

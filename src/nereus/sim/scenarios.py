@@ -23,6 +23,8 @@ YAML (paths relative to the file)::
 
 from __future__ import annotations
 
+import multiprocessing as mp
+import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -36,7 +38,7 @@ from nereus.control.restart import RESTART_SOURCES, RestartParams
 from nereus.cost.efficiency import Efficiencies
 from nereus.cost.ops import OpClass
 from nereus.errors import InputError
-from nereus.sim.plancache import EFF_GRID, LENGTH_BUCKET, PlanCache
+from nereus.sim.plancache import EFF_GRID, LENGTH_BUCKET
 from nereus.sim.policies import POLICIES, make_policies
 from nereus.sim.simulator import SimResult, Simulator
 from nereus.sim.traces import (
@@ -472,12 +474,90 @@ def with_overrides(sc: Scenario, *, steps: int | None = None, gamma: float | Non
 
 
 
+# Relative CPU cost of a policy (measured on the default scenario: replanning at every step
+# costs the most); used to split policies over worker processes.
+_COST = {"replan_always": 19.0, "oracle": 10.0, "nereus": 10.0, "static": 6.0}
+
+
+def _groups(names: Sequence[str], workers: int) -> list[list[str]]:
+    groups: list[list[str]] = [[] for _ in range(max(1, min(workers, len(names))))]
+    load = [0.0] * len(groups)
+    for n in sorted(names, key=lambda n: -_COST.get(n, 1.0)):
+        i = load.index(min(load))
+        groups[i].append(n)
+        load[i] += _COST.get(n, 1.0)
+    return [g for g in groups if g]
+
+
+def _worker(sim: Simulator, sc: Scenario, names: list[str], index: int, queue: Any,
+            logging_on: bool) -> None:
+    """One process's share of the policies; reports progress, results and log lines."""
+    try:
+        lines: list[tuple[str, str]] = []
+        on_log = (lambda p, line: lines.append((p, line))) if logging_on else None
+        pols = make_policies(names, sim.truth, sc.lengths, sc.control, on_log)
+
+        def progress(k: int) -> None:
+            if k % 10 == 0 or k == sim.steps:
+                queue.put(("progress", index, k, None))
+
+        res = sim.run(pols, sc.name, progress, sc.notes)
+        queue.put(("done", index, dict(res.results), lines))
+    except BaseException as e:  # noqa: BLE001 - the parent re-raises it
+        queue.put(("error", index, e if isinstance(e, InputError) else
+                   RuntimeError(f"{type(e).__name__}: {e}"), None))
+
+
 def run_scenario(sc: Scenario, policies: Sequence[str] = POLICIES,
                  progress: Callable[[int], None] | None = None,
-                 on_log: Callable[[str, str], None] | None = None) -> SimResult:
-    """Simulate ``policies`` on ``sc`` (the public entry point of ``nereus simulate``)."""
+                 on_log: Callable[[str, str], None] | None = None,
+                 workers: int | None = None) -> SimResult:
+    """Simulate ``policies`` on ``sc`` (the public entry point of ``nereus simulate``).
+
+    Policies are independent (each has its own plan cache), so they run in up to ``workers``
+    processes (default: the CPU count, at most 2) where the platform can fork; the results
+    are the same as in one process.
+    """
+    names = list(dict.fromkeys(policies))
     truth = Truth(sc.job, sc.hidden, sc.drift, sc.noise, sc.seed)
-    cache = PlanCache()
-    pols = make_policies(list(policies), truth, sc.lengths, sc.control, cache, on_log)
     sim = Simulator(truth, sc.lengths, sc.availability, sc.restart, sc.steps)
-    return sim.run(pols, sc.name, progress, sc.notes)
+    if workers is None:
+        workers = min(2, os.cpu_count() or 1)
+    groups = _groups(names, workers)
+    if len(groups) == 1 or "fork" not in mp.get_all_start_methods():
+        pols = make_policies(names, truth, sc.lengths, sc.control, on_log)
+        return sim.run(pols, sc.name, progress, sc.notes)
+    ctx = mp.get_context("fork")
+    queue = ctx.Queue()
+    procs = [ctx.Process(target=_worker, args=(sim, sc, g, i, queue, on_log is not None),
+                         daemon=True) for i, g in enumerate(groups)]
+    for p in procs:
+        p.start()
+    done: dict[int, tuple[dict[str, Any], list[tuple[str, str]]]] = {}
+    seen = [0] * len(groups)
+    try:
+        while len(done) < len(groups):
+            kind, i, payload, lines = queue.get()
+            if kind == "progress":
+                seen[i] = payload
+                if progress is not None:
+                    progress(min(seen))
+            elif kind == "done":
+                done[i] = (payload, lines or [])
+                seen[i] = sim.steps
+                if progress is not None:
+                    progress(min(seen))
+            else:
+                raise payload
+    finally:
+        for p in procs:
+            p.join(timeout=5)
+            if p.is_alive():
+                p.terminate()
+    results: dict[str, Any] = {}
+    for i in range(len(groups)):
+        results.update(done[i][0])
+        if on_log is not None:
+            for p, line in done[i][1]:
+                on_log(p, line)
+    return SimResult(sc.name, {n: results[n] for n in names}, dict(sc.notes))
