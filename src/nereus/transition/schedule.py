@@ -475,15 +475,28 @@ class _ListScheduler:
 
 def _timeline(dag: TransitionDag, start: Sequence[float], end: Sequence[float]
               ) -> dict[int, tuple[tuple[float, int], ...]]:
-    """Every GPU's bytes over time, replayed from start and end times (ends first at ties)."""
+    """Every GPU's bytes over time, replayed from start and end times (ends first at ties):
+    (t, bytes from t on) steps, one per time at which the bytes change."""
     n = len(dag.primitives)
     usage = dict(dag.initial_bytes)
     steps: dict[int, list[tuple[float, int]]] = {g: [(0.0, b)] for g, b in usage.items()}
-    events = sorted([(end[i], 0, i) for i in range(n)] + [(start[i], 1, i) for i in range(n)])
+    events = [(end[i], 0, i) for i in range(n)] + [(start[i], 1, i) for i in range(n)]
+    events.sort()
+    memory = dag.memory
     for t, kind, i in events:
-        for g, m in dag.memory[i].items():
-            usage[g] = usage.get(g, 0) + (m.extra if kind else m.net - m.extra)
-            steps.setdefault(g, [(0.0, 0)]).append((t, usage[g]))
+        for g, m in memory[i].items():
+            d = m.extra if kind else m.net - m.extra
+            if not d:
+                continue
+            u = usage.get(g, 0) + d
+            usage[g] = u
+            lst = steps.get(g)
+            if lst is None:
+                steps[g] = lst = [(0.0, 0)]
+            if lst[-1][0] == t:
+                lst[-1] = (t, u)
+            else:
+                lst.append((t, u))
     return {g: tuple(_compact(v)) for g, v in steps.items()}
 
 
