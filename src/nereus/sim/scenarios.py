@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import traceback
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -505,7 +506,7 @@ def _worker(sim: Simulator, sc: Scenario, names: list[str], index: int, queue: A
         queue.put(("done", index, dict(res.results), lines))
     except BaseException as e:  # noqa: BLE001 - the parent re-raises it
         queue.put(("error", index, e if isinstance(e, InputError) else
-                   RuntimeError(f"{type(e).__name__}: {e}"), None))
+                   RuntimeError(f"in a simulation worker:\n{traceback.format_exc()}"), None))
 
 
 def run_scenario(sc: Scenario, policies: Sequence[str] = POLICIES,

@@ -1,0 +1,66 @@
+"""The figures issue 6 asks of ``nereus simulate``, with the time it takes to get them.
+
+    python benchmarks/simulate_targets.py [--scenarios default,stationary,churn,drift]
+
+Targets: on the default scenario Nereus >= 1.3x the static policy's throughput and >= the
+replan-without-admission throughput with fewer transitions; on the stationary trace no
+transition after the first plan; the calibrator's stage-latency error under 10 % after 10
+steps; the default scenario (four policies) in under a minute on a 2-core machine.
+Throughputs are simulated; times are measured on this machine (wall and CPU).
+The last line is one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import time
+
+from nereus.sim.scenarios import builtin, run_scenario
+
+
+def _cpu() -> float:
+    """CPU seconds of this process and its finished workers."""
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--scenarios", default="default,stationary,churn,drift")
+    args = ap.parse_args()
+    out: dict[str, object] = {"source": "simulated (throughputs); measured (run times)",
+                              "cpus": os.cpu_count()}
+    for name in args.scenarios.split(","):
+        sc = builtin(name)
+        t0, c0 = time.perf_counter(), _cpu()
+        res = run_scenario(sc)
+        wall = time.perf_counter() - t0
+        cpu = _cpu() - c0
+        r = res.results
+        s, a, n, o = r["static"], r["replan_always"], r["nereus"], r["oracle"]
+        row = {
+            "steps": sc.steps, "wall_s": round(wall, 1), "cpu_s": round(cpu, 1),
+            "tokens_per_s": {k: round(v.tokens_per_s, 1) for k, v in r.items()},
+            "transitions": {k: v.transitions for k, v in r.items()},
+            "restarts": {k: v.restarts for k, v in r.items()},
+            "nereus_vs_static": round(n.tokens_per_s / s.tokens_per_s, 3),
+            "nereus_vs_replan_always": round(n.tokens_per_s / a.tokens_per_s, 3),
+            "oracle_vs_static": round(o.tokens_per_s / s.tokens_per_s, 3),
+            "nereus_transitions_after_first_plan": n.transitions,
+            "calibration_error_step10": round(n.calib_error_at(10) or 0.0, 4),
+        }
+        out[name] = row
+        print(f"{name:<11} {sc.steps} steps in {wall:5.1f} s wall ({cpu:.0f} s CPU): Nereus {row['nereus_vs_static']}x"
+              f" static, {row['nereus_vs_replan_always']}x replan-always "
+              f"({n.transitions} vs {a.transitions} transitions), oracle "
+              f"{row['oracle_vs_static']}x static, calibration error after 10 steps "
+              f"{row['calibration_error_step10']:.2%}")
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()
