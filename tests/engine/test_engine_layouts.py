@@ -62,8 +62,10 @@ def runtime() -> Iterator[tuple[WorkerPool, Rendezvous]]:
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
              resources={"nereus_slot": WORKERS})
     pool = rv = None
+    pids: list[int] = []
     try:
         pool = WorkerPool.start(WORKERS, kind="cpu")
+        pids = [i.pid for i in pool.infos().values()]
         rv = Rendezvous("127.0.0.1")
         yield pool, rv
     finally:
@@ -76,6 +78,26 @@ def runtime() -> Iterator[tuple[WorkerPool, Rendezvous]]:
         if port is not None:   # the rendezvous port is free again
             with socket.socket() as s:
                 s.bind(("127.0.0.1", port))
+        assert _all_gone(pids), "worker processes outlived the Ray session"
+
+
+def _all_gone(pids: list[int], timeout_s: float = 20.0) -> bool:
+    import os
+    import time
+
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        alive = []
+        for pid in pids:
+            try:
+                os.kill(pid, 0)
+                alive.append(pid)
+            except ProcessLookupError:
+                pass
+        if not alive:
+            return True
+        time.sleep(0.2)
+    return False
 
 
 def lm_batch(vocab: int) -> Batch:

@@ -31,6 +31,10 @@ from nereus.runtime.comm import Rendezvous, close_groups, open_groups
 from nereus.runtime.workers import WorkerPool
 from nereus.transition.emu import Emu
 
+# Seconds an operation may take on the workers before the runner gives up on it (a peer that
+# stopped answering must not hang the job; the runtime's collectives time out after 120 s).
+DEFAULT_TIMEOUT_S = 900.0
+
 
 @dataclass(frozen=True)
 class Placement:
@@ -69,11 +73,15 @@ def placements(emus: Sequence[Emu], key: str, same_node: Any = None) -> list[Pla
 
 
 class StageRunner:
-    """Runs train_step / forward / generate of one model-stage on its EMUs' workers."""
+    """Runs train_step / forward / generate of one model-stage on its EMUs' workers.
+
+    Every call waits at most ``timeout_s`` for the workers (``WorkerCallsFailed`` after)."""
 
     def __init__(self, pool: WorkerPool, emus: Sequence[Emu], rv: Rendezvous,
-                 adam: AdamConfig | None = None, stage: str | None = None) -> None:
+                 adam: AdamConfig | None = None, stage: str | None = None,
+                 timeout_s: float | None = DEFAULT_TIMEOUT_S) -> None:
         self.pool, self.emus = pool, tuple(emus)
+        self.timeout_s = timeout_s
         self.stage = stage or self.emus[0].stage
         self.key = f"engine/{self.stage}/{uuid.uuid4().hex[:8]}"
         infos = pool.infos()
@@ -85,7 +93,7 @@ class StageRunner:
         self.setup_s = open_groups(pool, self.groups, rv) if self.groups else {}
         try:
             pool.run({p.device: (remote.attach, (self.key, p.unit_id, p.pos, p.names, adam))
-                      for p in self.places})
+                      for p in self.places}, timeout_s)
         except BaseException:
             self.close()
             raise
@@ -114,7 +122,8 @@ class StageRunner:
 
     def close(self) -> None:
         """Forget the engines and close the groups (the state stays on the workers)."""
-        self.pool.run({p.device: (remote.detach, (self.key,)) for p in self.places})
+        self.pool.run({p.device: (remote.detach, (self.key,)) for p in self.places},
+                      self.timeout_s)
         if self.groups:
             close_groups(self.pool, self.groups)
             self.groups = {}
@@ -144,7 +153,7 @@ class StageRunner:
              ) -> tuple[list[Any], tuple[WorkerMeasurement, ...]]:
         calls = {p.device: (fn, (self.key, per_replica[p.pos.dp_rank], *args))
                  for p in self.places}
-        out = self.pool.run(calls)
+        out = self.pool.run(calls, self.timeout_s)
         results: list[Any] = [None] * self.dp
         for p in self.places:
             res, _ = out[p.device]
@@ -190,7 +199,7 @@ class StageRunner:
         """Full-vocabulary logits of the whole batch (checks only)."""
         rows = self._rows(batch)
         out = self.pool.run({p.device: (remote.full_logits, (self.key, rows[p.pos.dp_rank]))
-                             for p in self.places})
+                             for p in self.places}, self.timeout_s)
         parts: list[Any] = [None] * self.dp
         for p in self.places:
             if out[p.device] is not None:
