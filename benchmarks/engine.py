@@ -301,11 +301,16 @@ def main(argv: list[str] | None = None) -> int:
         "cases": len(rows),
         "latency_mape": statistics.fmean(r["latency_err"] for r in rows),
         "memory_mape": statistics.fmean(r["memory_err"] for r in rows),
+        "latency_mape_by_kind": {k: statistics.fmean(r["latency_err"] for r in rows
+                                                     if r["case"].startswith(k))
+                                 for k in STAGES if any(r["case"].startswith(k) for r in rows)},
         "device": device, "workers": args.workers, "model": args.model,
         "source": "measured vs estimated (2-fold: calibrated on the other fold)",
         "wall_s": time.perf_counter() - t0,
         # other processes on the machine add time to every measurement; say how busy it was
-        "load_avg_1min": [round(load0, 2), round(os.getloadavg()[0], 2)],
+        "load_avg_1min": (None if args.load else
+                          [round(load0, 2), round(os.getloadavg()[0], 2)]),
+        "measurements": args.load or "this run",
         "cpus": os.cpu_count(),
     }
     print(json.dumps(summary))
