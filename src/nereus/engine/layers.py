@@ -48,9 +48,12 @@ def matmul(x: torch.Tensor, w: torch.Tensor, rec: Recorder) -> torch.Tensor:
     return y.view(*lead, w.shape[0])
 
 
-def column_linear(x: torch.Tensor, w: torch.Tensor, tp: TP) -> torch.Tensor:
-    """Full input, local output columns (rows of ``w``)."""
-    return matmul(copy_to_tp(x, tp.pg, tp.rec, tp.intra), w, tp.rec)
+def column_linear(x: torch.Tensor, ws: list[torch.Tensor], tp: TP) -> list[torch.Tensor]:
+    """Column-parallel linears that share their full input (q/k/v; gate/up; the LM head): each
+    gives this rank's output columns (the rows of its ``w``). The input enters the TP region
+    once, so backward all-reduces one summed input gradient, not one per weight."""
+    x = copy_to_tp(x, tp.pg, tp.rec, tp.intra)
+    return [matmul(x, w, tp.rec) for w in ws]
 
 
 def row_linear(x: torch.Tensor, w: torch.Tensor, tp: TP) -> torch.Tensor:

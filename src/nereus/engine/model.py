@@ -14,11 +14,11 @@ from dataclasses import dataclass
 import torch
 import torch.utils.checkpoint
 
-from nereus.engine.comm import copy_to_tp
 from nereus.engine.groups import ParallelGroups, Position
-from nereus.engine.layers import (TP, apply_rotary, attention, gather_vocab, heads_row_linear,
-                                  mask_padding, matmul, rms_norm, rotary_tables, row_linear,
-                                  swiglu, vocab_embedding, vocab_logprob)
+from nereus.engine.layers import (TP, apply_rotary, attention, column_linear, gather_vocab,
+                                  heads_row_linear, mask_padding, matmul, rms_norm,
+                                  rotary_tables, row_linear, swiglu, vocab_embedding,
+                                  vocab_logprob)
 from nereus.engine.measure import Recorder
 from nereus.errors import InputError
 from nereus.spec.model import Head, ModelSpec
@@ -121,11 +121,13 @@ class ParallelModel:
         spec, p, w = self.spec, f"model.layers.{i}.", self.params
         b, s, _ = h.shape
         hd = spec.head_dim
-        x = copy_to_tp(rms_norm(h, w[p + "input_layernorm.weight"], spec.rms_norm_eps),
-                       self.tp.pg, self.rec, self.tp.intra)
-        q = matmul(x, w[p + "self_attn.q_proj.weight"], self.rec).view(b, s, self.local_heads, hd)
-        k = matmul(x, w[p + "self_attn.k_proj.weight"], self.rec).view(b, s, self.local_kv, hd)
-        v = matmul(x, w[p + "self_attn.v_proj.weight"], self.rec).view(b, s, self.local_kv, hd)
+        x = rms_norm(h, w[p + "input_layernorm.weight"], spec.rms_norm_eps)
+        q, k, v = column_linear(x, [w[p + "self_attn.q_proj.weight"],
+                                    w[p + "self_attn.k_proj.weight"],
+                                    w[p + "self_attn.v_proj.weight"]], self.tp)
+        q = q.view(b, s, self.local_heads, hd)
+        k = k.view(b, s, self.local_kv, hd)
+        v = v.view(b, s, self.local_kv, hd)
         if spec.qk_norm:
             q = rms_norm(q, w[p + "self_attn.q_norm.weight"], spec.rms_norm_eps)
             k = rms_norm(k, w[p + "self_attn.k_norm.weight"], spec.rms_norm_eps)
@@ -140,10 +142,9 @@ class ParallelModel:
             v = cache.v[i][:, :, :start + s]
         o = attention(q, k, v, inp.mask, self.rec, causal=True)
         h = h + heads_row_linear(o, w[p + "self_attn.o_proj.weight"], self.tp)
-        x = copy_to_tp(rms_norm(h, w[p + "post_attention_layernorm.weight"], spec.rms_norm_eps),
-                       self.tp.pg, self.rec, self.tp.intra)
-        g = matmul(x, w[p + "mlp.gate_proj.weight"], self.rec)
-        u = matmul(x, w[p + "mlp.up_proj.weight"], self.rec)
+        x = rms_norm(h, w[p + "post_attention_layernorm.weight"], spec.rms_norm_eps)
+        g, u = column_linear(x, [w[p + "mlp.gate_proj.weight"], w[p + "mlp.up_proj.weight"]],
+                             self.tp)
         return h + row_linear(swiglu(g, u), w[p + "mlp.down_proj.weight"], self.tp)
 
     def stage_forward(self, x: torch.Tensor, inp: Inputs, cache: KVCache | None = None
@@ -170,8 +171,7 @@ class ParallelModel:
     def local_logits(self, h: torch.Tensor) -> torch.Tensor:
         """Logits of this rank's vocabulary rows, padding at -inf: [..., V_padded / tp]."""
         w, s = self._head_weight()
-        x = copy_to_tp(h, self.tp.pg, self.rec, self.tp.intra)
-        return mask_padding(matmul(x, w, self.rec), s.valid_len)
+        return mask_padding(column_linear(h, [w], self.tp)[0], s.valid_len)
 
     def logprobs(self, h: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         """log p(ids[:, t+1] | ids[:, :t+1]) for t < s - 1: [b, s - 1], fp32, vocab-parallel."""
