@@ -134,7 +134,6 @@ class _Replay:
         self.usage, self.present, self.own, self.cap = usage, present, own, cap
         n = len(prims)
         self.succ: list[list[int]] = [[] for _ in range(n)]
-        self.npred = [0] * n
         self.preds: list[set[int]] = [set() for _ in range(n)]
         for a, b, _ in self.edges:
             self.succ[a].append(b)

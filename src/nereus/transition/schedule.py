@@ -1,12 +1,15 @@
 """The schedule of a transition: list scheduling of the global DAG, and its result type.
 
 Ready primitives run side by side on disjoint GPUs; one starts when its predecessors are done,
-none of its GPUs is busy, and every GPU it touches has the memory its buffers need. Destroys go
-first (release before acquire), then the primitive with the longest path to the end. A
-primitive may jump ahead of the DAG's memory-safe serial order (``TransitionDag.order``) only
-if, on every GPU where it keeps memory, the rest of that order still fits afterwards: so the
-scheduler never takes memory that a later primitive needs and nothing releases. The makespan is
-``L_tran``; the schedule records every GPU's bytes over time.
+none of its GPUs is busy, and every GPU it touches has the memory its buffers need. Which ready
+primitive goes first is a priority rule (longest path to the end, Destroys first, stage by
+stage, ...); a few rules are tried and the best schedule is improved by forward-backward passes
+within a fixed work budget, so the result is deterministic and a 256-GPU transition is planned
+in tens of milliseconds. A primitive may jump ahead of the DAG's memory-safe serial order
+(``TransitionDag.order``) only if, on every GPU where it keeps memory, the rest of that order
+still fits afterwards: so no order ever takes memory that a later primitive needs and nothing
+releases, and every pass finishes. The makespan is ``L_tran``; the schedule records every GPU's
+bytes over time.
 """
 
 from __future__ import annotations
@@ -206,23 +209,23 @@ class _Problem:
 
 
 # Starting points (priority rule, reservation), tried in turn while the work budget lasts; each
-# is improved by forward-backward passes. The budget counts primitives scheduled over all
+# is improved by forward-backward passes. The budget counts (primitive, GPU) updates over all
 # passes, so a small transition gets the whole portfolio and a 256-GPU one a few passes.
-STARTS = (("stage_rev", True), ("tail", True), ("release", False), ("wide", True),
-          ("tail", False), ("stage", True), ("wide", False), ("stage_rev", False),
-          ("release", True), ("stage", False))
+STARTS = (("stage_rev", True), ("stage", False), ("wide", False), ("tail", True),
+          ("release", False), ("wide", True), ("tail", False), ("stage", True),
+          ("stage_rev", False), ("release", True))
 IMPROVE_ROUNDS = 3   # forward-backward rounds at most per starting point
-WORK_BUDGET = 1000   # primitives scheduled, over all passes
+WORK_BUDGET = 8000   # (primitive, GPU) updates over all passes
 MIN_PASSES = 3
-MAX_PASSES = 40
+MAX_PASSES = 70
 JITTER = 0.3         # then random starts: the best order so far, starts shifted by up to JITTER x makespan
 
 
 def list_schedule(dag: TransitionDag, cost: TransitionCost) -> Schedule:
-    """The best list schedule found from a few priority rules, the most promising improved by
+    """The best list schedule found from a few priority rules, each improved by
     forward-backward passes (re-schedule in the order the previous pass found, right- then
     left-justified: the classic improvement of list schedules in project scheduling), then
-    perturbations of the best order while the work budget lasts."""
+    perturbations of the best order, while the work budget lasts."""
     durs = [cost.duration(p) for p in dag.primitives]
     fwd = _Problem.forward(dag, [d.seconds for d in durs])
     n = len(durs)
@@ -239,32 +242,26 @@ def list_schedule(dag: TransitionDag, cost: TransitionCost) -> Schedule:
         "stage_rev": [(-fwd.stage[i], -tail[i], pos[i]) for i in range(n)],
     }
     bwd = fwd.reversed() if n > 1 else fwd
-    passes = min(MAX_PASSES, max(MIN_PASSES, WORK_BUDGET // max(1, n)))
-    # every starting rule once, then forward-backward improvement of the most promising
-    runs: list[tuple[float, int, _ListScheduler, bool]] = []
-    for k, (rule, reserve) in enumerate(STARTS[:max(2, passes // 2)]):
-        run = _ListScheduler(fwd, rules[rule], reserve).run()
-        runs.append((run.makespan, k, run, reserve))
-        passes -= 1
-    runs.sort(key=lambda r: (r[0], r[1]))
-    best = runs[0][2]
-    for _, _, run, reserve in runs:
-        if passes < 3:
-            break
-        run, used = _improve(fwd, bwd, run, pos, passes, reserve)
-        passes -= used
-        if run.makespan < best.makespan - 1e-12:
-            best = run
+    per_pass = sum(len(st) for st in fwd.steps)  # a pass costs about this many GPU updates
+    passes = min(MAX_PASSES, max(MIN_PASSES, WORK_BUDGET // max(1, per_pass)))
     rng = random.Random(n)  # deterministic: the same DAG always gets the same schedule
-    while passes >= 1:  # then perturb the best order found so far (iterated local search)
-        reserve = rng.random() < 0.5
-        span = max(best.makespan, 1e-9) * JITTER
-        prio = [(best.start[i] + span * rng.random(), pos[i]) for i in range(n)]
+    best: _ListScheduler | None = None
+    k = 0
+    while passes > 0:
+        if k < len(STARTS):
+            rule, reserve = STARTS[k]
+            prio = rules[rule]
+        else:  # perturb the best order found so far (iterated local search)
+            assert best is not None
+            reserve = rng.random() < 0.5
+            span = max(best.makespan, 1e-9) * JITTER
+            prio = [(best.start[i] + span * rng.random(), pos[i]) for i in range(n)]
+        k += 1
         run = _ListScheduler(fwd, prio, reserve).run()
         passes -= 1
         run, used = _improve(fwd, bwd, run, pos, passes, reserve)
         passes -= used
-        if run.makespan < best.makespan - 1e-12:
+        if best is None or run.makespan < best.makespan - 1e-12:
             best = run
     assert best is not None
     return _assemble(dag, cost, durs, best.start, best.end, pos,
@@ -345,13 +342,6 @@ class _ListScheduler:
                 cur += n2
         return True
 
-    def fits(self, i: int) -> bool:
-        on, usage, cap = self.on, self.usage, self.cap
-        for g, extra, _ in self.steps[i]:
-            if g in on or usage[g] + extra > cap:
-                return False
-        return self.guard_ok(i)
-
     def free_at(self, i: int) -> float:
         """When ``i`` could start if only running primitives ended (inf: later than that, or
         never held back by a running one)."""
@@ -371,17 +361,6 @@ class _ListScheduler:
                 return math.inf
         return t if t > -math.inf else math.inf
 
-    def yields(self, j: int, t: float) -> bool:
-        """Whether ``j`` must leave its GPUs to a higher-priority reservation."""
-        pj = self.prio[j]
-        tj = t + self.dur[j]
-        held = self.held
-        for g in self.gpus[j]:
-            h = held.get(g)
-            if h is not None and h[1] != j and tj > h[0] and self.prio[h[1]] < pj:
-                return True
-        return False
-
     def unhold(self, i: int) -> None:
         self.hold_at.pop(i, None)
         for g in self.holds.pop(i, ()):
@@ -399,41 +378,74 @@ class _ListScheduler:
             self.holds[i] = mine
             self.hold_at[i] = at
 
+    def blocker(self, i: int) -> int | None:
+        """None if ``i`` can start now; else a busy GPU it waits for, or -1 (memory)."""
+        on = self.on
+        for g in self.gpus[i]:
+            if g in on:
+                return g
+        usage, cap = self.usage, self.cap
+        for g, extra, _ in self.steps[i]:
+            if usage[g] + extra > cap:
+                return -1
+        return None if self.guard_ok(i) else -1
+
+    def held_against(self, j: int, t: float) -> int | None:
+        """A GPU of ``j`` reserved by a higher-priority primitive that ``j`` would delay."""
+        pj = self.prio[j]
+        tj = t + self.dur[j]
+        held = self.held
+        for g in self.gpus[j]:
+            h = held.get(g)
+            if h is not None and h[1] != j and tj > h[0] and self.prio[h[1]] < pj:
+                return g
+        return None
+
     def run(self) -> _ListScheduler:
-        n, steps, started, prio = self.n, self.steps, self.started, self.prio
-        ready_on: dict[int, set[int]] = {}
+        """Event by event; a primitive that cannot start is looked at again only when a GPU it
+        waits for frees (or, blocked by memory, when anything on its GPUs ends)."""
+        n, steps, started, prio, gpus = self.n, self.steps, self.started, self.prio, self.gpus
+        waiting_on: dict[int, set[int]] = {}
         running: list[tuple[float, int]] = []
         cand = {i for i in range(n) if not self.waiting[i]}
-        for i in cand:
-            for g in self.gpus[i]:
-                ready_on.setdefault(g, set()).add(i)
         t = 0.0
         done = 0
         reserve = self.reserve
         while done < n:
             if self.hold_at:
                 cand |= {i for i, at in self.hold_at.items() if at <= t}
+            later: set[int] = set()
             for i in sorted(cand, key=prio.__getitem__):
                 if started[i]:
                     continue
                 if i in self.holds:
+                    for g in self.holds[i]:
+                        later |= waiting_on.pop(g, set())
                     self.unhold(i)
-                if self.fits(i) and not (reserve and self.held and self.yields(i, t)):
-                    self._start(i, t, running, ready_on)
-                elif reserve:
+                b = self.blocker(i)
+                if b is None and reserve and self.held:
+                    b = self.held_against(i, t)
+                if b is None:
+                    self._start(i, t, running)
+                    continue
+                if b >= 0:
+                    waiting_on.setdefault(b, set()).add(i)
+                else:
+                    for g in gpus[i]:
+                        waiting_on.setdefault(g, set()).add(i)
+                if reserve:
                     at = self.free_at(i)
                     if at < math.inf:
                         self.hold(i, at)
-            cand = set()
-            if not running and self.holds:  # reservations held everything back: drop them
-                cand = {i for i in range(n) if not started[i] and not self.waiting[i]}
+            cand = later
+            if not running:  # reservations held everything back: drop them
                 self.held.clear()
                 self.holds.clear()
                 self.hold_at.clear()
-                for i in sorted(cand, key=prio.__getitem__):
-                    if self.fits(i):
-                        self._start(i, t, running, ready_on)
-                cand = set()
+                for i in sorted((i for i in range(n) if not started[i] and not self.waiting[i]),
+                                key=prio.__getitem__):
+                    if self.blocker(i) is None:
+                        self._start(i, t, running)
             if not running:
                 raise RuntimeError("transition scheduler stalled: the serial order does not fit "
                                    "memory (a bug in the global DAG)")
@@ -445,20 +457,17 @@ class _ListScheduler:
                 for g, extra, net in steps[i]:
                     del on[g]
                     usage[g] += net - extra
-                    waiting_here = ready_on.get(g)
-                    if waiting_here:
-                        cand |= waiting_here
+                    w = waiting_on.pop(g, None)
+                    if w:
+                        cand |= w
                 for s in self.succ[i]:
                     self.waiting[s] -= 1
                     if not self.waiting[s]:
                         cand.add(s)
-                        for g in self.gpus[s]:
-                            ready_on.setdefault(g, set()).add(s)
         self.makespan = max(self.end, default=0.0)
         return self
 
-    def _start(self, i: int, t: float, running: list[tuple[float, int]],
-               ready_on: dict[int, set[int]]) -> None:
+    def _start(self, i: int, t: float, running: list[tuple[float, int]]) -> None:
         self.started[i] = True
         self.start[i] = t
         self.end[i] = t + self.dur[i]
@@ -470,7 +479,6 @@ class _ListScheduler:
             committed[g] += net
             if extra > 0:
                 pos_rem[g] -= extra
-            ready_on[g].discard(i)
 
 
 def _timeline(dag: TransitionDag, start: Sequence[float], end: Sequence[float]
