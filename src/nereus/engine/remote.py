@@ -79,7 +79,7 @@ def _reports(eng: StageEngine) -> bool:
 
 
 def train(ctx: Any, key: str, batch: Batch, loss_fn: LossFn, micro_batch: int,
-          adam: AdamConfig | None = None, track_memory: bool = False, recompute: bool = False
+          adam: AdamConfig | None = None, track_memory: bool | None = None, recompute: bool = False
           ) -> tuple[Any, WorkerMeasurement]:
     att: _Attached = ctx.scratch[key]
     eng = att.engine
@@ -91,7 +91,7 @@ def train(ctx: Any, key: str, batch: Batch, loss_fn: LossFn, micro_batch: int,
     return (out.result if _reports(eng) else None), out.measurement
 
 
-def forward(ctx: Any, key: str, batch: Batch, micro_batch: int, track_memory: bool = False
+def forward(ctx: Any, key: str, batch: Batch, micro_batch: int, track_memory: bool | None = None
             ) -> tuple[Any, WorkerMeasurement]:
     eng = ctx.scratch[key].engine
     out = eng.forward(batch, micro_batch, track_memory)
@@ -99,7 +99,7 @@ def forward(ctx: Any, key: str, batch: Batch, micro_batch: int, track_memory: bo
 
 
 def generate(ctx: Any, key: str, prompts: Batch, sampling: SamplingParams,
-             micro_batch: int | None, track_memory: bool = False
+             micro_batch: int | None, track_memory: bool | None = None
              ) -> tuple[Any, WorkerMeasurement]:
     eng = ctx.scratch[key].engine
     out = eng.generate(prompts, sampling, micro_batch, track_memory)

@@ -170,7 +170,7 @@ class StageRunner:
             sequences=batch.size, tokens=tokens)
 
     def train_step(self, batch: Batch, loss_fn: LossFn, micro_batch: int,
-                   adam: AdamConfig | None = None, track_memory: bool = False,
+                   adam: AdamConfig | None = None, track_memory: bool | None = None,
                    recompute: bool = False) -> tuple[TrainResult, StageMeasurement]:
         """One optimizer update over the global ``batch`` (see ``nereus.engine.train`` for
         the loss convention); ``recompute`` reruns each layer's forward in backward."""
@@ -179,7 +179,7 @@ class StageRunner:
         res: TrainResult = results[0]
         return res, self._measurement("train", workers, batch, micro_batch, batch.num_tokens())
 
-    def forward(self, batch: Batch, micro_batch: int, track_memory: bool = False
+    def forward(self, batch: Batch, micro_batch: int, track_memory: bool | None = None
                 ) -> tuple[Output, StageMeasurement]:
         results, workers = self._run(remote.forward, self._rows(batch, micro_batch),
                                      micro_batch, track_memory)
@@ -187,7 +187,7 @@ class StageRunner:
                                                       batch.num_tokens())
 
     def generate(self, prompts: Batch, sampling: SamplingParams, micro_batch: int | None = None,
-                 track_memory: bool = False) -> tuple[GenerationResult, StageMeasurement]:
+                 track_memory: bool | None = None) -> tuple[GenerationResult, StageMeasurement]:
         rows = self._rows(prompts, micro_batch)
         mb = micro_batch or rows[0].size
         results, workers = self._run(remote.generate, rows, sampling, mb, track_memory)

@@ -62,8 +62,13 @@ class StageEngine:
             tensors += self.adam_state.tensors()
         return tensor_bytes(tensors)
 
-    def _measure(self, fn: object, track_memory: bool) -> tuple[object, WorkerMeasurement]:
+    def _measure(self, fn: object, track_memory: bool | None
+                 ) -> tuple[object, WorkerMeasurement]:
+        """``track_memory`` None: where it is free (CUDA's allocator statistics), not on CPU
+        (the profiler it needs slows the run)."""
         dev = self.model.device
+        if track_memory is None:
+            track_memory = dev.type == "cuda"
         result, wall, op_s, peak = measured(fn, self.rec, dev,  # type: ignore[arg-type]
                                             self.state_bytes(), track_memory)
         p = self.pos
@@ -73,7 +78,7 @@ class StageEngine:
 
     # ---------------------------------------------------------------- operations
     def train_step(self, batch: Batch, loss_fn: LossFn, micro_batch: int,
-                   adam: AdamConfig | None = None, track_memory: bool = False,
+                   adam: AdamConfig | None = None, track_memory: bool | None = None,
                    recompute: bool = False) -> Measured:
         if self.adam_state is None:
             raise InputError("train_step", "this worker holds no optimizer state (a forward or "
@@ -82,12 +87,12 @@ class StageEngine:
         res, meas = self._measure(lambda: step(batch, loss_fn), track_memory)
         return Measured(res, meas)
 
-    def forward(self, batch: Batch, micro_batch: int, track_memory: bool = False) -> Measured:
+    def forward(self, batch: Batch, micro_batch: int, track_memory: bool | None = None) -> Measured:
         res, meas = self._measure(lambda: forward(self.model, batch, micro_batch), track_memory)
         return Measured(res, meas)
 
     def generate(self, prompts: Batch, sampling: SamplingParams, micro_batch: int | None = None,
-                 track_memory: bool = False) -> Measured:
+                 track_memory: bool | None = None) -> Measured:
         gen = Generator(self.model)
         res, meas = self._measure(lambda: gen.generate(prompts, sampling, micro_batch),
                                   track_memory)
