@@ -5,9 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from nereus.errors import InputError
+from nereus.files import read_yaml
 from nereus.spec.job import JobSpec, parse_job
 
 
@@ -21,13 +20,7 @@ def job_from_options(config: Path | None = None, *, model: str | None = None,
     """Options override the config's fields; without a config, ``model`` and ``gpus`` are needed."""
     data: dict[str, Any] = {}
     if config is not None:
-        if not config.is_file():
-            raise InputError("config", f"no file at {config}")
-        try:
-            loaded = yaml.safe_load(config.read_text())
-        except yaml.YAMLError as e:
-            raise InputError("config", f"{config} is not valid YAML: "
-                             f"{str(e).splitlines()[0]}") from None
+        loaded = read_yaml(config, "config")
         if not isinstance(loaded, dict):
             raise InputError("config", "must be a YAML mapping of fields")
         data = loaded

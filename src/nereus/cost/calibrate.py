@@ -24,6 +24,7 @@ from nereus.cost.efficiency import Efficiencies, default_efficiency
 from nereus.cost.estimate import Estimate
 from nereus.cost.ops import OpClass
 from nereus.errors import InputError
+from nereus.files import read_json
 from nereus.spec.workflow import StageKind
 
 PROFILE_VERSION = 1
@@ -134,13 +135,9 @@ class Calibrator:
                      op_classes: frozenset[OpClass] | None = None) -> Calibrator:
         """Start from a saved profile of the same device; a new model reuses it when the op
         classes it will use are all in the profile (else the missing ones start at defaults)."""
-        p = Path(path)
-        if not p.is_file():
-            raise InputError("profile", f"no file at {path}")
-        try:
-            data = json.loads(p.read_text())
-        except json.JSONDecodeError as e:
-            raise InputError("profile", f"{p} is not valid JSON ({e.msg})") from None
+        data = read_json(path, "profile")
+        if not isinstance(data, Mapping):
+            raise InputError("profile", "must be a JSON object")
         if data.get("device") and data["device"] != device:
             raise InputError("profile.device", f"profile is for {data['device']!r}, job runs on "
                              f"{device!r}", [data["device"]])

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from nereus.cost.ops import OpClass
 from nereus.errors import InputError
+from nereus.files import read_json
 
 # Conservative starting points (assumptions, refined online): dense GEMMs of LLM training
 # usually reach 40-60 % of peak (Megatron-LM reports ~50 % MFU at scale); attention kernels less;
@@ -83,10 +84,7 @@ class Efficiencies:
 
     @classmethod
     def load(cls, path: str | Path) -> Efficiencies:
-        p = Path(path)
-        if not p.is_file():
-            raise InputError("profile", f"no file at {path}")
-        try:
-            return cls.from_dict(json.loads(p.read_text()))
-        except json.JSONDecodeError as e:
-            raise InputError("profile", f"{p} is not valid JSON ({e.msg})") from None
+        data = read_json(path, "profile")
+        if not isinstance(data, Mapping):
+            raise InputError("profile", "must be a JSON object")
+        return cls.from_dict(data)

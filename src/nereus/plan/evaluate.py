@@ -13,11 +13,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from nereus.cost.candidate import Candidate, Layout
 from nereus.cost.model import CostModel
 from nereus.errors import InputError
+from nereus.files import read_yaml
 from nereus.plan.overlap import critical_path, overlap_graph
 from nereus.plan.types import Plan, StagePlan, contiguous_replicas
 from nereus.spec.job import JobSpec
@@ -38,13 +37,7 @@ class StageLayoutSpec:
 
 def load_layout_spec(path: str | Path) -> dict[str, StageLayoutSpec]:
     """A plan JSON (``nereus plan --json``) or a YAML mapping stage -> {tp, pp, dp, ...}."""
-    p = Path(path)
-    if not p.is_file():
-        raise InputError("evaluate", f"no file at {path}")
-    try:
-        data = yaml.safe_load(p.read_text())  # YAML is a superset of JSON
-    except yaml.YAMLError as e:
-        raise InputError("evaluate", f"{p} is neither JSON nor YAML: {str(e).splitlines()[0]}") from None
+    data = read_yaml(path, "evaluate")
     if isinstance(data, Mapping) and isinstance(data.get("stages"), list):
         return {str(s.get("name")): _spec(str(s.get("name")), s) for s in data["stages"]}
     if isinstance(data, Mapping) and isinstance(data.get("stages"), Mapping):

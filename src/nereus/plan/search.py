@@ -24,14 +24,13 @@ import numpy as np
 
 from nereus.cost.candidate import Candidate, Layout
 from nereus.cost.efficiency import Efficiencies
-from nereus.cost.estimate import HEADROOM, Estimate
+from nereus.cost.estimate import HEADROOM
 from nereus.cost.model import CostModel, Evaluation
 from nereus.errors import InfeasibleError
 from nereus.plan.candidates import StageOptions, pareto_mask, stage_options
 from nereus.plan.overlap import critical_path, overlap_graph
 from nereus.plan.placement import GroupAssignment, place_phase, split_pool, unit_of
 from nereus.plan.types import Plan, StagePlan
-from nereus.spec.cluster import GpuPool
 from nereus.spec.job import JobSpec
 from nereus.spec.workflow import Execution, ModelStage, Phase, StageKind
 

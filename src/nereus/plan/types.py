@@ -10,6 +10,7 @@ from typing import Any
 
 from nereus.cost.candidate import Candidate, Layout
 from nereus.errors import InputError
+from nereus.files import read_json
 
 
 @dataclass(frozen=True)
@@ -129,13 +130,7 @@ class Plan:
 
     @classmethod
     def load(cls, path: str | Path) -> Plan:
-        p = Path(path)
-        if not p.is_file():
-            raise InputError("plan", f"no file at {path}")
-        try:
-            return cls.from_dict(json.loads(p.read_text()))
-        except json.JSONDecodeError as e:
-            raise InputError("plan", f"{p} is not valid JSON ({e.msg})") from None
+        return cls.from_dict(read_json(path, "plan"))
 
 
 def stage_plan_from_dict(s: Mapping[str, Any]) -> StagePlan:

@@ -31,14 +31,14 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from nereus.control.controller import ControlConfig
 from nereus.control.restart import RESTART_SOURCES, RestartParams
 from nereus.cost.efficiency import Efficiencies
 from nereus.cost.ops import OpClass
 from nereus.errors import InputError
+from nereus.files import read_yaml, validate
 from nereus.sim.plancache import EFF_GRID, LENGTH_BUCKET
 from nereus.sim.policies import POLICIES, make_policies
 from nereus.sim.simulator import SimResult, Simulator
@@ -361,18 +361,8 @@ def _one(section: str, model: BaseModel) -> str:
 def load_scenario(path: str | Path) -> Scenario:
     """A scenario from YAML; every value not in the file comes from the defaults above."""
     p = Path(path)
-    if not p.is_file():
-        raise InputError("--config", f"no file at {path}")
-    try:
-        raw = yaml.safe_load(p.read_text())
-    except yaml.YAMLError as e:
-        raise InputError("--config", f"{p} is not valid YAML: {str(e).splitlines()[0]}") from None
-    if not isinstance(raw, dict):
-        raise InputError("--config", "must be a YAML mapping", list(_ScenarioFile.model_fields))
-    try:
-        cfg = _ScenarioFile.model_validate(raw)
-    except ValidationError as e:
-        raise _first_error_scenario(e) from None
+    raw = read_yaml(p, "--config")
+    cfg = validate(_ScenarioFile, raw, "--config")
     job = parse_job(cfg.job)
     base = p.parent
     seed = cfg.seed
@@ -449,16 +439,6 @@ def load_scenario(path: str | Path) -> Scenario:
     return Scenario(cfg.name, cfg.description or f"from {p.name}", job, steps, lengths, avail,
                     drift, Efficiencies(hidden, job.cluster.device.name), cfg.noise, restart,
                     control, seed, notes)
-
-
-def _first_error_scenario(e: ValidationError) -> InputError:
-    err = e.errors()[0]
-    loc = ".".join(str(x) for x in err["loc"]) or "config"
-    if err["type"] == "extra_forbidden":
-        return InputError(loc, "unknown field")
-    if err["type"] == "missing":
-        return InputError(loc, "required field is missing")
-    return InputError(loc, str(err["msg"]).removeprefix("Value error, "))
 
 
 def with_overrides(sc: Scenario, *, steps: int | None = None, gamma: float | None = None

@@ -10,10 +10,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from nereus.errors import InputError
+from nereus.files import read_yaml, validate
 from nereus.spec.cluster import Cluster, GpuPool
 from nereus.spec.device import GiB, get_device
 from nereus.spec.model import ModelSpec, get_model
@@ -82,27 +82,6 @@ class JobConfig(_Strict):
         return v
 
 
-def _first_error(e: ValidationError) -> InputError:
-    err = e.errors()[0]
-    loc = ".".join(str(x) for x in err["loc"]) or "config"
-    kind = err["type"]
-    if kind == "extra_forbidden":
-        parent = err["loc"][:-1]
-        model: type[BaseModel] = JobConfig
-        for part in parent:
-            fld = model.model_fields.get(str(part))
-            ann = fld.annotation if fld else None
-            if isinstance(ann, type) and issubclass(ann, BaseModel):
-                model = ann
-        return InputError(loc, "unknown field", list(model.model_fields))
-    if kind == "missing":
-        return InputError(loc, "required field is missing")
-    if kind == "literal_error":
-        return InputError(loc, f"{err.get('input')!r} is not allowed",
-                          str(err.get("ctx", {}).get("expected", "")))
-    return InputError(loc, str(err["msg"]).removeprefix("Value error, "))
-
-
 def build_job(cfg: JobConfig) -> JobSpec:
     device = get_device(cfg.cluster.device)
     if cfg.cluster.device_memory_gib:
@@ -128,23 +107,9 @@ def build_job(cfg: JobConfig) -> JobSpec:
 
 
 def parse_job(data: object) -> JobSpec:
-    if not isinstance(data, dict):
-        raise InputError("config", "must be a YAML mapping of fields",
-                         list(JobConfig.model_fields))
-    try:
-        cfg = JobConfig.model_validate(data)
-    except ValidationError as e:
-        raise _first_error(e) from None
-    return build_job(cfg)
+    return build_job(validate(JobConfig, data, "config"))
 
 
 def load_job(path: str | Path) -> JobSpec:
     """Read and validate a job YAML file."""
-    p = Path(path)
-    if not p.is_file():
-        raise InputError("config", f"no file at {path}")
-    try:
-        data = yaml.safe_load(p.read_text())
-    except yaml.YAMLError as e:
-        raise InputError("config", f"{p} is not valid YAML: {str(e).splitlines()[0]}") from None
-    return parse_job(data)
+    return parse_job(read_yaml(path, "config"))

@@ -6,13 +6,13 @@ so the parameter count is computed here once and checked against the published t
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, replace
 from enum import Enum
 from pathlib import Path
 from typing import Any
 
 from nereus.errors import InputError
+from nereus.files import read_json
 
 
 class Head(str, Enum):
@@ -102,10 +102,9 @@ class ModelSpec:
         if not p.is_file():
             raise InputError("model", f"no config.json at {path}",
                              "a preset name or a path to a Hugging Face config.json or its folder")
-        try:
-            cfg: dict[str, Any] = json.loads(p.read_text())
-        except json.JSONDecodeError as e:
-            raise InputError("model", f"{p} is not valid JSON ({e.msg} at line {e.lineno})") from e
+        cfg = read_json(p, "model")
+        if not isinstance(cfg, dict):
+            raise InputError("model", f"{p} must hold a JSON object")
         return cls.from_hf_dict(cfg, name or p.parent.name or p.stem)
 
     @classmethod
