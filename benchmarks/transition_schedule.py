@@ -12,8 +12,10 @@ clock on this machine.
 
 Last line: one JSON object with ``instances``, ``makespan_ratio_max`` and
 ``makespan_ratio_median`` (greedy / optimum over instances CP-SAT solves to optimality),
-``plan_ms_median_256gpu`` and ``speedup_vs_cpsat_median``. Targets: ratio max <= 1.05,
-256-GPU planning <= 50 ms, >= 100x faster than CP-SAT.
+``plan_ms_median_256gpu`` and ``speedup_vs_cpsat_median`` (CP-SAT time to optimality over
+planning time, median over the instances it solves to optimality; ``speedup_vs_cpsat_total``
+adds up every CP-SAT run, time-limited ones at the limit). Targets: ratio max <= 1.05, 256-GPU
+planning <= 50 ms, >= 100x faster than CP-SAT.
 """
 
 from __future__ import annotations
@@ -119,6 +121,9 @@ def main() -> None:
     ratios = [r.ratio for r in optimal if r.ratio is not None]
     big = [r.plan_ms for r in rows if r.gpus == 256 and r.feasible]
     speedups = [r.cpsat_wall_s * 1e3 / r.plan_ms for r in optimal if r.cpsat_wall_s]
+    solved = [r for r in rows if r.cpsat_wall_s is not None]  # time-limited runs count at the limit
+    total = sum(r.cpsat_wall_s or 0.0 for r in solved) * 1e3 / max(1e-9, sum(r.plan_ms
+                                                                              for r in solved))
     summary = {
         "instances": len(rows),
         "feasible": sum(r.feasible for r in rows),
@@ -127,6 +132,7 @@ def main() -> None:
         "makespan_ratio_median": round(statistics.median(ratios), 4) if ratios else None,
         "plan_ms_median_256gpu": round(statistics.median(big), 2) if big else None,
         "speedup_vs_cpsat_median": round(statistics.median(speedups), 1) if speedups else None,
+        "speedup_vs_cpsat_total": round(total, 1),
         "paper_a_ltran_s": round(rows[0].greedy_s, 4),
         "paper_b_ltran_s": round(rows[1].greedy_s, 4),
         "source": "L_tran estimated by the transition cost model (h100-sxm-80gb, default "
@@ -138,7 +144,8 @@ def main() -> None:
           f"{summary['cpsat_optimal']} solved to optimality): ratio max "
           f"{summary['makespan_ratio_max']}, median {summary['makespan_ratio_median']}; "
           f"256-GPU planning {summary['plan_ms_median_256gpu']} ms (median); "
-          f"{summary['speedup_vs_cpsat_median']}x faster than CP-SAT (median)")
+          f"{summary['speedup_vs_cpsat_median']}x faster than CP-SAT (median), "
+          f"{summary['speedup_vs_cpsat_total']}x over all instances together")
     if args.json:
         print(json.dumps(summary))
 

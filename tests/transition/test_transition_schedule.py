@@ -139,3 +139,13 @@ def test_calibration_with_noisy_times_stays_close() -> None:
         calibrate_transition(s, [1.0])
     with pytest.raises(InputError, match="> 0"):
         calibrate_transition(s, {0: -1.0})
+
+
+def test_planning_is_deterministic() -> None:
+    job = job8b(64)
+    cur = Plan((sp("reward_infer", 4, 4, [range(0, 16)]), sp("critic_train", 2, 4, [range(16, 24)])))
+    tgt = Plan((sp("reward_infer", 2, 2, [range(0, 4), range(32, 36), range(40, 44)]),
+                sp("critic_train", 2, 4, [range(16, 24), range(48, 56)])))
+    a, b = plan_transition(job, cur, tgt), plan_transition(job, cur, tgt)
+    assert [(p.op, p.start_s, p.gpus) for p in a.primitives] == \
+        [(p.op, p.start_s, p.gpus) for p in b.primitives]
