@@ -82,14 +82,15 @@ def job_for_plans(current: Plan, target: Plan, config: Path | None, model: str |
                   devices_per_node: int | None) -> JobSpec:
     """The job whose state the plans move; its cluster holds every GPU either plan uses."""
     needed = max((*current.gpus(), *target.gpus()), default=0) + 1
-    opts = dict(model=model, algo=algo, execution=execution, device=device,
-                devices_per_node=devices_per_node)
+
+    def build(path: Path | None, gpus: int | None) -> JobSpec:
+        return job_from_options(path, model=model, algo=algo, execution=execution, gpus=gpus,
+                                device=device, devices_per_node=devices_per_node)
+
     if config is None:
-        return job_from_options(None, gpus=needed, **opts)  # type: ignore[arg-type]
-    job = job_from_options(config, **opts)  # type: ignore[arg-type]
-    if job.cluster.num_devices < needed:
-        job = job_from_options(config, gpus=needed, **opts)  # type: ignore[arg-type]
-    return job
+        return build(None, needed)
+    job = build(config, None)
+    return job if job.cluster.num_devices >= needed else build(config, needed)
 
 
 def stage_table(schedule: Schedule, current: Plan, target: Plan, sizes: StateSizes) -> Table:
