@@ -223,8 +223,40 @@ def score(test: list[Measured], eff: Efficiencies, mem_scale: dict[StageKind, fl
     return rows
 
 
-def run_cases(args: argparse.Namespace, device: str) -> list[Measured]:
-    """Measure every case on a fresh Ray session and worker pool (released at the end)."""
+def _allreduce_times(ctx: Any, name: str, nbytes: int, n: int) -> list[float]:
+    """Seconds of ``n`` all-reduces of ``nbytes`` on group ``name`` (after a warm-up)."""
+    g = ctx.groups[name]
+    t = torch.ones(max(1, nbytes // 4), device=ctx.device)
+    for _ in range(5):
+        g.all_reduce(t)
+    out = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        g.all_reduce(t)
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+def link_figures(pool: WorkerPool, rv: Rendezvous) -> dict[str, float]:
+    """Measured all-reduce time between two workers: small messages (the per-message latency
+    the device preset assumes) and 4 MiB (bandwidth). Medians, seconds and bytes/s."""
+    from nereus.runtime.comm import close_groups, open_groups
+
+    groups = {"bench/link": (0, 1)}
+    open_groups(pool, groups, rv)
+    try:
+        small = pool.run({d: (_allreduce_times, ("bench/link", 4, 200)) for d in (0, 1)})[0]
+        big = pool.run({d: (_allreduce_times, ("bench/link", 4 << 20, 20)) for d in (0, 1)})[0]
+    finally:
+        close_groups(pool, groups)
+    return {"allreduce_small_s": statistics.median(small),
+            "allreduce_4MiB_bytes_per_s": (4 << 20) / statistics.median(big)}
+
+
+def run_cases(args: argparse.Namespace, device: str
+              ) -> tuple[list[Measured], dict[str, float]]:
+    """Measure every case, and the link between two workers, on a fresh Ray session and
+    worker pool (released at the end)."""
     if args.kind == "cpu":
         ray.init(num_cpus=max(2, args.workers), include_dashboard=False, log_to_driver=False,
                  resources={"nereus_slot": args.workers})
@@ -232,18 +264,21 @@ def run_cases(args: argparse.Namespace, device: str) -> list[Measured]:
         ray.init(include_dashboard=False, log_to_driver=False)
     pool = rv = None
     results: list[Measured] = []
+    link: dict[str, float] = {}
     try:
         pool = WorkerPool.start(args.workers, kind=args.kind)
         rv = Rendezvous("127.0.0.1" if args.kind == "cpu" else None)
         todo = [c for c in cases(args.workers) if args.only in c.name]
         results = measure_all(pool, rv, todo, args.model, device, args.repeats)
+        if args.workers >= 2:
+            link = link_figures(pool, rv)
     finally:
         if rv is not None:
             rv.close()
         if pool is not None:
             pool.shutdown()
         ray.shutdown()
-    return results
+    return results, link
 
 
 def load_measurements(path: str) -> list[Measured]:
@@ -273,7 +308,8 @@ def main(argv: list[str] | None = None) -> int:
 
     t0 = time.perf_counter()
     load0 = os.getloadavg()[0]
-    results = load_measurements(args.load) if args.load else run_cases(args, device)
+    results, link = ((load_measurements(args.load), {}) if args.load
+                     else run_cases(args, device))
     if args.save:
         with open(args.save, "w") as f:
             json.dump([asdict(m) for m in results], f)
@@ -311,6 +347,8 @@ def main(argv: list[str] | None = None) -> int:
         "load_avg_1min": (None if args.load else
                           [round(load0, 2), round(os.getloadavg()[0], 2)]),
         "measurements": args.load or "this run",
+        # measured beside the device preset's intra-node latency and bandwidth assumptions
+        "link_measured": link or None,
         "cpus": os.cpu_count(),
     }
     print(json.dumps(summary))
