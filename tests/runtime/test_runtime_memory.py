@@ -78,6 +78,7 @@ def test_cache_takes_the_smallest_block_that_fits() -> None:
     for n in (100, 140, 400):
         assert cache.give(torch.empty(n, dtype=torch.uint8))
     assert cache.take(90).numel() == 90 and cache.bytes == 540
+    assert cache.take(130).numel() == 130 and cache.bytes == 400  # among blocks of other sizes
     assert cache.take(1000) is None
     cache.evict(100)
     assert cache.bytes == 0 or cache.bytes <= 100

@@ -142,15 +142,19 @@ class Group:
         if self.device.type == "cuda":  # NCCL: abort() unblocks the stream; wait enqueues
             work.wait()
             return
-        self._pending = [work]
+        self._pending.append(work)
         delay = 20e-6
         while not work.is_completed():
             if self.aborted.is_set():
                 raise GroupAborted(f"group {self.name} was aborted")
             time.sleep(delay)
             delay = min(2e-3, delay * 2)
-        self._pending = []
+        self._pending = [w for w in self._pending if w is not work]
         work.wait()  # raises the operation's own error, if it failed
+
+    def _wait_all(self, works: list[Any]) -> None:
+        for w in works:
+            self._wait(w)
 
     def idle(self) -> bool:
         """No operation of this member is still running inside the backend."""
@@ -178,11 +182,37 @@ class Group:
     def all_gather(self, outputs: list[torch.Tensor], tensor: torch.Tensor) -> None:
         self._wait(self.backend.allgather([outputs], [tensor]))
 
+    def all_gather_into(self, output: torch.Tensor, tensor: torch.Tensor) -> None:
+        """All-gather into one contiguous ``output`` (rank r's part at ``r * numel``): no
+        flattening copy and no temporary buffer inside the backend."""
+        self._wait(self.backend._allgather_base(output, tensor))
+
     def all_reduce(self, tensor: torch.Tensor, op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM
                    ) -> None:
         opts = dist.AllreduceOptions()
         opts.reduceOp = op
         self._wait(self.backend.allreduce([tensor], opts))
+
+    def start_all_gather_by_broadcast(self, outputs: list[torch.Tensor]) -> list[Any]:
+        """Start an all-gather as ``size`` broadcasts issued together, rank r the root of
+        ``outputs[r]`` (its own entry holds its data): the backend runs them side by side, so
+        on gloo every pair moves data both ways at once, with no temporary buffer. Returns
+        the pending operations for ``wait``."""
+        if self.aborted.is_set():
+            raise GroupAborted(f"group {self.name} was aborted")
+        works = []
+        for r, t in enumerate(outputs):
+            opts = dist.BroadcastOptions()
+            opts.rootRank = r
+            opts.rootTensor = 0
+            works.append(self.backend.broadcast([t], opts))
+        return works
+
+    def wait(self, works: list[Any]) -> None:
+        self._wait_all(works)
+
+    def all_gather_by_broadcast(self, outputs: list[torch.Tensor]) -> None:
+        self.wait(self.start_all_gather_by_broadcast(outputs))
 
     def send(self, tensor: torch.Tensor, dst: int, tag: int = 0) -> None:
         self._wait(self.backend.send([tensor], dst, tag))
@@ -260,6 +290,10 @@ class PendingJoin:
         if self.error is not None:
             raise self.error
         return self.backend
+
+    def _wait_all(self, works: list[Any]) -> None:
+        for w in works:
+            self._wait(w)
 
     def idle(self) -> bool:
         return not self.thread.is_alive()

@@ -15,10 +15,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from nereus.cost.efficiency import Efficiencies
+from nereus.errors import InputError
 from nereus.plan.types import Plan
 from nereus.runtime.executor import ExecutionReport, Executor, state_specs
 from nereus.runtime.placement import place_units, verify_units
 from nereus.runtime.workers import WorkerPool
+from nereus.spec.device import GiB
 from nereus.spec.job import JobSpec
 from nereus.transition.emu import phi
 from nereus.transition.planner import plan_transition
@@ -67,6 +69,8 @@ def execute_transition(job: JobSpec, current: Plan, target: Plan,
 
         raise InfeasibleError(f"transition: {schedule.reason}")
     ids = sorted(set(current.gpus()) | set(target.gpus()))
+    if kind == "cpu":
+        _check_fits_machine(job, schedule, len(ids))
     started_ray = not ray.is_initialized()
     pool = None
     try:
@@ -90,6 +94,27 @@ def execute_transition(job: JobSpec, current: Plan, target: Plan,
             pool.shutdown()
         if started_ray:
             ray.shutdown()
+
+
+def _check_fits_machine(job: JobSpec, schedule: Schedule, workers: int) -> None:
+    """Refuse, before starting anything, a state that this machine's memory cannot hold."""
+    import os
+
+    from nereus.runtime.state import position_bytes
+
+    specs = state_specs(job, "cpu")
+    need = 0
+    for stage in schedule.changed:
+        for e in schedule.initial.get(stage, ()):
+            lay = (e.layout.tp, e.layout.pp)
+            need += sum(position_bytes(specs[stage], *lay, *e.position(i))
+                        for i in range(len(e.gpus)))
+    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    if 2 * need > ram:  # the state, plus the copies a transition makes on its way
+        raise InputError("model", f"{job.model.name}: its state takes {need / GiB:.1f} GiB on "
+                         f"{workers} CPU workers, this machine has {ram / GiB:.1f} GiB",
+                         "a small model for --execute on CPU (tiny-llama, tiny-qwen3, "
+                         "small-llama)")
 
 
 def _seeds(job: JobSpec, seed: int) -> Mapping[str, int]:

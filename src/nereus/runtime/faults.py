@@ -41,6 +41,7 @@ class FaultReport:
     lost: tuple[Emu, ...]                              # units that are gone or incomplete
     timings: tuple[PrimitiveTiming, ...] = ()          # primitives that did complete
     dropped_bytes: Mapping[int, int] = field(default_factory=dict)  # orphan arenas freed
+    tracebacks: Mapping[int, Mapping[int, str]] = field(default_factory=dict, repr=False)
 
     def lost_stages(self, stages: Sequence[str]) -> tuple[str, ...]:
         """Model-stages (of ``stages``) with no intact unit left: their last copy is lost."""
@@ -60,6 +61,15 @@ class TransitionFailed(RuntimeError):
     def __init__(self, report: FaultReport):
         self.report = report
         super().__init__(f"transition failed ({report.describe()})")
+
+
+def _describe_error(e: BaseException) -> str:
+    """One line: the worker's own exception where Ray wrapped it."""
+    cause = getattr(e, "cause", None)
+    inner = cause if isinstance(cause, BaseException) else e
+    text = f"{type(inner).__name__}: {inner}".strip()
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    return (lines[-1] if isinstance(cause, BaseException) and len(lines) > 1 else lines[0])[:300]
 
 
 def _drop_all(ctx: Any, ids: Sequence[str]) -> int:
@@ -94,10 +104,12 @@ def reconcile(pool: WorkerPool, candidates: Mapping[str, Emu], dead: set[int],
     if todo:
         dropped = pool.run(todo)
     return FaultReport(frozenset(dead),
-                       {i: {d: f"{type(e).__name__}: {e}".splitlines()[0][:300]
-                            for d, e in errs.items()} for i, errs in failed.items()},
+                       {i: {d: _describe_error(e) for d, e in errs.items()}
+                        for i, errs in failed.items()},
                        {s: tuple(sorted(es, key=lambda e: e.id)) for s, es in intact.items()},
-                       tuple(sorted(lost, key=lambda e: e.id)), timings, dropped)
+                       tuple(sorted(lost, key=lambda e: e.id)), timings, dropped,
+                       {i: {d: str(e)[-4000:] for d, e in errs.items()}
+                        for i, errs in failed.items()})
 
 
 @dataclass(frozen=True)

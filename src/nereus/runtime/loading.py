@@ -89,10 +89,9 @@ def _fill(state: ShardedState, source: Iterator[tuple[str, Shard, torch.Tensor]]
     return state
 
 
-def seeded_shard(spec: StateSpec, tp: int, pp: int, tp_rank: int, pp_rank: int, seed: int,
-                 warm: bool = True, device: torch.device | str = "cpu") -> ShardedState:
-    """Position (tp_rank, pp_rank) of a seeded unit: logical tensors made, then sliced."""
-    state = ShardedState.empty(spec, tp, pp, tp_rank, pp_rank, seeded_meta(seed, warm), device)
+def fill_seeded(state: ShardedState, seed: int, warm: bool = True) -> ShardedState:
+    """Fill an allocated position with the seeded state (logical tensors made, then sliced)."""
+    spec = state.spec
     params = {p.name: p for p in logical_params(spec.model, spec.head)}
 
     def parts() -> Iterator[tuple[str, Shard, torch.Tensor]]:
@@ -100,7 +99,37 @@ def seeded_shard(spec: StateSpec, tp: int, pp: int, tp_rank: int, pp_rank: int, 
             full = seeded_value(spec, params[e.shard.logical], e.kind, seed, warm)
             yield e.kind, e.shard, _slice(full, e.shard)
 
+    state.meta = seeded_meta(seed, warm)
     return _fill(state, parts())
+
+
+def seeded_shard(spec: StateSpec, tp: int, pp: int, tp_rank: int, pp_rank: int, seed: int,
+                 warm: bool = True, device: torch.device | str = "cpu") -> ShardedState:
+    """Position (tp_rank, pp_rank) of a seeded unit: logical tensors made, then sliced."""
+    state = ShardedState.empty(spec, tp, pp, tp_rank, pp_rank, seeded_meta(seed, warm), device)
+    return fill_seeded(state, seed, warm)
+
+
+def seeded_difference(state: ShardedState, seed: int, warm: bool = True) -> str | None:
+    """Where ``state`` differs from the seeded state of its position (bitwise), or None.
+    Compares one tensor at a time, so it needs no second arena."""
+    spec = state.spec
+    if state.meta != seeded_meta(seed, warm):
+        return "scalars differ"
+    params = {p.name: p for p in logical_params(spec.model, spec.head)}
+    for e in state.layout.entries:
+        sh = e.shard
+        full = seeded_value(spec, params[sh.logical], e.kind, seed, warm)
+        got = state.tensor(e.kind, sh.name).cpu()
+        if sh.split_dim is None:
+            same = torch.equal(got, full)
+        else:
+            n = sh.valid_len
+            same = torch.equal(got.narrow(sh.split_dim, 0, n), _slice(full, sh)) and not bool(
+                got.narrow(sh.split_dim, n, got.shape[sh.split_dim] - n).any())
+        if not same:
+            return f"{e.kind}:{sh.name} differs"
+    return None
 
 
 def seeded_logical(spec: StateSpec, seed: int, warm: bool = True) -> LogicalState:

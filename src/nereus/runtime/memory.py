@@ -111,7 +111,8 @@ class ArenaCache:
             if not fits:
                 return None
             best = min(fits, key=lambda b: b.numel())
-            self._blocks.remove(best)
+            # by identity: list.remove would compare tensors elementwise
+            self._blocks = [b for b in self._blocks if b is not best]
         return best[:nbytes]
 
     def give(self, buffer: torch.Tensor) -> bool:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -36,7 +37,7 @@ from nereus.spec.sharding import Shard
 from nereus.runtime.workers import WorkerContext
 
 META_BYTES = 16 * 1024  # fixed size of the scalars' message (JSON; the RNG state is ~7 KB)
-BUCKET_BYTES = 16 * 1024**2  # all-gather chunk of Split
+BUCKET_BYTES = 64 * 1024**2  # all-gather chunk of Split
 MIN_BUCKET_BYTES = 64 * 1024  # smallest chunk the executor shrinks to under memory pressure
 
 
@@ -53,6 +54,7 @@ class MoveResult:
     held_after: int        # bytes the worker holds when done
     peak: int              # the worker's peak held bytes so far
     meta_digest: str = ""
+    detail: tuple[tuple[str, float], ...] = ()  # seconds by part (e.g. collective, copy)
 
 
 def _sync(ctx: WorkerContext) -> None:
@@ -61,11 +63,11 @@ def _sync(ctx: WorkerContext) -> None:
 
 
 def _result(ctx: WorkerContext, t0: float, setup: float, move: float, sent: int, recv: int,
-            digest: str = "") -> MoveResult:
+            digest: str = "", detail: dict[str, float] | None = None) -> MoveResult:
     _sync(ctx)
     st = ctx.memory.stats()
     return MoveResult(ctx.device_id, setup, move, time.perf_counter() - t0, sent, recv,
-                      st.held, st.peak, digest)
+                      st.held, st.peak, digest, tuple(sorted((detail or {}).items())))
 
 
 # ---------------------------------------------------------------- Split
@@ -120,9 +122,9 @@ def _chunk_sizes(spec: StateSpec, tp: int, pp: int, member_positions: Sequence[t
 def split_workspace_bytes(spec: StateSpec, tp: int, pp: int,
                           member_positions: Sequence[tuple[int, int]],
                           bucket_bytes: int = BUCKET_BYTES) -> int:
-    """Buffers of one member's all-gathers: (group size + 1) x the largest chunk."""
+    """Buffers of one member's all-gathers: two rounds in flight of one chunk per member."""
     _, sizes = _chunk_sizes(spec, tp, pp, member_positions, bucket_bytes)
-    return (len(member_positions) + 1) * max(sizes, default=0)
+    return 2 * len(member_positions) * max(sizes, default=0)
 
 
 def split_member(ctx: WorkerContext, group: GroupSpec, src_id: str, out_id: str,
@@ -135,11 +137,13 @@ def split_member(ctx: WorkerContext, group: GroupSpec, src_id: str, out_id: str,
     tp_sub, pp_sub = sub_layout
     m_tp, m_pp = tp // tp_sub, pp // pp_sub
     t, r = src.position
+    ta = time.perf_counter()
     target = ctx.allocate(spec, tp_sub, pp_sub, t // m_tp, r // m_pp, src.meta,
                           f"split {src_id} -> {out_id}")
+    t_alloc = time.perf_counter() - ta
     plans, sizes = _chunk_sizes(spec, tp, pp, member_positions, bucket_bytes)
     size = len(member_positions)
-    work_bytes = (size + 1) * max(sizes, default=0)  # receive buffers and one padded send
+    work_bytes = 2 * size * max(sizes, default=0)  # per member and round in flight
     held_work = False
     g: Group | None = None
     try:
@@ -158,20 +162,44 @@ def split_member(ctx: WorkerContext, group: GroupSpec, src_id: str, out_id: str,
         layouts = [arena_layout(spec, tp, pp, pt, pr) for pt, pr in member_positions]
         sent = received = 0
         send: torch.Tensor | None = None
-        for b, bsize in enumerate(sizes):
-            outs = [work[m * bsize:(m + 1) * bsize] for m in range(size)]
+        outs: list[torch.Tensor] = []
+        pending: Any = None
+        t_coll = t_copy = 0.0
+        step = size * max(sizes, default=0)  # two sets of chunk slots: receive one, place one
+
+        def start(b: int) -> tuple[list[torch.Tensor], list[Any], torch.Tensor | None]:
+            bsize = sizes[b]
+            base = (b % 2) * step
+            outs = [work[base + m * bsize:base + (m + 1) * bsize] for m in range(size)]
             lo, hi = plans[me][b] if b < len(plans[me]) else (0, 0)
+            if ctx.device.type == "cuda":  # NCCL: an in-place all-gather into one buffer
+                outs[me][:hi - lo].copy_(src.buffer[lo:hi])
+                g.all_gather_into(work[base:base + size * bsize], outs[me])
+                return outs, [], None
             if lo + bsize <= src.nbytes:
-                send = src.buffer[lo:lo + bsize]  # a contiguous run of the arena, no packing
-            else:  # the last chunk of a smaller arena: pad it to the common size
-                send = work[size * bsize:(size + 1) * bsize]
-                send[:hi - lo].copy_(src.buffer[lo:hi])
-            g.all_gather(outs, send)
-            sent += bsize
-            received += bsize * (size - 1)
+                own = src.buffer[lo:lo + bsize]  # a run of the arena itself, no packing
+            else:  # the last chunk of a smaller arena: padded in this member's own slot
+                own = outs[me]
+                own[:hi - lo].copy_(src.buffer[lo:hi])
+            outs[me] = own
+            # gloo: every member broadcasts its chunk while receiving the others' (its
+            # allgather would copy through temporary buffers)
+            return outs, g.start_all_gather_by_broadcast(outs), own
+
+        pending = start(0) if sizes else None
+        for b in range(len(sizes)):
+            tc = time.perf_counter()
+            outs, works, send = pending  # type: ignore[misc]
+            g.wait(works)
+            pending = start(b + 1) if b + 1 < len(sizes) else None  # overlaps the copies
+            tp_ = time.perf_counter()
+            t_coll += tp_ - tc
+            sent += sizes[b]
+            received += sizes[b] * (size - 1)
             for m in range(size):
                 if b < len(plans[m]):
                     _place_chunk(outs[m], plans[m][b], layouts[m], targets, cov)
+            t_copy += time.perf_counter() - tp_
         missing = cov.missing(target.layout)
         if missing:
             raise RuntimeError(f"split {src_id}: position not covered: {missing[:4]}")
@@ -187,10 +215,11 @@ def split_member(ctx: WorkerContext, group: GroupSpec, src_id: str, out_id: str,
         if held_work:
             del work
             ctx.memory.release(work_bytes)
-    del src, send  # nothing may view the source when it is dropped (its memory is reused)
+    del src, send, outs, pending  # nothing may view the source when dropped (memory reuse)
     ctx.drop(src_id)  # the source lives until its all-gathers ended
     ctx.hold(out_id, target)
-    return _result(ctx, t0, setup, move, sent, received, target.meta.digest())
+    return _result(ctx, t0, setup, move, sent, received, target.meta.digest(),
+                   {"allgather_s": t_coll, "copy_s": t_copy, "alloc_s": t_alloc})
 
 
 def _place_chunk(chunk: torch.Tensor, span: tuple[int, int], layout: ArenaLayout,
@@ -315,18 +344,16 @@ def held_units(ctx: WorkerContext) -> dict[str, int]:
 def place_seeded(ctx: WorkerContext, unit_id: str, spec: StateSpec, layout: tuple[int, int],
                  position: tuple[int, int], seed: int, warm: bool = True) -> int:
     """Build this worker's position of a seeded unit in place (bytes counted)."""
-    from nereus.runtime.loading import seeded_shard
+    from nereus.runtime.loading import fill_seeded
 
-    n = arena_layout(spec, *layout, *position).nbytes
-    ctx.memory.reserve(n, f"seeded {unit_id}")
+    st = ctx.allocate(spec, *layout, *position, StateMeta(), f"seeded {unit_id}")
     try:
-        st = seeded_shard(spec, layout[0], layout[1], position[0], position[1], seed, warm,
-                          ctx.device)
+        fill_seeded(st, seed, warm)
         ctx.hold(unit_id, st)
     except BaseException:
-        ctx.memory.release(n)
+        ctx.free(st)
         raise
-    return n
+    return st.nbytes
 
 
 def place_safetensors(ctx: WorkerContext, unit_id: str, path: str, spec: StateSpec,
@@ -349,14 +376,8 @@ def place_safetensors(ctx: WorkerContext, unit_id: str, path: str, spec: StateSp
 def verify_seeded(ctx: WorkerContext, unit_id: str, seed: int, warm: bool = True) -> str | None:
     """Compare this worker's shard bitwise with the seeded state it should hold; None if equal.
     Lets a benchmark check a large state without gathering it in one process."""
-    from nereus.runtime.loading import seeded_shard
+    from nereus.runtime.loading import seeded_difference
 
     st = ctx.units[unit_id]
-    ref = seeded_shard(st.spec, st.tp, st.pp, *st.position, seed, warm, "cpu")
-    if st.meta != ref.meta:
-        return f"{unit_id} at {st.position}: scalars differ"
-    for e in st.layout.entries:
-        if not torch.equal(st.tensor(e.kind, e.shard.name).cpu(),
-                           ref.tensor(e.kind, e.shard.name)):
-            return f"{unit_id} at {st.position}: {e.kind}:{e.shard.name} differs"
-    return None
+    diff = seeded_difference(st, seed, warm)
+    return None if diff is None else f"{unit_id} at {st.position} on {ctx.device_id}: {diff}"

@@ -19,6 +19,7 @@ blocked collective, ping, memory stats), which answers while ``work`` is blocked
 
 from __future__ import annotations
 
+import gc
 import os
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -175,12 +176,16 @@ class WorkerContext:
 
     def reap(self) -> int:
         """Free aborted groups whose backend has finished (its operations timed out);
-        returns how many are still parked."""
+        returns how many are still parked. A failed call leaves its frames (and the
+        operations and backend they reference) in reference cycles through its traceback, so
+        the cycles are collected here: that is what closes the backend's sockets."""
         with self._lock:
             done = [g for g in self.zombies if g.idle()]
             self.zombies = [g for g in self.zombies if not g.idle()]
         for g in done:
             g.close()
+        del done
+        gc.collect()
         return len(self.zombies)
 
 
