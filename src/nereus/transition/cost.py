@@ -88,6 +88,11 @@ class TransitionCost:
         self._eff = {c: efficiencies[c] for c in OpClass}
         self._eff_pair = {Link.INTRA: efficiencies[OpClass.BROADCAST_INTRA],
                           Link.INTER: efficiencies[OpClass.BROADCAST_INTER]}
+        # (op class, bandwidth, latency) per kind of transfer inside / across nodes
+        self._bcast = {intra: (comm_class("broadcast", intra), self._bw[lk], self._lat[lk])
+                       for intra, lk in ((True, Link.INTRA), (False, Link.INTER))}
+        self._gather = {intra: (comm_class("allgather", intra), self._bw[lk], self._lat[lk])
+                        for intra, lk in ((True, Link.INTRA), (False, Link.INTER))}
 
     def link(self, a: int, b: int) -> Link:
         return Link.INTRA if a // self._per_node == b // self._per_node else Link.INTER
@@ -126,21 +131,32 @@ class TransitionCost:
         per_node = self._per_node
         gpus = p.emu.gpus
         for idx in gather_groups(p.emu.layout, p.sub):
-            grp = [gpus[i] for i in idx]
+            node = gpus[idx[0]] // per_node
+            intra = all(gpus[i] // per_node == node for i in idx)
             total = sum(src[i] for i in idx)
             recv = max(total - src[i] for i in idx)
-            lk = Link.INTRA if len({g // per_node for g in grp}) == 1 else Link.INTER
-            t = recv / self._bw[lk] + (len(grp) - 1) * self._lat[lk]
-            cls = comm_class("allgather", lk is Link.INTRA)
-            ideal[cls] = max(ideal.get(cls, 0.0), t)
+            cls, bw, lat = self._gather[intra]
+            t = recv / bw + (len(idx) - 1) * lat
+            if t > ideal.get(cls, -1.0):
+                ideal[cls] = t
         return self._finish(ideal)
 
     def _extend(self, p: Extend) -> Duration:
+        """One rank pair per position: per link kind, the largest shard sets the time (the
+        time grows with the bytes, so the slowest pair is the one that sends the most)."""
         s = self.sizes.of(p.emu)
+        pn = self._per_node
+        most = {True: -1, False: -1}
+        first: bool | None = None
+        for b, src, dst in zip(s, p.emu.gpus, p.targets):
+            intra = src // pn == dst // pn
+            if first is None:
+                first = intra
+            if b > most[intra]:
+                most[intra] = b
         ideal: dict[OpClass, float] = {}
-        for i, (a, b) in enumerate(p.pairs()):
-            lk = self.link(a, b)
-            t = s[i] / self._bw[lk] + self._lat[lk]
-            cls = comm_class("broadcast", lk is Link.INTRA)
-            ideal[cls] = max(ideal.get(cls, 0.0), t)
+        for intra in ((first, not first) if first is not None else ()):
+            if most[intra] >= 0:
+                cls, bw, lat = self._bcast[intra]
+                ideal[cls] = most[intra] / bw + lat
         return self._finish(ideal)

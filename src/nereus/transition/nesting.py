@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from functools import lru_cache
 
 from nereus.cost.candidate import Layout
 from nereus.errors import InputError
@@ -81,6 +82,7 @@ def merge_gpus(units: Sequence[Sequence[int]], sub: Layout, layout: Layout) -> t
     return tuple(out)
 
 
+@lru_cache(maxsize=256)
 def gather_groups(layout: Layout, sub: Layout) -> tuple[tuple[int, ...], ...]:
     """Indices (into a ``layout`` unit's GPU list) of each all-gather group of a Split, one
     group per T_sub-position, members ordered by sub-unit j."""

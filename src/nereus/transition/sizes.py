@@ -43,14 +43,23 @@ class StateSizes:
     def __init__(self, job: JobSpec):
         self.job = job
         self._heads = {m.name: m.head for m in job.workflow.models}
+        # per (model, trainable, tp, pp): the shared cache hashes the whole model spec on
+        # every call, which costs more than the lookup itself when a schedule asks thousands
+        self._of: dict[tuple[str, bool, int, int], tuple[int, ...]] = {}
 
     def head(self, model: str) -> Head:
         return self._heads[model]
 
     def of(self, emu: Emu) -> tuple[int, ...]:
         """Bytes held by ``emu.gpus[i]``, for every i."""
-        return position_bytes(self.job.model, self._heads[emu.model], emu.trainable,
-                              self.job.workload, emu.layout.tp, emu.layout.pp)
+        lay = emu.layout
+        key = (emu.model, emu.trainable, lay.tp, lay.pp)
+        got = self._of.get(key)
+        if got is None:
+            got = self._of[key] = position_bytes(self.job.model, self._heads[emu.model],
+                                                 emu.trainable, self.job.workload, lay.tp,
+                                                 lay.pp)
+        return got
 
     def of_layout(self, model: str, trainable: bool, layout: Layout) -> tuple[int, ...]:
         return position_bytes(self.job.model, self._heads[model], trainable, self.job.workload,
