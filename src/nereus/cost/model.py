@@ -228,11 +228,11 @@ class CostModel:
             return Estimate(name, cand, (), self.eff, {}, 0, dev.memory_bytes, notes)
         intra = gen.size <= self.node_size and train.size <= self.node_size
         n = max(2, train.size)
-        row = _collective("allgather", n, [need * n / (n - 1)], intra, self.device, "weight_sync",
-                          "reshard actor weights (train->gen)", 1.0)
-        op = Op(row.cls_at(0), row.term, row.name, 1.0, 0.0, float(row.nbytes[0]),
-                float(row.ideal[0]))
-        return Estimate(name, cand, (op,), self.eff, {}, 0, dev.memory_bytes)
+        rows = _collective("allgather", n, [need * n / (n - 1)], intra, self.device,
+                           "weight_sync", "reshard actor weights (train->gen)", 1.0)
+        ops = tuple(Op(r.cls_at(0), r.term, r.name, 1.0, 0.0, float(r.nbytes[0]),
+                       float(r.ideal[0])) for r in rows if r.ideal[0] > 0)
+        return Estimate(name, cand, ops, self.eff, {}, 0, dev.memory_bytes)
 
     def kv_bytes_per_token(self, layout: Layout) -> int:
         """KV-cache bytes one token takes on one GPU (its layers, its KV heads)."""
@@ -296,15 +296,15 @@ class CostModel:
         m, w = self.job.model, self.job.workload
         intra = cols.tp <= self.node_size
         layers = m.num_layers / cols.pp
-        rows = [_collective("allreduce", cols.tp, tokens * m.hidden_size * w.param_bytes, intra,
+        rows = [*_collective("allreduce", cols.tp, tokens * m.hidden_size * w.param_bytes, intra,
                             self.device, term, "tp allreduce (attention out, mlp out)",
                             count * per_layer * layers)]
         if loss_reductions and self._head(st) is Head.LM:
-            rows.append(_collective("allreduce", cols.tp, tokens * 4.0, intra, self.device, term,
-                                    "vocab-parallel log-softmax", count * loss_reductions))
+            rows += _collective("allreduce", cols.tp, tokens * 4.0, intra, self.device, term,
+                                "vocab-parallel log-softmax", count * loss_reductions)
         return rows
 
-    def _pp(self, cols: Columns, tokens: Arr, count: Arr, term: str) -> Row:
+    def _pp(self, cols: Columns, tokens: Arr, count: Arr, term: str) -> list[Row]:
         m, w = self.job.model, self.job.workload
         n = np.where(cols.pp > 1, 2.0, 1.0)
         return _collective("p2p", n, tokens * m.hidden_size * w.param_bytes,
@@ -325,13 +325,13 @@ class CostModel:
             rows += self._compute(st, cols, tok_t, seq_t, passes, count, term)
             rows += self._tp(st, cols, tok_t, ar_per_layer, count,
                              "tp_comm" if term == "compute" else term, loss_reductions=3)
-            rows.append(self._pp(cols, tok_t, 2.0 * count, "pp_comm" if term == "compute" else term))
-        rows.append(_collective("allreduce", cols.dp, cols.numel * w.grad_bytes,
+            rows += self._pp(cols, tok_t, 2.0 * count, "pp_comm" if term == "compute" else term)
+        rows += (_collective("allreduce", cols.dp, cols.numel * w.grad_bytes,
                                 cols.gpus <= self.node_size, dev, "dp_sync", "gradient allreduce",
                                 np.full_like(cols.tp, updates)))
         if m.tie_embeddings and self._head(st) is Head.LM:
             emb = m.vocab_size / cols.tp * m.hidden_size * w.grad_bytes
-            rows.append(_collective("allreduce", np.where(cols.pp > 1, 2.0, 1.0), emb,
+            rows += (_collective("allreduce", np.where(cols.pp > 1, 2.0, 1.0), emb,
                                     cols.size <= self.node_size, dev, "dp_sync",
                                     "tied embedding grad (first<->last block)",
                                     np.full_like(cols.tp, updates)))
@@ -375,7 +375,7 @@ class CostModel:
             rows += self._compute(st, cols, tok_t, seq_t, one, count, term)
             rows += self._tp(st, cols, tok_t, 2.0 * one, count,
                              "tp_comm" if term == "compute" else term, loss_reductions=2)
-            rows.append(self._pp(cols, tok_t, count, "pp_comm" if term == "compute" else term))
+            rows += self._pp(cols, tok_t, count, "pp_comm" if term == "compute" else term)
         rows += self._host(cols.numel * w.param_bytes, "reload params")
         ws = work.layer_forward_workspace_bytes(m, w.param_bytes)
         live = (ws.replicated + ws.split / cols.tp) * tok_m
@@ -423,7 +423,7 @@ class CostModel:
                 Row("prefill", "prefill attention", OpClass.ATTENTION, one, attn, zero,
                     attn / dev.peak_flops)]
         rows += self._tp(st, cols, p_tokens / chunks, 2.0 * one, chunks, "prefill", 0)
-        rows.append(self._pp(cols, p_tokens / chunks, chunks + cols.pp - 1, "prefill"))
+        rows += self._pp(cols, p_tokens / chunks, chunks + cols.pp - 1, "prefill")
 
         # decode: iterations of the running batch; a token crosses all pp blocks in turn, and
         # with pp micro-batches in flight each block reads its weights once per micro-batch
@@ -445,7 +445,7 @@ class CostModel:
                         np.where(hbm_bound, 0.0, t_gemm)))
         # every layer all-reduces twice per token: 2 x num_layers per iteration on the path
         rows += self._tp(st, cols, active / slots, 2.0 * one, iters * cols.pp, "decode", 0)
-        rows.append(self._pp(cols, active / slots, iters * cols.pp, "decode"))
+        rows += self._pp(cols, active / slots, iters * cols.pp, "decode")
 
         memory = {
             "parameters": weights,
@@ -481,11 +481,14 @@ _HOPS = {"allreduce": lambda n: 2 * (n - 1), "allgather": lambda n: n - 1,
 
 
 def _collective(kind: str, n: Arr | float, nbytes: Arr | float, intra: Arr | bool, device,
-                term: str, name: str, count: Arr | float) -> Row:
+                term: str, name: str, count: Arr | float) -> list[Row]:
     """``count`` ring collectives among ``n`` ranks (alpha-beta model); zero where n == 1.
 
     all-reduce moves 2(n-1)/n of the message per rank in 2(n-1) steps, all-gather (n-1)/n in
     n-1 steps, broadcast (pipelined) about the whole message in n-1 hops, p2p one message.
+    Two rows: the bytes over the link bandwidth (class ``<kind>.<link>``) and the per-step
+    latency (class ``latency.<link>``), so calibration learns bandwidth and latency apart:
+    decode all-reduces are latency-bound, training ones bandwidth-bound.
     """
     n = _f(n)
     nbytes, count, intra = np.broadcast_arrays(_f(nbytes), _f(count), np.asarray(intra, dtype=bool))
@@ -496,6 +499,8 @@ def _collective(kind: str, n: Arr | float, nbytes: Arr | float, intra: Arr | boo
     hops = np.where(active, _HOPS[kind](safe), 0.0)
     bw = np.where(intra, device.intra_node_bw, device.inter_node_bw)
     lat = np.where(intra, device.intra_latency_s, device.inter_latency_s)
-    ideal = np.where(active, count * (wire / bw + hops * lat), 0.0)
-    return Row(term, name, OpClass(f"{kind}.intra"), count, np.zeros_like(wire), wire, ideal,
-               OpClass(f"{kind}.inter"), intra)
+    zero = np.zeros_like(wire)
+    return [Row(term, name, OpClass(f"{kind}.intra"), count, zero, wire,
+                np.where(active, count * wire / bw, 0.0), OpClass(f"{kind}.inter"), intra),
+            Row(term, f"{name} (latency, {kind})", OpClass.LATENCY_INTRA, count * hops, zero,
+                zero, np.where(active, count * hops * lat, 0.0), OpClass.LATENCY_INTER, intra)]

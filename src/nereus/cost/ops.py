@@ -24,6 +24,8 @@ class OpClass(str, Enum):
     P2P_INTER = "p2p.inter"
     BROADCAST_INTRA = "broadcast.intra"
     BROADCAST_INTER = "broadcast.inter"
+    LATENCY_INTRA = "latency.intra"      # per-step latency of collectives inside a node
+    LATENCY_INTER = "latency.inter"      # per-step latency across nodes
     HOST = "host"                        # device <-> host copies (offload and reload)
     SETUP = "setup"                      # communicator creation (rendezvous + init)
 

@@ -62,11 +62,13 @@ DEVICE_PRESETS: dict[str, DeviceSpec] = {
     "mi250x": DeviceSpec("mi250x", 64 * GiB, 191.5e12, 1.6384e12, 50 * GB, 12.5 * GB, 36 * GB,
                          4e-6, 12e-6, 8,
                          "AMD MI250X datasheet (per GCD); OLCF Frontier node architecture"),
-    # One CPU device slot (a Ray worker process on a CPU machine). These are assumptions that the
-    # calibrator corrects from measured times: ~50 GFLOP/s fp32 for one core with AVX2,
-    # ~10 GB/s memory bandwidth per core, gloo over loopback ~2 GB/s, across hosts ~1 GB/s
-    # (10 GbE class). State already lives in host memory, so host_bw is the memory bandwidth.
-    "cpu": DeviceSpec("cpu", 2 * GiB, 50e9, 10 * GB, 2 * GB, 1 * GB, 10 * GB, 50e-6, 100e-6, 8,
+    # One CPU device slot (a Ray worker process on a CPU machine). Starting points that the
+    # calibrator corrects from measured times: ~50 GFLOP/s fp32 for one core with AVX2 and
+    # ~10 GB/s memory bandwidth per core (assumptions); gloo over loopback: a small all-reduce
+    # between two local processes measured ~274 us here (2 ring steps, so ~130 us a step) and
+    # ~0.6-2 GB/s for MiB messages (benchmarks/engine.py); across hosts ~1 GB/s and 250 us a
+    # step (10 GbE class, assumption). State lives in host memory: host_bw = memory bandwidth.
+    "cpu": DeviceSpec("cpu", 2 * GiB, 50e9, 10 * GB, 2 * GB, 1 * GB, 10 * GB, 130e-6, 250e-6, 8,
                       "assumption for one CPU core slot; calibrated from measured times"),
 }
 
