@@ -17,8 +17,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import lru_cache
 
-from nereus.cost.candidate import Link
+from nereus.cost.candidate import Layout, Link
 from nereus.cost.comm import link_bw, link_latency
 from nereus.cost.efficiency import Efficiencies
 from nereus.cost.ops import OpClass, comm_class
@@ -106,37 +107,45 @@ class TransitionCost:
         return (nbytes / self._bw[lk] + self._lat[lk]) / self._eff_pair[lk]
 
     def duration(self, p: Primitive) -> Duration:
-        if isinstance(p, Split):
-            return self._split(p)
-        if isinstance(p, Extend):
-            return self._extend(p)
-        if isinstance(p, Merge):
-            new = self.sizes.of(p.output)
+        kind = type(p)
+        if kind is Extend:
+            return self._extend(p)  # type: ignore[arg-type]
+        if kind is Split:
+            return self._split(p)  # type: ignore[arg-type]
+        if kind is Merge:
+            new = self.sizes.of(p.output)  # type: ignore[union-attr]
             local = LOCAL_OP_S + 2 * max(new) / self.device.hbm_bw  # read + write the new shard
             return Duration(local, (), local)
-        if isinstance(p, Destroy):
+        if kind is Destroy:
             return Duration(LOCAL_OP_S, (), LOCAL_OP_S)
         raise TypeError(f"not a primitive: {p!r}")
 
     def _finish(self, ideal: dict[OpClass, float]) -> Duration:
         eff = self._eff
-        comm = max((v / eff[c] for c, v in ideal.items()), default=0.0)
+        comm = 0.0
+        for c, v in ideal.items():
+            t = v / eff[c]
+            if t > comm:
+                comm = t
         ideal[OpClass.SETUP] = self.setup_ideal_s
         return Duration(self.setup_ideal_s / eff[OpClass.SETUP] + comm,
                         tuple(ideal.items()), 0.0)
 
     def _split(self, p: Split) -> Duration:
-        src = self.sizes.of(p.emu)
-        ideal: dict[OpClass, float] = {}
+        emu = p.emu
+        recv = _gather_recv(self.sizes.of(emu), emu.layout, p.sub)
         per_node = self._per_node
-        gpus = p.emu.gpus
-        for idx in gather_groups(p.emu.layout, p.sub):
+        gpus = emu.gpus
+        k = len(recv[0][0])
+        if min(gpus) // per_node == max(gpus) // per_node:  # one node: every group inside it
+            cls, bw, lat = self._gather[True]
+            return self._finish({cls: max(r for _, r in recv) / bw + (k - 1) * lat})
+        ideal: dict[OpClass, float] = {}
+        for idx, r in recv:
             node = gpus[idx[0]] // per_node
             intra = all(gpus[i] // per_node == node for i in idx)
-            total = sum(src[i] for i in idx)
-            recv = max(total - src[i] for i in idx)
             cls, bw, lat = self._gather[intra]
-            t = recv / bw + (len(idx) - 1) * lat
+            t = r / bw + (k - 1) * lat
             if t > ideal.get(cls, -1.0):
                 ideal[cls] = t
         return self._finish(ideal)
@@ -146,17 +155,28 @@ class TransitionCost:
         time grows with the bytes, so the slowest pair is the one that sends the most)."""
         s = self.sizes.of(p.emu)
         pn = self._per_node
+        same = [a // pn == b // pn for a, b in zip(p.emu.gpus, p.targets)]
+        if all(same) or not any(same):  # every pair inside a node, or every one across
+            cls, bw, lat = self._bcast[same[0]]
+            return self._finish({cls: max(s) / bw + lat})
         most = {True: -1, False: -1}
-        first: bool | None = None
-        for b, src, dst in zip(s, p.emu.gpus, p.targets):
-            intra = src // pn == dst // pn
-            if first is None:
-                first = intra
+        for b, intra in zip(s, same):
             if b > most[intra]:
                 most[intra] = b
         ideal: dict[OpClass, float] = {}
-        for intra in ((first, not first) if first is not None else ()):
-            if most[intra] >= 0:
-                cls, bw, lat = self._bcast[intra]
-                ideal[cls] = most[intra] / bw + lat
+        for intra in (same[0], not same[0]):
+            cls, bw, lat = self._bcast[intra]
+            ideal[cls] = most[intra] / bw + lat
         return self._finish(ideal)
+
+
+@lru_cache(maxsize=1024)
+def _gather_recv(src: tuple[int, ...], layout: Layout, sub: Layout
+                 ) -> tuple[tuple[tuple[int, ...], int], ...]:
+    """Per all-gather group of a Split: its member indices and the most bytes one member
+    receives (everything the others hold)."""
+    out = []
+    for idx in gather_groups(layout, sub):
+        total = sum(src[i] for i in idx)
+        out.append((idx, max(total - src[i] for i in idx)))
+    return tuple(out)

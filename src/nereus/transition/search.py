@@ -21,12 +21,13 @@ from __future__ import annotations
 import heapq
 import math
 import random
+from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from nereus.transition.bound import lower_bound
 from nereus.transition.global_dag import TransitionDag
-from nereus.transition.primitives import Destroy
+from nereus.transition.primitives import Destroy, Primitive
 
 TOLERANCE = 0.01     # a schedule within 1 % of the lower bound is not improved further
 
@@ -60,21 +61,31 @@ class Times:
 
 
 class _Problem:
-    """What one list-scheduling pass needs, forward or in reversed time, GPUs numbered 0..G-1.
+    """What one list-scheduling pass needs, forward or in reversed time, on resources 0..R-1.
+
+    A resource is a set of GPUs that are busy or free together. A GPU where memory cannot bind
+    (its bytes before the transition plus every positive extra of every primitive on it fit
+    capacity: no order of those primitives can exceed it) only matters for being busy, and it
+    is busy exactly when every other such GPU touched by the same primitives is, so those GPUs
+    form one resource. A GPU where memory may bind is a resource of its own and its bytes are
+    tracked (``steps``: (resource, extra, net) per primitive). The passes are the same as on
+    single GPUs, only cheaper.
 
     Reversed: edges point back, each primitive turns its after-state into its before-state
     (so its extra is during - after), it starts from the final bytes, and the serial order runs
-    backwards, which fits memory exactly when the forward one does.
+    backwards, which fits memory exactly when the forward one does (and memory binds on the
+    same GPUs: a reversed schedule is a forward one read backwards).
     """
 
     def __init__(self, dur: list[float], succ: list[list[int]], npred: list[int],
-                 order: list[int], gpus: list[tuple[int, ...]],
-                 steps: list[tuple[tuple[int, int, int], ...]], initial: list[int], cap: int,
-                 destroy: list[bool], stage: list[int]):
+                 order: list[int], res: list[list[int]],
+                 steps: list[list[tuple[int, int, int]]], initial: list[int], cap: int,
+                 prims: Sequence[Primitive], work: int):
         self.dur, self.succ, self.npred, self.order = dur, succ, npred, order
-        self.gpus, self.steps, self.initial, self.cap = gpus, steps, initial, cap
-        self.destroy, self.stage = destroy, stage
-        # per GPU: the primitives touching it in serial order, and their positive extras
+        self.res, self.steps, self.initial, self.cap = res, steps, initial, cap
+        self.prims = prims  # what the priority rules look at
+        self.work = work    # (primitive, GPU) pairs: what a pass on single GPUs would update        self.work = work  # (primitive, GPU) pairs: what a pass on single GPUs would update
+        # per tracked resource: the primitives touching it in serial order, positive extras
         rem: list[list[tuple[int, int, int]]] = [[] for _ in initial]
         pos_rem = [0] * len(initial)
         for i in order:
@@ -83,7 +94,6 @@ class _Problem:
                 if extra > 0:
                     pos_rem[g] += extra
         self.rem, self.pos_rem = rem, pos_rem
-        self.work = sum(len(st) for st in steps)  # a pass costs about this many GPU updates
 
     @classmethod
     def forward(cls, dag: TransitionDag, dur: list[float]) -> _Problem:
@@ -93,23 +103,45 @@ class _Problem:
         for a, b, _ in dag.edges:
             succ[a].append(b)
             npred[b] += 1
-        dense: dict[int, int] = {}
-        steps = []
-        for m in dag.memory:
-            st = []
-            for g, s in m.items():
-                k = dense.get(g)
-                if k is None:
-                    k = dense[g] = len(dense)
-                st.append((k, s.during - s.before, s.after - s.before))
-            steps.append(tuple(st))
-        init = dag.initial_bytes
-        initial = [init.get(g, 0) for g in dense]
-        stage_rank = {s: k for k, s in enumerate(dag.changed)}
-        return cls(dur, succ, npred, list(dag.order), [tuple(g for g, _, _ in st) for st in steps],
-                   steps, initial, dag.capacity_bytes,
-                   [isinstance(p, Destroy) for p in dag.primitives],
-                   [stage_rank[p.stage] for p in dag.primitives])
+        order, memory, init, cap = list(dag.order), dag.memory, dag.initial_bytes, \
+            dag.capacity_bytes
+        touch: defaultdict[int, list[int]] = defaultdict(list)  # GPU -> its primitives, in order
+        extras: defaultdict[int, int] = defaultdict(int)        # GPU -> sum of positive extras
+        for i in order:
+            for g, st in memory[i].items():
+                touch[g].append(i)
+                x = st.during - st.before
+                if x > 0:
+                    extras[g] += x
+        rid: dict[int, int] = {}
+        by_sig: dict[tuple[int, ...], int] = {}
+        tracked: list[int] = []  # GPUs where memory may bind
+        initial: list[int] = []
+        for g, lst in touch.items():
+            if init.get(g, 0) + extras.get(g, 0) > cap:
+                rid[g] = len(initial)
+                initial.append(init.get(g, 0))
+                tracked.append(g)
+                continue
+            sig = tuple(lst)
+            r = by_sig.get(sig)
+            if r is None:
+                r = by_sig[sig] = len(initial)
+                initial.append(0)
+            rid[g] = r
+        # resources in the order of their first GPU (so a blocked primitive waits on the same
+        # one as it would GPU by GPU)
+        find = rid.__getitem__
+        res = [list(dict.fromkeys(map(find, m))) for m in memory]
+        steps: list[list[tuple[int, int, int]]] = [[] for _ in range(n)]
+        for g in tracked:
+            r = rid[g]
+            for i in touch[g]:
+                st = memory[i][g]
+                b = st.before
+                steps[i].append((r, st.during - b, st.after - b))
+        return cls(dur, succ, npred, order, res, steps, initial, cap, dag.primitives,
+                   sum(len(m) for m in memory))
 
     def reversed(self) -> _Problem:
         n = len(self.dur)
@@ -123,9 +155,9 @@ class _Problem:
         for st in self.steps:
             for g, _, net in st:
                 final[g] += net
-        steps = [tuple((g, extra - net, -net) for g, extra, net in st) for st in self.steps]
-        return _Problem(self.dur, succ, npred, self.order[::-1], self.gpus, steps, final,
-                        self.cap, self.destroy, self.stage)
+        steps = [[(g, extra - net, -net) for g, extra, net in st] for st in self.steps]
+        return _Problem(self.dur, succ, npred, self.order[::-1], self.res, steps, final,
+                        self.cap, self.prims, self.work)
 
     def memory_succ(self) -> list[list[int]]:
         """Release -> later acquisitions on its GPU that would not fit without it (in the
@@ -192,7 +224,7 @@ class _Pass:
         self.succ = prob.succ
         self.waiting = list(prob.npred)
         self.rank = rank
-        self.gpus = prob.gpus
+        self.res = prob.res
         self.steps = prob.steps
         self.usage = list(prob.initial)
         self.committed = list(prob.initial)
@@ -201,11 +233,11 @@ class _Pass:
         self.started = [False] * n
         self.start = [0.0] * n
         self.end = [0.0] * n
-        ngpu = len(prob.initial)
-        self.on = [-1] * ngpu                    # busy GPU -> running primitive
-        self.on_settle = [0] * ngpu              # busy GPU -> net - extra of what runs there
-        self.held: dict[int, tuple[float, int]] = {}  # GPU -> (free at, reserving primitive)
-        self.holds: dict[int, list[int]] = {}  # primitive -> GPUs it reserves
+        nres = len(prob.initial)
+        self.on = [-1] * nres                    # busy resource -> running primitive
+        self.on_settle = [0] * nres              # tracked, busy: net - extra of what runs
+        self.held: dict[int, tuple[float, int]] = {}  # resource -> (free at, reserving prim.)
+        self.holds: dict[int, list[int]] = {}  # primitive -> resources it reserves
         self.hold_at: dict[int, float] = {}    # primitive -> when it expects to start
         self.makespan = 0.0
 
@@ -234,15 +266,12 @@ class _Pass:
             return math.inf
         t = -math.inf
         on, usage, cap, end, settle = self.on, self.usage, self.cap, self.end, self.on_settle
-        for g, extra, _ in self.steps[i]:
+        for g in self.res[i]:
             r = on[g]
-            if r < 0:
-                if usage[g] + extra > cap:
-                    return math.inf
-                continue
-            if end[r] > t:
+            if r >= 0 and end[r] > t:
                 t = end[r]
-            if usage[g] + settle[g] + extra > cap:
+        for g, extra, _ in self.steps[i]:
+            if usage[g] + (settle[g] if on[g] >= 0 else 0) + extra > cap:
                 return math.inf
         return t if t > -math.inf else math.inf
 
@@ -255,7 +284,7 @@ class _Pass:
     def hold(self, i: int, at: float) -> None:
         mine = []
         rank = self.rank
-        for g in self.gpus[i]:
+        for g in self.res[i]:
             h = self.held.get(g)
             if h is None or rank[i] < rank[h[1]]:
                 self.held[g] = (at, i)
@@ -265,9 +294,9 @@ class _Pass:
             self.hold_at[i] = at
 
     def blocker(self, i: int) -> int | None:
-        """None if ``i`` can start now; else a busy GPU it waits for, or -1 (memory)."""
+        """None if ``i`` can start now; else a busy resource it waits for, or -1 (memory)."""
         on = self.on
-        for g in self.gpus[i]:
+        for g in self.res[i]:
             if on[g] >= 0:
                 return g
         usage, cap = self.usage, self.cap
@@ -277,12 +306,13 @@ class _Pass:
         return None if self.guard_ok(i) else -1
 
     def held_against(self, j: int, t: float) -> int | None:
-        """A GPU of ``j`` reserved by a higher-priority primitive that ``j`` would delay."""
+        """A resource of ``j`` reserved by a higher-priority primitive that ``j`` would
+        delay."""
         rank = self.rank
         pj = rank[j]
         tj = t + self.dur[j]
         held = self.held
-        for g in self.gpus[j]:
+        for g in self.res[j]:
             h = held.get(g)
             if h is not None and h[1] != j and tj > h[0] and rank[h[1]] < pj:
                 return g
@@ -291,7 +321,7 @@ class _Pass:
     def run(self) -> _Pass:
         """Event by event; a primitive that cannot start is looked at again only when a GPU it
         waits for frees (or, blocked by memory, when anything on its GPUs ends)."""
-        n, steps, started, gpus = self.n, self.steps, self.started, self.gpus
+        n, steps, started, res = self.n, self.steps, self.started, self.res
         key = self.rank.__getitem__
         waiting_on: dict[int, set[int]] = {}
         running: list[tuple[float, int]] = []
@@ -327,7 +357,7 @@ class _Pass:
                     else:
                         w.add(i)
                 else:
-                    for g in gpus[i]:
+                    for g in res[i]:
                         w = waiting_on.get(g)
                         if w is None:
                             waiting_on[g] = {i}
@@ -353,12 +383,13 @@ class _Pass:
             while running and running[0][0] <= t:
                 _, i = heapq.heappop(running)
                 done += 1
-                for g, extra, net in steps[i]:
+                for g in res[i]:
                     on[g] = -1
-                    usage[g] += on_settle[g]
                     w = waiting_on.pop(g, None)
                     if w:
                         cand |= w
+                for g, _, _ in steps[i]:
+                    usage[g] += on_settle[g]
                 for s in succ[i]:
                     waiting[s] -= 1
                     if not waiting[s]:
@@ -373,8 +404,9 @@ class _Pass:
         heapq.heappush(running, (e, i))
         on, on_settle, usage, committed, pos_rem = self.on, self.on_settle, self.usage, \
             self.committed, self.pos_rem
-        for g, extra, net in self.steps[i]:
+        for g in self.res[i]:
             on[g] = i
+        for g, extra, net in self.steps[i]:
             on_settle[g] = net - extra
             usage[g] += extra
             committed[g] += net
@@ -385,8 +417,9 @@ class _Pass:
 class _Search:
     """The rules, forward-backward improvement and perturbations, stopping at ``goal``."""
 
-    def __init__(self, fwd: _Problem, goal: float):
+    def __init__(self, fwd: _Problem, goal: float, stages: Sequence[str]):
         self.fwd = fwd
+        self.stage_rank = {s: k for k, s in enumerate(stages)}  # generation first
         self.goal = goal
         n = self.n = len(fwd.dur)
         pos = self.pos = [0] * n
@@ -407,17 +440,18 @@ class _Search:
         return self._bwd
 
     def rule(self, name: str) -> list[int]:
-        fwd, pos, tail, every = self.fwd, self.pos, self.tail(), range(self.n)
+        pos, tail, prims, every = self.pos, self.tail(), self.fwd.prims, range(self.n)
         if name == "tail":
             keys: list[tuple[float, ...]] = [(-tail[i], pos[i]) for i in every]
         elif name == "release":
-            keys = [(0 if fwd.destroy[i] else 1, -tail[i], pos[i]) for i in every]
+            keys = [(0 if type(prims[i]) is Destroy else 1, -tail[i], pos[i]) for i in every]
         elif name == "wide":
-            keys = [(-tail[i] * len(fwd.gpus[i]), pos[i]) for i in every]
-        elif name == "stage":  # one model-stage after another (they compete for links)
-            keys = [(fwd.stage[i], -tail[i], pos[i]) for i in every]
-        elif name == "stage_rev":
-            keys = [(-fwd.stage[i], -tail[i], pos[i]) for i in every]
+            width = [len(p.gpus) for p in prims]
+            keys = [(-tail[i] * width[i], pos[i]) for i in every]
+        elif name in ("stage", "stage_rev"):  # one model-stage after another (they compete
+            sign = 1 if name == "stage" else -1  # for the same GPUs' links)
+            rank = self.stage_rank
+            keys = [(sign * rank[prims[i].stage], -tail[i], pos[i]) for i in every]
         else:
             raise ValueError(f"unknown priority rule {name!r}")
         return _ranks(keys)
@@ -429,10 +463,10 @@ class _Search:
     def best(self) -> _Pass:
         fwd, n, goal = self.fwd, self.n, self.goal
         passes = min(MAX_PASSES, max(MIN_PASSES, WORK_BUDGET // max(1, fwd.work)))
-        rng = random.Random(n)  # deterministic: the same DAG always gets the same schedule
         probe = self.run(fwd, self.rule(PROBE[0]), PROBE[1])
         if probe.makespan <= goal:
             return probe
+        rng = random.Random(n)  # deterministic: the same DAG always gets the same schedule
         best: _Pass | None = None
         k = 0
         while passes > 0:
@@ -493,7 +527,7 @@ def search(dag: TransitionDag, durations: Sequence[float]) -> Times:
     otherwise the best the search finds within its budget."""
     dur = list(durations)
     fwd = _Problem.forward(dag, dur)
-    bound = lower_bound(dur, fwd.succ, fwd.order, fwd.gpus)
-    s = _Search(fwd, bound * (1 + TOLERANCE))
+    bound = lower_bound(dur, fwd.succ, fwd.order, fwd.res)
+    s = _Search(fwd, bound * (1 + TOLERANCE), dag.changed)
     best = s.best()
     return Times(tuple(best.start), tuple(best.end), best.makespan, bound, s.passes)
