@@ -215,14 +215,10 @@ class Controller:
             idle = sum(cost.resident_bytes(o, self.plan.stage(o).layout)
                        for o in self.plan.group_of(sp.stage) if o != sp.stage)
             est = cost.estimate(sp.stage, sp.candidate, idle)
-            per_op = tel.op_times(sp.stage)
-            ideal = est.ideal_by_class()
-            used = [c for c in per_op if ideal.get(c, 0.0) > 0]
-            if used:
-                for c in used:
-                    self.calibrator.observe_op(c, ideal[c], per_op[c])
-            else:
-                self.calibrator.observe_stage(est, tel.latency_s[sp.stage])
+            # per-class times where the framework gives them, and always the stage's wall time:
+            # it also holds work no op class times (Python, elementwise kernels)
+            self.calibrator.observe_timed(est, tel.op_times(sp.stage))
+            self.calibrator.observe_stage(est, tel.latency_s[sp.stage])
             if sp.stage in tel.peak_mem_bytes:
                 kind = self.job.workflow.stage(sp.stage).kind
                 self.calibrator.observe_memory(kind, est.peak_mem_bytes,

@@ -48,7 +48,7 @@ class Calibrator:
 
     prior: Efficiencies = field(default_factory=Efficiencies)
     forgetting: float = 0.9
-    ridge: float = 0.05
+    ridge: float = 0.02
     max_rows: int = 256
     _rows: list[_Row] = field(default_factory=list)
     _memory: dict[StageKind, list[float]] = field(default_factory=dict)
@@ -72,6 +72,21 @@ class Calibrator:
         if not (ideal_s > 0 and measured_s > 0):
             raise InputError("measured_s", "ideal and measured times must be > 0")
         self._add(_Row({cls: float(ideal_s)}, float(measured_s), self._step))
+
+    def observe_timed(self, estimate: Estimate, measured: Mapping[OpClass, float]) -> int:
+        """Measured seconds per timed op class of one stage (framework instrumentation).
+
+        Each class the estimate prices and the framework timed adds one row; an all-reduce's
+        row holds its bandwidth and latency parts, so both are learned. Returns the rows added.
+        """
+        parts = estimate.ideal_by_timed_class()
+        added = 0
+        for cls, secs in measured.items():
+            ideal = parts.get(cls)
+            if ideal and secs > 0 and sum(ideal.values()) > 0:
+                self._add(_Row(dict(ideal), float(secs), self._step))
+                added += 1
+        return added
 
     def observe_memory(self, kind: StageKind, estimated_bytes: int, measured_bytes: int) -> None:
         if estimated_bytes > 0 and measured_bytes > 0:
@@ -110,8 +125,10 @@ class Calibrator:
             b_rows.append(r.measured_s * w)
         a = np.array(a_rows)
         b = np.array(b_rows)
-        # ridge toward the prior, in relative terms of each x (scale-free)
-        lam = np.sqrt(self.ridge) * np.eye(len(classes)) / x0
+        # ridge toward the prior, in relative terms of each x (scale-free); it keeps classes
+        # no row can separate near the prior and fades as rows about a class accumulate
+        seen = np.array([sum(1 for r in self._rows if c in r.ideal) for c in classes])
+        lam = np.diag(np.sqrt(self.ridge / (1.0 + seen)) / x0)
         a_full = np.vstack([a, lam])
         b_full = np.concatenate([b, lam @ x0])
         x, *_ = np.linalg.lstsq(a_full, b_full, rcond=None)

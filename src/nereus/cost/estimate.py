@@ -66,6 +66,15 @@ class Estimate:
             out[op.cls] = out.get(op.cls, 0.0) + op.ideal_s
         return out
 
+    def ideal_by_timed_class(self) -> dict[OpClass, dict[OpClass, float]]:
+        """For each class a framework times (gemm, allreduce.intra, ...), the ideal seconds per
+        priced class inside it (an all-reduce's bandwidth and latency parts)."""
+        out: dict[OpClass, dict[OpClass, float]] = {}
+        for op in self.ops:
+            part = out.setdefault(op.timed_class, {})
+            part[op.cls] = part.get(op.cls, 0.0) + op.ideal_s
+        return out
+
     def time_by_class(self) -> dict[OpClass, float]:
         return {c: v / self.efficiencies[c] for c, v in self.ideal_by_class().items()}
 

@@ -92,6 +92,7 @@ class Row:
     ideal: Arr
     cls_inter: OpClass | None = None
     intra: Arr | None = None
+    timed: tuple[OpClass, OpClass] | None = None  # (intra, inter) class a timer files it under
 
     def eff(self, e: Efficiencies) -> Arr:
         if self.cls_inter is None:
@@ -102,6 +103,11 @@ class Row:
         if self.cls_inter is None or self.intra is None:
             return self.cls
         return self.cls if bool(self.intra[i]) else self.cls_inter
+
+    def timed_at(self, i: int) -> OpClass | None:
+        if self.timed is None:
+            return None
+        return self.timed[0] if self.intra is None or bool(self.intra[i]) else self.timed[1]
 
 
 @dataclass(frozen=True)
@@ -202,7 +208,7 @@ class CostModel:
 
     def to_estimate(self, ev: Evaluation, i: int) -> Estimate:
         ops = tuple(Op(r.cls_at(i), r.term, r.name, float(r.count[i]), float(r.flops[i]),
-                       float(r.nbytes[i]), float(r.ideal[i]))
+                       float(r.nbytes[i]), float(r.ideal[i]), r.timed_at(i))
                     for r in ev.rows if r.ideal[i] > 0)
         memory = {k: int(v[i]) for k, v in ev.memory.items()}
         return Estimate(ev.stage.name, ev.candidates[i], ops, ev.efficiencies, memory,
@@ -231,7 +237,7 @@ class CostModel:
         rows = _collective("allgather", n, [need * n / (n - 1)], intra, self.device,
                            "weight_sync", "reshard actor weights (train->gen)", 1.0)
         ops = tuple(Op(r.cls_at(0), r.term, r.name, 1.0, 0.0, float(r.nbytes[0]),
-                       float(r.ideal[0])) for r in rows if r.ideal[0] > 0)
+                       float(r.ideal[0]), r.timed_at(0)) for r in rows if r.ideal[0] > 0)
         return Estimate(name, cand, ops, self.eff, {}, 0, dev.memory_bytes)
 
     def kv_bytes_per_token(self, layout: Layout) -> int:
@@ -502,5 +508,6 @@ def _collective(kind: str, n: Arr | float, nbytes: Arr | float, intra: Arr | boo
     zero = np.zeros_like(wire)
     return [Row(term, name, OpClass(f"{kind}.intra"), count, zero, wire,
                 np.where(active, count * wire / bw, 0.0), OpClass(f"{kind}.inter"), intra),
-            Row(term, f"{name} (latency, {kind})", OpClass.LATENCY_INTRA, count * hops, zero,
-                zero, np.where(active, count * hops * lat, 0.0), OpClass.LATENCY_INTER, intra)]
+            Row(term, f"{name} (latency)", OpClass.LATENCY_INTRA, count * hops, zero,
+                zero, np.where(active, count * hops * lat, 0.0), OpClass.LATENCY_INTER, intra,
+                (OpClass(f"{kind}.intra"), OpClass(f"{kind}.inter")))]

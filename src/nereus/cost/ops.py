@@ -47,8 +47,10 @@ def comm_class(kind: str, intra: bool) -> OpClass:
 class Op:
     """``count`` repetitions of one operation, all on the critical path of one replica.
 
-    ``ideal_s`` is the time of all repetitions at peak rate (FLOP/s, bytes/s) plus per-message
-    latency; the predicted time is ``ideal_s / efficiency[cls]``.
+    ``ideal_s`` is the time of all repetitions at peak rate (FLOP/s, bytes/s) or at the
+    per-step latency; the predicted time is ``ideal_s / efficiency[cls]``. ``timed_as`` is the
+    class a framework's timer puts this work under when it differs from ``cls`` (the latency
+    part of an all-reduce is timed as that all-reduce).
     """
 
     cls: OpClass
@@ -58,3 +60,8 @@ class Op:
     flops: float       # per repetition
     bytes: float       # per repetition (memory traffic or bytes on the wire per rank)
     ideal_s: float     # all repetitions, at peak
+    timed_as: OpClass | None = None
+
+    @property
+    def timed_class(self) -> OpClass:
+        return self.timed_as or self.cls

@@ -1,0 +1,38 @@
+"""Framework-timed op classes: an all-reduce's timer covers its bandwidth and latency parts."""
+
+import pytest
+
+from nereus.cost.calibrate import Calibrator
+from nereus.cost.candidate import Candidate, Layout
+from nereus.cost.efficiency import Efficiencies
+from nereus.cost.model import CostModel
+from nereus.cost.ops import OpClass
+from nereus.spec import parse_job
+
+HIDDEN = Efficiencies({OpClass.ALLREDUCE_INTRA: 0.8, OpClass.LATENCY_INTRA: 0.2,
+                       OpClass.GEMM: 0.6, OpClass.DECODE: 0.7})
+
+
+def test_latency_rows_are_timed_as_their_collective():
+    job = parse_job({"model": "llama-3.1-8b", "gpus": 8})
+    est = CostModel(job).estimate("actor_gen", Candidate(Layout(4, 1), 2, 256, 1))
+    parts = est.ideal_by_timed_class()
+    assert set(parts[OpClass.ALLREDUCE_INTRA]) == {OpClass.ALLREDUCE_INTRA, OpClass.LATENCY_INTRA}
+    assert OpClass.LATENCY_INTRA not in parts  # never timed on its own
+
+
+def test_timed_classes_separate_latency_from_bandwidth():
+    """Decode all-reduces are latency-bound, training ones bandwidth-bound: both fit at once."""
+    job = parse_job({"model": "llama-3.1-8b", "gpus": 8})
+    base, truth = CostModel(job), CostModel(job, HIDDEN)
+    cal = Calibrator()
+    cases = [("actor_gen", Candidate(Layout(tp, 1), 8 // tp, 512 // (8 // tp), 1)) for tp in (2, 4, 8)]
+    cases += [("actor_train", Candidate(Layout(tp, 1), 8 // tp, 1, 128 // (8 // tp))) for tp in (2, 4, 8)]
+    for stage, cand in cases:
+        timed: dict[OpClass, float] = {}
+        for op in truth.estimate(stage, cand).ops:  # what a framework's timers would report
+            timed[op.timed_class] = timed.get(op.timed_class, 0.0) + op.ideal_s / HIDDEN[op.cls]
+        assert cal.observe_timed(base.estimate(stage, cand), timed) >= 2
+    got = cal.efficiencies()
+    assert got[OpClass.ALLREDUCE_INTRA] == pytest.approx(0.8, rel=0.03)
+    assert got[OpClass.LATENCY_INTRA] == pytest.approx(0.2, rel=0.03)
