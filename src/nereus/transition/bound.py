@@ -19,21 +19,18 @@ from collections.abc import Sequence
 from nereus.transition.global_dag import TransitionDag
 
 
-def lower_bound(dur: Sequence[float], succ: Sequence[Sequence[int]], order: Sequence[int],
-                gpus: Sequence[Sequence[int]]) -> float:
-    """The bound for primitives with durations ``dur``, successors ``succ``, a topological
-    ``order`` and the GPUs each touches (any hashable ids)."""
+def critical_paths(dur: Sequence[float], succ: Sequence[Sequence[int]], order: Sequence[int]
+                   ) -> tuple[list[float], list[float]]:
+    """(head, tail) per primitive: the longest path into it and out of it after it ends,
+    ``order`` being topological."""
     n = len(dur)
-    if not n:
-        return 0.0
     head = [0.0] * n
     for i in order:
         h = head[i] + dur[i]
         for s in succ[i]:
             if h > head[s]:
                 head[s] = h
-    tail = [0.0] * n  # longest path after i ends
-    best = 0.0
+    tail = [0.0] * n
     for i in reversed(order):
         t = 0.0
         for s in succ[i]:
@@ -41,7 +38,22 @@ def lower_bound(dur: Sequence[float], succ: Sequence[Sequence[int]], order: Sequ
             if v > t:
                 t = v
         tail[i] = t
-        v = head[i] + dur[i] + t
+    return head, tail
+
+
+def lower_bound(dur: Sequence[float], succ: Sequence[Sequence[int]], order: Sequence[int],
+                gpus: Sequence[Sequence[int]],
+                paths: tuple[Sequence[float], Sequence[float]] | None = None) -> float:
+    """The bound for primitives with durations ``dur``, successors ``succ``, a topological
+    ``order`` and the GPUs each touches (any hashable ids, or groups of GPUs always touched
+    together); ``paths``: their ``critical_paths`` if already known."""
+    n = len(dur)
+    if not n:
+        return 0.0
+    head, tail = paths if paths is not None else critical_paths(dur, succ, order)
+    best = 0.0
+    for i in range(n):
+        v = head[i] + dur[i] + tail[i]
         if v > best:
             best = v
     load: dict[int, float] = {}

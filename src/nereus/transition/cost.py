@@ -94,6 +94,7 @@ class TransitionCost:
                        for intra, lk in ((True, Link.INTRA), (False, Link.INTER))}
         self._gather = {intra: (comm_class("allgather", intra), self._bw[lk], self._lat[lk])
                         for intra, lk in ((True, Link.INTRA), (False, Link.INTER))}
+        self._setup_s = self.setup_ideal_s / self._eff[OpClass.SETUP]
 
     def link(self, a: int, b: int) -> Link:
         return Link.INTRA if a // self._per_node == b // self._per_node else Link.INTER
@@ -108,30 +109,42 @@ class TransitionCost:
 
     def duration(self, p: Primitive) -> Duration:
         kind = type(p)
-        if kind is Extend:
-            return self._extend(p)  # type: ignore[arg-type]
-        if kind is Split:
-            return self._split(p)  # type: ignore[arg-type]
-        if kind is Merge:
-            new = self.sizes.of(p.output)  # type: ignore[union-attr]
-            local = LOCAL_OP_S + 2 * max(new) / self.device.hbm_bw  # read + write the new shard
+        if kind is Extend or kind is Split:
+            terms = (self._extend_terms(p) if kind is Extend  # type: ignore[arg-type]
+                     else self._split_terms(p))  # type: ignore[arg-type]
+            return Duration(self._comm_s(terms), (*terms, (OpClass.SETUP, self.setup_ideal_s)),
+                            0.0)
+        if kind is Merge or kind is Destroy:
+            local = self.seconds(p)
             return Duration(local, (), local)
-        if kind is Destroy:
-            return Duration(LOCAL_OP_S, (), LOCAL_OP_S)
         raise TypeError(f"not a primitive: {p!r}")
 
-    def _finish(self, ideal: dict[OpClass, float]) -> Duration:
+    def seconds(self, p: Primitive) -> float:
+        """``duration(p).seconds`` without the breakdown: what a scheduler needs."""
+        kind = type(p)
+        if kind is Extend:
+            return self._comm_s(self._extend_terms(p))  # type: ignore[arg-type]
+        if kind is Split:
+            return self._comm_s(self._split_terms(p))  # type: ignore[arg-type]
+        if kind is Merge:
+            new = self.sizes.of(p.output)  # type: ignore[union-attr]
+            return LOCAL_OP_S + 2 * max(new) / self.device.hbm_bw  # read + write the new shard
+        if kind is Destroy:
+            return LOCAL_OP_S
+        raise TypeError(f"not a primitive: {p!r}")
+
+    def _comm_s(self, terms: tuple[tuple[OpClass, float], ...]) -> float:
+        """Set-up, then the slowest link class (they overlap)."""
         eff = self._eff
         comm = 0.0
-        for c, v in ideal.items():
+        for c, v in terms:
             t = v / eff[c]
             if t > comm:
                 comm = t
-        ideal[OpClass.SETUP] = self.setup_ideal_s
-        return Duration(self.setup_ideal_s / eff[OpClass.SETUP] + comm,
-                        tuple(ideal.items()), 0.0)
+        return self._setup_s + comm
 
-    def _split(self, p: Split) -> Duration:
+    def _split_terms(self, p: Split) -> tuple[tuple[OpClass, float], ...]:
+        """Ideal seconds per link class of a Split's all-gathers (groups run side by side)."""
         emu = p.emu
         recv = _gather_recv(self.sizes.of(emu), emu.layout, p.sub)
         per_node = self._per_node
@@ -139,7 +152,7 @@ class TransitionCost:
         k = len(recv[0][0])
         if min(gpus) // per_node == max(gpus) // per_node:  # one node: every group inside it
             cls, bw, lat = self._gather[True]
-            return self._finish({cls: max(r for _, r in recv) / bw + (k - 1) * lat})
+            return ((cls, max(r for _, r in recv) / bw + (k - 1) * lat),)
         ideal: dict[OpClass, float] = {}
         for idx, r in recv:
             node = gpus[idx[0]] // per_node
@@ -148,9 +161,9 @@ class TransitionCost:
             t = r / bw + (k - 1) * lat
             if t > ideal.get(cls, -1.0):
                 ideal[cls] = t
-        return self._finish(ideal)
+        return tuple(ideal.items())
 
-    def _extend(self, p: Extend) -> Duration:
+    def _extend_terms(self, p: Extend) -> tuple[tuple[OpClass, float], ...]:
         """One rank pair per position: per link kind, the largest shard sets the time (the
         time grows with the bytes, so the slowest pair is the one that sends the most)."""
         s = self.sizes.of(p.emu)
@@ -158,16 +171,16 @@ class TransitionCost:
         same = [a // pn == b // pn for a, b in zip(p.emu.gpus, p.targets)]
         if all(same) or not any(same):  # every pair inside a node, or every one across
             cls, bw, lat = self._bcast[same[0]]
-            return self._finish({cls: max(s) / bw + lat})
+            return ((cls, max(s) / bw + lat),)
         most = {True: -1, False: -1}
         for b, intra in zip(s, same):
             if b > most[intra]:
                 most[intra] = b
-        ideal: dict[OpClass, float] = {}
+        out = []
         for intra in (same[0], not same[0]):
             cls, bw, lat = self._bcast[intra]
-            ideal[cls] = most[intra] / bw + lat
-        return self._finish(ideal)
+            out.append((cls, most[intra] / bw + lat))
+        return tuple(out)
 
 
 @lru_cache(maxsize=1024)

@@ -39,7 +39,7 @@ def solve(dag: TransitionDag, cost: TransitionCost, *, time_limit_s: float = 10.
           workers: int = 8, hint: Schedule | None = None) -> CpSatResult:
     t0 = time.perf_counter()
     n = len(dag.primitives)
-    dur_s = [cost.duration(p).seconds for p in dag.primitives]
+    dur_s = [cost.seconds(p) for p in dag.primitives]
     dur = [max(1, round(d * TICKS_PER_S)) for d in dur_s]
     horizon = sum(dur) + 1
     m = cp_model.CpModel()
@@ -98,6 +98,6 @@ def as_schedule(dag: TransitionDag, cost: TransitionCost, result: CpSatResult) -
     so the independent validator can check it like any other."""
     if not result.starts_s:
         raise ValueError(f"no solution to turn into a schedule (status {result.status})")
-    ends = [s + max(1, round(cost.duration(p).seconds * TICKS_PER_S)) / TICKS_PER_S
+    ends = [s + max(1, round(cost.seconds(p) * TICKS_PER_S)) / TICKS_PER_S
             for s, p in zip(result.starts_s, dag.primitives)]
     return fixed_schedule(dag, cost, result.starts_s, ends)

@@ -25,7 +25,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from nereus.transition.bound import lower_bound
+from nereus.transition.bound import critical_paths, lower_bound
 from nereus.transition.global_dag import TransitionDag
 from nereus.transition.primitives import Destroy, Primitive
 
@@ -45,7 +45,7 @@ IMPROVE_ROUNDS = 3   # forward-backward rounds at most per starting point
 WORK_BUDGET = 8000   # (primitive, GPU) updates over all passes
 MIN_PASSES = 3
 MAX_PASSES = 70
-JITTER = 0.3         # then random starts: the best order so far, starts shifted by up to JITTER x makespan
+JITTER = 0.3         # then random starts: the best order, starts shifted by <= JITTER x makespan
 
 
 @dataclass(frozen=True)
@@ -84,7 +84,7 @@ class _Problem:
         self.dur, self.succ, self.npred, self.order = dur, succ, npred, order
         self.res, self.steps, self.initial, self.cap = res, steps, initial, cap
         self.prims = prims  # what the priority rules look at
-        self.work = work    # (primitive, GPU) pairs: what a pass on single GPUs would update        self.work = work  # (primitive, GPU) pairs: what a pass on single GPUs would update
+        self.work = work    # (primitive, GPU) pairs: what a pass on single GPUs updates
         # per tracked resource: the primitives touching it in serial order, positive extras
         rem: list[list[tuple[int, int, int]]] = [[] for _ in initial]
         pos_rem = [0] * len(initial)
@@ -321,6 +321,8 @@ class _Pass:
     def run(self) -> _Pass:
         """Event by event; a primitive that cannot start is looked at again only when a GPU it
         waits for frees (or, blocked by memory, when anything on its GPUs ends)."""
+        if not self.reserve:
+            return self._run_plain()
         n, steps, started, res = self.n, self.steps, self.started, self.res
         key = self.rank.__getitem__
         waiting_on: dict[int, set[int]] = {}
@@ -397,6 +399,87 @@ class _Pass:
         self.makespan = max(self.end, default=0.0)
         return self
 
+    def _run_plain(self) -> _Pass:
+        """``run`` without reservations, the checks inlined: the probe's pass, the common
+        path, does exactly what ``run`` would."""
+        n, steps, started, res, succ, waiting = self.n, self.steps, self.started, self.res, \
+            self.succ, self.waiting
+        on, usage, on_settle, committed, pos_rem = self.on, self.usage, self.on_settle, \
+            self.committed, self.pos_rem
+        start, end, dur, cap = self.start, self.end, self.dur, self.cap
+        key = self.rank.__getitem__
+        guard_ok = self.guard_ok
+        push, pop = heapq.heappush, heapq.heappop
+        waiting_on: dict[int, set[int]] = {}
+        running: list[tuple[float, int]] = []
+        cand = {i for i in range(n) if not waiting[i]}
+        t = 0.0
+        done = 0
+        while done < n:
+            for i in sorted(cand, key=key):
+                if started[i]:
+                    continue
+                b = -2  # free
+                for g in res[i]:
+                    if on[g] >= 0:
+                        b = g
+                        break
+                st = steps[i]
+                if b == -2 and st:
+                    for g, extra, _ in st:
+                        if usage[g] + extra > cap:
+                            b = -1
+                            break
+                    else:
+                        if not guard_ok(i):
+                            b = -1
+                if b == -2:
+                    started[i] = True
+                    start[i] = t
+                    e = end[i] = t + dur[i]
+                    push(running, (e, i))
+                    for g in res[i]:
+                        on[g] = i
+                    for g, extra, net in st:
+                        on_settle[g] = net - extra
+                        usage[g] += extra
+                        committed[g] += net
+                        if extra > 0:
+                            pos_rem[g] -= extra
+                    continue
+                for g in (res[i] if b < 0 else (b,)):
+                    w = waiting_on.get(g)
+                    if w is None:
+                        waiting_on[g] = {i}
+                    else:
+                        w.add(i)
+            cand = set()
+            if not running:
+                for i in sorted((i for i in range(n) if not started[i] and not waiting[i]),
+                                key=key):
+                    if self.blocker(i) is None:
+                        self._start(i, t, running)
+            if not running:
+                raise RuntimeError("transition scheduler stalled: the serial order does not fit "
+                                   "memory (a bug in the global DAG)")
+            t = running[0][0]
+            while running and running[0][0] <= t:
+                _, i = pop(running)
+                done += 1
+                for g in res[i]:
+                    on[g] = -1
+                    w = waiting_on.pop(g, None)
+                    if w:
+                        cand |= w
+                for g, _, _ in steps[i]:
+                    usage[g] += on_settle[g]
+                for s in succ[i]:
+                    waiting[s] -= 1
+                    if not waiting[s]:
+                        cand.add(s)
+        self.makespan = max(end, default=0.0)
+        return self
+
     def _start(self, i: int, t: float, running: list[tuple[float, int]]) -> None:
         self.started[i] = True
         self.start[i] = t
@@ -428,6 +511,9 @@ class _Search:
         self._tail: list[float] | None = None
         self._bwd: _Problem | None = None
         self.passes = 0
+
+    def set_tail(self, tail: list[float]) -> None:
+        self._tail = tail
 
     def tail(self) -> list[float]:
         if self._tail is None:
@@ -527,7 +613,10 @@ def search(dag: TransitionDag, durations: Sequence[float]) -> Times:
     otherwise the best the search finds within its budget."""
     dur = list(durations)
     fwd = _Problem.forward(dag, dur)
-    bound = lower_bound(dur, fwd.succ, fwd.order, fwd.res)
+    paths = critical_paths(dur, fwd.succ, fwd.order)
+    bound = lower_bound(dur, fwd.succ, fwd.order, fwd.res, paths)
     s = _Search(fwd, bound * (1 + TOLERANCE), dag.changed)
+    if not any(fwd.rem):  # no memory chains: the priorities' tails are the critical paths
+        s.set_tail([d + t for d, t in zip(dur, paths[1])])
     best = s.best()
     return Times(tuple(best.start), tuple(best.end), best.makespan, bound, s.passes)
