@@ -7,6 +7,7 @@ import random
 
 import pytest
 
+from nereus.transition.bound import makespan_lower_bound
 from nereus.transition.cpsat import as_schedule, solve
 from nereus.transition.instances import make_job, random_pair, stage_names
 from nereus.transition.planner import plan_transition, transition_dag
@@ -37,6 +38,10 @@ def test_cpsat_optimum_bounds_the_list_schedule_and_is_valid(name, job, cur, tgt
     assert res.status in ("OPTIMAL", "FEASIBLE")
     exact = as_schedule(dag, cost, res)
     assert validate(job, cur, tgt, exact) == []
+    bound = makespan_lower_bound(dag, [cost.seconds(p) for p in dag.primitives])
+    assert bound <= greedy.estimated_s * (1 + 1e-12)
+    # every feasible schedule is at least the bound (ticks round up by at most 1 us each)
+    assert bound <= res.makespan_s + 1e-6 * len(dag.primitives)
     if res.optimal:
         # microsecond ticks: the solver's makespan may round a hair below the float one
         assert res.makespan_s <= greedy.estimated_s + 1e-6 * len(dag.primitives)

@@ -1,0 +1,115 @@
+"""The makespan's lower bound and the search that stops at it: the bound holds for every
+schedule, meets the optimum where the paper's examples make it obvious, and a schedule within
+1 % of it is not improved further (one pass), while one above it gets the rest of the search."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from nereus.transition import search as search_mod
+from nereus.transition.bound import critical_paths, lower_bound, makespan_lower_bound
+from nereus.transition.instances import make_job, random_pair, stage_names
+from nereus.transition.planner import plan_transition, transition_dag
+from nereus.transition.search import TOLERANCE, search
+from nereus.transition.validate import validate
+
+from transition_testlib import example_a, example_b, job8b
+
+
+def test_bound_is_the_critical_path_when_nothing_shares_a_gpu() -> None:
+    # a -> b -> c on GPUs 0, 1, 2
+    assert lower_bound([1.0, 2.0, 3.0], [[1], [2], []], [0, 1, 2], [[0], [1], [2]]) == 6.0
+
+
+def test_bound_adds_up_a_gpu_that_runs_everything_one_after_another() -> None:
+    # three independent primitives on GPU 0: no path, but one GPU
+    assert lower_bound([1.0, 2.0, 3.0], [[], [], []], [0, 1, 2], [[0], [0], [0]]) == 6.0
+
+
+def test_bound_adds_the_head_and_tail_around_a_busy_gpu() -> None:
+    # a (GPU 1, 4 s) -> b, c (GPU 0, 1 s each) -> d (GPU 2, 4 s): the path gives 9 s, but b
+    # and c cannot overlap and neither starts before 4 s nor leaves less than 4 s: 10 s
+    dur = [4.0, 1.0, 1.0, 4.0]
+    succ = [[1, 2], [3], [3], []]
+    gpus = [[1], [0], [0], [2]]
+    head, tail = critical_paths(dur, succ, [0, 1, 2, 3])
+    assert head == [0.0, 4.0, 4.0, 5.0] and tail == [5.0, 4.0, 4.0, 0.0]
+    assert lower_bound(dur, succ, [0, 1, 2, 3], gpus) == 10.0
+    assert lower_bound([], [], [], []) == 0.0
+
+
+def test_paper_examples_are_planned_in_one_pass_at_the_bound() -> None:
+    job = job8b(32)
+    for cur, tgt in (example_a(), example_b()):
+        dag, cost = transition_dag(job, cur, tgt)
+        t = search(dag, [cost.seconds(p) for p in dag.primitives])
+        assert t.passes == 1
+        assert t.makespan == pytest.approx(t.bound)
+        assert t.bound == pytest.approx(makespan_lower_bound(dag, [cost.seconds(p)
+                                                                   for p in dag.primitives]))
+
+
+def _hard_16() -> tuple:
+    """A 16-GPU transition whose first pass misses the bound by more than 1 %."""
+    job = make_job("llama-3.1-8b", 16)
+    rng = random.Random(13)
+    cur, tgt = random_pair(rng, job, rng.sample(stage_names(job, 6), rng.randint(2, 4)), 16, 16)
+    return job, cur, tgt
+
+
+def test_a_first_pass_above_the_bound_gets_more_passes_and_they_stop_at_it() -> None:
+    job, cur, tgt = _hard_16()
+    dag, cost = transition_dag(job, cur, tgt)
+    dur = [cost.seconds(p) for p in dag.primitives]
+    t = search(dag, dur)
+    assert t.passes > 1
+    assert t.makespan <= (1 + TOLERANCE) * t.bound
+    s = plan_transition(job, cur, tgt)
+    assert s.estimated_s == t.makespan
+    assert validate(job, cur, tgt, s) == []
+
+
+def test_without_the_bound_the_search_spends_its_budget(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The bound is what saves the work: a goal no schedule meets makes the same instance
+    take every pass the budget allows, and finds nothing shorter."""
+    job = job8b(32)
+    cur, tgt = example_a()
+    dag, cost = transition_dag(job, cur, tgt)
+    dur = [cost.seconds(p) for p in dag.primitives]
+    quick = search(dag, dur)
+    monkeypatch.setattr(search_mod, "TOLERANCE", -1.0)
+    slow = search(dag, dur)
+    assert quick.passes == 1 and slow.passes >= search_mod.MIN_PASSES
+    assert slow.makespan == pytest.approx(quick.makespan)
+
+
+GPUS = st.sampled_from([8, 16, 24, 32])
+
+
+@settings(max_examples=150, derandomize=True)
+@given(st.integers(0, 10**9), GPUS, st.sampled_from([None, 0.005, 0.008]))
+def test_bound_holds_and_one_pass_means_within_tolerance(seed: int, gpus: int,
+                                                        memory_gib: float | None) -> None:
+    rng = random.Random(seed)
+    job = make_job("tiny-llama", gpus, device="cpu", memory_gib=memory_gib)
+    names = stage_names(job, 6)
+    sizes = [max(1, gpus // 2), gpus]
+    got = random_pair(rng, job, rng.sample(names, rng.randint(1, len(names))),
+                      rng.choice(sizes), rng.choice(sizes), shuffle=0.1)
+    if got is None:
+        return
+    dag, cost = transition_dag(job, *got)
+    if not dag.feasible or not dag.primitives:
+        return
+    dur = [cost.seconds(p) for p in dag.primitives]
+    t = search(dag, dur)
+    # the bound over merged GPU resources is the bound over single GPUs
+    assert t.bound == pytest.approx(makespan_lower_bound(dag, dur), rel=1e-12)
+    assert t.bound <= t.makespan * (1 + 1e-12)
+    if t.passes == 1:
+        assert t.makespan <= (1 + TOLERANCE) * t.bound
+    assert max(t.end) == t.makespan
