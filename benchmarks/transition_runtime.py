@@ -2,8 +2,11 @@
 
 Model: a Llama-style decoder of ~123 M parameters (hidden 1024, 8 layers, GQA 16/4 heads,
 vocabulary 16384), trainable with Adam, fp32 on CPU: 1.48 GB of state per full copy, so that
-bandwidth, not per-call overhead, sets the times. One model-stage (actor_train) on 4 workers
-(Ray actors, one per CPU device slot; gloo over loopback, or NCCL on GPUs with ``--kind gpu``).
+bandwidth, not per-call overhead, sets the times. One model-stage (actor_train) on 2 workers
+(Ray actors, one per CPU device slot, i.e. per core of this 2-core machine; gloo over loopback,
+or NCCL on GPUs with ``--kind gpu``). The CPU device's bandwidths in the job (the cost model's
+peaks) are the runtime's measured inventory (``measure_cpu_device``: a copy and a loopback
+broadcast), not the ``cpu`` preset's guesses; efficiencies are calibrated on top of them.
 
 Per case (a layout change), all times measured, the best of ``--repeats`` runs (on a shared
 machine other processes only add time):
@@ -55,7 +58,8 @@ from nereus.runtime.placement import place_units, verify_units
 from nereus.runtime.state import position_bytes
 from nereus.runtime.workers import WorkerContext, WorkerPool
 from nereus.spec.cluster import Cluster, GpuPool
-from nereus.spec.device import GiB, get_device
+from nereus.runtime.inventory import measure_cpu_device
+from nereus.spec.device import DeviceSpec, GiB, get_device
 from nereus.spec.job import JobSpec
 from nereus.spec.model import ModelSpec
 from nereus.spec.workflow import grpo
@@ -70,12 +74,10 @@ MODEL = ModelSpec("bench-llama-123m", hidden_size=1024, intermediate_size=2816, 
                   rope_theta=10_000.0, max_position_embeddings=2048)
 STAGE = "actor_train"
 SEED = 7
-WORKERS = 4
+WORKERS = 2
 
 
-def make_job(kind: str, memory_gib: float) -> JobSpec:
-    device = get_device("cpu" if kind == "cpu" else "h100-sxm-80gb").with_memory(
-        int(memory_gib * GiB))
+def make_job(device: DeviceSpec, kind: str) -> JobSpec:
     cluster = Cluster(device, 1, WORKERS)
     wl = Workload(prompts_per_step=8, ppo_mini_batches=2,
                   param_dtype="fp32" if kind == "cpu" else "bf16")
@@ -87,14 +89,17 @@ def plan(tp: int, pp: int, reps: Sequence[Sequence[int]]) -> Plan:
     return Plan((StagePlan(STAGE, cand, tuple(tuple(r) for r in reps)),))
 
 
+# Alternate cases form the two calibration folds; each fold has an Extend, a Split, a Merge
+# and a Split-then-Merge.
 CASES: dict[str, tuple[Plan, Plan]] = {
     "extend-1x1": (plan(1, 1, [[0]]), plan(1, 1, [[0], [1]])),
-    "extend-tp2": (plan(2, 1, [[0, 1]]), plan(2, 1, [[0, 1], [2, 3]])),
+    "move-1x1": (plan(1, 1, [[0]]), plan(1, 1, [[1]])),
     "split-tp2": (plan(2, 1, [[0, 1]]), plan(1, 1, [[0], [1]])),
+    "split-pp2": (plan(1, 2, [[0, 1]]), plan(1, 1, [[0], [1]])),
     "merge-tp2": (plan(1, 1, [[0], [1]]), plan(2, 1, [[0, 1]])),
+    "merge-pp2": (plan(1, 1, [[0], [1]]), plan(1, 2, [[0, 1]])),
     "tp2-to-pp2": (plan(2, 1, [[0, 1]]), plan(1, 2, [[0, 1]])),
-    "move-tp2": (plan(2, 1, [[0, 1]]), plan(2, 1, [[2, 3]])),
-    "pp2-to-dp4": (plan(1, 2, [[0, 1]]), plan(1, 1, [[0], [1], [2], [3]])),
+    "pp2-to-tp2": (plan(1, 2, [[0, 1]]), plan(2, 1, [[0, 1]])),
 }
 
 
@@ -253,13 +258,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(msg, file=sys.stderr if args.json else sys.stdout, flush=True)
 
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers run our helpers
-    job = make_job(args.kind, args.memory_gib)
     t_start = time.perf_counter()
     ray.init(include_dashboard=False, resources={"nereus_slot": WORKERS},
              object_store_memory=256 * 1024**2, log_to_driver=False)
     try:
         pool = WorkerPool.start(WORKERS, kind=args.kind,
                                 capacity_bytes=int(0.9 * args.memory_gib * GiB))
+        base = get_device("cpu" if args.kind == "cpu" else "h100-sxm-80gb").with_memory(
+            int(args.memory_gib * GiB))
+        device_spec = measure_cpu_device(pool, base) if args.kind == "cpu" else base
+        log(f"device: {device_spec.source}")
+        job = make_job(device_spec, args.kind)
         specs = state_specs(job, "cpu" if args.kind == "cpu" else "gpu")
         ex = Executor(pool, specs)
         ck = Checkpointer(args.ckpt_dir, sync_files=False)
@@ -305,6 +314,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "per_case": per_case,
         "estimates": errs,
         "model": MODEL.name, "state_bytes_per_copy": state_bytes,
+        "device_spec": {"hbm_bw": device_spec.hbm_bw,
+                        "intra_node_bw": device_spec.intra_node_bw,
+                        "source": device_spec.source},
         "device": f"{args.kind}: {device}", "workers": WORKERS, "repeats": args.repeats,
         "backend": "gloo" if args.kind == "cpu" else "nccl",
         "source": "measured (estimates: transition cost model after calibration)",

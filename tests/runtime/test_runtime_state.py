@@ -16,7 +16,6 @@ from nereus.runtime.loading import (
     seeded_meta,
     seeded_shard,
 )
-from nereus.runtime.movement import bucket_ranges
 from nereus.runtime.state import (
     EXP_AVG,
     PARAM,
@@ -128,17 +127,65 @@ def test_meta_roundtrip_and_warm_state_is_not_trivial() -> None:
     assert not torch.equal(torch.rand(4, generator=g0), torch.rand(4, generator=g1))
 
 
-@pytest.mark.parametrize("bucket", [256, 4096, 1 << 20])
-def test_bucket_ranges_cover_the_arena_at_row_boundaries(bucket: int) -> None:
-    spec = _spec("tiny-qwen3")
-    lay = arena_layout(spec, 2, 2, 0, 1)
-    spans = bucket_ranges(lay, bucket)
-    assert spans[0][0] == 0 and spans[-1][1] == lay.nbytes
-    assert all(a < b for a, b in spans) and all(b == c for (_, b), (c, _) in zip(spans, spans[1:]))
-    cuts = {b for _, b in spans}
-    for e in lay.entries:
-        row = e.nbytes // (e.shard.local_shape[0] if e.shard.local_shape else 1)
-        assert all((c - e.offset) % row == 0 for c in cuts if e.offset < c < e.offset + e.nbytes)
+@settings(max_examples=15)
+@given(st.sampled_from(TINY), st.sampled_from(LAYOUTS), st.sampled_from([(1, 1), (2, 1), (1, 2),
+                                                                         (2, 2)]),
+       st.sampled_from([512, 1 << 20]))
+def test_split_segments_rebuild_every_target_position(model: str, big: tuple[int, int],
+                                                      sub: tuple[int, int], bucket: int) -> None:
+    """Replaying a Split group's segments (and local copies) byte by byte, as the workers do,
+    rebuilds each T_sub position bitwise; pipeline-only splits need no staging."""
+    from nereus.runtime.splitting import split_segments
+    from nereus.runtime.state import Coverage, copy_block
+    from nereus.transition.nesting import gather_groups
+    from nereus.cost.candidate import Layout
+
+    tp, pp = big
+    if not _ok(model, tp, pp) or tp % sub[0] or pp % sub[1] or not _ok(model, *sub) \
+            or (tp, pp) == sub:
+        return
+    spec = _spec(model, dtype="bf16", master=True)
+    src = {(t, r): seeded_shard(spec, tp, pp, t, r, 3) for r in range(pp) for t in range(tp)}
+    out = []
+    for idx in gather_groups(Layout(tp, pp), Layout(*sub)):
+        members = tuple((i % tp, i // tp) for i in idx)
+        segs, local = split_segments(spec, tp, pp, members, sub, bucket)
+        if sub[0] == tp:
+            assert all(run.dst is not None for run in segs)
+        segs = [sg for run in segs for sg in run.parts]
+        m_tp, m_pp = tp // sub[0], pp // sub[1]
+        t0, r0 = members[0]
+        tgt = ShardedState.empty(spec, *sub, t0 // m_tp, r0 // m_pp, src[members[0]].meta)
+        tgt.buffer.fill_(0xAB)  # garbage where nothing is written
+        cov = Coverage()
+        for i in local:
+            et = tgt.layout.entries[i]
+            mine = src[members[0]]
+            em = next(e for e in mine.layout.entries
+                      if (e.kind, e.shard.logical) == (et.kind, et.shard.logical))
+            cov.add(et.key, copy_block(tgt.tensor(et.kind, et.shard.name), et.shard,
+                                       mine.tensor(em.kind, em.shard.name), em.shard))
+        for sg in segs:
+            data = src[members[sg.root]].buffer[sg.src[0]:sg.src[1]]
+            et = tgt.layout.entries[sg.entry]
+            if sg.dst is not None:
+                tgt.buffer[sg.dst[0]:sg.dst[1]].copy_(data)
+            else:
+                base = [et.shard.start if d == et.shard.split_dim else 0
+                        for d in range(len(sg.box))]
+                idx2 = tuple(slice(a - b, z - b) for (a, z), b in zip(sg.box, base))
+                tgt.tensor(et.kind, et.shard.name)[idx2].copy_(
+                    data.view(et.dtype).view(tuple(z - a for a, z in sg.box)))
+            cov.add(et.key, sg.box)
+        assert cov.missing(tgt.layout) == []
+        tgt.zero_padding()
+        out.append(tgt)
+    want = gather(_unit(spec, *sub, seed=3))
+    for tgt in out:
+        ref = [s for s in _unit(spec, *sub, seed=3) if s.position == tgt.position][0]
+        for e in tgt.layout.entries:
+            assert torch.equal(tgt.tensor(e.kind, e.shard.name), ref.tensor(e.kind, e.shard.name))
+    assert want is not None
 
 
 @pytest.mark.parametrize("model,cls_name", [("tiny-llama", "LlamaForCausalLM"),

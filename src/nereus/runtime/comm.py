@@ -208,6 +208,15 @@ class Group:
             works.append(self.backend.broadcast([t], opts))
         return works
 
+    def start_broadcast(self, tensor: torch.Tensor, src: int = 0) -> Any:
+        """Start a broadcast; ``wait([op])`` ends it (several may be in flight)."""
+        if self.aborted.is_set():
+            raise GroupAborted(f"group {self.name} was aborted")
+        opts = dist.BroadcastOptions()
+        opts.rootRank = src
+        opts.rootTensor = 0
+        return self.backend.broadcast([tensor], opts)
+
     def wait(self, works: list[Any]) -> None:
         self._wait_all(works)
 

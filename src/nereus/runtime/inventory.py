@@ -8,6 +8,7 @@ custom Ray resource (``nereus_slot``) that says how many CPU workers the machine
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 SLOT_RESOURCE = "nereus_slot"
 
@@ -97,3 +98,78 @@ def detect_inventory(slot_resource: str = SLOT_RESOURCE) -> Inventory:
                               float(res.get(slot_resource, 0.0)), info))
     source = "ray.nodes()" + (" + NVML" if any(n.gpu_info for n in nodes) else "")
     return Inventory(tuple(nodes), source)
+
+
+# ---------------------------------------------------------------- measured CPU device
+def _memcpy_rate(ctx: Any, nbytes: int, repeats: int) -> float:
+    """Memory traffic (bytes read + written per second) of the best of ``repeats`` copies
+    between two touched buffers in this worker."""
+    import time
+
+    import torch
+
+    ctx.memory.reserve(2 * nbytes, "memory bandwidth probe")
+    try:
+        a = torch.ones(nbytes, dtype=torch.uint8)
+        b = torch.zeros(nbytes, dtype=torch.uint8)
+        best = float("inf")
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            b.copy_(a)
+            best = min(best, time.perf_counter() - t0)
+        return 2 * nbytes / best
+    finally:
+        ctx.memory.release(2 * nbytes)
+
+
+def _broadcast_rate(ctx: Any, group: str, nbytes: int, repeats: int) -> float:
+    """Bytes per second of the best of ``repeats`` broadcasts from rank 0 of ``group``."""
+    import time
+
+    import torch
+
+    g = ctx.groups[group]
+    ctx.memory.reserve(nbytes, "link bandwidth probe")
+    try:
+        buf = torch.ones(nbytes, dtype=torch.uint8, device=ctx.device)
+        best = float("inf")
+        for _ in range(repeats):
+            g.barrier()
+            t0 = time.perf_counter()
+            g.broadcast(buf, src=0)
+            g.synchronize()
+            best = min(best, time.perf_counter() - t0)
+        return nbytes / best
+    finally:
+        ctx.memory.release(nbytes)
+
+
+def measure_cpu_device(pool: Any, base: Any, nbytes: int = 256 * 1024**2,
+                       repeats: int = 3) -> Any:
+    """``base`` (a ``DeviceSpec`` for a CPU device slot) with its bandwidths measured on the
+    pool's first workers: memory traffic of a copy (``hbm_bw``, ``host_bw``) and a loopback
+    broadcast between two workers (``intra_node_bw``). The ``cpu`` preset's figures are
+    guesses; a CPU machine's inventory is what its workers measure (the planner's
+    efficiencies are still calibrated on top)."""
+    from dataclasses import replace
+
+    import ray
+
+    from nereus.runtime.comm import Rendezvous, close_groups, open_groups
+
+    ids = pool.device_ids
+    mem = ray.get(pool.submit(ids[0], _memcpy_rate, nbytes, repeats))
+    link = base.intra_node_bw
+    if len(ids) > 1:
+        pair = {"probe.link": (ids[0], ids[1])}
+        with Rendezvous() as rv:
+            open_groups(pool, pair, rv)
+        try:
+            refs = [pool.submit(d, _broadcast_rate, "probe.link", nbytes, repeats)
+                    for d in pair["probe.link"]]
+            link = min(ray.get(refs))
+        finally:
+            close_groups(pool, pair)
+    return replace(base, hbm_bw=mem, host_bw=mem, intra_node_bw=link,
+                   source=f"measured by the runtime on this machine: copy {mem / 1e9:.2f} GB/s "
+                          f"of memory traffic, loopback broadcast {link / 1e9:.2f} GB/s")

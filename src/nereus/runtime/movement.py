@@ -23,9 +23,8 @@ from typing import Any
 import torch
 
 from nereus.runtime.comm import Group, GroupSpec, join_group, leave_group
+from nereus.runtime.splitting import WINDOW, split_segments, staging_bytes
 from nereus.runtime.state import (
-    ArenaEntry,
-    ArenaLayout,
     Coverage,
     ShardedState,
     StateMeta,
@@ -33,7 +32,6 @@ from nereus.runtime.state import (
     arena_layout,
     copy_block,
 )
-from nereus.spec.sharding import Shard
 from nereus.runtime.workers import WorkerContext
 
 META_BYTES = 16 * 1024  # fixed size of the scalars' message (JSON; the RNG state is ~7 KB)
@@ -71,135 +69,90 @@ def _result(ctx: WorkerContext, t0: float, setup: float, move: float, sent: int,
 
 
 # ---------------------------------------------------------------- Split
-def _row_bytes(e: ArenaEntry) -> int:
-    rows = e.shard.local_shape[0] if e.shard.local_shape else 1
-    return e.nbytes // max(rows, 1)
-
-
-def bucket_ranges(layout: ArenaLayout, bucket_bytes: int) -> list[tuple[int, int]]:
-    """The arena cut into contiguous byte ranges of at most ``bucket_bytes`` (or one row, when
-    a row is larger), cut only at row boundaries of its tensors, so a receiver can place every
-    piece it gets without waiting for the rest of a tensor."""
-    out: list[tuple[int, int]] = []
-    lo: int | None = None
-    end = 0
-    for e in layout.entries:
-        if e.nbytes == 0:
-            continue
-        rb = _row_bytes(e)
-        rows = e.nbytes // rb
-        r = 0
-        while r < rows:
-            pos = e.offset + r * rb
-            if lo is None:
-                lo = pos
-            take = min(rows - r, (lo + bucket_bytes - pos) // rb)
-            if take <= 0:
-                if pos > lo:
-                    out.append((lo, pos))
-                    lo = pos
-                    continue
-                take = 1  # one row larger than a bucket
-            r += take
-            end = e.offset + r * rb
-            if end - lo >= bucket_bytes:
-                out.append((lo, end))
-                lo = None
-    if lo is not None and end > lo:
-        out.append((lo, end))
-    return out
-
-
-def _chunk_sizes(spec: StateSpec, tp: int, pp: int, member_positions: Sequence[tuple[int, int]],
-                 bucket_bytes: int) -> tuple[list[list[tuple[int, int]]], list[int]]:
-    plans = [bucket_ranges(arena_layout(spec, tp, pp, t, r), bucket_bytes)
-             for t, r in member_positions]
-    n = max(len(p) for p in plans)
-    return plans, [max((p[b][1] - p[b][0]) if b < len(p) else 0 for p in plans)
-                   for b in range(n)]
-
-
 def split_workspace_bytes(spec: StateSpec, tp: int, pp: int,
-                          member_positions: Sequence[tuple[int, int]],
+                          member_positions: Sequence[tuple[int, int]], sub: tuple[int, int],
                           bucket_bytes: int = BUCKET_BYTES) -> int:
-    """Buffers of one member's all-gathers: two rounds in flight of one chunk per member."""
-    _, sizes = _chunk_sizes(spec, tp, pp, member_positions, bucket_bytes)
-    return 2 * len(member_positions) * max(sizes, default=0)
+    """Staging buffers of one member (``nereus.runtime.splitting``)."""
+    return staging_bytes(spec, tp, pp, member_positions, sub, bucket_bytes)
 
 
 def split_member(ctx: WorkerContext, group: GroupSpec, src_id: str, out_id: str,
                  sub_layout: tuple[int, int], member_positions: tuple[tuple[int, int], ...],
                  bucket_bytes: int = BUCKET_BYTES) -> MoveResult:
-    """This worker's part of Split: all-gather inside ``group``, keep the T_sub shard."""
+    """This worker's part of Split: the position-wise all-gather inside ``group`` as a
+    sequence of broadcasts straight into the new arena (``nereus.runtime.splitting``)."""
     t0 = time.perf_counter()
     src = ctx.units[src_id]
     spec, tp, pp = src.spec, src.tp, src.pp
     tp_sub, pp_sub = sub_layout
     m_tp, m_pp = tp // tp_sub, pp // pp_sub
     t, r = src.position
-    ta = time.perf_counter()
     target = ctx.allocate(spec, tp_sub, pp_sub, t // m_tp, r // m_pp, src.meta,
                           f"split {src_id} -> {out_id}")
-    t_alloc = time.perf_counter() - ta
-    plans, sizes = _chunk_sizes(spec, tp, pp, member_positions, bucket_bytes)
-    size = len(member_positions)
-    work_bytes = 2 * size * max(sizes, default=0)  # per member and round in flight
-    held_work = False
+    segs, local = split_segments(spec, tp, pp, tuple(member_positions), tuple(sub_layout),
+                                 bucket_bytes)
+    staged = [sg.nbytes for sg in segs if sg.dst is None]
+    stage_bytes = WINDOW * max(staged, default=0)
+    held_stage = False
     g: Group | None = None
     try:
-        ctx.memory.reserve(work_bytes, f"split {src_id} all-gather buffers")
-        held_work = True
-        work = torch.empty(work_bytes, dtype=torch.uint8, device=ctx.device)
+        ctx.memory.reserve(stage_bytes, f"split {src_id} staging buffers")
+        held_stage = True
+        stage = torch.empty(stage_bytes, dtype=torch.uint8, device=ctx.device)
+        slot = max(staged, default=0)
         g = join_group(ctx, group)
         setup = g.setup_s
         tm = time.perf_counter()
         me = g.rank
         cov = Coverage()
-        targets: dict[tuple[str, str], list[tuple[torch.Tensor, Shard, tuple[str, str]]]] = {}
-        for e in target.layout.entries:
-            targets.setdefault((e.kind, e.shard.logical), []).append(
-                (target.tensor(e.kind, e.shard.name), e.shard, e.key))
-        layouts = [arena_layout(spec, tp, pp, pt, pr) for pt, pr in member_positions]
+        entries = target.layout.entries
+        own = {(e.kind, e.shard.logical): e for e in src.layout.entries}
+        mine = {p.entry for run in segs if run.root == me for p in run.parts}
+        # what this member holds itself: copied, not received
+        for i, et in enumerate(entries):
+            em = own.get((et.kind, et.shard.logical))
+            if em is not None and (i in local or i in mine):
+                cov.add(et.key, copy_block(target.tensor(et.kind, et.shard.name), et.shard,
+                                           src.tensor(em.kind, em.shard.name), em.shard))
+        t_local = time.perf_counter() - tm
         sent = received = 0
-        send: torch.Tensor | None = None
-        outs: list[torch.Tensor] = []
-        pending: Any = None
-        t_coll = t_copy = 0.0
-        step = size * max(sizes, default=0)  # two sets of chunk slots: receive one, place one
+        inflight: list[tuple[int, Any, torch.Tensor | None]] = []
+        data: torch.Tensor | None = None
 
-        def start(b: int) -> tuple[list[torch.Tensor], list[Any], torch.Tensor | None]:
-            bsize = sizes[b]
-            base = (b % 2) * step
-            outs = [work[base + m * bsize:base + (m + 1) * bsize] for m in range(size)]
-            lo, hi = plans[me][b] if b < len(plans[me]) else (0, 0)
-            if ctx.device.type == "cuda":  # NCCL: an in-place all-gather into one buffer
-                outs[me][:hi - lo].copy_(src.buffer[lo:hi])
-                g.all_gather_into(work[base:base + size * bsize], outs[me])
-                return outs, [], None
-            if lo + bsize <= src.nbytes:
-                own = src.buffer[lo:lo + bsize]  # a run of the arena itself, no packing
-            else:  # the last chunk of a smaller arena: padded in this member's own slot
-                own = outs[me]
-                own[:hi - lo].copy_(src.buffer[lo:hi])
-            outs[me] = own
-            # gloo: every member broadcasts its chunk while receiving the others' (its
-            # allgather would copy through temporary buffers)
-            return outs, g.start_all_gather_by_broadcast(outs), own
+        def finish(k: int, work: Any, buf: torch.Tensor | None) -> None:
+            g.wait([work])
+            run = segs[k]
+            if run.root == me:
+                return
+            for sg in run.parts:
+                et = entries[sg.entry]
+                if buf is not None:  # strided: place the staged rows into the column block
+                    shape = tuple(b - a for a, b in sg.box)
+                    view = target.tensor(et.kind, et.shard.name)
+                    idx = tuple(slice(a - (et.shard.start if d == et.shard.split_dim else 0),
+                                      b - (et.shard.start if d == et.shard.split_dim else 0))
+                                for d, (a, b) in enumerate(sg.box))
+                    view[idx].copy_(buf.view(et.dtype).view(shape))
+                cov.add(et.key, sg.box)
 
-        pending = start(0) if sizes else None
-        for b in range(len(sizes)):
-            tc = time.perf_counter()
-            outs, works, send = pending  # type: ignore[misc]
-            g.wait(works)
-            pending = start(b + 1) if b + 1 < len(sizes) else None  # overlaps the copies
-            tp_ = time.perf_counter()
-            t_coll += tp_ - tc
-            sent += sizes[b]
-            received += sizes[b] * (size - 1)
-            for m in range(size):
-                if b < len(plans[m]):
-                    _place_chunk(outs[m], plans[m][b], layouts[m], targets, cov)
-            t_copy += time.perf_counter() - tp_
+        for k, sg in enumerate(segs):
+            if len(inflight) >= WINDOW:
+                finish(*inflight.pop(0))
+            buf: torch.Tensor | None = None
+            if sg.root == me:
+                data = src.buffer[sg.src[0]:sg.src[1]]
+                sent += sg.nbytes
+            elif sg.dst is not None:
+                data = target.buffer[sg.dst[0]:sg.dst[1]]  # straight into the new arena
+                received += sg.nbytes
+            else:
+                at = (k % WINDOW) * slot
+                data = buf = stage[at:at + sg.nbytes]
+                received += sg.nbytes
+            opts_works = g.start_broadcast(data, sg.root)
+            inflight.append((k, opts_works, buf))
+        while inflight:
+            finish(*inflight.pop(0))
         missing = cov.missing(target.layout)
         if missing:
             raise RuntimeError(f"split {src_id}: position not covered: {missing[:4]}")
@@ -212,32 +165,14 @@ def split_member(ctx: WorkerContext, group: GroupSpec, src_id: str, out_id: str,
     finally:
         if g is not None:
             leave_group(ctx, group.name)
-        if held_work:
-            del work
-            ctx.memory.release(work_bytes)
-    del src, send, outs, pending  # nothing may view the source when dropped (memory reuse)
-    ctx.drop(src_id)  # the source lives until its all-gathers ended
+        if held_stage:
+            del stage
+            ctx.memory.release(stage_bytes)
+    del src, data, inflight  # nothing may view the source when dropped (memory reuse)
+    ctx.drop(src_id)  # the source lives until its broadcasts ended
     ctx.hold(out_id, target)
     return _result(ctx, t0, setup, move, sent, received, target.meta.digest(),
-                   {"allgather_s": t_coll, "copy_s": t_copy, "alloc_s": t_alloc})
-
-
-def _place_chunk(chunk: torch.Tensor, span: tuple[int, int], layout: ArenaLayout,
-                 targets: dict[tuple[str, str], list[tuple[torch.Tensor, Shard, tuple[str, str]]]],
-                 cov: Coverage) -> None:
-    """Copy every row a member sent in ``chunk`` (its arena bytes ``span``) that the target
-    position holds."""
-    lo, hi = span
-    for e in layout.entries:
-        a, b = max(lo, e.offset), min(hi, e.offset + e.nbytes)
-        if a >= b:
-            continue
-        rb = _row_bytes(e)
-        ra, rz = (a - e.offset) // rb, (b - e.offset) // rb
-        shape = (rz - ra, *e.shard.local_shape[1:])
-        rows = chunk[a - lo:b - lo].view(e.dtype).view(shape)
-        for dst_view, dst_shard, key in targets.get((e.kind, e.shard.logical), []):
-            cov.add(key, copy_block(dst_view, dst_shard, rows, e.shard, ra))
+                   {"local_copy_s": t_local, "segments": float(len(segs))})
 
 
 # ---------------------------------------------------------------- Merge

@@ -49,7 +49,8 @@ def need_bytes(p: Primitive, spec: StateSpec, bucket_bytes: int = mv.BUCKET_BYTE
         m_tp, m_pp = factors(p.emu.layout, p.sub)
         out = {}
         for _, members, positions in split_member_groups(p):
-            work = mv.split_workspace_bytes(spec, *_layout(p.emu), positions, bucket_bytes)
+            work = mv.split_workspace_bytes(spec, *_layout(p.emu), positions,
+                                            (p.sub.tp, p.sub.pp), bucket_bytes)
             for g, (t, r) in zip(members, positions):
                 out[g] = work + position_bytes(spec, p.sub.tp, p.sub.pp, t // m_tp, r // m_pp)
         return out
