@@ -13,7 +13,9 @@ feasible instance:
 
 The speedup compares like with like: CP-SAT's solve against the scheduler on the same input
 (``speedup_vs_cpsat_median``); ``speedup_vs_cpsat_end_to_end_median`` adds building the DAG
-to CP-SAT's side and compares it with ``plan_transition``. Planning and scheduling times are
+to CP-SAT's side and compares it with ``plan_transition``; ``speedup_plan_vs_cpsat_solve_median``
+is what this benchmark reported before (all of ``plan_transition`` against CP-SAT's solve
+alone). Planning and scheduling times are
 medians of ``--repeats`` samples per instance (a sample averages enough calls to last about
 2 ms), wall clock (``time.perf_counter``) and CPU (``time.process_time``; for CP-SAT the CPU
 time of all its workers). The targets are checked on wall time; the CPU figures are there
@@ -182,6 +184,8 @@ def main() -> None:
                  if r.cpsat_cpu_s and r.sched]
     end_to_end = [(r.cpsat_wall_s * 1e3 + r.dag.wall_ms) / r.plan.wall_ms for r in optimal
                   if r.cpsat_wall_s and r.dag]
+    # what this benchmark reported before: CP-SAT's solve over all of plan_transition
+    plan_vs_solve = [r.cpsat_wall_s * 1e3 / r.plan.wall_ms for r in optimal if r.cpsat_wall_s]
     # time-limited CP-SAT runs count at the limit
     total = sum(r.cpsat_wall_s or 0.0 for r in scheduled) * 1e3 / max(
         1e-9, sum(r.sched.wall_ms for r in scheduled if r.sched))
@@ -197,6 +201,7 @@ def main() -> None:
         "speedup_vs_cpsat_median": median(speed, 1),
         "speedup_vs_cpsat_cpu_median": median(speed_cpu, 1),
         "speedup_vs_cpsat_end_to_end_median": median(end_to_end, 1),
+        "speedup_plan_vs_cpsat_solve_median": median(plan_vs_solve, 1),
         "speedup_vs_cpsat_total": round(total, 1),
         "sched_ms_median": median([r.sched.wall_ms for r in scheduled if r.sched], 3),
         "one_pass_share": round(sum(r.passes == 1 for r in scheduled) / max(1, len(scheduled)),
