@@ -118,6 +118,7 @@ def split_member(ctx: WorkerContext, group: GroupSpec, src_id: str, out_id: str,
         sent = received = 0
         inflight: list[tuple[int, Any, torch.Tensor | None]] = []
         data: torch.Tensor | None = None
+        work: Any = None
 
         def finish(k: int, work: Any, buf: torch.Tensor | None) -> None:
             g.wait([work])
@@ -149,8 +150,8 @@ def split_member(ctx: WorkerContext, group: GroupSpec, src_id: str, out_id: str,
                 at = (k % WINDOW) * slot
                 data = buf = stage[at:at + sg.nbytes]
                 received += sg.nbytes
-            opts_works = g.start_broadcast(data, sg.root)
-            inflight.append((k, opts_works, buf))
+            work = g.start_broadcast(data, sg.root)  # holds ``data`` until destroyed
+            inflight.append((k, work, buf))
         while inflight:
             finish(*inflight.pop(0))
         missing = cov.missing(target.layout)
@@ -168,7 +169,9 @@ def split_member(ctx: WorkerContext, group: GroupSpec, src_id: str, out_id: str,
         if held_stage:
             del stage
             ctx.memory.release(stage_bytes)
-    del src, data, inflight  # nothing may view the source when dropped (memory reuse)
+    # Nothing may view the source when it is dropped (its memory is reused): the group's
+    # last operations hold its tensors until the backend is destroyed, so it goes first.
+    del src, data, work, inflight, finish, g
     ctx.drop(src_id)  # the source lives until its broadcasts ended
     ctx.hold(out_id, target)
     return _result(ctx, t0, setup, move, sent, received, target.meta.digest(),
