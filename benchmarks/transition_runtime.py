@@ -252,6 +252,18 @@ def estimate_errors(job: JobSpec, results: Sequence[CaseResult]) -> list[dict[st
     return out
 
 
+def _cpu_name() -> str:
+    import os
+
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return f"{line.split(':', 1)[1].strip()}, {os.cpu_count()} cores"
+    except OSError:
+        pass
+    return f"{os.cpu_count()} cores"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", action="store_true", help="only the JSON line on stdout")
@@ -289,7 +301,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         ext = extend_ratio(pool, job, ex, args.repeats)
         errs = estimate_errors(job, results)
-        device = pool.infos()[0].device
+        device = _cpu_name()
         if args.kind == "gpu":
             device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else device
         pool.shutdown()
