@@ -147,6 +147,7 @@ class CostModel:
         self.device = job.cluster.device
         self.node_size = min(job.cluster.devices_per_node, job.pool.largest_node_share())
         self._cache: dict[tuple[str, Candidate, int], Estimate] = {}
+        self._sync: dict[tuple[Layout, Layout], Estimate] = {}
 
     # ------------------------------------------------------------------ public API
     def stage_batch(self, stage: ModelStage | str) -> int:
@@ -223,6 +224,12 @@ class CostModel:
         local): 1/(tp_g pp_g) - 1/(max(tp) max(pp)) of the weights. Communicators for it are
         created once per layout pair, not per step.
         """
+        hit = self._sync.get((train, gen))
+        if hit is None:
+            hit = self._sync[(train, gen)] = self._weight_sync(train, gen)
+        return hit
+
+    def _weight_sync(self, train: Layout, gen: Layout) -> Estimate:
         m, w, dev = self.job.model, self.job.workload, self.device
         name = f"weight_sync[{train}->{gen}]"
         cand = Candidate(gen, 1, 1, 1)

@@ -86,11 +86,13 @@ class StageOptions:
         return sorted({c.layout for c in self.candidates})
 
 
-def pareto_mask(cols: list[np.ndarray]) -> np.ndarray:
+def pareto_mask(cols: list[np.ndarray], block: int = 64) -> np.ndarray:
     """Rows no other row dominates (<= in every column); of equal rows the first.
 
     Rows are visited in lexicographic order, so a row can only be dominated by one visited
-    before it, and only kept rows need checking.
+    before it. They are taken a block at a time: a row is dropped if a kept row or an earlier
+    row of its block is <= it everywhere (an earlier row that was itself dropped has a kept
+    dominator, which then dominates this row too).
     """
     m = np.stack(cols, axis=1).astype(float)
     n = len(m)
@@ -98,15 +100,17 @@ def pareto_mask(cols: list[np.ndarray]) -> np.ndarray:
     if n == 0:
         return keep
     order = np.lexsort(tuple(m[:, i] for i in reversed(range(m.shape[1]))))
-    kept = np.empty_like(m)
-    k = 0
-    for i in order:
-        row = m[i]
-        if k and (kept[:k] <= row).all(axis=1).any():
-            continue
-        keep[i] = True
-        kept[k] = row
-        k += 1
+    kept = np.empty((0, m.shape[1]))
+    for lo in range(0, n, block):
+        idx = order[lo:lo + block]
+        rows = m[idx]
+        dom = np.zeros(len(idx), dtype=bool)
+        if len(kept):
+            dom |= np.all(kept[:, None, :] <= rows[None, :, :], axis=2).any(axis=0)
+        earlier = np.all(rows[:, None, :] <= rows[None, :, :], axis=2)   # [j, i]: j <= i
+        dom |= np.triu(earlier, k=1).any(axis=0)
+        keep[idx[~dom]] = True
+        kept = np.vstack([kept, rows[~dom]])
     return keep
 
 

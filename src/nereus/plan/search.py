@@ -99,10 +99,15 @@ def group_points(members: Sequence[StageOptions], limit: float, budget: int,
     adds = [extra.get(o.stage.name, np.zeros(len(o))) for o in members]
     if len(members) == 1:
         o, add = members[0], adds[0]
-        pts = [Point(int(o.gpus[i]), float(o.latency[i] + add[i]), (_choice(members, [i]),),
-                     float(add[i]))
-               for i in range(len(o)) if o.gpus[i] <= budget]
-        return pareto(pts)
+        lat = o.latency + add
+        # the step function's corners first (sorted by GPUs, strictly falling latency), then
+        # only those become points
+        order = np.lexsort((lat, o.gpus))
+        order = order[o.gpus[order] <= budget]
+        best = np.minimum.accumulate(lat[order]) if len(order) else lat[:0]
+        corners = [i for k, i in enumerate(order) if k == 0 or lat[i] < best[k - 1] - 1e-12]
+        return pareto([Point(int(o.gpus[i]), float(lat[i]), (_choice(members, [i]),),
+                             float(add[i])) for i in corners])
     if any(o.stage.kind is StageKind.GENERATE for o in members):
         # a generation engine takes the memory it is given for its KV cache (vLLM's
         # gpu_memory_utilization), so it never shares its GPU set inside the phase

@@ -1,0 +1,24 @@
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from nereus.plan.candidates import pareto_mask
+
+
+def naive(m: np.ndarray) -> np.ndarray:
+    keep = np.ones(len(m), dtype=bool)
+    for i in range(len(m)):
+        for j in range(len(m)):
+            if j != i and np.all(m[j] <= m[i]) and (np.any(m[j] < m[i]) or j < i):
+                keep[i] = False
+                break
+    return keep
+
+
+@given(st.integers(0, 10_000), st.integers(1, 200), st.integers(1, 4), st.integers(1, 70))
+@settings(max_examples=60)
+def test_blocked_pareto_equals_pairwise_definition(seed, n, k, block):
+    rng = np.random.default_rng(seed)
+    m = rng.integers(0, 6, size=(n, k)).astype(float)  # many ties and equal rows
+    got = pareto_mask([m[:, c] for c in range(k)], block=block)
+    assert np.array_equal(got, naive(m))
