@@ -2,7 +2,7 @@
 
 A stage's predicted time is ``sum_c ideal_c / eff_c``: linear in the inverse efficiencies
 ``x_c = 1 / eff_c``. Each measurement adds one row (ideal seconds per class -> measured seconds);
-the calibrator solves a least-squares problem in relative error, pulled toward the current values
+the calibrator solves a least-squares problem in relative error, pulled toward the prior
 by a small ridge term so that classes a measurement cannot separate stay where they were, and
 weighs old rows down exponentially so that drift (congestion, throttling) is followed.
 Measurements per op class (a framework that times its kernels and collectives) are rows with a
@@ -28,6 +28,12 @@ from nereus.files import read_json
 from nereus.spec.workflow import StageKind
 
 PROFILE_VERSION = 1
+# The ridge never fades below (σ_meas / σ_prior)^2: a prior of ±50 % on each efficiency against
+# stage times measured to ±2 % (assumption; the paper reports max-min step spreads under 2 %).
+# Without it, classes that move together with others (decode time and the decode all-reduces'
+# latency both scale with decode steps; attention with GEMMs) were fitted from noise and swung
+# by tens of percent from step to step, which the controller read as efficiency drift.
+RIDGE_FLOOR = (0.02 / 0.5) ** 2
 
 
 @dataclass
@@ -43,12 +49,14 @@ class Calibrator:
 
     Rows carry the step they were measured in; at each :meth:`next_step` the weight of every
     older row is multiplied by ``forgetting`` (1.0 keeps all rows equally). ``ridge`` is the
-    pull toward the prior, relative to one measurement.
+    pull toward the prior, relative to one measurement; it fades as rows about a class
+    accumulate, down to ``ridge_floor``.
     """
 
     prior: Efficiencies = field(default_factory=Efficiencies)
     forgetting: float = 0.9
     ridge: float = 0.02
+    ridge_floor: float = RIDGE_FLOOR
     max_rows: int = 256
     _rows: list[_Row] = field(default_factory=list)
     _memory: dict[StageKind, list[float]] = field(default_factory=dict)
@@ -63,9 +71,13 @@ class Calibrator:
     # ---- observations ----
     def observe_stage(self, estimate: Estimate, measured_s: float) -> None:
         """One model-stage's measured latency for the ops its estimate lists."""
+        self.observe_ideal(estimate.ideal_by_class(), measured_s)
+
+    def observe_ideal(self, ideal: Mapping[OpClass, float], measured_s: float) -> None:
+        """A measured time of work whose ideal seconds (at peak) per op class are ``ideal``."""
         if not measured_s > 0:
             raise InputError("measured_s", f"must be > 0, got {measured_s}")
-        self._add(_Row(estimate.ideal_by_class(), float(measured_s), self._step))
+        self._add(_Row(dict(ideal), float(measured_s), self._step))
 
     def observe_op(self, cls: OpClass, ideal_s: float, measured_s: float) -> None:
         """A measured time of work whose ideal time (at peak) is ``ideal_s``, one op class."""
@@ -126,9 +138,10 @@ class Calibrator:
         a = np.array(a_rows)
         b = np.array(b_rows)
         # ridge toward the prior, in relative terms of each x (scale-free); it keeps classes
-        # no row can separate near the prior and fades as rows about a class accumulate
+        # no row can separate near the prior and fades as rows about a class accumulate, to a
+        # floor that keeps classes only noise could separate near it too
         seen = np.array([sum(1 for r in self._rows if c in r.ideal) for c in classes])
-        lam = np.diag(np.sqrt(self.ridge / (1.0 + seen)) / x0)
+        lam = np.diag(np.sqrt(np.maximum(self.ridge / (1.0 + seen), self.ridge_floor)) / x0)
         a_full = np.vstack([a, lam])
         b_full = np.concatenate([b, lam @ x0])
         x, *_ = np.linalg.lstsq(a_full, b_full, rcond=None)

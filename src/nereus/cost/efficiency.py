@@ -40,6 +40,9 @@ def default_efficiency(cls: OpClass) -> float:
         DEFAULT_COMM_EFFICIENCY_INTER
 
 
+_DEFAULTS: Mapping[OpClass, float] = {c: default_efficiency(c) for c in OpClass}
+
+
 @dataclass(frozen=True)
 class Efficiencies:
     """Efficiency per op class; classes absent here use :func:`default_efficiency`."""
@@ -53,7 +56,8 @@ class Efficiencies:
                 raise InputError(f"efficiency.{cls.value}", f"must be > 0, got {v}")
 
     def __getitem__(self, cls: OpClass) -> float:
-        return self.values.get(cls, default_efficiency(cls))
+        v = self.values.get(cls)
+        return _DEFAULTS[cls] if v is None else v
 
     def measured(self) -> frozenset[OpClass]:
         return frozenset(self.values)

@@ -94,9 +94,10 @@ class Row:
     intra: Arr | None = None
     timed: tuple[OpClass, OpClass] | None = None  # (intra, inter) class a timer files it under
 
-    def eff(self, e: Efficiencies) -> Arr:
+    def eff(self, e: Efficiencies) -> Arr | float:
+        """Each candidate's efficiency (one float when the class does not depend on it)."""
         if self.cls_inter is None:
-            return np.full_like(self.ideal, e[self.cls], dtype=float)
+            return e[self.cls]
         return np.where(self.intra, e[self.cls], e[self.cls_inter])
 
     def cls_at(self, i: int) -> OpClass:
@@ -503,18 +504,27 @@ def _collective(kind: str, n: Arr | float, nbytes: Arr | float, intra: Arr | boo
     latency (class ``latency.<link>``), so calibration learns bandwidth and latency apart:
     decode all-reduces are latency-bound, training ones bandwidth-bound.
     """
-    n = _f(n)
-    nbytes, count, intra = np.broadcast_arrays(_f(nbytes), _f(count), np.asarray(intra, dtype=bool))
-    n = np.broadcast_to(n, nbytes.shape)
+    n, nbytes, count = _f(n), _f(nbytes), _f(count)
+    intra = np.asarray(intra, dtype=bool)
+    shape = np.broadcast_shapes(n.shape, nbytes.shape, count.shape, intra.shape)
     active = n > 1
     safe = np.where(active, n, 2.0)
+    zero = np.zeros(shape)
     wire = np.where(active, _WIRE[kind](safe) * nbytes, 0.0)
     hops = np.where(active, _HOPS[kind](safe), 0.0)
     bw = np.where(intra, device.intra_node_bw, device.inter_node_bw)
     lat = np.where(intra, device.intra_latency_s, device.inter_latency_s)
-    zero = np.zeros_like(wire)
-    return [Row(term, name, OpClass(f"{kind}.intra"), count, zero, wire,
-                np.where(active, count * wire / bw, 0.0), OpClass(f"{kind}.inter"), intra),
-            Row(term, f"{name} (latency)", OpClass.LATENCY_INTRA, count * hops, zero,
-                zero, np.where(active, count * hops * lat, 0.0), OpClass.LATENCY_INTER, intra,
-                (OpClass(f"{kind}.intra"), OpClass(f"{kind}.inter")))]
+    if wire.shape != shape:
+        wire = wire + zero
+    if count.shape != shape:
+        count = count + zero
+    if intra.shape != shape:
+        intra = intra | np.zeros(shape, dtype=bool)
+    cls_intra, cls_inter = _CLASSES[kind]
+    steps = count * hops
+    return [Row(term, name, cls_intra, count, zero, wire, count * wire / bw, cls_inter, intra),
+            Row(term, f"{name} (latency)", OpClass.LATENCY_INTRA, steps, zero, zero,
+                steps * lat, OpClass.LATENCY_INTER, intra, (cls_intra, cls_inter))]
+
+
+_CLASSES = {k: (OpClass(f"{k}.intra"), OpClass(f"{k}.inter")) for k in _WIRE}

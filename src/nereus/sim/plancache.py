@@ -4,8 +4,16 @@ The exact search takes tens of milliseconds; a policy that replans at every one 
 (the oracle, replan-without-admission) would spend most of a run in it. Plans change slowly
 with length, so the cache solves each bucket once, at the bucket's upper edge (memory grows
 with length, so a plan that fits there fits anywhere in the bucket), and reuses it while the
-efficiencies stay within 5 % of those it was solved under. Callers re-price the cached plan at
-the actual lengths and efficiencies.
+efficiencies stay close to those it was solved under. Callers re-price the cached plan at the
+actual lengths and efficiencies.
+
+"Close" is weighed by time: an op class that takes at least 5 % of the cached plan's time must
+stay within 5 % (log scale); a smaller one may move further, in inverse proportion to its share
+(so it moves the plan's time by at most about 0.25 %), and one the plan does not use at most
+ten times as far (a rival plan may use it). Fitted from stage times alone, the efficiencies
+of minor classes (attention, the optimizer, p2p) swing by tens of percent from step to step
+without changing which plan is best; a strict test on every class would search at nearly
+every step.
 """
 
 from __future__ import annotations
@@ -15,14 +23,19 @@ from collections.abc import Mapping
 
 from nereus.cost.efficiency import Efficiencies
 from nereus.cost.model import CostModel
+from nereus.cost.ops import OpClass
 from nereus.errors import InfeasibleError
 from nereus.plan.search import Planner
 from nereus.plan.types import Plan
 from nereus.spec.job import JobSpec
 from nereus.spec.workflow import StageKind
 
+_Entry = tuple[Efficiencies, "Plan | InfeasibleError", "dict[OpClass, float] | None"]
+
 LENGTH_BUCKET = 1.10   # response-length buckets of 10 %
 EFF_GRID = 1.05        # efficiencies rounded to a 5 % (log) grid for the cache key
+MAJOR_SHARE = 0.05     # an op class with this share of the plan's time is held to the grid
+UNUSED_WEIGHT = 0.1    # a class the plan does not use: ten times the grid
 
 
 def bucket(x: float, ratio: float = LENGTH_BUCKET) -> int:
@@ -43,29 +56,36 @@ class PlanCache:
     def __init__(self, ratio: float = LENGTH_BUCKET, grid: float = EFF_GRID):
         self.ratio = ratio
         self.tolerance = math.log(grid) + 1e-12
-        self._plans: dict[tuple[object, ...], list[tuple[Efficiencies, Plan | InfeasibleError]]] = {}
+        self._plans: dict[tuple[object, ...], list[_Entry]] = {}
         self.searches = 0
         self.hits = 0
 
-    def _close(self, a: Efficiencies, b: Efficiencies) -> bool:
-        classes = set(a.values) | set(b.values)
-        return all(abs(math.log(a[c] / b[c])) <= self.tolerance for c in classes)
+    def _close(self, entry: _Entry, b: Efficiencies) -> bool:
+        a, shares = entry[0], entry[2]
+        for c in set(a.values) | set(b.values):
+            w = 1.0 if shares is None else \
+                min(1.0, max(UNUSED_WEIGHT, shares.get(c, 0.0) / MAJOR_SHARE))
+            if w * abs(math.log(a[c] / b[c])) > self.tolerance:
+                return False
+        return True
 
     def __call__(self, job: JobSpec, cost: CostModel) -> Plan:
         w = job.workload
         bm, bx = bucket(w.response_len_mean, self.ratio), bucket(w.response_len_max, self.ratio)
         key = (job.pool.ids, bm, bx, _scale_key(cost.memory_scale))
         entries = self._plans.setdefault(key, [])
-        hit = next((p for e, p in entries if self._close(e, cost.eff)), None)
+        hit = next((e[1] for e in entries if self._close(e, cost.eff)), None)
         if hit is None:
             mean = min(edge(bm, self.ratio), edge(bx, self.ratio))
             rep = job.with_workload(w.with_response_len(mean, edge(bx, self.ratio)))
+            rep_cost = CostModel(rep, cost.eff, cost.memory_scale)
             self.searches += 1
             try:
-                hit = Planner(rep, cost=CostModel(rep, cost.eff, cost.memory_scale)).best()
+                hit = Planner(rep, cost=rep_cost).best()
             except InfeasibleError as e:
                 hit = e
-            entries.append((cost.eff, hit))
+            entries.append((cost.eff, hit, None if isinstance(hit, InfeasibleError)
+                            else time_shares(rep_cost, hit)))
         else:
             self.hits += 1
         if isinstance(hit, InfeasibleError):
@@ -73,6 +93,18 @@ class PlanCache:
             self.searches += 1
             return Planner(job, cost=cost).best()
         return hit
+
+
+def time_shares(cost: CostModel, plan: Plan) -> dict[OpClass, float]:
+    """Each op class's share of the time of ``plan``'s model-stages under ``cost``."""
+    by_class: dict[OpClass, float] = {}
+    for sp in plan.stages:
+        idle = sum(cost.resident_bytes(o, plan.stage(o).layout)
+                   for o in plan.group_of(sp.stage) if o != sp.stage)
+        for c, t in cost.estimate(sp.stage, sp.candidate, int(idle)).time_by_class().items():
+            by_class[c] = by_class.get(c, 0.0) + t
+    total = sum(by_class.values()) or 1.0
+    return {c: t / total for c, t in by_class.items()}
 
 
 def _scale_key(scale: Mapping[StageKind, float]) -> tuple[tuple[str, float], ...]:
