@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, get_args
 
 import yaml
 from pydantic import BaseModel, ValidationError
@@ -42,14 +42,29 @@ def read_yaml(path: str | Path, field: str) -> Any:
         raise InputError(field, f"{p} is not valid YAML: {str(e).splitlines()[0]}") from None
 
 
-def validate(model: type[M], data: object, field: str = "config") -> M:
-    """``model.model_validate(data)`` with the first error turned into an InputError."""
+def validate(model: type[M], data: object, field: str = "config", prefix: str = "") -> M:
+    """``model.model_validate(data)`` with the first error turned into an InputError; the
+    field it names starts with ``prefix`` (e.g. ``"current."``) when one is given."""
     if not isinstance(data, dict):
         raise InputError(field, "must be a mapping of fields", list(model.model_fields))
     try:
         return model.model_validate(data)
     except ValidationError as e:
-        raise validation_error(e, model) from None
+        err = validation_error(e, model)
+        if prefix:
+            err = InputError(prefix + err.field, err.problem, err.allowed)
+        raise err from None
+
+
+def _nested_model(ann: object) -> type[BaseModel] | None:
+    """The model a field holds, itself or inside a list, dict or optional."""
+    if isinstance(ann, type) and issubclass(ann, BaseModel):
+        return ann
+    for arg in get_args(ann):
+        found = _nested_model(arg)
+        if found is not None:
+            return found
+    return None
 
 
 def validation_error(e: ValidationError, root: type[BaseModel]) -> InputError:
@@ -60,14 +75,18 @@ def validation_error(e: ValidationError, root: type[BaseModel]) -> InputError:
     if kind == "extra_forbidden":
         model: type[BaseModel] = root
         for part in err["loc"][:-1]:
+            if isinstance(part, int):
+                continue  # a list index: the same model's items
             fld = model.model_fields.get(str(part))
-            ann = fld.annotation if fld else None
-            if isinstance(ann, type) and issubclass(ann, BaseModel):
-                model = ann
+            inner = _nested_model(fld.annotation) if fld else None
+            if inner is not None:
+                model = inner
         return InputError(loc, "unknown field", list(model.model_fields))
     if kind == "missing":
         return InputError(loc, "required field is missing")
     if kind == "literal_error":
         return InputError(loc, f"{err.get('input')!r} is not allowed",
                           str(err.get("ctx", {}).get("expected", "")))
+    if kind in ("model_type", "model_attributes_type", "dict_type"):
+        return InputError(loc, "must be a mapping of fields")
     return InputError(loc, str(err["msg"]).removeprefix("Value error, "))

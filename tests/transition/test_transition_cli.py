@@ -112,3 +112,62 @@ def test_two_job_specs_are_planned_and_moved(tmp_path: Path) -> None:
     c.write_text(yaml.safe_dump({"model": "qwen3-14b", "gpus": 32}))
     r = runner.invoke(app, ["transition", str(a), str(c)])
     assert r.exit_code == 2 and "target.model" in r.output
+
+
+def _mangled(plan: dict, how: str) -> dict:
+    s0 = plan["stages"][0]
+    if how == "stages":
+        plan["stages"] = 5
+    elif how == "flat_gpus":
+        s0["gpus"] = [g for r in s0["gpus"] for g in r]
+    elif how == "text_gpu":
+        s0["gpus"][0][0] = "a"
+    elif how == "float_tp":
+        s0["tp"] = 4.5
+    elif how == "unknown_field":
+        s0["colour"] = "red"
+    elif how == "groups":
+        plan["groups"] = [["no_such_stage"]]
+    elif how == "twice":
+        plan["stages"].append(dict(s0))
+    elif how == "replicas":
+        s0["dp"] += 1
+    return plan
+
+
+@pytest.mark.parametrize("how,field", [
+    ("stages", "current.stages"), ("flat_gpus", "current.stages.0.gpus"),
+    ("text_gpu", "current.stages.0.gpus.0.0"), ("float_tp", "current.stages.0.tp"),
+    ("unknown_field", "current.stages.0.colour"), ("groups", "current.groups"),
+    ("twice", "current.stages"), ("replicas", "current.stages.0"),
+])
+def test_malformed_plan_files_are_one_line_errors(how: str, field: str,
+                                                  plans: tuple[Path, Path],
+                                                  tmp_path: Path) -> None:
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(_mangled(json.loads(plans[0].read_text()), how)))
+    r = runner.invoke(app, ["transition", str(bad), str(plans[1]), "--model", "llama-3.1-8b"])
+    assert r.exit_code == 2, r.output
+    assert r.output.startswith(f"error: {field}") and "Traceback" not in r.output
+    assert len(r.output.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("out,problem", [("nowhere/g.png", "no folder"),
+                                         ("g.txt", "unsupported file type")])
+def test_a_bad_gantt_path_is_refused_before_planning(out: str, problem: str,
+                                                     plans: tuple[Path, Path],
+                                                     tmp_path: Path) -> None:
+    r = runner.invoke(app, ["transition", *map(str, plans), "--model", "llama-3.1-8b",
+                            "--gantt", str(tmp_path / out)])
+    assert r.exit_code == 2 and problem in r.output and "--gantt" in r.output
+
+
+def test_job_specs_refuse_options_they_carry(tmp_path: Path) -> None:
+    a, b = tmp_path / "a.yaml", tmp_path / "b.yaml"
+    a.write_text(yaml.safe_dump({"model": "llama-3.1-8b", "gpus": 16}))
+    b.write_text(yaml.safe_dump({"model": "llama-3.1-8b", "gpus": 32,
+                                 "cluster": {"devices_per_node": 4}}))
+    r = runner.invoke(app, ["transition", str(a), str(a), "--device", "h200-141gb"])
+    assert r.exit_code == 2 and "--device" in r.output
+    r = runner.invoke(app, ["transition", str(a), str(b)])
+    assert r.exit_code == 2 and "devices_per_node" in r.output

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, TypeVar
 
 import typer
@@ -42,6 +43,24 @@ def one_line_errors(fn: F) -> F:
             raise fail("interrupted", 130) from None
 
     return wrapper  # type: ignore[return-value]
+
+
+FIGURE_FORMATS = (".png", ".pdf", ".svg")
+
+
+def output_path(path: Path | None, field: str, suffixes: tuple[str, ...]) -> Path | None:
+    """Check an output file before the work that fills it: a known suffix, an existing
+    folder, not a folder itself (a typo should not cost a finished run)."""
+    if path is None:
+        return None
+    if path.suffix.lower() not in suffixes:
+        raise InputError(field, f"unsupported file type {path.suffix or '(none)'!r}", suffixes)
+    if path.is_dir():
+        raise InputError(field, f"{path} is a folder", "a file path")
+    parent = path.parent if str(path.parent) else Path(".")
+    if not parent.is_dir():
+        raise InputError(field, f"no folder {parent} to write {path.name} in")
+    return path
 
 
 def stdout_is_tty() -> bool:

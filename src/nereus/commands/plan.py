@@ -15,6 +15,7 @@ from nereus.commands.jobopts import job_from_options
 from nereus.cost.calibrate import Calibrator
 from nereus.cost.efficiency import Efficiencies
 from nereus.cost.model import CostModel
+from nereus.errors import InfeasibleError
 from nereus.plan.candidates import frontier
 from nereus.plan.evaluate import evaluate_plan, load_layout_spec
 from nereus.plan.search import Planner
@@ -163,7 +164,7 @@ def register(app: typer.Typer) -> None:
         problems = validate_plan(job, yours, cost)
         try:
             best: Plan | None = Planner(job, cost=cost).best()
-        except Exception as e:  # the best plan is context; a job that fits nowhere still scores
+        except InfeasibleError as e:  # the best plan is context; a job that fits nowhere still scores
             best, why = None, str(e)
         if as_json:
             out = yours.to_dict()

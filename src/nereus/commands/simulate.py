@@ -12,7 +12,13 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from nereus.commands.common import console, err_console, one_line_errors
+from nereus.commands.common import (
+    FIGURE_FORMATS,
+    console,
+    err_console,
+    one_line_errors,
+    output_path,
+)
 from nereus.errors import InputError
 from nereus.sim.policies import POLICIES
 from nereus.sim.scenarios import (
@@ -25,7 +31,6 @@ from nereus.sim.scenarios import (
 )
 from nereus.sim.simulator import SimResult
 
-PLOT_FORMATS = (".png", ".pdf", ".svg")
 
 
 def _policies(text: str) -> list[str]:
@@ -133,9 +138,8 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Compare static, replan-always, Nereus and an oracle on a simulated run."""
         names = _policies(policies)
-        if plot_path is not None and plot_path.suffix.lower() not in PLOT_FORMATS:
-            raise InputError("--plot", f"unsupported file type {plot_path.suffix!r}",
-                             PLOT_FORMATS)
+        output_path(plot_path, "--plot", FIGURE_FORMATS)
+        output_path(csv_path, "--csv", (".csv",))
         if gamma is not None and not 0.0 <= gamma <= 1.0:
             raise InputError("--gamma", f"must be in [0, 1], got {gamma}")
         sc = load_scenario(config) if config is not None else builtin(scenario, seed=seed)

@@ -17,7 +17,14 @@ from typing import Optional
 import typer
 from rich.table import Table
 
-from nereus.commands.common import EXIT_INFEASIBLE, console, fail, one_line_errors
+from nereus.commands.common import (
+    EXIT_INFEASIBLE,
+    FIGURE_FORMATS,
+    console,
+    fail,
+    one_line_errors,
+    output_path,
+)
 from nereus.commands.jobopts import job_from_options
 from nereus.cost.efficiency import Efficiencies
 from nereus.errors import InputError
@@ -70,6 +77,10 @@ def jobs_from_specs(current: Path, target: Path, profile: Path | None
     if a.cluster.device != b.cluster.device:
         raise InputError("target.cluster.device", "the device differs between the job specs",
                          "the same device in both")
+    if a.cluster.devices_per_node != b.cluster.devices_per_node:
+        raise InputError("target.cluster.devices_per_node",
+                         f"{b.cluster.devices_per_node} differs from the current "
+                         f"{a.cluster.devices_per_node}", "the same node size in both")
     cur = best_plan(a, _efficiencies(a, profile))
     tgt = best_plan(b, _efficiencies(b, profile))
     cluster = max((a.cluster, b.cluster), key=lambda c: c.num_devices)
@@ -162,17 +173,22 @@ def register(app: typer.Typer) -> None:
                                      "workers on a seeded model (runtime layer) and compare"),
     ) -> None:
         """Plan the transition between two plans: primitives, schedule and L_tran."""
+        output_path(gantt_path, "--gantt", FIGURE_FORMATS)
         kinds = (_kind(current, "current"), _kind(target, "target"))
         if kinds[0] != kinds[1]:
             raise InputError("target", f"{target.name} is a {kinds[1]} file but {current.name} "
                              f"is a {kinds[0]} file", "two plan .json files or two job .yaml files")
         if kinds[0] == "job":
-            if config is not None or model is not None:
-                raise InputError("--config", "job specs carry their own model and workload",
-                                 "--config/--model only with plan files")
+            given = [name for name, v in (("--config", config), ("--model", model),
+                                          ("--algo", algo), ("--execution", execution),
+                                          ("--device", device),
+                                          ("--devices-per-node", devices_per_node)) if v]
+            if given:
+                raise InputError(given[0], "job specs carry their own model, workflow and "
+                                 "cluster", "with plan files only")
             job, cur, tgt = jobs_from_specs(current, target, profile)
         else:
-            cur, tgt = Plan.load(current), Plan.load(target)
+            cur, tgt = Plan.load(current, "current"), Plan.load(target, "target")
             job = job_for_plans(cur, tgt, config, model, algo, execution, device,
                                 devices_per_node)
         schedule = plan_transition(job, cur, tgt, _efficiencies(job, profile))

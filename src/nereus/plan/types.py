@@ -6,11 +6,13 @@ import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from nereus.cost.candidate import Candidate, Layout
 from nereus.errors import InputError
-from nereus.files import read_json
+from nereus.files import read_json, validate
 
 
 @dataclass(frozen=True)
@@ -120,34 +122,79 @@ class Plan:
         return json.dumps(self.to_dict(), indent=indent)
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> Plan:
-        if not isinstance(data, Mapping) or "stages" not in data:
-            raise InputError("plan", "needs a 'stages' list", "the JSON of `nereus plan --json`")
-        groups = tuple(tuple(str(x) for x in g) for g in data.get("groups", ()))
-        return cls(tuple(stage_plan_from_dict(s) for s in data["stages"]),
-                   float(data.get("step_latency_s", 0.0)), str(data.get("source", "estimated")),
-                   dict(data.get("terms", {})), groups)
+    def from_dict(cls, data: Any, field: str = "plan") -> Plan:
+        """A plan in the JSON shape of ``nereus plan --json`` (strictly checked: a wrong field
+        or type is an :class:`InputError` naming it, under ``field``)."""
+        f = validate(_PlanFile, data, field, prefix=f"{field}.")
+        names = [s.name for s in f.stages]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise InputError(f"{field}.stages", f"model-stages listed twice: {twice}")
+        for g in f.groups:
+            unknown = sorted(set(g) - set(names))
+            if unknown:
+                raise InputError(f"{field}.groups",
+                                 f"names model-stages not in the plan: {unknown}", names)
+        return cls(tuple(s.to_stage_plan() for s in f.stages), f.step_latency_s, f.source,
+                   dict(f.terms), tuple(tuple(g) for g in f.groups))
 
     @classmethod
-    def load(cls, path: str | Path) -> Plan:
-        return cls.from_dict(read_json(path, "plan"))
+    def load(cls, path: str | Path, field: str = "plan") -> Plan:
+        return cls.from_dict(read_json(path, field), field)
 
 
-def stage_plan_from_dict(s: Mapping[str, Any]) -> StagePlan:
-    name = str(s.get("name", "?"))
-    try:
-        tp, pp, dp = int(s["tp"]), int(s["pp"]), int(s["dp"])
-    except (KeyError, TypeError, ValueError):
-        raise InputError(f"plan.{name}", "needs integer tp, pp and dp") from None
-    gpus = s.get("gpus")
-    if gpus is None:
-        raise InputError(f"plan.{name}.gpus", "missing", "a list of GPU-id lists, one per replica")
-    replicas = tuple(tuple(int(g) for g in r) for r in gpus)
-    mb = int(s.get("micro_batch", 1))
-    ga = int(s.get("grad_accum", 1))
-    cand = Candidate(Layout(tp, pp), dp, mb, ga, bool(s.get("recompute", False)))
-    return StagePlan(name, cand, replicas, float(s.get("latency_s", 0.0)),
-                     int(s.get("peak_mem_bytes", 0)))
+MAX_GPU_ID = 1 << 20  # a plan naming a GPU id above this is a typo, not a cluster
+
+
+class _StageFile(BaseModel):
+    """One model-stage of a plan file."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    name: str
+    tp: int = Field(ge=1)
+    pp: int = Field(ge=1)
+    dp: int = Field(ge=1)
+    gpus: list[list[Annotated[int, Field(ge=0, le=MAX_GPU_ID)]]] = Field(min_length=1)
+    micro_batch: int = Field(1, ge=1)
+    grad_accum: int = Field(1, ge=1)
+    recompute: bool = False
+    latency_s: float = Field(0.0, ge=0)
+    peak_mem_bytes: int = Field(0, ge=0)
+
+    @model_validator(mode="after")
+    def _replicas(self) -> _StageFile:
+        if len(self.gpus) != self.dp:
+            raise ValueError(f"{self.name}: {len(self.gpus)} GPU lists for dp = {self.dp}")
+        size = self.tp * self.pp
+        bad = [r for r in self.gpus if len(r) != size]
+        if bad:
+            raise ValueError(f"{self.name}: a replica of tp x pp = {size} lists {len(bad[0])} "
+                             f"GPUs")
+        return self
+
+    def to_stage_plan(self) -> StagePlan:
+        cand = Candidate(Layout(self.tp, self.pp), self.dp, self.micro_batch, self.grad_accum,
+                         self.recompute)
+        return StagePlan(self.name, cand, tuple(tuple(r) for r in self.gpus), self.latency_s,
+                         self.peak_mem_bytes)
+
+
+class _PlanFile(BaseModel):
+    """A plan file: what ``nereus plan --json`` writes."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    stages: list[_StageFile] = Field(min_length=1)
+    step_latency_s: float = Field(0.0, ge=0)
+    source: Literal["estimated", "measured", "simulated"] = "estimated"
+    terms: dict[str, float] = Field(default_factory=dict)
+    groups: list[list[str]] = Field(default_factory=list)
+
+
+def stage_plan_from_dict(s: Any, field: str = "plan.stage") -> StagePlan:
+    """One model-stage in the JSON shape of ``nereus plan --json``."""
+    return validate(_StageFile, s, field, prefix=f"{field}.").to_stage_plan()
 
 
 def contiguous_replicas(start: int, ids: Iterable[int], cand: Candidate) -> tuple[tuple[int, ...], ...]:
