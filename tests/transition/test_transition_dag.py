@@ -169,3 +169,21 @@ def test_bad_plan_pairs_are_input_errors() -> None:
     d = Plan((sp("no_such_stage", 1, 1, [[0]]),))
     with pytest.raises(InputError, match="stage"):
         plan_transition(job, d, d)
+
+
+def test_changing_state_that_does_not_fit_at_once_is_infeasible_up_front() -> None:
+    """Offloaded between phases, the actor (0.41 MB) and the reward model (0.38 MB) may share
+    GPU 0 of 0.5 MB; moving both at once would load both there, so it is refused with the
+    GPU and both stages named, while moving either alone is feasible."""
+    job = tiny_job(3, memory_gib=CAP_05MB)
+    cur = Plan((sp("actor_gen", 1, 1, [[0]]), sp("reward_infer", 1, 1, [[0]])))
+    both = Plan((sp("actor_gen", 1, 1, [[1]]), sp("reward_infer", 1, 1, [[2]])))
+    s = plan_transition(job, cur, both)
+    assert not s.feasible
+    assert "at once" in s.reason and "GPU 0" in s.reason
+    assert "actor_gen" in s.reason and "reward_infer" in s.reason
+    for one in (Plan((both.stage("actor_gen"), cur.stage("reward_infer"))),
+                Plan((cur.stage("actor_gen"), both.stage("reward_infer")))):
+        s = plan_transition(job, cur, one)
+        assert s.feasible, s.reason
+        assert validate(job, cur, one, s) == []

@@ -13,6 +13,13 @@ infeasible and the reason names the GPUs and the model-stages.
 
 The replay order ``order`` fits memory one primitive at a time; the list scheduler uses it to
 run primitives side by side without ever painting itself into a corner.
+
+Memory follows the cost model's residency rule: between phases, idle model-stages are
+offloaded to host memory, so at the boundary only the model-stages that change hold GPU memory
+(all of them at once, from the first primitive to their last); unchanged ones stay offloaded.
+When the changing state does not fit a GPU at once, the transition is infeasible and says so
+(the controller then tries moves of fewer model-stages). The runtime, which keeps every unit
+it holds resident, checks its own capacity before each primitive.
 """
 
 from __future__ import annotations
@@ -108,6 +115,15 @@ def build_dag(job: JobSpec, current: Plan, target: Plan, cost: TransitionCost,
                     usage[g] = usage.get(g, 0) + b[i]
                 present.setdefault(g, {})[name] = present.get(g, {}).get(name, 0) + 1
     initial_bytes = dict(usage)
+    crowded = sorted(g for g, b in usage.items() if b > capacity_bytes)
+    if crowded:
+        g = max(crowded, key=usage.__getitem__)
+        here = sorted(n for n, k in present.get(g, {}).items() if k and n in changed)
+        gpus = ("GPU " if len(crowded) == 1 else "GPUs ") + format_gpus(crowded)
+        return infeasible(
+            f"the changing model-stages' state does not fit on the GPUs at once: {gpus} would "
+            f"hold up to {_gib(usage[g])} (GPU {g}: {', '.join(here)}; capacity "
+            f"{_gib(capacity_bytes)} per GPU); try moving fewer model-stages at a time")
     own = Ownership.between(wf, current, target, names)
     res = _Replay(prims, mem, rank, edges, usage, present, own, capacity_bytes).run()
     if res.problem:
@@ -184,6 +200,8 @@ class _Replay:
     def _blocked(self, i: int) -> tuple[dict[int, int], list[tuple[int, str]]] | None:
         deficits = {}
         for g, m in self.mem[i].items():
+            if m.extra <= 0:
+                continue  # takes no memory here (an Extend's source, a Destroy)
             over = self.usage.get(g, 0) + m.extra - self.cap
             if over > 0:
                 deficits[g] = over
