@@ -167,6 +167,16 @@ def test_an_empty_pool_waits_and_the_return_of_gpus_restarts(job, plans):
     assert d.action is Action.RESTART and not c.stopped and d.restart.lost_s > 0
 
 
+def test_the_pool_emptying_and_coming_back_are_crossings_of_h_pool(job, plans):
+    """H_pool learns from every change of the pool, the waits and resumes included."""
+    c = Controller(job, plans["best16"], on_log=lambda s: None)
+    full = tuple(range(16))
+    for step, pool in ((4, tuple(range(8))), (10, ()), (12, full), (14, ())):
+        c.on_boundary(Telemetry(step, 2000.0, 3000, pool))
+    assert c.horizons.last_crossing["pool"] == 14
+    assert c.horizons.of("pool") == pytest.approx(0.25 * 6 + 0.25 * 2 + 0.5 * 2)
+
+
 def test_replan_without_admission_moves_whenever_faster(job, plans):
     c = Controller(job, plans["best8"], config=ControlConfig(admission=False),
                    transition=lambda j, s, t, e: _Sched(1e6), on_log=lambda s: None)

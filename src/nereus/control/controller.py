@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import math
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -277,6 +277,7 @@ class Controller:
         shares = self._learn(tel)
         step = tel.step
         triggers = pool_triggers(self.pool, tel.pool, self.plan.gpus())
+        self._count_crossings(triggers, step)  # every change of the pool, waits included
         if not tel.pool:
             self.pool = ()
             self.stopped = True
@@ -299,11 +300,7 @@ class Controller:
         signals = self._signals(tel, shares)
         self.monitor, drift = self.monitor.check(signals)
         triggers += drift
-        waiting = {t.signal for t in self.pending}
-        for sig in sorted({t.signal for t in triggers
-                           if t.kind in (TriggerKind.DRIFT, TriggerKind.POOL_LOSS,
-                                         TriggerKind.POOL_GAIN)} - waiting):
-            self.horizons = self.horizons.crossed(sig, step)  # a deferred one crossed already
+        self._count_crossings(drift, step)
         urgent = any(t.urgent for t in triggers)
         if not cfg.admission and not triggers:
             triggers.append(Trigger(TriggerKind.ALWAYS, "always", False))
@@ -323,6 +320,15 @@ class Controller:
         self.pool = tel.pool
         self._adopt(decision)
         return self._log(decision)
+
+    def _count_crossings(self, triggers: Sequence[Trigger], step: int) -> None:
+        """H_x learns from every threshold crossing of x; a deferred trigger re-listed while a
+        transition runs crossed already."""
+        waiting = {t.signal for t in self.pending}
+        for sig in sorted({t.signal for t in triggers
+                           if t.kind in (TriggerKind.DRIFT, TriggerKind.POOL_LOSS,
+                                         TriggerKind.POOL_GAIN)} - waiting):
+            self.horizons = self.horizons.crossed(sig, step)
 
     def _adopt(self, decision: Decision) -> None:
         if decision.action is Action.WAIT:
