@@ -22,7 +22,6 @@ apart and is the same for every policy).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -39,6 +38,7 @@ from nereus.plan.types import Plan
 from nereus.sim.policies import Act, Policy
 from nereus.sim.traces import Availability, LengthTrace
 from nereus.sim.truth import Truth, same_layouts
+from nereus.transition.emu import format_gpus
 
 OOM_LOST_FRACTION = 0.5  # assumption: an out-of-memory crash loses half a step on average
 
@@ -139,13 +139,6 @@ class SimResult:
     results: Mapping[str, PolicyResult]
     notes: Mapping[str, str] = field(default_factory=dict)
 
-    def to_json(self) -> dict[str, object]:
-        out: dict[str, object] = {"scenario": self.scenario, "source": "simulated",
-                                  "policies": {n: r.summary() for n, r in self.results.items()}}
-        nereus = self.results.get("nereus")
-        if nereus is not None:
-            out["calibration_error_step10"] = nereus.calib_error_at(10)
-        return out
 
 
 @dataclass(frozen=True)
@@ -162,21 +155,23 @@ class StepEvents:
     changes: tuple[tuple[float, float, tuple[int, ...]], ...] = ()
 
 
-def align(av: Availability, nominal: Sequence[float], min_gpus: int = 1) -> list[StepEvents]:
-    """Map the trace onto steps of ``nominal`` seconds; pools under ``min_gpus`` are empty."""
+def align(av: Availability, nominal: Sequence[float],
+          usable: Callable[[tuple[int, ...]], bool] = bool) -> list[StepEvents]:
+    """Map the trace onto steps of ``nominal`` seconds; a pool that is not ``usable`` (no plan
+    fits it) counts as empty: the job waits it out."""
 
     def at(t: float) -> tuple[int, ...]:
         p = av.at(t)
-        return p if len(p) >= min_gpus else ()
+        return p if p and usable(p) else ()
 
     def resume(t: float) -> float:
         """The first time >= t with a usable pool."""
         while not at(t):
             nxt = av.next_change(t)
             if nxt is None:
-                raise InputError("availability", f"the pool is empty (or under {min_gpus} "
-                                 f"GPUs) from {t:.0f} s on and never comes back",
-                                 "a trace that gives GPUs again")
+                raise InputError("availability", f"from {t:.0f} s on the pool is empty or "
+                                 "fits no plan, and it never changes again",
+                                 "a trace that gives usable GPUs again")
             t = nxt
         return t
 
@@ -254,6 +249,10 @@ class _Runner:
         secs = params.startup_s + nbytes / (params.storage_read_bw_per_node * nodes)
         lost = sum(self.since_ckpt) if act.after_failure else 0.0
         save = 0.0 if act.after_failure else nbytes / (params.storage_write_bw_per_node * nodes)
+        if not act.after_failure:
+            # a planned restart writes a checkpoint of this very state: nothing before it is
+            # at risk any more (after a failure the redone work is unsaved again: it stays)
+            self.since_ckpt.clear()
         self._acc["restart_s"] += secs + save
         self._acc["lost_s"] += lost
         self.t += secs + save + lost
@@ -319,6 +318,7 @@ class _Runner:
                 raise InputError("scenario", f"no plan fits the {len(pool)} GPUs of the start")
             decide = False
         failed = False
+        idle = 0  # waits in a row on a pool that does not change
         for _ in range(10_000):
             if decide:
                 tel = self._telemetry(k, pool)
@@ -331,6 +331,13 @@ class _Runner:
                     if pending:
                         pool = pending[-1][2]
                         pending = []
+                        idle = 0
+                    else:
+                        idle += 1
+                        if idle > 3:  # the truth has a plan for this pool (``usable``)
+                            raise RuntimeError(
+                                f"{self.p.name}: at step {k} it finds no plan for the "
+                                f"{len(pool)} GPUs {format_gpus(pool)}, where one fits")
                     continue
             decide = True
             assert self.plan is not None
@@ -407,7 +414,26 @@ class Simulator:
         self.steps = min(steps or len(lengths), len(lengths))
         self.calibration_steps = calibration_steps
         self.min_gpus, self.nominal = nominal_clock(truth, lengths, availability, self.steps)
-        self.events = align(availability, self.nominal, self.min_gpus)
+        self._usable: dict[tuple[int, ...], bool] = {}
+        self.events = align(availability, self.nominal, self.usable)
+
+    def usable(self, pool: tuple[int, ...]) -> bool:
+        """Whether some plan fits ``pool`` at the simulated window's longest responses (under
+        the true efficiencies): a pool that fits none is waited out like an empty one. Pools
+        of the same size differ (a split across nodes may fit what a whole node does not)."""
+        if len(pool) < self.min_gpus:
+            return False
+        hit = self._usable.get(pool)
+        if hit is None:
+            means = self.lengths.mean[:self.steps]
+            top = max(self.lengths.longest[:self.steps])
+            try:
+                best_plan(self.truth.job_at(pool, max(means), top), self.truth.hidden)
+                hit = True
+            except InfeasibleError:
+                hit = False
+            self._usable[pool] = hit
+        return hit
 
     def run(self, policies: Sequence[Policy], scenario: str = "",
             progress: Callable[[int], None] | None = None,
@@ -454,7 +480,3 @@ def nominal_clock(truth: Truth, lengths: LengthTrace, av: Availability, steps: i
         except InfeasibleError:
             lo = mid + 1
     return min_gpus, nominal
-
-
-def speedup(a: PolicyResult, b: PolicyResult) -> float:
-    return a.tokens_per_s / b.tokens_per_s if b.tokens_per_s > 0 else math.inf
