@@ -141,6 +141,18 @@ def test_calibration_with_noisy_times_stays_close() -> None:
         calibrate_transition(s, {0: -1.0})
 
 
+def test_no_link_is_fitted_above_its_datasheet_peak() -> None:
+    """Times ten times faster than the links allow are a mislabelled link or a bad timer: link
+    efficiencies stop at 1 on a datasheet device (set-up has no peak)."""
+    job = job8b(32)
+    cur, tgt = example_a()
+    s = plan_transition(job, cur, tgt)
+    fast = [p.duration.local_s + 0.1 * (p.seconds - p.duration.local_s) for p in s.primitives]
+    fit = calibrate_transition(s, fast)
+    links = {c for p in s.primitives for c, _ in p.duration.ideal if c is not OpClass.SETUP}
+    assert links and all(fit[c] <= 1.0 for c in links)
+
+
 def test_planning_is_deterministic() -> None:
     job = job8b(64)
     cur = Plan((sp("reward_infer", 4, 4, [range(0, 16)]), sp("critic_train", 2, 4, [range(16, 24)])))

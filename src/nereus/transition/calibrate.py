@@ -77,6 +77,11 @@ def calibrate_transition(schedule: Schedule,
     col = {c: j for j, c in enumerate(classes)}
     x0 = np.array([1.0 / prior[c] for c in classes])
     x = x0.copy()
+    # no link beats its datasheet peak: a link class fitted above 1 is a mislabelled link or a
+    # bad timer, so its inverse efficiency stops at 1 (the cpu preset's peaks are guesses, and
+    # set-up has no peak: those only stay positive)
+    floor = np.array([1.0 if c is not OpClass.SETUP and prior.device != "cpu" else x0[j] * 1e-3
+                      for j, c in enumerate(classes)])
     assign: list[OpClass | None] | None = None
     for _ in range(20):
         new_assign: list[OpClass | None] = []
@@ -98,11 +103,5 @@ def calibrate_transition(schedule: Schedule,
         for j in range(len(classes)):  # ridge toward the prior, relative
             a[len(rows) + j, j] = RIDGE / x0[j]
             b[len(rows) + j] = RIDGE
-        x = np.maximum(_nnls(a, b), x0 * 1e-3)
+        x = np.maximum(_nnls(a, b), floor)
     return prior.updated({c: float(1.0 / x[col[c]]) for c in classes})
-
-
-def relative_errors(schedule: Schedule, measured: Sequence[float | None]) -> list[float]:
-    """|estimated - measured| / measured per primitive that has a measurement."""
-    return [abs(p.seconds - m) / m for p, m in zip(schedule.primitives, measured)
-            if m is not None and m > 0]
