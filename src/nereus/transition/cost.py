@@ -58,11 +58,6 @@ class Duration:
     ideal: tuple[tuple[OpClass, float], ...] = ()
     local_s: float = 0.0
 
-    def ideal_of(self, cls: OpClass) -> float:
-        for c, v in self.ideal:
-            if c is cls:
-                return v
-        return 0.0
 
 
 def predict(ideal: Mapping[OpClass, float], local_s: float, eff: Efficiencies) -> float:

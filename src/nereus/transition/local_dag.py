@@ -309,10 +309,3 @@ class _Sources:
                     best = cand
                 break
         return None if best is None else (best[0], best[2])
-
-
-def describe(dag: LocalDag) -> str:
-    """One line per primitive, for logs and the CLI."""
-    return "\n".join(f"{p.op}({', '.join(e.id for e in p.inputs)}) -> "
-                     f"{', '.join(e.id for e in p.outputs) or '-'}" for p in dag.primitives)
-

@@ -39,10 +39,6 @@ class Ownership:
 
     rivals: Mapping[str, Mapping[str, frozenset[int]]]  # stage -> rival stage -> exempt GPUs
 
-    def conflicts(self, a: str, b: str, gpu: int) -> bool:
-        exempt = self.rivals.get(a, {}).get(b)
-        return exempt is not None and gpu not in exempt
-
     def rivals_of(self, stage: str) -> Mapping[str, frozenset[int]]:
         return self.rivals.get(stage, {})
 

@@ -13,7 +13,6 @@ end state realizes the target plan.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -347,14 +346,3 @@ def _check_moment(J: _Job, t: float, alive: dict[str, _Unit],
         if not copies.get(stage):
             errs.append(f"t={t:.6f}: no complete copy of {stage}'s state survives")
     return errs
-
-
-def assert_valid(job: JobSpec, current: Plan, target: Plan, schedule: Schedule) -> None:
-    errs = validate(job, current, target, schedule)
-    if errs:
-        raise AssertionError("invalid transition schedule:\n" + "\n".join(errs[:20]))
-
-
-def stages_named(reason: str, stages: Iterable[str]) -> list[str]:
-    """The model-stages a reason mentions (tests check infeasibility reasons name them)."""
-    return [s for s in stages if s in reason]
