@@ -64,6 +64,7 @@ def test_config_with_trace_files_plot_and_csv(tmp_path):
     with open(rows) as f:
         got = list(csv.DictReader(f))
     assert {g["policy"] for g in got} == {"static", "nereus"} and len(got) == 28
+    assert {g["source"] for g in got} == {"simulated"}
     static = [g for g in got if g["policy"] == "static"]
     assert int(static[-1]["plan_gpus"]) <= 8
 
@@ -80,3 +81,53 @@ def test_config_errors_name_the_field(tmp_path):
     p.write_text("job: {model: llama-3.1-8b, gpus: 16}\nhidden_efficiency: {flops: 0.5}\n")
     r = _run("--config", str(p))
     assert r.exit_code == 2 and "hidden_efficiency.flops" in r.output
+
+
+_JOB = "job: {model: llama-3.1-8b, gpus: 16, cluster: {devices_per_node: 8}}\n"
+
+
+@pytest.mark.parametrize("body, field", [
+    ("drift: {congestion: {length: [120, 40]}}", "drift.congestion.length"),
+    ("seed: -1", "seed"),
+    ("lengths: {csv: inf.csv}", "lengths row 2"),
+    ("lengths: {csv: nan.csv}", "lengths row 2"),
+    ("noise: 1e308", "noise"),
+    ("noise: .nan", "noise"),
+    ("lengths: {growth: {max_ratio: .inf}}", "lengths.growth.max_ratio"),
+    ("lengths: {growth: {max_ratio: 1e308}}", "lengths.growth.max_ratio"),
+    ("hidden_efficiency: {gemm: 5}", "hidden_efficiency.gemm"),
+    ("hidden_efficiency: {gemm: .inf}", "hidden_efficiency.gemm"),
+    ("restart: {startup_s: .inf}", "restart.startup_s"),
+    ("control: {delta_len: .nan}", "control.delta_len"),
+    ("steps: 100000000", "steps"),
+])
+def test_bad_yaml_values_are_one_line_naming_the_field(tmp_path, body, field):
+    (tmp_path / "inf.csv").write_text("step,response_len_mean,response_len_max\n0,100,inf\n")
+    (tmp_path / "nan.csv").write_text("step,response_len_mean,response_len_max\n0,100,nan\n")
+    p = tmp_path / "bad.yaml"
+    p.write_text(_JOB + body + "\n")
+    r = _run("--config", str(p), "--policies", "static")
+    assert r.exit_code == 2, r.output
+    lines = [ln for ln in r.output.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith(f"error: {field}"), r.output
+    assert "Traceback" not in r.output
+
+
+@pytest.mark.parametrize("args, field", [
+    (["--seed", "-1"], "--seed"),
+    (["--seed", "0"], "--seed"),            # with --config: the file's seed would win
+    (["--scenario", "drift"], "--scenario"),
+])
+def test_options_config_ignores_or_bad_seed_are_refused(tmp_path, args, field):
+    p = tmp_path / "ok.yaml"
+    p.write_text(_JOB + "steps: 3\n")
+    r = _run("--config", str(p), *args)
+    assert r.exit_code == 2, r.output
+    lines = [ln for ln in r.output.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith(f"error: {field}"), r.output
+    assert "Traceback" not in r.output
+
+
+def test_negative_seed_on_a_builtin_scenario_is_one_line():
+    r = _run("--seed", "-1", "--steps", "2")
+    assert r.exit_code == 2 and r.output.strip() == "error: --seed: must be >= 0, got -1"

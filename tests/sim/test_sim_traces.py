@@ -43,7 +43,6 @@ def test_availability_csv_counts_ids_and_pauses(tmp_path):
     assert av.at(0) == tuple(range(16)) and av.at(700) == (*range(8), 12, 13)
     assert av.at(1500) == () and av.at(10_000) == tuple(range(16))
     assert av.changes() == 3 and av.next_change(0) == 600
-    assert av.first_loss(0, 700, [12]) is None and av.first_loss(0, 700, [14]) == 600
     T.save_availability(av, tmp_path / "again.csv")
     assert T.load_availability(tmp_path / "again.csv").pools == av.pools
     p.write_text("time_s,gpus\n60,16\n")
@@ -101,8 +100,9 @@ def test_alignment_puts_every_change_at_a_step_and_stops_the_clock_in_pauses():
     # empty from 250 to 400 (a pause of 150 s) after half of it
     assert ev[1].changes == ((0.5, 0.0, (0,)),)
     assert ev[2].pool == (0,) and ev[2].changes == ((0.5, 150.0, (0, 1)),)
-    # pools under min_gpus count as empty: the job waits before step 1 instead
-    ev = align(av, [100.0, 100.0], min_gpus=2)
+    # pools that are not usable (here: under 2 GPUs) count as empty: the job waits before
+    # step 1 instead
+    ev = align(av, [100.0, 100.0], usable=lambda pool: len(pool) >= 2)
     assert ev[1].changes == ((0.5, 250.0, (0, 1)),)
-    with pytest.raises(InputError, match="never comes back"):
+    with pytest.raises(InputError, match="never changes again"):
         align(T.Availability((0.0, 50.0), ((0,), ())), [100.0, 100.0])

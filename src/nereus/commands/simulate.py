@@ -65,17 +65,18 @@ def summary_table(sc: Scenario, res: SimResult) -> Table:
 
 
 def write_csv(res: SimResult, path: Path) -> None:
+    """Per-step rows of every policy; the ``source`` column says the numbers are simulated."""
     fields = ["policy", "step", "end_s", "step_s", "transition_s", "restart_s", "lost_s",
               "paused_s", "pool_gpus", "plan_gpus", "response_len_mean", "tokens",
               "calib_error"]
     try:
         with open(path, "w", newline="") as f:
             w = csv.writer(f)
-            w.writerow(fields)
+            w.writerow([*fields, "source"])
             for r in res.results.values():
                 for row in r.rows:
-                    w.writerow([getattr(row, k) if getattr(row, k) is not None else ""
-                                for k in fields])
+                    w.writerow([*(getattr(row, k) if getattr(row, k) is not None else ""
+                                  for k in fields), "simulated"])
     except OSError as e:
         raise InputError("--csv", f"cannot write {path}: {e.strerror}") from None
 
@@ -120,12 +121,14 @@ def register(app: typer.Typer) -> None:
     @app.command("simulate")
     @one_line_errors
     def simulate_cmd(
-        scenario: str = typer.Option("default", "--scenario", "-s",
-                                     help=f"built-in scenario: {', '.join(SCENARIOS)}"),
+        scenario: Optional[str] = typer.Option(
+            None, "--scenario", "-s",
+            help=f"built-in scenario: {', '.join(SCENARIOS)} [default: default]"),
         config: Optional[Path] = typer.Option(None, "--config", "-c",
                                               help="scenario YAML (job, trace files, truth)"),
         steps: Optional[int] = typer.Option(None, help="simulate only the first N steps"),
-        seed: int = typer.Option(0, help="seed of the generated traces and noise"),
+        seed: Optional[int] = typer.Option(
+            None, help="seed of the generated traces and noise [default: 0]"),
         gamma: Optional[float] = typer.Option(None, help="Nereus's confidence margin γ"),
         policies: str = typer.Option(",".join(POLICIES), help="policies to compare"),
         plot_path: Optional[Path] = typer.Option(None, "--plot", metavar="PNG",
@@ -142,7 +145,16 @@ def register(app: typer.Typer) -> None:
         output_path(csv_path, "--csv", (".csv",))
         if gamma is not None and not 0.0 <= gamma <= 1.0:
             raise InputError("--gamma", f"must be in [0, 1], got {gamma}")
-        sc = load_scenario(config) if config is not None else builtin(scenario, seed=seed)
+        if seed is not None and seed < 0:
+            raise InputError("--seed", f"must be >= 0, got {seed}")
+        if config is not None:
+            for opt, given, where in (("--scenario", scenario, "the file is the scenario"),
+                                      ("--seed", seed, "set seed: in the file")):
+                if given is not None:
+                    raise InputError(opt, f"cannot be combined with --config ({where})")
+            sc = load_scenario(config)
+        else:
+            sc = builtin(scenario or "default", seed=seed or 0)
         sc = with_overrides(sc, steps=steps, gamma=gamma)
         lines: list[tuple[str, str]] = []
         on_log = (lambda policy, line: lines.append((policy, line))) if log else None

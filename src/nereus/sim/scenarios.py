@@ -29,9 +29,9 @@ import traceback
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from nereus.control.controller import ControlConfig
 from nereus.control.restart import RESTART_SOURCES, RestartParams
@@ -41,8 +41,9 @@ from nereus.errors import InputError
 from nereus.files import read_yaml, validate
 from nereus.sim.plancache import EFF_GRID, LENGTH_BUCKET
 from nereus.sim.policies import POLICIES, make_policies
-from nereus.sim.simulator import SimResult, Simulator
+from nereus.sim.simulator import OOM_LOST_FRACTION, SimResult, Simulator
 from nereus.sim.traces import (
+    MAX_TOKENS,
     Availability,
     DriftTrace,
     LengthTrace,
@@ -58,7 +59,7 @@ from nereus.sim.traces import (
     spot_window,
     stationary,
 )
-from nereus.sim.truth import Truth
+from nereus.sim.truth import MAX_NOISE, Truth
 from nereus.spec.job import JobSpec, parse_job
 
 GB = 1e9
@@ -89,6 +90,7 @@ DEFAULT_JOB: Mapping[str, Any] = {
 
 SPOT_WINDOW_TICKS = 360      # 30 hours of 5-minute ticks: about the default run's length
 SPOT_MIN_RUNNING = 0.80      # the window holds GPUs at least 80 % of the time
+MAX_STEPS = 100_000          # a YAML scenario's steps: 100x the paper's runs, hours of CPU
 
 
 @dataclass(frozen=True)
@@ -122,7 +124,7 @@ def _common_notes() -> dict[str, str]:
         "memory": "assumption: the cost model's peak memory is exact; a stage whose peak "
                   "exceeds the device's memory crashes the step",
         "oom_lost_fraction": f"assumption: an out-of-memory crash loses "
-                             f"{0.5:.0%} of a step on average",
+                             f"{OOM_LOST_FRACTION:.0%} of a step on average",
         "control.gamma": "paper §4.3: γ = 0.5 by default",
         "control.delta_len": "paper §4.1: δ_len = 30 % in all experiments",
         "control.delta_eff": "assumption: an op class's calibrated efficiency moving 20 % "
@@ -267,17 +269,20 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+MAX_LENGTH_RATIO = 100.0     # longest / mean response length a generated trace may ask for
+
+
 class _Growth(_Strict):
-    start: float = Field(500.0, gt=0)
-    end: float = Field(8000.0, gt=0)
-    noise: float = Field(0.05, ge=0)
-    max_ratio: float = Field(1.5, ge=1)
+    start: float = Field(500.0, gt=0, le=MAX_TOKENS, allow_inf_nan=False)
+    end: float = Field(8000.0, gt=0, le=MAX_TOKENS, allow_inf_nan=False)
+    noise: float = Field(0.05, ge=0, le=MAX_NOISE, allow_inf_nan=False)
+    max_ratio: float = Field(1.5, ge=1, le=MAX_LENGTH_RATIO, allow_inf_nan=False)
 
 
 class _Stationary(_Strict):
-    length: float = Field(2000.0, gt=0)
-    noise: float = Field(0.05, ge=0)
-    max_ratio: float = Field(1.5, ge=1)
+    length: float = Field(2000.0, gt=0, le=MAX_TOKENS, allow_inf_nan=False)
+    noise: float = Field(0.05, ge=0, le=MAX_NOISE, allow_inf_nan=False)
+    max_ratio: float = Field(1.5, ge=1, le=MAX_LENGTH_RATIO, allow_inf_nan=False)
 
 
 class _Lengths(_Strict):
@@ -291,7 +296,7 @@ class _Spot(_Strict):
 
 
 class _Churn(_Strict):
-    hours: float = Field(10.0, gt=0)
+    hours: float = Field(10.0, gt=0, allow_inf_nan=False)
     changes: int = Field(12, ge=1)
     min_nodes: int = Field(1, ge=1)
 
@@ -303,11 +308,22 @@ class _Availability(_Strict):
     constant: bool | None = None
 
 
+_Steps = Annotated[int, Field(ge=1, le=MAX_STEPS)]
+
+
 class _Congestion(_Strict):
-    periods: int = Field(3, ge=0)
-    length: tuple[int, int] = (40, 120)
+    periods: int = Field(3, ge=0, le=MAX_STEPS)
+    length: tuple[_Steps, _Steps] = (40, 120)
     op_classes: tuple[str, ...] = ("allreduce.inter", "p2p.inter")
-    factor: float = Field(0.4, gt=0)
+    factor: float = Field(0.4, gt=0, allow_inf_nan=False)
+
+    @field_validator("length")
+    @classmethod
+    def _shortest_first(cls, v: tuple[int, int]) -> tuple[int, int]:
+        if v[0] > v[1]:
+            raise ValueError(f"shortest {v[0]} > longest {v[1]}: give [shortest, longest] "
+                             f"steps")
+        return v
 
 
 class _Drift(_Strict):
@@ -316,35 +332,42 @@ class _Drift(_Strict):
 
 
 class _Restart(_Strict):
-    startup_s: float = Field(RestartParams.startup_s, ge=0)
+    startup_s: float = Field(RestartParams.startup_s, ge=0, allow_inf_nan=False)
     storage_read_gb_per_s_per_node: float = Field(RestartParams.storage_read_bw_per_node / GB,
-                                                  gt=0)
+                                                  gt=0, allow_inf_nan=False)
     storage_write_gb_per_s_per_node: float = Field(
-        RestartParams.storage_write_bw_per_node / GB, gt=0)
+        RestartParams.storage_write_bw_per_node / GB, gt=0, allow_inf_nan=False)
     checkpoint_interval_steps: int = Field(RestartParams.checkpoint_interval_steps, ge=1)
 
 
+# YAML field of ``restart`` -> the RestartParams field its note is kept under
+_RESTART_NOTES = {"startup_s": "startup_s",
+                  "storage_read_gb_per_s_per_node": "storage_read_bw_per_node",
+                  "storage_write_gb_per_s_per_node": "storage_write_bw_per_node",
+                  "checkpoint_interval_steps": "checkpoint_interval_steps"}
+
+
 class _Control(_Strict):
-    gamma: float = Field(0.5, ge=0, le=1)
-    delta_len: float = Field(0.30, gt=0)
-    delta_eff: float = Field(0.20, gt=0)
-    length_margin: float = Field(0.05, ge=0)
+    gamma: float = Field(0.5, ge=0, le=1, allow_inf_nan=False)
+    delta_len: float = Field(0.30, gt=0, allow_inf_nan=False)
+    delta_eff: float = Field(0.20, gt=0, allow_inf_nan=False)
+    length_margin: float = Field(0.05, ge=0, allow_inf_nan=False)
     length_window: int = Field(20, ge=1)
     warmup_steps: int = Field(10, ge=0)
-    horizon_alpha: float = Field(0.5, gt=0, le=1)
+    horizon_alpha: float = Field(0.5, gt=0, le=1, allow_inf_nan=False)
 
 
 class _ScenarioFile(_Strict):
     name: str = "custom"
     description: str = ""
     job: dict[str, Any]
-    steps: int | None = Field(None, ge=1)
-    seed: int = 0
+    steps: int | None = Field(None, ge=1, le=MAX_STEPS)
+    seed: int = Field(0, ge=0)
     lengths: _Lengths = _Lengths(growth=_Growth())
     availability: _Availability = _Availability(constant=True)
     drift: _Drift | None = None
-    hidden_efficiency: dict[str, float] = {}
-    noise: float = Field(0.01, ge=0)
+    hidden_efficiency: dict[str, Annotated[float, Field(gt=0, allow_inf_nan=False)]] = {}
+    noise: float = Field(0.01, ge=0, le=MAX_NOISE, allow_inf_nan=False)
     restart: _Restart = _Restart()
     control: _Control = _Control()
     notes: dict[str, str] = {}
@@ -379,6 +402,10 @@ def load_scenario(path: str | Path) -> Scenario:
         assert s is not None
         lengths = stationary(cfg.steps or 1000, s.length, s.noise, s.max_ratio, seed)
     steps = min(cfg.steps or len(lengths), len(lengths))
+    if steps > MAX_STEPS:
+        raise InputError("steps", f"the lengths trace has {steps} steps, more than "
+                         f"{MAX_STEPS}; set steps: to simulate its first ones", f"1..{MAX_STEPS}")
+    lengths = lengths.head(steps)
 
     kind = _one("availability", cfg.availability)
     if kind == "csv":
@@ -405,21 +432,23 @@ def load_scenario(path: str | Path) -> Scenario:
     if cfg.drift is not None:
         kind = _one("drift", cfg.drift)
         if kind == "csv":
-            drift = load_drift(base / str(cfg.drift.csv))
+            drift = load_drift(base / str(cfg.drift.csv)).head(steps)
         else:
             c2 = cfg.drift.congestion
             assert c2 is not None
             drift = congestion(steps, c2.periods, c2.length, c2.op_classes, c2.factor, seed)
 
     hidden = dict(HIDDEN_EFFICIENCY)
+    device = job.cluster.device.name
     for k, v in cfg.hidden_efficiency.items():
         try:
             cls = OpClass(k)
         except ValueError:
             raise InputError(f"hidden_efficiency.{k}", "unknown op class",
                              [c.value for c in OpClass]) from None
-        if not v > 0:
-            raise InputError(f"hidden_efficiency.{k}", f"must be > 0, got {v}")
+        if device != "cpu" and v > 1:  # the cpu device's peak figures are guesses
+            raise InputError(f"hidden_efficiency.{k}", f"{v:g} is above the {device}'s "
+                             f"peak", "(0, 1]")
         hidden[cls] = v
     r = cfg.restart
     restart = RestartParams(r.startup_s, r.storage_read_gb_per_s_per_node * GB,
@@ -432,9 +461,17 @@ def load_scenario(path: str | Path) -> Scenario:
     notes = _common_notes()
     notes.update({"job": f"from {p.name}", "lengths": lengths.source,
                   "availability": avail.source, "drift": drift.source})
-    for f in ("hidden_efficiency", "noise", "restart.startup_s"):
-        if f.split(".")[0] in raw:
-            notes[f] = f"from {p.name}"
+    here = f"from {p.name}"
+    if cfg.hidden_efficiency:
+        notes["hidden_efficiency"] = (f"{here}: " + ", ".join(
+            f"{k} {v:g}" for k, v in cfg.hidden_efficiency.items())
+            + f"; other classes {notes['hidden_efficiency']}")
+    if "noise" in cfg.model_fields_set:
+        notes["noise"] = here
+    for f in cfg.restart.model_fields_set:
+        notes[f"restart.{_RESTART_NOTES[f]}"] = here
+    for f in cfg.control.model_fields_set:
+        notes[f"control.{f}"] = here
     notes.update(cfg.notes)
     return Scenario(cfg.name, cfg.description or f"from {p.name}", job, steps, lengths, avail,
                     drift, Efficiencies(hidden, job.cluster.device.name), cfg.noise, restart,
@@ -443,14 +480,28 @@ def load_scenario(path: str | Path) -> Scenario:
 
 def with_overrides(sc: Scenario, *, steps: int | None = None, gamma: float | None = None
                    ) -> Scenario:
+    """``sc`` cut to its first ``steps`` steps (traces included: a policy that reads the whole
+    trace must not see lengths the run never meets) and with Nereus's γ set."""
     out = sc
+    notes = dict(sc.notes)
     if steps is not None:
         if steps < 1:
             raise InputError("--steps", f"must be >= 1, got {steps}")
-        out = replace(out, steps=min(steps, len(sc.lengths)))
+        n = min(steps, len(sc.lengths))
+        lengths, drift = sc.lengths.head(n), sc.drift.head(n)
+        if lengths is not sc.lengths:
+            notes["lengths"] = (f"{notes.get('lengths', lengths.source)}; its first {n} steps "
+                                f"(--steps on the command line)")
+        if drift is not sc.drift:
+            notes["drift"] = (f"{notes.get('drift', drift.source)}; periods cut to the first "
+                              f"{n} steps (--steps on the command line)")
+        out = replace(out, steps=n, lengths=lengths, drift=drift)
     if gamma is not None:
+        if not 0.0 <= gamma <= 1.0:
+            raise InputError("--gamma", f"must be in [0, 1], got {gamma}")
         out = replace(out, control=replace(out.control, gamma=gamma))
-    return out
+        notes["control.gamma"] = f"--gamma on the command line ({gamma:g})"
+    return replace(out, notes=notes)
 
 
 

@@ -21,7 +21,7 @@ import csv
 import json
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib import resources
 from pathlib import Path
 
@@ -32,6 +32,7 @@ from nereus.cost.ops import OpClass
 from nereus.errors import InputError
 
 SPOT_TRACE = "aws-2023-08-27-us-west-2a-v100-16node.json"
+MAX_TOKENS = 1 << 20  # longest response (tokens) a trace may give: far past what RL generates
 
 
 # ------------------------------------------------------------------ response lengths
@@ -58,8 +59,14 @@ class LengthTrace:
         k = min(step, len(self.mean) - 1)
         return self.mean[k], self.longest[k]
 
-    def max_ratio(self) -> float:
-        return max(x / m for m, x in zip(self.mean, self.longest))
+    def head(self, steps: int) -> LengthTrace:
+        """The first ``steps`` steps (the whole trace when it is not longer)."""
+        if steps < 1:
+            raise InputError("steps", f"must be >= 1, got {steps}")
+        if steps >= len(self.mean):
+            return self
+        return LengthTrace(self.mean[:steps], self.longest[:steps],
+                           f"{self.source}; its first {steps} steps")
 
 
 def growth(steps: int = 1000, start: float = 500.0, end: float = 8000.0, noise: float = 0.05,
@@ -67,10 +74,16 @@ def growth(steps: int = 1000, start: float = 500.0, end: float = 8000.0, noise: 
     """Linear growth from ``start`` to ``end`` tokens with multiplicative step-to-step noise."""
     if steps < 1:
         raise InputError("steps", f"must be >= 1, got {steps}")
+    if not all(math.isfinite(v) for v in (start, end, noise, max_ratio)):
+        raise InputError("lengths", "start, end, noise and max_ratio must be finite numbers")
     rng = np.random.default_rng(seed)
     trend = np.linspace(start, end, steps)
-    mean = np.maximum(1.0, trend * np.exp(rng.normal(0.0, noise, steps)))
-    longest = np.ceil(mean * max_ratio * np.exp(np.abs(rng.normal(0.0, noise, steps))))
+    with np.errstate(over="ignore"):
+        mean = np.maximum(1.0, trend * np.exp(rng.normal(0.0, noise, steps)))
+        longest = np.ceil(mean * max_ratio * np.exp(np.abs(rng.normal(0.0, noise, steps))))
+    if not np.all(np.isfinite(longest)):
+        raise InputError("lengths", "the longest response overflows: lower end, noise or "
+                         "max_ratio")
     return LengthTrace(tuple(float(round(m, 1)) for m in mean), tuple(int(x) for x in longest),
                        f"generated: linear growth {start:g}->{end:g} tokens over {steps} steps, "
                        f"noise {noise:g}, longest/mean {max_ratio:g}, seed {seed}")
@@ -97,15 +110,18 @@ def load_lengths(path: str | Path) -> LengthTrace:
     mean, longest = [], []
     for i, r in enumerate(rows):
         try:
-            step, m, x = int(r["step"]), float(r["response_len_mean"]), int(
-                float(r["response_len_max"]))
+            step, m, x = int(r["step"]), float(r["response_len_mean"]), float(
+                r["response_len_max"])
         except (TypeError, ValueError):
             raise InputError(f"lengths row {i + 2}", "step, response_len_mean and "
                              "response_len_max must be numbers") from None
         if step != i:
             raise InputError(f"lengths row {i + 2}", f"step {step} out of order", f"{i}")
+        if not (math.isfinite(m) and math.isfinite(x) and x <= MAX_TOKENS):
+            raise InputError(f"lengths row {i + 2}", f"response_len_mean {m:g} and "
+                             f"response_len_max {x:g}: need finite lengths up to {MAX_TOKENS}")
         mean.append(m)
-        longest.append(x)
+        longest.append(int(x))
     if not mean:
         raise InputError("lengths", f"{path} has no rows")
     return LengthTrace(tuple(mean), tuple(longest), f"file {path}")
@@ -134,16 +150,6 @@ class Availability:
 
     def changes(self) -> int:
         return sum(1 for a, b in zip(self.pools, self.pools[1:]) if a != b)
-
-    def first_loss(self, t0: float, t1: float, used: Iterable[int]) -> float | None:
-        """The first time in (t0, t1] when a GPU of ``used`` leaves the pool."""
-        need = set(used)
-        i = self._index(t0) + 1
-        while i < len(self.times) and self.times[i] <= t1:
-            if not need <= set(self.pools[i]):
-                return self.times[i]
-            i += 1
-        return None
 
     def next_change(self, t: float) -> float | None:
         """The next time after ``t`` when the pool differs from the pool at ``t``."""
@@ -334,12 +340,23 @@ class DriftTrace:
             return base
         return base.updated({c: base[c] * v for c, v in f})
 
+    def head(self, steps: int) -> DriftTrace:
+        """The periods that start within the first ``steps`` steps, cut at ``steps``."""
+        kept = tuple(replace(p, end_step=min(p.end_step, steps)) for p in self.periods
+                     if p.start_step < steps)
+        if kept == self.periods:
+            return self
+        return DriftTrace(kept, f"{self.source}; cut to its first {steps} steps")
+
 
 def congestion(steps: int, periods: int = 3, length: tuple[int, int] = (40, 120),
                op_classes: Sequence[str] = ("allreduce.inter", "p2p.inter"),
                factor: float = 0.4, seed: int = 0) -> DriftTrace:
     """``periods`` non-overlapping stretches of network congestion: the listed inter-node op
     classes achieve ``factor`` of their usual efficiency for ``length`` steps each."""
+    if not 1 <= length[0] <= length[1]:
+        raise InputError("drift.congestion.length", f"{list(length)}: need 1 <= shortest <= "
+                         "longest")
     rng = np.random.default_rng(seed)
     cls = [_op_class(c, "drift.op_class") for c in op_classes]
     out: list[DriftPeriod] = []

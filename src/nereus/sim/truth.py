@@ -22,6 +22,7 @@ import numpy as np
 from nereus.cost.efficiency import Efficiencies
 from nereus.cost.model import CostModel
 from nereus.control.targets import reprice
+from nereus.errors import InputError
 from nereus.plan.overlap import critical_path, overlap_graph
 from nereus.plan.types import Plan
 from nereus.sim.traces import DriftTrace
@@ -31,6 +32,10 @@ from nereus.transition.planner import plan_transition
 from nereus.transition.schedule import Schedule
 
 EffKey = tuple[tuple[str, float], ...]
+
+# Largest σ of the log-normal step noise: e^±1 per stage is far past any spread a cluster
+# shows (the paper reports below 2 %), and larger σ overflows the factor.
+MAX_NOISE = 1.0
 
 
 def eff_key(eff: Efficiencies) -> EffKey:
@@ -56,6 +61,10 @@ class Truth:
 
     def __init__(self, job: JobSpec, hidden: Efficiencies, drift: DriftTrace, noise: float,
                  seed: int = 0):
+        if not 0 <= noise <= MAX_NOISE:
+            raise InputError("noise", f"must be in [0, {MAX_NOISE:g}], got {noise}")
+        if seed < 0:
+            raise InputError("seed", f"must be >= 0, got {seed}")
         self.job = job
         self.hidden = hidden
         self.drift = drift

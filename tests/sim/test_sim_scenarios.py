@@ -1,0 +1,99 @@
+"""Scenarios: overrides cut the traces, YAML bounds, and where every note says a value comes
+from (no simulation runs here)."""
+
+import pytest
+
+from nereus.cost.ops import OpClass
+from nereus.errors import InputError
+from nereus.sim import traces as T
+from nereus.sim.scenarios import builtin, load_scenario, with_overrides
+
+JOB = "job: {model: llama-3.1-8b, gpus: 16, cluster: {devices_per_node: 8}}\n"
+
+
+def test_steps_override_cuts_the_length_trace():
+    sc = with_overrides(builtin("default"), steps=100)
+    assert sc.steps == 100 and len(sc.lengths) == 100
+    assert max(sc.lengths.longest) < 3000          # the full trace reaches ~12,000 tokens
+    assert sc.lengths == builtin("default").lengths.head(100)
+    assert "first 100 steps" in sc.notes["lengths"] and "--steps" in sc.notes["lengths"]
+    full = with_overrides(builtin("stationary"), steps=10_000)   # longer than the trace
+    assert full.steps == 300 and full.lengths == builtin("stationary").lengths
+
+
+def test_steps_override_cuts_drift_periods_at_the_end():
+    base = builtin("drift")
+    sc = with_overrides(base, steps=300)
+    assert sc.drift.periods and all(p.start_step < 300 and p.end_step <= 300
+                                    for p in sc.drift.periods)
+    assert len(sc.drift.periods) < len(base.drift.periods)
+    assert "first 300 steps" in sc.notes["drift"]
+    assert with_overrides(base, steps=1000).drift == base.drift
+
+
+def test_heads_of_traces():
+    t = T.growth(10, seed=1)
+    assert t.head(4).mean == t.mean[:4] and t.head(4).longest == t.longest[:4]
+    assert t.head(10) is t and t.head(50) is t
+    with pytest.raises(InputError, match="steps"):
+        t.head(0)
+    d = T.DriftTrace((T.DriftPeriod(2, 8, OpClass.GEMM, 0.5),
+                      T.DriftPeriod(9, 12, OpClass.GEMM, 0.5)))
+    assert d.head(5).periods == (T.DriftPeriod(2, 5, OpClass.GEMM, 0.5),)
+    assert d.head(12) is d
+
+
+def test_notes_name_where_each_value_came_from(tmp_path):
+    p = tmp_path / "run.yaml"
+    p.write_text(JOB + "steps: 3\n"
+                 "restart: {storage_read_gb_per_s_per_node: 4, checkpoint_interval_steps: 5}\n"
+                 "control: {delta_len: 0.2, gamma: 0.4}\n"
+                 "hidden_efficiency: {gemm: 0.5}\nnoise: 0.02\n")
+    sc = load_scenario(p)
+    n = sc.notes
+    for k in ("restart.storage_read_bw_per_node", "restart.checkpoint_interval_steps",
+              "control.delta_len", "control.gamma", "noise"):
+        assert n[k] == "from run.yaml", (k, n[k])
+    for k in ("restart.startup_s", "restart.storage_write_bw_per_node", "control.delta_eff",
+              "control.length_window"):
+        assert "assumption" in n[k] and "run.yaml" not in n[k], (k, n[k])
+    assert n["hidden_efficiency"].startswith("from run.yaml: gemm 0.5")
+    assert sc.restart.checkpoint_interval_steps == 5 and sc.control.gamma == 0.4
+    over = with_overrides(sc, gamma=0.7)
+    assert over.control.gamma == 0.7
+    assert over.notes["control.gamma"].startswith("--gamma on the command line")
+    assert sc.notes["control.gamma"] == "from run.yaml"       # the original is untouched
+    p.write_text(JOB + "steps: 3\nrestart: {checkpoint_interval_steps: 5}\n")
+    n = load_scenario(p).notes
+    assert "assumption" in n["restart.startup_s"] and "paper" in n["control.gamma"]
+    assert n["noise"].startswith("assumption")
+
+
+def test_builtin_gamma_override_is_noted():
+    sc = with_overrides(builtin("stationary", steps=5), gamma=0.2)
+    assert sc.notes["control.gamma"] == "--gamma on the command line (0.2)"
+    with pytest.raises(InputError, match="--gamma"):
+        with_overrides(sc, gamma=float("nan"))
+
+
+def test_efficiencies_above_one_only_on_the_cpu_device(tmp_path):
+    p = tmp_path / "cpu.yaml"
+    p.write_text("job: {model: tiny-llama, gpus: 2, cluster: {device: cpu, devices_per_node: 2}}"
+                 "\nsteps: 3\nhidden_efficiency: {gemm: 5}\n")
+    assert load_scenario(p).hidden[OpClass.GEMM] == 5
+    p.write_text(JOB + "hidden_efficiency: {gemm: 1.5}\n")
+    with pytest.raises(InputError, match=r"hidden_efficiency\.gemm"):
+        load_scenario(p)
+
+
+def test_a_lengths_csv_longer_than_the_cap_needs_steps(tmp_path, monkeypatch):
+    import nereus.sim.scenarios as S
+    monkeypatch.setattr(S, "MAX_STEPS", 5)
+    T.save_lengths(T.growth(8, seed=1), tmp_path / "len.csv")
+    p = tmp_path / "run.yaml"
+    p.write_text(JOB + "lengths: {csv: len.csv}\n")
+    with pytest.raises(InputError, match="^steps"):
+        load_scenario(p)
+    p.write_text(JOB + "lengths: {csv: len.csv}\nsteps: 4\n")
+    sc = load_scenario(p)
+    assert sc.steps == 4 and len(sc.lengths) == 4
