@@ -97,3 +97,21 @@ def test_a_lengths_csv_longer_than_the_cap_needs_steps(tmp_path, monkeypatch):
     p.write_text(JOB + "lengths: {csv: len.csv}\nsteps: 4\n")
     sc = load_scenario(p)
     assert sc.steps == 4 and len(sc.lengths) == 4
+
+
+def test_the_drift_scenario_slows_what_its_plans_use():
+    """Each drift period makes the plan that runs then slower (a drift on classes no plan
+    uses would test nothing)."""
+    from nereus.plan.search import best_plan
+    from nereus.sim.truth import Truth
+
+    sc = builtin("drift")
+    truth = Truth(sc.job, sc.hidden, sc.drift, 0.0, sc.seed)
+    pool = sc.job.pool.ids
+    for period in {(p.start_step, p.end_step) for p in sc.drift.periods}:
+        inside = (period[0] + period[1]) // 2
+        mean, longest = sc.lengths.at(inside)
+        plan = best_plan(truth.job_at(pool, mean, longest), sc.hidden)
+        slow = truth.price(plan, pool, inside, mean, longest).step_s
+        usual = truth.price(plan, pool, period[0] - 1, mean, longest).step_s
+        assert slow > 1.02 * usual

@@ -352,8 +352,9 @@ class DriftTrace:
 def congestion(steps: int, periods: int = 3, length: tuple[int, int] = (40, 120),
                op_classes: Sequence[str] = ("allreduce.inter", "p2p.inter"),
                factor: float = 0.4, seed: int = 0) -> DriftTrace:
-    """``periods`` non-overlapping stretches of network congestion: the listed inter-node op
-    classes achieve ``factor`` of their usual efficiency for ``length`` steps each."""
+    """``periods`` non-overlapping stretches of congestion: the listed op classes (by default
+    the inter-node network's) achieve ``factor`` of their usual efficiency for ``length``
+    steps each."""
     if not 1 <= length[0] <= length[1]:
         raise InputError("drift.congestion.length", f"{list(length)}: need 1 <= shortest <= "
                          "longest")
