@@ -263,7 +263,12 @@ class CostModel:
     def _columns(self, st: ModelStage, cands: Sequence[Candidate]) -> Columns:
         head = self.job.workflow.model(st.model).head
         m = self.job.model
-        numel = _f([max_shard_numel(m, head, c.tp, c.pp) for c in cands])
+        by_layout: dict[tuple[int, int], int] = {}  # a few layouts among many candidates
+        for c in cands:
+            key = (c.tp, c.pp)
+            if key not in by_layout:
+                by_layout[key] = max_shard_numel(m, head, c.tp, c.pp)
+        numel = _f([by_layout[(c.tp, c.pp)] for c in cands])
         return Columns(
             tp=_f([c.tp for c in cands]), pp=_f([c.pp for c in cands]),
             dp=_f([c.dp for c in cands]), b=_f([c.micro_batch for c in cands]),

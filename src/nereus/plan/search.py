@@ -17,6 +17,8 @@ Structure of the search (all of it exact under the cost model):
 
 from __future__ import annotations
 
+import math
+
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -162,11 +164,26 @@ def _exhaustive(members: Sequence[StageOptions], masks: Sequence[np.ndarray],
 
 
 def combine(a: Sequence[Point], b: Sequence[Point], budget: int) -> list[Point]:
-    """Two parts running side by side on disjoint GPUs."""
-    out = [Point(p.gpus + q.gpus, max(p.latency, q.latency), p.groups + q.groups,
-                 max(p.extra, q.extra))
-           for p in a for q in b if p.gpus + q.gpus <= budget]
-    return pareto(out)
+    """Two parts running side by side on disjoint GPUs: the Pareto points of every pair, as
+    ``pareto`` would pick them from all pairs in order, but only the survivors are built."""
+    if not a or not b:
+        return []
+    ga = np.array([p.gpus for p in a])
+    gb = np.array([q.gpus for q in b])
+    gpus = ga[:, None] + gb[None, :]
+    lat = np.maximum(np.array([p.latency for p in a])[:, None],
+                     np.array([q.latency for q in b])[None, :])
+    i, j = np.nonzero(gpus <= budget)  # pairs in the order a nested loop visits them
+    g, lt = gpus[i, j], lat[i, j]
+    out: list[Point] = []
+    last = math.inf
+    for k in np.lexsort((lt, g)).tolist():  # stable: ties keep the visiting order
+        if not out or lt[k] < last - 1e-12:
+            p, q = a[i[k]], b[j[k]]
+            out.append(Point(p.gpus + q.gpus, max(p.latency, q.latency), p.groups + q.groups,
+                             max(p.extra, q.extra)))
+            last = lt[k]
+    return out
 
 
 def phase_points(options: Mapping[str, StageOptions], stages: Sequence[ModelStage], limit: float,
