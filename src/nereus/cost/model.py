@@ -263,18 +263,17 @@ class CostModel:
     def _columns(self, st: ModelStage, cands: Sequence[Candidate]) -> Columns:
         head = self.job.workflow.model(st.model).head
         m = self.job.model
-        by_layout: dict[tuple[int, int], int] = {}  # a few layouts among many candidates
+        by_layout: dict[Layout, int] = {}  # a few layouts among many candidates
+        rows = []
         for c in cands:
-            key = (c.tp, c.pp)
-            if key not in by_layout:
-                by_layout[key] = max_shard_numel(m, head, c.tp, c.pp)
-        numel = _f([by_layout[(c.tp, c.pp)] for c in cands])
-        return Columns(
-            tp=_f([c.tp for c in cands]), pp=_f([c.pp for c in cands]),
-            dp=_f([c.dp for c in cands]), b=_f([c.micro_batch for c in cands]),
-            a=_f([c.grad_accum for c in cands]),
-            recompute=np.array([c.recompute for c in cands], dtype=bool),
-            numel=numel, resident=numel * self._resident_per_param(st))
+            lay = c.layout
+            numel = by_layout.get(lay)
+            if numel is None:
+                numel = by_layout[lay] = max_shard_numel(m, head, lay.tp, lay.pp)
+            rows.append((lay.tp, lay.pp, c.dp, c.micro_batch, c.grad_accum, c.recompute, numel))
+        t = np.array(rows, dtype=float).reshape(len(rows), 7).T
+        return Columns(tp=t[0], pp=t[1], dp=t[2], b=t[3], a=t[4], recompute=t[5] > 0,
+                       numel=t[6], resident=t[6] * self._resident_per_param(st))
 
     def _workspace(self) -> float:
         return float(CPU_WORKSPACE_BYTES if self.device.name == "cpu" else GPU_WORKSPACE_BYTES)
