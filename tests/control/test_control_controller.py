@@ -6,6 +6,7 @@ from dataclasses import replace
 import pytest
 
 from nereus.control.controller import Action, ControlConfig, Controller
+from nereus.control.horizon import Horizons
 from nereus.control.monitor import TriggerKind
 from nereus.control.restart import RestartParams, checkpoint_bytes, restart_cost
 from nereus.control.targets import intact, reprice
@@ -147,9 +148,11 @@ def test_losing_the_last_copy_of_trained_state_restarts_from_the_checkpoint(job,
 def test_predicted_memory_violation_is_urgent(job, plans):
     p = plans["best16"]
     c = Controller(job, p, config=ControlConfig(restart_moves=False), on_log=lambda s: None)
+    c.horizons = Horizons(ema={"response_len": 7.0, "pool": 3.0})
     d = c.on_boundary(_tel(job, p, 0, 6000, longest=24000))
     kinds = [t.kind for t in d.reasons.triggers]
     assert TriggerKind.MEMORY in kinds and d.reasons.urgent
+    assert d.reasons.horizon_steps == 7.0  # memory runs out as responses grow: their horizon
     # the re-batched current layout (smaller micro-batches, recomputation) moves no state
     assert d.action is Action.MOVE and d.reasons.chosen == "re-batched in place"
     assert d.reasons.l_tran_s == 0.0

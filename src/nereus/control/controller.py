@@ -369,8 +369,10 @@ class Controller:
                 lost: tuple[str, ...]) -> Decision:
         cfg = self.config
         signals = [t.signal for t in triggers if not t.urgent and t.kind is not TriggerKind.ALWAYS]
-        horizon = self.horizons.smallest(signals) if signals else \
-            self.horizons.smallest(["pool"]) if urgent else 1.0
+        if not signals and urgent:  # the horizon of what drives the urgent trigger: the pool,
+            signals = ["pool" if t.kind in (TriggerKind.POOL_LOSS, TriggerKind.POOL_GAIN)
+                       else "response_len" for t in triggers if t.urgent]  # or the lengths
+        horizon = self.horizons.smallest(signals) if signals else 1.0
         cur_s = None if broken else reprice(now, cost, self.plan).step_s
         base = Reasons(step, triggers, urgent, horizon, cfg.gamma, cur_s)
 
