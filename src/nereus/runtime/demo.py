@@ -10,6 +10,7 @@ are stopped before it returns, also on failure.
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -17,14 +18,19 @@ from typing import Any
 from nereus.cost.efficiency import Efficiencies
 from nereus.errors import InputError
 from nereus.plan.types import Plan
+from nereus.runtime.comm import GroupAborted
 from nereus.runtime.executor import ExecutionReport, Executor, state_specs
+from nereus.runtime.faults import TransitionFailed
+from nereus.runtime.memory import CapacityError
 from nereus.runtime.placement import place_units, verify_units
-from nereus.runtime.workers import WorkerPool
+from nereus.runtime.workers import WorkerCallsFailed, WorkerPool
 from nereus.spec.device import GiB
 from nereus.spec.job import JobSpec
 from nereus.transition.emu import phi
 from nereus.transition.planner import plan_transition
 from nereus.transition.schedule import Schedule
+
+EXIT_RUN_FAILED = 4  # the run itself failed (a worker died, a collective failed, Ray did not start)
 
 
 @dataclass(frozen=True)
@@ -151,9 +157,20 @@ def render(check: ExecutionCheck, as_json: bool = False) -> str:
 def cli_execute(job: JobSpec, current: Plan, target: Plan, schedule: Schedule | None = None, *,
                 seed: int = 0, kind: str = "cpu", address: str | None = None,
                 as_json: bool = False, echo: Any = print) -> int:
-    """The hook ``nereus transition --execute`` calls: run, print, and return the exit code
-    (0 when the state after the transition equals the state before, bitwise; else 1)."""
-    check = execute_transition(job, current, target, schedule, seed=seed, kind=kind,
-                               address=address)
+    """The hook ``nereus transition --execute`` calls: run, print, and return the exit code:
+    0 when the state after the transition equals the state before, bitwise; 1 when it
+    differs; ``EXIT_RUN_FAILED`` (one line on stderr, no traceback) when the run itself
+    failed: a worker died, a collective failed, a worker ran out of its capacity, or Ray
+    could not start the workers."""
+    from ray.exceptions import RayError
+
+    try:
+        check = execute_transition(job, current, target, schedule, seed=seed, kind=kind,
+                                   address=address)
+    except (TransitionFailed, WorkerCallsFailed, CapacityError, GroupAborted, RayError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        print(f"error: the transition did not run to its end ({type(e).__name__}): {first}",
+              file=sys.stderr)
+        return EXIT_RUN_FAILED
     echo(render(check, as_json).rstrip("\n"))
     return 0 if check.bitwise_equal else 1
