@@ -99,3 +99,23 @@ def test_tp_inter_node_costs_more():
     assert inter.terms["tp_comm"] > intra.terms["tp_comm"]
     assert any(o.cls is OpClass.ALLREDUCE_INTER for o in inter.ops)
     assert not np.isnan(inter.latency_s)
+
+
+def test_a_calibrated_memory_scale_shrinks_the_decode_batch_not_the_fit():
+    """Measured memory 20 % above the estimate: the KV cache left for decoding shrinks, so
+    generation still fits within the headroom (it used to overflow by the scale)."""
+    from nereus.cost.estimate import HEADROOM
+    from nereus.cost.model import CostModel
+    from nereus.spec import parse_job
+    from nereus.spec.workflow import StageKind
+
+    job = parse_job({"model": "llama-3.1-8b", "gpus": 8,
+                     "workload": {"response_len": 8192, "prompts_per_step": 1024}})
+    cand = enumerate_candidates(CostModel(job), job.workflow.stage("actor_gen"), 8)
+    cand = next(c for c in cand if (c.tp, c.pp, c.dp) == (4, 2, 1))
+    plain = CostModel(job).estimate("actor_gen", cand)
+    scaled = CostModel(job, memory_scale={StageKind.GENERATE: 1.2}).estimate("actor_gen", cand)
+    limit = HEADROOM * job.cluster.device.memory_bytes
+    assert plain.peak_mem_bytes <= limit and scaled.peak_mem_bytes <= limit * (1 + 1e-9)
+    assert scaled.memory["kv cache"] < plain.memory["kv cache"]
+    assert scaled.latency_s > plain.latency_s

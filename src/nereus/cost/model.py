@@ -417,7 +417,12 @@ class CostModel:
         ws = work.layer_forward_workspace_bytes(m, w.param_bytes)
         prefill_ws = (ws.replicated + ws.split / cols.tp) * chunk
         sample = 4.0 * m.vocab_size / cols.tp     # fp32 next-token logits of one sequence
-        free = HEADROOM * dev.memory_bytes - weights - self._workspace() - prefill_ws - co
+        # the engine fills what is left up to the headroom with KV cache; a calibrated memory
+        # scale (measured / estimated bytes) applies to everything but the co-resident state,
+        # so the batch it leaves room for shrinks with it
+        scale = self.memory_scale.get(st.kind, 1.0)
+        free = ((HEADROOM * dev.memory_bytes - co) / scale - weights - self._workspace()
+                - prefill_ws)
         batch = np.minimum(n, np.maximum(1.0, np.floor(free / (kv_seq + sample))))
         return batch, kv_seq, prefill_ws, sample
 
