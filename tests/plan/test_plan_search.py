@@ -119,3 +119,24 @@ def test_tp_stays_inside_a_node():
         for r in sp.replicas:
             for i in range(0, len(r), sp.tp):
                 assert job.cluster.same_node(r[i:i + sp.tp])
+
+
+@pytest.mark.parametrize("gpus,nodes,per_node,model,length", [
+    (18, 3, 6, "llama-3.1-8b", 2048),
+    ([0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 13, 14, 15, 16, 18, 19, 20, 21, 22, 23, 25, 26, 27, 28,
+      29, 30, 31], 4, 8, "llama-3.1-8b", 4096),
+    ([0, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26,
+      27, 28, 30, 31], 4, 8, "qwen3-14b", 1024),
+])
+def test_tp_groups_stay_inside_nodes_on_partly_filled_nodes(gpus, nodes, per_node, model,
+                                                            length):
+    """Pools of partly filled nodes (GPUs lost here and there, odd node sizes): every TP group
+    still sits inside one node, as the validator requires."""
+    from nereus.plan.validate import validate_plan
+
+    job = parse_job({"model": model, "algo": "ppo", "gpus": gpus,
+                     "cluster": {"device": "h100-sxm-80gb", "devices_per_node": per_node,
+                                 "nodes": nodes},
+                     "workload": {"response_len": length}})
+    plan = best_plan(job)
+    assert validate_plan(job, plan) == []

@@ -40,14 +40,18 @@ def enumerate_candidates(cost: CostModel, stage: ModelStage, pool_size: int,
     model = cost.job.model
     node = cost.node_size if max_tp is None else max_tp
     batch = cost.stage_batch(stage)
+    # TP groups of each degree that fit inside the pool's nodes (nodes may be partly in the
+    # pool): a candidate needs dp x pp of them, unless TP is allowed to span nodes
+    per_node = [len(ids) for ids in cost.job.pool.by_node().values()]
     out: list[Candidate] = []
     for tp in powers_of_two(min(node, pool_size)):
+        groups = sum(n // tp for n in per_node) if max_tp is None else pool_size // tp
         for pp in powers_of_two(min(model.num_layers, pool_size // tp)):
             layout = Layout(tp, pp)
             if cost.layout_problem(stage, layout):
                 continue
             for dp in _divisors(batch):
-                if dp * layout.size > pool_size:
+                if dp * layout.size > pool_size or dp * pp > groups:
                     break
                 per_replica = batch // dp
                 if stage.kind is StageKind.GENERATE:

@@ -332,7 +332,32 @@ class Planner:
 
     # ---- plan assembly ----
     def best(self) -> Plan:
-        return self.assemble(self.search())
+        """The fastest plan whose TP groups all stay inside nodes where the pool allows.
+
+        The search counts GPUs, not how they sit in nodes; on a pool of partly filled nodes
+        stages that run side by side may not all find node-contained TP groups. Such a plan
+        is searched again without the candidates that could not be placed (at most
+        ``MAX_REPLACEMENTS`` times, then the plan is returned as placed: the validator names
+        the groups that span nodes)."""
+        plan = self.assemble(self.search())
+        for _ in range(MAX_REPLACEMENTS):
+            bad = spanning_stages(self.job, plan)
+            if not bad:
+                break
+            options = dict(self.options)
+            for name in bad:
+                cand = plan.stage(name).candidate
+                keep = np.array([c != cand for c in options[name].candidates])
+                if not keep.any():
+                    return plan
+                options[name] = options[name].subset(keep)
+            saved, self.options = self.options, options
+            try:
+                plan = self.assemble(self.search())
+            except InfeasibleError:
+                self.options = saved
+                break
+        return plan
 
     def assemble(self, res: SearchResult) -> Plan:
         wf = self.job.workflow
@@ -371,6 +396,21 @@ class Planner:
                               res.sync_s)
         step, _ = critical_path(graph)
         return Plan(ordered, step, "estimated", terms, tuple(groups))
+
+
+MAX_REPLACEMENTS = 8  # searches again for TP groups that could not stay inside a node
+
+
+def spanning_stages(job: JobSpec, plan: Plan) -> list[str]:
+    """Model-stages with a TP group across nodes although a node of the pool could hold it."""
+    node_cap = job.pool.largest_node_share()
+    out = []
+    for sp in plan.stages:
+        tp = sp.candidate.tp
+        if tp <= node_cap and any(not job.cluster.same_node(r[i:i + tp])
+                                  for r in sp.replicas for i in range(0, len(r), tp)):
+            out.append(sp.stage)
+    return out
 
 
 def best_plan(job: JobSpec, efficiencies: Efficiencies | None = None,
