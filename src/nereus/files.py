@@ -7,6 +7,7 @@ missing file, a parse error or a wrong field always reads the same way: one line
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any, TypeVar, get_args
 
@@ -56,6 +57,10 @@ def validate(model: type[M], data: object, field: str = "config", prefix: str = 
         raise err from None
 
 
+_UNION_BRANCH = re.compile(r"(int|float|str|bool|none|list\[.*\]|dict\[.*\]|tuple\[.*\]|"
+                           r"function-.*)")
+
+
 def _nested_model(ann: object) -> type[BaseModel] | None:
     """The model a field holds, itself or inside a list, dict or optional."""
     if isinstance(ann, type) and issubclass(ann, BaseModel):
@@ -70,7 +75,9 @@ def _nested_model(ann: object) -> type[BaseModel] | None:
 def validation_error(e: ValidationError, root: type[BaseModel]) -> InputError:
     """The first pydantic error as an InputError naming the dotted field and what is allowed."""
     err = e.errors()[0]
-    loc = ".".join(str(x) for x in err["loc"]) or "config"
+    # a union's branch shows in the location as its type ("gpus.int"): not a field name
+    parts = [str(x) for x in err["loc"] if not _UNION_BRANCH.fullmatch(str(x))]
+    loc = ".".join(parts) or "config"
     kind = err["type"]
     if kind == "extra_forbidden":
         model: type[BaseModel] = root

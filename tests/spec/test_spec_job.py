@@ -69,3 +69,19 @@ def test_pool_rejects_ids_outside_cluster():
     with pytest.raises(InputError, match="outside the cluster"):
         GpuPool(job.cluster, (0, 99))
     assert job.pool.without([1]).ids == (0, 2, 3)
+
+
+@pytest.mark.parametrize("data,field", [
+    ({"model": "llama-3.1-8b", "gpus": 16, "cluster": "abc"}, "cluster"),
+    ({"model": "llama-3.1-8b", "gpus": 16, "workload": 5}, "workload"),
+    ({"model": "llama-3.1-8b", "gpus": True}, "gpus"),
+    ({"model": "llama-3.1-8b", "gpus": 16, "cluster": {"device_memory_gib": float("inf")}},
+     "cluster.device_memory_gib"),
+])
+def test_malformed_job_fields_are_input_errors(data, field):
+    from nereus.errors import InputError
+    from nereus.spec import parse_job
+
+    with pytest.raises(InputError) as e:
+        parse_job(data)
+    assert e.value.field == field

@@ -58,3 +58,23 @@ def test_bad_models_name_the_field():
         get_model("llama-9b")
     with pytest.raises(InputError, match="num_kv_heads"):
         ModelSpec("x", 64, 128, 2, 4, 3, 16, 100)
+
+
+@pytest.mark.parametrize("change,field", [
+    ({"num_attention_heads": 0}, "model.config.num_attention_heads"),
+    ({"hidden_size": "abc"}, "model.config.hidden_size"),
+    ({"hidden_size": None}, "model.config.hidden_size"),
+    ({"hidden_size": 4096.7}, "model.config.hidden_size"),
+    ({"num_key_value_heads": "x"}, "model.config.num_key_value_heads"),
+    ({"num_key_value_heads": 5}, "model.config.num_key_value_heads"),
+    ({"rope_theta": [1]}, "model.config.rope_theta"),
+    ({"model_type": "qwen3_moe", "num_experts": 128}, "model"),
+])
+def test_bad_hf_configs_are_one_line_input_errors(change, field):
+    from nereus.errors import InputError
+    from nereus.spec.model import ModelSpec, get_model
+
+    cfg = {**get_model("llama-3.1-8b").to_hf_dict(), "model_type": "llama", **change}
+    with pytest.raises(InputError) as e:
+        ModelSpec.from_hf_dict(cfg, "bad")
+    assert e.value.field == field

@@ -32,6 +32,9 @@ def job_from_options(config: Path | None = None, *, model: str | None = None,
     for key, val in (("model", model), ("algo", algo), ("execution", execution), ("gpus", gpus)):
         if val is not None:
             data[key] = val
+    for section in ("cluster", "workload"):
+        if data.get(section) is not None and not isinstance(data[section], dict):
+            raise InputError(section, "must be a mapping of fields")
     cluster = dict(data.get("cluster") or {})
     for key, val in (("device", device), ("devices_per_node", devices_per_node)):
         if val is not None:

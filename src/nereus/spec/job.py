@@ -10,7 +10,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator
 
 from nereus.errors import InputError
 from nereus.files import read_yaml, validate
@@ -47,7 +47,8 @@ class ClusterConfig(_Strict):
     device: str = "h100-sxm-80gb"
     nodes: int | None = Field(None, ge=1, description="nodes; default: enough for `gpus`")
     devices_per_node: int | None = Field(None, ge=1)
-    device_memory_gib: float | None = Field(None, gt=0, description="override device memory")
+    device_memory_gib: float | None = Field(None, gt=0, le=1e6, allow_inf_nan=False,
+                                            description="override device memory")
 
 
 class WorkloadConfig(_Strict):
@@ -68,7 +69,8 @@ class JobConfig(_Strict):
     model: str = Field(description="preset name or path to a Hugging Face config.json")
     algo: Literal["ppo", "grpo", "remax"] = "ppo"
     execution: Literal["sync", "async"] = "sync"
-    gpus: int | list[int] = Field(description="pool size, or the device ids of the pool")
+    gpus: StrictInt | list[StrictInt] = Field(
+        description="pool size, or the device ids of the pool")
     cluster: ClusterConfig = ClusterConfig()
     workload: WorkloadConfig = WorkloadConfig()
 

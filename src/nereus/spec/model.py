@@ -11,8 +11,10 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict, Field, StrictInt
+
 from nereus.errors import InputError
-from nereus.files import read_json
+from nereus.files import read_json, validate
 
 
 class Head(str, Enum):
@@ -115,24 +117,34 @@ class ModelSpec:
         if missing:
             raise InputError("model", f"config.json lacks {', '.join(missing)}",
                              "a Llama-style decoder config (LlamaForCausalLM, Qwen3ForCausalLM, ...)")
-        heads = int(cfg["num_attention_heads"])
-        hidden = int(cfg["hidden_size"])
-        head_dim = cfg.get("head_dim") or hidden // heads
         model_type = str(cfg.get("model_type", ""))
+        moe = [k for k in ("num_experts", "num_local_experts", "n_routed_experts") if cfg.get(k)]
+        if moe or "moe" in model_type.lower():
+            raise InputError("model", f"config.json describes a mixture-of-experts model "
+                             f"({model_type or moe[0]})", "dense Llama-style decoders only")
+        c = validate(_HfConfig, cfg, "model", prefix="model.config.")
+        if c.hidden_size % c.num_attention_heads and c.head_dim is None:
+            raise InputError("model.config.num_attention_heads",
+                             f"{c.num_attention_heads} does not divide hidden_size "
+                             f"{c.hidden_size} and no head_dim is given")
+        kv = c.num_key_value_heads or c.num_attention_heads
+        if c.num_attention_heads % kv:
+            raise InputError("model.config.num_key_value_heads",
+                             f"{kv} does not divide num_attention_heads {c.num_attention_heads}")
         return cls(
             name=name,
-            hidden_size=hidden,
-            intermediate_size=int(cfg["intermediate_size"]),
-            num_layers=int(cfg["num_hidden_layers"]),
-            num_heads=heads,
-            num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
-            head_dim=int(head_dim),
-            vocab_size=int(cfg["vocab_size"]),
-            tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            hidden_size=c.hidden_size,
+            intermediate_size=c.intermediate_size,
+            num_layers=c.num_hidden_layers,
+            num_heads=c.num_attention_heads,
+            num_kv_heads=kv,
+            head_dim=c.head_dim or c.hidden_size // c.num_attention_heads,
+            vocab_size=c.vocab_size,
+            tie_embeddings=c.tie_word_embeddings,
             qk_norm=model_type.startswith("qwen3"),
-            rope_theta=float(cfg.get("rope_theta", 10_000.0)),
-            rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
-            max_position_embeddings=int(cfg.get("max_position_embeddings", 4096)),
+            rope_theta=c.rope_theta,
+            rms_norm_eps=c.rms_norm_eps,
+            max_position_embeddings=c.max_position_embeddings,
         )
 
     def to_hf_dict(self) -> dict[str, Any]:
@@ -191,3 +203,21 @@ def get_model(name_or_path: str) -> ModelSpec:
         return ModelSpec.from_hf_config(name_or_path)
     raise InputError("model", f"unknown model {name_or_path!r}",
                      [*MODEL_PRESETS, "a path to a Hugging Face config.json"])
+
+
+class _HfConfig(BaseModel):
+    """The fields of a Hugging Face ``config.json`` that Nereus reads (others are ignored)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    hidden_size: StrictInt = Field(ge=1)
+    intermediate_size: StrictInt = Field(ge=1)
+    num_hidden_layers: StrictInt = Field(ge=1)
+    num_attention_heads: StrictInt = Field(ge=1)
+    num_key_value_heads: StrictInt | None = Field(None, ge=1)
+    head_dim: StrictInt | None = Field(None, ge=1)
+    vocab_size: StrictInt = Field(ge=1)
+    tie_word_embeddings: bool = False
+    rope_theta: float = Field(10_000.0, gt=0, allow_inf_nan=False)
+    rms_norm_eps: float = Field(1e-6, gt=0, allow_inf_nan=False)
+    max_position_embeddings: StrictInt = Field(4096, ge=1)
