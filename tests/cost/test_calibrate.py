@@ -127,3 +127,30 @@ def test_classes_only_noise_separates_stay_steady():
     assert max(swings) < 0.08
     loose = _near_collinear_run(Calibrator(ridge_floor=0.0), 120)[20:]
     assert max(abs(b / a - 1) for a, b in zip(loose, loose[1:])) > 0.2
+
+
+@pytest.mark.parametrize("profile,field", [
+    ({"device": "h100-sxm-80gb", "efficiency": {"gemm": 50}}, "profile.efficiency.gemm"),
+    ({"efficiency": {"gemm": [1]}}, "profile.efficiency.gemm"),
+    ({"efficiency": {"gemm": "abc"}}, "profile.efficiency.gemm"),
+    ({"efficiency": {"gemm": float("inf")}}, "profile.efficiency.gemm"),
+    ({"memory_scale": [1]}, "profile.memory_scale"),
+    ({"memory_scale": {"foo": 1}}, "profile.memory_scale"),
+    ({"memory_scale": {"train": -1}}, "profile.memory_scale.train"),
+])
+def test_bad_profiles_are_input_errors(tmp_path, profile, field):
+    import json
+
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(profile))
+    with pytest.raises(InputError) as e:
+        Calibrator.from_profile(path, "h100-sxm-80gb")
+    assert e.value.field == field
+
+
+def test_a_cpu_profile_may_beat_the_guessed_peaks(tmp_path):
+    import json
+
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps({"device": "cpu", "efficiency": {"gemm": 2.5}}))
+    assert Calibrator.from_profile(path, "cpu").efficiencies()[OpClass.GEMM] == 2.5

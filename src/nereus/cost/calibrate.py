@@ -175,8 +175,19 @@ class Calibrator:
         if op_classes is not None:
             eff = Efficiencies({c: v for c, v in eff.values.items() if c in op_classes}, device)
         cal = cls(prior=eff)
-        for k, v in dict(data.get("memory_scale", {})).items():
-            cal._memory[StageKind(k)] = [float(v)]
+        scales = data.get("memory_scale", {})
+        if not isinstance(scales, Mapping):
+            raise InputError("profile.memory_scale", "must be a mapping of stage kind to scale",
+                             [k.value for k in StageKind])
+        for k, v in scales.items():
+            try:
+                kind = StageKind(k)
+            except ValueError:
+                raise InputError("profile.memory_scale", f"unknown stage kind {k!r}",
+                                 [k.value for k in StageKind]) from None
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < 1e3:
+                raise InputError(f"profile.memory_scale.{k}", f"{v!r} is not a number in (0, 1000)")
+            cal._memory[kind] = [float(v)]
         return cal
 
 

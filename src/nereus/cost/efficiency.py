@@ -8,6 +8,7 @@ calibrator. Values above 1 are allowed for the cpu device, whose peak figures ar
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,6 +42,7 @@ def default_efficiency(cls: OpClass) -> float:
 
 
 _DEFAULTS: Mapping[OpClass, float] = {c: default_efficiency(c) for c in OpClass}
+_NO_PEAK = frozenset({OpClass.SETUP, OpClass.LATENCY_INTRA, OpClass.LATENCY_INTER})
 
 
 @dataclass(frozen=True)
@@ -74,14 +76,24 @@ class Efficiencies:
         raw = data.get("efficiency", {})
         if not isinstance(raw, Mapping):
             raise InputError("profile.efficiency", "must be a mapping of op class to efficiency")
+        device = str(data.get("device", ""))
         values: dict[OpClass, float] = {}
         for k, v in raw.items():
             try:
-                values[OpClass(k)] = float(v)
+                cls_ = OpClass(k)
             except ValueError:
                 raise InputError("profile.efficiency", f"unknown op class {k!r}",
                                  [c.value for c in OpClass]) from None
-        return cls(values, str(data.get("device", "")))
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) \
+                    or v <= 0:
+                raise InputError(f"profile.efficiency.{k}", f"{v!r} is not a finite number > 0")
+            # achieved over peak: only the cpu preset's peaks are guesses a measurement may
+            # beat, and set-up and latency are estimates, not peaks
+            if v > 1 and device != "cpu" and cls_ not in _NO_PEAK:
+                raise InputError(f"profile.efficiency.{k}", f"{v:g} is above the {device or 'device'}"
+                                 f"'s peak", "(0, 1]")
+            values[cls_] = float(v)
+        return cls(values, device)
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
