@@ -16,6 +16,7 @@ when done; the transition communicators never need one.
 from __future__ import annotations
 
 import datetime
+import os
 import shutil
 import time
 from collections.abc import Mapping, Sequence
@@ -140,21 +141,33 @@ class Checkpointer:
     def save(self, pool: WorkerPool, units: Mapping[str, Sequence[Emu]], tag: int | str
              ) -> Path:
         """Save one unit of each model-stage (all its positions take part); returns the
-        checkpoint folder, marked complete once every stage is written."""
+        checkpoint folder, marked complete once every stage is written.
+
+        It is written beside the checkpoint it replaces and swapped in only when complete, so
+        a save that fails halfway leaves the previous checkpoint of that tag as it was."""
         where = self.root / f"step-{tag}"
+        stamp = time.time_ns()
+        partial = self.root / f".step-{tag}.partial-{stamp}"
+        partial.mkdir(parents=True)
+        try:
+            with Rendezvous(timeout_s=self.timeout_s) as rv:
+                for stage, es in units.items():
+                    if not es:
+                        continue
+                    e = es[0]
+                    prefix = f"ckpt-save/{stage}/{time.time_ns()}/"
+                    pool.run({g: (dcp_save, (e.id, str(partial / stage), rv.address, prefix, i,
+                                             len(e.gpus), self.timeout_s, self.sync_files))
+                              for i, g in enumerate(e.gpus)})
+            (partial / COMPLETE).write_text(str(tag))
+        except BaseException:
+            shutil.rmtree(partial, ignore_errors=True)
+            raise
+        old = self.root / f".step-{tag}.old-{stamp}"
         if where.exists():
-            shutil.rmtree(where)
-        where.mkdir(parents=True)
-        with Rendezvous(timeout_s=self.timeout_s) as rv:
-            for stage, es in units.items():
-                if not es:
-                    continue
-                e = es[0]
-                prefix = f"ckpt-save/{stage}/{time.time_ns()}/"
-                pool.run({g: (dcp_save, (e.id, str(where / stage), rv.address, prefix, i,
-                                         len(e.gpus), self.timeout_s, self.sync_files))
-                          for i, g in enumerate(e.gpus)})
-        (where / COMPLETE).write_text(str(tag))
+            os.replace(where, old)
+        os.replace(partial, where)
+        shutil.rmtree(old, ignore_errors=True)
         return where
 
     def latest(self) -> Path | None:
