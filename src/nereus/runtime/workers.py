@@ -180,8 +180,9 @@ class WorkerContext:
         operations and backend they reference) in reference cycles through its traceback, so
         the cycles are collected here: that is what closes the backend's sockets."""
         with self._lock:
-            done = [g for g in self.zombies if g.idle()]
-            self.zombies = [g for g in self.zombies if not g.idle()]
+            idle = [(g, g.idle()) for g in self.zombies]  # one look each: idle() may flip
+            done = [g for g, i in idle if i]
+            self.zombies = [g for g, i in idle if not i]
         for g in done:
             g.close()
         del done
@@ -213,6 +214,8 @@ class Worker:
 
     @ray.method(concurrency_group="work")
     def call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        if self.ctx.zombies:  # groups aborted after a fault: free those that have finished
+            self.ctx.reap()
         return fn(self.ctx, *args, **kwargs)
 
     @ray.method(concurrency_group="control")
@@ -262,8 +265,9 @@ class _Slot:
 def _init_ray(address: str | None, slots: int, slot_resource: str) -> None:
     if ray.is_initialized():
         return
-    if address is None:  # a local Ray: this machine offers the device slots
-        ray.init(include_dashboard=False, resources={slot_resource: slots},
+    if address is None:  # a local Ray: this machine offers the device slots (a RAY_ADDRESS
+        # in the environment would make ray.init join that cluster instead)
+        ray.init(address="local", include_dashboard=False, resources={slot_resource: slots},
                  object_store_memory=512 * 1024**2)
     else:
         ray.init(address=address)
