@@ -154,3 +154,40 @@ def test_a_cpu_profile_may_beat_the_guessed_peaks(tmp_path):
     path = tmp_path / "p.json"
     path.write_text(json.dumps({"device": "cpu", "efficiency": {"gemm": 2.5}}))
     assert Calibrator.from_profile(path, "cpu").efficiencies()[OpClass.GEMM] == 2.5
+
+
+@pytest.mark.parametrize("profile,field", [
+    ('{"gemm": 0.5}', "profile.gemm"),                         # efficiencies at the top level
+    ('{"efficiency": {"gemmm": 0.5}}', "profile.efficiency.gemmm"),
+    ('{"efficiency": {"gemm": true}}', "profile.efficiency.gemm"),
+    ('{"efficiency": {"gemm": 0}}', "profile.efficiency.gemm"),
+    ('{"efficiency": {"gemm": NaN}}', "profile.efficiency.gemm"),
+    ('{"efficiency": [0.5]}', "profile.efficiency"),
+    ('{"memory_scale": {"train": Infinity}}', "profile.memory_scale.train"),
+    ('{"memory_scale": {"train": "1.1"}}', "profile.memory_scale.train"),
+    ('{"device": 5}', "profile.device"),
+    ('{"samples": -1}', "profile.samples"),
+    ('{"version": 2}', "profile.version"),
+    ('[1]', "profile"),
+])
+def test_profiles_are_checked_strictly(tmp_path, profile, field):
+    path = tmp_path / "p.json"
+    path.write_text(profile)
+    with pytest.raises(InputError) as e:
+        Calibrator.from_profile(path, "h100-sxm-80gb")
+    assert e.value.field == field and "\n" not in str(e.value)
+
+
+def test_efficiencies_file_round_trips_and_is_strict(tmp_path):
+    import json
+
+    eff = Efficiencies({OpClass.GEMM: 0.6, OpClass.SETUP: 2.0}, "h100-sxm-80gb")
+    path = tmp_path / "e.json"
+    eff.save(path)
+    assert Efficiencies.load(path) == eff  # set-up has no peak: above 1 is fine
+    path.write_text(json.dumps({"device": "h100-sxm-80gb", "efficiency": {"gemm": 1.5}}))
+    with pytest.raises(InputError, match="peak"):
+        Efficiencies.load(path)
+    path.write_text(json.dumps({"device": "h100-sxm-80gb", "efficiencies": {}}))
+    with pytest.raises(InputError, match="profile.efficiencies: unknown field"):
+        Efficiencies.load(path)

@@ -85,3 +85,73 @@ def test_malformed_job_fields_are_input_errors(data, field):
     with pytest.raises(InputError) as e:
         parse_job(data)
     assert e.value.field == field
+
+
+@pytest.mark.parametrize("workload,field", [
+    ({"response_len": 50_000}, "workload.response_len"),                    # max = mean
+    ({"response_len": 4096, "response_len_max": 40_449}, "workload.response_len_max"),
+    ({"prompt_len": 40_960, "response_len": 1}, "workload.prompt_len"),
+])
+def test_a_sequence_past_the_context_window_is_an_input_error(workload, field):
+    """qwen3-14b's window is 40,960 tokens: a prompt plus the longest response must fit it."""
+    with pytest.raises(InputError) as e:
+        parse_job({"model": "qwen3-14b", "gpus": 16, "workload": workload})
+    assert e.value.field == field and "40960" in str(e.value)
+
+
+def test_a_sequence_that_fills_the_context_window_exactly_plans():
+    job = parse_job({"model": "qwen3-14b", "gpus": 16,
+                     "workload": {"prompt_len": 512, "response_len": 4096,
+                                  "response_len_max": 40_960 - 512}})
+    assert job.workload.seq_len_max == job.model.max_position_embeddings
+    # Llama 3.1's window is 131,072 tokens
+    parse_job({"model": "llama-3.1-8b", "gpus": 16, "workload": {"response_len": 100_000}})
+    with pytest.raises(InputError, match="131072"):
+        parse_job({"model": "llama-3.1-8b", "gpus": 16, "workload": {"response_len": 131_000}})
+
+
+def test_models_without_a_published_window_are_not_limited():
+    """The tiny CPU models are not published models: planning tests price them at any length."""
+    job = parse_job({"model": "tiny-llama", "gpus": 4, "cluster": {"device": "cpu"},
+                     "workload": {"response_len": 8192}})
+    assert job.model.max_position_embeddings is None
+
+
+def test_examples_and_builtin_scenarios_fit_their_context_windows():
+    from nereus.sim.scenarios import SCENARIOS
+
+    for f in sorted(EXAMPLES.glob("*.yaml")):
+        job = load_job(f)
+        assert job.workload.seq_len_max <= job.model.max_position_embeddings, f
+    for name, make in SCENARIOS.items():
+        s = make(seed=0)
+        longest = max(s.lengths.at(i)[1] for i in range(len(s.lengths)))
+        assert s.job.workload.prompt_len + longest <= s.job.model.max_position_embeddings, name
+
+
+@pytest.mark.parametrize("data,field", [
+    ({"model": "llama-3.1-8b", "gpus": 8.0}, "gpus"),
+    ({"model": "llama-3.1-8b", "gpus": "8"}, "gpus"),
+    ({"model": "llama-3.1-8b", "gpus": [0, True]}, "gpus"),
+    ({"model": "llama-3.1-8b", "gpus": 8, "cluster": {"nodes": True}}, "cluster.nodes"),
+    ({"model": "llama-3.1-8b", "gpus": 8, "cluster": {"devices_per_node": 8.5}},
+     "cluster.devices_per_node"),
+    ({"model": "llama-3.1-8b", "gpus": 8, "cluster": {"device_memory_gib": float("nan")}},
+     "cluster.device_memory_gib"),
+    ({"model": "llama-3.1-8b", "gpus": 8, "workload": {"response_len": 2048.5}},
+     "workload.response_len"),
+    ({"model": "llama-3.1-8b", "gpus": 8, "workload": {"prompt_len": "512"}},
+     "workload.prompt_len"),
+    ({"model": "llama-3.1-8b", "gpus": 8, "workload": {"master_weights": "no"}},
+     "workload.master_weights"),
+    ({"model": 5, "gpus": 8}, "model"),
+])
+def test_job_fields_are_strict(data, field):
+    with pytest.raises(InputError) as e:
+        parse_job(data)
+    assert e.value.field == field
+
+
+def test_a_float_memory_override_may_be_written_as_an_integer():
+    job = parse_job({"model": "llama-3.1-8b", "gpus": 8, "cluster": {"device_memory_gib": 40}})
+    assert job.cluster.device.memory_bytes == 40 * 1024**3

@@ -78,3 +78,58 @@ def test_bad_hf_configs_are_one_line_input_errors(change, field):
     with pytest.raises(InputError) as e:
         ModelSpec.from_hf_dict(cfg, "bad")
     assert e.value.field == field
+
+
+@pytest.mark.parametrize("change", [
+    {"num_experts": 128}, {"num_local_experts": 8}, {"n_routed_experts": 64},
+    {"model_type": "qwen3_moe"}, {"model_type": "mixtral_moe"},
+])
+def test_mixture_of_experts_configs_are_refused(change):
+    cfg = {**get_model("qwen3-14b").to_hf_dict(), **change}
+    with pytest.raises(InputError, match="only dense decoders are supported") as e:
+        ModelSpec.from_hf_dict(cfg, "moe")
+    assert e.value.field == "model" and "\n" not in str(e.value)
+
+
+def test_qk_norm_only_for_dense_qwen3():
+    cfg = get_model("llama-3.1-8b").to_hf_dict()
+    assert ModelSpec.from_hf_dict({**cfg, "model_type": "qwen3"}, "q").qk_norm
+    assert not ModelSpec.from_hf_dict({**cfg, "model_type": "qwen3_next_dense"}, "q").qk_norm
+    assert not ModelSpec.from_hf_dict({**cfg, "model_type": "llama"}, "q").qk_norm
+
+
+@pytest.mark.parametrize("change,field", [
+    ({"tie_word_embeddings": "no"}, "model.config.tie_word_embeddings"),
+    ({"rope_theta": float("inf")}, "model.config.rope_theta"),
+    ({"rms_norm_eps": 0}, "model.config.rms_norm_eps"),
+    ({"max_position_embeddings": 0}, "model.config.max_position_embeddings"),
+    ({"max_position_embeddings": 4096.5}, "model.config.max_position_embeddings"),
+    ({"rope_scaling": "yarn"}, "model.config.rope_scaling"),
+    ({"rope_scaling": {"factor": 0}}, "model.config.rope_scaling.factor"),
+    ({"num_attention_heads": 30}, "model.config.num_attention_heads"),  # 4096 % 30, no head_dim
+])
+def test_more_bad_hf_fields(change, field):
+    cfg = {**get_model("llama-3.1-8b").to_hf_dict(), **change}
+    if "num_attention_heads" in change:
+        del cfg["head_dim"]
+    with pytest.raises(InputError) as e:
+        ModelSpec.from_hf_dict(cfg, "bad")
+    assert e.value.field == field
+
+
+def test_context_window_from_hf_config():
+    cfg = get_model("qwen3-14b").to_hf_dict()
+    assert ModelSpec.from_hf_dict(cfg, "q").max_position_embeddings == 40960
+    # YaRN stretches Qwen3's 32,768 native tokens 4x (Qwen3 model card)
+    yarn = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}
+    assert ModelSpec.from_hf_dict({**cfg, "rope_scaling": yarn}, "q").max_position_embeddings \
+        == 131072
+    # Llama 3.1's rope_scaling is already counted in its max_position_embeddings
+    llama3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+              "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+    cfg = {**get_model("llama-3.1-8b").to_hf_dict(), "rope_scaling": llama3}
+    assert ModelSpec.from_hf_dict(cfg, "l").max_position_embeddings == 131072
+    # a config without a window sets none
+    cfg.pop("max_position_embeddings")
+    cfg.pop("rope_scaling")
+    assert ModelSpec.from_hf_dict(cfg, "l").max_position_embeddings is None

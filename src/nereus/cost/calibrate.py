@@ -17,14 +17,16 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Annotated, Any
 
 import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
 
 from nereus.cost.efficiency import Efficiencies, default_efficiency
 from nereus.cost.estimate import Estimate
 from nereus.cost.ops import OpClass
 from nereus.errors import InputError
-from nereus.files import read_json
+from nereus.files import read_json, validate
 from nereus.spec.workflow import StageKind
 
 PROFILE_VERSION = 1
@@ -164,31 +166,46 @@ class Calibrator:
     def from_profile(cls, path: str | Path, device: str,
                      op_classes: frozenset[OpClass] | None = None) -> Calibrator:
         """Start from a saved profile of the same device; a new model reuses it when the op
-        classes it will use are all in the profile (else the missing ones start at defaults)."""
+        classes it will use are all in the profile (else the missing ones start at defaults).
+        The profile is checked strictly: an error names ``profile.<field>``."""
         data = read_json(path, "profile")
         if not isinstance(data, Mapping):
-            raise InputError("profile", "must be a JSON object")
-        if data.get("device") and data["device"] != device:
-            raise InputError("profile.device", f"profile is for {data['device']!r}, job runs on "
-                             f"{device!r}", [data["device"]])
-        eff = Efficiencies.from_dict({"efficiency": data.get("efficiency", {}), "device": device})
+            raise InputError("profile", "must be a JSON object", list(_ProfileFile.model_fields))
+        kinds = [k.value for k in StageKind]
+        if not isinstance(data.get("memory_scale", {}), Mapping):
+            raise InputError("profile.memory_scale", "must be a mapping of stage kind to scale",
+                             kinds)
+        p = validate(_ProfileFile, data, "profile", prefix="profile.")
+        if p.device and p.device != device:
+            raise InputError("profile.device", f"profile is for {p.device!r}, job runs on "
+                             f"{device!r}", [p.device])
+        eff = Efficiencies.from_dict({"efficiency": p.efficiency, "device": device})
         if op_classes is not None:
             eff = Efficiencies({c: v for c, v in eff.values.items() if c in op_classes}, device)
         cal = cls(prior=eff)
-        scales = data.get("memory_scale", {})
-        if not isinstance(scales, Mapping):
-            raise InputError("profile.memory_scale", "must be a mapping of stage kind to scale",
-                             [k.value for k in StageKind])
-        for k, v in scales.items():
+        for k, v in p.memory_scale.items():
             try:
                 kind = StageKind(k)
             except ValueError:
                 raise InputError("profile.memory_scale", f"unknown stage kind {k!r}",
-                                 [k.value for k in StageKind]) from None
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < 1e3:
-                raise InputError(f"profile.memory_scale.{k}", f"{v!r} is not a number in (0, 1000)")
+                                 kinds) from None
             cal._memory[kind] = [float(v)]
         return cal
+
+
+class _ProfileFile(BaseModel):
+    """A calibration profile, as :meth:`Calibrator.to_profile` writes it."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    version: int = Field(PROFILE_VERSION, ge=1, le=PROFILE_VERSION)
+    device: str = ""
+    model: str = ""
+    samples: int = Field(0, ge=0)
+    efficiency: dict[str, Any] = Field(default_factory=dict)  # checked by Efficiencies
+    # measured over predicted peak memory per stage kind: finite, > 0 and < 1000
+    memory_scale: dict[str, Annotated[float, Field(gt=0, lt=1e3, allow_inf_nan=False)]] = \
+        Field(default_factory=dict)
 
 
 def profile_matches(profile: Mapping[OpClass, float], needed: frozenset[OpClass]) -> bool:

@@ -8,14 +8,16 @@ calibrator. Values above 1 are allowed for the cpu device, whose peak figures ar
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field
 
 from nereus.cost.ops import OpClass
 from nereus.errors import InputError
-from nereus.files import read_json
+from nereus.files import read_json, validate
 
 # Conservative starting points (assumptions, refined online): dense GEMMs of LLM training
 # usually reach 40-60 % of peak (Megatron-LM reports ~50 % MFU at scale); attention kernels less;
@@ -39,6 +41,19 @@ def default_efficiency(cls: OpClass) -> float:
         return DEFAULT_EFFICIENCY[cls]
     return DEFAULT_COMM_EFFICIENCY_INTRA if cls.value.endswith("intra") else \
         DEFAULT_COMM_EFFICIENCY_INTER
+
+
+# an efficiency as a profile holds it: a finite number > 0 (true, "0.5" or Infinity are not)
+EfficiencyValue = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+
+
+class _EfficiencyFile(BaseModel):
+    """What :meth:`Efficiencies.to_dict` writes."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    device: str = ""
+    efficiency: dict[str, EfficiencyValue] = Field(default_factory=dict)
 
 
 _DEFAULTS: Mapping[OpClass, float] = {c: default_efficiency(c) for c in OpClass}
@@ -73,27 +88,28 @@ class Efficiencies:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, object]) -> Efficiencies:
-        raw = data.get("efficiency", {})
-        if not isinstance(raw, Mapping):
-            raise InputError("profile.efficiency", "must be a mapping of op class to efficiency")
-        device = str(data.get("device", ""))
+        """``{"device": ..., "efficiency": {op class: value}}`` (what :meth:`to_dict` writes),
+        strictly checked: each value finite and > 0, at most 1 (the peak) except on the cpu
+        device and for op classes without a peak; errors name ``profile.<field>``."""
+        if isinstance(data, Mapping) and not isinstance(data.get("efficiency", {}), Mapping):
+            raise InputError("profile.efficiency", "must be a mapping of op class to efficiency",
+                             [c.value for c in OpClass])
+        f = validate(_EfficiencyFile, dict(data) if isinstance(data, Mapping) else data,
+                     "profile", prefix="profile.")
         values: dict[OpClass, float] = {}
-        for k, v in raw.items():
+        for k, v in f.efficiency.items():
             try:
                 cls_ = OpClass(k)
             except ValueError:
-                raise InputError("profile.efficiency", f"unknown op class {k!r}",
+                raise InputError(f"profile.efficiency.{k}", "unknown op class",
                                  [c.value for c in OpClass]) from None
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) \
-                    or v <= 0:
-                raise InputError(f"profile.efficiency.{k}", f"{v!r} is not a finite number > 0")
             # achieved over peak: only the cpu preset's peaks are guesses a measurement may
             # beat, and set-up and latency are estimates, not peaks
-            if v > 1 and device != "cpu" and cls_ not in _NO_PEAK:
-                raise InputError(f"profile.efficiency.{k}", f"{v:g} is above the {device or 'device'}"
-                                 f"'s peak", "(0, 1]")
+            if v > 1 and f.device != "cpu" and cls_ not in _NO_PEAK:
+                raise InputError(f"profile.efficiency.{k}", f"{v:g} is above the "
+                                 f"{f.device or 'device'}'s peak", "(0, 1]")
             values[cls_] = float(v)
-        return cls(values, device)
+        return cls(values, f.device)
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n")

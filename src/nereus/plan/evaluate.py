@@ -11,14 +11,16 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field
 
 from nereus.cost.candidate import Candidate, Layout
 from nereus.cost.model import CostModel
 from nereus.errors import InputError
-from nereus.files import read_yaml
+from nereus.files import read_yaml, validate
 from nereus.plan.overlap import critical_path, overlap_graph
-from nereus.plan.types import Plan, StagePlan, contiguous_replicas
+from nereus.plan.types import MAX_GPU_ID, Plan, StagePlan, contiguous_replicas
 from nereus.spec.job import JobSpec
 from nereus.spec.sharding import layout_problem
 from nereus.spec.workflow import StageKind
@@ -35,41 +37,95 @@ class StageLayoutSpec:
     recompute: bool | None = None
 
 
+class _LayoutStage(BaseModel):
+    """One model-stage of a layout: tp, pp, dp (default 1), optional GPU ids and (b, a,
+    recompute); ``latency_s`` and ``peak_mem_bytes`` of a plan JSON are accepted and recomputed."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    name: str | None = None
+    tp: int = Field(1, ge=1)
+    pp: int = Field(1, ge=1)
+    dp: int = Field(1, ge=1)
+    gpus: list[list[Annotated[int, Field(ge=0, le=MAX_GPU_ID)]]] | None = None
+    micro_batch: int | None = Field(None, ge=1)
+    grad_accum: int | None = Field(None, ge=1)
+    recompute: bool | None = None
+    latency_s: float | None = None
+    peak_mem_bytes: int | None = None
+
+    def to_spec(self, field: str) -> StageLayoutSpec:
+        """The layout; GPU lists, where given, must be one per replica of tp x pp ids."""
+        replicas = None
+        if self.gpus is not None:
+            if len(self.gpus) != self.dp:
+                raise InputError(f"{field}.gpus", f"{len(self.gpus)} GPU lists for dp = "
+                                 f"{self.dp}", "one list of tp x pp GPU ids per DP replica")
+            size = self.tp * self.pp
+            bad = [r for r in self.gpus if len(r) != size]
+            if bad:
+                raise InputError(f"{field}.gpus", f"a replica lists {len(bad[0])} GPUs for "
+                                 f"tp x pp = {size}", "one list of tp x pp GPU ids per DP replica")
+            replicas = tuple(tuple(r) for r in self.gpus)
+        return StageLayoutSpec(self.tp, self.pp, self.dp, replicas, self.micro_batch,
+                               self.grad_accum, self.recompute)
+
+
+class _LayoutFile(BaseModel):
+    """A plan JSON's top level (``nereus plan --json``, or ``--evaluate --json``'s output): its
+    stages, checked one by one, and the keys evaluation recomputes, not read."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    stages: Any = None
+    step_latency_s: Any = None
+    source: Any = None
+    terms: Any = None
+    groups: Any = None
+    fits: Any = None
+    problems: Any = None
+    best_step_latency_s: Any = None
+
+
 def load_layout_spec(path: str | Path) -> dict[str, StageLayoutSpec]:
-    """A plan JSON (``nereus plan --json``) or a YAML mapping stage -> {tp, pp, dp, ...}."""
-    data = read_yaml(path, "evaluate")
-    if isinstance(data, Mapping) and isinstance(data.get("stages"), list):
-        return {str(s.get("name")): _spec(str(s.get("name")), s) for s in data["stages"]}
-    if isinstance(data, Mapping) and isinstance(data.get("stages"), Mapping):
-        data = data["stages"]
+    """A plan JSON (``nereus plan --json``: ``stages`` a list of ``{name, tp, pp, dp, ...}``), or a
+    YAML mapping stage -> {tp, pp, dp, ...}, at the top level or under ``stages``."""
+    return layout_spec_from_data(read_yaml(path, "evaluate"))
+
+
+def layout_spec_from_data(data: Any) -> dict[str, StageLayoutSpec]:
+    """:func:`load_layout_spec` on parsed data; every error names ``evaluate.<field>``."""
+    shape = "a plan JSON or a YAML mapping of model-stage to {tp, pp, dp}"
     if not isinstance(data, Mapping):
-        raise InputError("evaluate", "must map each model-stage to {tp, pp, dp}",
-                         "a plan JSON or a YAML mapping")
-    return {str(k): _spec(str(k), v) for k, v in data.items()}
+        raise InputError("evaluate", "must map each model-stage to {tp, pp, dp}", shape)
+    if "stages" not in data:
+        return {str(k): _stage(f"evaluate.{k}", v, str(k)) for k, v in data.items()}
+    validate(_LayoutFile, dict(data), "evaluate", prefix="evaluate.")
+    stages = data["stages"]
+    if isinstance(stages, Mapping):
+        return {str(k): _stage(f"evaluate.stages.{k}", v, str(k)) for k, v in stages.items()}
+    if not isinstance(stages, list) or not stages:
+        raise InputError("evaluate.stages", "must be a non-empty list of {name, tp, pp, dp, ...} "
+                         "or a mapping of model-stage to {tp, pp, dp}")
+    out: dict[str, StageLayoutSpec] = {}
+    for i, raw in enumerate(stages):
+        f = validate(_LayoutStage, raw, f"evaluate.stages.{i}", prefix=f"evaluate.stages.{i}.")
+        if f.name is None:
+            raise InputError(f"evaluate.stages.{i}.name", "required field is missing")
+        if f.name in out:
+            raise InputError(f"evaluate.stages.{i}.name", f"model-stage {f.name!r} listed twice")
+        out[f.name] = f.to_spec(f"evaluate.stages.{i}")
+    return out
 
 
-def _spec(name: str, raw: Any) -> StageLayoutSpec:
-    if not isinstance(raw, Mapping):
-        raise InputError(f"evaluate.{name}", "must be a mapping with tp, pp and dp")
-    allowed = {"name", "tp", "pp", "dp", "gpus", "micro_batch", "grad_accum", "recompute",
-               "latency_s", "peak_mem_bytes"}
-    unknown = sorted(set(raw) - allowed)
-    if unknown:
-        raise InputError(f"evaluate.{name}.{unknown[0]}", "unknown field", sorted(allowed - {"name"}))
-    try:
-        tp, pp, dp = (int(raw.get(k, 1)) for k in ("tp", "pp", "dp"))
-    except (TypeError, ValueError):
-        raise InputError(f"evaluate.{name}", "tp, pp and dp must be integers") from None
-    for k, v in (("tp", tp), ("pp", pp), ("dp", dp)):
-        if v < 1:
-            raise InputError(f"evaluate.{name}.{k}", f"must be >= 1, got {v}")
-    gpus = raw.get("gpus")
-    replicas = tuple(tuple(int(g) for g in r) for r in gpus) if gpus else None
-    opt = {k: raw.get(k) for k in ("micro_batch", "grad_accum")}
-    return StageLayoutSpec(tp, pp, dp, replicas,
-                           int(opt["micro_batch"]) if opt["micro_batch"] else None,
-                           int(opt["grad_accum"]) if opt["grad_accum"] else None,
-                           raw.get("recompute"))
+def _stage(field: str, raw: Any, name: str) -> StageLayoutSpec:
+    if raw is None:
+        raise InputError(field, "must be a mapping with tp, pp and dp")
+    f = validate(_LayoutStage, raw, field, prefix=f"{field}.")
+    if f.name is not None and f.name != name:
+        raise InputError(f"{field}.name", f"{f.name!r} differs from the model-stage it is "
+                         f"listed under", [name])
+    return f.to_spec(field)
 
 
 def _choose(cost: CostModel, name: str, spec: StageLayoutSpec) -> Candidate:
@@ -85,20 +141,28 @@ def _choose(cost: CostModel, name: str, spec: StageLayoutSpec) -> Candidate:
     per = batch // spec.dp
     if st.kind is StageKind.GENERATE:
         return Candidate(layout, spec.dp, per, 1)
-    options = []
-    bs = [spec.micro_batch] if spec.micro_batch else [b for b in (1, 2, 4, 8, 16) if per % b == 0]
-    rcs = [spec.recompute] if spec.recompute is not None else (
-        [False, True] if st.kind is StageKind.TRAIN else [False])
-    for b in bs:
+    if spec.micro_batch:
+        b = spec.micro_batch
         if per % b:
             raise InputError(f"evaluate.{name}.micro_batch", f"{b} does not divide the "
-                             f"{per} sequences per replica")
+                             f"{per} sequences per replica (batch {batch} / dp {spec.dp})")
         a = spec.grad_accum or per // b
         if spec.dp * b * a != batch:
             raise InputError(f"evaluate.{name}.grad_accum",
-                             f"dp x b x a = {spec.dp}x{b}x{a} != batch {batch}")
-        for rc in rcs:
-            options.append(Candidate(layout, spec.dp, b, a, bool(rc)))
+                             f"dp x b x a = {spec.dp}x{b}x{a} != batch {batch}", [per // b])
+        shapes = [(b, a)]
+    elif spec.grad_accum:  # b follows from a: dp x b x a = batch
+        a = spec.grad_accum
+        if per % a:
+            raise InputError(f"evaluate.{name}.grad_accum", f"{a} does not divide the {per} "
+                             f"sequences per replica (batch {batch} / dp {spec.dp})",
+                             "a divisor of the sequences per replica")
+        shapes = [(per // a, a)]
+    else:
+        shapes = [(b, per // b) for b in (1, 2, 4, 8, 16) if per % b == 0]
+    rcs = [spec.recompute] if spec.recompute is not None else (
+        [False, True] if st.kind is StageKind.TRAIN else [False])
+    options = [Candidate(layout, spec.dp, b, a, bool(rc)) for b, a in shapes for rc in rcs]
     fitting = [c for c in options if cost.estimate(st, c).fits]
     pool = fitting or options
     return min(pool, key=lambda c: cost.estimate(st, c).latency_s)

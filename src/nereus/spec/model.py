@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from enum import Enum
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
@@ -40,7 +40,9 @@ class ModelSpec:
     qk_norm: bool = False  # Qwen3: RMSNorm over each head's q and k
     rope_theta: float = 500_000.0
     rms_norm_eps: float = 1e-5
-    max_position_embeddings: int = 131_072
+    # context window in tokens (prompt + response); None where no published model sets one
+    # (the tiny CPU models: RoPE has no hard limit, and the engine enforces none)
+    max_position_embeddings: int | None = 131_072
 
     def __post_init__(self) -> None:
         for field in ("hidden_size", "intermediate_size", "num_layers", "num_heads",
@@ -50,6 +52,9 @@ class ModelSpec:
         if self.num_heads % self.num_kv_heads:
             raise InputError("model.num_kv_heads",
                              f"{self.num_kv_heads} does not divide num_heads={self.num_heads}")
+        if self.max_position_embeddings is not None and self.max_position_embeddings < 1:
+            raise InputError("model.max_position_embeddings",
+                             f"must be >= 1, got {self.max_position_embeddings}")
 
     # ---- sizes of the pieces (parameters, not bytes) ----
     @property
@@ -117,11 +122,13 @@ class ModelSpec:
         if missing:
             raise InputError("model", f"config.json lacks {', '.join(missing)}",
                              "a Llama-style decoder config (LlamaForCausalLM, Qwen3ForCausalLM, ...)")
-        model_type = str(cfg.get("model_type", ""))
-        moe = [k for k in ("num_experts", "num_local_experts", "n_routed_experts") if cfg.get(k)]
-        if moe or "moe" in model_type.lower():
-            raise InputError("model", f"config.json describes a mixture-of-experts model "
-                             f"({model_type or moe[0]})", "dense Llama-style decoders only")
+        model_type = cfg.get("model_type")
+        experts = [k for k in MOE_KEYS if cfg.get(k)]
+        if experts or (isinstance(model_type, str) and "moe" in model_type.lower()):
+            what = f"{experts[0]}: {cfg[experts[0]]!r}" if experts else f"model_type {model_type!r}"
+            raise InputError("model", f"config.json describes a mixture-of-experts model ({what}); "
+                             "only dense decoders are supported",
+                             "dense Llama-style decoders: LlamaForCausalLM, Qwen3ForCausalLM, ...")
         c = validate(_HfConfig, cfg, "model", prefix="model.config.")
         if c.hidden_size % c.num_attention_heads and c.head_dim is None:
             raise InputError("model.config.num_attention_heads",
@@ -141,10 +148,11 @@ class ModelSpec:
             head_dim=c.head_dim or c.hidden_size // c.num_attention_heads,
             vocab_size=c.vocab_size,
             tie_embeddings=c.tie_word_embeddings,
-            qk_norm=model_type.startswith("qwen3"),
+            # Qwen3 (dense) normalizes q and k per head; "qwen3_moe" and the like are refused above
+            qk_norm=c.model_type == "qwen3",
             rope_theta=c.rope_theta,
             rms_norm_eps=c.rms_norm_eps,
-            max_position_embeddings=c.max_position_embeddings,
+            max_position_embeddings=c.context_window(),
         )
 
     def to_hf_dict(self) -> dict[str, Any]:
@@ -162,11 +170,11 @@ class ModelSpec:
             "tie_word_embeddings": self.tie_embeddings,
             "rope_theta": self.rope_theta,
             "rms_norm_eps": self.rms_norm_eps,
-            "max_position_embeddings": self.max_position_embeddings,
             "hidden_act": "silu",
             "attention_bias": False,
             "mlp_bias": False,
-        }
+        } | ({} if self.max_position_embeddings is None
+             else {"max_position_embeddings": self.max_position_embeddings})
 
 
 # Presets: the fields of each model's published config.json on the Hugging Face hub.
@@ -184,13 +192,14 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
     "llama-3.3-70b": ModelSpec("llama-3.3-70b", 8192, 28672, 80, 64, 8, 128, 128256,
                                rope_theta=500_000.0, rms_norm_eps=1e-5),
     # Tiny models for CPU runs and tests (not published models).
+    # No context window: planning tests price them at the big models' lengths.
     "tiny-llama": ModelSpec("tiny-llama", 64, 160, 4, 4, 2, 16, 256, rope_theta=10_000.0,
-                            max_position_embeddings=512),
+                            max_position_embeddings=None),
     "tiny-qwen3": ModelSpec("tiny-qwen3", 64, 128, 4, 8, 4, 8, 250, tie_embeddings=True,
                             qk_norm=True, rope_theta=10_000.0, rms_norm_eps=1e-6,
-                            max_position_embeddings=512),
+                            max_position_embeddings=None),
     "small-llama": ModelSpec("small-llama", 256, 688, 8, 8, 4, 32, 2048, rope_theta=10_000.0,
-                             max_position_embeddings=2048),
+                             max_position_embeddings=None),
 }
 
 
@@ -205,11 +214,28 @@ def get_model(name_or_path: str) -> ModelSpec:
                      [*MODEL_PRESETS, "a path to a Hugging Face config.json"])
 
 
+# keys of a mixture-of-experts config (Qwen-MoE, Mixtral, DeepSeek): priced as dense, such a
+# model would look like a small dense one
+MOE_KEYS = ("num_experts", "num_local_experts", "n_routed_experts")
+
+_Finite = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+
+
+class _RopeScaling(BaseModel):
+    """``rope_scaling``: how far a scaled RoPE stretches the window (other keys ignored)."""
+
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+    factor: _Finite | None = None
+    original_max_position_embeddings: StrictInt | None = Field(None, ge=1)
+
+
 class _HfConfig(BaseModel):
     """The fields of a Hugging Face ``config.json`` that Nereus reads (others are ignored)."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)
 
+    model_type: str | None = None
     hidden_size: StrictInt = Field(ge=1)
     intermediate_size: StrictInt = Field(ge=1)
     num_hidden_layers: StrictInt = Field(ge=1)
@@ -218,6 +244,19 @@ class _HfConfig(BaseModel):
     head_dim: StrictInt | None = Field(None, ge=1)
     vocab_size: StrictInt = Field(ge=1)
     tie_word_embeddings: bool = False
-    rope_theta: float = Field(10_000.0, gt=0, allow_inf_nan=False)
-    rms_norm_eps: float = Field(1e-6, gt=0, allow_inf_nan=False)
-    max_position_embeddings: StrictInt = Field(4096, ge=1)
+    rope_theta: _Finite = 10_000.0
+    rms_norm_eps: _Finite = 1e-6
+    max_position_embeddings: StrictInt | None = Field(None, ge=1)
+    rope_scaling: _RopeScaling | None = None
+
+    def context_window(self) -> int | None:
+        """Tokens a sequence may hold: ``max_position_embeddings``, or the longer window a
+        ``rope_scaling`` factor stretches it to (YaRN on Qwen3: 32,768 x 4); None if unknown."""
+        n = self.max_position_embeddings
+        r = self.rope_scaling
+        if r is None or r.factor is None:
+            return n
+        base = r.original_max_position_embeddings or n
+        if base is None:
+            return n
+        return max(n or 0, int(base * r.factor))

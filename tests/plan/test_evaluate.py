@@ -1,0 +1,79 @@
+"""Scoring a user's layout (``nereus plan --evaluate``): reading it strictly and completing (b, a)."""
+
+import pytest
+
+from nereus.errors import InputError
+from nereus.plan.evaluate import StageLayoutSpec, evaluate_plan, layout_spec_from_data
+from nereus.spec.job import load_job
+
+JOB = load_job("examples/llama-3.1-8b-ppo.yaml")  # 512 sequences, 4 mini-batches: batch 128
+LAYOUT = {"actor_gen": {"tp": 2, "pp": 1, "dp": 8}, "reference_infer": {"tp": 1, "pp": 1, "dp": 16},
+          "reward_infer": {"tp": 1, "pp": 1, "dp": 16}, "critic_infer": {"tp": 1, "pp": 1, "dp": 16},
+          "actor_train": {"tp": 4, "pp": 2, "dp": 2}, "critic_train": {"tp": 4, "pp": 2, "dp": 2}}
+
+
+def _with(stage: str, **change: object) -> dict[str, StageLayoutSpec]:
+    data = {k: dict(v) for k, v in LAYOUT.items()}
+    data[stage].update(change)
+    return layout_spec_from_data(data)
+
+
+@pytest.mark.parametrize("a,b", [(16, 4), (64, 1), (1, 64), (8, 8)])
+def test_grad_accum_alone_derives_the_micro_batch(a, b):
+    """dp x b x a = batch: with dp = 2 and a given, b = 128 / (2 a)."""
+    plan = evaluate_plan(JOB, _with("actor_train", grad_accum=a))
+    c = plan.stage("actor_train").candidate
+    assert (c.micro_batch, c.grad_accum) == (b, a)
+    assert c.dp * c.micro_batch * c.grad_accum == 128
+
+
+def test_grad_accum_that_does_not_divide_is_an_error():
+    with pytest.raises(InputError) as e:
+        evaluate_plan(JOB, _with("actor_train", grad_accum=3))
+    assert e.value.field == "evaluate.actor_train.grad_accum" and "64 sequences" in str(e.value)
+    with pytest.raises(InputError) as e:  # more steps than sequences per replica
+        evaluate_plan(JOB, _with("actor_train", grad_accum=128))
+    assert e.value.field == "evaluate.actor_train.grad_accum"
+
+
+def test_micro_batch_and_grad_accum_together_must_make_the_batch():
+    c = evaluate_plan(JOB, _with("actor_train", micro_batch=4, grad_accum=16)).stage(
+        "actor_train").candidate
+    assert (c.micro_batch, c.grad_accum) == (4, 16)
+    c = evaluate_plan(JOB, _with("actor_train", micro_batch=8)).stage("actor_train").candidate
+    assert (c.micro_batch, c.grad_accum) == (8, 8)
+    with pytest.raises(InputError, match="2x4x4 != batch 128") as e:
+        evaluate_plan(JOB, _with("actor_train", micro_batch=4, grad_accum=4))
+    assert e.value.field == "evaluate.actor_train.grad_accum"
+
+
+def test_recompute_and_gpus_are_kept():
+    specs = _with("actor_train", recompute=True, gpus=[list(range(8)), list(range(8, 16))])
+    sp = evaluate_plan(JOB, specs).stage("actor_train")
+    assert sp.candidate.recompute and sp.replicas == (tuple(range(8)), tuple(range(8, 16)))
+
+
+@pytest.mark.parametrize("change,field", [
+    ({"tp": 2.9}, "evaluate.actor_train.tp"),
+    ({"pp": "2"}, "evaluate.actor_train.pp"),
+    ({"dp": 0}, "evaluate.actor_train.dp"),
+    ({"micro_batch": -4}, "evaluate.actor_train.micro_batch"),
+    ({"micro_batch": 0}, "evaluate.actor_train.micro_batch"),
+    ({"grad_accum": False}, "evaluate.actor_train.grad_accum"),
+    ({"recompute": "no"}, "evaluate.actor_train.recompute"),
+    ({"recompute": 1}, "evaluate.actor_train.recompute"),
+    ({"gpus": 5}, "evaluate.actor_train.gpus"),
+    ({"gpus": [[0, "x"]]}, "evaluate.actor_train.gpus.0.1"),
+    ({"gpus": [list(range(8))]}, "evaluate.actor_train.gpus"),
+])
+def test_layout_fields_are_strict(change, field):
+    with pytest.raises(InputError) as e:
+        _with("actor_train", **change)
+    assert e.value.field == field
+
+
+def test_missing_degrees_default_to_one_and_plan_json_keys_are_accepted():
+    specs = layout_spec_from_data({"stages": [{"name": "x", "dp": 4, "latency_s": 1.0,
+                                               "peak_mem_bytes": 10}], "step_latency_s": 3.0,
+                                   "fits": True, "problems": [], "groups": []})
+    assert specs == {"x": StageLayoutSpec(1, 1, 4)}

@@ -1,0 +1,210 @@
+"""Bad input to ``nereus plan`` -- a layout to --evaluate, a job YAML, a Hugging Face config.json,
+a --profile, a workload past the model's context window -- is one line naming the field, exit 2."""
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from nereus.cli import app
+
+runner = CliRunner()
+CONFIG = "examples/llama-3.1-8b-ppo.yaml"
+LAYOUT = {"actor_gen": {"tp": 2, "pp": 1, "dp": 8}, "reference_infer": {"tp": 1, "pp": 1, "dp": 16},
+          "reward_infer": {"tp": 1, "pp": 1, "dp": 16}, "critic_infer": {"tp": 1, "pp": 1, "dp": 16},
+          "actor_train": {"tp": 4, "pp": 2, "dp": 2}, "critic_train": {"tp": 4, "pp": 2, "dp": 2}}
+HF = {"model_type": "llama", "hidden_size": 256, "intermediate_size": 688, "num_hidden_layers": 4,
+      "num_attention_heads": 8, "num_key_value_heads": 4, "vocab_size": 2048,
+      "max_position_embeddings": 4096}
+
+
+def _one_line_error(args: list[str], field: str) -> str:
+    r = runner.invoke(app, args)
+    assert r.exit_code == 2, (args, r.output)
+    assert "Traceback" not in r.output
+    assert r.stderr.count("\n") == 1 and r.stderr.startswith(f"error: {field}: "), r.stderr
+    return r.stderr
+
+
+@pytest.mark.parametrize("stage,change,field", [
+    ("actor_train", {"gpus": 5}, "evaluate.actor_train.gpus"),
+    ("actor_train", {"gpus": [[0, "x"]]}, "evaluate.actor_train.gpus.0.1"),
+    ("actor_train", {"gpus": [[0, 1, 2, 3, 4, 5, 6, 7]]}, "evaluate.actor_train.gpus"),  # dp 2
+    ("actor_train", {"gpus": [[0, 1], [2, 3]]}, "evaluate.actor_train.gpus"),  # tp x pp = 8
+    ("actor_train", {"gpus": [[0, 1, 2, 3, 4, 5, 6, 7], [8, 9, 10, 11, 12, 13, 14, -1]]},
+     "evaluate.actor_train.gpus.1.7"),
+    ("actor_train", {"micro_batch": "abc"}, "evaluate.actor_train.micro_batch"),
+    ("actor_train", {"tp": 2.9}, "evaluate.actor_train.tp"),
+    ("actor_train", {"tp": "2"}, "evaluate.actor_train.tp"),
+    ("actor_train", {"dp": True}, "evaluate.actor_train.dp"),
+    ("actor_train", {"recompute": "no"}, "evaluate.actor_train.recompute"),
+    ("actor_train", {"micro_batch": 0}, "evaluate.actor_train.micro_batch"),
+    ("reference_infer", {"micro_batch": -4}, "evaluate.reference_infer.micro_batch"),
+    ("actor_train", {"grad_accum": 0}, "evaluate.actor_train.grad_accum"),
+    ("actor_train", {"grad_accum": 3}, "evaluate.actor_train.grad_accum"),  # 64 per replica
+    ("actor_train", {"micro_batch": 3}, "evaluate.actor_train.micro_batch"),
+    ("actor_train", {"micro_batch": 4, "grad_accum": 4}, "evaluate.actor_train.grad_accum"),
+    ("actor_train", {"dp": 3}, "evaluate.actor_train.dp"),
+    ("actor_train", {"tp": 3}, "evaluate.actor_train"),
+    ("actor_train", {"tpp": 2}, "evaluate.actor_train.tpp"),
+    ("actor_train", {"name": "critic_train"}, "evaluate.actor_train.name"),
+])
+def test_bad_evaluate_layouts(tmp_path, stage, change, field):
+    layout = json.loads(json.dumps(LAYOUT))
+    layout[stage].update(change)
+    p = tmp_path / "layout.json"
+    p.write_text(json.dumps(layout))
+    _one_line_error(["plan", "--config", CONFIG, "--evaluate", str(p), "--json"], field)
+
+
+@pytest.mark.parametrize("text,field", [
+    ("stages: [1, 2]\n", "evaluate.stages.0"),
+    ("stages: 5\n", "evaluate.stages"),
+    ("stages: []\n", "evaluate.stages"),
+    ("stages: [{tp: 1, pp: 1, dp: 16}]\n", "evaluate.stages.0.name"),
+    ("stages: {actor_gen: 3}\n", "evaluate.stages.actor_gen"),
+    ("stages: {actor_gen: {tp: 2, dp: 8}}\nactor_train: {tp: 1}\n", "evaluate.actor_train"),
+    ("[1, 2]\n", "evaluate"),
+    ("actor_gen: 5\n", "evaluate.actor_gen"),
+    ("actor_gen:\n", "evaluate.actor_gen"),
+])
+def test_malformed_evaluate_files(tmp_path, text, field):
+    p = tmp_path / "layout.yaml"
+    p.write_text(text)
+    _one_line_error(["plan", "--config", CONFIG, "--evaluate", str(p)], field)
+
+
+def test_evaluate_plan_json_with_a_stage_twice(tmp_path):
+    best = runner.invoke(app, ["plan", "--config", CONFIG, "--json"])
+    plan = json.loads(best.stdout)
+    plan["stages"].append(plan["stages"][0])
+    p = tmp_path / "plan.json"
+    p.write_text(json.dumps(plan))
+    _one_line_error(["plan", "--config", CONFIG, "--evaluate", str(p)], "evaluate.stages.6.name")
+
+
+def test_evaluate_layout_forms_score_the_same(tmp_path):
+    """A top-level mapping, one under ``stages``, and a stage list with names all read alike;
+    ``--evaluate --json``'s own output can be scored again."""
+    forms = {"top.yaml": LAYOUT, "under.yaml": {"stages": LAYOUT},
+             "list.json": {"stages": [{"name": k, **v} for k, v in LAYOUT.items()]}}
+    steps = []
+    for name, data in forms.items():
+        p = tmp_path / name
+        p.write_text(json.dumps(data))
+        r = runner.invoke(app, ["plan", "--config", CONFIG, "--evaluate", str(p), "--json"])
+        assert r.exit_code == 0, r.output
+        steps.append(json.loads(r.stdout)["step_latency_s"])
+    again = tmp_path / "again.json"
+    again.write_text(r.stdout)
+    r = runner.invoke(app, ["plan", "--config", CONFIG, "--evaluate", str(again), "--json"])
+    assert r.exit_code == 0, r.output
+    steps.append(json.loads(r.stdout)["step_latency_s"])
+    assert max(steps) == min(steps)
+
+
+def test_evaluate_grad_accum_alone_sets_the_micro_batch(tmp_path):
+    layout = json.loads(json.dumps(LAYOUT))
+    layout["actor_train"]["grad_accum"] = 16  # batch 128 / dp 2 = 64 per replica -> b = 4
+    p = tmp_path / "layout.yaml"
+    p.write_text(json.dumps(layout))
+    r = runner.invoke(app, ["plan", "--config", CONFIG, "--evaluate", str(p), "--json"])
+    assert r.exit_code == 0, r.output
+    st = next(s for s in json.loads(r.stdout)["stages"] if s["name"] == "actor_train")
+    assert (st["micro_batch"], st["grad_accum"]) == (4, 16)
+
+
+@pytest.mark.parametrize("text,field", [
+    ("model: llama-3.1-8b\ngpus: 8\ncluster: abc\n", "cluster"),
+    ("model: llama-3.1-8b\ngpus: 8\nworkload: [1, 2]\n", "workload"),
+    ("model: llama-3.1-8b\ngpus: 8\nworkload: 5\n", "workload"),
+    ("model: llama-3.1-8b\ngpus: 8\ncluster: {device_memory_gib: .inf}\n",
+     "cluster.device_memory_gib"),
+    ("model: llama-3.1-8b\ngpus: 8\ncluster: {device_memory_gib: .nan}\n",
+     "cluster.device_memory_gib"),
+    ("model: llama-3.1-8b\ngpus: true\n", "gpus"),
+    ("model: llama-3.1-8b\ngpus: 8.5\n", "gpus"),
+    ("model: llama-3.1-8b\ngpus: 8\ncluster: {nodes: true}\n", "cluster.nodes"),
+    ("model: llama-3.1-8b\ngpus: 8\nworkload: {response_len: 2048.5}\n", "workload.response_len"),
+    ("model: llama-3.1-8b\ngpus: 8\nworkload: {master_weights: 'no'}\n",
+     "workload.master_weights"),
+    ("model: qwen3-14b\ngpus: 16\nworkload: {response_len: 50000}\n", "workload.response_len"),
+    ("model: qwen3-14b\ngpus: 16\nworkload: {response_len: 4096, response_len_max: 40449}\n",
+     "workload.response_len_max"),
+    ("model: qwen3-14b\ngpus: 16\nworkload: {prompt_len: 40960, response_len: 1}\n",
+     "workload.prompt_len"),
+])
+def test_bad_job_configs(tmp_path, text, field):
+    p = tmp_path / "job.yaml"
+    p.write_text(text)
+    _one_line_error(["plan", "--config", str(p)], field)
+
+
+def test_response_past_the_context_window_from_the_command_line():
+    err = _one_line_error(["plan", "--model", "qwen3-14b", "--gpus", "16", "--response-len",
+                           "50000"], "workload.response_len")
+    assert "40960" in err
+    # up to the window it plans
+    r = runner.invoke(app, ["plan", "--model", "qwen3-14b", "--gpus", "16", "--response-len",
+                            "4096", "--response-len-max", str(40960 - 512), "--json"])
+    assert r.exit_code == 0, r.output
+
+
+@pytest.mark.parametrize("change,field", [
+    ({"num_attention_heads": 0}, "model.config.num_attention_heads"),
+    ({"hidden_size": "abc"}, "model.config.hidden_size"),
+    ({"hidden_size": None}, "model.config.hidden_size"),
+    ({"hidden_size": 4096.7}, "model.config.hidden_size"),
+    ({"hidden_size": True}, "model.config.hidden_size"),
+    ({"num_key_value_heads": "x"}, "model.config.num_key_value_heads"),
+    ({"num_key_value_heads": 3}, "model.config.num_key_value_heads"),
+    ({"num_attention_heads": 7, "num_key_value_heads": 7}, "model.config.num_attention_heads"),
+    ({"rope_theta": [1]}, "model.config.rope_theta"),
+    ({"rms_norm_eps": 0}, "model.config.rms_norm_eps"),
+    ({"tie_word_embeddings": "no"}, "model.config.tie_word_embeddings"),
+    ({"max_position_embeddings": 0}, "model.config.max_position_embeddings"),
+    ({"rope_scaling": {"factor": -1}}, "model.config.rope_scaling.factor"),
+    ({"num_experts": 8}, "model"),
+    ({"num_local_experts": 8}, "model"),
+    ({"n_routed_experts": 64}, "model"),
+    ({"model_type": "qwen3_moe"}, "model"),
+])
+def test_bad_hf_configs(tmp_path, change, field):
+    (tmp_path / "config.json").write_text(json.dumps({**HF, **change}))
+    err = _one_line_error(["plan", "--model", str(tmp_path / "config.json"), "--gpus", "8",
+                           "--response-len", "256"], field)
+    if field == "model":
+        assert "only dense decoders are supported" in err
+
+
+def test_hf_config_folder_plans_and_its_window_is_checked(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps(HF))
+    r = runner.invoke(app, ["plan", "--model", str(tmp_path), "--gpus", "8", "--response-len",
+                            "256", "--json"])
+    assert r.exit_code == 0, r.output
+    _one_line_error(["plan", "--model", str(tmp_path), "--gpus", "8", "--response-len", "4000"],
+                    "workload.response_len")
+
+
+@pytest.mark.parametrize("profile,field", [
+    ('{"memory_scale": [1]}', "profile.memory_scale"),
+    ('{"memory_scale": {"foo": 1}}', "profile.memory_scale"),
+    ('{"memory_scale": {"train": Infinity}}', "profile.memory_scale.train"),
+    ('{"efficiency": {"gemm": [1]}}', "profile.efficiency.gemm"),
+    ('{"efficiency": {"gemm": "abc"}}', "profile.efficiency.gemm"),
+    ('{"efficiency": {"gemm": 50}}', "profile.efficiency.gemm"),
+    ('{"efficiency": {"gemm": Infinity}}', "profile.efficiency.gemm"),
+    ('{"efficiency": {"gemm": NaN}}', "profile.efficiency.gemm"),
+    ('{"efficiency": {"gemm": 0}}', "profile.efficiency.gemm"),
+    ('{"efficiency": {"gemm": true}}', "profile.efficiency.gemm"),
+    ('{"efficiency": {"gemmm": 0.5}}', "profile.efficiency.gemmm"),
+    ('{"efficiency": [0.5]}', "profile.efficiency"),
+    ('{"gemm": [1]}', "profile.gemm"),
+    ('{"device": 5}', "profile.device"),
+    ('{"device": "a100-sxm-80gb"}', "profile.device"),
+    ('[1]', "profile"),
+])
+def test_bad_profiles(tmp_path, profile, field):
+    p = tmp_path / "profile.json"
+    p.write_text(profile)
+    _one_line_error(["plan", "--model", "llama-3.1-8b", "--gpus", "16", "--profile", str(p)], field)
