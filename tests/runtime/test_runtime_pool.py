@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 
 import pytest
 import ray
 import torch
+from ray.util import placement_group_table
 
+from nereus.errors import InputError
 from nereus.runtime import movement as mv
 from nereus.runtime.comm import Rendezvous, close_groups, open_groups
 from nereus.runtime.inventory import detect_inventory
@@ -122,3 +125,50 @@ def test_pool_grows_and_shrinks_with_its_processes(pool: WorkerPool) -> None:
     pool.shrink([4, 5])
     assert pool.device_ids == (0, 1, 2, 3)
     assert gone([new[4], new[5]])
+
+
+def _mark(ctx: WorkerContext, key: str) -> None:
+    ctx.scratch[key] = True
+
+
+def _take_mark(ctx: WorkerContext, key: str) -> bool:
+    return bool(ctx.scratch.pop(key, False))
+
+
+def test_run_checks_every_device_before_any_call_starts(pool: WorkerPool) -> None:
+    with pytest.raises(InputError, match="no worker for device 99"):
+        pool.run({0: (_mark, ("run-check",)), 99: (_mark, ("run-check",))})
+    assert ray.get(pool.submit(0, _take_mark, "run-check")) is False  # worker 0 ran nothing
+
+
+def test_a_failed_grow_leaves_no_worker_and_no_placement_group(pool: WorkerPool,
+                                                               monkeypatch) -> None:
+    """The new workers do not answer in time: they are killed and their placement group
+    removed before the error is raised, and the pool is as it was."""
+    free = ray.available_resources()["nereus_slot"]
+    spawned: list[tuple[object, object]] = []
+    spawn = pool._spawn
+
+    def recording_spawn(device_id: int, group: object, bundle: int) -> object:
+        actor = spawn(device_id, group, bundle)
+        spawned.append((actor, group))
+        return actor
+
+    def timing_out_get(*args: object, **kwargs: object) -> object:
+        raise ray.exceptions.GetTimeoutError("no answer in time")
+
+    with monkeypatch.context() as m:
+        m.setattr(pool, "_spawn", recording_spawn)
+        m.setattr(ray, "get", timing_out_get)
+        with pytest.raises(ray.exceptions.GetTimeoutError):
+            pool.grow([4, 5])
+    assert pool.device_ids == (0, 1, 2, 3)
+    assert len(spawned) == 2
+    assert placement_group_table(spawned[0][1])["state"] == "REMOVED"
+    for actor, _ in spawned:
+        with pytest.raises(ray.exceptions.RayActorError):
+            ray.get(actor.info.remote(), timeout=30)
+    deadline = time.monotonic() + 20
+    while ray.available_resources().get("nereus_slot", 0) < free and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert ray.available_resources().get("nereus_slot", 0) == free

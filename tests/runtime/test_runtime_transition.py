@@ -6,6 +6,7 @@ One Ray session for the module; the pool grows and shrinks with each case's plan
 from __future__ import annotations
 
 import random
+import time
 from collections.abc import Iterator, Mapping, Sequence
 
 import pytest
@@ -19,7 +20,7 @@ from nereus.runtime.faults import TransitionFailed, recover
 from nereus.runtime.loading import seeded_logical
 from nereus.runtime.placement import gather_unit, place_plan
 from nereus.runtime.primitives import PrimitiveTiming
-from nereus.runtime.workers import WorkerPool
+from nereus.runtime.workers import WorkerContext, WorkerPool
 from nereus.spec.job import JobSpec
 from nereus.transition.calibrate import calibrate_transition
 from nereus.transition.emu import Emu, phi
@@ -215,6 +216,37 @@ def test_worker_killed_mid_transition_loses_nothing_while_another_copy_exists(
     _check_stages(pool, job, rec.units, seeds)
     assert len(rec.units[stage]) == 5
     pool.grow(killed)
+
+
+def _parked(ctx: WorkerContext) -> int:
+    """Aborted groups this worker still parks (looked at without reaping: the worker's entry
+    point is what must have freed them)."""
+    return len(ctx.zombies)
+
+
+def test_survivors_of_a_fault_free_aborted_groups_at_their_next_call(pool: WorkerPool) -> None:
+    """The groups aborted when a worker dies mid-transition are freed by the survivors' next
+    calls once their operations timed out, not left parked until the next abort."""
+    job = cpu_job("tiny-llama", 6)
+    stage = "actor_train"
+    _fit_pool(pool, range(6))
+    current = _one_stage_plan(job, stage, 2, 1, [[0, 1], [2, 3]])
+    target = _one_stage_plan(job, stage, 2, 1, [[0, 1], [2, 3], [4, 5]])
+    schedule = plan_transition(job, current, target)
+    specs = state_specs(job, "cpu")
+    place_plan(pool, job, current, specs, stage_seeds(job, 14))
+    killed, hook = _kill_when(pool, "Extend", -1)
+    ex = Executor(pool, specs, min_timeout_s=2.0, on_event=hook)
+    with pytest.raises(TransitionFailed):
+        ex.run(schedule)
+    survivors = [d for d in pool.device_ids if d not in killed]
+    deadline = time.monotonic() + 60.0  # the aborted operations end by their gloo timeout
+    parked = pool.run({d: (_parked, ()) for d in survivors})
+    while any(parked.values()) and time.monotonic() < deadline:
+        time.sleep(0.5)
+        parked = pool.run({d: (_parked, ()) for d in survivors})
+    assert not any(parked.values()), parked
+    pool.replace(killed[0])
 
 
 def test_last_copy_lost_mid_transition_restores_from_the_checkpoint(pool: WorkerPool,

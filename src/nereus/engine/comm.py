@@ -13,7 +13,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from nereus.cost.ops import OpClass, comm_class
+from nereus.cost.ops import comm_class
 from nereus.engine.measure import Recorder
 
 
@@ -105,7 +105,3 @@ def reduce_from_tp(x: torch.Tensor, pg: Any, rec: Recorder, intra: bool = True) 
     if not torch.is_grad_enabled() or not x.requires_grad:
         return all_reduce(x.contiguous(), pg, rec, intra)
     return _ReduceFromTP.apply(x, pg, rec, intra)
-
-
-def p2p_class(intra: bool) -> OpClass:
-    return comm_class("p2p", intra)

@@ -28,7 +28,7 @@ from nereus.engine.sampling import SamplingParams
 from nereus.engine.train import TrainResult
 from nereus.errors import InputError
 from nereus.runtime.comm import Rendezvous, close_groups, open_groups
-from nereus.runtime.workers import WorkerPool
+from nereus.runtime.workers import WorkerCallsFailed, WorkerPool
 from nereus.transition.emu import Emu
 
 # Seconds an operation may take on the workers before the runner gives up on it (a peer that
@@ -90,12 +90,14 @@ class StageRunner:
                                  lambda ids: len({node[i] for i in ids}) == 1)
         self.device = str(infos[self.places[0].device].device)
         self.groups = self._members()
-        self.setup_s = open_groups(pool, self.groups, rv) if self.groups else {}
-        try:
+        self.setup_s: dict[str, float] = {}
+        try:  # a failure partway (a member that never joined) closes what was opened
+            if self.groups:
+                self.setup_s = open_groups(pool, self.groups, rv)
             pool.run({p.device: (remote.attach, (self.key, p.unit_id, p.pos, p.names, adam))
                       for p in self.places}, timeout_s)
-        except BaseException:
-            self.close()
+        except BaseException as e:
+            self._close_after(e)
             raise
 
     def _members(self) -> dict[str, tuple[int, ...]]:
@@ -121,18 +123,54 @@ class StageRunner:
         return len(self.emus)
 
     def close(self) -> None:
-        """Forget the engines and close the groups (the state stays on the workers)."""
-        self.pool.run({p.device: (remote.detach, (self.key,)) for p in self.places},
-                      self.timeout_s)
-        if self.groups:
-            close_groups(self.pool, self.groups)
-            self.groups = {}
+        """Forget the engines and close the groups (the state stays on the workers).
+
+        Workers that died or left the pool are skipped (their engines and groups went with
+        them), as are workers whose detach failed (a worker still stuck in an operation would
+        only queue the leave behind it); every other worker leaves its groups whatever failed
+        before. Then the first failure of a live worker is raised (``WorkerCallsFailed``)."""
+        present = set(self.pool.device_ids)
+        skip = {p.device for p in self.places} - present
+        first: BaseException | None = None
+        try:
+            self.pool.run({p.device: (remote.detach, (self.key,)) for p in self.places
+                           if p.device in present}, self.timeout_s)
+        except WorkerCallsFailed as e:
+            skip |= set(e.errors)
+            first = e if set(e.errors) - e.dead else None
+        except BaseException as e:  # noqa: BLE001 - the groups are closed first, then raised
+            first = e
+        groups, self.groups = self.groups, {}
+        live = {n: tuple(d for d in m if d not in skip) for n, m in groups.items()}
+        live = {n: m for n, m in live.items() if m}
+        if live:
+            try:
+                close_groups(self.pool, live, self.timeout_s)
+            except WorkerCallsFailed as e:
+                if set(e.errors) - e.dead and first is None:  # one dying now has nothing left
+                    first = e
+            except BaseException as e:  # noqa: BLE001 - raised below unless one came first
+                first = first or e
+        if first is not None:
+            raise first
+
+    def _close_after(self, error: BaseException) -> None:
+        """``close`` while ``error`` propagates: a failed clean-up is noted on ``error``
+        instead of replacing it."""
+        try:
+            self.close()
+        except Exception as e:  # noqa: BLE001 - the caller needs the first error
+            error.add_note(f"StageRunner.close() failed as well: {type(e).__name__}: {e}")
 
     def __enter__(self) -> StageRunner:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: object) -> None:
+        if exc is None:
+            self.close()
+        else:
+            self._close_after(exc)
 
     # ---------------------------------------------------------------- operations
     def _rows(self, batch: Batch, micro_batch: int | None = None) -> list[Batch]:

@@ -182,31 +182,11 @@ class Group:
     def all_gather(self, outputs: list[torch.Tensor], tensor: torch.Tensor) -> None:
         self._wait(self.backend.allgather([outputs], [tensor]))
 
-    def all_gather_into(self, output: torch.Tensor, tensor: torch.Tensor) -> None:
-        """All-gather into one contiguous ``output`` (rank r's part at ``r * numel``): no
-        flattening copy and no temporary buffer inside the backend."""
-        self._wait(self.backend._allgather_base(output, tensor))
-
     def all_reduce(self, tensor: torch.Tensor, op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM
                    ) -> None:
         opts = dist.AllreduceOptions()
         opts.reduceOp = op
         self._wait(self.backend.allreduce([tensor], opts))
-
-    def start_all_gather_by_broadcast(self, outputs: list[torch.Tensor]) -> list[Any]:
-        """Start an all-gather as ``size`` broadcasts issued together, rank r the root of
-        ``outputs[r]`` (its own entry holds its data): the backend runs them side by side, so
-        on gloo every pair moves data both ways at once, with no temporary buffer. Returns
-        the pending operations for ``wait``."""
-        if self.aborted.is_set():
-            raise GroupAborted(f"group {self.name} was aborted")
-        works = []
-        for r, t in enumerate(outputs):
-            opts = dist.BroadcastOptions()
-            opts.rootRank = r
-            opts.rootTensor = 0
-            works.append(self.backend.broadcast([t], opts))
-        return works
 
     def start_broadcast(self, tensor: torch.Tensor, src: int = 0) -> Any:
         """Start a broadcast; ``wait([op])`` ends it (several may be in flight)."""
@@ -219,9 +199,6 @@ class Group:
 
     def wait(self, works: list[Any]) -> None:
         self._wait_all(works)
-
-    def all_gather_by_broadcast(self, outputs: list[torch.Tensor]) -> None:
-        self.wait(self.start_all_gather_by_broadcast(outputs))
 
     def send(self, tensor: torch.Tensor, dst: int, tag: int = 0) -> None:
         self._wait(self.backend.send([tensor], dst, tag))
@@ -299,10 +276,6 @@ class PendingJoin:
         if self.error is not None:
             raise self.error
         return self.backend
-
-    def _wait_all(self, works: list[Any]) -> None:
-        for w in works:
-            self._wait(w)
 
     def idle(self) -> bool:
         return not self.thread.is_alive()
@@ -383,11 +356,13 @@ def open_groups(pool: WorkerPool, groups: Mapping[str, Sequence[int]], rv: Rende
     return out
 
 
-def close_groups(pool: WorkerPool, groups: Mapping[str, Sequence[int]]) -> None:
+def close_groups(pool: WorkerPool, groups: Mapping[str, Sequence[int]],
+                 timeout_s: float | None = None) -> None:
+    """Close ``groups`` on the given members (a worker that is not in a group skips it)."""
     per_worker: dict[int, list[str]] = {}
     for name, members in groups.items():
         for d in members:
             per_worker.setdefault(d, []).append(name)
-    pool.run({d: (_leave_all, (names,)) for d, names in per_worker.items()})
+    pool.run({d: (_leave_all, (names,)) for d, names in per_worker.items()}, timeout_s)
 
 

@@ -76,6 +76,12 @@ class ByteCounter:
             return MemoryStats(self._held, self._peak, self.capacity)
 
 
+def block_bytes(t: torch.Tensor) -> int:
+    """Bytes of the memory block ``t`` lives in (more than ``t``'s own when ``t`` is a view of
+    part of it): what holding ``t`` keeps resident."""
+    return int(t.untyped_storage().nbytes())
+
+
 def _storage_refs(t: torch.Tensor) -> int:
     """Tensors sharing ``t``'s memory, ``t`` included."""
     return int(torch._C._storage_Use_Count(t.untyped_storage()._cdata)) - 1
@@ -90,7 +96,8 @@ class ArenaCache:
     does for GPU workers. A buffer is cached only when nothing else still views it (an engine
     holding views of a dropped unit keeps its memory to itself); cached bytes count against
     the worker's capacity together with live ones and are freed first when live state needs
-    the room.
+    the room. A block handed out for a smaller arena stays whole, so its holder counts the
+    whole block (``block_bytes``), not the arena's bytes.
     """
 
     def __init__(self, max_slack: float = 0.25):
@@ -104,7 +111,8 @@ class ArenaCache:
             return sum(b.numel() for b in self._blocks)
 
     def take(self, nbytes: int) -> torch.Tensor | None:
-        """A cached buffer of at least ``nbytes`` (a view of its first ``nbytes``), or None."""
+        """A cached buffer of at least ``nbytes`` (a view of its first ``nbytes``; the block
+        behind it, up to ``max_slack`` larger, stays resident while the view lives), or None."""
         with self._lock:
             fits = [b for b in self._blocks
                     if nbytes <= b.numel() <= nbytes * (1 + self.max_slack)]

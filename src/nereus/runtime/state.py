@@ -287,11 +287,6 @@ class ShardedState:
     def exp_avg_sq(self) -> dict[str, torch.Tensor]:
         return self.kind(EXP_AVG_SQ)
 
-    def kind_bytes(self, kind: str) -> torch.Tensor:
-        """One contiguous uint8 view of every tensor of ``kind`` (θ for a weight sync)."""
-        a, b = self.layout.kind_span(kind)
-        return self.buffer[a:b]
-
     def zero_padding(self) -> None:
         """Zero the padded vocabulary rows (they are not part of the logical state)."""
         for e in self.layout.entries:

@@ -19,6 +19,7 @@ blocked collective, ping, memory stats), which answers while ``work`` is blocked
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import threading
@@ -34,7 +35,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from nereus.errors import InfeasibleError, InputError
 from nereus.runtime.comm import Group, node_ip
 from nereus.runtime.inventory import SLOT_RESOURCE, detect_inventory
-from nereus.runtime.memory import ArenaCache, ByteCounter, MemoryStats
+from nereus.runtime.memory import ArenaCache, ByteCounter, CapacityError, MemoryStats, block_bytes
 from nereus.runtime.state import ShardedState, StateMeta, StateSpec, arena_layout
 
 DEFAULT_CPU_CAPACITY = int(0.9 * 2 * 1024**3)  # 90 % of the ``cpu`` device preset's 2 GiB
@@ -59,25 +60,38 @@ class WorkerContext:
         self._lock = threading.Lock()
 
     # ---- state units (bytes counted)
+    # A unit counts the bytes of the memory block its arena lives in (``block_bytes``): a block
+    # reused from the cache may be larger than the arena, and what is resident is the block.
+    # ``allocate``/``adopt`` reserve exactly what ``drop``/``free`` release.
     def allocate(self, spec: StateSpec, tp: int, pp: int, tp_rank: int, pp_rank: int,
                  meta: StateMeta, what: str = "state") -> ShardedState:
         """A new empty arena for one position, its bytes reserved first (CapacityError)."""
         n = arena_layout(spec, tp, pp, tp_rank, pp_rank).nbytes
         self.memory.reserve(n, what)
         try:
-            buf = self.buffer(n)
-            return ShardedState(spec, tp, pp, tp_rank, pp_rank, buf, meta)
+            buf = self.buffer(n, what)
         except BaseException:
             self.memory.release(n)
             raise
+        try:
+            return ShardedState(spec, tp, pp, tp_rank, pp_rank, buf, meta)
+        except BaseException:
+            self.memory.release(block_bytes(buf))
+            raise
 
-    def buffer(self, nbytes: int) -> torch.Tensor:
-        """Uninitialised bytes for an arena whose bytes are already reserved: reused from the
-        cache where one fits, else new (after evicting cached memory past the capacity)."""
+    def buffer(self, nbytes: int, what: str = "arena") -> torch.Tensor:
+        """Uninitialised bytes for an arena whose ``nbytes`` are already reserved: reused from
+        the cache where a block fits (its bytes past ``nbytes`` are reserved here too, and the
+        block goes back when they do not fit), else new (after evicting cached memory past the
+        capacity). The caller releases ``block_bytes`` of the result."""
         if self.cache is not None:
             buf = self.cache.take(nbytes)
             if buf is not None:
-                return buf
+                try:
+                    self.memory.reserve(block_bytes(buf) - nbytes, what)
+                    return buf
+                except CapacityError:
+                    self.cache.give(buf)
             self.cache.evict(max(0, self.memory.capacity - self.memory.stats().held))
         return torch.empty(nbytes, dtype=torch.uint8, device=self.device)
 
@@ -97,11 +111,12 @@ class WorkerContext:
 
     def adopt(self, unit_id: str, state: ShardedState) -> None:
         """Keep an arena made elsewhere (engine, loader): reserve its bytes, then hold it."""
-        self.memory.reserve(state.nbytes, f"unit {unit_id}")
+        n = block_bytes(state.buffer)
+        self.memory.reserve(n, f"unit {unit_id}")
         try:
             self.hold(unit_id, state)
         except BaseException:
-            self.memory.release(state.nbytes)
+            self.memory.release(n)
             raise
 
     def drop(self, unit_id: str) -> int:
@@ -110,17 +125,18 @@ class WorkerContext:
             state = self.units.pop(unit_id, None)
         if state is None:
             return 0
-        n, buf = state.nbytes, state.buffer
+        buf = state.buffer
         del state  # callers drop their own references to the unit before dropping it
+        n = block_bytes(buf)
         self.memory.release(n)
         self._recycle(buf)
         return n
 
     def free(self, state: ShardedState) -> None:
         """Release an arena from ``allocate`` that was never held (a failed primitive)."""
-        self.memory.release(state.nbytes)
         buf = state.buffer
         del state
+        self.memory.release(block_bytes(buf))
         self._recycle(buf)
 
     def memory_stats(self) -> MemoryStats:
@@ -176,11 +192,15 @@ class WorkerContext:
 
     def reap(self) -> int:
         """Free aborted groups whose backend has finished (its operations timed out);
-        returns how many are still parked. A failed call leaves its frames (and the
-        operations and backend they reference) in reference cycles through its traceback, so
-        the cycles are collected here: that is what closes the backend's sockets."""
+        returns how many are still parked. Every entry point of the worker calls it while any
+        is parked, so a survivor of a fault frees them at its next call, not at the next abort.
+        A failed call leaves its frames (and the operations and backend they reference) in
+        reference cycles through its traceback, so the cycles are collected here: that is what
+        closes the backend's sockets."""
         with self._lock:
-            idle = [(g, g.idle()) for g in self.zombies]  # one look each: idle() may flip
+            # one look at each: a zombie that turns idle between two looks would be dropped
+            # from the list without being closed
+            idle = [(g, g.idle()) for g in self.zombies]
             done = [g for g, i in idle if i]
             self.zombies = [g for g, i in idle if not i]
         for g in done:
@@ -212,24 +232,32 @@ class Worker:
             device = torch.device("cpu")
         self.ctx = WorkerContext(device_id, device, capacity_bytes)
 
+    def _reap(self) -> None:
+        """Free the groups aborted after a fault whose backends have finished (every entry
+        point starts here; one list check when none is parked)."""
+        if self.ctx.zombies:
+            self.ctx.reap()
+
     @ray.method(concurrency_group="work")
     def call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        if self.ctx.zombies:  # groups aborted after a fault: free those that have finished
-            self.ctx.reap()
+        self._reap()
         return fn(self.ctx, *args, **kwargs)
 
     @ray.method(concurrency_group="control")
     def control(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        self._reap()
         return fn(self.ctx, *args, **kwargs)
 
     @ray.method(concurrency_group="control")
     def info(self) -> WorkerInfo:
+        self._reap()
         return WorkerInfo(self.ctx.device_id, os.getpid(), self.ctx.node_ip,
                           ray.get_runtime_context().get_node_id(), str(self.ctx.device),
                           self.ctx.memory.capacity)
 
     @ray.method(concurrency_group="control")
     def memory(self) -> MemoryStats:
+        self._reap()
         return self.ctx.memory_stats()
 
 
@@ -337,22 +365,33 @@ class WorkerPool:
                                                    self.threads)
 
     def grow(self, device_ids: Iterable[int]) -> None:
-        """Add workers for new device ids (one placement group for the batch)."""
-        ids = [d for d in device_ids if d not in self._slots]
+        """Add workers for new device ids (one placement group for the batch). All or
+        nothing: on any error (no room, a worker not ready in time) the workers and the
+        placement group made for the batch are removed before the error is raised."""
+        ids = list(dict.fromkeys(d for d in device_ids if d not in self._slots))
         if not ids:
             return
         group = placement_group([self._bundle() for _ in ids], strategy="PACK")
-        if not group.wait(self.ready_timeout_s):
-            remove_placement_group(group)
-            have = ray.available_resources().get(
-                "GPU" if self.kind == "gpu" else self.slot_resource, 0)
-            raise InfeasibleError(f"pool: {len(ids)} more {self.kind} device(s) requested, the "
-                                  f"Ray cluster has {have:g} free "
-                                  f"({'GPU' if self.kind == 'gpu' else self.slot_resource})")
-        actors = {d: self._spawn(d, group, i) for i, d in enumerate(ids)}
-        for d, a in actors.items():
-            self._slots[d] = _Slot(a, group, ids.index(d))
-        ray.get([a.info.remote() for a in actors.values()], timeout=self.ready_timeout_s)
+        actors: dict[int, Any] = {}
+        try:
+            if not group.wait(self.ready_timeout_s):
+                res = "GPU" if self.kind == "gpu" else self.slot_resource
+                have = ray.available_resources().get(res, 0)
+                raise InfeasibleError(f"pool: {len(ids)} more {self.kind} device(s) requested, "
+                                      f"the Ray cluster has {have:g} free ({res})")
+            for i, d in enumerate(ids):
+                actors[d] = self._spawn(d, group, i)
+            ray.get([a.info.remote() for a in actors.values()], timeout=self.ready_timeout_s)
+        except BaseException:
+            # the error being raised is the one to report, not a failure to clean up after it
+            for a in actors.values():
+                with contextlib.suppress(Exception):
+                    ray.kill(a, no_restart=True)
+            with contextlib.suppress(Exception):
+                remove_placement_group(group)
+            raise
+        for i, d in enumerate(ids):
+            self._slots[d] = _Slot(actors[d], group, i)
 
     def shrink(self, device_ids: Iterable[int]) -> None:
         """Stop the workers of ``device_ids`` and free their placement bundles."""
@@ -398,8 +437,10 @@ class WorkerPool:
     def run(self, calls: Mapping[int, tuple[Callable[..., Any], tuple[Any, ...]]],
             timeout_s: float | None = None) -> dict[int, Any]:
         """Run one call per worker concurrently and wait for all; raises ``WorkerCallsFailed``
-        (after every call ended) when any failed."""
-        refs = {d: self.submit(d, fn, *args) for d, (fn, args) in calls.items()}
+        (after every call ended) when any failed, and ``InputError`` for a device without a
+        worker before any call starts."""
+        actors = {d: self.actor(d) for d in calls}  # every id checked before anything runs
+        refs = {d: actors[d].call.remote(fn, *args) for d, (fn, args) in calls.items()}
         return wait_all(refs, timeout_s)
 
     def run_all(self, fn: Callable[..., Any], *args: Any,
@@ -443,6 +484,8 @@ def wait_all(refs: Mapping[int, Any], timeout_s: float | None = None) -> dict[in
     """Wait for every ref; results by key, or ``WorkerCallsFailed`` with each error."""
     results: dict[int, Any] = {}
     errors: dict[int, BaseException] = {}
+    if not refs:
+        return results
     ready, pending = ray.wait(list(refs.values()), num_returns=len(refs), timeout=timeout_s)
     for d, r in refs.items():
         if r in pending:
