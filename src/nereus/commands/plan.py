@@ -19,7 +19,7 @@ from nereus.errors import InfeasibleError
 from nereus.plan.candidates import frontier
 from nereus.plan.evaluate import evaluate_plan, load_layout_spec
 from nereus.plan.search import Planner
-from nereus.plan.types import Plan
+from nereus.plan.types import Plan, idle_bytes
 from nereus.plan.validate import validate_plan
 from nereus.spec.job import JobSpec
 
@@ -127,9 +127,8 @@ def register(app: typer.Typer) -> None:
 
     def _explain(cost: CostModel, plan: Plan) -> None:
         for sp in plan.stages:
-            grp = plan.group_of(sp.stage)
-            idle = sum(cost.resident_bytes(o, plan.stage(o).layout) for o in grp if o != sp.stage)
-            console.print(cost.estimate(sp.stage, sp.candidate, idle).explain(),
+            console.print(cost.estimate(sp.stage, sp.candidate,
+                                        idle_bytes(cost, plan, sp.stage)).explain(),
                           markup=False, highlight=False)
         sync = cost.job.workflow.weight_sync()
         if sync:

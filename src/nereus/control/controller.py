@@ -41,7 +41,7 @@ from nereus.cost.model import CostModel
 from nereus.cost.ops import OpClass
 from nereus.errors import InfeasibleError, InputError
 from nereus.plan.search import Planner
-from nereus.plan.types import Plan
+from nereus.plan.types import Plan, idle_bytes
 from nereus.spec.cluster import GpuPool
 from nereus.spec.job import JobSpec
 from nereus.transition.planner import plan_transition
@@ -212,9 +212,7 @@ class Controller:
         for sp in self.plan.stages:
             if sp.stage not in tel.latency_s:
                 continue
-            idle = sum(cost.resident_bytes(o, self.plan.stage(o).layout)
-                       for o in self.plan.group_of(sp.stage) if o != sp.stage)
-            est = cost.estimate(sp.stage, sp.candidate, idle)
+            est = cost.estimate(sp.stage, sp.candidate, idle_bytes(cost, self.plan, sp.stage))
             # per-class times where the framework gives them, and always the stage's wall time:
             # it also holds work no op class times (Python, elementwise kernels)
             self.calibrator.observe_timed(est, tel.op_times(sp.stage))

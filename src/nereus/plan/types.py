@@ -6,13 +6,16 @@ import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from nereus.cost.candidate import Candidate, Layout
 from nereus.errors import InputError
 from nereus.files import read_json, validate
+
+if TYPE_CHECKING:
+    from nereus.cost.model import CostModel
 
 
 @dataclass(frozen=True)
@@ -195,6 +198,13 @@ class _PlanFile(BaseModel):
 def stage_plan_from_dict(s: Any, field: str = "plan.stage") -> StagePlan:
     """One model-stage in the JSON shape of ``nereus plan --json``."""
     return validate(_StageFile, s, field, prefix=f"{field}.").to_stage_plan()
+
+
+def idle_bytes(cost: CostModel, plan: Plan, stage: str) -> int:
+    """Bytes the other model-stages of ``stage``'s group keep resident on its GPUs while it
+    runs (the co-resident state its estimate needs)."""
+    return int(sum(cost.resident_bytes(o, plan.stage(o).layout)
+                   for o in plan.group_of(stage) if o != stage))
 
 
 def contiguous_replicas(start: int, ids: Iterable[int], cand: Candidate) -> tuple[tuple[int, ...], ...]:

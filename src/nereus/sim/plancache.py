@@ -26,7 +26,7 @@ from nereus.cost.model import CostModel
 from nereus.cost.ops import OpClass
 from nereus.errors import InfeasibleError
 from nereus.plan.search import Planner
-from nereus.plan.types import Plan
+from nereus.plan.types import Plan, idle_bytes
 from nereus.spec.job import JobSpec
 from nereus.spec.workflow import StageKind
 
@@ -99,9 +99,8 @@ def time_shares(cost: CostModel, plan: Plan) -> dict[OpClass, float]:
     """Each op class's share of the time of ``plan``'s model-stages under ``cost``."""
     by_class: dict[OpClass, float] = {}
     for sp in plan.stages:
-        idle = sum(cost.resident_bytes(o, plan.stage(o).layout)
-                   for o in plan.group_of(sp.stage) if o != sp.stage)
-        for c, t in cost.estimate(sp.stage, sp.candidate, int(idle)).time_by_class().items():
+        est = cost.estimate(sp.stage, sp.candidate, idle_bytes(cost, plan, sp.stage))
+        for c, t in est.time_by_class().items():
             by_class[c] = by_class.get(c, 0.0) + t
     total = sum(by_class.values()) or 1.0
     return {c: t / total for c, t in by_class.items()}

@@ -34,7 +34,7 @@ from nereus.control.telemetry import Telemetry
 from nereus.cost.model import CostModel
 from nereus.errors import InfeasibleError, InputError
 from nereus.plan.search import best_plan
-from nereus.plan.types import Plan
+from nereus.plan.types import Plan, idle_bytes
 from nereus.sim.policies import Act, Policy
 from nereus.sim.traces import Availability, LengthTrace
 from nereus.sim.truth import Truth, same_layouts
@@ -393,10 +393,8 @@ class _Runner:
         cost = CostModel(self.sim.truth.job_at(pool, mean, longest), eff)
         errs = []
         for sp in self.plan.stages:
-            grp = self.plan.group_of(sp.stage)
-            idle = sum(cost.resident_bytes(o, self.plan.stage(o).layout) for o in grp
-                       if o != sp.stage)
-            pred = cost.estimate(sp.stage, sp.candidate, int(idle)).latency_s
+            pred = cost.estimate(sp.stage, sp.candidate,
+                                 idle_bytes(cost, self.plan, sp.stage)).latency_s
             true = truth.stage_s[sp.stage]
             errs.append(abs(pred - true) / true)
         return float(sum(errs) / len(errs)) if errs else None
