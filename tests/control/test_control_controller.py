@@ -246,3 +246,31 @@ def test_no_feasible_transition_prices_a_planned_restart_under_eq2(job, plans):
         if expect is Action.RESTART:
             assert d.restart.save_s > 0 and d.restart.lost_s == 0      # planned
             assert d.reasons.payback_steps <= d.reasons.gamma * d.reasons.horizon_steps
+
+
+def _churn(job, plans, config):
+    """Node 1 goes and comes back, then node 0: the second return is replanned with a known
+    loss rate (one every 20 steps)."""
+    from nereus.plan.exposure import exposed_fraction
+    c = Controller(job, plans["best16"], config=config,
+                   transition=lambda j, s, t, e: _Sched(1.0), on_log=lambda s: None)
+    full, node0, node1 = tuple(range(16)), tuple(range(8)), tuple(range(8, 16))
+    decisions = []
+    for step, pool in ((0, node0), (10, full), (20, node1), (30, full)):
+        decisions.append(c.on_boundary(_tel(job, c.plan, step, 2000, pool=pool)))
+    assert c.horizons.of("pool_loss") == 20.0
+    return decisions, exposed_fraction(decisions[-1].plan, job.cluster)
+
+
+def test_once_nodes_come_and_go_the_best_target_spreads_replicas_over_nodes(job, plans):
+    decisions, exposed = _churn(job, plans, ControlConfig())
+    first_return, last = decisions[1], decisions[-1]
+    assert "spreads replicas" not in first_return.reasons.summary  # one loss: no rate yet
+    assert last.action in (Action.MOVE, Action.RESTART) and exposed == 0.0
+    assert "spreads replicas over nodes" in last.reasons.summary
+    assert "a loss every 20 steps" in last.reasons.summary
+
+
+def test_spreading_is_off_with_spread_on_churn_false(job, plans):
+    decisions, exposed = _churn(job, plans, ControlConfig(spread_on_churn=False))
+    assert exposed > 0 and "spreads" not in decisions[-1].reasons.summary

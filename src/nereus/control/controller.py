@@ -20,7 +20,9 @@ import math
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from dataclasses import replace
 from enum import Enum
+from typing import Protocol
 
 from nereus.control.admission import Option, Verdict, payback_steps, profitable, select
 from nereus.control.horizon import DEFAULT_ALPHA, Horizons
@@ -40,6 +42,7 @@ from nereus.cost.estimate import HEADROOM
 from nereus.cost.model import CostModel
 from nereus.cost.ops import OpClass
 from nereus.errors import InfeasibleError, InputError
+from nereus.plan.exposure import exposed_fraction
 from nereus.plan.search import Planner
 from nereus.plan.types import Plan, idle_bytes
 from nereus.spec.cluster import GpuPool
@@ -47,17 +50,24 @@ from nereus.spec.job import JobSpec
 from nereus.transition.planner import plan_transition
 from nereus.transition.schedule import Schedule
 
-PlanFn = Callable[[JobSpec, CostModel], Plan]
+class PlanFn(Protocol):
+    """The planner the controller calls: the best plan for ``job`` under ``cost``; ``spread``
+    asks for replicas that survive the loss of any one node (``Planner(spread=True)``)."""
+
+    def __call__(self, job: JobSpec, cost: CostModel, spread: bool = False) -> Plan: ...
+
+
 TransitionFn = Callable[[JobSpec, Plan, Plan, Efficiencies], Schedule]
 
 log = logging.getLogger("nereus.control")
 
 MEMORY_BUCKET = 1.05  # memory checks run at the next 5 % step of the longest response
+LOSS_SIGNAL = "pool_loss"  # H of pool losses alone: how often a node may take state with it
 
 
-def default_planner(job: JobSpec, cost: CostModel) -> Plan:
+def default_planner(job: JobSpec, cost: CostModel, spread: bool = False) -> Plan:
     """The exact search of the planning core (Eq. 1) under the calibrated cost model."""
-    return Planner(job, cost=cost).best()
+    return Planner(job, cost=cost, spread=spread).best()
 
 
 @dataclass(frozen=True)
@@ -75,6 +85,8 @@ class ControlConfig:
     admission: bool = True          # False: replan every boundary, move whenever faster
     max_tries: int = 12             # transition schedules priced per replan at most
     restart_moves: bool = True      # extension: a planned restart when no transition can run
+    spread_on_churn: bool = True    # extension: once the pool has lost GPUs, weigh a lost last
+    #                                 copy's expected restart cost against spreading replicas
     restart: RestartParams = field(default_factory=RestartParams)
 
     def __post_init__(self) -> None:
@@ -327,6 +339,8 @@ class Controller:
                            if t.kind in (TriggerKind.DRIFT, TriggerKind.POOL_LOSS,
                                          TriggerKind.POOL_GAIN)} - waiting):
             self.horizons = self.horizons.crossed(sig, step)
+        if any(t.kind is TriggerKind.POOL_LOSS for t in triggers) and "pool" not in waiting:
+            self.horizons = self.horizons.crossed(LOSS_SIGNAL, step)  # losses alone: the hazard
 
     def _adopt(self, decision: Decision) -> None:
         if decision.action is Action.WAIT:
@@ -345,22 +359,51 @@ class Controller:
                 tel: Telemetry) -> Decision:
         """GPUs are back after a wait: restart from the checkpoint on the best plan."""
         base = Reasons(step, triggers, True, None, self.config.gamma)
-        best, why_none = self._best(now, cost)
-        decision = self._restart(base, now, best, why_none, after_failure=True,
-                                 why="restarting after the job stopped")
+        best, why_none, note = self._best(now, cost)
+        decision = _noted(self._restart(base, now, best, why_none, after_failure=True,
+                                        why="restarting after the job stopped"), best, note)
         self.monitor = self.monitor.reset({"response_len": float(tel.response_len_mean)})
         self.pool = tel.pool
         self._adopt(decision)
         return decision
 
-    def _best(self, now: JobSpec, cost: CostModel) -> tuple[Priced | None, str]:
+    def _best(self, now: JobSpec, cost: CostModel) -> tuple[Priced | None, str, str]:
+        """S*, or why there is none, and a note when S* is the spread plan (see
+        :meth:`_loss_risk_s`)."""
         try:
             best = reprice(now, cost, self.planner(now, cost))
         except InfeasibleError as e:
-            return None, str(e)
+            return None, str(e), ""
         if not best.fits:
-            return None, "; ".join(best.problems)
-        return best, ""
+            return None, "; ".join(best.problems), ""
+        risk = self._loss_risk_s(now, best)
+        if risk <= 0.0:
+            return best, "", ""
+        try:
+            alt = reprice(now, cost, self.planner(now, cost, spread=True))
+        except InfeasibleError:
+            return best, "", ""
+        alt_risk = self._loss_risk_s(now, alt)
+        if not alt.fits or alt.step_s + alt_risk >= best.step_s + risk:
+            return best, "", ""
+        note = (f"S* spreads replicas over nodes: {alt.step_s:.4g} s/step against "
+                f"{best.step_s:.4g} s plus {risk:.3g} s/step of expected restarts from a last "
+                f"copy lost with a node (a loss every {self.horizons.of(LOSS_SIGNAL):.3g} steps)")
+        return alt, "", note
+
+    def _loss_risk_s(self, now: JobSpec, p: Priced) -> float:
+        """Expected seconds per step that ``p`` loses to restarts after a node takes the last
+        copy of a model-stage's state: (1 / H_loss) x (share of its nodes whose loss does
+        that) x (restart from checkpoint after a failure). Zero until two pool losses have
+        shown how often they come, or with ``spread_on_churn`` off. Estimated."""
+        if not self.config.spread_on_churn or p.plan is None \
+                or LOSS_SIGNAL not in self.horizons.ema:
+            return 0.0
+        share = exposed_fraction(p.plan, now.cluster)
+        if share <= 0.0:
+            return 0.0
+        rc = restart_cost(now, self.config.restart, step_s=p.step_s, after_failure=True)
+        return share * rc.seconds / max(1.0, self.horizons.of(LOSS_SIGNAL))
 
     def _replan(self, step: int, triggers: tuple[Trigger, ...], urgent: bool, now: JobSpec,
                 cost: CostModel, broken: bool, survivors: Plan | None,
@@ -373,9 +416,15 @@ class Controller:
         horizon = self.horizons.smallest(signals) if signals else 1.0
         cur_s = None if broken else reprice(now, cost, self.plan).step_s
         base = Reasons(step, triggers, urgent, horizon, cfg.gamma, cur_s)
+        best, why_none, note = self._best(now, cost)
+        return _noted(self._decide(step, triggers, urgent, now, cost, survivors, lost, horizon,
+                                   cur_s, base, best, why_none), best, note)
 
-        best, why_none = self._best(now, cost)
-
+    def _decide(self, step: int, triggers: tuple[Trigger, ...], urgent: bool, now: JobSpec,
+                cost: CostModel, survivors: Plan | None, lost: tuple[str, ...], horizon: float,
+                cur_s: float | None, base: Reasons, best: Priced | None, why_none: str
+                ) -> Decision:
+        cfg = self.config
         if survivors is None:  # the last copy of some model-stage's state is gone
             return self._restart(base, now, best, why_none, after_failure=True,
                                  why=f"last copy of {', '.join(lost)} lost with the GPUs")
@@ -480,6 +529,15 @@ class Controller:
                     base.current_step_s, best.step_s, None, None, None, cost.seconds,
                     "checkpoint/restart", verdicts, f"{why}: checkpoint/restart")
         return Decision(Action.RESTART, best.plan, None, cost, r)
+
+
+def _noted(decision: Decision, best: Priced | None, note: str) -> Decision:
+    """``decision`` with ``note`` added to its summary when it runs S* (``best``)."""
+    if not note or best is None or decision.plan is not best.plan:
+        return decision
+    r = decision.reasons
+    return replace(decision, reasons=replace(r, summary=f"{r.summary}; {note}" if r.summary
+                                             else note))
 
 
 def _short(text: str, limit: int = 160) -> str:

@@ -10,6 +10,7 @@ looks at, so the pruning loses no optimum.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -119,17 +120,24 @@ def pareto_mask(cols: list[np.ndarray], block: int = 64) -> np.ndarray:
 
 
 def stage_options(cost: CostModel, stage: ModelStage, pool_size: int,
-                  prune: bool = True) -> tuple[StageOptions, Evaluation | None]:
+                  prune: bool = True, keep: Callable[[Candidate], bool] | None = None
+                  ) -> tuple[StageOptions, Evaluation | None]:
     """Every candidate priced in one pass, memory-pruned and (optionally) dominance-pruned.
 
-    Returns the options and the full evaluation (for "fits nowhere" messages).
+    ``keep``: only candidates it accepts are considered (before pruning, so the pruning stays
+    exact within them). Returns the options and the full evaluation (for "fits nowhere"
+    messages).
     """
-    cands = enumerate_candidates(cost, stage, pool_size)
+    def enumerate_kept(max_tp: int | None = None) -> list[Candidate]:
+        cands = enumerate_candidates(cost, stage, pool_size, max_tp)
+        return cands if keep is None else [c for c in cands if keep(c)]
+
+    cands = enumerate_kept()
     ev = cost.evaluate(stage, cands) if cands else None
     fits = ev is not None and bool(np.any(ev.peak <= memory_limit(cost)))
     if not fits and cost.node_size < pool_size:
         # TP stays inside a node where it can; here it cannot, so let TP span nodes
-        cands = enumerate_candidates(cost, stage, pool_size, max_tp=pool_size)
+        cands = enumerate_kept(max_tp=pool_size)
         ev = cost.evaluate(stage, cands) if cands else None
     if ev is None:
         return StageOptions(stage, (), *(np.zeros(0),) * 4), None

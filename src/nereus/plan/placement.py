@@ -5,6 +5,11 @@ every group of model-stages gets a disjoint GPU list; its stages lay their repli
 of that list, TP innermost. The list is built from chunks that each sit inside one node and
 whose size is a multiple of every TP degree of the group, so no TP group spans nodes when the
 pool allows it; where it cannot, the chunk spans nodes and the plan says so.
+
+Chunks go to the node with the fewest free GPUs that still holds them (best fit: keeps whole
+nodes free for later groups). ``spread`` instead sends each chunk to the node with the most
+free GPUs, so the replicas of a stage land on different nodes where the pool allows it and
+losing one node leaves a copy of its state (``nereus.plan.exposure`` checks the result).
 """
 
 from __future__ import annotations
@@ -51,13 +56,16 @@ def _chunk_unit(group: GroupAssignment, node_size: int) -> int:
     return unit
 
 
-def _take(node_free: dict[int, list[int]], total: int, unit: int, what: str) -> list[int]:
-    """``total`` GPUs as node-contained chunks (best fit); a chunk spans nodes only if it must."""
+def _take(node_free: dict[int, list[int]], total: int, unit: int, what: str,
+          spread: bool = False) -> list[int]:
+    """``total`` GPUs as node-contained chunks (best fit, or worst fit to ``spread``); a chunk
+    spans nodes only if it must."""
     ids: list[int] = []
     for size in _chunk_sizes(total, unit):
         fits = [n for n, free in node_free.items() if len(free) >= size]
-        if fits:  # best fit: the node with the fewest free GPUs that still holds the chunk
-            n = min(fits, key=lambda k: (len(node_free[k]), k))
+        if fits:
+            sign = -1 if spread else 1
+            n = min(fits, key=lambda k: (sign * len(node_free[k]), k))
             ids += node_free[n][:size]
             node_free[n] = node_free[n][size:]
             continue
@@ -92,15 +100,18 @@ def split_pool(pool: GpuPool, parts: Sequence[tuple[int, int]]) -> list[GpuPool]
     return [GpuPool(pool.cluster, tuple(out[i])) if out[i] else pool for i in range(len(parts))]
 
 
-def place_phase(pool: GpuPool, groups: Sequence[GroupAssignment]) -> dict[str, list[tuple[int, ...]]]:
-    """GPU ids per replica for every stage of one phase; raises if the pool is too small."""
+def place_phase(pool: GpuPool, groups: Sequence[GroupAssignment], spread: bool = False
+                ) -> dict[str, list[tuple[int, ...]]]:
+    """GPU ids per replica for every stage of one phase; raises if the pool is too small.
+    ``spread``: chunks go to the emptiest node (replicas over nodes) instead of best fit."""
     free = _free(pool)
     node_size = max(len(v) for v in free.values())
     # place the groups with the largest chunks first so smaller chunks fill the gaps
     order = sorted(groups, key=lambda g: (-_chunk_unit(g, node_size), -g.gpus))
     out: dict[str, list[tuple[int, ...]]] = {}
     for grp in order:
-        ids = _take(free, grp.gpus, _chunk_unit(grp, node_size), f"group {grp.stages}")
+        ids = _take(free, grp.gpus, _chunk_unit(grp, node_size), f"group {grp.stages}",
+                    spread)
         for name, cand in zip(grp.stages, grp.candidates):
             size = cand.layout.size
             out[name] = [tuple(ids[r * size:(r + 1) * size]) for r in range(cand.dp)]

@@ -235,14 +235,30 @@ class Planner:
     """Builds stage options once and answers plan queries for one job and cost model."""
 
     def __init__(self, job: JobSpec, efficiencies: Efficiencies | None = None,
-                 cost: CostModel | None = None):
+                 cost: CostModel | None = None, spread: bool = False):
+        """``spread``: on a pool of several nodes, every model-stage keeps at least two
+        replicas that each fit in a node and are placed on different nodes where the layouts
+        allow, so losing one node leaves a copy of every stage's state (the controller asks
+        for it when the pool churns; ``nereus.plan.exposure`` checks the placed plan). On a
+        single node it changes nothing."""
         self.job = job
         self.cost = cost or CostModel(job, efficiencies)
         self.limit = HEADROOM * self.cost.device.memory_bytes
+        self.spread = spread and len(job.pool.by_node()) > 1
+        keep = None
+        if self.spread:
+            node = job.pool.largest_node_share()
+
+            def keep(c: Candidate) -> bool:
+                return c.dp >= 2 and c.layout.size <= node
         self.options: dict[str, StageOptions] = {}
         for st in job.workflow.stages:
-            opts, ev = stage_options(self.cost, st, job.pool.size)
+            opts, ev = stage_options(self.cost, st, job.pool.size, keep=keep)
             if not len(opts):
+                if self.spread:
+                    raise InfeasibleError(
+                        f"model-stage {st.name} has no layout with two replicas inside nodes "
+                        f"that fits on {job.pool.size} GPUs (estimated)")
                 raise _fits_nowhere(self.cost, st, ev)
             self.options[st.name] = opts
 
@@ -377,7 +393,7 @@ class Planner:
             pools = {p: gen_pool if p is Phase.GENERATION else rest_pool for p in wf.phases}
         for phase in wf.phases:
             point = res.phases[phase]
-            placed = place_phase(pools[phase], assigns[phase])
+            placed = place_phase(pools[phase], assigns[phase], self.spread)
             for gc in point.groups:
                 if len(gc.stages) > 1:
                     groups.append(gc.stages)
@@ -414,6 +430,7 @@ def spanning_stages(job: JobSpec, plan: Plan) -> list[str]:
 
 
 def best_plan(job: JobSpec, efficiencies: Efficiencies | None = None,
-              cost: CostModel | None = None) -> Plan:
-    """The fastest plan for ``job`` that fits its pool and device memory."""
-    return Planner(job, efficiencies, cost).best()
+              cost: CostModel | None = None, spread: bool = False) -> Plan:
+    """The fastest plan for ``job`` that fits its pool and device memory (``spread``: see
+    :class:`Planner`)."""
+    return Planner(job, efficiencies, cost, spread).best()

@@ -47,7 +47,8 @@ def edge(b: int, ratio: float = LENGTH_BUCKET) -> int:
 
 
 class PlanCache:
-    """A caching planner with the controller's ``PlanFn`` signature ``(job, cost) -> Plan``.
+    """A caching planner with the controller's ``PlanFn`` signature
+    ``(job, cost, spread=False) -> Plan``.
 
     A cached plan is reused for efficiencies within ``grid`` (per op class, either way) of the
     ones it was searched under, so calibration noise does not force a new search.
@@ -69,10 +70,10 @@ class PlanCache:
                 return False
         return True
 
-    def __call__(self, job: JobSpec, cost: CostModel) -> Plan:
+    def __call__(self, job: JobSpec, cost: CostModel, spread: bool = False) -> Plan:
         w = job.workload
         bm, bx = bucket(w.response_len_mean, self.ratio), bucket(w.response_len_max, self.ratio)
-        key = (job.pool.ids, bm, bx, _scale_key(cost.memory_scale))
+        key = (job.pool.ids, bm, bx, _scale_key(cost.memory_scale), spread)
         entries = self._plans.setdefault(key, [])
         hit = next((e[1] for e in entries if self._close(e, cost.eff)), None)
         if hit is None:
@@ -81,7 +82,7 @@ class PlanCache:
             rep_cost = CostModel(rep, cost.eff, cost.memory_scale)
             self.searches += 1
             try:
-                hit = Planner(rep, cost=rep_cost).best()
+                hit = Planner(rep, cost=rep_cost, spread=spread).best()
             except InfeasibleError as e:
                 hit = e
             entries.append((cost.eff, hit, None if isinstance(hit, InfeasibleError)
@@ -91,7 +92,7 @@ class PlanCache:
         if isinstance(hit, InfeasibleError):
             # the bucket's upper edge may not fit where the actual lengths do: search exactly
             self.searches += 1
-            return Planner(job, cost=cost).best()
+            return Planner(job, cost=cost, spread=spread).best()
         return hit
 
 

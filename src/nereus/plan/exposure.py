@@ -1,0 +1,36 @@
+"""Which model-stages a plan loses outright when one node of its pool goes away.
+
+Spot reclaims and scheduler preemptions take whole machines. A model-stage whose replicas all
+touch one node has no surviving copy when that node goes: the controller cannot move its state
+and the job restarts from the last checkpoint (``nereus.control.targets.intact`` is the same
+rule applied after the fact). A stage with replicas on different nodes keeps a copy, and the
+controller moves on from the survivors with a transition.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from nereus.plan.types import Plan
+from nereus.spec.cluster import Cluster
+
+
+def exposed_by_node(plan: Plan, cluster: Cluster) -> Mapping[int, tuple[str, ...]]:
+    """Node -> the model-stages whose every replica has a GPU on it, for each node the plan
+    uses (an empty tuple where losing the node leaves a copy of everything)."""
+    nodes = sorted({cluster.node_of(g) for g in plan.gpus()})
+    out: dict[int, tuple[str, ...]] = {}
+    for n in nodes:
+        out[n] = tuple(sp.stage for sp in plan.stages
+                       if sp.replicas and all(any(cluster.node_of(g) == n for g in r)
+                                              for r in sp.replicas))
+    return out
+
+
+def exposed_fraction(plan: Plan, cluster: Cluster) -> float:
+    """The share of the plan's nodes whose loss alone loses the last copy of some model-stage
+    (0: any one node can go; 1: every node is a single point of failure)."""
+    by_node = exposed_by_node(plan, cluster)
+    if not by_node:
+        return 0.0
+    return sum(1 for v in by_node.values() if v) / len(by_node)

@@ -1,0 +1,67 @@
+"""Plans that survive the loss of one node: exposure, spread placement, the spread search."""
+
+import pytest
+
+from nereus.cost.candidate import Candidate, Layout
+from nereus.plan.exposure import exposed_by_node, exposed_fraction
+from nereus.plan.placement import GroupAssignment, place_phase
+from nereus.plan.search import Planner, best_plan
+from nereus.plan.types import Plan, StagePlan
+from nereus.plan.validate import validate_plan
+from nereus.spec import GpuPool, parse_job
+
+JOB = {"model": "llama-3.1-8b", "algo": "ppo", "gpus": 16,
+       "cluster": {"device": "h100-sxm-80gb", "devices_per_node": 8},
+       "workload": {"response_len": 2000, "response_len_max": 3000}}
+
+
+@pytest.fixture(scope="module")
+def job():
+    return parse_job(JOB)
+
+
+def _plan(*stages):
+    return Plan(tuple(StagePlan(name, Candidate(Layout(len(reps[0]), 1), len(reps), 1, 1), reps,
+                                1.0, 0) for name, reps in stages), 1.0)
+
+
+def test_a_stage_whose_replicas_all_touch_one_node_is_exposed_by_it(job):
+    p = _plan(("a", ((0, 1), (8, 9))),          # a copy on each node
+              ("b", ((2, 3), (4, 5))),          # both copies on node 0
+              ("c", ((6, 7, 8, 9),)))           # one copy across both nodes
+    by_node = exposed_by_node(p, job.cluster)
+    assert by_node == {0: ("b", "c"), 1: ("c",)}
+    assert exposed_fraction(p, job.cluster) == 1.0
+    safe = _plan(("a", ((0, 1), (8, 9))), ("b", ((2, 3), (10, 11))))
+    assert exposed_by_node(safe, job.cluster) == {0: (), 1: ()}
+    assert exposed_fraction(safe, job.cluster) == 0.0
+
+
+def test_spread_placement_puts_replicas_on_different_nodes(job):
+    pool = job.pool
+    grp = [GroupAssignment(("x",), (Candidate(Layout(4, 1), 2, 1, 1),)),
+           GroupAssignment(("y",), (Candidate(Layout(2, 2), 2, 1, 1),))]
+    packed = place_phase(pool, grp)
+    spread = place_phase(pool, grp, spread=True)
+    node = job.cluster.node_of
+    assert any(len({node(r[0]) for r in reps}) == 1 for reps in packed.values())  # best fit
+    for reps in spread.values():
+        assert len({node(r[0]) for r in reps}) == 2
+        assert all(job.cluster.same_node(r) for r in reps)  # replicas stay inside nodes
+
+
+def test_the_spread_plan_survives_any_one_node_and_is_valid(job):
+    plain = best_plan(job)
+    assert exposed_fraction(plain, job.cluster) > 0  # the fastest plan packs some stage
+    spread = best_plan(job, spread=True)
+    assert all(v == () for v in exposed_by_node(spread, job.cluster).values())
+    assert all(sp.candidate.dp >= 2 for sp in spread.stages)
+    assert validate_plan(job, spread) == []
+    # a constraint can only cost time
+    assert spread.step_latency_s >= plain.step_latency_s - 1e-9
+
+
+def test_spread_changes_nothing_on_one_node(job):
+    one = job.with_pool(GpuPool(job.cluster, tuple(range(8))))
+    assert not Planner(one, spread=True).spread
+    assert best_plan(one, spread=True).to_dict() == best_plan(one).to_dict()
