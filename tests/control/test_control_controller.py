@@ -274,3 +274,21 @@ def test_once_nodes_come_and_go_the_best_target_spreads_replicas_over_nodes(job,
 def test_spreading_is_off_with_spread_on_churn_false(job, plans):
     decisions, exposed = _churn(job, plans, ControlConfig(spread_on_churn=False))
     assert exposed > 0 and "spreads" not in decisions[-1].reasons.summary
+
+
+def test_an_urgent_move_short_of_the_best_target_is_replanned_at_the_next_boundary(job, plans):
+    p = plans["best16"]
+    def only_in_place(j, s, t, e):  # moves that change no layout are all that can run
+        same = all(a.layout == b.layout for a, b in zip(s.stages, t.stages))
+        return _Sched(0.0, feasible=same)
+
+    c = Controller(job, p, config=ControlConfig(restart_moves=False),
+                   transition=only_in_place, on_log=lambda s: None)
+    c.horizons = Horizons(ema={"response_len": 7.0, "pool": 3.0})
+    d = c.on_boundary(_tel(job, p, 0, 6000, longest=24000))
+    assert d.action is Action.MOVE and d.reasons.chosen == "re-batched in place"
+    assert [t.kind for t in c.pending] == [TriggerKind.ONWARD]
+    nxt = c.on_boundary(_tel(job, d.plan, 1, 6000, longest=24000))
+    assert TriggerKind.ONWARD in [t.kind for t in nxt.reasons.triggers]
+    assert nxt.reasons.horizon_steps == 7.0  # the horizon of what drove the urgent move
+    assert not c.pending

@@ -334,7 +334,7 @@ class Controller:
     def _count_crossings(self, triggers: Sequence[Trigger], step: int) -> None:
         """H_x learns from every threshold crossing of x; a deferred trigger re-listed while a
         transition runs crossed already."""
-        waiting = {t.signal for t in self.pending}
+        waiting = {t.signal for t in self.pending if t.kind is not TriggerKind.ONWARD}
         for sig in sorted({t.signal for t in triggers
                            if t.kind in (TriggerKind.DRIFT, TriggerKind.POOL_LOSS,
                                          TriggerKind.POOL_GAIN)} - waiting):
@@ -464,8 +464,16 @@ class Controller:
             # a planned restart into S* against the best feasible move, over the horizon
             h = max(1.0, horizon)
             rc = restart_cost(now, cfg.restart, step_s=best.step_s, after_failure=False)
-            move_score = math.inf if idx is None or sched is None else \
-                sched.estimated_s + h * options[idx].step_s
+            move_score = math.inf
+            if idx is not None and sched is not None:
+                opt = options[idx]
+                move_score = sched.estimated_s + h * opt.step_s
+                if opt.plan is not best.plan and h > 1.0:
+                    # or move on from there to S* at the next boundary (see ONWARD below)
+                    onward = self.transition(transition_job, opt.plan, best.plan, eff)
+                    if onward.feasible:
+                        move_score = min(move_score, sched.estimated_s + opt.step_s
+                                         + onward.estimated_s + (h - 1.0) * best.step_s)
             if rc.seconds + h * best.step_s < move_score and idx is not None:
                 r = Reasons(step, triggers, True, horizon, cfg.gamma, cur_s, best.step_s, None,
                             rc.seconds, None, rc.seconds, "planned checkpoint/restart", verdicts,
@@ -482,6 +490,13 @@ class Controller:
             r = Reasons(step, triggers, urgent, horizon, cfg.gamma, cur_s, opt.step_s,
                         v.delta_l_s, sched.estimated_s, v.payback_steps, None, opt.label,
                         verdicts, v.why)
+            if urgent and best is not None and opt.plan is not best.plan:
+                # the urgent path took what could run now; S* is priced again (under Eq. 2,
+                # over the horizon of what drove this move) at the next boundary
+                driver = "pool" if any(t.kind in (TriggerKind.POOL_LOSS, TriggerKind.POOL_GAIN)
+                                       for t in triggers if t.urgent) else "response_len"
+                self.pending = (Trigger(TriggerKind.ONWARD, driver, False,
+                                        detail=f"after the urgent move to {opt.label}"),)
             return Decision(Action.MOVE, opt.plan, sched, None, r)
         if restart is not None:
             return restart

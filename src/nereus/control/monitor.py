@@ -21,6 +21,7 @@ class TriggerKind(str, Enum):
     MEMORY = "memory"         # the current plan is predicted not to fit
     DRIFT = "drift"           # a drifting signal crossed its threshold
     ALWAYS = "always"         # replan at every boundary (the replan-without-admission baseline)
+    ONWARD = "onward"         # an urgent move stopped short of S*: replan at the next boundary
 
 
 @dataclass(frozen=True)
