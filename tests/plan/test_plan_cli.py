@@ -63,3 +63,16 @@ def test_bad_input_is_one_line_exit_2(tmp_path):
         assert r.exit_code == 2, (args, r.output)
         assert r.stderr.count("\n") == 1 and r.stderr.startswith("error: "), r.stderr
         assert "Traceback" not in r.output
+
+
+def test_the_table_says_what_a_node_loss_takes_and_spread_keeps_a_copy():
+    r = runner.invoke(app, [*BASE, "--devices-per-node", "8"])
+    assert r.exit_code == 0, r.output
+    assert "node loss: the last copy" in r.stdout and "--spread" in r.stdout
+    r = runner.invoke(app, [*BASE, "--devices-per-node", "8", "--spread", "--json"])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    for s in out["stages"]:
+        assert len({g // 8 for rep in s["gpus"] for g in rep[:1]}) >= 2  # replicas on 2 nodes
+    r = runner.invoke(app, [*BASE, "--devices-per-node", "8", "--spread"])
+    assert "any one node can go" in r.stdout

@@ -18,6 +18,7 @@ from nereus.cost.model import CostModel
 from nereus.errors import InfeasibleError
 from nereus.plan.candidates import frontier
 from nereus.plan.evaluate import evaluate_plan, load_layout_spec
+from nereus.plan.exposure import exposed_by_node
 from nereus.plan.search import Planner
 from nereus.plan.types import Plan, idle_bytes
 from nereus.plan.validate import validate_plan
@@ -95,6 +96,10 @@ def register(app: typer.Typer) -> None:
                                                 help="score your plan (plan JSON or YAML of "
                                                 "tp/pp/dp per model-stage) beside the best"),
         profile: Optional[Path] = typer.Option(None, help="calibration profile JSON to use"),
+        spread: bool = typer.Option(False, "--spread",
+                                    help="keep two or more replicas of every model-stage on "
+                                    "different nodes, so losing any one node (a spot "
+                                    "reclaim) leaves a copy of all state"),
         as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
     ) -> None:
         """Find the fastest execution plan that fits, and show where its time and memory go."""
@@ -107,7 +112,7 @@ def register(app: typer.Typer) -> None:
         if evaluate is not None:
             _evaluate(job, cost, evaluate, explain, as_json)
             return
-        planner = Planner(job, cost=cost)
+        planner = Planner(job, cost=cost, spread=spread)
         if frontier_stage is not None:
             _frontier(job, planner, frontier_stage, as_json)
             return
@@ -122,8 +127,20 @@ def register(app: typer.Typer) -> None:
                       f"{job.workload.response_len_max}), {job.workflow.execution.value}")
         console.print(plan_table(job, plan, "best plan"))
         console.print(_summary(plan))
+        console.print(_node_loss(job, plan))
         if explain:
             _explain(cost, plan)
+
+    def _node_loss(job: JobSpec, plan: Plan) -> str:
+        by_node = exposed_by_node(plan, job.cluster)
+        if len(by_node) < 2:
+            return "node loss: the plan sits on one node"
+        hit = {n: s for n, s in by_node.items() if s}
+        if not hit:
+            return "node loss: any one node can go; every model-stage keeps a copy elsewhere"
+        parts = "; ".join(f"node {n} takes {', '.join(s)}" for n, s in hit.items())
+        return (f"node loss: the last copy of a model-stage goes with a node ({parts}); "
+                f"--spread keeps a copy on another node")
 
     def _explain(cost: CostModel, plan: Plan) -> None:
         for sp in plan.stages:

@@ -154,6 +154,13 @@ def _common_notes() -> dict[str, str]:
                                "(the best full-pool plan under the true efficiencies) that stops "
                                "while the pool is empty, so every policy meets each change at "
                                "the same step; pools too small for any plan count as empty",
+        "control.spread_on_churn": "extension beyond §4.3: after two pool losses, S* is the plan "
+                                   "with replicas of every model-stage on two nodes when its "
+                                   "step time beats the fastest plan's plus the expected "
+                                   "restart cost of a last copy lost with a node (share of "
+                                   "such nodes x restart / H of losses)",
+        "control.onward": "extension beyond §4.3: an urgent move that stops short of S* is "
+                          "replanned at the next boundary under Eq. 2",
         "control.restart_moves": "extension beyond §4.3: when no transition to the best target "
                                  "can run (the transition layer's memory check), a planned "
                                  "checkpoint/restart into it is priced as one more move under "
