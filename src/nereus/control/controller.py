@@ -395,10 +395,11 @@ class Controller:
         """Expected seconds per step that ``p`` loses to restarts after a node takes the last
         copy of a model-stage's state: (1 / H_loss) x (share of its nodes whose loss does
         that) x (restart from checkpoint after a failure). Zero until two pool losses have
-        shown how often they come, or with ``spread_on_churn`` off. Estimated."""
+        shown how often they come, on a pool of one node, or with ``spread_on_churn`` off.
+        Estimated."""
         if not self.config.spread_on_churn or p.plan is None \
-                or LOSS_SIGNAL not in self.horizons.ema:
-            return 0.0
+                or LOSS_SIGNAL not in self.horizons.ema or len(now.pool.by_node()) < 2:
+            return 0.0  # (on one node no placement can keep a copy elsewhere)
         share = exposed_fraction(p.plan, now.cluster)
         if share <= 0.0:
             return 0.0
