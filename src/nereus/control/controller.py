@@ -6,6 +6,9 @@
 3. on a trigger, a CPU-side replan prices the planner's best target S*, hybrids of S* and the
    current plan, and -- when urgent -- the current layout re-batched; admission (feasibility and
    Eq. 2, or the urgent path) picks one, or keeps the plan, or falls back to checkpoint/restart;
+   once the pool has lost GPUs, S* is the plan that keeps a copy of every model-stage on
+   another node when that beats the fastest plan's expected restarts from a lost last copy;
+   an urgent move that stops short of S* is replanned at the next boundary;
 4. references reset after every replan, admitted or not.
 
 The decision carries its reasons as data (triggers, ΔL, L_tran, H_x, payback) and as one log
@@ -19,8 +22,7 @@ import logging
 import math
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Protocol
 
@@ -49,6 +51,7 @@ from nereus.spec.cluster import GpuPool
 from nereus.spec.job import JobSpec
 from nereus.transition.planner import plan_transition
 from nereus.transition.schedule import Schedule
+
 
 class PlanFn(Protocol):
     """The planner the controller calls: the best plan for ``job`` under ``cost``; ``spread``
