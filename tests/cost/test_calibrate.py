@@ -191,3 +191,17 @@ def test_efficiencies_file_round_trips_and_is_strict(tmp_path):
     path.write_text(json.dumps({"device": "h100-sxm-80gb", "efficiencies": {}}))
     with pytest.raises(InputError, match="profile.efficiencies: unknown field"):
         Efficiencies.load(path)
+
+
+def test_a_fit_above_the_peak_stops_at_it_so_its_saved_profile_loads(tmp_path):
+    cal = Calibrator(prior=Efficiencies(device="h100-sxm-80gb"))
+    for _ in range(20):
+        cal.observe_op(OpClass.GEMM, 1.0, 0.5)  # twice as fast as the datasheet allows
+    assert cal.efficiencies()[OpClass.GEMM] == 1.0
+    path = tmp_path / "p.json"
+    cal.save(path)
+    assert Calibrator.from_profile(path, "h100-sxm-80gb").prior[OpClass.GEMM] == 1.0
+    cpu = Calibrator(prior=Efficiencies(device="cpu"))  # guessed peaks: a fit may beat them
+    for _ in range(20):
+        cpu.observe_op(OpClass.GEMM, 1.0, 0.5)
+    assert cpu.efficiencies()[OpClass.GEMM] > 1.5

@@ -22,7 +22,7 @@ from typing import Annotated, Any
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from nereus.cost.efficiency import Efficiencies, default_efficiency
+from nereus.cost.efficiency import Efficiencies, default_efficiency, peak_bound
 from nereus.cost.estimate import Estimate
 from nereus.cost.ops import OpClass
 from nereus.errors import InputError
@@ -147,8 +147,11 @@ class Calibrator:
         a_full = np.vstack([a, lam])
         b_full = np.concatenate([b, lam @ x0])
         x, *_ = np.linalg.lstsq(a_full, b_full, rcond=None)
-        # an inverse efficiency below 1e-3 or negative is noise the data cannot support
-        x = np.clip(x, 1e-3, 1e6)
+        # an inverse efficiency negative, below 1e-3 or under the peak's (efficiency above
+        # peak_bound) is noise the data cannot support
+        device = self.prior.device
+        low = np.array([max(1e-3, 1.0 / peak_bound(c, device)) for c in classes])
+        x = np.clip(x, low, 1e6)
         return self.prior.updated({c: float(1.0 / xi) for c, xi in zip(classes, x)})
 
     # ---- profiles ----

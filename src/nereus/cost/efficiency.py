@@ -8,6 +8,7 @@ calibrator. Values above 1 are allowed for the cpu device, whose peak figures ar
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -60,6 +61,13 @@ _DEFAULTS: Mapping[OpClass, float] = {c: default_efficiency(c) for c in OpClass}
 _NO_PEAK = frozenset({OpClass.SETUP, OpClass.LATENCY_INTRA, OpClass.LATENCY_INTER})
 
 
+def peak_bound(cls: OpClass, device: str) -> float:
+    """The largest efficiency ``cls`` can have on ``device``: 1 (the datasheet peak), or no
+    bound on the cpu device (its peaks are guesses a measurement may beat) and for set-up and
+    latency (estimates, not peaks). Profiles, fits and scenarios all hold to it."""
+    return math.inf if device == "cpu" or cls in _NO_PEAK else 1.0
+
+
 @dataclass(frozen=True)
 class Efficiencies:
     """Efficiency per op class; classes absent here use :func:`default_efficiency`."""
@@ -103,9 +111,7 @@ class Efficiencies:
             except ValueError:
                 raise InputError(f"profile.efficiency.{k}", "unknown op class",
                                  [c.value for c in OpClass]) from None
-            # achieved over peak: only the cpu preset's peaks are guesses a measurement may
-            # beat, and set-up and latency are estimates, not peaks
-            if v > 1 and f.device != "cpu" and cls_ not in _NO_PEAK:
+            if v > peak_bound(cls_, f.device):
                 raise InputError(f"profile.efficiency.{k}", f"{v:g} is above the "
                                  f"{f.device or 'device'}'s peak", "(0, 1]")
             values[cls_] = float(v)

@@ -35,7 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from nereus.control.controller import ControlConfig
 from nereus.control.restart import RESTART_SOURCES, RestartParams
-from nereus.cost.efficiency import Efficiencies
+from nereus.cost.efficiency import Efficiencies, peak_bound
 from nereus.cost.ops import OpClass
 from nereus.errors import InputError
 from nereus.files import read_yaml, validate
@@ -461,7 +461,7 @@ def load_scenario(path: str | Path) -> Scenario:
         except ValueError:
             raise InputError(f"hidden_efficiency.{k}", "unknown op class",
                              [c.value for c in OpClass]) from None
-        if device != "cpu" and v > 1:  # the cpu device's peak figures are guesses
+        if v > peak_bound(cls, device):
             raise InputError(f"hidden_efficiency.{k}", f"{v:g} is above the {device}'s "
                              f"peak", "(0, 1]")
         hidden[cls] = v

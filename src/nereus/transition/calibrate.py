@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from nereus.cost.efficiency import Efficiencies
+from nereus.cost.efficiency import Efficiencies, peak_bound
 from nereus.cost.ops import OpClass
 from nereus.errors import InputError
 from nereus.transition.schedule import Schedule
@@ -80,7 +80,7 @@ def calibrate_transition(schedule: Schedule,
     # no link beats its datasheet peak: a link class fitted above 1 is a mislabelled link or a
     # bad timer, so its inverse efficiency stops at 1 (the cpu preset's peaks are guesses, and
     # set-up has no peak: those only stay positive)
-    floor = np.array([1.0 if c is not OpClass.SETUP and prior.device != "cpu" else x0[j] * 1e-3
+    floor = np.array([max(1.0 / peak_bound(c, prior.device), x0[j] * 1e-3)
                       for j, c in enumerate(classes)])
     assign: list[OpClass | None] | None = None
     for _ in range(20):
