@@ -180,11 +180,6 @@ class ArenaLayout:
     def entry(self, kind: str, shard_name: str) -> ArenaEntry:
         return self._index[(kind, shard_name)]
 
-    def kind_span(self, kind: str) -> tuple[int, int]:
-        """[start, stop) bytes of the region holding every tensor of ``kind``."""
-        es = [e for e in self.entries if e.kind == kind]
-        return es[0].offset, es[-1].offset + es[-1].nbytes
-
 
 def _align(n: int, size: int) -> int:
     return -(-n // size) * size

@@ -62,7 +62,7 @@ class WorkerContext:
     # ---- state units (bytes counted)
     # A unit counts the bytes of the memory block its arena lives in (``block_bytes``): a block
     # reused from the cache may be larger than the arena, and what is resident is the block.
-    # ``allocate``/``adopt`` reserve exactly what ``drop``/``free`` release.
+    # ``allocate`` reserves exactly what ``drop``/``free`` release.
     def allocate(self, spec: StateSpec, tp: int, pp: int, tp_rank: int, pp_rank: int,
                  meta: StateMeta, what: str = "state") -> ShardedState:
         """A new empty arena for one position, its bytes reserved first (CapacityError)."""
@@ -108,16 +108,6 @@ class WorkerContext:
             if unit_id in self.units:
                 raise KeyError(f"worker {self.device_id} already holds unit {unit_id}")
             self.units[unit_id] = state
-
-    def adopt(self, unit_id: str, state: ShardedState) -> None:
-        """Keep an arena made elsewhere (engine, loader): reserve its bytes, then hold it."""
-        n = block_bytes(state.buffer)
-        self.memory.reserve(n, f"unit {unit_id}")
-        try:
-            self.hold(unit_id, state)
-        except BaseException:
-            self.memory.release(n)
-            raise
 
     def drop(self, unit_id: str) -> int:
         """Free a unit's arena; returns the bytes released (0 if not held)."""
@@ -205,8 +195,11 @@ class WorkerContext:
             self.zombies = [g for g, i in idle if not i]
         for g in done:
             g.close()
-        del done
-        gc.collect()
+        if done or not self.zombies:
+            # only after closing something (or when asked with nothing parked): a group still
+            # parked gains nothing from a collection, and entry points call this while one is
+            del done
+            gc.collect()
         return len(self.zombies)
 
 
