@@ -132,6 +132,8 @@ def _mangled(plan: dict, how: str) -> dict:
         plan["stages"].append(dict(s0))
     elif how == "replicas":
         s0["dp"] += 1
+    elif how == "gpu_twice":
+        s0["gpus"][-1][-1] = s0["gpus"][0][0]
     return plan
 
 
@@ -140,6 +142,7 @@ def _mangled(plan: dict, how: str) -> dict:
     ("text_gpu", "current.stages.0.gpus.0.0"), ("float_tp", "current.stages.0.tp"),
     ("unknown_field", "current.stages.0.colour"), ("groups", "current.groups"),
     ("twice", "current.stages"), ("replicas", "current.stages.0"),
+    ("gpu_twice", "current.stages.0"),
 ])
 def test_malformed_plan_files_are_one_line_errors(how: str, field: str,
                                                   plans: tuple[Path, Path],
@@ -171,3 +174,5 @@ def test_job_specs_refuse_options_they_carry(tmp_path: Path) -> None:
     assert r.exit_code == 2 and "--device" in r.output
     r = runner.invoke(app, ["transition", str(a), str(b)])
     assert r.exit_code == 2 and "devices_per_node" in r.output
+    r = runner.invoke(app, ["transition", str(a), str(a), "--devices-per-node", "0"])
+    assert r.exit_code == 2 and "--devices-per-node" in r.output  # 0 is given, not absent

@@ -19,6 +19,7 @@ from rich.table import Table
 
 from nereus.commands.common import (
     EXIT_INFEASIBLE,
+    EXIT_RUN_FAILED,
     FIGURE_FORMATS,
     console,
     fail,
@@ -182,7 +183,8 @@ def register(app: typer.Typer) -> None:
             given = [name for name, v in (("--config", config), ("--model", model),
                                           ("--algo", algo), ("--execution", execution),
                                           ("--device", device),
-                                          ("--devices-per-node", devices_per_node)) if v]
+                                          ("--devices-per-node", devices_per_node))
+                     if v is not None]
             if given:
                 raise InputError(given[0], "job specs carry their own model, workflow and "
                                  "cluster", "with plan files only")
@@ -206,7 +208,11 @@ def register(app: typer.Typer) -> None:
                 console.print(f"wrote {out}")
         if execute:  # the runtime layer runs it for real (its JSON replaces the schedule's)
             from nereus.runtime import cli_execute
+            from nereus.runtime.demo import RunFailed
 
-            code = cli_execute(job, cur, tgt, schedule, as_json=as_json)
+            try:
+                code = cli_execute(job, cur, tgt, schedule, as_json=as_json)
+            except RunFailed as e:
+                raise fail(str(e), EXIT_RUN_FAILED) from None
             if code:
                 raise typer.Exit(code)

@@ -10,7 +10,6 @@ are stopped before it returns, also on failure.
 from __future__ import annotations
 
 import json
-import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -30,7 +29,9 @@ from nereus.transition.emu import phi
 from nereus.transition.planner import plan_transition
 from nereus.transition.schedule import Schedule
 
-EXIT_RUN_FAILED = 4  # the run itself failed (a worker died, a collective failed, Ray did not start)
+class RunFailed(RuntimeError):
+    """The transition did not run to its end (a worker died, a collective failed, a worker ran
+    out of its capacity, Ray could not start the workers): one line, for the command to print."""
 
 
 @dataclass(frozen=True)
@@ -159,9 +160,8 @@ def cli_execute(job: JobSpec, current: Plan, target: Plan, schedule: Schedule | 
                 as_json: bool = False, echo: Any = print) -> int:
     """The hook ``nereus transition --execute`` calls: run, print, and return the exit code:
     0 when the state after the transition equals the state before, bitwise; 1 when it
-    differs; ``EXIT_RUN_FAILED`` (one line on stderr, no traceback) when the run itself
-    failed: a worker died, a collective failed, a worker ran out of its capacity, or Ray
-    could not start the workers."""
+    differs. Raises :class:`RunFailed` (one line) when the run itself failed; a bug keeps its
+    own exception and traceback."""
     from ray.exceptions import RayError
 
     try:
@@ -169,8 +169,7 @@ def cli_execute(job: JobSpec, current: Plan, target: Plan, schedule: Schedule | 
                                    address=address)
     except (TransitionFailed, WorkerCallsFailed, CapacityError, GroupAborted, RayError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        print(f"error: the transition did not run to its end ({type(e).__name__}): {first}",
-              file=sys.stderr)
-        return EXIT_RUN_FAILED
+        raise RunFailed(f"the transition did not run to its end ({type(e).__name__}): "
+                        f"{first}") from None
     echo(render(check, as_json).rstrip("\n"))
     return 0 if check.bitwise_equal else 1
