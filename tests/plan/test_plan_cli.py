@@ -76,3 +76,25 @@ def test_the_table_says_what_a_node_loss_takes_and_spread_keeps_a_copy():
         assert len({g // 8 for rep in s["gpus"] for g in rep[:1]}) >= 2  # replicas on 2 nodes
     r = runner.invoke(app, [*BASE, "--devices-per-node", "8", "--spread"])
     assert "any one node can go" in r.stdout
+
+
+def test_an_evaluated_plan_file_is_a_plan_file_for_transition(tmp_path):
+    cfg = "examples/llama-3.1-8b-ppo.yaml"
+    r = runner.invoke(app, ["plan", "--config", cfg, "--evaluate",
+                            "examples/layouts/verl-colocated-8b.yaml", "--json"])
+    assert r.exit_code == 0, r.output
+    assert {"fits", "problems", "best_step_latency_s"} <= set(json.loads(r.stdout))
+    (tmp_path / "now.json").write_text(r.stdout)
+    r = runner.invoke(app, ["plan", "--config", cfg, "--json"])
+    (tmp_path / "best.json").write_text(r.stdout)
+    r = runner.invoke(app, ["transition", str(tmp_path / "now.json"), str(tmp_path / "best.json"),
+                            "--config", cfg, "--json"])
+    assert r.exit_code in (0, 3), r.output  # read as a plan (3: a move that cannot run)
+    assert "estimated_s" in r.stdout
+
+
+def test_evaluate_compares_with_the_spread_plan_under_spread():
+    r = runner.invoke(app, ["plan", "--config", "examples/llama-3.1-8b-ppo.yaml", "--evaluate",
+                            "examples/layouts/verl-colocated-8b.yaml", "--spread"])
+    assert r.exit_code == 0, r.output
+    assert "best plan (--spread)" in r.stdout and r.stdout.count("node loss:") == 2

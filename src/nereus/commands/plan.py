@@ -18,7 +18,7 @@ from nereus.cost.model import CostModel
 from nereus.errors import InfeasibleError
 from nereus.plan.candidates import frontier
 from nereus.plan.evaluate import evaluate_plan, load_layout_spec
-from nereus.plan.exposure import exposed_by_node
+from nereus.plan.exposure import exposed_by_node, spans_nodes
 from nereus.plan.search import Planner
 from nereus.plan.types import Plan, idle_bytes
 from nereus.plan.validate import validate_plan
@@ -110,7 +110,7 @@ def register(app: typer.Typer) -> None:
                                responses_per_prompt=responses_per_prompt)
         cost = CostModel(job, _efficiencies(job, profile))
         if evaluate is not None:
-            _evaluate(job, cost, evaluate, explain, as_json)
+            _evaluate(job, cost, evaluate, explain, as_json, spread)
             return
         planner = Planner(job, cost=cost, spread=spread)
         if frontier_stage is not None:
@@ -132,10 +132,9 @@ def register(app: typer.Typer) -> None:
             _explain(cost, plan)
 
     def _node_loss(job: JobSpec, plan: Plan) -> str:
-        by_node = exposed_by_node(plan, job.cluster)
-        if len(by_node) < 2:
-            return "node loss: the plan sits on one node"
-        hit = {n: s for n, s in by_node.items() if s}
+        if not spans_nodes(job.pool):
+            return "node loss: the pool is one node"
+        hit = {n: s for n, s in exposed_by_node(plan, job.cluster).items() if s}
         if not hit:
             return "node loss: any one node can go; every model-stage keeps a copy elsewhere"
         parts = "; ".join(f"node {n} takes {', '.join(s)}" for n, s in hit.items())
@@ -175,11 +174,12 @@ def register(app: typer.Typer) -> None:
                       f"{r['latency_s']:.3f}", f"{r['peak_mem_bytes'] / GiB:.1f}")
         console.print(t)
 
-    def _evaluate(job: JobSpec, cost: CostModel, path: Path, explain: bool, as_json: bool) -> None:
+    def _evaluate(job: JobSpec, cost: CostModel, path: Path, explain: bool, as_json: bool,
+                  spread: bool) -> None:
         yours = evaluate_plan(job, load_layout_spec(path), cost)
         problems = validate_plan(job, yours, cost)
         try:
-            best: Plan | None = Planner(job, cost=cost).best()
+            best: Plan | None = Planner(job, cost=cost, spread=spread).best()
         except InfeasibleError as e:  # the best plan is context; a job that fits nowhere still scores
             best, why = None, str(e)
         if as_json:
@@ -192,6 +192,7 @@ def register(app: typer.Typer) -> None:
             return
         console.print(plan_table(job, yours, f"your plan ({path.name})"))
         console.print(_summary(yours))
+        console.print(_node_loss(job, yours))
         if problems:
             console.print(f"[red]does not fit[/]: {len(problems)} problem(s)")
             for p in problems[:10]:
@@ -199,8 +200,9 @@ def register(app: typer.Typer) -> None:
         else:
             console.print("[green]fits[/] (every GPU within 90 % of memory, estimated)")
         if best is not None:
-            console.print(plan_table(job, best, "best plan"))
+            console.print(plan_table(job, best, "best plan" + (" (--spread)" if spread else "")))
             console.print(_summary(best))
+            console.print(_node_loss(job, best))
             gain = yours.step_latency_s / best.step_latency_s
             console.print(f"best plan: {gain:.2f}x the speed of yours per step (estimated)")
         else:

@@ -44,7 +44,7 @@ from nereus.cost.estimate import HEADROOM
 from nereus.cost.model import CostModel
 from nereus.cost.ops import OpClass
 from nereus.errors import InfeasibleError, InputError
-from nereus.plan.exposure import exposed_fraction
+from nereus.plan.exposure import exposed_fraction, spans_nodes
 from nereus.plan.search import Planner
 from nereus.plan.types import Plan, idle_bytes
 from nereus.spec.cluster import GpuPool
@@ -401,8 +401,8 @@ class Controller:
         shown how often they come, on a pool of one node, or with ``spread_on_churn`` off.
         Estimated."""
         if not self.config.spread_on_churn or p.plan is None \
-                or LOSS_SIGNAL not in self.horizons.ema or len(now.pool.by_node()) < 2:
-            return 0.0  # (on one node no placement can keep a copy elsewhere)
+                or LOSS_SIGNAL not in self.horizons.ema or not spans_nodes(now.pool):
+            return 0.0
         share = exposed_fraction(p.plan, now.cluster)
         if share <= 0.0:
             return 0.0

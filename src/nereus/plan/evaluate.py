@@ -20,7 +20,14 @@ from nereus.cost.model import CostModel
 from nereus.errors import InputError
 from nereus.files import read_yaml, validate
 from nereus.plan.overlap import critical_path, overlap_graph
-from nereus.plan.types import MAX_GPU_ID, Plan, StagePlan, contiguous_replicas
+from nereus.plan.types import (
+    MAX_GPU_ID,
+    PLAN_FILE_KEYS,
+    Plan,
+    StagePlan,
+    contiguous_replicas,
+    replica_problem,
+)
 from nereus.spec.job import JobSpec
 from nereus.spec.sharding import layout_problem
 from nereus.spec.workflow import StageKind
@@ -58,33 +65,13 @@ class _LayoutStage(BaseModel):
         """The layout; GPU lists, where given, must be one per replica of tp x pp ids."""
         replicas = None
         if self.gpus is not None:
-            if len(self.gpus) != self.dp:
-                raise InputError(f"{field}.gpus", f"{len(self.gpus)} GPU lists for dp = "
-                                 f"{self.dp}", "one list of tp x pp GPU ids per DP replica")
-            size = self.tp * self.pp
-            bad = [r for r in self.gpus if len(r) != size]
-            if bad:
-                raise InputError(f"{field}.gpus", f"a replica lists {len(bad[0])} GPUs for "
-                                 f"tp x pp = {size}", "one list of tp x pp GPU ids per DP replica")
+            problem = replica_problem(self.gpus, self.dp, self.tp * self.pp)
+            if problem:
+                raise InputError(f"{field}.gpus", problem,
+                                 "one list of tp x pp GPU ids per DP replica, no GPU twice")
             replicas = tuple(tuple(r) for r in self.gpus)
         return StageLayoutSpec(self.tp, self.pp, self.dp, replicas, self.micro_batch,
                                self.grad_accum, self.recompute)
-
-
-class _LayoutFile(BaseModel):
-    """A plan JSON's top level (``nereus plan --json``, or ``--evaluate --json``'s output): its
-    stages, checked one by one, and the keys evaluation recomputes, not read."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    stages: Any = None
-    step_latency_s: Any = None
-    source: Any = None
-    terms: Any = None
-    groups: Any = None
-    fits: Any = None
-    problems: Any = None
-    best_step_latency_s: Any = None
 
 
 def load_layout_spec(path: str | Path) -> dict[str, StageLayoutSpec]:
@@ -100,7 +87,11 @@ def layout_spec_from_data(data: Any) -> dict[str, StageLayoutSpec]:
         raise InputError("evaluate", "must map each model-stage to {tp, pp, dp}", shape)
     if "stages" not in data:
         return {str(k): _stage(f"evaluate.{k}", v, str(k)) for k, v in data.items()}
-    validate(_LayoutFile, dict(data), "evaluate", prefix="evaluate.")
+    # a plan file's keys (its stages are checked one by one below; the rest evaluation
+    # recomputes and does not read)
+    unknown = sorted(str(k) for k in data if k not in PLAN_FILE_KEYS)
+    if unknown:
+        raise InputError(f"evaluate.{unknown[0]}", "unknown field", PLAN_FILE_KEYS)
     stages = data["stages"]
     if isinstance(stages, Mapping):
         return {str(k): _stage(f"evaluate.stages.{k}", v, str(k)) for k, v in stages.items()}

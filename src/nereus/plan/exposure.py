@@ -12,7 +12,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from nereus.plan.types import Plan
-from nereus.spec.cluster import Cluster
+from nereus.spec.cluster import Cluster, GpuPool
+
+
+def spans_nodes(pool: GpuPool) -> bool:
+    """Whether ``pool`` has GPUs on more than one node: only then can a plan keep a copy of a
+    model-stage on another node (on one node, losing it loses everything)."""
+    return len(pool.by_node()) > 1
 
 
 def exposed_by_node(plan: Plan, cluster: Cluster) -> Mapping[int, tuple[str, ...]]:

@@ -30,6 +30,7 @@ from nereus.cost.estimate import HEADROOM
 from nereus.cost.model import CostModel, Evaluation
 from nereus.errors import InfeasibleError
 from nereus.plan.candidates import StageOptions, pareto_mask, stage_options
+from nereus.plan.exposure import spans_nodes
 from nereus.plan.overlap import critical_path, overlap_graph
 from nereus.plan.placement import GroupAssignment, place_phase, split_pool, unit_of
 from nereus.plan.types import Plan, StagePlan
@@ -244,7 +245,7 @@ class Planner:
         self.job = job
         self.cost = cost or CostModel(job, efficiencies)
         self.limit = HEADROOM * self.cost.device.memory_bytes
-        self.spread = spread and len(job.pool.by_node()) > 1
+        self.spread = spread and spans_nodes(job.pool)
         keep = None
         if self.spread:
             node = job.pool.largest_node_share()

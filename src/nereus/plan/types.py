@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
@@ -16,6 +16,20 @@ from nereus.files import read_json, validate
 
 if TYPE_CHECKING:
     from nereus.cost.model import CostModel
+
+
+def replica_problem(replicas: Sequence[Sequence[int]], dp: int, size: int) -> str | None:
+    """What is wrong with a model-stage's GPU lists (one per DP replica, tp x pp = ``size``
+    ids each, no GPU twice), or None: the one rule for plans, plan files and layouts."""
+    if len(replicas) != dp:
+        return f"{len(replicas)} GPU lists for dp = {dp}"
+    bad = [r for r in replicas if len(r) != size]
+    if bad:
+        return f"a replica lists {len(bad[0])} GPUs for tp x pp = {size}"
+    flat = [g for r in replicas for g in r]
+    if len(set(flat)) != len(flat):
+        return "a GPU appears twice"
+    return None
 
 
 @dataclass(frozen=True)
@@ -34,16 +48,9 @@ class StagePlan:
 
     def __post_init__(self) -> None:
         c = self.candidate
-        if len(self.replicas) != c.dp:
-            raise InputError(f"plan.{self.stage}.gpus",
-                             f"{len(self.replicas)} replicas listed for dp={c.dp}")
-        for r in self.replicas:
-            if len(r) != c.layout.size:
-                raise InputError(f"plan.{self.stage}.gpus",
-                                 f"a replica lists {len(r)} GPUs for tp x pp = {c.layout.size}")
-        flat = self.gpus
-        if len(set(flat)) != len(flat):
-            raise InputError(f"plan.{self.stage}.gpus", "a GPU appears twice")
+        problem = replica_problem(self.replicas, c.dp, c.layout.size)
+        if problem:
+            raise InputError(f"plan.{self.stage}.gpus", problem)
 
     @property
     def layout(self) -> Layout:
@@ -167,13 +174,9 @@ class _StageFile(BaseModel):
 
     @model_validator(mode="after")
     def _replicas(self) -> _StageFile:
-        if len(self.gpus) != self.dp:
-            raise ValueError(f"{self.name}: {len(self.gpus)} GPU lists for dp = {self.dp}")
-        size = self.tp * self.pp
-        bad = [r for r in self.gpus if len(r) != size]
-        if bad:
-            raise ValueError(f"{self.name}: a replica of tp x pp = {size} lists {len(bad[0])} "
-                             f"GPUs")
+        problem = replica_problem(self.gpus, self.dp, self.tp * self.pp)
+        if problem:
+            raise ValueError(f"{self.name}: {problem}")
         return self
 
     def to_stage_plan(self) -> StagePlan:
@@ -184,7 +187,8 @@ class _StageFile(BaseModel):
 
 
 class _PlanFile(BaseModel):
-    """A plan file: what ``nereus plan --json`` writes."""
+    """A plan file: what ``nereus plan --json`` writes, or ``nereus plan --evaluate --json``
+    (the plan plus its verdict, which is read past: a plan is priced where it is used)."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
@@ -193,11 +197,12 @@ class _PlanFile(BaseModel):
     source: Literal["estimated", "measured", "simulated"] = "estimated"
     terms: dict[str, float] = Field(default_factory=dict)
     groups: list[list[str]] = Field(default_factory=list)
+    fits: bool | None = None
+    problems: list[str] = Field(default_factory=list)
+    best_step_latency_s: float | None = None
 
 
-def stage_plan_from_dict(s: Any, field: str = "plan.stage") -> StagePlan:
-    """One model-stage in the JSON shape of ``nereus plan --json``."""
-    return validate(_StageFile, s, field, prefix=f"{field}.").to_stage_plan()
+PLAN_FILE_KEYS: tuple[str, ...] = tuple(_PlanFile.model_fields)
 
 
 def idle_bytes(cost: CostModel, plan: Plan, stage: str) -> int:
