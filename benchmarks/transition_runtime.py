@@ -258,10 +258,10 @@ def _cpu_name() -> str:
     try:
         for line in open("/proc/cpuinfo"):
             if line.startswith("model name"):
-                return f"{line.split(':', 1)[1].strip()}, {os.cpu_count()} cores"
+                return f"{line.split(':', 1)[1].strip()}, {os.cpu_count()} logical CPUs"
     except OSError:
         pass
-    return f"{os.cpu_count()} cores"
+    return f"{os.cpu_count()} logical CPUs"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -301,9 +301,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         ext = extend_ratio(pool, job, ex, args.repeats)
         errs = estimate_errors(job, results)
-        device = _cpu_name()
-        if args.kind == "gpu":
-            device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else device
+        device = torch.cuda.get_device_name(0) if args.kind == "gpu" and \
+            torch.cuda.is_available() else _cpu_name()
         pool.shutdown()
     finally:
         ray.shutdown()
@@ -316,12 +315,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                  "bytes_moved": r.best()[1].bytes, "setup_s": r.best()[1].setup_s,
                  "bitwise_equal": not r.differences} for r in results]
     for row in per_case:
-        log(json.dumps(row))
+        log(json.dumps({**row, "source": "measured"}))
     for e in errs:
         log(f"estimate {e['case']} (fold {e['fold']}): estimated {e['estimated_s']:.3f} s, "
             f"measured {e['measured_s']:.3f} s, error {e['relative_error']:.2f}")
     log(f"extend: {ext['extend_bw'] / 1e9:.2f} GB/s vs raw broadcast "
-        f"{ext['raw_bw'] / 1e9:.2f} GB/s")
+        f"{ext['raw_bw'] / 1e9:.2f} GB/s (measured)")
     out = {
         "bitwise_equal": all(not r.differences for r in results),
         "cases": len(results),

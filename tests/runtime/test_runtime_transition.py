@@ -8,6 +8,7 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 
 import pytest
 import ray
@@ -186,8 +187,20 @@ def _one_stage_plan(job: JobSpec, stage: str, tp: int, pp: int,
     return _plan(job, {stage: (tp, pp, reps)})
 
 
-def test_worker_killed_mid_transition_loses_nothing_while_another_copy_exists(
-        pool: WorkerPool) -> None:
+@dataclass
+class _KilledExtend:
+    job: JobSpec
+    stage: str
+    seeds: dict[str, int]
+    killed: list[int]
+    ex: Executor
+    failure: TransitionFailed
+
+
+def _extend_with_receiver_killed(pool: WorkerPool, seed: int, timeout_s: float
+                                 ) -> _KilledExtend:
+    """Two tp=2 replicas of actor_train extended to three; the receiving worker dies mid-Extend
+    and the run fails (the callers tear down differently: grow or replace)."""
     job = cpu_job("tiny-llama", 6)
     stage = "actor_train"
     _fit_pool(pool, range(6))
@@ -196,13 +209,20 @@ def test_worker_killed_mid_transition_loses_nothing_while_another_copy_exists(
     schedule = plan_transition(job, current, target)
     assert [p.op for p in schedule.primitives] == ["Extend"]
     specs = state_specs(job, "cpu")
-    seeds = stage_seeds(job, 11)
+    seeds = stage_seeds(job, seed)
     place_plan(pool, job, current, specs, seeds)
-    killed, hook = _kill_when(pool, "Extend", -1)  # a receiving worker dies mid-Extend
-    ex = Executor(pool, specs, min_timeout_s=5.0, on_event=hook)
+    killed, hook = _kill_when(pool, "Extend", -1)
+    ex = Executor(pool, specs, min_timeout_s=timeout_s, on_event=hook)
     with pytest.raises(TransitionFailed) as info:
         ex.run(schedule)
-    rep = info.value.report
+    return _KilledExtend(job, stage, seeds, killed, ex, info.value)
+
+
+def test_worker_killed_mid_transition_loses_nothing_while_another_copy_exists(
+        pool: WorkerPool) -> None:
+    k = _extend_with_receiver_killed(pool, 11, timeout_s=5.0)
+    job, stage, seeds, killed, ex = k.job, k.stage, k.seeds, k.killed, k.ex
+    rep = k.failure.report
     assert set(killed) <= rep.dead and rep.dead
     assert len(rep.intact[stage]) == 2  # both replicas survived the failed Extend
     assert not rep.lost_stages([stage])
@@ -227,18 +247,7 @@ def _parked(ctx: WorkerContext) -> int:
 def test_survivors_of_a_fault_free_aborted_groups_at_their_next_call(pool: WorkerPool) -> None:
     """The groups aborted when a worker dies mid-transition are freed by the survivors' next
     calls once their operations timed out, not left parked until the next abort."""
-    job = cpu_job("tiny-llama", 6)
-    stage = "actor_train"
-    _fit_pool(pool, range(6))
-    current = _one_stage_plan(job, stage, 2, 1, [[0, 1], [2, 3]])
-    target = _one_stage_plan(job, stage, 2, 1, [[0, 1], [2, 3], [4, 5]])
-    schedule = plan_transition(job, current, target)
-    specs = state_specs(job, "cpu")
-    place_plan(pool, job, current, specs, stage_seeds(job, 14))
-    killed, hook = _kill_when(pool, "Extend", -1)
-    ex = Executor(pool, specs, min_timeout_s=2.0, on_event=hook)
-    with pytest.raises(TransitionFailed):
-        ex.run(schedule)
+    killed = _extend_with_receiver_killed(pool, 14, timeout_s=2.0).killed
     survivors = [d for d in pool.device_ids if d not in killed]
     deadline = time.monotonic() + 60.0  # the aborted operations end by their gloo timeout
     parked = pool.run({d: (_parked, ()) for d in survivors})

@@ -32,7 +32,6 @@ from nereus.sim.scenarios import (
 from nereus.sim.simulator import SimResult
 
 
-
 def _policies(text: str) -> list[str]:
     names = [p.strip() for p in text.split(",") if p.strip()]
     bad = [p for p in names if p not in POLICIES]

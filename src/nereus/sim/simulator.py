@@ -140,7 +140,6 @@ class SimResult:
     notes: Mapping[str, str] = field(default_factory=dict)
 
 
-
 @dataclass(frozen=True)
 class StepEvents:
     """What the pool does around one step, on the nominal clock.

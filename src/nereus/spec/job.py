@@ -106,23 +106,24 @@ def build_job(cfg: JobConfig) -> JobSpec:
         param_dtype=w.param_dtype, grad_dtype=w.grad_dtype, master_weights=w.master_weights,
         optimizer=Optimizer(w.optimizer))
     model = get_model(cfg.model)
-    check_context(model, workload, "workload.prompt_len",
+    check_context(model, workload,
                   "workload.response_len_max" if w.response_len_max else "workload.response_len")
     return JobSpec(model, cluster, GpuPool(cluster, tuple(ids)),
                    get_workflow(cfg.algo, cfg.execution), workload)
 
 
-def check_context(model: ModelSpec, workload: Workload, prompt_field: str = "workload.prompt_len",
+def check_context(model: ModelSpec, workload: Workload,
                   response_field: str = "workload.response_len_max") -> None:
     """A prompt plus the longest response must fit the model's context window (where the model
     has one): past it the model was never trained, and the plan would price a step it cannot
-    run. The error names ``response_field`` (or ``prompt_field`` if the prompt alone fills it)."""
+    run. The error names ``response_field`` (or ``workload.prompt_len`` if the prompt alone
+    fills it)."""
     limit = model.max_position_embeddings
     if limit is None or workload.seq_len_max <= limit:
         return
     p, r = workload.prompt_len, workload.response_len_max
     if p >= limit:
-        raise InputError(prompt_field, f"{p} tokens leave no room for a response in "
+        raise InputError("workload.prompt_len", f"{p} tokens leave no room for a response in "
                          f"{model.name}'s context window of {limit} tokens",
                          f"at most {limit - 1}")
     raise InputError(response_field, f"prompt {p} + longest response {r} = {p + r} tokens exceed "
