@@ -238,6 +238,53 @@ def test_worker_killed_mid_transition_loses_nothing_while_another_copy_exists(
     pool.grow(killed)
 
 
+def test_a_driver_error_mid_transition_aborts_and_reports_what_is_intact(
+        pool: WorkerPool) -> None:
+    """An error in the driver (not a worker's) once a primitive runs: its communicators are
+    aborted, the report says what is intact and why, and recovery reaches the target."""
+    job = cpu_job("tiny-llama", 6)
+    stage = "actor_train"
+    _fit_pool(pool, range(6))
+    current = _one_stage_plan(job, stage, 2, 1, [[0, 1], [2, 3]])
+    target = _one_stage_plan(job, stage, 2, 1, [[0, 1], [2, 3], [4, 5]])
+    schedule = plan_transition(job, current, target)
+    specs = state_specs(job, "cpu")
+    seeds = stage_seeds(job, 15)
+    place_plan(pool, job, current, specs, seeds)
+
+    def hook(kind: str, index: int, p: Primitive) -> None:
+        if kind == "start":
+            raise RuntimeError("driver bug")
+
+    ex = Executor(pool, specs, min_timeout_s=5.0, on_event=hook)
+    with pytest.raises(TransitionFailed, match="stopped by RuntimeError: driver bug") as info:
+        ex.run(schedule)
+    rep = info.value.report
+    assert isinstance(info.value.__cause__, RuntimeError)
+    assert rep.dead == frozenset()  # the aborted calls fail, no worker died
+    assert all("aborted" in err for errs in rep.failed.values() for err in errs.values())
+    assert {e.id for e in rep.intact[stage]} >= {"actor_train/0", "actor_train/1"}
+    ex.on_event = None
+    rec = recover(pool, ex, job, rep, lambda ids: target)
+    assert rec.restored == ()
+    assert sorted(e.gpus for e in rec.units[stage]) == [(0, 1), (2, 3), (4, 5)]
+    _check_stages(pool, job, rec.units, seeds)
+
+
+def test_a_driver_error_before_anything_moved_is_raised_as_it_is(pool: WorkerPool) -> None:
+    job = cpu_job("tiny-llama", 6)
+    stage = "actor_train"
+    _fit_pool(pool, range(6))
+    current = _one_stage_plan(job, stage, 2, 1, [[0, 1], [2, 3]])
+    target = _one_stage_plan(job, stage, 2, 1, [[0, 1], [2, 3], [4, 5]])
+    specs = state_specs(job, "cpu")
+    place_plan(pool, job, current, specs, stage_seeds(job, 16))
+    ex = Executor(pool, {}, min_timeout_s=5.0)  # no state spec: fails at the first primitive
+    with pytest.raises(KeyError, match=stage):
+        ex.run(plan_transition(job, current, target))
+    assert sorted(_held_ids(pool)[0]) == ["actor_train/0"]
+
+
 def _parked(ctx: WorkerContext) -> int:
     """Aborted groups this worker still parks (looked at without reaping: the worker's entry
     point is what must have freed them)."""

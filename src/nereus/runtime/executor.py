@@ -13,6 +13,11 @@ If a worker dies or a primitive fails, the executor stops starting primitives, c
 rendezvous (waiting joins fail at once), aborts the communicators of primitives that include a
 failed or dead worker, waits for the others, reconciles what the live workers hold, and raises
 ``TransitionFailed`` with a ``FaultReport`` of the intact units (``nereus.runtime.faults``).
+An error in the driver itself once the first primitive has started (a failed launch, a memory
+check that no longer passes, an interrupt) takes the same path with every running
+communicator aborted, the error as the report's ``cause``: state has moved by then, and the
+caller needs to know what is intact. Before that, nothing has moved and the error is raised
+as it is.
 """
 
 from __future__ import annotations
@@ -201,6 +206,12 @@ class Executor:
             rv.close()
             report = self._fail(running, units, timings, t0)
             raise TransitionFailed(report) from None
+        except (Exception, KeyboardInterrupt) as e:
+            if not done and not running:
+                raise  # nothing has moved
+            rv.close()
+            report = self._fail(running, units, timings, t0, cause=e)
+            raise TransitionFailed(report) from e
         finally:
             rv.close()
         wall = time.perf_counter() - t0
@@ -268,7 +279,11 @@ class Executor:
         return any(r.errors for r in running.values())
 
     def _fail(self, running: dict[int, _Running], units: dict[str, Emu],
-              timings: dict[int, PrimitiveTiming], t0: float) -> FaultReport:
+              timings: dict[int, PrimitiveTiming], t0: float,
+              cause: BaseException | None = None) -> FaultReport:
+        """Abort, wait, reconcile. ``cause``: a driver-side error; every running primitive's
+        communicators are aborted then (none of its workers failed, but its calls may wait
+        on peers that were never called)."""
         errors = {d: e for r in running.values() for d, e in r.errors.items()}
         dead = {d for d, e in errors.items() if is_actor_death(e)}
         involved = {d for r in running.values() for d in r.refs}
@@ -278,7 +293,7 @@ class Executor:
         dead |= {d for d in involved if not alive.get(d, False)}
         bad = dead | set(errors)
         for r in running.values():  # abort communicators that include a failed worker
-            if bad.intersection(r.refs) and r.groups:
+            if (cause is not None or bad.intersection(r.refs)) and r.groups:
                 for d in r.refs:
                     if d not in dead:
                         names = [n for n, ms in r.groups.items() if d in ms]
@@ -306,7 +321,7 @@ class Executor:
             candidates.update({e.id: e for e in r.prim.outputs})
             completed.append(i)
         return reconcile(self.pool, candidates, dead, failed,
-                         tuple(sorted(timings.values(), key=lambda t: t.index)))
+                         tuple(sorted(timings.values(), key=lambda t: t.index)), cause)
 
 
 class _Abort(Exception):

@@ -42,6 +42,7 @@ class FaultReport:
     timings: tuple[PrimitiveTiming, ...] = ()          # primitives that did complete
     dropped_bytes: Mapping[int, int] = field(default_factory=dict)  # orphan arenas freed
     tracebacks: Mapping[int, Mapping[int, str]] = field(default_factory=dict, repr=False)
+    cause: str | None = None  # an error in the driver that stopped the run (no worker's)
 
     def lost_stages(self, stages: Sequence[str]) -> tuple[str, ...]:
         """Model-stages (of ``stages``) with no intact unit left: their last copy is lost."""
@@ -52,7 +53,8 @@ class FaultReport:
         fails = "; ".join(f"#{i}: " + ", ".join(f"worker {d}: {e}" for d, e in errs.items())
                           for i, errs in sorted(self.failed.items()))
         keep = ", ".join(e.id for es in self.intact.values() for e in es) or "none"
-        return f"dead workers: {dead}; failed: {fails or 'none'}; intact units: {keep}"
+        why = f"stopped by {self.cause}; " if self.cause else ""
+        return f"{why}dead workers: {dead}; failed: {fails or 'none'}; intact units: {keep}"
 
 
 class TransitionFailed(RuntimeError):
@@ -78,8 +80,10 @@ def _drop_all(ctx: Any, ids: Sequence[str]) -> int:
 
 def reconcile(pool: WorkerPool, candidates: Mapping[str, Emu], dead: set[int],
               failed: Mapping[int, Mapping[int, BaseException]],
-              timings: tuple[PrimitiveTiming, ...] = ()) -> FaultReport:
-    """Which of ``candidates`` are intact on the live workers; drop every other arena there."""
+              timings: tuple[PrimitiveTiming, ...] = (), cause: BaseException | None = None
+              ) -> FaultReport:
+    """Which of ``candidates`` are intact on the live workers; drop every other arena there.
+    ``cause``: the driver-side error that stopped the run, when no worker's call failed."""
     live = [d for d in pool.device_ids if d not in dead]
     alive = pool.alive(timeout_s=5.0)
     dead = set(dead) | {d for d in live if not alive.get(d, False)}
@@ -109,7 +113,8 @@ def reconcile(pool: WorkerPool, candidates: Mapping[str, Emu], dead: set[int],
                        {s: tuple(sorted(es, key=lambda e: e.id)) for s, es in intact.items()},
                        tuple(sorted(lost, key=lambda e: e.id)), timings, dropped,
                        {i: {d: str(e)[-4000:] for d, e in errs.items()}
-                        for i, errs in failed.items()})
+                        for i, errs in failed.items()},
+                       None if cause is None else _describe_error(cause))
 
 
 @dataclass(frozen=True)
