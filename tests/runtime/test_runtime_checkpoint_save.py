@@ -38,3 +38,45 @@ def test_a_failed_save_keeps_the_previous_checkpoint(tmp_path) -> None:
     assert [p.name for p in (tmp_path / "ckpt").iterdir()] == ["step-5"]  # no leftovers
     pool.fail = False
     assert ck.save(pool, {"actor_train": [unit]}, tag=5) == first
+
+
+def _copy(root: Path, name: str, tag: int, shard: str) -> Path:
+    p = root / name
+    (p / "actor_train").mkdir(parents=True)
+    (p / "actor_train" / shard).write_text("state")
+    (p / "COMPLETE").write_text(str(tag))
+    return p
+
+
+def test_a_crash_between_the_two_renames_of_a_swap_is_finished(tmp_path) -> None:
+    """The old copy was moved aside and the new one not yet renamed in: the new one is the
+    checkpoint, and the old one goes."""
+    root = tmp_path / "ckpt"
+    _copy(root, ".step-5.old-100", 5, "old")
+    _copy(root, ".step-5.partial-100", 5, "new")
+    (root / ".step-6.partial-101" / "actor_train").mkdir(parents=True)  # a save still writing
+    ck = Checkpointer(root, timeout_s=10)
+    assert ck.latest() == root / "step-5"
+    assert [p.name for p in (root / "step-5" / "actor_train").iterdir()] == ["new"]
+    assert sorted(p.name for p in root.iterdir()) == [".step-6.partial-101", "step-5"]
+
+
+def test_a_crash_after_moving_the_old_copy_aside_without_a_new_one_puts_it_back(
+        tmp_path) -> None:
+    root = tmp_path / "ckpt"
+    _copy(root, ".step-5.old-100", 5, "old")
+    _copy(root, "step-4", 4, "four")
+    ck = Checkpointer(root, timeout_s=10)
+    assert ck.latest() in (root / "step-5", root / "step-4")
+    assert (root / "step-5").is_dir() and not (root / ".step-5.old-100").exists()
+    assert [p.name for p in (root / "step-5" / "actor_train").iterdir()] == ["old"]
+
+
+def test_copies_left_beside_a_complete_checkpoint_are_removed_by_the_next_save(tmp_path) -> None:
+    root = tmp_path / "ckpt"
+    _copy(root, "step-5", 5, "kept")
+    _copy(root, ".step-5.old-100", 5, "old")
+    ck = Checkpointer(root, timeout_s=10)
+    unit = Emu("actor_train/0", "actor_train", "actor", Layout(1, 2), (0, 1), Holds.THETA_OMEGA)
+    ck.save(_Pool(), {"actor_train": [unit]}, tag=7)
+    assert sorted(p.name for p in root.iterdir()) == ["step-5", "step-7"]

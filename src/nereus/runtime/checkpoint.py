@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import re
 import shutil
 import time
 from collections.abc import Mapping, Sequence
@@ -33,6 +34,7 @@ from nereus.runtime.workers import WorkerContext, WorkerPool
 from nereus.spec.sharding import EMBED, LM_HEAD
 from nereus.transition.emu import Emu
 
+_ASIDE = re.compile(r"\.step-(?P<tag>.+)\.(?P<kind>partial|old)-(?P<stamp>\d+)")
 COMPLETE = "COMPLETE"  # marker written after every model-stage of a checkpoint is saved
 
 
@@ -145,6 +147,7 @@ class Checkpointer:
 
         It is written beside the checkpoint it replaces and swapped in only when complete, so
         a save that fails halfway leaves the previous checkpoint of that tag as it was."""
+        self._finish_swaps()
         where = self.root / f"step-{tag}"
         stamp = time.time_ns()
         partial = self.root / f".step-{tag}.partial-{stamp}"
@@ -170,8 +173,35 @@ class Checkpointer:
         shutil.rmtree(old, ignore_errors=True)
         return where
 
+    def _finish_swaps(self) -> None:
+        """Complete the swaps a crash interrupted. ``save`` moves the old ``step-<tag>`` aside
+        to ``.step-<tag>.old-*``, renames the complete ``.step-<tag>.partial-*`` into its place
+        and removes the old one: a crash between the renames leaves no ``step-<tag>``, and the
+        newest complete partial (else the newest complete old copy) goes back in. Complete
+        copies left beside a ``step-<tag>`` (a crash before the removal, or before the swap of
+        a save that never returned) go. An incomplete partial may be a save still writing and
+        is left alone."""
+        if not self.root.is_dir():
+            return
+        aside: dict[str, list[tuple[bool, int, Path]]] = {}  # tag -> (partial?, stamp, path)
+        for p in self.root.glob(".step-*"):
+            m = _ASIDE.fullmatch(p.name)
+            if m and (p / COMPLETE).is_file():
+                aside.setdefault(m["tag"], []).append((m["kind"] == "partial", int(m["stamp"]),
+                                                       p))
+        for tag, copies in aside.items():
+            where = self.root / f"step-{tag}"
+            if not where.exists():
+                _, _, best = max(copies)
+                os.replace(best, where)
+                copies = [c for c in copies if c[2] != best]
+            for _, _, p in copies:
+                shutil.rmtree(p, ignore_errors=True)
+
     def latest(self) -> Path | None:
-        """The newest complete checkpoint, or None."""
+        """The newest complete checkpoint, or None (a swap a crash interrupted is finished
+        first)."""
+        self._finish_swaps()
         done = [p for p in self.root.glob("step-*") if (p / COMPLETE).is_file()]
         return max(done, key=lambda p: (p / COMPLETE).stat().st_mtime_ns) if done else None
 
