@@ -276,6 +276,33 @@ def test_spreading_is_off_with_spread_on_churn_false(job, plans):
     assert exposed > 0 and "spreads" not in decisions[-1].reasons.summary
 
 
+def test_the_payback_rule_counts_the_node_loss_risk_on_both_sides(job, plans):
+    """On a plan that loses a last copy with either node, once losses come every 20 steps: a
+    length trigger prices the spread target against the current plan's risk too, and the
+    decision's ΔL is the difference of the risk-inclusive latencies it reports."""
+    from nereus.plan.exposure import exposed_fraction
+    assert exposed_fraction(plans["best16"], job.cluster) > 0
+    c = Controller(job, plans["best16"], transition=lambda j, s, t, e: _Sched(1.0),
+                   on_log=lambda s: None)
+    c.horizons = c.horizons.crossed("pool_loss", 0).crossed("pool_loss", 20)
+    c.on_boundary(_tel(job, c.plan, 21, 2000))
+    d = c.on_boundary(_tel(job, c.plan, 22, 2700))
+    r = d.reasons
+    assert [t.signal for t in r.triggers] == ["response_len"]
+    assert r.current_risk_s > 0 and r.target_risk_s == 0.0
+    assert r.target_step_s >= r.current_step_s  # not faster: only the risk repays the move
+    assert d.action is Action.MOVE and exposed_fraction(d.plan, job.cluster) == 0.0
+    assert r.delta_l_s == pytest.approx(r.current_step_s + r.current_risk_s
+                                        - r.target_step_s - r.target_risk_s)
+    assert f"node-loss risk {r.current_risk_s:.3g}->0 s/step" in d.log_line()
+    off = Controller(job, plans["best16"], config=ControlConfig(spread_on_churn=False),
+                     transition=lambda j, s, t, e: _Sched(1.0), on_log=lambda s: None)
+    off.horizons = c.horizons
+    off.on_boundary(_tel(job, off.plan, 21, 2000))
+    r = off.on_boundary(_tel(job, off.plan, 22, 2700)).reasons
+    assert r.current_risk_s == r.target_risk_s == 0.0 and "node-loss" not in r.summary
+
+
 def test_an_urgent_move_short_of_the_best_target_is_replanned_at_the_next_boundary(job, plans):
     p = plans["best16"]
     def only_in_place(j, s, t, e):  # moves that change no layout are all that can run

@@ -5,7 +5,8 @@ why not). Profitability is Eq. 2: admit an opportunistic move when
 
     L_tran / ΔL  <=  γ · H_x
 
-with ΔL the predicted per-step saving of the whole RL step, L_tran the predicted transition
+with ΔL the predicted per-step saving of the whole RL step (with the expected cost of a node
+loss where the controller prices one: an option's ``risk_s``), L_tran the predicted transition
 time and H_x the horizon of the triggering signal (the smallest when several trigger). The ratio
 is the payback period in steps; γ in [0, 1] keeps part of the horizon as a margin, and γ = 0
 admits only urgent moves. If the best target is rejected, slightly slower targets with cheaper
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from nereus.plan.types import Plan
 from nereus.transition.schedule import Schedule
@@ -32,6 +33,12 @@ class Option:
     label: str
     plan: Plan
     step_s: float
+    risk_s: float = 0.0  # expected restart seconds per step from a node loss (extension)
+
+    @property
+    def expected_s(self) -> float:
+        """What a step costs on this plan, expected restarts included: what ΔL compares."""
+        return self.step_s + self.risk_s
 
 
 @dataclass(frozen=True)
@@ -40,13 +47,14 @@ class Verdict:
 
     label: str
     step_s: float
-    delta_l_s: float | None      # L(current) - L(option); None when the current plan cannot run
+    delta_l_s: float | None      # L(current) - L(option), each with its risk_s; None when the
+    #                              current plan cannot run
     l_tran_s: float              # inf when the transition is infeasible
     feasible: bool
     payback_steps: float | None  # L_tran / ΔL; None when ΔL <= 0 or unknown
     admitted: bool
     why: str
-
+    risk_s: float = 0.0          # the option's expected restart seconds per step
 
 def payback_steps(l_tran_s: float, delta_l_s: float) -> float:
     """Steps for the saving ΔL to repay L_tran (inf when nothing is saved)."""
@@ -80,6 +88,7 @@ def select(options: Sequence[Option], current_step_s: float | None, *, urgent: b
 
     ``options[0]`` is the planner's best target S*; the rest are fallbacks. Schedules are
     computed lazily (they cost milliseconds each) and at most ``max_tries`` of them.
+    ``current_step_s`` and every option's latency count expected restarts (``risk_s``).
     """
     verdicts: list[Verdict] = []
     if not options:
@@ -88,50 +97,50 @@ def select(options: Sequence[Option], current_step_s: float | None, *, urgent: b
         return _urgent(options, current_step_s, horizon_steps, schedule_of, max_tries)
 
     best = options[0]
-    rest = sorted(options[1:], key=lambda o: o.step_s)
-    order = [best] + [o for o in rest if _faster(current_step_s, o.step_s)]
+    rest = sorted(options[1:], key=lambda o: o.expected_s)
+    order = [best] + [o for o in rest if _faster(current_step_s, o.expected_s)]
     best_l_tran: float | None = None
     tries = 0
     for i, opt in enumerate(order):
-        delta = _delta(current_step_s, opt.step_s)
-        if not _faster(current_step_s, opt.step_s):
-            verdicts.append(Verdict(opt.label, opt.step_s, delta, math.nan, True, None, False,
-                                    "not faster than the current plan"))
+        delta = _delta(current_step_s, opt.expected_s)
+        if not _faster(current_step_s, opt.expected_s):
+            verdicts.append(_verdict(opt, delta, math.nan, True, None, False,
+                                     "not faster than the current plan"))
             continue
         if profitability and gamma <= 0:
-            verdicts.append(Verdict(opt.label, opt.step_s, delta, math.nan, True, None, False,
-                                    "γ = 0 admits only urgent moves"))
+            verdicts.append(_verdict(opt, delta, math.nan, True, None, False,
+                                     "γ = 0 admits only urgent moves"))
             break
         if tries >= max_tries:
             break
         tries += 1
         sched = schedule_of(opt)
         if not sched.feasible:
-            verdicts.append(Verdict(opt.label, opt.step_s, delta, math.inf, False, None, False,
-                                    f"infeasible: {sched.reason}"))
+            verdicts.append(_verdict(opt, delta, math.inf, False, None, False,
+                                     f"infeasible: {sched.reason}"))
             continue
         l_tran = sched.estimated_s
         if i > 0 and best_l_tran is not None and l_tran >= best_l_tran:
-            verdicts.append(Verdict(opt.label, opt.step_s, delta, l_tran, True, None, False,
-                                    f"its transition ({l_tran:.3g} s) is not cheaper than the "
-                                    f"best target's ({best_l_tran:.3g} s)"))
+            verdicts.append(_verdict(opt, delta, l_tran, True, None, False,
+                                     f"its transition ({l_tran:.3g} s) is not cheaper than the "
+                                     f"best target's ({best_l_tran:.3g} s)"))
             continue
         if i == 0:
             best_l_tran = l_tran
         d = float(delta) if delta is not None else math.inf
         pb = payback_steps(l_tran, d)
         if not profitability:
-            verdicts.append(Verdict(opt.label, opt.step_s, delta, l_tran, True, pb, True,
-                                    "admitted: faster and feasible (no payback check)"))
+            verdicts.append(_verdict(opt, delta, l_tran, True, pb, True,
+                                     "admitted: faster and feasible (no payback check)"))
             return _index(options, opt), sched, tuple(verdicts)
         if profitable(l_tran, d, gamma, horizon_steps):
-            verdicts.append(Verdict(opt.label, opt.step_s, delta, l_tran, True, pb, True,
-                                    f"admitted: payback {pb:.3g} steps <= γ·H = "
-                                    f"{gamma * horizon_steps:.3g}"))
+            verdicts.append(_verdict(opt, delta, l_tran, True, pb, True,
+                                     f"admitted: payback {pb:.3g} steps <= γ·H = "
+                                     f"{gamma * horizon_steps:.3g}"))
             return _index(options, opt), sched, tuple(verdicts)
-        verdicts.append(Verdict(opt.label, opt.step_s, delta, l_tran, True, pb, False,
-                                f"rejected: payback {pb:.3g} steps > γ·H = "
-                                f"{gamma * horizon_steps:.3g}"))
+        verdicts.append(_verdict(opt, delta, l_tran, True, pb, False,
+                                 f"rejected: payback {pb:.3g} steps > γ·H = "
+                                 f"{gamma * horizon_steps:.3g}"))
     return None, None, tuple(verdicts)
 
 
@@ -141,26 +150,32 @@ def _urgent(options: Sequence[Option], current_step_s: float | None, horizon_ste
     verdicts: list[Verdict] = []
     scored: list[tuple[float, int, Schedule]] = []
     h = max(1.0, horizon_steps)
-    for k, opt in enumerate(sorted(options, key=lambda o: o.step_s)[:max_tries]):
+    for k, opt in enumerate(sorted(options, key=lambda o: o.expected_s)[:max_tries]):
         sched = schedule_of(opt)
-        delta = _delta(current_step_s, opt.step_s)
+        delta = _delta(current_step_s, opt.expected_s)
         if not sched.feasible:
-            verdicts.append(Verdict(opt.label, opt.step_s, delta, math.inf, False, None, False,
-                                    f"infeasible: {sched.reason}"))
+            verdicts.append(_verdict(opt, delta, math.inf, False, None, False,
+                                     f"infeasible: {sched.reason}"))
             continue
         pb = payback_steps(sched.estimated_s, delta) if delta is not None else None
-        verdicts.append(Verdict(opt.label, opt.step_s, delta, sched.estimated_s, True, pb, False,
-                                "feasible (urgent: payback waived)"))
-        scored.append((sched.estimated_s + h * opt.step_s, len(verdicts) - 1, sched))
+        verdicts.append(_verdict(opt, delta, sched.estimated_s, True, pb, False,
+                                 "feasible (urgent: payback waived)"))
+        scored.append((sched.estimated_s + h * opt.expected_s, len(verdicts) - 1, sched))
     if not scored:
         return None, None, tuple(verdicts)
     _, vi, sched = min(scored, key=lambda s: (s[0], s[1]))
     v = verdicts[vi]
-    verdicts[vi] = Verdict(v.label, v.step_s, v.delta_l_s, v.l_tran_s, True, v.payback_steps,
-                           True, f"admitted (urgent): L_tran + H·L_step = "
-                           f"{v.l_tran_s + h * v.step_s:.4g} s is the least over H = {h:.3g}")
+    verdicts[vi] = replace(v, admitted=True, why=f"admitted (urgent): L_tran + H·L_step = "
+                           f"{v.l_tran_s + h * (v.step_s + v.risk_s):.4g} s is the least over "
+                           f"H = {h:.3g}")
     idx = next(i for i, o in enumerate(options) if o.label == v.label)
     return idx, sched, tuple(verdicts)
+
+
+def _verdict(opt: Option, delta: float | None, l_tran_s: float, feasible: bool,
+             payback: float | None, admitted: bool, why: str) -> Verdict:
+    return Verdict(opt.label, opt.step_s, delta, l_tran_s, feasible, payback, admitted, why,
+                   opt.risk_s)
 
 
 def _index(options: Sequence[Option], opt: Option) -> int:

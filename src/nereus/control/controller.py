@@ -129,6 +129,11 @@ class Reasons:
     chosen: str = ""
     verdicts: tuple[Verdict, ...] = ()
     summary: str = ""
+    # expected restart seconds per step from a node taking a last copy (an extension of §4.3,
+    # zero until losses have a rate): delta_l_s = (current_step_s + current_risk_s) -
+    # (target_step_s + target_risk_s)
+    current_risk_s: float = 0.0
+    target_risk_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -148,6 +153,8 @@ class Decision:
             parts.append(f"L {r.current_step_s:.2f}->{r.target_step_s:.2f} s")
         elif r.target_step_s is not None:
             parts.append(f"L_target {r.target_step_s:.2f} s")
+        if r.current_risk_s or r.target_risk_s:
+            parts.append(f"node-loss risk {r.current_risk_s:.3g}->{r.target_risk_s:.3g} s/step")
         if r.delta_l_s is not None:
             parts.append(f"ΔL={r.delta_l_s:.3g} s")
         if r.l_tran_s is not None:
@@ -379,14 +386,14 @@ class Controller:
             return None, str(e), ""
         if not best.fits:
             return None, "; ".join(best.problems), ""
-        risk = self._loss_risk_s(now, best)
+        risk = self._loss_risk_s(now, best.plan, best.step_s)
         if risk <= 0.0:
             return best, "", ""
         try:
             alt = reprice(now, cost, self.planner(now, cost, spread=True))
         except InfeasibleError:
             return best, "", ""
-        alt_risk = self._loss_risk_s(now, alt)
+        alt_risk = self._loss_risk_s(now, alt.plan, alt.step_s)
         if not alt.fits or alt.step_s + alt_risk >= best.step_s + risk:
             return best, "", ""
         note = (f"S* spreads replicas over nodes: {alt.step_s:.4g} s/step against "
@@ -394,19 +401,19 @@ class Controller:
                 f"copy lost with a node (a loss every {self.horizons.of(LOSS_SIGNAL):.3g} steps)")
         return alt, "", note
 
-    def _loss_risk_s(self, now: JobSpec, p: Priced) -> float:
-        """Expected seconds per step that ``p`` loses to restarts after a node takes the last
+    def _loss_risk_s(self, now: JobSpec, plan: Plan | None, step_s: float) -> float:
+        """Expected seconds per step that ``plan`` loses to restarts after a node takes the last
         copy of a model-stage's state: (1 / H_loss) x (share of its nodes whose loss does
         that) x (restart from checkpoint after a failure). Zero until two pool losses have
         shown how often they come, on a pool of one node, or with ``spread_on_churn`` off.
         Estimated."""
-        if not self.config.spread_on_churn or p.plan is None \
+        if not self.config.spread_on_churn or plan is None \
                 or LOSS_SIGNAL not in self.horizons.ema or not spans_nodes(now.pool):
             return 0.0
-        share = exposed_fraction(p.plan, now.cluster)
+        share = exposed_fraction(plan, now.cluster)
         if share <= 0.0:
             return 0.0
-        rc = restart_cost(now, self.config.restart, step_s=p.step_s, after_failure=True)
+        rc = restart_cost(now, self.config.restart, step_s=step_s, after_failure=True)
         return share * rc.seconds / max(1.0, self.horizons.of(LOSS_SIGNAL))
 
     def _replan(self, step: int, triggers: tuple[Trigger, ...], urgent: bool, now: JobSpec,
@@ -419,7 +426,9 @@ class Controller:
                        else "response_len" for t in triggers if t.urgent]  # or the lengths
         horizon = self.horizons.smallest(signals) if signals else 1.0
         cur_s = None if broken else reprice(now, cost, self.plan).step_s
-        base = Reasons(step, triggers, urgent, horizon, cfg.gamma, cur_s)
+        cur_risk = 0.0 if cur_s is None else self._loss_risk_s(now, self.plan, cur_s)
+        base = Reasons(step, triggers, urgent, horizon, cfg.gamma, cur_s,
+                       current_risk_s=cur_risk)
         best, why_none, note = self._best(now, cost)
         return _noted(self._decide(step, triggers, urgent, now, cost, survivors, lost, horizon,
                                    cur_s, base, best, why_none), best, note)
@@ -433,22 +442,27 @@ class Controller:
             return self._restart(base, now, best, why_none, after_failure=True,
                                  why=f"last copy of {', '.join(lost)} lost with the GPUs")
 
+        def option(label: str, plan: Plan, step_s: float) -> Option:
+            return Option(label, plan, step_s, self._loss_risk_s(now, plan, step_s))
+
+        cur_risk = base.current_risk_s
+        cur_l = None if cur_s is None else cur_s + cur_risk  # what ΔL compares
         options: list[Option] = []
         if best is not None:
-            options.append(Option("best", best.plan, best.step_s))
+            options.append(option("best", best.plan, best.step_s))
         source_specs = rebatched(cost, survivors, every_stage=False)
         if best is not None:
             for label, specs in hybrids(now, survivors, source_specs, best.plan):
                 p = price(now, cost, specs)
                 if p.fits:
-                    options.append(Option(label, p.plan, p.step_s))
+                    options.append(option(label, p.plan, p.step_s))
         if urgent:
             for label, specs in (("re-batched in place", rebatched(cost, survivors)),
                                  ("survivors as they are", source_specs)):
                 p = price(now, cost, specs)
                 if p.fits and not any(o.plan.to_dict()["stages"] == p.plan.to_dict()["stages"]
                                       for o in options):
-                    options.append(Option(label, p.plan, p.step_s))
+                    options.append(option(label, p.plan, p.step_s))
 
         transition_job = self.job.with_pool(now.pool)
         eff = self.calibrator.efficiencies()
@@ -456,33 +470,36 @@ class Controller:
         def schedule_of(opt: Option) -> Schedule:
             return self.transition(transition_job, survivors, opt.plan, eff)
 
-        idx, sched, verdicts = select(options, cur_s, urgent=urgent, gamma=cfg.gamma,
+        idx, sched, verdicts = select(options, cur_l, urgent=urgent, gamma=cfg.gamma,
                                       horizon_steps=horizon, schedule_of=schedule_of,
                                       profitability=cfg.admission, max_tries=cfg.max_tries)
         first = verdicts[0] if verdicts else None
         restart = None
         if cfg.admission and cfg.restart_moves and not urgent and best is not None \
                 and cur_s is not None and first is not None and not first.feasible:
-            restart = self._restart_move(step, triggers, horizon, cur_s, best, now, verdicts)
+            restart = self._restart_move(step, triggers, horizon, cur_s, cur_risk, options[0],
+                                         now, verdicts)
         if urgent and cfg.restart_moves and best is not None:
             # a planned restart into S* against the best feasible move, over the horizon
             h = max(1.0, horizon)
+            best_l = options[0].expected_s
             rc = restart_cost(now, cfg.restart, step_s=best.step_s, after_failure=False)
             move_score = math.inf
             if idx is not None and sched is not None:
                 opt = options[idx]
-                move_score = sched.estimated_s + h * opt.step_s
+                move_score = sched.estimated_s + h * opt.expected_s
                 if opt.plan is not best.plan and h > 1.0:
                     # or move on from there to S* at the next boundary (see ONWARD below)
                     onward = self.transition(transition_job, opt.plan, best.plan, eff)
                     if onward.feasible:
-                        move_score = min(move_score, sched.estimated_s + opt.step_s
-                                         + onward.estimated_s + (h - 1.0) * best.step_s)
-            if rc.seconds + h * best.step_s < move_score and idx is not None:
+                        move_score = min(move_score, sched.estimated_s + opt.expected_s
+                                         + onward.estimated_s + (h - 1.0) * best_l)
+            if rc.seconds + h * best_l < move_score and idx is not None:
                 r = Reasons(step, triggers, True, horizon, cfg.gamma, cur_s, best.step_s, None,
                             rc.seconds, None, rc.seconds, "planned checkpoint/restart", verdicts,
-                            f"restart + H·L_step = {rc.seconds + h * best.step_s:.4g} s beats the "
-                            f"best feasible move's {move_score:.4g} s over H = {h:.3g}")
+                            f"restart + H·L_step = {rc.seconds + h * best_l:.4g} s beats the "
+                            f"best feasible move's {move_score:.4g} s over H = {h:.3g}",
+                            cur_risk, options[0].risk_s)
                 return Decision(Action.RESTART, best.plan, None, rc, r)
         if idx is not None and sched is not None:
             opt = options[idx]
@@ -493,7 +510,7 @@ class Controller:
                 return restart
             r = Reasons(step, triggers, urgent, horizon, cfg.gamma, cur_s, opt.step_s,
                         v.delta_l_s, sched.estimated_s, v.payback_steps, None, opt.label,
-                        verdicts, v.why)
+                        verdicts, v.why, cur_risk, opt.risk_s)
             if urgent and best is not None and opt.plan is not best.plan:
                 # the urgent path took what could run now; S* is priced again (under Eq. 2,
                 # over the horizon of what drove this move) at the next boundary
@@ -515,24 +532,25 @@ class Controller:
                     best.step_s if best else None,
                     first.delta_l_s if first else None,
                     first.l_tran_s if first and math.isfinite(first.l_tran_s) else None,
-                    first.payback_steps if first else None, None, "", verdicts, summary)
+                    first.payback_steps if first else None, None, "", verdicts, summary,
+                    cur_risk, first.risk_s if first else 0.0)
         return Decision(Action.KEEP, self.plan, None, None, r)
 
     def _restart_move(self, step: int, triggers: tuple[Trigger, ...], horizon: float,
-                      cur_s: float, best: Priced, now: JobSpec,
+                      cur_s: float, cur_risk: float, best: Option, now: JobSpec,
                       verdicts: tuple[Verdict, ...]) -> Decision | None:
         """A planned checkpoint/restart into S* when no transition to it can run (an extension
         of §4.3: the state moves through storage), admitted by the same Eq. 2."""
         cfg = self.config
         rc = restart_cost(now, cfg.restart, step_s=best.step_s, after_failure=False)
-        delta = cur_s - best.step_s
+        delta = cur_s + cur_risk - best.expected_s
         if not profitable(rc.seconds, delta, cfg.gamma, horizon):
             return None
         pb = payback_steps(rc.seconds, delta)
         r = Reasons(step, triggers, False, horizon, cfg.gamma, cur_s, best.step_s, delta,
                     rc.seconds, pb, rc.seconds, "planned checkpoint/restart", verdicts,
                     f"no feasible transition to the best target; a restart repays in {pb:.3g} "
-                    f"steps <= γ·H = {cfg.gamma * horizon:.3g}")
+                    f"steps <= γ·H = {cfg.gamma * horizon:.3g}", cur_risk, best.risk_s)
         return Decision(Action.RESTART, best.plan, None, rc, r)
 
     def _restart(self, base: Reasons, now: JobSpec, best: Priced | None, why_none: str, *,
