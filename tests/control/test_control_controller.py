@@ -14,7 +14,7 @@ from nereus.control.telemetry import Telemetry
 from nereus.cost.efficiency import Efficiencies
 from nereus.cost.model import CostModel
 from nereus.cost.ops import OpClass
-from nereus.plan.search import best_plan
+from nereus.plan.search import Planner, best_plan
 from nereus.spec import GpuPool, parse_job
 
 JOB = {"model": "llama-3.1-8b", "algo": "ppo", "gpus": 16,
@@ -319,3 +319,50 @@ def test_an_urgent_move_short_of_the_best_target_is_replanned_at_the_next_bounda
     assert TriggerKind.ONWARD in [t.kind for t in nxt.reasons.triggers]
     assert nxt.reasons.horizon_steps == 7.0  # the horizon of what drove the urgent move
     assert not c.pending
+
+
+def test_when_no_plan_fits_the_length_margin_the_controller_plans_for_the_longest_itself(
+        job, plans):
+    c = Controller(job, plans["best16"], config=ControlConfig(length_margin=1000.0),
+                   transition=lambda j, s, t, e: _Sched(1.0), on_log=lambda s: None)
+    d = c.on_boundary(_tel(job, c.plan, 0, 2000))
+    assert d.action is not Action.WAIT and d.plan is not None
+    assert "no plan fits the longest response plus the 100000% margin" in d.reasons.summary
+    d = c.on_boundary(_tel(job, c.plan, 1, 2000))
+    assert d.action is Action.KEEP and not d.reasons.triggers  # no memory alarm every step
+
+
+def test_a_loss_of_gpus_the_plan_does_not_use_replans_while_a_transition_runs(job, plans):
+    c = Controller(job, plans["best8"], transition=lambda j, s, t, e: _Sched(1.0),
+                   on_log=lambda s: None)
+    c.on_boundary(_tel(job, plans["best8"], 0, 2000))
+    busy = replace(_tel(job, plans["best8"], 1, 2000, pool=tuple(range(12))),
+                   transition_running=True)
+    d = c.on_boundary(busy)
+    assert [t.kind for t in d.reasons.triggers] == [TriggerKind.POOL_LOSS]
+    assert not d.reasons.triggers[0].urgent and "deferred" not in d.reasons.summary
+    assert c.pool == tuple(range(12))
+
+
+def test_an_urgent_replan_takes_the_smallest_horizon_of_all_its_triggers(job, plans):
+    c = Controller(job, plans["best16"], transition=lambda j, s, t, e: _Sched(1.0),
+                   on_log=lambda s: None)
+    for step in (0, 50, 100):  # lengths crossed every 50 steps
+        c.horizons = c.horizons.crossed("response_len", step)
+    for step in (97, 100):     # the pool every 3
+        c.horizons = c.horizons.crossed("pool", step)
+    c.on_boundary(_tel(job, c.plan, 101, 2000))
+    d = c.on_boundary(_tel(job, c.plan, 103, 2700, pool=tuple(range(8))))  # both at once
+    kinds = {t.kind for t in d.reasons.triggers}
+    assert {TriggerKind.POOL_LOSS, TriggerKind.DRIFT} <= kinds and d.reasons.urgent
+    assert d.reasons.horizon_steps == c.horizons.of("pool") < c.horizons.of("response_len")
+
+
+def test_with_an_intact_copy_and_no_feasible_move_the_restart_saves_instead_of_redoing(job):
+    spread = Planner(job, spread=True).best()
+    c = Controller(job, spread, transition=lambda j, s, t, e: _Sched(0.0, feasible=False),
+                   on_log=lambda s: None)
+    c.on_boundary(_tel(job, spread, 0, 2000))
+    d = c.on_boundary(_tel(job, spread, 1, 2000, pool=tuple(range(8))))  # node 1 goes
+    assert d.action is Action.RESTART and "no feasible move" in d.reasons.summary
+    assert d.restart.lost_s == 0 and d.restart.save_s > 0  # planned: nothing redone

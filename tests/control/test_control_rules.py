@@ -197,9 +197,29 @@ def test_telemetry_rejects_bad_fields_by_name():
                           ({"response_len_max": 10}, "telemetry.response_len_max"),
                           ({"latency_s": {"a": 0.0}}, "telemetry.latency_s.a"),
                           ({"op_time_s": {"a": {"flops": 1.0}}}, "telemetry.op_time_s.a"),
-                          ({"pool": (-1,)}, "telemetry.pool")):
+                          ({"pool": (-1,)}, "telemetry.pool"),
+                          ({"pool": ("gpu0",)}, "telemetry.pool"),
+                          ({"pool": (1.5,)}, "telemetry.pool"),
+                          ({"response_len_max": math.nan}, "telemetry.response_len_max"),
+                          ({"response_len_max": math.inf}, "telemetry.response_len_max"),
+                          ({"peak_mem_bytes": {"a": math.nan}}, "telemetry.peak_mem_bytes.a"),
+                          ({"peak_mem_bytes": {"a": -1}}, "telemetry.peak_mem_bytes.a")):
         args = {"step": 1, "response_len_mean": 100.0, "response_len_max": 200, "pool": (0,)}
         args.update(kwargs)
         with pytest.raises(InputError) as e:
             Telemetry(**args)
         assert e.value.field == field
+
+
+def test_the_urgent_path_always_prices_the_moves_that_carry_no_state():
+    """More fast options than max_tries, none feasible: the slow in-place one still runs."""
+    fast = [Option(f"hybrid {k}", None, 10.0 + k) for k in range(13)]
+    slow = Option("re-batched in place", None, 99.0, in_place=True)
+
+    def schedule_of(opt):
+        return _Sched(0.5) if opt is slow else _Sched(0.0, feasible=False)
+
+    idx, sched, verdicts = select([*fast, slow], None, urgent=True, gamma=0.5,
+                                  horizon_steps=10, schedule_of=schedule_of, max_tries=12)
+    assert idx == 13 and sched.feasible and verdicts[-1].admitted
+    assert len(verdicts) == 13  # 12 tried within the budget, then the in-place one

@@ -34,6 +34,7 @@ class Option:
     plan: Plan
     step_s: float
     risk_s: float = 0.0  # expected restart seconds per step from a node loss (extension)
+    in_place: bool = False  # moves no state between GPUs: always priced on the urgent path
 
     @property
     def expected_s(self) -> float:
@@ -55,6 +56,7 @@ class Verdict:
     admitted: bool
     why: str
     risk_s: float = 0.0          # the option's expected restart seconds per step
+
 
 def payback_steps(l_tran_s: float, delta_l_s: float) -> float:
     """Steps for the saving ΔL to repay L_tran (inf when nothing is saved)."""
@@ -150,7 +152,8 @@ def _urgent(options: Sequence[Option], current_step_s: float | None, horizon_ste
     verdicts: list[Verdict] = []
     scored: list[tuple[float, int, Schedule]] = []
     h = max(1.0, horizon_steps)
-    for k, opt in enumerate(sorted(options, key=lambda o: o.expected_s)[:max_tries]):
+    ranked = sorted(options, key=lambda o: o.expected_s)
+    for opt in ranked[:max_tries] + [o for o in ranked[max_tries:] if o.in_place]:
         sched = schedule_of(opt)
         delta = _delta(current_step_s, opt.expected_s)
         if not sched.feasible:

@@ -197,6 +197,10 @@ class Controller:
         self.stopped = False  # after a wait: the state on the GPUs is gone until a restart
         self._recent_longest: deque[int] = deque(maxlen=self.config.length_window)
         self._mem_bound: tuple[object, float, float, Trigger | None] | None = None
+        # this boundary's job at the longest response itself (no margin), and (pool, need) once
+        # no plan fitted a need with the margin: the margin is then waived, not the job stopped
+        self._bare: JobSpec | None = None
+        self._capped: tuple[tuple[int, ...], int] | None = None
         if plan is None:
             w = job.workload
             now = self._job(job.pool.ids, w.response_len_mean, w.response_len_max)
@@ -284,6 +288,12 @@ class Controller:
             if priced.fits:
                 self._mem_bound = (scale, max(fits_to, longest), fails_from, trig)
                 return True, None
+        if self._capped is not None and self._capped[0] == tuple(tel.pool) \
+                and need >= self._capped[1]:
+            # no plan fits this need with the margin: the plan only has to fit the longest
+            bare = self._job(tel.pool, tel.response_len_mean, self._longest(tel), margin=False)
+            if reprice(bare, self._cost(bare), self.plan).fits:
+                return True, None
         limit = HEADROOM * job.cluster.device.memory_bytes
         peaks = {sp.stage: sp.peak_mem_bytes for sp in priced.plan.stages} if priced.plan else {}
         trig = memory_trigger(peaks, limit) or Trigger(
@@ -305,6 +315,7 @@ class Controller:
                 step, tuple(triggers), True, gamma=cfg.gamma,
                 summary="no GPU left: wait for the pool to come back")))
         now = self._job(tel.pool, tel.response_len_mean, self._longest(tel))
+        self._bare = self._job(tel.pool, tel.response_len_mean, self._longest(tel), margin=False)
         cost = self._cost(now)
         if self.stopped:
             return self._log(self._resume(step, tuple(triggers), now, cost, tel))
@@ -329,7 +340,8 @@ class Controller:
         if not pending:
             return self._log(Decision(Action.KEEP, self.plan, reasons=Reasons(
                 step, (), False, gamma=cfg.gamma)))
-        if tel.transition_running and not urgent:
+        lost_gpus = any(t.kind is TriggerKind.POOL_LOSS for t in triggers)
+        if tel.transition_running and not urgent and not lost_gpus:  # a loss replans at once
             self.pending = pending
             return self._log(Decision(Action.KEEP, self.plan, reasons=Reasons(
                 step, pending, False, gamma=cfg.gamma,
@@ -380,26 +392,46 @@ class Controller:
     def _best(self, now: JobSpec, cost: CostModel) -> tuple[Priced | None, str, str]:
         """S*, or why there is none, and a note when S* is the spread plan (see
         :meth:`_loss_risk_s`)."""
-        try:
-            best = reprice(now, cost, self.planner(now, cost))
-        except InfeasibleError as e:
-            return None, str(e), ""
-        if not best.fits:
-            return None, "; ".join(best.problems), ""
+        best, why_none = self._plan_for(now, cost)
+        capped = ""
+        bare = self._bare
+        if best is None and bare is not None and bare.pool == now.pool \
+                and bare.workload.response_len_max < now.workload.response_len_max:
+            bare_cost = self._cost(bare)
+            best, _ = self._plan_for(bare, bare_cost)
+            if best is None:
+                return None, why_none, ""
+            self._capped = (now.pool.ids, now.workload.response_len_max)
+            now, cost = bare, bare_cost
+            capped = (f"no plan fits the longest response plus the "
+                      f"{self.config.length_margin:.0%} margin: planned for the longest itself "
+                      f"({bare.workload.response_len_max} tokens)")
+        if best is None:
+            return None, why_none, ""
         risk = self._loss_risk_s(now, best.plan, best.step_s)
         if risk <= 0.0:
-            return best, "", ""
+            return best, "", capped
         try:
             alt = reprice(now, cost, self.planner(now, cost, spread=True))
         except InfeasibleError:
-            return best, "", ""
+            return best, "", capped
         alt_risk = self._loss_risk_s(now, alt.plan, alt.step_s)
         if not alt.fits or alt.step_s + alt_risk >= best.step_s + risk:
-            return best, "", ""
+            return best, "", capped
         note = (f"S* spreads replicas over nodes: {alt.step_s:.4g} s/step against "
                 f"{best.step_s:.4g} s plus {risk:.3g} s/step of expected restarts from a last "
                 f"copy lost with a node (a loss every {self.horizons.of(LOSS_SIGNAL):.3g} steps)")
-        return alt, "", note
+        return alt, "", "; ".join(n for n in (capped, note) if n)
+
+    def _plan_for(self, job: JobSpec, cost: CostModel) -> tuple[Priced | None, str]:
+        """The planner's best plan for ``job`` priced, or None and why nothing fits."""
+        try:
+            best = reprice(job, cost, self.planner(job, cost))
+        except InfeasibleError as e:
+            return None, str(e)
+        if not best.fits:
+            return None, "; ".join(best.problems)
+        return best, ""
 
     def _loss_risk_s(self, now: JobSpec, plan: Plan | None, step_s: float) -> float:
         """Expected seconds per step that ``plan`` loses to restarts after a node takes the last
@@ -420,10 +452,9 @@ class Controller:
                 cost: CostModel, broken: bool, survivors: Plan | None,
                 lost: tuple[str, ...]) -> Decision:
         cfg = self.config
-        signals = [t.signal for t in triggers if not t.urgent and t.kind is not TriggerKind.ALWAYS]
-        if not signals and urgent:  # the horizon of what drives the urgent trigger: the pool,
-            signals = ["pool" if t.kind in (TriggerKind.POOL_LOSS, TriggerKind.POOL_GAIN)
-                       else "response_len" for t in triggers if t.urgent]  # or the lengths
+        # the smallest H_x over every trigger: a memory violation is driven by the lengths
+        signals = ["response_len" if t.kind is TriggerKind.MEMORY else t.signal
+                   for t in triggers if t.kind is not TriggerKind.ALWAYS]
         horizon = self.horizons.smallest(signals) if signals else 1.0
         cur_s = None if broken else reprice(now, cost, self.plan).step_s
         cur_risk = 0.0 if cur_s is None else self._loss_risk_s(now, self.plan, cur_s)
@@ -462,7 +493,7 @@ class Controller:
                 p = price(now, cost, specs)
                 if p.fits and not any(o.plan.to_dict()["stages"] == p.plan.to_dict()["stages"]
                                       for o in options):
-                    options.append(option(label, p.plan, p.step_s))
+                    options.append(replace(option(label, p.plan, p.step_s), in_place=True))
 
         transition_job = self.job.with_pool(now.pool)
         eff = self.calibrator.efficiencies()
@@ -523,9 +554,9 @@ class Controller:
             return restart
         if urgent:
             why = "no feasible move" if options else f"no plan fits: {why_none}"
-            return self._restart(base, now, best, why_none, after_failure=survivors is None or any(
-                                     t.kind is TriggerKind.POOL_LOSS and t.urgent for t in triggers),
-                                 why=why, verdicts=verdicts)
+            # every model-stage keeps an intact copy (``survivors``): it is saved, not redone
+            return self._restart(base, now, best, why_none, after_failure=False, why=why,
+                                 verdicts=verdicts)
         summary = (f"keep: best target {_short(first.why)}" if first else
                    f"keep: no target ({why_none})" if best is None else "keep")
         r = Reasons(step, triggers, urgent, horizon, cfg.gamma, cur_s,

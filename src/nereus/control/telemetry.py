@@ -42,10 +42,18 @@ class Telemetry:
         if not (math.isfinite(self.response_len_mean) and self.response_len_mean >= 1):
             raise InputError("telemetry.response_len_mean",
                              f"must be a number >= 1, got {self.response_len_mean!r}")
+        if not (isinstance(self.response_len_max, (int, float))
+                and math.isfinite(self.response_len_max)):
+            raise InputError("telemetry.response_len_max",
+                             f"must be a finite number of tokens, got {self.response_len_max!r}")
         if self.response_len_max < self.response_len_mean:
             raise InputError("telemetry.response_len_max",
                              f"{self.response_len_max} is below the mean {self.response_len_mean}")
-        pool = tuple(sorted(set(int(g) for g in self.pool)))
+        try:
+            pool = tuple(sorted({_gpu_id(g) for g in self.pool}))
+        except (TypeError, ValueError):
+            raise InputError("telemetry.pool", f"GPU ids must be integers, got {self.pool!r}"
+                             ) from None
         if any(g < 0 for g in pool):
             raise InputError("telemetry.pool", f"negative GPU ids {[g for g in pool if g < 0]}",
                              "ids >= 0")
@@ -54,8 +62,9 @@ class Telemetry:
             if not (math.isfinite(v) and v > 0):
                 raise InputError(f"telemetry.latency_s.{stage}", f"must be > 0, got {v!r}")
         for stage, b in self.peak_mem_bytes.items():
-            if b < 0:
-                raise InputError(f"telemetry.peak_mem_bytes.{stage}", f"must be >= 0, got {b!r}")
+            if not (isinstance(b, (int, float)) and math.isfinite(b) and b >= 0):
+                raise InputError(f"telemetry.peak_mem_bytes.{stage}",
+                                 f"must be a finite number >= 0, got {b!r}")
         allowed = [c.value for c in OpClass]
         for stage, per in self.op_time_s.items():
             for cls, v in per.items():
@@ -70,3 +79,13 @@ class Telemetry:
         """Measured seconds per op class of one stage (empty when the framework gives none)."""
         return {OpClass(getattr(c, "value", c)): float(v)
                 for c, v in self.op_time_s.get(stage, {}).items()}
+
+
+def _gpu_id(g: object) -> int:
+    """An integer GPU id (an integral float such as 3.0 too); ValueError otherwise."""
+    if isinstance(g, bool) or not isinstance(g, (int, float, str)):
+        raise ValueError(g)
+    v = float(g)
+    if not v.is_integer():
+        raise ValueError(g)
+    return int(v)
