@@ -131,3 +131,20 @@ def test_options_config_ignores_or_bad_seed_are_refused(tmp_path, args, field):
 def test_negative_seed_on_a_builtin_scenario_is_one_line():
     r = _run("--seed", "-1", "--steps", "2")
     assert r.exit_code == 2 and r.output.strip() == "error: --seed: must be >= 0, got -1"
+
+
+@pytest.mark.parametrize("pool, problem", [
+    ("0,0\n", "never gives a GPU"),
+    ("0,1\n", "no plan fits the largest pool"),
+])
+def test_errors_building_the_simulator_are_one_line(tmp_path, pool, problem):
+    """Found while the simulator is built (before any step runs): nothing is printed first."""
+    (tmp_path / "pool.csv").write_text("time_s,gpus\n" + pool)
+    (tmp_path / "run.yaml").write_text(
+        "job: {model: llama-3.1-8b, gpus: 16, cluster: {devices_per_node: 8}}\n"
+        "steps: 3\n"
+        "availability: {csv: pool.csv}\n")
+    r = _run("--config", str(tmp_path / "run.yaml"))
+    assert r.exit_code == 2, r.output
+    lines = [ln for ln in r.output.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and problem in lines[0], r.output

@@ -115,3 +115,45 @@ def test_the_drift_scenario_slows_what_its_plans_use():
         slow = truth.price(plan, pool, inside, mean, longest).step_s
         usual = truth.price(plan, pool, period[0] - 1, mean, longest).step_s
         assert slow > 1.02 * usual
+
+
+def test_yaml_drift_factors_are_bounded(tmp_path):
+    p = tmp_path / "run.yaml"
+    (tmp_path / "drift.csv").write_text("start_step,end_step,op_class,factor\n0,3,gemm,50\n")
+    p.write_text(JOB + "steps: 3\ndrift: {csv: drift.csv}\n")
+    with pytest.raises(InputError, match=r"^drift: gemm .*above the h100-sxm-80gb's peak") as e:
+        load_scenario(p)
+    assert "\n" not in str(e.value)
+    p.write_text(JOB + "steps: 3\ndrift: {congestion: {factor: 1.0e-300}}\n")
+    with pytest.raises(InputError, match=rf"^drift\.congestion\.factor.*{T.MIN_DRIFT_FACTOR:g}"):
+        load_scenario(p)
+    p.write_text(JOB + "steps: 3\ndrift: {congestion: {factor: 3, op_classes: [gemm]}}\n")
+    with pytest.raises(InputError, match=r"^drift: gemm"):
+        load_scenario(p)
+
+
+def _dying_worker(sim, sc, names, index, queue, logging_on):
+    """Stands in for ``_worker`` in a forked child: the process with static dies at once (as
+    on a segfault or the OOM killer), the other never reports."""
+    import os
+    import time
+    if "static" in names:
+        os._exit(3)
+    time.sleep(60)
+
+
+def test_a_dead_worker_process_is_an_error_not_a_hang(monkeypatch):
+    import multiprocessing as mp
+    import time
+
+    import nereus.sim.scenarios as S
+    if "fork" not in mp.get_all_start_methods():
+        pytest.skip("worker processes need fork")
+    monkeypatch.setattr(S, "_worker", _dying_worker)
+    monkeypatch.setattr(S, "WORKER_POLL_S", 0.05)
+    sc = builtin("stationary", steps=3)
+    t0 = time.monotonic()
+    with pytest.raises(RuntimeError, match=r"worker 1 \(static\) .*exit code 3"):
+        S.run_scenario(sc, ["static", "oracle"], workers=2)
+    assert time.monotonic() - t0 < 30
+    assert mp.active_children() == []               # the sleeping worker was stopped too

@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 
+from nereus.cost.ops import OpClass
 from nereus.errors import InputError
 from nereus.sim import traces as T
 from nereus.sim.scenarios import SPOT_MIN_RUNNING, SPOT_WINDOW_TICKS
@@ -106,3 +107,59 @@ def test_alignment_puts_every_change_at_a_step_and_stops_the_clock_in_pauses():
     assert ev[1].changes == ((0.5, 250.0, (0, 1)),)
     with pytest.raises(InputError, match="never changes again"):
         align(T.Availability((0.0, 50.0), ((0,), ())), [100.0, 100.0])
+
+
+@pytest.mark.parametrize("bad", ["nan", "inf", "-inf"])
+def test_csv_numbers_must_be_finite(tmp_path, bad):
+    """NaN compares False with everything, so without a finite check it slips past ordering."""
+    p = tmp_path / "pool.csv"
+    p.write_text(f"time_s,gpus\n0,16\n{bad},8\n600,16\n")
+    with pytest.raises(InputError, match=r"^availability row 3\.time_s: .*pool\.csv") as e:
+        T.load_availability(p)
+    assert "\n" not in str(e.value) and "finite" in str(e.value)
+    p.write_text(f"time_s,gpus\n{bad},16\n")
+    with pytest.raises(InputError, match=r"^availability row 2\.time_s"):
+        T.load_availability(p)
+    p = tmp_path / "lengths.csv"
+    p.write_text(f"step,response_len_mean,response_len_max\n0,100,200\n1,{bad},200\n")
+    with pytest.raises(InputError, match=r"^lengths row 3\.response_len_mean: .*lengths\.csv"):
+        T.load_lengths(p)
+    p = tmp_path / "drift.csv"
+    p.write_text(f"start_step,end_step,op_class,factor\n0,10,gemm,{bad}\n")
+    with pytest.raises(InputError, match=r"^drift row 2\.factor: .*drift\.csv"):
+        T.load_drift(p)
+
+
+def test_drift_factors_have_a_floor(tmp_path):
+    p = tmp_path / "drift.csv"
+    p.write_text("start_step,end_step,op_class,factor\n0,10,gemm,1e-300\n")
+    with pytest.raises(InputError, match=rf"^drift row 2\.factor: .*{T.MIN_DRIFT_FACTOR:g}"):
+        T.load_drift(p)
+    with pytest.raises(InputError, match=r"^drift\.congestion\.factor"):
+        T.congestion(100, factor=1e-300)
+    p.write_text(f"start_step,end_step,op_class,factor\n0,10,gemm,{T.MIN_DRIFT_FACTOR}\n")
+    assert T.load_drift(p).periods[0].factor == T.MIN_DRIFT_FACTOR
+
+
+def test_drift_may_not_lift_an_efficiency_above_the_peak():
+    from nereus.cost.efficiency import Efficiencies
+    hidden = Efficiencies({OpClass.GEMM: 0.5}, "h100-sxm-80gb")
+    ok = T.DriftTrace((T.DriftPeriod(0, 10, OpClass.GEMM, 2.0),))
+    ok.check(hidden)                                   # 0.5 x 2 = the peak exactly
+    over = T.DriftTrace((T.DriftPeriod(0, 10, OpClass.GEMM, 50.0),))
+    with pytest.raises(InputError, match=r"^drift: gemm .*above") as e:
+        over.check(hidden)
+    assert "\n" not in str(e.value)
+    # overlapping periods multiply: each is fine, together they pass the peak
+    both = T.DriftTrace((T.DriftPeriod(0, 10, OpClass.GEMM, 1.5),
+                         T.DriftPeriod(5, 20, OpClass.GEMM, 1.5)))
+    with pytest.raises(InputError, match=r"step 5"):
+        both.check(hidden)
+    # ... or push the product under the floor
+    low = T.DriftTrace((T.DriftPeriod(0, 10, OpClass.GEMM, 0.05),
+                        T.DriftPeriod(0, 10, OpClass.GEMM, 0.05)))
+    with pytest.raises(InputError, match=rf"{T.MIN_DRIFT_FACTOR:g}"):
+        low.check(hidden)
+    # the cpu device has no peak to pass
+    T.DriftTrace((T.DriftPeriod(0, 10, OpClass.GEMM, 50.0),)).check(
+        Efficiencies({OpClass.GEMM: 0.5}, "cpu"))

@@ -27,6 +27,7 @@ from nereus.sim.scenarios import (
     builtin,
     load_scenario,
     run_scenario,
+    simulator,
     with_overrides,
 )
 from nereus.sim.simulator import SimResult
@@ -155,6 +156,9 @@ def register(app: typer.Typer) -> None:
         else:
             sc = builtin(scenario or "default", seed=seed or 0)
         sc = with_overrides(sc, steps=steps, gamma=gamma)
+        # before anything is printed: building it finds a trace no plan can run on, and an
+        # error must stay one line
+        sim = simulator(sc)
         lines: list[tuple[str, str]] = []
         on_log = (lambda policy, line: lines.append((policy, line))) if log else None
         if not as_json:
@@ -164,7 +168,8 @@ def register(app: typer.Typer) -> None:
                       TimeElapsedColumn(), console=err_console, transient=True,
                       disable=as_json) as bar:
             task = bar.add_task("steps", total=sc.steps)
-            res = run_scenario(sc, names, lambda k: bar.update(task, completed=k), on_log)
+            res = run_scenario(sc, names, lambda k: bar.update(task, completed=k), on_log,
+                               sim=sim)
         if csv_path is not None:
             write_csv(res, csv_path)
         if plot_path is not None:

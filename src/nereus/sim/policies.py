@@ -174,9 +174,6 @@ class OraclePolicy(Policy):
         self.stopped = True
         return self.decide(tel, upcoming)
 
-    def efficiencies(self) -> Efficiencies | None:
-        return None
-
 
 class ControllerPolicy(Policy):
     """Nereus (``admission=True``) or replan-without-admission (``admission=False``)."""

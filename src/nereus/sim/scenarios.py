@@ -29,6 +29,7 @@ import traceback
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from queue import Empty
 from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -44,6 +45,7 @@ from nereus.sim.policies import POLICIES, make_policies
 from nereus.sim.simulator import OOM_LOST_FRACTION, SimResult, Simulator
 from nereus.sim.traces import (
     MAX_TOKENS,
+    MIN_DRIFT_FACTOR,
     Availability,
     DriftTrace,
     LengthTrace,
@@ -330,7 +332,7 @@ class _Congestion(_Strict):
     periods: int = Field(3, ge=0, le=MAX_STEPS)
     length: tuple[_Steps, _Steps] = (40, 120)
     op_classes: tuple[str, ...] = ("allreduce.inter", "p2p.inter")
-    factor: float = Field(0.4, gt=0, allow_inf_nan=False)
+    factor: float = Field(0.4, ge=MIN_DRIFT_FACTOR, allow_inf_nan=False)
 
     @field_validator("length")
     @classmethod
@@ -465,6 +467,8 @@ def load_scenario(path: str | Path) -> Scenario:
             raise InputError(f"hidden_efficiency.{k}", f"{v:g} is above the {device}'s "
                              f"peak", "(0, 1]")
         hidden[cls] = v
+    truth_eff = Efficiencies(hidden, device)
+    drift.check(truth_eff)
     r = cfg.restart
     restart = RestartParams(r.startup_s, r.storage_read_gb_per_s_per_node * GB,
                             r.storage_write_gb_per_s_per_node * GB, r.checkpoint_interval_steps)
@@ -489,7 +493,7 @@ def load_scenario(path: str | Path) -> Scenario:
         notes[f"control.{f}"] = here
     notes.update(cfg.notes)
     return Scenario(cfg.name, cfg.description or f"from {p.name}", job, steps, lengths, avail,
-                    drift, Efficiencies(hidden, job.cluster.device.name), cfg.noise, restart,
+                    drift, truth_eff, cfg.noise, restart,
                     control, seed, notes)
 
 
@@ -555,24 +559,73 @@ def _worker(sim: Simulator, sc: Scenario, names: list[str], index: int, queue: A
                    RuntimeError(f"in a simulation worker:\n{traceback.format_exc()}"), None))
 
 
+# How often the parent checks that its worker processes are alive while it waits for them
+# (seconds): a worker that dies without a word (killed, os._exit) is found within this long.
+WORKER_POLL_S = 1.0
+
+
+def simulator(sc: Scenario) -> Simulator:
+    """The simulator of ``sc``: its truth, traces, nominal clock and the pool's alignment to
+    it. Building it finds what makes the scenario unrunnable (a trace that never gives a
+    usable pool), so callers build it before they print anything."""
+    truth = Truth(sc.job, sc.hidden, sc.drift, sc.noise, sc.seed)
+    return Simulator(truth, sc.lengths, sc.availability, sc.restart, sc.steps)
+
+
+def _collect(procs: Sequence[Any], groups: Sequence[Sequence[str]], queue: Any,
+             on_message: Callable[[str, int, Any, Any], None], poll_s: float) -> None:
+    """Hand every worker's messages to ``on_message`` until each has sent "done".
+
+    Waits ``poll_s`` at a time; between waits a worker whose process has ended without its
+    "done" (its last messages drained first) is a RuntimeError naming it and its exit code.
+    """
+    pending = set(range(len(procs)))
+
+    def take(timeout: float) -> bool:
+        try:
+            kind, i, payload, lines = queue.get(timeout=timeout)
+        except Empty:
+            return False
+        if kind == "done":
+            pending.discard(i)
+        on_message(kind, i, payload, lines)
+        return True
+
+    while pending:
+        if take(poll_s):
+            continue
+        dead = [i for i in sorted(pending) if procs[i].exitcode is not None]
+        if not dead:
+            continue
+        while pending and take(0.1):    # what a worker sent just before it ended
+            pass
+        dead = [i for i in dead if i in pending]
+        if dead:
+            i = dead[0]
+            code = procs[i].exitcode
+            how = f"was killed by signal {-code}" if code < 0 else f"ended with exit code {code}"
+            raise RuntimeError(f"simulation worker {i} ({', '.join(groups[i])}) {how} before "
+                               f"reporting its results")
+
+
 def run_scenario(sc: Scenario, policies: Sequence[str] = POLICIES,
                  progress: Callable[[int], None] | None = None,
                  on_log: Callable[[str, str], None] | None = None,
-                 workers: int | None = None) -> SimResult:
+                 workers: int | None = None, sim: Simulator | None = None) -> SimResult:
     """Simulate ``policies`` on ``sc`` (the public entry point of ``nereus simulate``).
 
     Policies are independent (each has its own plan cache), so they run in up to ``workers``
     processes (default: the CPU count, at most 2) where the platform can fork; the results
-    are the same as in one process.
+    are the same as in one process. ``sim``: ``simulator(sc)``, when the caller built it.
     """
     names = list(dict.fromkeys(policies))
-    truth = Truth(sc.job, sc.hidden, sc.drift, sc.noise, sc.seed)
-    sim = Simulator(truth, sc.lengths, sc.availability, sc.restart, sc.steps)
+    if sim is None:
+        sim = simulator(sc)
     if workers is None:
         workers = min(2, os.cpu_count() or 1)
     groups = _groups(names, workers)
     if len(groups) == 1 or "fork" not in mp.get_all_start_methods():
-        pols = make_policies(names, truth, sc.lengths, sc.control, on_log)
+        pols = make_policies(names, sim.truth, sc.lengths, sc.control, on_log)
         return sim.run(pols, sc.name, progress, sc.notes)
     ctx = mp.get_context("fork")
     queue = ctx.Queue()
@@ -582,25 +635,30 @@ def run_scenario(sc: Scenario, policies: Sequence[str] = POLICIES,
         p.start()
     done: dict[int, tuple[dict[str, Any], list[tuple[str, str]]]] = {}
     seen = [0] * len(groups)
+
+    def on_message(kind: str, i: int, payload: Any, lines: Any) -> None:
+        if kind == "error":
+            raise payload
+        if kind == "done":
+            done[i] = (payload, lines or [])
+        seen[i] = payload if kind == "progress" else sim.steps
+        if progress is not None:
+            progress(min(seen))
+
+    finished = False
     try:
-        while len(done) < len(groups):
-            kind, i, payload, lines = queue.get()
-            if kind == "progress":
-                seen[i] = payload
-                if progress is not None:
-                    progress(min(seen))
-            elif kind == "done":
-                done[i] = (payload, lines or [])
-                seen[i] = sim.steps
-                if progress is not None:
-                    progress(min(seen))
-            else:
-                raise payload
+        _collect(procs, groups, queue, on_message, WORKER_POLL_S)
+        finished = True
     finally:
         for p in procs:
-            p.join(timeout=5)
-            if p.is_alive():
+            if finished:
+                p.join(timeout=5)
+            if p.is_alive():        # a failed run stops the other workers at once
                 p.terminate()
+                p.join(timeout=5)
+                if p.is_alive():
+                    p.kill()
+                    p.join()
     results: dict[str, Any] = {}
     for i in range(len(groups)):
         results.update(done[i][0])

@@ -27,12 +27,16 @@ from pathlib import Path
 
 import numpy as np
 
-from nereus.cost.efficiency import Efficiencies
+from nereus.cost.efficiency import Efficiencies, peak_bound
 from nereus.cost.ops import OpClass
 from nereus.errors import InputError
 
 SPOT_TRACE = "aws-2023-08-27-us-west-2a-v100-16node.json"
 MAX_TOKENS = 1 << 20  # longest response (tokens) a trace may give: far past what RL generates
+# Smallest factor a drift may scale an efficiency by (alone or with overlapping periods): an op
+# class 100x slower than usual is past any slowdown short of a failure, and smaller factors
+# only make absurd times.
+MIN_DRIFT_FACTOR = 0.01
 
 
 # ------------------------------------------------------------------ response lengths
@@ -110,16 +114,17 @@ def load_lengths(path: str | Path) -> LengthTrace:
     mean, longest = [], []
     for i, r in enumerate(rows):
         try:
-            step, m, x = int(r["step"]), float(r["response_len_mean"]), float(
-                r["response_len_max"])
+            step = int(r["step"])
         except (TypeError, ValueError):
-            raise InputError(f"lengths row {i + 2}", "step, response_len_mean and "
-                             "response_len_max must be numbers") from None
+            raise InputError(f"lengths row {i + 2}.step", f"{r['step']!r} in {Path(path).name} "
+                             "is not an integer") from None
+        m = _finite(r, "response_len_mean", "lengths", i, path)
+        x = _finite(r, "response_len_max", "lengths", i, path)
         if step != i:
             raise InputError(f"lengths row {i + 2}", f"step {step} out of order", f"{i}")
-        if not (math.isfinite(m) and math.isfinite(x) and x <= MAX_TOKENS):
-            raise InputError(f"lengths row {i + 2}", f"response_len_mean {m:g} and "
-                             f"response_len_max {x:g}: need finite lengths up to {MAX_TOKENS}")
+        if x > MAX_TOKENS:
+            raise InputError(f"lengths row {i + 2}.response_len_max", f"{x:g} is above "
+                             f"{MAX_TOKENS}", f"up to {MAX_TOKENS}")
         mean.append(m)
         longest.append(int(x))
     if not mean:
@@ -139,6 +144,8 @@ class Availability:
     def __post_init__(self) -> None:
         if not self.times or len(self.times) != len(self.pools) or self.times[0] != 0:
             raise InputError("availability", "needs pools from time 0 on, one per time")
+        if not all(math.isfinite(t) for t in self.times):
+            raise InputError("availability.time_s", "times must be finite numbers")
         if any(b <= a for a, b in zip(self.times, self.times[1:])):
             raise InputError("availability.time_s", "times must increase")
 
@@ -298,12 +305,12 @@ def load_availability(path: str | Path) -> Availability:
     rows = _read_csv(path, ["time_s", "gpus"], "availability")
     times, pools = [], []
     for i, r in enumerate(rows):
+        times.append(_finite(r, "time_s", "availability", i, path))
         try:
-            times.append(float(r["time_s"]))
             pools.append(parse_ids(r["gpus"] or ""))
         except ValueError:
-            raise InputError(f"availability row {i + 2}", "time_s must be a number and gpus a "
-                             "count or device ids", "e.g. 0,16 or 3600,0-7 12") from None
+            raise InputError(f"availability row {i + 2}.gpus", "must be a count or device ids",
+                             "e.g. 16 or 0-7 12") from None
     if not times:
         raise InputError("availability", f"{path} has no rows")
     if times[0] != 0:
@@ -340,6 +347,22 @@ class DriftTrace:
             return base
         return base.updated({c: base[c] * v for c, v in f})
 
+    def check(self, hidden: Efficiencies, fld: str = "drift") -> None:
+        """Every combined factor (overlapping periods multiply) stays >= MIN_DRIFT_FACTOR and
+        keeps its class's efficiency at or under the device's peak."""
+        steps = sorted({s for p in self.periods for s in (p.start_step, p.end_step)})
+        for k in steps:
+            for cls, f in self.factors_at(k):
+                eff = hidden[cls] * f
+                if f < MIN_DRIFT_FACTOR:
+                    raise InputError(fld, f"{cls.value} at step {k}: combined factor {f:g} is "
+                                     f"below {MIN_DRIFT_FACTOR:g}", f">= {MIN_DRIFT_FACTOR:g}")
+                bound = peak_bound(cls, hidden.device)
+                if eff > bound:
+                    raise InputError(fld, f"{cls.value} at step {k}: efficiency {hidden[cls]:g} "
+                                     f"x factor {f:g} = {eff:g} is above the {hidden.device}'s "
+                                     f"peak", f"factor <= {bound / hidden[cls]:g}")
+
     def head(self, steps: int) -> DriftTrace:
         """The periods that start within the first ``steps`` steps, cut at ``steps``."""
         kept = tuple(replace(p, end_step=min(p.end_step, steps)) for p in self.periods
@@ -358,6 +381,7 @@ def congestion(steps: int, periods: int = 3, length: tuple[int, int] = (40, 120)
     if not 1 <= length[0] <= length[1]:
         raise InputError("drift.congestion.length", f"{list(length)}: need 1 <= shortest <= "
                          "longest")
+    _check_factor(factor, "drift.congestion.factor")
     rng = np.random.default_rng(seed)
     cls = [_op_class(c, "drift.op_class") for c in op_classes]
     out: list[DriftPeriod] = []
@@ -387,15 +411,34 @@ def load_drift(path: str | Path) -> DriftTrace:
     out = []
     for i, r in enumerate(rows):
         try:
-            a, b, f = int(r["start_step"]), int(r["end_step"]), float(r["factor"])
+            a, b = int(r["start_step"]), int(r["end_step"])
         except (TypeError, ValueError):
-            raise InputError(f"drift row {i + 2}", "start_step, end_step must be integers and "
-                             "factor a number") from None
-        if not (0 <= a < b and f > 0 and math.isfinite(f)):
-            raise InputError(f"drift row {i + 2}", "needs 0 <= start_step < end_step and "
-                             "factor > 0")
+            raise InputError(f"drift row {i + 2}", "start_step, end_step must be integers"
+                             ) from None
+        f = _finite(r, "factor", "drift", i, path)
+        if not 0 <= a < b:
+            raise InputError(f"drift row {i + 2}", "needs 0 <= start_step < end_step")
+        _check_factor(f, f"drift row {i + 2}.factor")
         out.append(DriftPeriod(a, b, _op_class(r["op_class"], f"drift row {i + 2}.op_class"), f))
     return DriftTrace(tuple(out), f"file {path}")
+
+
+def _check_factor(factor: float, fld: str) -> None:
+    if not (math.isfinite(factor) and factor >= MIN_DRIFT_FACTOR):
+        raise InputError(fld, f"got {factor:g}", f"a finite number >= {MIN_DRIFT_FACTOR:g}")
+
+
+def _finite(row: dict[str, str], col: str, what: str, i: int, path: str | Path) -> float:
+    """Column ``col`` of data row ``i`` as a finite number (NaN would pass every comparison)."""
+    text = row.get(col, "")
+    try:
+        v = float(text)
+    except (TypeError, ValueError):
+        v = math.nan
+    if not math.isfinite(v):
+        raise InputError(f"{what} row {i + 2}.{col}", f"{text!r} in {Path(path).name} is not a "
+                         "finite number")
+    return v
 
 
 def _op_class(name: str | None, fld: str) -> OpClass:
