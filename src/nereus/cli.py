@@ -5,12 +5,57 @@ Bad input prints one line naming the field and what is allowed, and exits 2 with
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Sequence
+from typing import Any
+
 import typer
+import typer.core
+from typer.core import TyperGroup
 
 from nereus.commands import register
+from nereus.commands.common import EXIT_INPUT, err_console
+
+
+# The click that typer runs on: newer typer vendors its own copy (``typer._click``), older ones
+# import click itself; the exceptions must be that module's.
+_click = getattr(typer.core, "_click", None) or typer.core.click  # type: ignore[attr-defined]
+_exc = _click.exceptions
+_NoArgsIsHelp = getattr(_exc, "NoArgsIsHelpError", ())  # click >= 8.2 only
+
+
+class _OneLineGroup(TyperGroup):
+    """Usage errors (an unknown option, ``--gpus abc``, a missing argument) as one line, like
+    every other bad input, instead of click's usage block and boxed message."""
+
+    def main(self, args: Sequence[str] | None = None, prog_name: str | None = None,
+             complete_var: str | None = None, standalone_mode: bool = True,
+             **extra: Any) -> Any:
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, False, **extra)
+        try:
+            rv = super().main(args, prog_name, complete_var, False, **extra)
+        except _NoArgsIsHelp as e:  # type: ignore[misc]
+            e.show()  # the help text itself
+            sys.exit(e.exit_code)
+        except _exc.UsageError as e:
+            where = e.ctx.command_path if e.ctx is not None else "nereus"
+            msg = " ".join(e.format_message().split())
+            err_console.print(f"error: {msg} (see '{where} --help')", markup=False,
+                              highlight=False, soft_wrap=True)
+            sys.exit(EXIT_INPUT)
+        except _exc.ClickException as e:
+            e.show()
+            sys.exit(e.exit_code)
+        except typer.Abort:
+            err_console.print("error: aborted", markup=False, highlight=False)
+            sys.exit(1)
+        sys.exit(rv if isinstance(rv, int) else 0)
+
 
 app = typer.Typer(
     name="nereus",
+    cls=_OneLineGroup,
     help="Keep an RL post-training job on its best TP/PP/DP plan while it runs.",
     no_args_is_help=True,
     add_completion=False,
