@@ -162,6 +162,8 @@ def test_a_cpu_profile_may_beat_the_guessed_peaks(tmp_path):
     ('{"efficiency": {"gemm": true}}', "profile.efficiency.gemm"),
     ('{"efficiency": {"gemm": 0}}', "profile.efficiency.gemm"),
     ('{"efficiency": {"gemm": NaN}}', "profile.efficiency.gemm"),
+    ('{"efficiency": {"gemm": 1e-320}}', "profile.efficiency.gemm"),  # a step in years
+    ('{"memory_scale": {"train": 2000.0}}', "profile.memory_scale.train"),
     ('{"efficiency": [0.5]}', "profile.efficiency"),
     ('{"memory_scale": {"train": Infinity}}', "profile.memory_scale.train"),
     ('{"memory_scale": {"train": "1.1"}}', "profile.memory_scale.train"),
@@ -205,3 +207,24 @@ def test_a_fit_above_the_peak_stops_at_it_so_its_saved_profile_loads(tmp_path):
     for _ in range(20):
         cpu.observe_op(OpClass.GEMM, 1.0, 0.5)
     assert cpu.efficiencies()[OpClass.GEMM] > 1.5
+
+
+def test_what_the_calibrator_learns_stays_within_what_a_profile_may_hold(tmp_path):
+    """Absurd timings and memory peaks are clipped to the loader's bounds, so a saved profile
+    always loads (a 2000x memory ratio used to save and then be refused)."""
+    from nereus.cost.calibrate import MEMORY_SCALE_BOUNDS
+    from nereus.cost.efficiency import MIN_EFFICIENCY
+    from nereus.spec.workflow import StageKind
+
+    cal = Calibrator(prior=Efficiencies(device="h100-sxm-80gb"))
+    for _ in range(20):
+        cal.observe_op(OpClass.GEMM, 1.0, 1e8)      # 1e-8 of the peak: noise, not a GEMM
+        cal.observe_memory(StageKind.TRAIN, 1, 2000)
+        cal.observe_memory(StageKind.GENERATE, 2000, 1)
+    assert cal.efficiencies()[OpClass.GEMM] >= MIN_EFFICIENCY
+    assert cal.memory_scale() == {StageKind.TRAIN: MEMORY_SCALE_BOUNDS[1],
+                                  StageKind.GENERATE: MEMORY_SCALE_BOUNDS[0]}
+    path = tmp_path / "p.json"
+    cal.save(path)
+    back = Calibrator.from_profile(path, "h100-sxm-80gb")
+    assert back.memory_scale()[StageKind.TRAIN] == MEMORY_SCALE_BOUNDS[1]

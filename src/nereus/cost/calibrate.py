@@ -22,7 +22,7 @@ from typing import Annotated, Any
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from nereus.cost.efficiency import Efficiencies, default_efficiency, peak_bound
+from nereus.cost.efficiency import MIN_EFFICIENCY, Efficiencies, default_efficiency, peak_bound
 from nereus.cost.estimate import Estimate
 from nereus.cost.ops import OpClass
 from nereus.errors import InputError
@@ -30,6 +30,9 @@ from nereus.files import read_json, validate
 from nereus.spec.workflow import StageKind
 
 PROFILE_VERSION = 1
+# measured / estimated peak memory a calibrator keeps and a profile may hold: beyond a factor
+# of 1000 either way the estimate is not being corrected but replaced (an assumption)
+MEMORY_SCALE_BOUNDS = (1e-3, 1e3)
 # The ridge never fades below (σ_meas / σ_prior)^2: a prior of ±50 % on each efficiency against
 # stage times measured to ±2 % (assumption; the paper reports max-min step spreads under 2 %).
 # Without it, classes that move together with others (decode time and the decode all-reduces'
@@ -123,7 +126,10 @@ class Calibrator:
         return self._current
 
     def memory_scale(self) -> dict[StageKind, float]:
-        return {k: float(np.mean(v[-20:])) for k, v in self._memory.items() if v}
+        """Measured over estimated peak memory per stage kind (the mean of the last 20),
+        within the bounds a profile may hold."""
+        return {k: float(np.clip(np.mean(v[-20:]), *MEMORY_SCALE_BOUNDS))
+                for k, v in self._memory.items() if v}
 
     def _fit(self) -> Efficiencies:
         if not self._rows:
@@ -151,7 +157,7 @@ class Calibrator:
         # peak_bound) is noise the data cannot support
         device = self.prior.device
         low = np.array([max(1e-3, 1.0 / peak_bound(c, device)) for c in classes])
-        x = np.clip(x, low, 1e6)
+        x = np.clip(x, low, 1.0 / MIN_EFFICIENCY)
         return self.prior.updated({c: float(1.0 / xi) for c, xi in zip(classes, x)})
 
     # ---- profiles ----
@@ -206,8 +212,10 @@ class _ProfileFile(BaseModel):
     model: str = ""
     samples: int = Field(0, ge=0)
     efficiency: dict[str, Any] = Field(default_factory=dict)  # checked by Efficiencies
-    # measured over predicted peak memory per stage kind: finite, > 0 and < 1000
-    memory_scale: dict[str, Annotated[float, Field(gt=0, lt=1e3, allow_inf_nan=False)]] = \
+    # measured over predicted peak memory per stage kind, within MEMORY_SCALE_BOUNDS
+    memory_scale: dict[str, Annotated[float, Field(ge=MEMORY_SCALE_BOUNDS[0],
+                                                   le=MEMORY_SCALE_BOUNDS[1],
+                                                   allow_inf_nan=False)]] = \
         Field(default_factory=dict)
 
 

@@ -44,8 +44,14 @@ def default_efficiency(cls: OpClass) -> float:
         DEFAULT_COMM_EFFICIENCY_INTER
 
 
-# an efficiency as a profile holds it: a finite number > 0 (true, "0.5" or Infinity are not)
-EfficiencyValue = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+# The least efficiency anything learns or loads: a millionth of the peak. The calibrator clips
+# its fit there (less is noise no timing supports), and a profile below it would price a step
+# in years and make every plan look alike.
+MIN_EFFICIENCY = 1e-6
+
+# an efficiency as a profile holds it: a finite number >= MIN_EFFICIENCY (true, "0.5" or
+# Infinity are not)
+EfficiencyValue = Annotated[float, Field(ge=MIN_EFFICIENCY, allow_inf_nan=False)]
 
 
 class _EfficiencyFile(BaseModel):
