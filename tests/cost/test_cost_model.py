@@ -119,3 +119,21 @@ def test_a_calibrated_memory_scale_shrinks_the_decode_batch_not_the_fit():
     assert plain.peak_mem_bytes <= limit and scaled.peak_mem_bytes <= limit * (1 + 1e-9)
     assert scaled.memory["kv cache"] < plain.memory["kv cache"]
     assert scaled.latency_s > plain.latency_s
+
+
+def test_prefill_pays_the_pipeline_fill():
+    """A prefill of c chunks over pp blocks takes c + pp - 1 chunk slots of one block's share:
+    with one chunk, deeper pipelines are not faster (the blocks run in turn)."""
+    from nereus.cost.model import PREFILL_CHUNK_TOKENS
+
+    small = parse_job({"model": "llama-3.1-8b", "algo": "ppo", "gpus": 16,
+                       "workload": {"response_len": 1024, "prompts_per_step": 8,
+                                    "responses_per_prompt": 1, "prompt_len": 512}})
+    cm = CostModel(small)
+
+    def prefill_gemm_s(pp, dp):
+        e = cm.estimate("actor_gen", Candidate(Layout(1, pp), dp, 8 // dp, 1))
+        return next(o.ideal_s for o in e.ops if o.name == "prefill GEMMs")
+
+    assert 8 * 512 <= PREFILL_CHUNK_TOKENS  # one chunk
+    assert prefill_gemm_s(4, 1) == pytest.approx(prefill_gemm_s(1, 1), rel=1e-9)

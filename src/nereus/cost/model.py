@@ -438,10 +438,13 @@ class CostModel:
         # prefill: a forward pass over every prompt, pipelined in chunks across the pp blocks
         p_tokens = n * prompt
         chunks = np.maximum(1.0, np.ceil(p_tokens / PREFILL_CHUNK_TOKENS))
+        # on the critical path: each block's share of a chunk, (chunks + pp - 1) times (the
+        # pipeline fills and drains; with one chunk the blocks run in turn)
+        fill = (chunks + cols.pp - 1) / chunks
         gemm = (p_tokens * work.gemm_flops_per_token(m) * m.num_layers / (cols.tp * cols.pp)
-                + n * work.head_flops_per_token(m, head) / cols.tp)
+                * fill + n * work.head_flops_per_token(m, head) / cols.tp)
         attn = (n * work.attention_flops(m, prompt, prompt, causal=True) * m.num_layers
-                / (cols.tp * cols.pp))
+                / (cols.tp * cols.pp) * fill)
         rows = [Row("prefill", "prefill GEMMs", OpClass.GEMM, one, gemm, zero, gemm / dev.peak_flops),
                 Row("prefill", "prefill attention", OpClass.ATTENTION, one, attn, zero,
                     attn / dev.peak_flops)]
