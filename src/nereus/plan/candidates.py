@@ -5,7 +5,8 @@ layers), every DP degree that divides the stage's batch and fits the pool, micro
 divide the per-replica batch, recomputation on or off for training. Candidates over 90 % of
 device memory are dropped; the rest are reduced to those no other candidate beats on all of
 GPU count, latency, resident state and transient memory -- the only quantities the search
-looks at, so the pruning loses no optimum.
+looks at, so the pruning loses no optimum. For the stages the weight sync couples (its cost
+depends on the training and generation layouts) candidates are compared within a layout only.
 """
 
 from __future__ import annotations
@@ -120,14 +121,19 @@ def pareto_mask(cols: list[np.ndarray], block: int = 64) -> np.ndarray:
 
 
 def stage_options(cost: CostModel, stage: ModelStage, pool_size: int,
-                  prune: bool = True, keep: Callable[[Candidate], bool] | None = None
-                  ) -> tuple[StageOptions, Evaluation | None]:
+                  prune: bool = True, keep: Callable[[Candidate], bool] | None = None,
+                  by_layout: bool | None = None) -> tuple[StageOptions, Evaluation | None]:
     """Every candidate priced in one pass, memory-pruned and (optionally) dominance-pruned.
 
     ``keep``: only candidates it accepts are considered (before pruning, so the pruning stays
-    exact within them). Returns the options and the full evaluation (for "fits nowhere"
-    messages).
+    exact within them). ``by_layout``: compare candidates only with others of the same layout
+    (TP x PP). By default this holds for the stages the weight sync couples (actor training and
+    generation): their step cost also depends on the pair of layouts, so a candidate beaten by
+    one of another layout can still be part of the optimum. Returns the options and the full
+    evaluation (for "fits nowhere" messages).
     """
+    if by_layout is None:
+        by_layout = stage.name in (cost.job.workflow.weight_sync() or ())
     def enumerate_kept(max_tp: int | None = None) -> list[Candidate]:
         cands = enumerate_candidates(cost, stage, pool_size, max_tp)
         return cands if keep is None else [c for c in cands if keep(c)]
@@ -145,8 +151,24 @@ def stage_options(cost: CostModel, stage: ModelStage, pool_size: int,
                         ev.latency, ev.resident, ev.transient)
     opts = opts.subset(ev.peak <= memory_limit(cost))
     if prune and len(opts):
-        opts = opts.subset(pareto_mask([opts.gpus, opts.latency, opts.resident, opts.transient]))
+        opts = opts.subset(dominance_mask(opts, by_layout))
     return opts, ev
+
+
+def dominance_mask(opts: StageOptions, by_layout: bool = False) -> np.ndarray:
+    """Candidates no other beats on (GPUs, latency, resident, transient); with ``by_layout``
+    only candidates of the same layout are compared."""
+    cols = [opts.gpus, opts.latency, opts.resident, opts.transient]
+    if not by_layout:
+        return pareto_mask(cols)
+    groups: dict[tuple[int, int], list[int]] = {}
+    for i, c in enumerate(opts.candidates):
+        groups.setdefault((c.tp, c.pp), []).append(i)
+    mask = np.zeros(len(opts), dtype=bool)
+    for members in groups.values():
+        idx = np.array(members)
+        mask[idx[pareto_mask([col[idx] for col in cols])]] = True
+    return mask
 
 
 def memory_limit(cost: CostModel) -> float:

@@ -90,13 +90,15 @@ def unit_of(groups: Sequence[GroupAssignment], pool: GpuPool) -> int:
     return max((_chunk_unit(g, node_size) for g in groups), default=1)
 
 
-def split_pool(pool: GpuPool, parts: Sequence[tuple[int, int]]) -> list[GpuPool]:
-    """Disjoint sub-pools of (size, chunk unit), the largest units placed first."""
+def split_pool(pool: GpuPool, parts: Sequence[tuple[int, int]], spread: bool = False
+               ) -> list[GpuPool]:
+    """Disjoint sub-pools of (size, chunk unit), the largest units placed first. ``spread``:
+    chunks go to the emptiest node, so each sub-pool spans nodes where the pool allows."""
     free = _free(pool)
     out: dict[int, list[int]] = {}
     for i in sorted(range(len(parts)), key=lambda i: -parts[i][1]):
         size, unit = parts[i]
-        out[i] = _take(free, size, unit, f"a part of {size} GPUs") if size else []
+        out[i] = _take(free, size, unit, f"a part of {size} GPUs", spread) if size else []
     return [GpuPool(pool.cluster, tuple(out[i])) if out[i] else pool for i in range(len(parts))]
 
 

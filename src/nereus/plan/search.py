@@ -17,6 +17,7 @@ Structure of the search (all of it exact under the cost model):
 
 from __future__ import annotations
 
+import heapq
 import math
 
 from collections.abc import Iterator, Mapping, Sequence
@@ -352,29 +353,99 @@ class Planner:
         """The fastest plan whose TP groups all stay inside nodes where the pool allows.
 
         The search counts GPUs, not how they sit in nodes; on a pool of partly filled nodes
-        stages that run side by side may not all find node-contained TP groups. Such a plan
-        is searched again without the candidates that could not be placed (at most
-        ``MAX_REPLACEMENTS`` times, then the plan is returned as placed: the validator names
-        the groups that span nodes)."""
-        plan = self.assemble(self.search())
-        for _ in range(MAX_REPLACEMENTS):
-            bad = spanning_stages(self.job, plan)
-            if not bad:
-                break
-            options = dict(self.options)
-            for name in bad:
-                cand = plan.stage(name).candidate
-                keep = np.array([c != cand for c in options[name].candidates])
-                if not keep.any():
-                    return plan
-                options[name] = options[name].subset(keep)
-            saved, self.options = self.options, options
+        stages that run side by side may not all find node-contained TP groups. Then the search
+        goes on best first over the remaining combinations: the combination that could not be
+        placed (the candidates of the stages whose placement it decides) is excluded by
+        splitting the options into disjoint parts -- the first stage without its candidate, or
+        it fixed and the second without its candidate, and so on -- and each part is searched
+        again; the fastest part is expanded next. The first placeable plan is the fastest
+        placeable one. Where the options were dominance-pruned across layouts they are first
+        rebuilt pruned within each layout (placement depends on the layout, so a candidate
+        beaten by one of another layout may be the one that places). Raises
+        :class:`InfeasibleError` when no combination places (or after ``MAX_REPLACEMENTS``
+        searches)."""
+        plan, bad = self._placed(self.search())
+        if not bad:
+            return plan
+        saved = self.options
+        try:
+            return self._best_placeable()
+        finally:
+            self.options = saved
+
+    def _placed(self, res: SearchResult) -> tuple[Plan | None, list[str]]:
+        """The assembled plan and the stages whose TP groups span nodes needlessly."""
+        try:
+            plan = self.assemble(res)
+        except ValueError:  # the placement ran out of GPUs: every stage is to blame
+            return None, [s.name for s in self.job.workflow.stages]
+        return plan, spanning_stages(self.job, plan)
+
+    def _best_placeable(self) -> Plan:
+        wf = self.job.workflow
+        keep = None
+        if self.spread:
+            node = self.job.pool.largest_node_share()
+
+            def keep(c: Candidate) -> bool:
+                return c.dp >= 2 and c.layout.size <= node
+        base = {}
+        for st in wf.stages:
+            opts, _ = stage_options(self.cost, st, self.job.pool.size, keep=keep, by_layout=True)
+            base[st.name] = opts
+        heap: list[tuple[float, int, dict[str, StageOptions], SearchResult]] = []
+        count = 0
+
+        def push(opts: dict[str, StageOptions]) -> None:
+            nonlocal count
+            if any(not len(o) for o in opts.values()):
+                return
+            self.options = opts
             try:
-                plan = self.assemble(self.search())
+                res = self.search()
             except InfeasibleError:
-                self.options = saved
-                break
-        return plan
+                return
+            count += 1
+            heapq.heappush(heap, (res.latency, count, opts, res))
+
+        push(base)
+        searches = 0
+        while heap:
+            _, _, opts, res = heapq.heappop(heap)
+            self.options = opts
+            plan, bad = self._placed(res)
+            if not bad:
+                return plan
+            searches += 1
+            if searches > MAX_REPLACEMENTS:
+                raise InfeasibleError(
+                    f"no placeable plan found within {MAX_REPLACEMENTS} searches: the fastest "
+                    f"plans need TP groups across nodes of the pool (estimated)")
+            chosen = {n: c for p in res.phases.values() for g in p.groups
+                      for n, c in zip(g.stages, g.candidates)}
+            # the stages whose candidates decide the failed placement: in synchronous execution
+            # each phase is placed on the whole pool by itself; asynchronous generation and the
+            # rest split the pool, so there every stage takes part
+            if wf.execution is Execution.SYNC:
+                failed = {wf.stage(n).phase for n in bad}
+                involved = [s.name for s in wf.stages if s.phase in failed]
+            else:
+                involved = [s.name for s in wf.stages]
+            involved.sort(key=lambda n: n not in bad)  # the culprits first
+            # placement sees a candidate's layout and replica count only (not its micro-batch
+            # or recomputation), so every candidate sharing them fails alike
+            fixed = dict(opts)
+            for name in involved:
+                shape = _shape(chosen[name])
+                o = opts[name]
+                same = np.array([_shape(c) == shape for c in o.candidates])
+                child = dict(fixed)
+                child[name] = o.subset(~same)
+                push(child)
+                fixed[name] = o.subset(same)
+        raise InfeasibleError(
+            f"no plan fits {self.job.pool.size} GPUs of {self.cost.device.name} with every TP "
+            f"group inside a node of the pool (estimated)")
 
     def assemble(self, res: SearchResult) -> Plan:
         wf = self.job.workflow
@@ -390,7 +461,7 @@ class Planner:
                         unit_of(assigns[Phase.GENERATION], self.job.pool))
             rest_part = (max((res.phases[p].gpus for p in rest), default=0),
                          unit_of([g for p in rest for g in assigns[p]], self.job.pool))
-            gen_pool, rest_pool = split_pool(self.job.pool, [gen_part, rest_part])
+            gen_pool, rest_pool = split_pool(self.job.pool, [gen_part, rest_part], self.spread)
             pools = {p: gen_pool if p is Phase.GENERATION else rest_pool for p in wf.phases}
         for phase in wf.phases:
             point = res.phases[phase]
@@ -415,7 +486,12 @@ class Planner:
         return Plan(ordered, step, "estimated", terms, tuple(groups))
 
 
-MAX_REPLACEMENTS = 8  # searches again for TP groups that could not stay inside a node
+MAX_REPLACEMENTS = 2000  # plans that failed placement before the search gives up
+
+
+def _shape(c: Candidate) -> tuple[Layout, int]:
+    """What the placement of a candidate depends on."""
+    return c.layout, c.dp
 
 
 def spanning_stages(job: JobSpec, plan: Plan) -> list[str]:
