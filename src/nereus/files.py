@@ -26,19 +26,32 @@ def _existing(path: str | Path, field: str) -> Path:
     return p
 
 
-def read_json(path: str | Path, field: str) -> Any:
+def read_text(path: str | Path, field: str) -> str:
+    """The file's text as UTF-8, without a leading byte-order mark (as Excel and some Windows
+    editors write); bytes that are not UTF-8 are an InputError, not a traceback."""
     p = _existing(path, field)
     try:
-        return json.loads(p.read_text())
+        return p.read_text(encoding="utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise InputError(field, f"{p} is not UTF-8 text (byte 0x{e.object[e.start]:02x} at "
+                         f"offset {e.start})", "UTF-8 text") from None
+
+
+def read_json(path: str | Path, field: str) -> Any:
+    p = Path(path)
+    text = read_text(p, field)
+    try:
+        return json.loads(text)
     except json.JSONDecodeError as e:
         raise InputError(field, f"{p} is not valid JSON ({e.msg} at line {e.lineno})") from None
 
 
 def read_yaml(path: str | Path, field: str) -> Any:
     """YAML, and so JSON too (YAML is a superset of JSON)."""
-    p = _existing(path, field)
+    p = Path(path)
+    text = read_text(p, field)
     try:
-        return yaml.safe_load(p.read_text())
+        return yaml.safe_load(text)
     except yaml.YAMLError as e:
         raise InputError(field, f"{p} is not valid YAML: {str(e).splitlines()[0]}") from None
 
@@ -59,6 +72,9 @@ def validate(model: type[M], data: object, field: str = "config", prefix: str = 
 
 _UNION_BRANCH = re.compile(r"(int|float|str|bool|none|list\[.*\]|dict\[.*\]|tuple\[.*\]|"
                            r"function-.*)")
+
+
+_YAML_TEXT_EXP = re.compile(r"[-+]?[0-9]+(\.[0-9]*)?[eE][-+]?[0-9]+")
 
 
 def _nested_model(ann: object) -> type[BaseModel] | None:
@@ -96,4 +112,14 @@ def validation_error(e: ValidationError, root: type[BaseModel]) -> InputError:
                           str(err.get("ctx", {}).get("expected", "")))
     if kind in ("model_type", "model_attributes_type", "dict_type"):
         return InputError(loc, "must be a mapping of fields")
+    inp = err.get("input")
+    if kind in ("int_type", "float_type") and isinstance(inp, (str, bool)):
+        what = "an integer" if kind == "int_type" else "a number"
+        problem = f"{str(inp).lower() if isinstance(inp, bool) else repr(inp)} is not {what}"
+        if isinstance(inp, str) and _YAML_TEXT_EXP.fullmatch(inp.strip()):
+            # YAML 1.1 reads 1e300 as text: its floats need a point and a signed exponent
+            problem += f" (YAML reads it as text: write {float(inp):.1e})"
+        return InputError(loc, problem)
+    if kind == "bool_type":
+        return InputError(loc, f"{inp!r} is not a switch", "true, false")
     return InputError(loc, str(err["msg"]).removeprefix("Value error, "))

@@ -157,3 +157,70 @@ def test_a_dead_worker_process_is_an_error_not_a_hang(monkeypatch):
         S.run_scenario(sc, ["static", "oracle"], workers=2)
     assert time.monotonic() - t0 < 30
     assert mp.active_children() == []               # the sleeping worker was stopped too
+
+
+@pytest.mark.parametrize("line,field", [
+    ("steps: '5'", "steps"), ("noise: '0.5'", "noise"), ("seed: true", "seed"),
+    ("control: {gamma: '0.9'}", "control.gamma"),
+    ("control: {warmup_steps: true}", "control.warmup_steps"),
+    ("control: {length_window: 2.5}", "control.length_window"),
+    ("restart: {checkpoint_interval_steps: '5'}", "restart.checkpoint_interval_steps"),
+    ("lengths: {growth: {start: '500'}}", "lengths.growth.start"),
+    ("availability: {churn: {changes: '3'}}", "availability.churn.changes"),
+    ("availability: {constant: 'yes'}", "availability.constant"),
+    ("hidden_efficiency: {gemm: '0.5'}", "hidden_efficiency.gemm"),
+])
+def test_yaml_numbers_and_switches_are_strict(tmp_path, line, field):
+    p = tmp_path / "run.yaml"
+    p.write_text(JOB + line + "\n")
+    with pytest.raises(InputError, match=rf"^{field}: ") as e:
+        load_scenario(p)
+    assert "\n" not in str(e.value)
+
+
+def test_yaml_ints_still_count_where_floats_are_expected(tmp_path):
+    p = tmp_path / "run.yaml"
+    p.write_text(JOB + "steps: 3\nnoise: 0\ncontrol: {gamma: 1, length_margin: 0}\n"
+                 "restart: {startup_s: 60}\n"
+                 "drift: {congestion: {length: [1, 2], op_classes: [gemm], factor: 1}}\n")
+    sc = load_scenario(p)
+    assert sc.noise == 0 and sc.control.gamma == 1.0 and sc.restart.startup_s == 60
+    assert {p.op_class for p in sc.drift.periods} == {OpClass.GEMM}
+
+
+@pytest.mark.parametrize("job,field", [
+    ("{model: llama-3.1-8b, gpus: 0}", "job.gpus"),
+    ("{model: llama-3.1-8b, gpus: 16, colour: red}", "job.colour"),
+    ("{gpus: 16}", "job.model"),
+    ("{model: llama-3.1-8b, gpus: 16, cluster: {devices_per_node: '8'}}",
+     "job.cluster.devices_per_node"),
+])
+def test_errors_in_the_job_section_name_it(tmp_path, job, field):
+    p = tmp_path / "run.yaml"
+    p.write_text(f"job: {job}\nsteps: 3\n")
+    with pytest.raises(InputError, match=rf"^{field}: ") as e:
+        load_scenario(p)
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("margin", ["1.0e+300", "1.5", "-0.1", "1e300"])
+def test_length_margin_is_bounded(tmp_path, margin):
+    p = tmp_path / "run.yaml"
+    p.write_text(JOB + f"steps: 3\ncontrol: {{length_margin: {margin}}}\n")
+    with pytest.raises(InputError, match=r"^control\.length_margin: ") as e:
+        load_scenario(p)
+    assert "\n" not in str(e.value)
+    assert "0..1" in str(e.value) or "1.0e+300" in str(e.value)   # YAML reads 1e300 as text
+    p.write_text(JOB + "steps: 3\ncontrol: {length_margin: 1.0}\n")
+    assert load_scenario(p).control.length_margin == 1.0
+
+
+@pytest.mark.parametrize("churn,field", [("{hours: 1.0e-300}", "hours"),
+                                         ("{hours: 0.01}", "hours"), ("{changes: 0}", "changes"),
+                                         ("{changes: 1000000000}", "changes")])
+def test_churn_parameters_have_sane_bounds(tmp_path, churn, field):
+    p = tmp_path / "run.yaml"
+    p.write_text(JOB + f"steps: 3\navailability: {{churn: {churn}}}\n")
+    with pytest.raises(InputError, match=rf"^availability\.churn\.{field}: ") as e:
+        load_scenario(p)
+    assert "\n" not in str(e.value)

@@ -163,3 +163,50 @@ def test_drift_may_not_lift_an_efficiency_above_the_peak():
     # the cpu device has no peak to pass
     T.DriftTrace((T.DriftPeriod(0, 10, OpClass.GEMM, 50.0),)).check(
         Efficiencies({OpClass.GEMM: 0.5}, "cpu"))
+
+
+@pytest.mark.parametrize("gpus", ["1000000000000", "0-100000000000", "5 2000000-2000001",
+                                  "1000001"])
+def test_availability_gpu_counts_and_ids_are_capped(tmp_path, gpus):
+    """A huge count or range used to build the whole list of ids (MemoryError)."""
+    p = tmp_path / "pool.csv"
+    p.write_text(f"time_s,gpus\n0,16\n600,{gpus}\n")
+    with pytest.raises(InputError, match=rf"^availability row 3\.gpus: .*{T.MAX_DEVICES:,}"
+                       ) as e:
+        T.load_availability(p)
+    assert "\n" not in str(e.value)
+    p.write_text(f"time_s,gpus\n0,{T.MAX_DEVICES}\n")
+    assert len(T.load_availability(p).pools[0]) == T.MAX_DEVICES
+
+
+def test_availability_ids_are_bounded_by_the_cluster_when_given(tmp_path):
+    p = tmp_path / "pool.csv"
+    p.write_text("time_s,gpus\n0,16\n600,17\n")
+    with pytest.raises(InputError, match=r"^availability row 3\.gpus: .*0\.\.15"):
+        T.load_availability(p, max_gpus=16)
+    p.write_text("time_s,gpus\n0,0-7\n600,8-16\n")
+    with pytest.raises(InputError, match=r"^availability row 3\.gpus: .*16"):
+        T.load_availability(p, max_gpus=16)
+
+
+@pytest.mark.parametrize("gpus", ["7-0", "0-3 9-8"])
+def test_a_reversed_range_is_an_error_not_an_empty_pool(tmp_path, gpus):
+    p = tmp_path / "pool.csv"
+    p.write_text(f"time_s,gpus\n0,16\n600,{gpus}\n")
+    with pytest.raises(InputError, match=r"^availability row 3\.gpus: .*range"):
+        T.load_availability(p)
+
+
+@pytest.mark.parametrize("rows", ["0,16\n600,16\n300,16\n", "0,16\n600,8\n600,8\n",
+                                  "0,16\n0,16\n"])
+def test_availability_times_must_increase_even_when_the_pool_does_not_change(tmp_path, rows):
+    p = tmp_path / "pool.csv"
+    p.write_text("time_s,gpus\n" + rows)
+    with pytest.raises(InputError, match=r"^availability row \d\.time_s: .*increas"):
+        T.load_availability(p)
+
+
+def test_node_churn_has_a_floor_on_hours():
+    with pytest.raises(InputError, match=rf"^availability\.churn\.hours: .*{T.MIN_CHURN_HOURS:g}"):
+        T.node_churn(2, 8, hours=1e-300)
+    assert T.node_churn(2, 8, hours=T.MIN_CHURN_HOURS).changes() > 0

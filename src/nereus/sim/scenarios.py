@@ -44,7 +44,9 @@ from nereus.sim.plancache import EFF_GRID, LENGTH_BUCKET
 from nereus.sim.policies import POLICIES, make_policies
 from nereus.sim.simulator import OOM_LOST_FRACTION, SimResult, Simulator
 from nereus.sim.traces import (
+    MAX_CHURN_CHANGES,
     MAX_TOKENS,
+    MIN_CHURN_HOURS,
     MIN_DRIFT_FACTOR,
     Availability,
     DriftTrace,
@@ -283,10 +285,14 @@ def builtin(name: str, seed: int = 0, steps: int | None = None) -> Scenario:
 
 # ------------------------------------------------------------------ YAML scenarios
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # strict, as the job's models: a count is an integer (not true, 2.9 or "8"), a number is
+    # not a string, a switch is true or false; an integer still counts where a float is expected
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
 MAX_LENGTH_RATIO = 100.0     # longest / mean response length a generated trace may ask for
+MAX_LENGTH_MARGIN = 1.0      # control.length_margin: plan memory for up to 2x the longest
+MAX_CHURN_HOURS = 100_000.0  # a churn block past ~11 years never changes within a run
 
 
 class _Growth(_Strict):
@@ -313,8 +319,8 @@ class _Spot(_Strict):
 
 
 class _Churn(_Strict):
-    hours: float = Field(10.0, gt=0, allow_inf_nan=False)
-    changes: int = Field(12, ge=1)
+    hours: float = Field(10.0, ge=MIN_CHURN_HOURS, le=MAX_CHURN_HOURS, allow_inf_nan=False)
+    changes: int = Field(12, ge=1, le=MAX_CHURN_CHANGES)
     min_nodes: int = Field(1, ge=1)
 
 
@@ -330,8 +336,10 @@ _Steps = Annotated[int, Field(ge=1, le=MAX_STEPS)]
 
 class _Congestion(_Strict):
     periods: int = Field(3, ge=0, le=MAX_STEPS)
-    length: tuple[_Steps, _Steps] = (40, 120)
-    op_classes: tuple[str, ...] = ("allreduce.inter", "p2p.inter")
+    # YAML gives lists: a tuple field takes one (its items stay strict)
+    length: tuple[_Steps, _Steps] = Field((40, 120), strict=False)
+    op_classes: tuple[Annotated[str, Field(strict=True)], ...] = Field(
+        ("allreduce.inter", "p2p.inter"), strict=False)
     factor: float = Field(0.4, ge=MIN_DRIFT_FACTOR, allow_inf_nan=False)
 
     @field_validator("length")
@@ -368,10 +376,19 @@ class _Control(_Strict):
     gamma: float = Field(0.5, ge=0, le=1, allow_inf_nan=False)
     delta_len: float = Field(0.30, gt=0, allow_inf_nan=False)
     delta_eff: float = Field(0.20, gt=0, allow_inf_nan=False)
-    length_margin: float = Field(0.05, ge=0, allow_inf_nan=False)
+    # planned memory for the longest response plus this share: up to twice the longest
+    length_margin: float = Field(0.05, allow_inf_nan=False)
     length_window: int = Field(20, ge=1)
     warmup_steps: int = Field(10, ge=0)
     horizon_alpha: float = Field(0.5, gt=0, le=1, allow_inf_nan=False)
+
+    @field_validator("length_margin")
+    @classmethod
+    def _margin_in_range(cls, v: float) -> float:
+        if not 0 <= v <= MAX_LENGTH_MARGIN:
+            raise ValueError(f"{v:g} is outside 0..{MAX_LENGTH_MARGIN:g} (allowed: a share of "
+                             f"the longest response from 0 to {MAX_LENGTH_MARGIN:g})")
+        return v
 
 
 class _ScenarioFile(_Strict):
@@ -403,7 +420,11 @@ def load_scenario(path: str | Path) -> Scenario:
     p = Path(path)
     raw = read_yaml(p, "--config")
     cfg = validate(_ScenarioFile, raw, "--config")
-    job = parse_job(cfg.job)
+    try:
+        job = parse_job(cfg.job)
+    except InputError as e:     # the job is the file's ``job:`` section: name the field so
+        field = "job" if e.field == "config" else f"job.{e.field}"
+        raise InputError(field, e.problem, e.allowed) from None
     base = p.parent
     seed = cfg.seed
 
@@ -426,7 +447,8 @@ def load_scenario(path: str | Path) -> Scenario:
 
     kind = _one("availability", cfg.availability)
     if kind == "csv":
-        avail = load_availability(base / str(cfg.availability.csv))
+        avail = load_availability(base / str(cfg.availability.csv),
+                                  max_gpus=job.cluster.num_devices)
     elif kind == "spot":
         counts, _ = spot_counts()
         sp = cfg.availability.spot

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import bisect
 import csv
+import io
 import json
 import math
 from collections.abc import Iterable, Sequence
@@ -30,6 +31,7 @@ import numpy as np
 from nereus.cost.efficiency import Efficiencies, peak_bound
 from nereus.cost.ops import OpClass
 from nereus.errors import InputError
+from nereus.files import read_text
 
 SPOT_TRACE = "aws-2023-08-27-us-west-2a-v100-16node.json"
 MAX_TOKENS = 1 << 20  # longest response (tokens) a trace may give: far past what RL generates
@@ -37,6 +39,13 @@ MAX_TOKENS = 1 << 20  # longest response (tokens) a trace may give: far past wha
 # class 100x slower than usual is past any slowdown short of a failure, and smaller factors
 # only make absurd times.
 MIN_DRIFT_FACTOR = 0.01
+# Most devices an availability trace may name (a count, or ids 0..MAX_DEVICES-1): far past any
+# cluster one job runs on, and small enough that a pool of them fits in memory.
+MAX_DEVICES = 1_000_000
+# Shortest block of whole-node churn (hours): its changes 6 minutes apart at the closest, about
+# a restart each; shorter blocks only make every step a restart.
+MIN_CHURN_HOURS = 0.1
+MAX_CHURN_CHANGES = 1000     # changes per block: 20 blocks of them are generated
 
 
 # ------------------------------------------------------------------ response lengths
@@ -248,8 +257,12 @@ def node_churn(num_nodes: int, devices_per_node: int, hours: float = 10.0, chang
     """
     if not 1 <= min_nodes <= num_nodes:
         raise InputError("availability.min_nodes", f"must be in 1..{num_nodes}, got {min_nodes}")
-    if changes < 1 or hours <= 0:
-        raise InputError("availability.changes", "needs changes >= 1 over hours > 0")
+    if not (math.isfinite(hours) and hours >= MIN_CHURN_HOURS):
+        raise InputError("availability.churn.hours", f"got {hours:g}",
+                         f"a finite number >= {MIN_CHURN_HOURS:g}")
+    if not 1 <= changes <= MAX_CHURN_CHANGES:
+        raise InputError("availability.churn.changes", f"got {changes}",
+                         f"1..{MAX_CHURN_CHANGES}")
     if min_nodes == num_nodes:
         raise InputError("availability.min_nodes", "leaves no node to take away",
                          f"1..{num_nodes - 1}")
@@ -275,22 +288,44 @@ def _node_ids(nodes: Iterable[int], per: int) -> tuple[int, ...]:
     return tuple(sorted(g for n in nodes for g in range(n * per, (n + 1) * per)))
 
 
-def parse_ids(text: str) -> tuple[int, ...]:
-    """``"16"`` -> 0..15; ``"0-7 12 13"`` -> those ids; ``""`` or ``"0"`` -> none."""
+def parse_ids(text: str, field: str = "availability.gpus", max_gpus: int | None = None
+              ) -> tuple[int, ...]:
+    """``"16"`` -> 0..15; ``"0-7 12 13"`` -> those ids; ``""`` or ``"0"`` -> none.
+
+    Counts and ids stay below ``max_gpus`` (the cluster's size, when known) and never past
+    MAX_DEVICES: the ids are built one by one, so a huge count is an error, not a MemoryError.
+    """
+    cap = MAX_DEVICES if max_gpus is None else min(max_gpus, MAX_DEVICES)
+    allowed = (f"a count 0..{cap} or device ids 0..{cap - 1}, e.g. 16 or 0-7 12 (at most "
+               f"{MAX_DEVICES:,} devices)")
     text = text.strip()
     if not text:
         return ()
     parts = text.replace(",", " ").split()
+
+    def num(t: str, p: str) -> int:
+        # no sign, no decimal point: "-" only separates a range
+        if not (t.isascii() and t.isdigit()):
+            raise InputError(field, f"{p!r} is not a count or device ids", allowed)
+        return int(t)
+
     if len(parts) == 1 and "-" not in parts[0]:
-        return tuple(range(int(parts[0])))
-    out: list[int] = []
+        n = num(parts[0], parts[0])
+        if n > cap:
+            raise InputError(field, f"count {n} is above {cap:,}", allowed)
+        return tuple(range(n))
+    out: set[int] = set()
     for p in parts:
-        if "-" in p:
-            a, b = p.split("-", 1)
-            out.extend(range(int(a), int(b) + 1))
-        else:
-            out.append(int(p))
-    return tuple(sorted(set(out)))
+        a, sep, b = p.partition("-")
+        lo = num(a, p)
+        hi = num(b, p) if sep else lo
+        if hi < lo:
+            raise InputError(field, f"bad range {p!r}: its end is below its start",
+                             "ranges first-last with first <= last, e.g. 0-7")
+        if hi >= cap:
+            raise InputError(field, f"device id {hi} is above {cap - 1:,}", allowed)
+        out.update(range(lo, hi + 1))
+    return tuple(sorted(out))
 
 
 def save_availability(av: Availability, path: str | Path) -> None:
@@ -301,16 +336,20 @@ def save_availability(av: Availability, path: str | Path) -> None:
             w.writerow([f"{t:g}", " ".join(map(str, p))])
 
 
-def load_availability(path: str | Path) -> Availability:
+def load_availability(path: str | Path, max_gpus: int | None = None) -> Availability:
+    """The trace in a CSV file; ``max_gpus``: the cluster's device count, when known (ids
+    and counts must stay below it)."""
     rows = _read_csv(path, ["time_s", "gpus"], "availability")
-    times, pools = [], []
+    times: list[float] = []
+    pools = []
     for i, r in enumerate(rows):
-        times.append(_finite(r, "time_s", "availability", i, path))
-        try:
-            pools.append(parse_ids(r["gpus"] or ""))
-        except ValueError:
-            raise InputError(f"availability row {i + 2}.gpus", "must be a count or device ids",
-                             "e.g. 16 or 0-7 12") from None
+        t = _finite(r, "time_s", "availability", i, path)
+        if times and t <= times[-1]:
+            raise InputError(f"availability row {i + 2}.time_s", f"{t:g} in "
+                             f"{Path(path).name} is not after the row before's {times[-1]:g}",
+                             "increasing times")
+        times.append(t)
+        pools.append(parse_ids(r["gpus"] or "", f"availability row {i + 2}.gpus", max_gpus))
     if not times:
         raise InputError("availability", f"{path} has no rows")
     if times[0] != 0:
@@ -450,12 +489,11 @@ def _op_class(name: str | None, fld: str) -> OpClass:
 
 def _read_csv(path: str | Path, columns: list[str], what: str) -> list[dict[str, str]]:
     p = Path(path)
-    if not p.is_file():
-        raise InputError(what, f"no file at {path}")
-    with open(p, newline="") as f:
-        reader = csv.DictReader(f)
-        header = [h.strip() for h in (reader.fieldnames or [])]
-        missing = [c for c in columns if c not in header]
-        if missing:
-            raise InputError(what, f"{p.name} lacks column {missing[0]!r}", columns)
-        return [{k.strip(): (v or "").strip() for k, v in row.items() if k} for row in reader]
+    # UTF-8 only, and without the byte-order mark Excel writes (it would glue itself to the
+    # first column's name)
+    reader = csv.DictReader(io.StringIO(read_text(p, what), newline=""))
+    header = [h.strip() for h in (reader.fieldnames or [])]
+    missing = [c for c in columns if c not in header]
+    if missing:
+        raise InputError(what, f"{p.name} lacks column {missing[0]!r}", columns)
+    return [{k.strip(): (v or "").strip() for k, v in row.items() if k} for row in reader]
