@@ -210,3 +210,81 @@ def test_bad_profiles(tmp_path, profile, field):
     p = tmp_path / "profile.json"
     p.write_text(profile)
     _one_line_error(["plan", "--model", "llama-3.1-8b", "--gpus", "16", "--profile", str(p)], field)
+
+
+@pytest.mark.parametrize("args,field", [
+    (["--gpus", "99999999999999999999"], "gpus"),  # was an OverflowError traceback
+    (["--gpus", "1000000"], "gpus"),  # was a planner that never returned
+    (["--gpus", "16", "--devices-per-node", "99999999999999999999"], "cluster.devices_per_node"),
+    (["--gpus", "16", "--devices-per-node", "65"], "cluster.devices_per_node"),
+    (["--gpus", "16", "--responses-per-prompt", "99999999999999999999"],
+     "workload.responses_per_prompt"),
+    (["--gpus", "16", "--prompts", "1000000000000"], "workload.prompts_per_step"),
+    (["--gpus", "16", "--prompts", "2048", "--responses-per-prompt", "1024"],
+     "workload.responses_per_prompt"),
+])
+def test_huge_counts_are_one_line_errors(args, field):
+    err = _one_line_error(["plan", "--model", "llama-3.1-8b", *args], field)
+    assert "allowed: " in err
+
+
+@pytest.mark.parametrize("key,value,field", [
+    ("gpus", 10**12, "gpus"),  # was a MemoryError building the id list
+    ("cluster", {"nodes": 10**9}, "cluster.nodes"),
+    ("cluster", {"devices_per_node": 10**9}, "cluster.devices_per_node"),
+    ("workload", {"prompts_per_step": 10**12}, "workload.prompts_per_step"),
+    ("workload", {"responses_per_prompt": 10**9}, "workload.responses_per_prompt"),
+])
+def test_huge_counts_in_the_job_yaml_are_one_line_errors(tmp_path, key, value, field):
+    cfg = tmp_path / "job.yaml"
+    cfg.write_text(json.dumps({"model": "llama-3.1-8b", "gpus": 16, key: value}))
+    _one_line_error(["plan", "--config", str(cfg)], field)
+
+
+def test_frontier_of_an_unknown_stage_names_the_option():
+    err = _one_line_error(["plan", "--config", CONFIG, "--frontier", "foo"], "--frontier")
+    assert "'foo'" in err and "actor_gen" in err
+
+
+@pytest.mark.parametrize("shape,field", [
+    ("top", "evaluate.actor_gen.dp"),
+    ("mapping", "evaluate.stages.actor_gen.dp"),
+    ("list", "evaluate.stages.0.dp"),
+])
+def test_evaluate_layouts_must_give_dp(tmp_path, shape, field):
+    """A stage without dp was scored as dp=1 (a plan file requires it)."""
+    layout = json.loads(json.dumps(LAYOUT))
+    del layout["actor_gen"]["dp"]
+    data: object = {"top": layout, "mapping": {"stages": layout},
+                    "list": {"stages": [{"name": k, **v} for k, v in layout.items()]}}[shape]
+    p = tmp_path / "layout.yaml"
+    p.write_text(json.dumps(data))
+    _one_line_error(["plan", "--config", CONFIG, "--evaluate", str(p)], field)
+
+
+def test_a_profile_memory_scale_reaches_the_plan(tmp_path):
+    """--profile used the profile's efficiencies but not its calibrated memory scale."""
+    p = tmp_path / "profile.json"
+    p.write_text('{"memory_scale": {"train": 1.5}}')
+
+    def peaks(*extra: str) -> dict[str, int]:
+        r = runner.invoke(app, ["plan", "--model", "llama-3.1-8b", "--gpus", "16", "--json",
+                                *extra])
+        assert r.exit_code == 0, r.output
+        return {s["name"]: s["peak_mem_bytes"] for s in json.loads(r.stdout)["stages"]}
+
+    plain, scaled = peaks(), peaks("--profile", str(p))
+    assert scaled["actor_train"] > 1.2 * plain["actor_train"]
+
+
+def test_spread_does_not_suggest_itself(tmp_path):
+    """Under --spread, the node-loss line no longer says '--spread keeps a copy'."""
+    layout = {**LAYOUT, "actor_train": {"tp": 4, "pp": 2, "dp": 1,
+                                        "gpus": [[0, 1, 2, 3, 4, 5, 6, 7]]}}  # node 0 only
+    p = tmp_path / "layout.yaml"
+    p.write_text(json.dumps(layout))
+    r = runner.invoke(app, ["plan", "--config", CONFIG, "--evaluate", str(p)])
+    assert r.exit_code == 0 and "--spread keeps a copy on another node" in r.output
+    r = runner.invoke(app, ["plan", "--config", CONFIG, "--evaluate", str(p), "--spread"])
+    assert r.exit_code == 0, r.output
+    assert "--spread keeps a copy" not in r.output and "placed with --spread" in r.output

@@ -155,3 +155,68 @@ def test_job_fields_are_strict(data, field):
 def test_a_float_memory_override_may_be_written_as_an_integer():
     job = parse_job({"model": "llama-3.1-8b", "gpus": 8, "cluster": {"device_memory_gib": 40}})
     assert job.cluster.device.memory_bytes == 40 * 1024**3
+
+
+def _job(gpus: object = 16, cluster: dict | None = None, workload: dict | None = None) -> dict:
+    return {"model": "llama-3.1-8b", "gpus": gpus, "cluster": cluster or {},
+            "workload": workload or {}}
+
+
+@pytest.mark.parametrize("data,field", [
+    (_job(10**12), "gpus"),               # was a MemoryError building the id list
+    (_job(10**20), "gpus"),               # was an OverflowError
+    (_job(1_000_000), "gpus"),            # was a planner that never returned
+    (_job(65_537), "gpus"),
+    (_job([0, 65_536]), "gpus"),
+    (_job(16, {"nodes": 10**9}), "cluster.nodes"),
+    (_job(16, {"nodes": 8193, "devices_per_node": 8}), "cluster.nodes"),  # 65,544 devices
+    (_job(16, {"devices_per_node": 10**9}), "cluster.devices_per_node"),
+    (_job(16, {"devices_per_node": 65}), "cluster.devices_per_node"),
+    (_job(16, {"devices_per_node": 0}), "cluster.devices_per_node"),
+    (_job(16, {"nodes": 0}), "cluster.nodes"),
+])
+def test_device_and_node_counts_have_a_stated_maximum(data, field):
+    with pytest.raises(InputError) as e:
+        parse_job(data)
+    assert e.value.field == field and "\n" not in str(e.value)
+    assert any(bound in str(e.value) for bound in ("65,536", "1..64", "65535"))
+
+
+def test_the_largest_allowed_cluster_still_builds():
+    job = parse_job(_job(16, {"nodes": 1024, "devices_per_node": 64}))
+    assert job.cluster.num_devices == 65_536
+    assert parse_job(_job([65_535])).pool.ids == (65_535,)
+
+
+@pytest.mark.parametrize("workload,field,allowed", [
+    ({"prompts_per_step": 10**12}, "workload.prompts_per_step", "1..1,048,576"),
+    ({"responses_per_prompt": 10**9}, "workload.responses_per_prompt", "1..1,024"),
+    ({"responses_per_prompt": 10**20}, "workload.responses_per_prompt", "1..1,024"),
+    ({"prompts_per_step": 4096, "responses_per_prompt": 512}, "workload.responses_per_prompt",
+     "1,048,576"),
+])
+def test_batch_sizes_have_a_stated_maximum(workload, field, allowed):
+    with pytest.raises(InputError) as e:
+        parse_job(_job(16, workload=workload))
+    assert e.value.field == field and allowed in (e.value.allowed or "")
+    with pytest.raises(InputError, match=field):
+        Workload(**workload)
+
+
+def test_real_rl_batches_are_within_the_bounds():
+    # GRPO-style groups: 1,024 prompts x 64 samples; the largest allowed batch builds
+    assert parse_job(_job(16, workload={"prompts_per_step": 1024, "responses_per_prompt": 64,
+                                        "ppo_mini_batches": 16})).workload.sequences_per_step \
+        == 65_536
+    assert Workload(prompts_per_step=1 << 20).sequences_per_step == 1 << 20
+    assert Workload(prompts_per_step=1024, responses_per_prompt=1024).sequences_per_step == 1 << 20
+
+
+def test_an_unknown_stage_names_the_field_it_came_from():
+    wf = get_workflow("grpo")
+    with pytest.raises(InputError) as e:
+        wf.stage("critic_infer", "--frontier")
+    assert e.value.field == "--frontier" and "grpo" in str(e.value)
+    with pytest.raises(InputError) as e:
+        wf.stage("critic_infer")
+    assert e.value.field == "stage"

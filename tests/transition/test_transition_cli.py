@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import yaml
@@ -41,7 +43,8 @@ def test_json_has_exactly_the_documented_shape(plans: tuple[Path, Path]) -> None
     r = runner.invoke(app, ["transition", *map(str, plans), "--model", "llama-3.1-8b", "--json"])
     assert r.exit_code == 0, r.output
     out = json.loads(r.stdout)
-    assert set(out) == {"estimated_s", "feasible", "primitives"}
+    assert set(out) == {"source", "estimated_s", "feasible", "primitives"}
+    assert out["source"] == "estimated"
     assert out["feasible"] is True and out["estimated_s"] > 0
     assert sorted(p["op"] for p in out["primitives"]) == ["Extend"] * 4 + ["Merge"] * 2
     for p in out["primitives"]:
@@ -104,7 +107,7 @@ def test_two_job_specs_are_planned_and_moved(tmp_path: Path) -> None:
     r = runner.invoke(app, ["transition", str(a), str(b), "--json"])
     assert r.exit_code in (0, 3), r.output
     out = json.loads(r.stdout.splitlines()[0])
-    assert set(out) == {"estimated_s", "feasible", "primitives"}
+    assert set(out) == {"source", "estimated_s", "feasible", "primitives"}
     if out["feasible"]:
         assert out["primitives"]
         assert max(g for p in out["primitives"] for g in p["gpus"]) >= 16  # new GPUs in use
@@ -176,3 +179,73 @@ def test_job_specs_refuse_options_they_carry(tmp_path: Path) -> None:
     assert r.exit_code == 2 and "devices_per_node" in r.output
     r = runner.invoke(app, ["transition", str(a), str(a), "--devices-per-node", "0"])
     assert r.exit_code == 2 and "--devices-per-node" in r.output  # 0 is given, not absent
+
+
+def test_a_gantt_path_that_cannot_be_written_is_refused_before_planning(
+        plans: tuple[Path, Path], tmp_path: Path) -> None:
+    """/proc exists but takes no new files: was every table printed, then a traceback."""
+    if not sys.platform.startswith("linux"):
+        pytest.skip("needs /proc")
+    r = runner.invoke(app, ["transition", *map(str, plans), "--model", "llama-3.1-8b",
+                            "--gantt", "/proc/nereus-gantt.png"])
+    assert r.exit_code == 2, r.output
+    assert r.output.startswith("error: --gantt: cannot write /proc/nereus-gantt.png")
+    assert len(r.output.strip().splitlines()) == 1 and "Traceback" not in r.output
+    out = tmp_path / "fresh.png"  # the check leaves no empty file behind when it passes
+    r = runner.invoke(app, ["transition", *map(str, plans), "--model", "llama-3.1-8b", "--json",
+                            "--gantt", str(out)])
+    assert r.exit_code == 0 and out.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_plans_of_another_algo_name_the_plan_field(plans: tuple[Path, Path]) -> None:
+    """PPO plans under --algo grpo: the plan file's stage is named, not a bare 'stage'."""
+    r = runner.invoke(app, ["transition", *map(str, plans), "--model", "llama-3.1-8b",
+                            "--algo", "grpo"])
+    assert r.exit_code == 2, r.output
+    assert r.output.startswith("error: current.stages.") and "grpo does not have" in r.output
+    assert len(r.output.strip().splitlines()) == 1
+
+
+def test_a_gpu_id_past_the_largest_cluster_names_the_plan(plans: tuple[Path, Path],
+                                                          tmp_path: Path) -> None:
+    far = write(tmp_path, "far.json", Plan((sp("actor_gen", 1, 1, [[70_000]]),)))
+    r = runner.invoke(app, ["transition", str(far), str(far), "--model", "llama-3.1-8b"])
+    assert r.exit_code == 2 and r.output.startswith("error: current.stages"), r.output
+
+
+def test_bytes_moved_is_labelled_estimated(plans: tuple[Path, Path]) -> None:
+    r = runner.invoke(app, ["transition", *map(str, plans), "--model", "llama-3.1-8b"])
+    assert r.exit_code == 0, r.output
+    assert "bytes moved (estimated)" in r.output
+
+
+def _fake_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    """--execute without workers: every primitive 'measured' at fixed numbers."""
+    from nereus.runtime import demo
+
+    def run(job, current, target, schedule, **kwargs):  # noqa: ANN001, ANN003, ANN202
+        timings = [SimpleNamespace(gpus=p.gpus, duration_s=0.25, setup_s=0.125, bytes=3 << 20,
+                                   start_s=p.start_s, end_s=p.start_s + 0.25)
+                   for p in schedule.primitives]
+        report = SimpleNamespace(timings=timings, wall_s=1.5, within_capacity=lambda: True)
+        return demo.ExecutionCheck(schedule, report, True, (), "cpu")
+
+    monkeypatch.setattr(demo, "execute_transition", run)
+
+
+def test_execute_table_says_which_columns_are_measured(plans: tuple[Path, Path],
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    _fake_run(monkeypatch)
+    r = runner.invoke(app, ["transition", *map(str, plans), "--model", "llama-3.1-8b",
+                            "--execute"])
+    assert r.exit_code == 0, r.output
+    assert "setup s (measured)" in r.output and "MiB (measured)" in r.output
+    assert "0.1250" in r.output and "3.0" in r.output  # the measured numbers themselves
+    assert "measured 1.5000 s (measured)" in r.output and "bitwise equal" in r.output
+    r = runner.invoke(app, ["transition", *map(str, plans), "--model", "llama-3.1-8b",
+                            "--execute", "--json"])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    assert out["primitives"][0]["setup_s"] == 0.125 and out["bitwise_equal"] is True
+    assert out["sources"]["setup_s"].startswith("measured")
+    assert out["sources"]["bytes"].startswith("measured")

@@ -4,8 +4,9 @@ current plan compares."""
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import typer
 from rich.table import Table
@@ -13,11 +14,11 @@ from rich.table import Table
 from nereus.commands.common import console, one_line_errors
 from nereus.commands.jobopts import job_from_options
 from nereus.cost.calibrate import Calibrator
-from nereus.cost.efficiency import Efficiencies
 from nereus.cost.model import CostModel
-from nereus.errors import InfeasibleError
+from nereus.errors import InfeasibleError, InputError
+from nereus.files import read_yaml
 from nereus.plan.candidates import frontier
-from nereus.plan.evaluate import evaluate_plan, load_layout_spec
+from nereus.plan.evaluate import StageLayoutSpec, evaluate_plan, layout_spec_from_data
 from nereus.plan.exposure import exposed_by_node, spans_nodes
 from nereus.plan.search import Planner
 from nereus.plan.types import Plan, idle_bytes
@@ -66,10 +67,27 @@ def _summary(plan: Plan) -> str:
     return f"step latency {plan.step_latency_s:.3f} s (estimated): {parts}"
 
 
-def _efficiencies(job: JobSpec, profile: Optional[Path]) -> Efficiencies | None:
+def cost_model(job: JobSpec, profile: Optional[Path]) -> CostModel:
+    """The cost model, with a profile's calibrated efficiencies and memory scale where given."""
     if profile is None:
-        return None
-    return Calibrator.from_profile(profile, job.cluster.device.name).efficiencies()
+        return CostModel(job)
+    cal = Calibrator.from_profile(profile, job.cluster.device.name)
+    return CostModel(job, cal.efficiencies(), cal.memory_scale())
+
+
+def load_layout(path: Path) -> dict[str, StageLayoutSpec]:
+    """An --evaluate layout; every model-stage must say its dp, as a plan file does (a
+    missing dp is not taken as 1: a layout that forgot it would be scored as another plan)."""
+    data = read_yaml(path, "evaluate")
+    specs = layout_spec_from_data(data)  # checks the shape and every field first
+    stages: Any = data.get("stages", data)
+    prefix = "evaluate.stages" if "stages" in data else "evaluate"
+    entries = stages.items() if isinstance(stages, Mapping) else enumerate(stages)
+    for key, raw in entries:
+        if isinstance(raw, Mapping) and "dp" not in raw:
+            raise InputError(f"{prefix}.{key}.dp", "required field is missing",
+                             "an integer >= 1: the data-parallel replicas of the model-stage")
+    return specs
 
 
 def register(app: typer.Typer) -> None:
@@ -108,7 +126,9 @@ def register(app: typer.Typer) -> None:
                                response_len=response_len, response_len_max=response_len_max,
                                prompt_len=prompt_len, prompts=prompts,
                                responses_per_prompt=responses_per_prompt)
-        cost = CostModel(job, _efficiencies(job, profile))
+        if frontier_stage is not None:
+            job.workflow.stage(frontier_stage, "--frontier")  # before any planning
+        cost = cost_model(job, profile)
         if evaluate is not None:
             _evaluate(job, cost, evaluate, explain, as_json, spread)
             return
@@ -127,17 +147,25 @@ def register(app: typer.Typer) -> None:
                       f"{job.workload.response_len_max}), {job.workflow.execution.value}")
         console.print(plan_table(job, plan, "best plan"))
         console.print(_summary(plan))
-        console.print(_node_loss(job, plan))
+        console.print(_node_loss(job, plan, spread))
         if explain:
             _explain(cost, plan)
 
-    def _node_loss(job: JobSpec, plan: Plan) -> str:
+    def _node_loss(job: JobSpec, plan: Plan, spread: bool = False, best: bool = True) -> str:
+        """Which node takes the last copy of a model-stage; ``spread``: --spread was given
+        (it placed ``plan`` if ``best``, else ``plan`` is the user's and the best follows)."""
         if not spans_nodes(job.pool):
             return "node loss: the pool is one node"
         hit = {n: s for n, s in exposed_by_node(plan, job.cluster).items() if s}
         if not hit:
             return "node loss: any one node can go; every model-stage keeps a copy elsewhere"
         parts = "; ".join(f"node {n} takes {', '.join(s)}" for n, s in hit.items())
+        if spread and best:  # --spread could not place a second copy of these off the node
+            return (f"node loss: the last copy of a model-stage goes with a node ({parts}); "
+                    f"even with --spread no layout that fits keeps a copy of it on another node")
+        if spread:
+            return (f"node loss: the last copy of a model-stage goes with a node ({parts}); "
+                    f"the best plan below is placed with --spread")
         return (f"node loss: the last copy of a model-stage goes with a node ({parts}); "
                 f"--spread keeps a copy on another node")
 
@@ -153,7 +181,7 @@ def register(app: typer.Typer) -> None:
                           markup=False, highlight=False)
 
     def _frontier(job: JobSpec, planner: Planner, stage: str, as_json: bool) -> None:
-        job.workflow.stage(stage)  # raises a one-line error for an unknown stage
+        job.workflow.stage(stage, "--frontier")  # raises a one-line error for an unknown stage
         f = frontier(planner.options[stage])
         order = sorted(range(len(f)), key=lambda i: (f.gpus[i], f.latency[i]))
         rows = [{"tp": f.candidates[i].tp, "pp": f.candidates[i].pp, "dp": f.candidates[i].dp,
@@ -176,7 +204,7 @@ def register(app: typer.Typer) -> None:
 
     def _evaluate(job: JobSpec, cost: CostModel, path: Path, explain: bool, as_json: bool,
                   spread: bool) -> None:
-        yours = evaluate_plan(job, load_layout_spec(path), cost)
+        yours = evaluate_plan(job, load_layout(path), cost)
         problems = validate_plan(job, yours, cost)
         try:
             best: Plan | None = Planner(job, cost=cost, spread=spread).best()
@@ -192,7 +220,7 @@ def register(app: typer.Typer) -> None:
             return
         console.print(plan_table(job, yours, f"your plan ({path.name})"))
         console.print(_summary(yours))
-        console.print(_node_loss(job, yours))
+        console.print(_node_loss(job, yours, spread, best=False))
         if problems:
             console.print(f"[red]does not fit[/]: {len(problems)} problem(s)")
             for p in problems[:10]:
@@ -202,7 +230,7 @@ def register(app: typer.Typer) -> None:
         if best is not None:
             console.print(plan_table(job, best, "best plan" + (" (--spread)" if spread else "")))
             console.print(_summary(best))
-            console.print(_node_loss(job, best))
+            console.print(_node_loss(job, best, spread))
             gain = yours.step_latency_s / best.step_latency_s
             console.print(f"best plan: {gain:.2f}x the speed of yours per step (estimated)")
         else:

@@ -28,9 +28,10 @@ from nereus.commands.common import (
 )
 from nereus.commands.jobopts import job_from_options
 from nereus.cost.efficiency import Efficiencies
+from nereus.cost.model import CostModel
 from nereus.errors import InputError
 from nereus.plan.types import Plan
-from nereus.spec.cluster import GpuPool
+from nereus.spec.cluster import MAX_DEVICES, GpuPool
 from nereus.spec.device import GiB
 from nereus.spec.job import JobSpec, load_job
 from nereus.transition.emu import format_gpus
@@ -63,6 +64,39 @@ def _efficiencies(job: JobSpec, profile: Path | None) -> Efficiencies | None:
     return Calibrator.from_profile(profile, job.cluster.device.name).efficiencies()
 
 
+def _cost_model(job: JobSpec, profile: Path | None) -> CostModel:
+    """The planner's cost model, with the profile's efficiencies and memory scale."""
+    from nereus.commands.plan import cost_model
+
+    return cost_model(job, profile)
+
+
+def writable(path: Path | None, field: str) -> None:
+    """Refuse, before any work, an output file that cannot be written (a read-only folder,
+    /proc): the results must not be printed and then lost to a traceback."""
+    if path is None:
+        return
+    existed = path.exists()
+    try:
+        with path.open("ab"):
+            pass
+    except OSError as e:
+        raise InputError(field, f"cannot write {path}: {e.strerror or type(e).__name__}",
+                         "a file in a folder you can write") from None
+    if not existed:
+        path.unlink(missing_ok=True)
+
+
+def check_stages(job: JobSpec, plan: Plan, which: str) -> None:
+    """Every model-stage a plan file lists must be one of the job's workflow (a plan of
+    another algorithm, or the wrong --algo); named after the plan file's field."""
+    names = [s.name for s in job.workflow.stages]
+    for i, sp in enumerate(plan.stages):
+        if sp.stage not in names:
+            raise InputError(f"{which}.stages.{i}.name", f"model-stage {sp.stage!r}, which "
+                             f"{job.workflow.algo} does not have", names)
+
+
 def jobs_from_specs(current: Path, target: Path, profile: Path | None
                     ) -> tuple[JobSpec, Plan, Plan]:
     """Plan both job specs; the transition's job spans both pools, with the target's workload."""
@@ -82,8 +116,8 @@ def jobs_from_specs(current: Path, target: Path, profile: Path | None
         raise InputError("target.cluster.devices_per_node",
                          f"{b.cluster.devices_per_node} differs from the current "
                          f"{a.cluster.devices_per_node}", "the same node size in both")
-    cur = best_plan(a, _efficiencies(a, profile))
-    tgt = best_plan(b, _efficiencies(b, profile))
+    cur = best_plan(a, cost=_cost_model(a, profile))
+    tgt = best_plan(b, cost=_cost_model(b, profile))
     cluster = max((a.cluster, b.cluster), key=lambda c: c.num_devices)
     pool = GpuPool(cluster, tuple(sorted(set(a.pool.ids) | set(b.pool.ids))))
     return replace(b, cluster=cluster, pool=pool), cur, tgt
@@ -94,6 +128,10 @@ def job_for_plans(current: Plan, target: Plan, config: Path | None, model: str |
                   devices_per_node: int | None) -> JobSpec:
     """The job whose state the plans move; its cluster holds every GPU either plan uses."""
     needed = max((*current.gpus(), *target.gpus()), default=0) + 1
+    for which, plan in (("current", current), ("target", target)):
+        if max(plan.gpus(), default=0) >= MAX_DEVICES:
+            raise InputError(f"{which}.stages", f"GPU id {max(plan.gpus())} is past the "
+                             f"largest cluster", f"GPU ids 0..{MAX_DEVICES - 1}")
 
     def build(path: Path | None, gpus: int | None) -> JobSpec:
         return job_from_options(path, model=model, algo=algo, execution=execution, gpus=gpus,
@@ -107,7 +145,7 @@ def job_for_plans(current: Plan, target: Plan, config: Path | None, model: str |
 
 def stage_table(schedule: Schedule, current: Plan, target: Plan, sizes: StateSizes) -> Table:
     t = Table(title="primitives per model-stage", title_justify="left")
-    for col in ("model-stage", "current", "target", *OPS, "bytes moved"):
+    for col in ("model-stage", "current", "target", *OPS, "bytes moved (estimated)"):
         t.add_column(col, justify="left" if col in ("model-stage", "current", "target")
                      else "right", no_wrap=True)
     by = schedule.by_stage()
@@ -135,6 +173,28 @@ def schedule_table(schedule: Schedule) -> Table:
         t.add_row(str(p.index), p.op, p.stage, units, format_gpus(p.gpus), f"{p.start_s:.4f}",
                   f"{p.end_s:.4f}", ",".join(map(str, p.deps)) or "-")
     return t
+
+
+def execution_table(result: dict) -> Table:
+    """``--execute``'s result per primitive; every column says where its numbers come from."""
+    t = Table(title=f"executed on {result['device']} workers: measured vs estimated",
+              title_justify="left")
+    for col in ("#", "op", "stage", "gpus", "estimated s", "measured s", "setup s (measured)",
+                "MiB (measured)"):
+        t.add_column(col, justify="left" if col in ("op", "stage") else "right")
+    for r in result["primitives"]:
+        t.add_row(str(r["index"]), r["op"], r["stage"], ",".join(map(str, r["gpus"])),
+                  f"{r['estimated_s']:.4f}", f"{r['measured_s']:.4f}", f"{r['setup_s']:.4f}",
+                  f"{r['bytes'] / 2**20:.1f}")
+    return t
+
+
+def execution_summary(result: dict) -> str:
+    verdict = ("bitwise equal" if result["bitwise_equal"]
+               else "DIFFERS: " + "; ".join(result["differences"][:3]))
+    return (f"L_tran estimated {result['estimated_s']:.4f} s (estimated), measured "
+            f"{result['measured_s']:.4f} s (measured); state after the transition: {verdict}; "
+            f"peak bytes within capacity: {result['within_capacity']}")
 
 
 def print_schedule(job: JobSpec, schedule: Schedule, current: Plan, target: Plan) -> None:
@@ -175,6 +235,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Plan the transition between two plans: primitives, schedule and L_tran."""
         output_path(gantt_path, "--gantt", FIGURE_FORMATS)
+        writable(gantt_path, "--gantt")
         kinds = (_kind(current, "current"), _kind(target, "target"))
         if kinds[0] != kinds[1]:
             raise InputError("target", f"{target.name} is a {kinds[1]} file but {current.name} "
@@ -193,9 +254,11 @@ def register(app: typer.Typer) -> None:
             cur, tgt = Plan.load(current, "current"), Plan.load(target, "target")
             job = job_for_plans(cur, tgt, config, model, algo, execution, device,
                                 devices_per_node)
+            check_stages(job, cur, "current")
+            check_stages(job, tgt, "target")
         schedule = plan_transition(job, cur, tgt, _efficiencies(job, profile))
         if as_json and not execute:
-            print(json.dumps(schedule.to_json_dict()))
+            print(json.dumps({"source": "estimated", **schedule.to_json_dict()}))
         if not schedule.feasible:
             raise fail(f"infeasible transition: {schedule.reason}", EXIT_INFEASIBLE)
         if not as_json:
@@ -203,16 +266,30 @@ def register(app: typer.Typer) -> None:
         if gantt_path is not None:
             from nereus.transition.gantt import gantt
 
-            out = gantt(schedule, gantt_path)
+            try:
+                out = gantt(schedule, gantt_path)
+            except OSError as e:  # the folder changed since the check above
+                raise fail(f"--gantt: cannot write {gantt_path}: "
+                           f"{e.strerror or type(e).__name__}") from None
             if not as_json:
                 console.print(f"wrote {out}")
         if execute:  # the runtime layer runs it for real (its JSON replaces the schedule's)
             from nereus.runtime import cli_execute
             from nereus.runtime.demo import RunFailed
 
-            try:
-                code = cli_execute(job, cur, tgt, schedule, as_json=as_json)
+            printed: list[str] = []
+            try:  # as JSON always: the table is drawn here, with every column's source
+                code = cli_execute(job, cur, tgt, schedule, as_json=True, echo=printed.append)
             except RunFailed as e:
                 raise fail(str(e), EXIT_RUN_FAILED) from None
+            result = json.loads(printed[-1])
+            result.setdefault("sources", {}).update(
+                setup_s="measured (per primitive, on the workers)",
+                bytes="measured (moved per primitive, on the workers)")
+            if as_json:
+                print(json.dumps(result))
+            else:
+                console.print(execution_table(result))
+                console.print(execution_summary(result), markup=False, highlight=False)
             if code:
                 raise typer.Exit(code)

@@ -8,6 +8,11 @@ from dataclasses import dataclass
 from nereus.errors import InputError
 from nereus.spec.device import DeviceSpec
 
+# The largest cluster Nereus plans for: past it a count is a typo (and the planner, which
+# enumerates per device, would run for hours or run out of memory instead of saying so).
+MAX_DEVICES = 65_536          # devices in the whole cluster
+MAX_DEVICES_PER_NODE = 64     # devices in one node (8 on today's GPU servers)
+
 
 @dataclass(frozen=True)
 class Cluster:
@@ -18,11 +23,14 @@ class Cluster:
     devices_per_node: int
 
     def __post_init__(self) -> None:
-        if self.num_nodes < 1:
-            raise InputError("cluster.nodes", f"must be >= 1, got {self.num_nodes}")
-        if self.devices_per_node < 1:
-            raise InputError("cluster.devices_per_node",
-                             f"must be >= 1, got {self.devices_per_node}")
+        if not 1 <= self.devices_per_node <= MAX_DEVICES_PER_NODE:
+            raise InputError("cluster.devices_per_node", f"{self.devices_per_node} is not allowed",
+                             f"1..{MAX_DEVICES_PER_NODE}")
+        if not 1 <= self.num_nodes <= MAX_DEVICES // self.devices_per_node:
+            raise InputError("cluster.nodes", f"{self.num_nodes} nodes of "
+                             f"{self.devices_per_node} devices is not allowed",
+                             f"1..{MAX_DEVICES // self.devices_per_node}: at most {MAX_DEVICES:,} "
+                             f"devices in all")
 
     @property
     def num_devices(self) -> int:
@@ -37,8 +45,8 @@ class Cluster:
     @classmethod
     def for_gpus(cls, device: DeviceSpec, gpus: int, devices_per_node: int | None = None) -> Cluster:
         """The smallest cluster of whole nodes that holds ``gpus`` devices."""
-        if gpus < 1:
-            raise InputError("gpus", f"must be >= 1, got {gpus}")
+        if not 1 <= gpus <= MAX_DEVICES:
+            raise InputError("gpus", f"{gpus} devices is not allowed", f"1..{MAX_DEVICES:,}")
         per_node = devices_per_node or device.devices_per_node
         per_node = min(per_node, gpus) if devices_per_node is None else per_node
         nodes = -(-gpus // per_node)

@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator
 
 from nereus.errors import InputError
 from nereus.files import read_yaml, validate
-from nereus.spec.cluster import Cluster, GpuPool
+from nereus.spec.cluster import MAX_DEVICES, MAX_DEVICES_PER_NODE, Cluster, GpuPool
 from nereus.spec.device import GiB, get_device
 from nereus.spec.model import ModelSpec, get_model
 from nereus.spec.workflow import Workflow, get_workflow
@@ -46,10 +46,24 @@ class _Strict(BaseModel):
 
 class ClusterConfig(_Strict):
     device: str = "h100-sxm-80gb"
-    nodes: int | None = Field(None, ge=1, description="nodes; default: enough for `gpus`")
-    devices_per_node: int | None = Field(None, ge=1)
+    nodes: int | None = Field(None, description="nodes; default: enough for `gpus`")
+    devices_per_node: int | None = None
     device_memory_gib: float | None = Field(None, gt=0, le=1e6, allow_inf_nan=False,
                                             description="override device memory")
+
+    @field_validator("nodes")
+    @classmethod
+    def _nodes(cls, v: int | None) -> int | None:
+        if v is not None and not 1 <= v <= MAX_DEVICES:
+            raise ValueError(f"{v} is not allowed (allowed: 1..{MAX_DEVICES:,})")
+        return v
+
+    @field_validator("devices_per_node")
+    @classmethod
+    def _per_node(cls, v: int | None) -> int | None:
+        if v is not None and not 1 <= v <= MAX_DEVICES_PER_NODE:
+            raise ValueError(f"{v} is not allowed (allowed: 1..{MAX_DEVICES_PER_NODE})")
+        return v
 
 
 class WorkloadConfig(_Strict):
@@ -78,10 +92,12 @@ class JobConfig(_Strict):
     @field_validator("gpus")
     @classmethod
     def _gpus(cls, v: int | list[int]) -> int | list[int]:
-        if isinstance(v, int) and v < 1:
-            raise ValueError("must be >= 1")
-        if isinstance(v, list) and (not v or min(v) < 0):
-            raise ValueError("must be a non-empty list of device ids >= 0")
+        if isinstance(v, int) and not 1 <= v <= MAX_DEVICES:
+            raise ValueError(f"{v} is not allowed (allowed: a pool of 1..{MAX_DEVICES:,} "
+                             f"devices)")
+        if isinstance(v, list) and (not v or min(v) < 0 or max(v) >= MAX_DEVICES):
+            raise ValueError(f"must be a non-empty list of device ids (allowed: "
+                             f"0..{MAX_DEVICES - 1})")
         return v
 
 

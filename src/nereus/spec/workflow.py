@@ -92,11 +92,14 @@ class Workflow:
                 return m
         raise KeyError(name)
 
-    def stage(self, name: str) -> ModelStage:
+    def stage(self, name: str, field: str = "stage") -> ModelStage:
+        """The model-stage ``name``; an unknown name is an InputError naming ``field`` (the
+        option or file field the name came from) and this workflow's model-stages."""
         for s in self.stages:
             if s.name == name:
                 return s
-        raise InputError("stage", f"unknown model-stage {name!r}", [s.name for s in self.stages])
+        raise InputError(field, f"unknown model-stage {name!r} for {self.algo}",
+                         [s.name for s in self.stages])
 
     def phase_stages(self, phase: Phase) -> tuple[ModelStage, ...]:
         return tuple(s for s in self.stages if s.phase is phase)

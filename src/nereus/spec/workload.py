@@ -9,6 +9,13 @@ from nereus.errors import InputError
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 
+# Upper bounds on one step's batch, well past real RL jobs (a few thousand prompts, up to
+# 64-128 samples each for GRPO-style groups): past them a count is a typo, and the planner,
+# which enumerates per sequence, would run for hours instead of saying so.
+MAX_PROMPTS_PER_STEP = 1 << 20        # 1,048,576
+MAX_RESPONSES_PER_PROMPT = 1 << 10    # 1,024
+MAX_SEQUENCES_PER_STEP = 1 << 20      # prompts_per_step x responses_per_prompt
+
 
 class Optimizer(str, Enum):
     ADAM = "adam"  # two fp32 moments per parameter
@@ -37,6 +44,17 @@ class Workload:
             v = getattr(self, f)
             if not isinstance(v, int) or v < 1:
                 raise InputError(f"workload.{f}", f"must be an integer >= 1, got {v!r}")
+        for f, most in (("prompts_per_step", MAX_PROMPTS_PER_STEP),
+                        ("responses_per_prompt", MAX_RESPONSES_PER_PROMPT)):
+            if getattr(self, f) > most:
+                raise InputError(f"workload.{f}", f"{getattr(self, f)} is not allowed",
+                                 f"1..{most:,}")
+        if self.sequences_per_step > MAX_SEQUENCES_PER_STEP:
+            raise InputError("workload.responses_per_prompt",
+                             f"{self.prompts_per_step} prompts x {self.responses_per_prompt} "
+                             f"responses = {self.sequences_per_step:,} sequences per step",
+                             f"prompts_per_step x responses_per_prompt up to "
+                             f"{MAX_SEQUENCES_PER_STEP:,}")
         if self.response_len_max < self.response_len_mean:
             raise InputError("workload.response_len_max",
                              f"{self.response_len_max} is below the mean {self.response_len_mean}")
