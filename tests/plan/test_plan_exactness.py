@@ -71,3 +71,12 @@ def test_spread_applies_to_the_async_generation_pool():
     assert len({job.cluster.node_of(r[0]) for r in gen.replicas}) == 2
     assert all(v == () for v in exposed_by_node(plan, job.cluster).values())
     assert validate_plan(job, plan) == []
+
+
+def test_divisors_are_exact_and_ordered():
+    from nereus.plan.candidates import _divisors
+
+    for n in (1, 2, 12, 36, 97, 360):
+        assert _divisors(n) == [d for d in range(1, n + 1) if n % d == 0]
+    big = _divisors(720_720)  # 2^4 3^2 5 7 11 13: 240 divisors
+    assert len(big) == 240 and big == sorted(big) and all(720_720 % d == 0 for d in big)

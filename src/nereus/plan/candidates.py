@@ -11,6 +11,7 @@ depends on the training and generation layouts) candidates are compared within a
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -33,7 +34,10 @@ def powers_of_two(limit: int) -> list[int]:
 
 
 def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
+    """The divisors of ``n`` in increasing order (pairs up to its square root: batches reach a
+    million sequences)."""
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return small + [n // d for d in reversed(small) if d * d != n]
 
 
 def enumerate_candidates(cost: CostModel, stage: ModelStage, pool_size: int,
