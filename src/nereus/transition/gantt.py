@@ -51,7 +51,7 @@ def gantt(schedule: Schedule, path: str | Path, title: str | None = None) -> Pat
     peaks = schedule.peak_bytes()
     mem.barh([row[g] for g in gpus], [peaks.get(g, 0) / GiB for g in gpus], color="#8172B2")
     mem.axvline(schedule.capacity_bytes / GiB, color="black", linestyle="--", linewidth=0.8)
-    mem.set_xlabel("peak GiB (capacity dashed)")
+    mem.set_xlabel("peak GiB, estimated (capacity dashed)")
     fig.tight_layout()
     out = Path(path)
     fig.savefig(out, dpi=120)
