@@ -21,6 +21,7 @@ from nereus.runtime.faults import TransitionFailed, recover
 from nereus.runtime.loading import seeded_logical
 from nereus.runtime.placement import gather_unit, place_plan
 from nereus.runtime.primitives import PrimitiveTiming
+from nereus.runtime.state import StateSpec
 from nereus.runtime.workers import WorkerContext, WorkerPool
 from nereus.spec.job import JobSpec
 from nereus.transition.calibrate import calibrate_transition
@@ -28,6 +29,7 @@ from nereus.transition.emu import Emu, phi
 from nereus.transition.instances import random_pair, stage_names
 from nereus.transition.planner import plan_transition
 from nereus.transition.primitives import Primitive
+from nereus.transition.schedule import Schedule
 
 from runtime_testlib import (
     clear_units,
@@ -197,10 +199,19 @@ class _KilledExtend:
     failure: TransitionFailed
 
 
-def _extend_with_receiver_killed(pool: WorkerPool, seed: int, timeout_s: float
-                                 ) -> _KilledExtend:
-    """Two tp=2 replicas of actor_train extended to three; the receiving worker dies mid-Extend
-    and the run fails (the callers tear down differently: grow or replace)."""
+@dataclass
+class _Extend:
+    job: JobSpec
+    stage: str
+    target: Plan
+    schedule: Schedule
+    specs: dict[str, StateSpec]
+    seeds: dict[str, int]
+
+
+def _extend_placed(pool: WorkerPool, seed: int) -> _Extend:
+    """Two tp=2 replicas of actor_train on workers 0-3, placed, and the schedule of one Extend
+    that adds a third on 4-5."""
     job = cpu_job("tiny-llama", 6)
     stage = "actor_train"
     _fit_pool(pool, range(6))
@@ -211,6 +222,15 @@ def _extend_with_receiver_killed(pool: WorkerPool, seed: int, timeout_s: float
     specs = state_specs(job, "cpu")
     seeds = stage_seeds(job, seed)
     place_plan(pool, job, current, specs, seeds)
+    return _Extend(job, stage, target, schedule, specs, seeds)
+
+
+def _extend_with_receiver_killed(pool: WorkerPool, seed: int, timeout_s: float
+                                 ) -> _KilledExtend:
+    """The receiving worker of ``_extend_placed``'s Extend dies mid-Extend and the run fails
+    (the callers tear down differently: grow or replace)."""
+    e = _extend_placed(pool, seed)
+    job, stage, schedule, specs, seeds = e.job, e.stage, e.schedule, e.specs, e.seeds
     killed, hook = _kill_when(pool, "Extend", -1)
     ex = Executor(pool, specs, min_timeout_s=timeout_s, on_event=hook)
     with pytest.raises(TransitionFailed) as info:
@@ -242,15 +262,9 @@ def test_a_driver_error_mid_transition_aborts_and_reports_what_is_intact(
         pool: WorkerPool) -> None:
     """An error in the driver (not a worker's) once a primitive runs: its communicators are
     aborted, the report says what is intact and why, and recovery reaches the target."""
-    job = cpu_job("tiny-llama", 6)
-    stage = "actor_train"
-    _fit_pool(pool, range(6))
-    current = _one_stage_plan(job, stage, 2, 1, [[0, 1], [2, 3]])
-    target = _one_stage_plan(job, stage, 2, 1, [[0, 1], [2, 3], [4, 5]])
-    schedule = plan_transition(job, current, target)
-    specs = state_specs(job, "cpu")
-    seeds = stage_seeds(job, 15)
-    place_plan(pool, job, current, specs, seeds)
+    e = _extend_placed(pool, 15)
+    job, stage, target, schedule, specs, seeds = e.job, e.stage, e.target, e.schedule, \
+        e.specs, e.seeds
 
     def hook(kind: str, index: int, p: Primitive) -> None:
         if kind == "start":
@@ -272,16 +286,10 @@ def test_a_driver_error_mid_transition_aborts_and_reports_what_is_intact(
 
 
 def test_a_driver_error_before_anything_moved_is_raised_as_it_is(pool: WorkerPool) -> None:
-    job = cpu_job("tiny-llama", 6)
-    stage = "actor_train"
-    _fit_pool(pool, range(6))
-    current = _one_stage_plan(job, stage, 2, 1, [[0, 1], [2, 3]])
-    target = _one_stage_plan(job, stage, 2, 1, [[0, 1], [2, 3], [4, 5]])
-    specs = state_specs(job, "cpu")
-    place_plan(pool, job, current, specs, stage_seeds(job, 16))
+    e = _extend_placed(pool, 16)
     ex = Executor(pool, {}, min_timeout_s=5.0)  # no state spec: fails at the first primitive
-    with pytest.raises(KeyError, match=stage):
-        ex.run(plan_transition(job, current, target))
+    with pytest.raises(KeyError, match=e.stage):
+        ex.run(e.schedule)
     assert sorted(_held_ids(pool)[0]) == ["actor_train/0"]
 
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationInfo, field_validator
 
 from nereus.errors import InputError
 from nereus.files import read_yaml, validate
@@ -51,18 +51,12 @@ class ClusterConfig(_Strict):
     device_memory_gib: float | None = Field(None, gt=0, le=1e6, allow_inf_nan=False,
                                             description="override device memory")
 
-    @field_validator("nodes")
+    @field_validator("nodes", "devices_per_node")
     @classmethod
-    def _nodes(cls, v: int | None) -> int | None:
-        if v is not None and not 1 <= v <= MAX_DEVICES:
-            raise ValueError(f"{v} is not allowed (allowed: 1..{MAX_DEVICES:,})")
-        return v
-
-    @field_validator("devices_per_node")
-    @classmethod
-    def _per_node(cls, v: int | None) -> int | None:
-        if v is not None and not 1 <= v <= MAX_DEVICES_PER_NODE:
-            raise ValueError(f"{v} is not allowed (allowed: 1..{MAX_DEVICES_PER_NODE})")
+    def _count(cls, v: int | None, info: ValidationInfo) -> int | None:
+        top = MAX_DEVICES if info.field_name == "nodes" else MAX_DEVICES_PER_NODE
+        if v is not None and not 1 <= v <= top:
+            raise ValueError(f"{v} is not allowed (allowed: 1..{top:,})")
         return v
 
 
