@@ -26,6 +26,8 @@ the transition cost model; every time is measured on this machine.
 
 Last line: one JSON object with ``instances``, ``makespan_ratio_max`` and
 ``makespan_ratio_median`` (greedy / optimum over instances CP-SAT solves to optimality),
+``makespan_ratio_unproven_max`` (greedy / CP-SAT's best schedule where its time limit ran out
+before a proof: not a target, but a gap the ratio above does not show),
 ``plan_ms_median_256gpu``, ``speedup_vs_cpsat_median`` (median over the instances CP-SAT
 solves to optimality) and the figures beside them. Targets: ratio max <= 1.05, 256-GPU
 planning <= 50 ms, >= 100x faster than CP-SAT.
@@ -89,6 +91,13 @@ class Row:
     @property
     def ratio(self) -> float | None:
         if self.cpsat_status != "OPTIMAL" or not self.cpsat_s:
+            return None
+        return self.greedy_s / self.cpsat_s
+
+    @property
+    def ratio_unproven(self) -> float | None:
+        """Greedy over CP-SAT's best schedule when its time limit cut the proof short."""
+        if self.cpsat_status != "FEASIBLE" or not self.cpsat_s:
             return None
         return self.greedy_s / self.cpsat_s
 
@@ -165,7 +174,9 @@ def main() -> None:
             row.cpsat_status, row.cpsat_s, row.cpsat_wall_s = res.status, res.makespan_s, \
                 res.wall_s
         rows.append(row)
-        ratio = f"{row.ratio:.4f}" if row.ratio is not None else "-"
+        ratio = (f"{row.ratio:.4f}" if row.ratio is not None else
+                 f"{row.ratio_unproven:.4f} (vs best found)" if row.ratio_unproven is not None
+                 else "-")
         cps = f"{row.cpsat_s:.4f}" if row.cpsat_s is not None else "-"
         wall = f"{row.cpsat_wall_s:.3f}" if row.cpsat_wall_s is not None else "-"
         sch = f"{row.sched.wall_ms:7.3f}" if row.sched else "      -"
@@ -176,6 +187,7 @@ def main() -> None:
 
     optimal = [r for r in rows if r.ratio is not None]
     ratios = [r.ratio for r in optimal if r.ratio is not None]
+    unproven = [r.ratio_unproven for r in rows if r.ratio_unproven is not None]
     big = [r for r in rows if r.gpus == 256 and r.feasible]
     scheduled = [r for r in rows if r.sched is not None]
     speed = [r.cpsat_wall_s * 1e3 / r.sched.wall_ms for r in optimal
@@ -195,6 +207,8 @@ def main() -> None:
         "cpsat_optimal": len(optimal),
         "makespan_ratio_max": round(max(ratios), 4) if ratios else None,
         "makespan_ratio_median": median(ratios, 4),
+        # not a target (no proven optimum): greedy over CP-SAT's best when time ran out
+        "makespan_ratio_unproven_max": round(max(unproven), 4) if unproven else None,
         "plan_ms_median_256gpu": median([r.plan.wall_ms for r in big]),
         "plan_ms_max_256gpu": round(max(r.plan.wall_ms for r in big), 2) if big else None,
         "plan_cpu_ms_median_256gpu": median([r.plan.cpu_ms for r in big]),
