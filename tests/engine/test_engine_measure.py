@@ -119,3 +119,48 @@ def test_telemetry_sums_a_stage_runs_and_keeps_op_classes_only() -> None:
     assert t.peak_mem_bytes == {"actor_train": 300}
     assert t.op_times("actor_train") == {OpClass.GEMM: 1.6, OpClass.ALLREDUCE_INTRA: 0.5}
     assert t.op_times("actor_gen") == {OpClass.DECODE: 2.0} and t.source == "measured"
+
+
+def test_telemetry_keeps_a_profiled_runs_memory_but_not_its_times() -> None:
+    """The CPU memory run's times include the profiler's overhead: the controller must not
+    learn latencies or op-class efficiencies from them."""
+    from nereus.engine.telemetry import telemetry
+
+    def sm(wall: float, peak: int | None, profiled: bool) -> StageMeasurement:
+        w = WorkerMeasurement(0, 0, 0, wall, {"gemm": wall / 2, OTHER: wall / 2}, peak, 10,
+                              profiled)
+        return StageMeasurement.combine((w,), stage="actor_train", kind="train", device="cpu",
+                                        tp=1, pp=1, dp=1, micro_batch=1, grad_accum=1,
+                                        sequences=1, tokens=1)
+
+    timed, memory_run = sm(1.0, None, False), sm(9.0, 500, True)
+    assert memory_run.profiled and not timed.profiled and memory_run.to_dict()["profiled"]
+    t = telemetry(0, [timed, memory_run], [0], 1.0, 1)
+    assert t.latency_s == {"actor_train": 1.0}
+    assert t.op_times("actor_train") == {OpClass.GEMM: 0.5}
+    assert t.peak_mem_bytes == {"actor_train": 500}
+
+
+def test_cpu_peak_on_a_worker_counts_every_unit_it_holds() -> None:
+    """On a runtime worker the CPU peak starts from what the worker's byte counter holds, a
+    co-resident unit included, as CUDA's allocator peak counts every tensor on the device
+    (the cost model's estimate counts co-resident state too)."""
+    from nereus.engine import remote
+    from nereus.runtime.movement import place_seeded
+    from nereus.runtime.state import StateSpec
+    from nereus.runtime.workers import WorkerContext
+
+    spec = MODEL_PRESETS["tiny-llama"]
+    ctx = WorkerContext(0, torch.device("cpu"), 1 << 30)
+    own = place_seeded(ctx, "actor", StateSpec(spec, Head.LM), (1, 1), (0, 0), seed=3)
+    other = place_seeded(ctx, "ref", StateSpec(spec, Head.LM, trainable=False), (1, 1), (0, 0),
+                         seed=4)
+    remote.attach(ctx, "k", "actor", Position(), remote.GroupNames(), AdamConfig())
+    _, b = _engine()
+    _, m = remote.train(ctx, "k", b, weighted_nll, 2, None, True)
+    grads = sum(p.numel() * 4 for p in ctx.units["actor"].params.values())
+    assert m.state_bytes == own + other == ctx.memory.stats().held
+    assert m.profiled and m.peak_mem_bytes is not None
+    assert m.peak_mem_bytes >= own + other + grads
+    _, f = remote.forward(ctx, "k", b, 2)   # a timed run: no memory, and says so
+    assert f.peak_mem_bytes is None and not f.profiled and f.state_bytes == own + other

@@ -1,12 +1,33 @@
 """The 1F1B order: every micro-batch forward then backward once, at most pp - pp_rank in flight
-on a block, and an order in which no block waits on a message that is never sent."""
+on a block, and an order in which no block waits on a message that is never sent; and the
+tensors a block keeps for its sends in flight, which must not grow with the micro-batches."""
 
 from __future__ import annotations
 
+import datetime
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from engine_testlib import logical_state, shards_for
+from nereus.engine import generate as generate_mod
+from nereus.engine import pipeline as pipeline_mod
+from nereus.engine.batch import Batch
+from nereus.engine.generate import Generator
+from nereus.engine.groups import ParallelGroups, Position
+from nereus.engine.losses import weighted_nll
+from nereus.engine.model import ParallelModel
+from nereus.engine.optim import AdamConfig, AdamState
 from nereus.engine.pipeline import one_f_one_b
+from nereus.engine.sampling import SamplingParams
+from nereus.engine.train import TrainStep
+from nereus.spec.model import MODEL_PRESETS, Head
 
 
 @settings(max_examples=60, deadline=None, derandomize=True)
@@ -48,3 +69,109 @@ def test_one_f_one_b_runs_to_completion_with_blocking_receives(n: int, pp: int) 
                 pos[r] += 1
                 progress = True
     assert all(pos[r] == len(orders[r]) for r in range(pp))
+
+
+# ---------------------------------------------------------------- sends held by a real pipeline
+# Every block of one replica runs in a thread of this process over in-process gloo groups (a
+# HashStore rendezvous): the real schedules and point-to-point calls, no worker processes.
+
+
+SPEC = MODEL_PRESETS["tiny-llama"]
+SEQ = 8
+ACT = SEQ * SPEC.hidden_size * 4   # bytes of one sequence's hidden states (fp32)
+GLOO_TIMEOUT_S = 30.0   # a block that waits on a message never sent fails after this
+
+
+def _on_blocks(pp: int, fn: Callable[[ParallelModel], Any]) -> dict[int, Any]:
+    """``fn(model)`` on every block of a (tp=1, pp) replica of a seeded tiny-llama, one thread
+    per block; results by pp_rank. The first block's error is raised."""
+    store = dist.HashStore()
+    full = logical_state(SPEC, Head.LM, seed=1)
+    results: dict[int, Any] = {}
+    errors: dict[int, BaseException] = {}
+
+    def block(r: int) -> None:
+        try:
+            opts = dist.ProcessGroupGloo._Options()
+            opts._timeout = datetime.timedelta(seconds=GLOO_TIMEOUT_S)
+            opts._devices = [dist.ProcessGroupGloo.create_device(hostname="127.0.0.1")]
+            pg = dist.ProcessGroupGloo(dist.PrefixStore("pp/", store), r, pp, opts)
+            shards = shards_for(full, SPEC, Head.LM, 1, pp, 0, r)
+            model = ParallelModel(SPEC, Head.LM, Position(pp=pp, pp_rank=r), shards,
+                                  ParallelGroups(pp=pg))
+            results[r] = fn(model)
+        except BaseException as e:  # noqa: BLE001 - raised in the test's thread
+            errors[r] = e
+
+    threads = [threading.Thread(target=block, args=(r,), daemon=True) for r in range(pp)]
+    for t in threads:
+        t.start()
+    for t in threads:   # a hung block ends by the gloo timeout; daemon threads never block exit
+        t.join(timeout=3 * GLOO_TIMEOUT_S)
+    assert not any(t.is_alive() for t in threads), "a pipeline block hung"
+    if errors:
+        raise errors[min(errors)]
+    return results
+
+
+@pytest.fixture
+def held(monkeypatch: pytest.MonkeyPatch) -> dict[int, int]:
+    """Most bytes of sent tensors each block kept at once (by pp_rank), over the test."""
+    peak: dict[int, int] = {}
+    lock = threading.Lock()
+
+    class Watched(pipeline_mod.PipeLinks):
+        def send(self, t: torch.Tensor, dst: int, tag: int) -> None:
+            super().send(t, dst, tag)
+            kept = self.pending   # (work, tensor) per send kept, by tag or in a list
+            entries = kept.values() if isinstance(kept, dict) else kept
+            now = sum(x.numel() * x.element_size() for _, x in entries)
+            with lock:
+                r = self.model.pos.pp_rank
+                peak[r] = max(peak.get(r, 0), now)
+
+    monkeypatch.setattr(pipeline_mod, "PipeLinks", Watched)
+    monkeypatch.setattr(generate_mod, "PipeLinks", Watched)
+    return peak
+
+
+def _batch(n: int) -> Batch:
+    ids = torch.randint(0, SPEC.vocab_size, (n, SEQ), generator=torch.Generator().manual_seed(2))
+    return Batch(ids, None, {"weight": torch.full((n, SEQ - 1), 1.0 / (n * (SEQ - 1)))})
+
+
+def _train(n: int, pp: int) -> dict[int, Any]:
+    def step(m: ParallelModel) -> float | None:
+        st = TrainStep(m, AdamState.zeros(m.params), AdamConfig(lr=1e-3), micro_batch=1)
+        return st(_batch(n), weighted_nll).loss
+    return _on_blocks(pp, step)
+
+
+@pytest.mark.parametrize("pp", [2, 4])
+def test_1f1b_holds_a_bounded_number_of_sent_tensors(held: dict[int, int], pp: int) -> None:
+    """A block keeps the tensors of the sends still in flight, not every tensor it sent in the
+    step: the most it holds does not grow with the micro-batches and stays within pp of each
+    direction. The step's loss is the one of a single block (pp = 1)."""
+    want = _train(12, 1)[0]
+    _train(2 * pp, pp)
+    at_few = dict(held)
+    held.clear()
+    losses = _train(12, pp)
+    assert held == at_few, "held bytes grew with the number of micro-batches"
+    for r in range(pp):
+        assert held[r] <= 2 * pp * ACT, (r, held[r])
+    assert losses[pp - 1] == pytest.approx(want, rel=1e-5)
+
+
+def test_forward_and_generation_hold_at_most_two_sends(held: dict[int, int]) -> None:
+    """Inference keeps two micro-batches' sends at most; generation none past its step."""
+    def run(m: ParallelModel) -> Any:
+        out = pipeline_mod.forward_pipeline(m, _batch(10).split(1))
+        toks = Generator(m).generate(Batch(_batch(2).input_ids),
+                                     SamplingParams(max_new_tokens=6, temperature=0.0))
+        return out, toks
+
+    got = _on_blocks(2, run)
+    assert len(got[1][0]) == 10 and torch.equal(got[0][1].tokens, got[1][1].tokens)
+    assert set(held) == {0}   # the last block sends nothing
+    assert held[0] <= 2 * ACT

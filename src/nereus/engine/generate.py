@@ -4,7 +4,9 @@ A prefill pass runs the (left-padded) prompts through the pipeline and fills eac
 for its layers and its KV heads; each decode iteration then feeds one token per sequence. The
 last block gathers the full-vocabulary logits of the last position over TP (one row per
 sequence), samples (``nereus.engine.sampling``) and broadcasts the tokens over the PP group, so
-every worker of the replica knows them and stops at the same iteration.
+every worker of the replica knows them and stops at the same iteration. That broadcast also
+tells a block that its send of the step's hidden states was received, so no step's send
+outlives the step.
 """
 
 from __future__ import annotations
@@ -91,6 +93,9 @@ class Generator:
                     logits = m.full_logits(h[:, -1])
                     tok = sample(logits, index, step, sp)
                 tok = broadcast(tok, pos.pp - 1, m.groups.pp, m.rec, m.groups.pp_intra)
+                # the last block sent the tokens after its forward, so every block has received
+                # this step's hidden states: the send of this block is done
+                links.finish()
                 tok = torch.where(done, torch.full_like(tok, sp.pad_token), tok)
                 out[:, step] = tok
                 lengths += (~done).long()

@@ -8,10 +8,13 @@ softmax of the loss, Python) is reported as ``other``.
 
 Time: ``time.perf_counter`` on CPU; CUDA events on a GPU, read once at the end of the stage so
 timing does not serialize the stream. Memory: on CUDA the caching allocator's peak
-(``torch.cuda.max_memory_allocated``); on CPU, where torch keeps no allocator statistics, the
-allocation events of the CPU allocator recorded by ``torch.profiler`` (``profile_memory``), added
-to the bytes of the state the worker held when the stage began. The profiler slows small ops, so
-on CPU memory is measured in a step of its own (``track_memory``) and its times are not reported.
+(``torch.cuda.max_memory_allocated``: every tensor on the device, co-resident state included);
+on CPU, where torch keeps no allocator statistics, the peak of the allocation events of the CPU
+allocator recorded by ``torch.profiler`` (``profile_memory``), added to the bytes the worker
+held when the stage began (its byte counter's count, ``StageEngine.resident_bytes``). The
+profiler slows small ops, so on CPU memory is measured in a step of its own (``track_memory``):
+its measurement says ``profiled``, and its times stay out of the telemetry
+(``nereus.engine.telemetry``).
 """
 
 from __future__ import annotations
@@ -119,7 +122,7 @@ class WorkerMeasurement:
     wall_s: float
     op_s: Mapping[str, float]          # op class value (or "other") -> seconds
     peak_mem_bytes: int | None         # None when memory was not tracked
-    state_bytes: int                   # bytes of state resident when the operation began
+    state_bytes: int                   # bytes the worker held when the operation began
     profiled: bool = False             # CPU memory run: times include the profiler's overhead
     source: str = "measured"
 
@@ -131,7 +134,8 @@ class StageMeasurement:
 
     ``wall_s`` is the slowest worker's wall time (the stage ends when its last worker does);
     ``op_s`` per class is the largest over workers (the critical replica's share of each class);
-    ``peak_mem_bytes`` the largest over workers.
+    ``peak_mem_bytes`` the largest over workers. ``profiled``: a CPU memory run, whose times
+    include the profiler's overhead.
     """
 
     stage: str
@@ -148,6 +152,7 @@ class StageMeasurement:
     op_s: Mapping[str, float]
     peak_mem_bytes: int | None
     workers: tuple[WorkerMeasurement, ...] = field(default=(), repr=False)
+    profiled: bool = False
     source: str = "measured"
 
     @classmethod
@@ -156,14 +161,16 @@ class StageMeasurement:
         op_s = {c: max(w.op_s.get(c, 0.0) for w in workers) for c in classes}
         peaks = [w.peak_mem_bytes for w in workers if w.peak_mem_bytes is not None]
         return cls(wall_s=max(w.wall_s for w in workers), op_s=op_s,
-                   peak_mem_bytes=max(peaks) if peaks else None, workers=workers, **info)
+                   peak_mem_bytes=max(peaks) if peaks else None, workers=workers,
+                   profiled=any(w.profiled for w in workers), **info)
 
     def to_dict(self) -> dict[str, Any]:
         return {"stage": self.stage, "kind": self.kind, "device": self.device, "tp": self.tp,
                 "pp": self.pp, "dp": self.dp, "micro_batch": self.micro_batch,
                 "grad_accum": self.grad_accum, "sequences": self.sequences,
                 "tokens": self.tokens, "wall_s": self.wall_s, "op_s": dict(self.op_s),
-                "peak_mem_bytes": self.peak_mem_bytes, "source": self.source}
+                "peak_mem_bytes": self.peak_mem_bytes, "profiled": self.profiled,
+                "source": self.source}
 
 
 def tensor_bytes(tensors: Mapping[str, torch.Tensor] | list[torch.Tensor]) -> int:

@@ -2,10 +2,13 @@
 forward for inference and generation.
 
 Activations go to the next block and gradients to the previous one by point-to-point calls on
-the PP group object. Sends are asynchronous and kept alive until the schedule ends; receives
-block, so a block computes as soon as its input arrives. 1F1B keeps at most ``pp - pp_rank``
-micro-batches' activations alive on a block (against all of them under GPipe), which is what
-the cost model's activation memory assumes.
+the PP group object. Receives block, so a block computes as soon as its input arrives. Sends are
+asynchronous, and a sent tensor must stay alive until its send is done; gloo says a send is done
+only through ``wait``, so each schedule waits for a send (``PipeLinks.settle``) at the first
+point where the receiver has provably taken it, and the wait returns at once. A block thus holds
+the tensors of the sends still in flight (at most about ``pp`` of them), not every tensor it sent
+during the step. 1F1B keeps at most ``pp - pp_rank`` micro-batches' activations alive on a block
+(against all of them under GPipe), which is what the cost model's activation memory assumes.
 """
 
 from __future__ import annotations
@@ -60,17 +63,27 @@ def _tag(micro: int, direction: int) -> int:
 
 
 class PipeLinks:
-    """Send / receive with the neighbouring blocks of one PP group; pending sends kept alive."""
+    """Send / receive with the neighbouring blocks of one PP group. Each send in flight is kept
+    (its work and tensor) under its tag until ``settle`` or ``finish`` waits for it."""
 
     def __init__(self, model: ParallelModel) -> None:
         self.model = model
         self.pg = model.groups.pp
         self.intra = model.groups.pp_intra
-        self.pending: list[tuple[Any, torch.Tensor]] = []
+        self.pending: dict[int, tuple[Any, torch.Tensor]] = {}
 
     def send(self, t: torch.Tensor, dst: int, tag: int) -> None:
+        if tag in self.pending:
+            raise RuntimeError(f"a send with tag {tag} is still in flight")
         t = t.detach().contiguous()
-        self.pending.append((send(t, dst, self.pg, tag), t))
+        self.pending[tag] = (send(t, dst, self.pg, tag), t)
+
+    def settle(self, tag: int) -> None:
+        """Wait for the send of ``tag`` (if still kept) and let its tensor go. Call it once the
+        receiver has taken the message, or the wait blocks until it does."""
+        entry = self.pending.pop(tag, None)
+        if entry is not None:
+            entry[0].wait()
 
     def recv(self, shape: tuple[int, ...], src: int, tag: int) -> torch.Tensor:
         m = self.model
@@ -78,9 +91,8 @@ class PipeLinks:
         return recv(t, src, self.pg, m.rec, tag, self.intra)
 
     def finish(self) -> None:
-        for work, _ in self.pending:
-            work.wait()
-        self.pending.clear()
+        for tag in list(self.pending):
+            self.settle(tag)
 
 
 def micro_inputs(model: ParallelModel, mb: Batch) -> Inputs:
@@ -114,7 +126,11 @@ def forward_step(model: ParallelModel, links: PipeLinks, x: torch.Tensor | None,
 
 
 def forward_pipeline(model: ParallelModel, micros: list[Batch]) -> list[Output] | None:
-    """Inference over micro-batches (GPipe forward, streaming): outputs on the last block."""
+    """Inference over micro-batches (GPipe forward, streaming): outputs on the last block.
+
+    A block waits for its send of micro-batch i - 1 after sending micro-batch i: the next block
+    takes i - 1 without waiting on this one (the last block waits on no send), so at most two
+    sends are in flight."""
     links = PipeLinks(model)
     outs: list[Output] = []
     with torch.no_grad():
@@ -122,6 +138,7 @@ def forward_pipeline(model: ParallelModel, micros: list[Batch]) -> list[Output] 
             shape = model.hidden_shape(mb.size, mb.seq_len)
             h = forward_step(model, links, mb.input_ids, micro_inputs(model, mb), shape,
                              _tag(i, _FWD))
+            links.settle(_tag(i - 1, _FWD))
             if h is not None:
                 outs.append(head_output(model, h, mb))
     links.finish()
@@ -131,9 +148,16 @@ def forward_pipeline(model: ParallelModel, micros: list[Batch]) -> list[Output] 
 def train_pipeline(model: ParallelModel, micros: list[Batch], loss_fn: LossFn
                    ) -> list[torch.Tensor]:
     """Forward and backward of every micro-batch under 1F1B; gradients accumulate in the
-    parameters' ``.grad`` (or their hooks). Returns the detached losses on the last block."""
+    parameters' ``.grad`` (or their hooks). Returns the detached losses on the last block.
+
+    Sends are settled as soon as the receiver has provably taken them: the activation of
+    micro-batch i once its gradient came back (the next block received the activation before
+    it computed that gradient), the gradient of micro-batch j once the previous block's
+    activation of j + w + 1 arrived, w = ``pp - pp_rank`` being that block's warm-up: it runs
+    B(j) between F(j + w) and F(j + w + 1) (``one_f_one_b``)."""
     pos = model.pos
     links = PipeLinks(model)
+    prev_warmup = pos.pp - pos.pp_rank   # warm-up forwards of block pp_rank - 1
     saved: dict[int, tuple[torch.Tensor | None, torch.Tensor]] = {}
     losses: list[torch.Tensor] = []
 
@@ -145,6 +169,7 @@ def train_pipeline(model: ParallelModel, micros: list[Batch], loss_fn: LossFn
         else:
             inp_t = links.recv(shape, pos.pp_rank - 1, _tag(i, _FWD)).requires_grad_()
             x = inp_t
+            links.settle(_tag(i - prev_warmup - 1, _BWD))
         h = model.stage_forward(x, micro_inputs(model, mb))
         if pos.last:
             loss = loss_fn(head_output(model, h, mb), mb)
@@ -162,6 +187,7 @@ def train_pipeline(model: ParallelModel, micros: list[Batch], loss_fn: LossFn
             out.backward()
         else:
             g = links.recv(tuple(out.shape), pos.pp_rank + 1, _tag(i, _BWD))
+            links.settle(_tag(i, _FWD))
             torch.autograd.backward(out, g)
         if inp_t is not None:
             links.send(inp_t.grad, pos.pp_rank - 1, _tag(i, _BWD))

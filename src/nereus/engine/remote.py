@@ -64,7 +64,8 @@ def attach(ctx: Any, key: str, unit_id: str, pos: Position, names: GroupNames,
     groups = ParallelGroups(_backend(ctx, names.tp), _backend(ctx, names.pp),
                             _backend(ctx, names.dp), names.tp_intra, names.pp_intra,
                             names.dp_intra)
-    eng = StageEngine(spec.model, spec.head, pos, st.params, groups, state, adam)
+    eng = StageEngine(spec.model, spec.head, pos, st.params, groups, state, adam,
+                      resident_bytes=lambda: ctx.memory.stats().held)
     ctx.scratch[key] = _Attached(eng, unit_id)
     return int(st.nbytes)
 

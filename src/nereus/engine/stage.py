@@ -8,7 +8,7 @@ or on every worker (generated tokens).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -41,26 +41,37 @@ class Measured:
 
 
 class StageEngine:
-    """The engine on one worker for one model-stage (one EMU position)."""
+    """The engine on one worker for one model-stage (one EMU position).
+
+    ``resident_bytes()``: the bytes the worker holds besides the operation's transients (on a
+    runtime worker, what its byte counter holds: this stage's state and any co-resident unit);
+    a CPU peak is measured on top of it, as CUDA's allocator peak counts every tensor on the
+    device. Default: this stage's own state."""
 
     def __init__(self, spec: ModelSpec, head: Head, pos: Position,
                  shards: Mapping[str, torch.Tensor], groups: ParallelGroups | None = None,
-                 adam_state: AdamState | None = None, adam: AdamConfig | None = None) -> None:
+                 adam_state: AdamState | None = None, adam: AdamConfig | None = None,
+                 resident_bytes: Callable[[], int] | None = None) -> None:
         device = next(iter(shards.values())).device
         self.rec = Recorder(device)
         self.model = ParallelModel(spec, head, pos, shards, groups, self.rec)
         self.adam_state = adam_state
         self.adam = adam or AdamConfig()
+        self._resident = resident_bytes
 
     @property
     def pos(self) -> Position:
         return self.model.pos
 
     def state_bytes(self) -> int:
+        """Bytes of the memory this stage's parameters and optimizer state live in."""
         tensors = list(self.model.params.values())
         if self.adam_state is not None:
             tensors += self.adam_state.tensors()
         return tensor_bytes(tensors)
+
+    def resident_bytes(self) -> int:
+        return self._resident() if self._resident is not None else self.state_bytes()
 
     def _measure(self, fn: object, track_memory: bool | None
                  ) -> tuple[object, WorkerMeasurement]:
@@ -69,12 +80,13 @@ class StageEngine:
         dev = self.model.device
         if track_memory is None:
             track_memory = dev.type == "cuda"
+        resident = self.resident_bytes()
         result, wall, op_s, peak = measured(fn, self.rec, dev,  # type: ignore[arg-type]
-                                            self.state_bytes(), track_memory)
+                                            resident, track_memory)
         p = self.pos
         profiled = track_memory and dev.type == "cpu"
         return result, WorkerMeasurement(p.tp_rank, p.pp_rank, p.dp_rank, wall, op_s, peak,
-                                         self.state_bytes(), profiled)
+                                         resident, profiled)
 
     # ---------------------------------------------------------------- operations
     def train_step(self, batch: Batch, loss_fn: LossFn, micro_batch: int,

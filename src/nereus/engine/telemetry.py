@@ -3,7 +3,8 @@
 A step may run a model-stage several times (one training update per PPO mini-batch); its
 latency is the sum of those runs, its peak memory the largest, its op-class times the sums.
 The engine's ``other`` bucket (time outside every op class) is not an op class and stays out of
-``op_time_s``; it is still inside the stage latency.
+``op_time_s``; it is still inside the stage latency. A profiled run (the CPU memory run) gives
+its peak memory only: the profiler inflates its times.
 """
 
 from __future__ import annotations
@@ -34,9 +35,11 @@ def telemetry(step: int, measurements: Sequence[StageMeasurement], pool: Iterabl
     peak: dict[str, int] = {}
     ops: dict[str, dict[str, float]] = {}
     for m in measurements:
-        latency[m.stage] = latency.get(m.stage, 0.0) + m.wall_s
         if m.peak_mem_bytes is not None:
             peak[m.stage] = max(peak.get(m.stage, 0), int(m.peak_mem_bytes))
+        if m.profiled:
+            continue
+        latency[m.stage] = latency.get(m.stage, 0.0) + m.wall_s
         per = ops.setdefault(m.stage, {})
         for cls, secs in m.op_s.items():
             if cls in _CLASSES and secs > 0:
