@@ -1,4 +1,5 @@
-"""A checkpoint save that fails halfway leaves the previous one of that tag intact."""
+"""Checkpoint failures: a save that fails halfway leaves the previous one of that tag intact; a
+restore that cannot keep what it would load counts no bytes."""
 
 from pathlib import Path
 
@@ -80,3 +81,30 @@ def test_copies_left_beside_a_complete_checkpoint_are_removed_by_the_next_save(t
     unit = Emu("actor_train/0", "actor_train", "actor", Layout(1, 2), (0, 1), Holds.THETA_OMEGA)
     ck.save(_Pool(), {"actor_train": [unit]}, tag=7)
     assert sorted(p.name for p in root.iterdir()) == ["step-5", "step-7"]
+
+
+def test_a_restore_onto_a_unit_the_worker_holds_is_refused_and_counts_no_bytes(tmp_path) -> None:
+    """One worker context in this process, a one-member DCP save and load: loading under an
+    id the worker already holds fails before it allocates (it used to load a second arena,
+    fail to keep it, and leave its bytes counted); under a new id it loads bitwise."""
+    import torch
+
+    from nereus.runtime.checkpoint import dcp_load, dcp_save
+    from nereus.runtime.comm import Rendezvous
+    from nereus.runtime.movement import place_seeded
+    from nereus.runtime.state import StateSpec, gather
+    from nereus.runtime.workers import WorkerContext
+    from nereus.spec.model import MODEL_PRESETS
+
+    spec = StateSpec(MODEL_PRESETS["tiny-llama"])
+    ctx = WorkerContext(0, torch.device("cpu"), 1 << 30)
+    one = place_seeded(ctx, "u", spec, (1, 1), (0, 0), seed=3)
+    path = str(tmp_path / "u")
+    with Rendezvous("127.0.0.1", timeout_s=30) as rv:
+        dcp_save(ctx, "u", path, rv.address, "save/", 0, 1, 30.0, sync_files=False)
+        with pytest.raises(KeyError, match="already holds unit u"):
+            dcp_load(ctx, "u", spec, (1, 1), (0, 0), 0, path, rv.address, "load/", 0, 1, 30.0)
+        assert ctx.memory.stats().held == one and set(ctx.units) == {"u"}
+        dcp_load(ctx, "v", spec, (1, 1), (0, 0), 0, path, rv.address, "again/", 0, 1, 30.0)
+    assert ctx.memory.stats().held == 2 * one
+    assert gather([ctx.units["v"]]).equal(gather([ctx.units["u"]]))

@@ -126,3 +126,32 @@ def test_a_larger_block_whose_slack_does_not_fit_is_not_reused() -> None:
     assert st.held == small + 11 and st.cached == 0
     ctx.free(b)
     assert ctx.memory_stats().held == 11
+
+
+def test_a_split_that_cannot_allocate_its_staging_buffers_gives_every_byte_back(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The allocation error is what the caller sees, the new arena and the staging bytes are
+    released, and the source unit stays."""
+    from nereus.runtime import movement as mv
+    from nereus.runtime.comm import GroupSpec, StoreAddress
+    from nereus.runtime.splitting import staging_bytes
+
+    ctx = _ctx(1 << 30)
+    mv.place_seeded(ctx, "src", SPEC, (2, 1), (0, 0), seed=5)
+    before = ctx.memory.stats().held
+    members = ((0, 0), (1, 0))
+    assert staging_bytes(SPEC, 2, 1, members, (1, 1), mv.BUCKET_BYTES) > 0
+
+    class NoStagingMemory:
+        def __getattr__(self, name: str) -> object:
+            return getattr(torch, name)
+
+        def empty(self, *args: object, **kwargs: object) -> torch.Tensor:
+            raise MemoryError("no room for the staging buffers")
+
+    monkeypatch.setattr(mv, "torch", NoStagingMemory())
+    never_joined = GroupSpec("split", StoreAddress("127.0.0.1", 1), (0, 1), "split/", 1.0)
+    with pytest.raises(MemoryError, match="staging"):
+        mv.split_member(ctx, never_joined, "src", "dst", (1, 1), members)
+    assert ctx.memory.stats().held == before
+    assert set(ctx.units) == {"src"}

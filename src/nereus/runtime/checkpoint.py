@@ -53,8 +53,8 @@ def _state_dict(st: ShardedState, base: int, for_load: bool) -> dict[str, Any]:
     from torch.distributed.tensor import DTensor, Replicate, Shard
 
     model = st.spec.model
-    tp, pp = st.tp, st.pp
-    t, r = st.position
+    tp = st.tp
+    _, r = st.position
     tp_group = [base + r * tp + i for i in range(tp)]
     meshes: dict[tuple[tuple[int, ...], ...], Any] = {}
 
@@ -108,10 +108,13 @@ def dcp_save(ctx: WorkerContext, unit_id: str, path: str, store: StoreAddress, p
 def dcp_load(ctx: WorkerContext, unit_id: str, spec: StateSpec, layout: tuple[int, int],
              position: tuple[int, int], base: int, path: str, store: StoreAddress, prefix: str,
              rank: int, world: int, timeout_s: float = 120.0) -> float:
-    """This worker's part of loading one position of a unit in any layout (DCP reshards)."""
+    """This worker's part of loading one position of a unit in any layout (DCP reshards).
+    A worker that already holds ``unit_id`` refuses before it allocates or loads anything."""
     import torch.distributed.checkpoint as dcp
 
     t0 = time.perf_counter()
+    if unit_id in ctx.units:
+        raise KeyError(f"worker {ctx.device_id} already holds unit {unit_id}")
     target = ctx.allocate(spec, *layout, *position, StateMeta(), f"restore {unit_id}")
     try:
         _init_default_group(ctx, store, prefix, rank, world, timeout_s)
@@ -124,10 +127,10 @@ def dcp_load(ctx: WorkerContext, unit_id: str, spec: StateSpec, layout: tuple[in
             dist.destroy_process_group()
         target.meta = _meta_from(meta)
         target.zero_padding()
+        ctx.hold(unit_id, target)
     except BaseException:
         ctx.free(target)
         raise
-    ctx.hold(unit_id, target)
     return time.perf_counter() - t0
 
 

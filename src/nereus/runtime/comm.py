@@ -117,6 +117,34 @@ class GroupAborted(RuntimeError):
     """A collective was abandoned because its group was aborted (a member died)."""
 
 
+class _P2PWait:
+    """A gloo send or receive, waited for in a helper thread. Gloo marks these complete only
+    inside ``wait`` (``is_completed`` stays False however long ago the peer answered), so a
+    poll on the work itself would never end; this one reports the helper's wait instead."""
+
+    def __init__(self, work: Any):
+        self.work = work
+        self.error: BaseException | None = None
+        self._done = threading.Event()
+        threading.Thread(target=self._run, name="p2p-wait", daemon=True).start()
+
+    def _run(self) -> None:
+        try:
+            self.work.wait()
+        except BaseException as e:  # noqa: BLE001 - handed to the waiting thread
+            self.error = e
+        finally:
+            self._done.set()
+
+    def is_completed(self) -> bool:
+        return self._done.is_set()
+
+    def wait(self) -> None:
+        self._done.wait()
+        if self.error is not None:
+            raise self.error
+
+
 class Group:
     """One member's handle on a communicator: group-local rank, collectives on the group.
 
@@ -200,11 +228,14 @@ class Group:
     def wait(self, works: list[Any]) -> None:
         self._wait_all(works)
 
+    def _p2p(self, work: Any) -> Any:
+        return work if self.device.type == "cuda" else _P2PWait(work)
+
     def send(self, tensor: torch.Tensor, dst: int, tag: int = 0) -> None:
-        self._wait(self.backend.send([tensor], dst, tag))
+        self._wait(self._p2p(self.backend.send([tensor], dst, tag)))
 
     def recv(self, tensor: torch.Tensor, src: int, tag: int = 0) -> None:
-        self._wait(self.backend.recv([tensor], src, tag))
+        self._wait(self._p2p(self.backend.recv([tensor], src, tag)))
 
     def barrier(self) -> None:
         if self.device.type == "cuda":

@@ -1,9 +1,17 @@
 """The bytes a worker holds, counted against its capacity.
 
 A CPU device slot has no memory limit of its own, so the runtime enforces the configured
-capacity by counting: every arena and every transient buffer is reserved here before it is
-allocated and released after it is freed. A GPU worker counts the same way (its capacity is 90 %
-of the device's memory by default), so the transition's memory bound is checked on both.
+capacity by counting: every arena and every buffer of the runtime's own data movement (staging
+and probe buffers) is reserved here before it is allocated and released after it is freed. A GPU
+worker counts the same way (its capacity is 90 % of the device's memory by default), so the
+transition's memory bound is checked on both.
+
+The engine's transients (activations, gradients, KV cache: what a stage operation allocates
+while it runs) are not reserved here, so a CPU worker does not refuse them past its capacity;
+they are measured instead (``nereus.engine.measure``; on CPU a stage's peak is what this
+counter holds plus the transients' peak) and bounded by the planner's memory check. Transitions and stage
+operations never overlap on a worker (its calls run one at a time), so a transition's count
+is not disturbed by them.
 """
 
 from __future__ import annotations

@@ -94,6 +94,7 @@ def split_member(ctx: WorkerContext, group: GroupSpec, src_id: str, out_id: str,
     staged = [sg.nbytes for sg in segs if sg.dst is None]
     stage_bytes = WINDOW * max(staged, default=0)
     held_stage = False
+    stage: torch.Tensor | None = None
     g: Group | None = None
     try:
         ctx.memory.reserve(stage_bytes, f"split {src_id} staging buffers")
@@ -167,7 +168,7 @@ def split_member(ctx: WorkerContext, group: GroupSpec, src_id: str, out_id: str,
         if g is not None:
             leave_group(ctx, group.name)
         if held_stage:
-            del stage
+            stage = None
             ctx.memory.release(stage_bytes)
     # Nothing may view the source when it is dropped (its memory is reused): the group's
     # last operations hold its tensors until the backend is destroyed, so it goes first.
