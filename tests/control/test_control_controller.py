@@ -366,3 +366,15 @@ def test_with_an_intact_copy_and_no_feasible_move_the_restart_saves_instead_of_r
     d = c.on_boundary(_tel(job, spread, 1, 2000, pool=tuple(range(8))))  # node 1 goes
     assert d.action is Action.RESTART and "no feasible move" in d.reasons.summary
     assert d.restart.lost_s == 0 and d.restart.save_s > 0  # planned: nothing redone
+
+
+def test_memory_measured_without_times_is_still_learned(job, plans):
+    """A step that reports peak memory but no stage latency (a profiled run whose slowed times
+    the framework drops) teaches the memory scale, and counts as no calibration step."""
+    c = Controller(job, plans["best16"], on_log=lambda s: None)
+    tel = _tel(job, plans["best16"], 0, 2000)
+    doubled = {k: 2 * v for k, v in tel.peak_mem_bytes.items()}
+    c.on_boundary(replace(tel, latency_s={}, peak_mem_bytes=doubled))
+    scale = c.calibrator.memory_scale()
+    assert scale and all(v == pytest.approx(2.0, rel=0.05) for v in scale.values())
+    assert c.steps_seen == 0 and c.calibrator.samples == 0

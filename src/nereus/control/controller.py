@@ -228,27 +228,35 @@ class Controller:
 
     # ------------------------------------------------------------------ learning
     def _learn(self, tel: Telemetry) -> dict[str, float]:
-        """Calibrate from the step just measured; return each op class's share of its time."""
-        if not tel.latency_s:
-            return {}
+        """Calibrate from the step just measured; return each op class's share of its time.
+
+        Memory is learned from every stage with a measured peak, timed or not: a framework may
+        measure a stage's memory in a profiled run whose times it does not report."""
         self._recent_longest.append(tel.response_len_max)
+        if not tel.latency_s and not tel.peak_mem_bytes:
+            return {}
         ran = self._job(self.pool, tel.response_len_mean, tel.response_len_max, margin=False)
         cost = CostModel(ran, self.calibrator.efficiencies())
         time_by_class: dict[str, float] = {}
         for sp in self.plan.stages:
-            if sp.stage not in tel.latency_s:
+            timed = sp.stage in tel.latency_s
+            if not timed and sp.stage not in tel.peak_mem_bytes:
                 continue
             est = cost.estimate(sp.stage, sp.candidate, idle_bytes(cost, self.plan, sp.stage))
-            # per-class times where the framework gives them, and always the stage's wall time:
-            # it also holds work no op class times (Python, elementwise kernels)
-            self.calibrator.observe_timed(est, tel.op_times(sp.stage))
-            self.calibrator.observe_stage(est, tel.latency_s[sp.stage])
             if sp.stage in tel.peak_mem_bytes:
                 kind = self.job.workflow.stage(sp.stage).kind
                 self.calibrator.observe_memory(kind, est.peak_mem_bytes,
                                                tel.peak_mem_bytes[sp.stage])
+            if not timed:
+                continue
+            # per-class times where the framework gives them, and always the stage's wall time:
+            # it also holds work no op class times (Python, elementwise kernels)
+            self.calibrator.observe_timed(est, tel.op_times(sp.stage))
+            self.calibrator.observe_stage(est, tel.latency_s[sp.stage])
             for c, t in est.time_by_class().items():
                 time_by_class[c.value] = time_by_class.get(c.value, 0.0) + t
+        if not tel.latency_s:
+            return {}
         self.calibrator.next_step()
         self.steps_seen += 1
         total = sum(time_by_class.values()) or 1.0
