@@ -1,6 +1,8 @@
-"""``nereus``: plan, transition, simulate, run. Each command is a thin shell over one layer.
+"""``nereus``: plan, transition, simulate (and run, once ``nereus.commands.run`` exists). Each
+command is a thin shell over one layer.
 
-Bad input prints one line naming the field and what is allowed, and exits 2 with no traceback.
+Bad input (a job that fits nowhere included) prints one line naming the field and what is
+allowed, and exits 2 with no traceback; a transition that cannot run exits 3.
 """
 
 from __future__ import annotations
@@ -60,6 +62,7 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    rich_markup_mode="rich",  # help text is Rich markup on every typer (older ones: plain)
 )
 
 

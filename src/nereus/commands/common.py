@@ -10,6 +10,7 @@ from typing import Any, TypeVar
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from nereus.errors import InfeasibleError, InputError
 
@@ -30,7 +31,8 @@ def fail(message: str, code: int = EXIT_INPUT) -> typer.Exit:
 
 
 def one_line_errors(fn: F) -> F:
-    """Turn input errors into one line on stderr and exit 2; keep tracebacks for real bugs."""
+    """Turn input errors, a job that fits nowhere included, into one line on stderr and exit 2;
+    keep tracebacks for real bugs."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -44,6 +46,21 @@ def one_line_errors(fn: F) -> F:
             raise fail("interrupted", 130) from None
 
     return wrapper  # type: ignore[return-value]
+
+
+def with_default(text: str, default: object) -> str:
+    """Option help ending in ``[default: ...]`` for an option whose Python default is None
+    (so that a config file can set it): escaped, since Typer renders help as Rich markup, in
+    which a bare ``[default: ppo]`` is a style tag and vanishes."""
+    return f"{text} {escape(f'[default: {default}]')}"
+
+
+def refuse_together(first: str, first_on: bool, second: str, second_on: bool,
+                    allowed: str) -> None:
+    """Refuse two options that cannot be honoured together, rather than silently ignore one;
+    the error names the second and says what is allowed instead."""
+    if first_on and second_on:
+        raise InputError(second, f"cannot be combined with {first}", allowed)
 
 
 FIGURE_FORMATS = (".png", ".pdf", ".svg")
@@ -62,6 +79,22 @@ def output_path(path: Path | None, field: str, suffixes: tuple[str, ...]) -> Pat
     if not parent.is_dir():
         raise InputError(field, f"no folder {parent} to write {path.name} in")
     return path
+
+
+def writable(path: Path | None, field: str) -> None:
+    """Refuse, before any work, an output file that cannot be written (a read-only folder,
+    /proc): the results must not be printed and then lost to a traceback."""
+    if path is None:
+        return
+    existed = path.exists()
+    try:
+        with path.open("ab"):
+            pass
+    except OSError as e:
+        raise InputError(field, f"cannot write {path}: {e.strerror or type(e).__name__}",
+                         "a file in a folder you can write") from None
+    if not existed:
+        path.unlink(missing_ok=True)
 
 
 def stdout_is_tty() -> bool:

@@ -5,9 +5,45 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from nereus.commands.common import with_default
 from nereus.errors import InputError
 from nereus.files import read_yaml
-from nereus.spec.job import JobSpec, parse_job
+from nereus.spec.device import DEVICE_PRESETS
+from nereus.spec.job import ClusterConfig, JobConfig, JobSpec, WorkloadConfig, parse_job
+from nereus.spec.model import MODEL_PRESETS
+
+
+def _schema_default(model: type[Any], name: str) -> object:
+    return model.model_fields[name].default
+
+
+# Help of the job options that plan and transition share; the defaults are the job schema's
+# (what applies when neither the option nor --config sets the field).
+JOB_HELP = {
+    "model": f"model preset ({', '.join(MODEL_PRESETS)}) or path to a HF config.json",
+    "algo": with_default("ppo, grpo or remax", _schema_default(JobConfig, "algo")),
+    "execution": with_default("sync or async", _schema_default(JobConfig, "execution")),
+    "gpus": "GPUs in the pool (needed without a --config that sets gpus)",
+    "device": with_default(", ".join(DEVICE_PRESETS), _schema_default(ClusterConfig, "device")),
+    "devices_per_node": with_default("devices per node",
+                                     "the device's node size ("
+                                     + "/".join(sorted({str(d.devices_per_node)
+                                                        for d in DEVICE_PRESETS.values()}))
+                                     + "), or the pool if smaller"),
+    "response_len": with_default("mean response length (tokens)",
+                                 _schema_default(WorkloadConfig, "response_len")),
+    "response_len_max": with_default("longest response (tokens)",
+                                     "the mean response length"),
+    "prompt_len": with_default("prompt length (tokens)",
+                               _schema_default(WorkloadConfig, "prompt_len")),
+    "prompts": with_default("prompts per RL step",
+                            _schema_default(WorkloadConfig, "prompts_per_step")),
+    "responses_per_prompt": with_default("responses per prompt",
+                                         _schema_default(WorkloadConfig, "responses_per_prompt")),
+    "profile": with_default("calibration profile JSON of the same device (python "
+                            "benchmarks/engine.py --profile OUT.json writes one)",
+                            "built-in efficiencies per op class"),
+}
 
 
 def job_from_options(config: Path | None = None, *, model: str | None = None,
@@ -24,6 +60,9 @@ def job_from_options(config: Path | None = None, *, model: str | None = None,
         if not isinstance(loaded, dict):
             raise InputError("config", "must be a YAML mapping of fields")
         data = loaded
+        unknown = [k for k in data if k not in JobConfig.model_fields]
+        if unknown:  # before "needs gpus": a misspelt ``gpus:`` is the likelier mistake
+            raise InputError(str(unknown[0]), "unknown field", list(JobConfig.model_fields))
     elif model is None:
         raise InputError("--model", "needed without --config",
                          "a preset (llama-3.1-8b, qwen3-14b, ...) or a config.json path")

@@ -11,8 +11,8 @@ from typing import Any, Optional
 import typer
 from rich.table import Table
 
-from nereus.commands.common import console, one_line_errors
-from nereus.commands.jobopts import job_from_options
+from nereus.commands.common import console, one_line_errors, refuse_together
+from nereus.commands.jobopts import JOB_HELP, job_from_options
 from nereus.cost.calibrate import Calibrator
 from nereus.cost.model import CostModel
 from nereus.errors import InfeasibleError, InputError
@@ -67,6 +67,30 @@ def _summary(plan: Plan) -> str:
     return f"step latency {plan.step_latency_s:.3f} s (estimated): {parts}"
 
 
+def _comparison(yours_s: float, best_s: float, problems: list[str]) -> str:
+    """The best plan's speed against the user's; no ratio against a plan that does not fit
+    (it may look faster because it uses GPUs the pool does not have or memory it lacks)."""
+    if problems:
+        return (f"best plan: {best_s:.3f} s per step (estimated); yours does not fit, so its "
+                f"{yours_s:.3f} s is no comparison")
+    return f"best plan: {yours_s / best_s:.2f}x the speed of yours per step (estimated)"
+
+
+def _takes(hit: Mapping[int, Any]) -> str:
+    """``{8: [critic_train], 9: [critic_train], 3: [actor_gen]}`` -> 'nodes 8-9 take
+    critic_train; node 3 takes actor_gen': one clause per set of model-stages (a 70B plan can
+    lose the same stage with any of eight nodes)."""
+    by: dict[tuple[str, ...], list[int]] = {}
+    for n, stages in hit.items():
+        by.setdefault(tuple(stages), []).append(n)
+    out = []
+    for stages, nodes in by.items():
+        verb = "takes" if len(nodes) == 1 else "take"
+        out.append(f"node{'s' if len(nodes) > 1 else ''} {gpu_ranges(nodes)} {verb} "
+                   f"{', '.join(stages)}")
+    return "; ".join(out)
+
+
 def cost_model(job: JobSpec, profile: Optional[Path]) -> CostModel:
     """The cost model, with a profile's calibrated efficiencies and memory scale where given."""
     if profile is None:
@@ -95,32 +119,42 @@ def register(app: typer.Typer) -> None:
     @one_line_errors
     def plan_cmd(
         config: Optional[Path] = typer.Option(None, "--config", "-c", help="job YAML (see examples/)"),
-        model: Optional[str] = typer.Option(None, help="model preset or path to a HF config.json"),
-        algo: Optional[str] = typer.Option(None, help="ppo, grpo or remax [default: ppo]"),
-        execution: Optional[str] = typer.Option(None, help="sync or async [default: sync]"),
-        gpus: Optional[int] = typer.Option(None, help="GPUs in the pool"),
-        device: Optional[str] = typer.Option(None, help="h100-sxm-80gb, h200-141gb, "
-                                             "a100-sxm-80gb, mi250x, cpu [default: h100-sxm-80gb]"),
-        devices_per_node: Optional[int] = typer.Option(None, help="devices per node"),
-        response_len: Optional[int] = typer.Option(None, help="mean response length (tokens)"),
-        response_len_max: Optional[int] = typer.Option(None, help="longest response (tokens)"),
-        prompt_len: Optional[int] = typer.Option(None, help="prompt length (tokens)"),
-        prompts: Optional[int] = typer.Option(None, help="prompts per RL step"),
-        responses_per_prompt: Optional[int] = typer.Option(None, help="responses per prompt"),
+        model: Optional[str] = typer.Option(None, help=JOB_HELP["model"]),
+        algo: Optional[str] = typer.Option(None, help=JOB_HELP["algo"]),
+        execution: Optional[str] = typer.Option(None, help=JOB_HELP["execution"]),
+        gpus: Optional[int] = typer.Option(None, help=JOB_HELP["gpus"]),
+        device: Optional[str] = typer.Option(None, help=JOB_HELP["device"]),
+        devices_per_node: Optional[int] = typer.Option(None, help=JOB_HELP["devices_per_node"]),
+        response_len: Optional[int] = typer.Option(None, help=JOB_HELP["response_len"]),
+        response_len_max: Optional[int] = typer.Option(None, help=JOB_HELP["response_len_max"]),
+        prompt_len: Optional[int] = typer.Option(None, help=JOB_HELP["prompt_len"]),
+        prompts: Optional[int] = typer.Option(None, help=JOB_HELP["prompts"]),
+        responses_per_prompt: Optional[int] = typer.Option(
+            None, help=JOB_HELP["responses_per_prompt"]),
         explain: bool = typer.Option(False, "--explain", help="break every estimate down by term"),
         frontier_stage: Optional[str] = typer.Option(None, "--frontier", metavar="STAGE",
                                                      help="list STAGE's latency-GPU frontier"),
         evaluate: Optional[Path] = typer.Option(None, "--evaluate", metavar="PLAN",
                                                 help="score your plan (plan JSON or YAML of "
                                                 "tp/pp/dp per model-stage) beside the best"),
-        profile: Optional[Path] = typer.Option(None, help="calibration profile JSON to use"),
+        profile: Optional[Path] = typer.Option(None, help=JOB_HELP["profile"]),
         spread: bool = typer.Option(False, "--spread",
                                     help="keep two or more replicas of every model-stage on "
                                     "different nodes, so losing any one node (a spot "
                                     "reclaim) leaves a copy of all state"),
         as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
     ) -> None:
-        """Find the fastest execution plan that fits, and show where its time and memory go."""
+        """Find the fastest execution plan that fits, and show where its time and memory go.
+
+        Exit 2 for bad input, 3 when no plan fits the pool.
+        """
+        on = frontier_stage is not None
+        refuse_together("--frontier", on, "--evaluate", evaluate is not None,
+                        "--frontier STAGE with --json or --spread")
+        refuse_together("--frontier", on, "--explain", explain,
+                        "--frontier STAGE with --json or --spread")
+        refuse_together("--json", as_json, "--explain", explain,
+                        "--explain with the tables, or --json alone")
         job = job_from_options(config, model=model, algo=algo, execution=execution, gpus=gpus,
                                device=device, devices_per_node=devices_per_node,
                                response_len=response_len, response_len_max=response_len_max,
@@ -140,11 +174,15 @@ def register(app: typer.Typer) -> None:
         if as_json:
             print(json.dumps(plan.to_dict()))
             return
+        nodes = job.cluster.num_nodes
         console.print(f"[bold]{job.workflow.algo.upper()}[/] {job.model.name} on "
                       f"{job.pool.size} x {job.cluster.device.name} "
-                      f"({job.cluster.num_nodes} nodes x {job.cluster.devices_per_node}), "
+                      f"({nodes} node{'s' if nodes != 1 else ''} x "
+                      f"{job.cluster.devices_per_node}), "
                       f"response {job.workload.response_len_mean} tokens (max "
                       f"{job.workload.response_len_max}), {job.workflow.execution.value}")
+        if profile is not None:
+            console.print(f"cost model calibrated with {profile.name}")
         console.print(plan_table(job, plan, "best plan"))
         console.print(_summary(plan))
         console.print(_node_loss(job, plan, spread))
@@ -159,7 +197,7 @@ def register(app: typer.Typer) -> None:
         hit = {n: s for n, s in exposed_by_node(plan, job.cluster).items() if s}
         if not hit:
             return "node loss: any one node can go; every model-stage keeps a copy elsewhere"
-        parts = "; ".join(f"node {n} takes {', '.join(s)}" for n, s in hit.items())
+        parts = _takes(hit)
         if spread and best:  # --spread could not place a second copy of these off the node
             return (f"node loss: the last copy of a model-stage goes with a node ({parts}); "
                     f"even with --spread no layout that fits keeps a copy of it on another node")
@@ -193,7 +231,8 @@ def register(app: typer.Typer) -> None:
         if as_json:
             print(json.dumps({"stage": stage, "source": "estimated", "frontier": rows}))
             return
-        t = Table(title=f"{stage}: latency-GPU frontier (estimated)", title_justify="left")
+        kept = " (--spread: two or more replicas, each inside a node)" if planner.spread else ""
+        t = Table(title=f"{stage}: latency-GPU frontier{kept} (estimated)", title_justify="left")
         for col in ("GPUs", "tp", "pp", "dp", "b x a", "recompute", "latency s", "peak GiB"):
             t.add_column(col, justify="right")
         for r in rows:
@@ -231,8 +270,7 @@ def register(app: typer.Typer) -> None:
             console.print(plan_table(job, best, "best plan" + (" (--spread)" if spread else "")))
             console.print(_summary(best))
             console.print(_node_loss(job, best, spread))
-            gain = yours.step_latency_s / best.step_latency_s
-            console.print(f"best plan: {gain:.2f}x the speed of yours per step (estimated)")
+            console.print(_comparison(yours.step_latency_s, best.step_latency_s, problems))
         else:
             console.print(f"no best plan: {why}")
         if explain:

@@ -18,8 +18,12 @@ from nereus.commands.common import (
     err_console,
     one_line_errors,
     output_path,
+    refuse_together,
+    with_default,
+    writable,
 )
 from nereus.errors import InputError
+from nereus.files import read_yaml
 from nereus.sim.policies import POLICIES
 from nereus.sim.scenarios import (
     SCENARIOS,
@@ -40,6 +44,20 @@ def _policies(text: str) -> list[str]:
         raise InputError("--policies", f"unknown policy {bad[0]!r}" if bad else "empty",
                          POLICIES)
     return list(dict.fromkeys(names))
+
+
+def _scenario_file(path: Path) -> Path:
+    """A job YAML (for ``nereus plan``) given as the scenario is the likely mistake: say so,
+    rather than that a field ``job`` is missing."""
+    try:
+        data = read_yaml(path, "--config")
+    except InputError:
+        return path  # load_scenario says what is wrong with it
+    if isinstance(data, dict) and "job" not in data and "model" in data:
+        raise InputError("--config", f"{path.name} is a job file (as nereus plan reads); a "
+                         "scenario puts the job under job:, beside its traces",
+                         "a scenario YAML (see examples/scenarios/)")
+    return path
 
 
 def result_json(res: SimResult) -> dict[str, object]:
@@ -123,16 +141,24 @@ def register(app: typer.Typer) -> None:
     def simulate_cmd(
         scenario: Optional[str] = typer.Option(
             None, "--scenario", "-s",
-            help=f"built-in scenario: {', '.join(SCENARIOS)} [default: default]"),
-        config: Optional[Path] = typer.Option(None, "--config", "-c",
-                                              help="scenario YAML (job, trace files, truth)"),
-        steps: Optional[int] = typer.Option(None, help="simulate only the first N steps"),
+            help=with_default(f"built-in scenario: {', '.join(SCENARIOS)}", "default")),
+        config: Optional[Path] = typer.Option(
+            None, "--config", "-c",
+            help="scenario YAML: a job: section, trace files, truth (see examples/scenarios/)"),
+        steps: Optional[int] = typer.Option(
+            None, help=with_default("simulate only the first N steps",
+                                    "all of the scenario's; a larger N runs them all")),
         seed: Optional[int] = typer.Option(
-            None, help="seed of the generated traces and noise [default: 0]"),
-        gamma: Optional[float] = typer.Option(None, help="Nereus's confidence margin γ"),
-        policies: str = typer.Option(",".join(POLICIES), help="policies to compare"),
+            None, help=with_default("seed of the generated traces and noise (built-in "
+                                    "scenarios; a --config file sets seed: itself)", 0)),
+        gamma: Optional[float] = typer.Option(
+            None, help=with_default("Nereus's confidence margin γ, 0 to 1",
+                                    "the scenario's; 0.5 in the built-in ones")),
+        policies: str = typer.Option(",".join(POLICIES), help="policies to compare, "
+                                     "comma-separated"),
         plot_path: Optional[Path] = typer.Option(None, "--plot", metavar="PNG",
-                                                 help="draw step latency over steps"),
+                                                 help="draw step latency over steps (.png, "
+                                                 ".pdf or .svg)"),
         csv_path: Optional[Path] = typer.Option(None, "--csv", metavar="CSV",
                                                 help="write per-step rows of every policy"),
         as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
@@ -140,9 +166,15 @@ def register(app: typer.Typer) -> None:
         log: bool = typer.Option(False, "--log", help="print the controllers' decisions"),
     ) -> None:
         """Compare static, replan-always, Nereus and an oracle on a simulated run."""
+        refuse_together("--json", as_json, "--log", log,
+                        "--log with the tables, or --json alone")
+        refuse_together("--json", as_json, "--notes", notes,
+                        "--notes with the tables, or --json alone")
         names = _policies(policies)
         output_path(plot_path, "--plot", FIGURE_FORMATS)
         output_path(csv_path, "--csv", (".csv",))
+        writable(plot_path, "--plot")  # before the run: its results must not be lost
+        writable(csv_path, "--csv")
         if gamma is not None and not 0.0 <= gamma <= 1.0:
             raise InputError("--gamma", f"must be in [0, 1], got {gamma}")
         if seed is not None and seed < 0:
@@ -152,7 +184,7 @@ def register(app: typer.Typer) -> None:
                                       ("--seed", seed, "set seed: in the file")):
                 if given is not None:
                     raise InputError(opt, f"cannot be combined with --config ({where})")
-            sc = load_scenario(config)
+            sc = load_scenario(_scenario_file(config))
         else:
             sc = builtin(scenario or "default", seed=seed or 0)
         sc = with_overrides(sc, steps=steps, gamma=gamma)

@@ -25,8 +25,9 @@ from nereus.commands.common import (
     fail,
     one_line_errors,
     output_path,
+    writable,
 )
-from nereus.commands.jobopts import job_from_options
+from nereus.commands.jobopts import JOB_HELP, job_from_options
 from nereus.cost.efficiency import Efficiencies
 from nereus.cost.model import CostModel
 from nereus.errors import InputError
@@ -71,22 +72,6 @@ def _cost_model(job: JobSpec, profile: Path | None) -> CostModel:
     return cost_model(job, profile)
 
 
-def writable(path: Path | None, field: str) -> None:
-    """Refuse, before any work, an output file that cannot be written (a read-only folder,
-    /proc): the results must not be printed and then lost to a traceback."""
-    if path is None:
-        return
-    existed = path.exists()
-    try:
-        with path.open("ab"):
-            pass
-    except OSError as e:
-        raise InputError(field, f"cannot write {path}: {e.strerror or type(e).__name__}",
-                         "a file in a folder you can write") from None
-    if not existed:
-        path.unlink(missing_ok=True)
-
-
 def check_stages(job: JobSpec, plan: Plan, which: str) -> None:
     """Every model-stage a plan file lists must be one of the job's workflow (a plan of
     another algorithm, or the wrong --algo); named after the plan file's field."""
@@ -97,12 +82,21 @@ def check_stages(job: JobSpec, plan: Plan, which: str) -> None:
                              f"{job.workflow.algo} does not have", names)
 
 
+def _load_job(path: Path, which: str) -> JobSpec:
+    """A job spec whose errors say which of the two files is wrong (``current.gpus``)."""
+    try:
+        return load_job(path)
+    except InputError as e:
+        field = which if e.field == "config" else f"{which}.{e.field}"
+        raise InputError(field, e.problem, e.allowed) from None
+
+
 def jobs_from_specs(current: Path, target: Path, profile: Path | None
                     ) -> tuple[JobSpec, Plan, Plan]:
     """Plan both job specs; the transition's job spans both pools, with the target's workload."""
     from nereus.plan.search import best_plan
 
-    a, b = load_job(current), load_job(target)
+    a, b = _load_job(current, "current"), _load_job(target, "target")
     if a.model != b.model:
         raise InputError("target.model", f"{b.model.name} differs from the current "
                          f"{a.model.name}", "the same model in both job specs")
@@ -143,6 +137,13 @@ def job_for_plans(current: Plan, target: Plan, config: Path | None, model: str |
     return job if job.cluster.num_devices >= needed else build(config, needed)
 
 
+def size(nbytes: float) -> str:
+    """Bytes in GiB, or MiB below one GiB (a tiny model's state is not '0.00 GiB')."""
+    if nbytes < GiB:
+        return f"{nbytes / 2**20:.2f} MiB"
+    return f"{nbytes / GiB:.2f} GiB"
+
+
 def stage_table(schedule: Schedule, current: Plan, target: Plan, sizes: StateSizes) -> Table:
     t = Table(title="primitives per model-stage", title_justify="left")
     for col in ("model-stage", "current", "target", *OPS, "bytes moved (estimated)"):
@@ -157,7 +158,7 @@ def stage_table(schedule: Schedule, current: Plan, target: Plan, sizes: StateSiz
         t.add_row(sp.stage, f"tp={sp.tp} pp={sp.pp} dp={sp.dp}",
                   f"tp={tp.tp} pp={tp.pp} dp={tp.dp}",
                   *(str(counts[op]) if counts[op] else "-" for op in OPS),
-                  f"{moved / GiB:.2f} GiB" if prims else "unchanged")
+                  size(moved) if prims else "unchanged")
     return t
 
 
@@ -206,8 +207,8 @@ def print_schedule(job: JobSpec, schedule: Schedule, current: Plan, target: Plan
     peaks = schedule.peak_bytes()
     if peaks:
         g = max(peaks, key=peaks.__getitem__)
-        console.print(f"peak memory {peaks[g] / GiB:.1f} GiB on GPU {g} of "
-                      f"{schedule.capacity_bytes / GiB:.1f} GiB allowed (estimated)")
+        console.print(f"peak memory {size(peaks[g])} on GPU {g} of "
+                      f"{size(schedule.capacity_bytes)} allowed (estimated)")
     console.print(f"L_tran = {schedule.estimated_s:.4f} s (estimated), "
                   f"{len(schedule.primitives)} primitives")
 
@@ -220,15 +221,16 @@ def register(app: typer.Typer) -> None:
         target: Path = typer.Argument(..., help="target plan .json, or target job .yaml"),
         config: Optional[Path] = typer.Option(None, "--config", "-c",
                                               help="job YAML sizing the state (plan files)"),
-        model: Optional[str] = typer.Option(None, help="model preset or HF config.json "
-                                            "(plan files, without --config)"),
-        algo: Optional[str] = typer.Option(None, help="ppo, grpo or remax [default: ppo]"),
-        execution: Optional[str] = typer.Option(None, help="sync or async [default: sync]"),
-        device: Optional[str] = typer.Option(None, help="device preset [default: h100-sxm-80gb]"),
-        devices_per_node: Optional[int] = typer.Option(None, help="devices per node"),
-        profile: Optional[Path] = typer.Option(None, help="calibration profile JSON to use"),
+        model: Optional[str] = typer.Option(None, help=JOB_HELP["model"] + " (plan files, "
+                                            "without --config)"),
+        algo: Optional[str] = typer.Option(None, help=JOB_HELP["algo"]),
+        execution: Optional[str] = typer.Option(None, help=JOB_HELP["execution"]),
+        device: Optional[str] = typer.Option(None, help=JOB_HELP["device"]),
+        devices_per_node: Optional[int] = typer.Option(None, help=JOB_HELP["devices_per_node"]),
+        profile: Optional[Path] = typer.Option(None, help=JOB_HELP["profile"]),
         gantt_path: Optional[Path] = typer.Option(None, "--gantt", metavar="OUT.png",
-                                                  help="draw a Gantt chart per GPU"),
+                                                  help="draw a Gantt chart per GPU (.png, "
+                                                  ".pdf or .svg)"),
         as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
         execute: bool = typer.Option(False, "--execute", help="run the schedule on local "
                                      "workers on a seeded model (runtime layer) and compare"),
@@ -258,7 +260,10 @@ def register(app: typer.Typer) -> None:
             check_stages(job, tgt, "target")
         schedule = plan_transition(job, cur, tgt, _efficiencies(job, profile))
         if as_json and not execute:
-            print(json.dumps({"source": "estimated", **schedule.to_json_dict()}))
+            out = {"source": "estimated", **schedule.to_json_dict()}
+            if not schedule.feasible:  # a script reads why from the JSON, not only stderr
+                out["reason"] = schedule.reason
+            print(json.dumps(out))
         if not schedule.feasible:
             raise fail(f"infeasible transition: {schedule.reason}", EXIT_INFEASIBLE)
         if not as_json:
@@ -273,6 +278,13 @@ def register(app: typer.Typer) -> None:
                            f"{e.strerror or type(e).__name__}") from None
             if not as_json:
                 console.print(f"wrote {out}")
+        if execute and not schedule.primitives:  # no worker to start, nothing to check
+            if as_json:
+                print(json.dumps({"source": "estimated", **schedule.to_json_dict(),
+                                  "executed": False}))
+            else:
+                console.print("nothing to execute: no model-stage changes between the plans")
+            return
         if execute:  # the runtime layer runs it for real (its JSON replaces the schedule's)
             from nereus.runtime import cli_execute
             from nereus.runtime.demo import RunFailed

@@ -1,0 +1,39 @@
+"""``--help`` of every command: the defaults it states are shown (Rich markup ate them)."""
+
+import re
+
+import pytest
+from typer.testing import CliRunner
+
+from nereus.cli import app
+
+runner = CliRunner()
+
+
+def help_text(*command: str) -> str:
+    r = runner.invoke(app, [*command, "--help"])
+    assert r.exit_code == 0, r.output
+    flat = re.sub(r"[│╭╮╰╯─]", " ", r.output)  # the option box, wrapped lines joined
+    return " ".join(flat.split())
+
+
+@pytest.mark.parametrize("command,says", [
+    ("plan", "ppo, grpo or remax [default: ppo]"),
+    ("plan", "sync or async [default: sync]"),
+    ("plan", "[default: h100-sxm-80gb]"),
+    ("plan", "mean response length (tokens) [default: 2048]"),
+    ("plan", "prompts per RL step [default: 512]"),
+    ("plan", "[default: the mean response length]"),
+    ("plan", "Exit 2 for bad input, 3 when no plan fits the pool."),
+    ("transition", "ppo, grpo or remax [default: ppo]"),
+    ("transition", "[default: h100-sxm-80gb]"),
+    ("transition", "(.png, .pdf or .svg)"),
+    ("plan", "benchmarks/engine.py --profile OUT.json writes one"),
+    ("transition", "benchmarks/engine.py --profile OUT.json writes one"),
+    ("simulate", "drift [default: default]"),
+    ("simulate", "[default: 0]"),
+    ("simulate", "[default: the scenario's; 0.5 in the built-in ones]"),
+    ("simulate", "(.png, .pdf or .svg)"),
+])
+def test_help_states_the_defaults(command: str, says: str) -> None:
+    assert says in help_text(command)
