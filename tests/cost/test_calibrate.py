@@ -135,7 +135,7 @@ def test_classes_only_noise_separates_stay_steady():
     ({"efficiency": {"gemm": "abc"}}, "profile.efficiency.gemm"),
     ({"efficiency": {"gemm": float("inf")}}, "profile.efficiency.gemm"),
     ({"memory_scale": [1]}, "profile.memory_scale"),
-    ({"memory_scale": {"foo": 1}}, "profile.memory_scale"),
+    ({"memory_scale": {"foo": 1}}, "profile.memory_scale.foo"),  # named the mapping only
     ({"memory_scale": {"train": -1}}, "profile.memory_scale.train"),
 ])
 def test_bad_profiles_are_input_errors(tmp_path, profile, field):
@@ -228,3 +228,12 @@ def test_what_the_calibrator_learns_stays_within_what_a_profile_may_hold(tmp_pat
     cal.save(path)
     back = Calibrator.from_profile(path, "h100-sxm-80gb")
     assert back.memory_scale()[StageKind.TRAIN] == MEMORY_SCALE_BOUNDS[1]
+
+
+@pytest.mark.parametrize("ideal,measured,field", [(0.0, 1.0, "ideal_s"), (-1.0, 1.0, "ideal_s"),
+                                                  (1.0, 0.0, "measured_s")])
+def test_observe_op_names_the_bad_argument(ideal, measured, field):
+    """A zero ideal time was reported as a bad ``measured_s``."""
+    with pytest.raises(InputError) as e:
+        Calibrator().observe_op(OpClass.GEMM, ideal, measured)
+    assert e.value.field == field

@@ -137,3 +137,98 @@ def test_prefill_pays_the_pipeline_fill():
 
     assert 8 * 512 <= PREFILL_CHUNK_TOKENS  # one chunk
     assert prefill_gemm_s(4, 1) == pytest.approx(prefill_gemm_s(1, 1), rel=1e-9)
+
+
+# ---- weight sync under asynchronous execution -------------------------------------------------
+
+def _sync_job(execution: str, gpus: int = 16, per_node: int = 8, algo: str = "grpo"):
+    return parse_job({"model": "llama-3.1-8b", "algo": algo, "execution": execution,
+                      "gpus": gpus, "cluster": {"devices_per_node": per_node}})
+
+
+LAYOUTS = [Layout(tp, pp) for tp in (1, 2, 4, 8) for pp in (1, 2, 4)]
+
+
+@given(st.sampled_from(LAYOUTS), st.sampled_from(LAYOUTS),
+       st.sampled_from([(8, 8), (16, 8), (16, 4), (32, 8)]))
+@settings(max_examples=60, deadline=None)
+def test_async_weight_sync_never_costs_less_than_colocated(train, gen, pool):
+    """Generation on GPUs of its own has no local overlap to reuse and, on a pool of several
+    nodes, crosses the network: for the same layouts it never costs less than colocated sync."""
+    gpus, per_node = pool
+    colocated = CostModel(_sync_job("sync", gpus, per_node)).weight_sync(train, gen)
+    disjoint = CostModel(_sync_job("async", gpus, per_node)).weight_sync(train, gen)
+    assert disjoint.latency_s >= colocated.latency_s
+    assert disjoint.latency_s > 0  # even the same layout moves every shard
+
+
+def test_async_weight_sync_moves_each_generation_gpu_its_whole_shard_over_the_network():
+    """Async on two nodes: each generation GPU receives full/(tp_g pp_g) bytes on the
+    inter-node link (colocated, the same layouts move nothing; it used to be priced alike)."""
+    from nereus.spec.model import Head
+
+    job = _sync_job("async", gpus=16, per_node=8)
+    cm = CostModel(job)
+    full = job.model.param_count(Head.LM) * job.workload.param_bytes
+    dev = job.cluster.device
+    for train, gen in [(Layout(2, 1), Layout(2, 1)), (Layout(4, 2), Layout(1, 1)),
+                       (Layout(1, 1), Layout(4, 1))]:
+        e = cm.weight_sync(train, gen)
+        wire = [o for o in e.ops if o.cls is OpClass.ALLGATHER_INTER]
+        assert len(wire) == 1 and not any(o.cls.value.endswith("intra") for o in e.ops)
+        assert wire[0].bytes == pytest.approx(full / gen.size, rel=1e-12)
+        assert wire[0].ideal_s == pytest.approx(full / gen.size / dev.inter_node_bw, rel=1e-12)
+        hops = max(2, train.size) - 1
+        assert e.ideal_by_class()[OpClass.LATENCY_INTER] == pytest.approx(
+            hops * dev.inter_latency_s)
+    assert CostModel(_sync_job("sync", 16, 8)).weight_sync(Layout(2, 1), Layout(2, 1)).ops == ()
+
+
+def test_async_weight_sync_stays_on_the_node_fabric_when_the_pool_is_one_node():
+    from nereus.spec.model import Head
+
+    job = _sync_job("async", gpus=8, per_node=8)
+    e = CostModel(job).weight_sync(Layout(2, 1), Layout(2, 1))
+    full = job.model.param_count(Head.LM) * job.workload.param_bytes
+    (wire,) = [o for o in e.ops if o.cls is OpClass.ALLGATHER_INTRA]
+    assert wire.bytes == pytest.approx(full / 2, rel=1e-12)
+
+
+@pytest.mark.parametrize("prompts", [8, 64])
+def test_prefill_tp_allreduces_follow_the_pipelined_chunks(prompts):
+    """Prefill's critical path is (chunks + pp - 1) block turns of num_layers / pp layers each
+    (its GEMMs are priced so); every layer all-reduces twice, so the TP all-reduces on the path
+    are 2 x num_layers / pp x (chunks + pp - 1). They were counted for ``chunks`` turns only:
+    one chunk over pp=4 blocks paid for a quarter of the layers it crosses."""
+    from nereus.cost.model import PREFILL_CHUNK_TOKENS
+
+    j = parse_job({"model": "llama-3.1-8b", "gpus": 16,
+                   "workload": {"prompts_per_step": prompts, "prompt_len": 512}})
+    cm = CostModel(j)
+    layers = j.model.num_layers
+    chunks = max(1, -(-prompts * 512 // PREFILL_CHUNK_TOKENS))
+    gemm = {}
+    for pp in (1, 2, 4):
+        e = cm.estimate("actor_gen", Candidate(Layout(2, pp), 1, prompts, 1))
+        (ar,) = [o for o in e.ops if o.term == "prefill" and o.cls is OpClass.ALLREDUCE_INTRA]
+        assert ar.count == pytest.approx(2 * layers / pp * (chunks + pp - 1))
+        gemm[pp] = next(o.ideal_s for o in e.ops if o.name == "prefill GEMMs")
+    if chunks == 1:  # one chunk crosses every block in turn: same GEMM and all-reduce path
+        assert gemm[1] == pytest.approx(gemm[4], rel=1e-9)
+
+
+def test_collectives_are_priced_from_the_one_alpha_beta_table(cm):
+    """``cost.comm`` held a second, scalar copy of the ring formulas that nothing called; the
+    cost model now prices every collective from ``cost.comm``'s tables."""
+    from nereus.cost.comm import STEPS, WIRE_FRACTION
+
+    m, w = cm.job.model, cm.job.workload
+    c = Candidate(Layout(4, 1), 4, 2, 16)
+    e = cm.estimate("actor_train", c)
+    (ar,) = [o for o in e.ops if o.name == "tp allreduce (attention out, mlp out)"]
+    (lat,) = [o for o in e.ops if o.name == "tp allreduce (attention out, mlp out) (latency)"]
+    message = c.micro_batch * w.seq_len_mean * m.hidden_size * w.param_bytes
+    assert ar.bytes == pytest.approx(float(WIRE_FRACTION["allreduce"](np.float64(4))) * message)
+    assert lat.count == pytest.approx(ar.count * float(STEPS["allreduce"](np.float64(4))))
+    from nereus.cost import comm
+    assert not hasattr(comm, "collective")

@@ -22,7 +22,12 @@ from typing import Annotated, Any
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from nereus.cost.efficiency import MIN_EFFICIENCY, Efficiencies, default_efficiency, peak_bound
+from nereus.cost.efficiency import (
+    MIN_EFFICIENCY,
+    Efficiencies,
+    default_efficiency,
+    peak_bound,
+)
 from nereus.cost.estimate import Estimate
 from nereus.cost.ops import OpClass
 from nereus.errors import InputError
@@ -86,8 +91,9 @@ class Calibrator:
 
     def observe_op(self, cls: OpClass, ideal_s: float, measured_s: float) -> None:
         """A measured time of work whose ideal time (at peak) is ``ideal_s``, one op class."""
-        if not (ideal_s > 0 and measured_s > 0):
-            raise InputError("measured_s", "ideal and measured times must be > 0")
+        for name, v in (("ideal_s", ideal_s), ("measured_s", measured_s)):
+            if not v > 0:
+                raise InputError(name, f"must be > 0, got {v}")
         self._add(_Row({cls: float(ideal_s)}, float(measured_s), self._step))
 
     def observe_timed(self, estimate: Estimate, measured: Mapping[OpClass, float]) -> int:
@@ -196,7 +202,7 @@ class Calibrator:
             try:
                 kind = StageKind(k)
             except ValueError:
-                raise InputError("profile.memory_scale", f"unknown stage kind {k!r}",
+                raise InputError(f"profile.memory_scale.{k}", "unknown stage kind",
                                  kinds) from None
             cal._memory[kind] = [float(v)]
         return cal

@@ -58,18 +58,3 @@ class Link(str, Enum):
     INTRA = "intra"  # inside a node: NVLink, Infinity Fabric, loopback
     INTER = "inter"  # across nodes: InfiniBand, Slingshot, Ethernet
 
-
-@dataclass(frozen=True)
-class Links:
-    """Which link each parallel dimension's collectives cross."""
-
-    tp: Link
-    pp: Link
-    dp: Link
-
-    @classmethod
-    def for_candidate(cls, cand: Candidate, node_size: int) -> Links:
-        """Replicas fill nodes in order, TP innermost: a group stays intra-node if it fits one."""
-        def link(n: int) -> Link:
-            return Link.INTRA if n <= node_size else Link.INTER
-        return cls(tp=link(cand.tp), pp=link(cand.layout.size), dp=link(cand.gpus))

@@ -31,13 +31,14 @@ import numpy as np
 
 from nereus.cost import work
 from nereus.cost.candidate import Candidate, Layout
+from nereus.cost.comm import STEPS, WIRE_FRACTION
 from nereus.cost.efficiency import Efficiencies
 from nereus.cost.estimate import HEADROOM, Estimate
-from nereus.cost.ops import Op, OpClass
+from nereus.cost.ops import Op, OpClass, comm_class
 from nereus.spec.job import JobSpec
 from nereus.spec.model import Head
 from nereus.spec.sharding import layout_problem, max_shard_numel
-from nereus.spec.workflow import ModelStage, StageKind
+from nereus.spec.workflow import Execution, ModelStage, StageKind
 
 GiB = 1024**3
 MiB = 1024**2
@@ -52,6 +53,10 @@ PREFILL_CHUNK_TOKENS = 8192
 # Memory traffic of one Adam update on top of the param/grad/master reads and writes: read and
 # write both fp32 moments = 16 bytes per parameter (Kingma & Ba 2015 update rule, counted by hand).
 ADAM_MOMENT_TRAFFIC = 16
+# Bytes per token per vocabulary entry of a TP rank's slice of the LM head output: fp32 logits and
+# one more fp32 tensor of their shape (softmax / log-probs, or their gradient), as Megatron's
+# vocab-parallel cross-entropy keeps them (counted by hand).
+LOGIT_BYTES = 8.0
 
 Arr = np.ndarray
 
@@ -220,10 +225,16 @@ class CostModel:
     def weight_sync(self, train: Layout, gen: Layout) -> Estimate:
         """Per-step resharding of the actor's weights from its training to its generation layout.
 
-        Each generation GPU receives the part of its shard that the training shard on the same
-        GPU does not already hold (the stages are colocated, so the overlap of their shards is
-        local): 1/(tp_g pp_g) - 1/(max(tp) max(pp)) of the weights. Communicators for it are
-        created once per layout pair, not per step.
+        Synchronous execution colocates the two stages (the phases take turns on the pool), so
+        the overlap of a GPU's training and generation shards is local and each generation GPU
+        receives the rest: 1/(tp_g pp_g) - 1/(max(tp) max(pp)) of the weights, over the node's
+        fabric when both layouts fit in a node. Asynchronous execution runs generation on GPUs
+        disjoint from training (``plan.validate`` checks it), so nothing is local: each
+        generation GPU receives its whole shard, 1/(tp_g pp_g) of the weights, over the network
+        unless the whole pool sits in one node. The estimate depends on the two layouts and the
+        job (its execution mode and pool), never on where the stages are placed, so the search
+        can price it per layout pair. Communicators for it are created once per layout pair,
+        not per step.
         """
         hit = self._sync.get((train, gen))
         if hit is None:
@@ -235,12 +246,16 @@ class CostModel:
         name = f"weight_sync[{train}->{gen}]"
         cand = Candidate(gen, 1, 1, 1)
         full = m.param_count(Head.LM) * w.param_bytes
-        need = max(0.0, full / gen.size
-                   - full / (max(gen.tp, train.tp) * max(gen.pp, train.pp)))
+        intra = gen.size <= self.node_size and train.size <= self.node_size
+        if self.job.workflow.execution is Execution.ASYNC:
+            need = full / gen.size
+            intra = intra and len(self.job.pool.by_node()) == 1
+        else:
+            need = max(0.0, full / gen.size
+                       - full / (max(gen.tp, train.tp) * max(gen.pp, train.pp)))
         if self.job.workflow.weight_sync() is None or need <= 0:
             notes = ("generation shards already resident: no weight movement",) if need <= 0 else ()
             return Estimate(name, cand, (), self.eff, {}, 0, dev.memory_bytes, notes)
-        intra = gen.size <= self.node_size and train.size <= self.node_size
         n = max(2, train.size)
         rows = _collective("allgather", n, [need * n / (n - 1)], intra, self.device,
                            "weight_sync", "reshard actor weights (train->gen)", 1.0)
@@ -372,7 +387,8 @@ class CostModel:
         stored = layers * tok_m * m.hidden_size * w.param_bytes   # layer inputs (recompute)
         first = np.where(rc, in_flight * stored + tok_m * per_tok, in_flight * layers * tok_m * per_tok)
         last = np.where(rc, stored + tok_m * per_tok, layers * tok_m * per_tok)
-        logits = 8.0 * tok_m * m.vocab_size / cols.tp if self._head(st) is Head.LM else 0.0 * tok_m
+        logits = (LOGIT_BYTES * tok_m * m.vocab_size / cols.tp if self._head(st) is Head.LM
+                  else 0.0 * tok_m)
         memory = {
             "parameters": cols.numel * w.param_bytes,
             "gradients": cols.numel * w.grad_bytes,
@@ -398,7 +414,8 @@ class CostModel:
         ws = work.layer_forward_workspace_bytes(m, w.param_bytes)
         live = (ws.replicated + ws.split / cols.tp) * tok_m
         boundary = 2.0 * np.minimum(cols.pp, cols.a) * tok_m * m.hidden_size * w.param_bytes
-        logits = 8.0 * tok_m * m.vocab_size / cols.tp if self._head(st) is Head.LM else 0.0 * tok_m
+        logits = (LOGIT_BYTES * tok_m * m.vocab_size / cols.tp if self._head(st) is Head.LM
+                  else 0.0 * tok_m)
         memory = {
             "parameters": cols.numel * w.param_bytes,
             "activations": live + boundary + logits,
@@ -448,7 +465,9 @@ class CostModel:
         rows = [Row("prefill", "prefill GEMMs", OpClass.GEMM, one, gemm, zero, gemm / dev.peak_flops),
                 Row("prefill", "prefill attention", OpClass.ATTENTION, one, attn, zero,
                     attn / dev.peak_flops)]
-        rows += self._tp(st, cols, p_tokens / chunks, 2.0 * one, chunks, "prefill", 0)
+        # each of those block turns all-reduces twice per layer of the block, like its GEMMs
+        rows += self._tp(st, cols, p_tokens / chunks, 2.0 * one, chunks + cols.pp - 1,
+                         "prefill", 0)
         rows += self._pp(cols, p_tokens / chunks, chunks + cols.pp - 1, "prefill")
 
         # decode: iterations of the running batch; a token crosses all pp blocks in turn, and
@@ -500,18 +519,13 @@ class CostModel:
         return tuple(notes)
 
 
-_WIRE = {"allreduce": lambda n: 2 * (n - 1) / n, "allgather": lambda n: (n - 1) / n,
-         "broadcast": lambda n: np.ones_like(n), "p2p": lambda n: np.ones_like(n)}
-_HOPS = {"allreduce": lambda n: 2 * (n - 1), "allgather": lambda n: n - 1,
-         "broadcast": lambda n: n - 1, "p2p": lambda n: np.ones_like(n)}
-
-
 def _collective(kind: str, n: Arr | float, nbytes: Arr | float, intra: Arr | bool, device,
                 term: str, name: str, count: Arr | float) -> list[Row]:
     """``count`` ring collectives among ``n`` ranks (alpha-beta model); zero where n == 1.
 
     all-reduce moves 2(n-1)/n of the message per rank in 2(n-1) steps, all-gather (n-1)/n in
-    n-1 steps, broadcast (pipelined) about the whole message in n-1 hops, p2p one message.
+    n-1 steps, broadcast (pipelined) about the whole message in n-1 hops, p2p one message
+    (``nereus.cost.comm``'s tables).
     Two rows: the bytes over the link bandwidth (class ``<kind>.<link>``) and the per-step
     latency (class ``latency.<link>``), so calibration learns bandwidth and latency apart:
     decode all-reduces are latency-bound, training ones bandwidth-bound.
@@ -522,8 +536,8 @@ def _collective(kind: str, n: Arr | float, nbytes: Arr | float, intra: Arr | boo
     active = n > 1
     safe = np.where(active, n, 2.0)
     zero = np.zeros(shape)
-    wire = np.where(active, _WIRE[kind](safe) * nbytes, 0.0)
-    hops = np.where(active, _HOPS[kind](safe), 0.0)
+    wire = np.where(active, WIRE_FRACTION[kind](safe) * nbytes, 0.0)
+    hops = np.where(active, STEPS[kind](safe), 0.0)
     bw = np.where(intra, device.intra_node_bw, device.inter_node_bw)
     lat = np.where(intra, device.intra_latency_s, device.inter_latency_s)
     if wire.shape != shape:
@@ -539,4 +553,4 @@ def _collective(kind: str, n: Arr | float, nbytes: Arr | float, intra: Arr | boo
                 steps * lat, OpClass.LATENCY_INTER, intra, (cls_intra, cls_inter))]
 
 
-_CLASSES = {k: (OpClass(f"{k}.intra"), OpClass(f"{k}.inter")) for k in _WIRE}
+_CLASSES = {k: (comm_class(k, True), comm_class(k, False)) for k in WIRE_FRACTION}
