@@ -77,3 +77,52 @@ def test_missing_degrees_default_to_one_and_plan_json_keys_are_accepted():
                                                "peak_mem_bytes": 10}], "step_latency_s": 3.0,
                                    "fits": True, "problems": [], "groups": []})
     assert specs == {"x": StageLayoutSpec(1, 1, 4)}
+
+
+@pytest.mark.parametrize("shape,prefix", [
+    ("top", "evaluate.actor_train"),
+    ("mapping", "evaluate.stages.actor_train"),
+    ("list", "evaluate.stages.4"),
+])
+@pytest.mark.parametrize("change,leaf", [
+    ({"dp": 3}, "dp"),                              # does not divide the batch of 128
+    ({"tp": 3}, "tp"),                              # does not divide the heads
+    ({"pp": 3}, "pp"),                              # does not divide the 32 layers
+    ({"micro_batch": 3}, "micro_batch"),            # does not divide 64 per replica
+    ({"grad_accum": 3}, "grad_accum"),
+    ({"micro_batch": 4, "grad_accum": 4}, "grad_accum"),
+])
+def test_pricing_errors_name_the_field_where_the_file_has_it(shape, prefix, change, leaf):
+    """A plan JSON lists stages by index: its errors named ``evaluate.actor_train.dp``, a
+    field the file does not have, and a bad tp or pp named only the stage."""
+    data = {k: dict(v) for k, v in LAYOUT.items()}
+    data["actor_train"].update(change)
+    raw = {"top": data, "mapping": {"stages": data},
+           "list": {"stages": [{"name": k, **v} for k, v in data.items()]}}[shape]
+    with pytest.raises(InputError) as e:
+        evaluate_plan(JOB, layout_spec_from_data(raw))
+    assert e.value.field == f"{prefix}.{leaf}"
+    assert e.value.allowed or leaf in ("tp", "pp")
+
+
+def test_async_layouts_without_gpu_ids_put_generation_on_gpus_of_its_own():
+    """Missing GPU ids were laid from GPU 0 for every stage, so any asynchronous layout given
+    without ids failed validation (generation shared GPUs with training)."""
+    from nereus.plan.validate import validate_plan
+    from nereus.spec import parse_job
+
+    job = parse_job({"model": "llama-3.1-8b", "algo": "grpo", "execution": "async", "gpus": 16,
+                     "workload": {"response_len": 2048, "prompts_per_step": 256}})
+    layout = {"actor_gen": {"tp": 2, "pp": 1, "dp": 4},
+              "reference_infer": {"tp": 1, "pp": 1, "dp": 8},
+              "reward_infer": {"tp": 1, "pp": 1, "dp": 8},
+              "actor_train": {"tp": 4, "pp": 1, "dp": 2}}
+    plan = evaluate_plan(job, layout_spec_from_data(layout))
+    assert validate_plan(job, plan) == []
+    gen = set(plan.stage("actor_gen").gpus)
+    assert gen == set(range(8))
+    assert not gen & set(plan.stage("actor_train").gpus)
+    layout["actor_train"]["dp"] = 4  # 16 GPUs: more than generation leaves
+    with pytest.raises(InputError, match="generation leaves 8") as e:
+        evaluate_plan(job, layout_spec_from_data(layout))
+    assert e.value.field == "evaluate.actor_train"

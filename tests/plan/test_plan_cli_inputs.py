@@ -47,7 +47,8 @@ def _one_line_error(args: list[str], field: str) -> str:
     ("actor_train", {"micro_batch": 3}, "evaluate.actor_train.micro_batch"),
     ("actor_train", {"micro_batch": 4, "grad_accum": 4}, "evaluate.actor_train.grad_accum"),
     ("actor_train", {"dp": 3}, "evaluate.actor_train.dp"),
-    ("actor_train", {"tp": 3}, "evaluate.actor_train"),
+    ("actor_train", {"tp": 3}, "evaluate.actor_train.tp"),
+    ("actor_train", {"pp": 3}, "evaluate.actor_train.pp"),
     ("actor_train", {"tpp": 2}, "evaluate.actor_train.tpp"),
     ("actor_train", {"name": "critic_train"}, "evaluate.actor_train.name"),
 ])
@@ -190,7 +191,7 @@ def test_hf_config_folder_plans_and_its_window_is_checked(tmp_path):
 
 @pytest.mark.parametrize("profile,field", [
     ('{"memory_scale": [1]}', "profile.memory_scale"),
-    ('{"memory_scale": {"foo": 1}}', "profile.memory_scale"),
+    ('{"memory_scale": {"foo": 1}}', "profile.memory_scale.foo"),
     ('{"memory_scale": {"train": Infinity}}', "profile.memory_scale.train"),
     ('{"efficiency": {"gemm": [1]}}', "profile.efficiency.gemm"),
     ('{"efficiency": {"gemm": "abc"}}', "profile.efficiency.gemm"),

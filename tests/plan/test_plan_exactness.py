@@ -80,3 +80,43 @@ def test_divisors_are_exact_and_ordered():
         assert _divisors(n) == [d for d in range(1, n + 1) if n % d == 0]
     big = _divisors(720_720)  # 2^4 3^2 5 7 11 13: 240 divisors
     assert len(big) == 240 and big == sorted(big) and all(720_720 % d == 0 for d in big)
+
+
+def test_async_search_prices_the_full_shard_sync_and_stays_exact():
+    """Asynchronous generation on GPUs of its own: the plan's weight-sync term is the whole
+    generation shard over the network, the step is max(gen, inference + training) + sync,
+    and the search still equals brute force (the sync depends on the layouts only)."""
+    from dataclasses import replace
+
+    from nereus.cost.model import CostModel
+    from nereus.cost.ops import OpClass
+    from nereus.plan.bruteforce import brute_force_latency
+    from nereus.spec.model import Head
+
+    job = parse_job({"model": "llama-3.1-8b", "algo": "grpo", "execution": "async", "gpus": 16,
+                     "cluster": {"devices_per_node": 8},
+                     "workload": {"response_len": 2048, "prompts_per_step": 256}})
+    plan = Planner(job).best()
+    assert validate_plan(job, plan) == []
+    gen, train = plan.stage("actor_gen").layout, plan.stage("actor_train").layout
+    sync = CostModel(job).weight_sync(train, gen)
+    full = job.model.param_count(Head.LM) * job.workload.param_bytes
+    (wire,) = [o for o in sync.ops if o.cls is OpClass.ALLGATHER_INTER]
+    assert wire.bytes == pytest.approx(full / gen.size, rel=1e-12)
+    assert sync.latency_s > 0
+    assert plan.terms["weight_sync"] == pytest.approx(sync.latency_s, rel=1e-12)
+    t = plan.terms
+    assert plan.step_latency_s == pytest.approx(
+        max(t["generation"], t["inference"] + t["training"]) + t["weight_sync"], rel=1e-9)
+
+    small = parse_job({"model": "tiny-llama", "algo": "grpo", "execution": "async", "gpus": 4,
+                       "cluster": {"device": "cpu", "devices_per_node": 2,
+                                   "device_memory_gib": 0.2},
+                       "workload": {"prompts_per_step": 4, "prompt_len": 16,
+                                    "response_len": 256, "ppo_mini_batches": 2}})
+    keep = ("actor_gen", "reference_infer", "actor_train")
+    small = replace(small, workflow=replace(small.workflow, stages=tuple(
+        s for s in small.workflow.stages if s.name in keep)))
+    best = Planner(small).best()
+    assert best.terms["weight_sync"] > 0
+    assert best.step_latency_s == pytest.approx(brute_force_latency(small), rel=1e-9)

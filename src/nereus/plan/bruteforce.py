@@ -11,12 +11,12 @@ from __future__ import annotations
 import itertools
 import math
 
+import networkx as nx
+
 from nereus.cost.candidate import Candidate
 from nereus.cost.estimate import HEADROOM
 from nereus.cost.model import CostModel
 from nereus.plan.candidates import enumerate_candidates
-import networkx as nx
-
 from nereus.plan.overlap import END, SYNC, overlap_graph
 from nereus.plan.search import set_partitions
 from nereus.spec.job import JobSpec

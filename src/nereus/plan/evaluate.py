@@ -1,15 +1,18 @@
 """Score a plan a user runs today (their verl or NeMo RL layout) with the same cost model.
 
 The user gives tp/pp/dp per model-stage, and optionally GPU ids, micro-batch, accumulation and
-recomputation. Missing GPU ids are filled the way colocated frameworks run: every stage of a
-phase on the same GPUs from the start of the pool. Missing (b, a, recompute) take the fastest
-choice that fits. Stages of a phase whose GPUs overlap share them and run one after another.
+recomputation. Missing GPU ids are filled the way frameworks run: colocated (synchronous), every
+stage of a phase on the same GPUs from the start of the pool; asynchronous, generation from the
+start of the pool and the other stages on the GPUs generation leaves (they must be disjoint).
+Missing (b, a, recompute) take the fastest choice that fits. Stages of a phase whose GPUs overlap
+share them and run one after another.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from dataclasses import field as dc_field
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -30,7 +33,7 @@ from nereus.plan.types import (
 )
 from nereus.spec.job import JobSpec
 from nereus.spec.sharding import layout_problem
-from nereus.spec.workflow import StageKind
+from nereus.spec.workflow import Execution, Phase, StageKind
 
 
 @dataclass(frozen=True)
@@ -42,6 +45,9 @@ class StageLayoutSpec:
     micro_batch: int | None = None
     grad_accum: int | None = None
     recompute: bool | None = None
+    # where the stage sits in the file (``evaluate.stages.3``): errors found while pricing it
+    # name this path; empty for layouts built in code (then ``evaluate.<model-stage>``)
+    where: str = dc_field(default="", compare=False)
 
 
 class _LayoutStage(BaseModel):
@@ -71,7 +77,7 @@ class _LayoutStage(BaseModel):
                                  "one list of tp x pp GPU ids per DP replica, no GPU twice")
             replicas = tuple(tuple(r) for r in self.gpus)
         return StageLayoutSpec(self.tp, self.pp, self.dp, replicas, self.micro_batch,
-                               self.grad_accum, self.recompute)
+                               self.grad_accum, self.recompute, field)
 
 
 def load_layout_spec(path: str | Path) -> dict[str, StageLayoutSpec]:
@@ -119,33 +125,40 @@ def _stage(field: str, raw: Any, name: str) -> StageLayoutSpec:
     return f.to_spec(field)
 
 
+def _where(name: str, spec: StageLayoutSpec) -> str:
+    return spec.where or f"evaluate.{name}"
+
+
 def _choose(cost: CostModel, name: str, spec: StageLayoutSpec) -> Candidate:
     st = cost.job.workflow.stage(name)
     batch = cost.stage_batch(st)
     layout = Layout(spec.tp, spec.pp)
+    at = _where(name, spec)
     why = layout_problem(cost.job.model, spec.tp, spec.pp)
     if why:
-        raise InputError(f"evaluate.{name}", why)
+        bad = "pp" if cost.job.model.num_layers % spec.pp else "tp"
+        raise InputError(f"{at}.{bad}", why)
     if batch % spec.dp:
-        raise InputError(f"evaluate.{name}.dp", f"dp={spec.dp} does not divide the stage's batch "
-                         f"of {batch} sequences")
+        raise InputError(f"{at}.dp", f"dp={spec.dp} does not divide the stage's batch "
+                         f"of {batch} sequences", "a divisor of the stage's batch")
     per = batch // spec.dp
     if st.kind is StageKind.GENERATE:
         return Candidate(layout, spec.dp, per, 1)
     if spec.micro_batch:
         b = spec.micro_batch
         if per % b:
-            raise InputError(f"evaluate.{name}.micro_batch", f"{b} does not divide the "
-                             f"{per} sequences per replica (batch {batch} / dp {spec.dp})")
+            raise InputError(f"{at}.micro_batch", f"{b} does not divide the "
+                             f"{per} sequences per replica (batch {batch} / dp {spec.dp})",
+                             "a divisor of the sequences per replica")
         a = spec.grad_accum or per // b
         if spec.dp * b * a != batch:
-            raise InputError(f"evaluate.{name}.grad_accum",
+            raise InputError(f"{at}.grad_accum",
                              f"dp x b x a = {spec.dp}x{b}x{a} != batch {batch}", [per // b])
         shapes = [(b, a)]
     elif spec.grad_accum:  # b follows from a: dp x b x a = batch
         a = spec.grad_accum
         if per % a:
-            raise InputError(f"evaluate.{name}.grad_accum", f"{a} does not divide the {per} "
+            raise InputError(f"{at}.grad_accum", f"{a} does not divide the {per} "
                              f"sequences per replica (batch {batch} / dp {spec.dp})",
                              "a divisor of the sequences per replica")
         shapes = [(per // a, a)]
@@ -176,10 +189,23 @@ def evaluate_plan(job: JobSpec, specs: Mapping[str, StageLayoutSpec],
     replicas: dict[str, tuple[tuple[int, ...], ...]] = {}
     for name, c in cands.items():
         if c.gpus > job.pool.size:
-            raise InputError(f"evaluate.{name}", f"needs {c.gpus} GPUs, the pool has "
-                             f"{job.pool.size}")
-        given = specs[name].gpus
-        replicas[name] = given if given else contiguous_replicas(0, job.pool.ids, c)
+            raise InputError(_where(name, specs[name]), f"needs {c.gpus} GPUs (tp x pp x dp), "
+                             f"the pool has {job.pool.size}")
+    # asynchronous generation runs on GPUs of its own: place it first, the rest beside it
+    first = (Phase.GENERATION,) if wf.execution is Execution.ASYNC else ()
+    taken: set[int] = set()
+    for name in sorted(cands, key=lambda n: wf.stage(n).phase not in first):
+        c, given = cands[name], specs[name].gpus
+        ids = job.pool.ids
+        if first and wf.stage(name).phase not in first:
+            ids = tuple(g for g in ids if g not in taken)
+            if not given and c.gpus > len(ids):
+                raise InputError(_where(name, specs[name]), f"needs {c.gpus} GPUs (tp x pp x "
+                                 f"dp); asynchronous generation leaves {len(ids)} of the "
+                                 f"pool's {job.pool.size}")
+        replicas[name] = given if given else contiguous_replicas(0, ids, c)
+        if wf.stage(name).phase in first:
+            taken |= {g for r in replicas[name] for g in r}
     # stages of one phase that share GPUs form a group (serialized on those GPUs)
     groups: list[tuple[str, ...]] = []
     for phase in wf.phases:

@@ -13,14 +13,15 @@ Structure of the search (all of it exact under the cost model):
    generation layouts, so the search conditions on the training layout (a handful) and adds
    each generation candidate's sync cost under it. In asynchronous execution generation runs on
    GPUs disjoint from inference and training, and the interval is max(gen, inf + train) + sync.
+   The sync cost depends on the two layouts and the job (execution mode, pool) only, never on
+   placement (``CostModel.weight_sync``), which is what keeps this decomposition exact.
 """
 
 from __future__ import annotations
 
 import heapq
 import math
-
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -247,15 +248,9 @@ class Planner:
         self.cost = cost or CostModel(job, efficiencies)
         self.limit = HEADROOM * self.cost.device.memory_bytes
         self.spread = spread and spans_nodes(job.pool)
-        keep = None
-        if self.spread:
-            node = job.pool.largest_node_share()
-
-            def keep(c: Candidate) -> bool:
-                return c.dp >= 2 and c.layout.size <= node
         self.options: dict[str, StageOptions] = {}
         for st in job.workflow.stages:
-            opts, ev = stage_options(self.cost, st, job.pool.size, keep=keep)
+            opts, ev = stage_options(self.cost, st, job.pool.size, keep=self._keep())
             if not len(opts):
                 if self.spread:
                     raise InfeasibleError(
@@ -263,6 +258,13 @@ class Planner:
                         f"that fits on {job.pool.size} GPUs (estimated)")
                 raise _fits_nowhere(self.cost, st, ev)
             self.options[st.name] = opts
+
+    def _keep(self) -> Callable[[Candidate], bool] | None:
+        """Under ``spread``, only candidates of two or more replicas that each fit in a node."""
+        if not self.spread:
+            return None
+        node = self.job.pool.largest_node_share()
+        return lambda c: c.dp >= 2 and c.layout.size <= node
 
     # ---- search ----
     def search(self) -> SearchResult:
@@ -383,15 +385,10 @@ class Planner:
 
     def _best_placeable(self) -> Plan:
         wf = self.job.workflow
-        keep = None
-        if self.spread:
-            node = self.job.pool.largest_node_share()
-
-            def keep(c: Candidate) -> bool:
-                return c.dp >= 2 and c.layout.size <= node
         base = {}
         for st in wf.stages:
-            opts, _ = stage_options(self.cost, st, self.job.pool.size, keep=keep, by_layout=True)
+            opts, _ = stage_options(self.cost, st, self.job.pool.size, keep=self._keep(),
+                                    by_layout=True)
             base[st.name] = opts
         heap: list[tuple[float, int, dict[str, StageOptions], SearchResult]] = []
         count = 0
