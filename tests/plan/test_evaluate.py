@@ -126,3 +126,26 @@ def test_async_layouts_without_gpu_ids_put_generation_on_gpus_of_its_own():
     with pytest.raises(InputError, match="generation leaves 8") as e:
         evaluate_plan(job, layout_spec_from_data(layout))
     assert e.value.field == "evaluate.actor_train"
+
+
+def test_micro_batch_and_recompute_are_chosen_beside_the_stages_sharing_the_gpus():
+    """Actor and critic training share 8 GPUs; without recomputation each fits alone but not
+    beside the other's resident state. The choice must count that state, as the plan's peak
+    does: the plan fits with recomputation (before, it chose none and overflowed at 72.1 GiB,
+    which left the controller no in-place move and forced a restart)."""
+    from nereus.cost.estimate import HEADROOM
+    from nereus.spec import parse_job
+
+    job = parse_job({"model": "llama-3.1-8b", "algo": "ppo", "gpus": 8,
+                     "cluster": {"device": "h100-sxm-80gb", "devices_per_node": 8},
+                     "workload": {"prompts_per_step": 512, "prompt_len": 512,
+                                  "ppo_mini_batches": 4, "response_len": 4328,
+                                  "response_len_max": 6789}})
+    specs = {"actor_gen": StageLayoutSpec(4, 1, 2), "reference_infer": StageLayoutSpec(1, 1, 8),
+             "reward_infer": StageLayoutSpec(1, 8, 1), "critic_infer": StageLayoutSpec(1, 8, 1),
+             "actor_train": StageLayoutSpec(2, 2, 2), "critic_train": StageLayoutSpec(2, 4, 1)}
+    plan = evaluate_plan(job, specs)
+    assert ("actor_train", "critic_train") in plan.groups
+    cap = HEADROOM * job.cluster.device.memory_bytes
+    assert all(sp.peak_mem_bytes <= cap for sp in plan.stages)
+    assert plan.stage("actor_train").candidate.recompute

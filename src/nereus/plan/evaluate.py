@@ -129,7 +129,8 @@ def _where(name: str, spec: StageLayoutSpec) -> str:
     return spec.where or f"evaluate.{name}"
 
 
-def _choose(cost: CostModel, name: str, spec: StageLayoutSpec) -> Candidate:
+def _options(cost: CostModel, name: str, spec: StageLayoutSpec) -> list[Candidate]:
+    """The (b, a, recompute) choices ``spec`` leaves open, all on its layout and dp."""
     st = cost.job.workflow.stage(name)
     batch = cost.stage_batch(st)
     layout = Layout(spec.tp, spec.pp)
@@ -143,7 +144,7 @@ def _choose(cost: CostModel, name: str, spec: StageLayoutSpec) -> Candidate:
                          f"of {batch} sequences", "a divisor of the stage's batch")
     per = batch // spec.dp
     if st.kind is StageKind.GENERATE:
-        return Candidate(layout, spec.dp, per, 1)
+        return [Candidate(layout, spec.dp, per, 1)]
     if spec.micro_batch:
         b = spec.micro_batch
         if per % b:
@@ -166,10 +167,15 @@ def _choose(cost: CostModel, name: str, spec: StageLayoutSpec) -> Candidate:
         shapes = [(b, per // b) for b in (1, 2, 4, 8, 16) if per % b == 0]
     rcs = [spec.recompute] if spec.recompute is not None else (
         [False, True] if st.kind is StageKind.TRAIN else [False])
-    options = [Candidate(layout, spec.dp, b, a, bool(rc)) for b, a in shapes for rc in rcs]
-    fitting = [c for c in options if cost.estimate(st, c).fits]
-    pool = fitting or options
-    return min(pool, key=lambda c: cost.estimate(st, c).latency_s)
+    return [Candidate(layout, spec.dp, b, a, bool(rc)) for b, a in shapes for rc in rcs]
+
+
+def _choose(cost: CostModel, name: str, options: list[Candidate], idle: int) -> Candidate:
+    """The fastest option that fits beside ``idle`` bytes of the stages sharing its GPUs (the
+    fastest of all if none does: the plan then reports the overflow)."""
+    est = {c: cost.estimate(name, c, idle) for c in options}
+    fitting = [c for c in options if est[c].fits]
+    return min(fitting or options, key=lambda c: est[c].latency_s)
 
 
 def evaluate_plan(job: JobSpec, specs: Mapping[str, StageLayoutSpec],
@@ -185,7 +191,10 @@ def evaluate_plan(job: JobSpec, specs: Mapping[str, StageLayoutSpec],
     if extra:
         raise InputError(f"evaluate.{extra[0]}", "not a model-stage of this job",
                          [s.name for s in wf.stages])
-    cands = {s.name: _choose(cost, s.name, specs[s.name]) for s in wf.stages}
+    # every option of a stage has the same layout and dp, so the same GPUs: place with the
+    # first, and choose (b, a, recompute) once the stages that share its GPUs are known
+    opts = {s.name: _options(cost, s.name, specs[s.name]) for s in wf.stages}
+    cands = {n: o[0] for n, o in opts.items()}
     replicas: dict[str, tuple[tuple[int, ...], ...]] = {}
     for name, c in cands.items():
         if c.gpus > job.pool.size:
@@ -226,9 +235,10 @@ def evaluate_plan(job: JobSpec, specs: Mapping[str, StageLayoutSpec],
             groups.append(tuple(grp))
     stage_plans = []
     latency: dict[str, float] = {}
-    for name, c in cands.items():
+    for name in list(cands):
         grp = next(g for g in groups if name in g)
         idle = sum(cost.resident_bytes(o, cands[o].layout) for o in grp if o != name)
+        c = cands[name] = _choose(cost, name, opts[name], idle)
         est = cost.estimate(name, c, idle)
         latency[name] = est.latency_s
         stage_plans.append(StagePlan(name, c, replicas[name], est.latency_s, est.peak_mem_bytes))
