@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import ClassVar, Union
+from typing import ClassVar, NamedTuple, Union
 
 from nereus.cost.candidate import Layout
 from nereus.spec.model import ModelSpec
@@ -49,9 +49,9 @@ class Transfer:
     bytes: int
 
 
-@dataclass(frozen=True)
-class MemStep:
-    """Bytes of a primitive's own units on one GPU before, at the peak during, and after it."""
+class MemStep(NamedTuple):
+    """Bytes of a primitive's own units on one GPU before, at the peak during, and after it.
+    A named tuple: schedulers unpack millions of them."""
 
     before: int
     during: int

@@ -112,38 +112,33 @@ class _Problem:
         touch: defaultdict[int, list[int]] = defaultdict(list)  # GPU -> its primitives, in order
         extras: defaultdict[int, int] = defaultdict(int)        # GPU -> sum of positive extras
         for i in order:
-            for g, st in memory[i].items():
+            for g, (before, during, _) in memory[i].items():
                 touch[g].append(i)
-                x = st.during - st.before
-                if x > 0:
-                    extras[g] += x
-        rid: dict[int, int] = {}
+                if during > before:
+                    extras[g] += during - before
+        # each primitive's resources, filled per resource from its GPUs' primitive lists
+        # (far fewer entries than (primitive, GPU) pairs); the order within a list does not
+        # change a schedule, only which busy resource a blocked primitive watches first
+        res: list[list[int]] = [[] for _ in range(n)]
+        steps: list[list[tuple[int, int, int]]] = [[] for _ in range(n)]
         by_sig: dict[tuple[int, ...], int] = {}
-        tracked: list[int] = []  # GPUs where memory may bind
         initial: list[int] = []
         for g, lst in touch.items():
-            if init.get(g, 0) + extras.get(g, 0) > cap:
-                rid[g] = len(initial)
-                initial.append(init.get(g, 0))
-                tracked.append(g)
+            b0 = init.get(g, 0)
+            if b0 + extras.get(g, 0) > cap:  # memory may bind: a resource of its own
+                r = len(initial)
+                initial.append(b0)
+                for i in lst:
+                    res[i].append(r)
+                    b, d, a = memory[i][g]
+                    steps[i].append((r, d - b, a - b))
                 continue
             sig = tuple(lst)
-            r = by_sig.get(sig)
-            if r is None:
+            if sig not in by_sig:
                 r = by_sig[sig] = len(initial)
                 initial.append(0)
-            rid[g] = r
-        # resources in the order of their first GPU (so a blocked primitive waits on the same
-        # one as it would GPU by GPU)
-        find = rid.__getitem__
-        res = [list(dict.fromkeys(map(find, m))) for m in memory]
-        steps: list[list[tuple[int, int, int]]] = [[] for _ in range(n)]
-        for g in tracked:
-            r = rid[g]
-            for i in touch[g]:
-                st = memory[i][g]
-                b = st.before
-                steps[i].append((r, st.during - b, st.after - b))
+                for i in lst:
+                    res[i].append(r)
         return cls(dur, succ, npred, order, res, steps, initial, cap, dag.primitives,
                    sum(len(m) for m in memory))
 
