@@ -154,7 +154,10 @@ def test_not_enough_memory_is_infeasible_and_names_gpus_and_stages() -> None:
     tgt = Plan((sp("actor_train", 1, 2, [[0, 1]]),))
     s = plan_transition(job, cur, tgt)
     assert not s.feasible
-    assert "actor_train" in s.reason and "GPU 0" in s.reason and "GiB" in s.reason
+    # the Split alone outgrows every GPU it runs on, so no order helps, and sizes this small
+    # are in MiB (they printed as "0.0 GiB")
+    assert "actor_train" in s.reason and "GPUs 0-3" in s.reason and "MiB" in s.reason
+    assert "Split needs" in s.reason and "by itself" in s.reason
 
 
 def test_bad_plan_pairs_are_input_errors() -> None:
@@ -187,3 +190,57 @@ def test_changing_state_that_does_not_fit_at_once_is_infeasible_up_front() -> No
         s = plan_transition(job, cur, one)
         assert s.feasible, s.reason
         assert validate(job, cur, one, s) == []
+
+
+def test_a_split_too_big_for_any_gpu_is_named_as_such() -> None:
+    """The 8B actor's training state from (tp=2, pp=2) to (tp=4, pp=1) goes through (2, 1)
+    units: the Split holds a 26.2 GiB source shard and a 52.4 GiB new one on each GPU, more
+    than the 72 GiB an H100 may hold even with nothing else on it, so no order of the
+    transition helps (``nereus transition`` of the 8B PPO example from 16 to 24 GPUs). The
+    reason says that, not that some Destroy failed to free the GPUs."""
+    job = job8b(24)
+    cur = Plan((sp("actor_train", 2, 2, [range(8, 12), range(12, 16)]),))
+    tgt = Plan((sp("actor_train", 4, 1, [range(8, 12), range(12, 16), range(16, 20),
+                                         range(20, 24)]),))
+    s = plan_transition(job, cur, tgt)
+    assert not s.feasible
+    assert "actor_train" in s.reason and "GPUs 8-15" in s.reason
+    assert "Split needs up to 78.5 GiB" in s.reason and "by itself" in s.reason
+    assert "72.0 GiB" in s.reason and "no Destroy" not in s.reason
+
+
+def test_a_replay_stuck_in_the_papers_order_tries_the_stuck_primitive_first() -> None:
+    """GPU 0 may hold 4.0 MB. In stage order the actor's generation Split (a (1, 1) piece it
+    keeps: 0.21 -> 0.41 MB for good) runs before the actor's training Split (+2.9 MB until
+    its Merge shrinks it back), and then the training Split no longer fits (4.12 MB) while
+    nothing is left to destroy. Training first fits (3.91 MB, then 1.40 MB): the replay that
+    got stuck is run again with the stuck Split promoted."""
+    job = tiny_job(4, memory_gib=4.0e6 / 0.9 / 2**30)
+    cur = Plan((sp("actor_gen", 1, 2, [[0, 1]]), sp("actor_train", 1, 4, [[0, 1, 2, 3]])))
+    tgt = Plan((sp("actor_gen", 1, 1, [[0], [1]]), sp("actor_train", 4, 1, [[0, 1, 2, 3]])))
+    s = plan_transition(job, cur, tgt)
+    assert s.feasible, s.reason
+    assert validate(job, cur, tgt, s) == []
+    first = {p.stage: p.start_s for p in reversed(s.primitives) if p.op == "Split"}
+    assert first["actor_train"] < first["actor_gen"]
+    assert max(max(b for _, b in steps) for steps in s.memory.values()) > 3.9e6
+
+
+def test_units_no_primitive_reads_stay_offloaded() -> None:
+    """The reward model drops its replica on GPU 1 and keeps the one on GPU 0 as it is; the
+    actor's training state is split onto GPU 0 (4.32 MB there while it runs; a GPU holds
+    4.5 MB). Between phases idle state is offloaded, and nothing in this transition reads
+    either reward unit, so neither is loaded: counting the kept one (0.38 MB on GPU 0) made
+    the move infeasible."""
+    job = tiny_job(4, memory_gib=4.5e6 / 0.9 / 2**30)
+    cur = Plan((sp("reward_infer", 1, 1, [[0], [1]]), sp("actor_train", 2, 1, [[0, 1]])))
+    tgt = Plan((sp("reward_infer", 1, 1, [[0]]), sp("actor_train", 1, 1, [[0]])))
+    dag, cost = transition_dag(job, cur, tgt)
+    assert dag.feasible, dag.problem
+    train = cost.sizes.of(dag.initial["actor_train"][0])
+    assert dag.initial_bytes == {0: train[0], 1: train[1]}  # no reward bytes anywhere
+    drop = next(i for i, p in enumerate(dag.primitives) if p.stage == "reward_infer")
+    assert isinstance(dag.primitives[drop], Destroy)
+    assert all(m == (0, 0, 0) for m in dag.memory[drop].values())
+    s = plan_transition(job, cur, tgt)
+    assert validate(job, cur, tgt, s) == []

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 
+from nereus.cost.candidate import Layout
 from nereus.plan.types import Plan
+from nereus.transition.cost import Duration
+from nereus.transition.emu import Emu, Holds
 from nereus.transition.planner import plan_transition
+from nereus.transition.primitives import Destroy, Extend, Primitive, Split
 from nereus.transition.schedule import Schedule, ScheduledPrimitive
 from nereus.transition.validate import validate
 
@@ -118,3 +123,109 @@ def test_a_split_that_breaks_the_nesting_contract_is_caught() -> None:
     object.__setattr__(bad, "outputs", tuple(reversed(split.outputs)))
     prims = tuple(replace(p, primitive=bad) if p.primitive is split else p for p in s.primitives)
     assert any("nesting mapping" in e for e in validate(job, cur, tgt, replace(s, primitives=prims)))
+
+
+def appended(s: Schedule, steps: list[tuple[Primitive, float]]) -> Schedule:
+    """The schedule with ``steps`` (primitive, seconds) run one after another at its end."""
+    prims = list(s.primitives)
+    t = s.estimated_s
+    for p, secs in steps:
+        deps = (len(prims) - 1,) if prims else ()
+        prims.append(ScheduledPrimitive(len(prims), p, t, t + secs, deps, (), Duration(secs),
+                                        {}))
+        t += secs
+    return replace(s, primitives=tuple(prims), estimated_s=t)
+
+
+def with_replayed_peaks(job, cur, tgt, s: Schedule) -> Schedule:
+    """The schedule with the per-GPU peaks the validator's replay finds: a wrong schedule
+    whose own figures are consistent, so only the rule it breaks can give it away."""
+    found = {int(g): int(b) for g, b in re.findall(
+        r"GPU (\d+): the schedule reports a peak of \d+ bytes, the replay finds (\d+)",
+        "\n".join(validate(job, cur, tgt, s)))}
+    memory = dict(s.memory)
+    memory.update({g: ((0.0, b),) for g, b in found.items()})
+    return replace(s, memory=memory)
+
+
+def test_moving_a_stage_the_plans_leave_alone_still_counts_its_memory() -> None:
+    """critic_train moves from GPU 2 to GPU 1 (2.6 MB; a GPU holds 2.8 MB). A wrong schedule
+    then also takes actor_gen, which both plans keep on GPU 0, through GPU 1 and back (0.4 MB
+    more there). The end state is right; GPU 1 held 3.06 MB on the way. The validator counted
+    bytes only for the stages the plans change, so this passed."""
+    job = tiny_job(4, memory_gib=2.8e6 / 0.9 / 2**30)
+    cur = Plan((sp("actor_gen", 1, 1, [[0]]), sp("critic_train", 1, 1, [[2]])))
+    tgt = Plan((sp("actor_gen", 1, 1, [[0]]), sp("critic_train", 1, 1, [[1]])))
+    s = plan_transition(job, cur, tgt)
+    assert validate(job, cur, tgt, s) == []
+    gen = s.initial["actor_gen"][0]
+    away = Extend.of(gen, [1], "actor_gen/1")
+    back = Extend.of(away.output, [0], "actor_gen/2")
+    s2 = appended(s, [(away, 0.01), (Destroy(gen), 0.001), (back, 0.01),
+                      (Destroy(away.output), 0.001)])
+    s2 = replace(s2, final={**s2.final, "actor_gen": (back.output,)})
+    errs = validate(job, cur, tgt, s2)
+    assert any("GPU 1 holds" in e and "over the capacity" in e for e in errs), errs
+
+
+def test_a_split_whose_outputs_change_layout_is_caught() -> None:
+    """(tp=2, pp=2) on GPUs 0-3 split into (2, 1) units on GPUs 0-1 and 2-3, the second one
+    labelled (1, 2), then the first destroyed: the end state looks like the target (1, 2)
+    unit on GPUs 2-3, but GPUs 2-3 hold tensor-parallel halves of every layer. Only the first
+    output's layout was checked against the nesting mapping, so this passed."""
+    job = tiny_job(8)
+    cur = Plan((sp("reward_infer", 2, 2, [range(4)]),))
+    tgt = Plan((sp("reward_infer", 1, 2, [[2, 3]]),))
+    s = plan_transition(job, cur, tgt)
+    assert s.feasible and validate(job, cur, tgt, s) == []
+    unit = s.initial["reward_infer"][0]
+    split = Split.of(unit, Layout(2, 1), ["reward_infer/1", "reward_infer/2"])
+    assert [o.gpus for o in split.outputs] == [(0, 1), (2, 3)]
+    relabelled = replace(split.outputs[1], layout=Layout(1, 2))
+    bad = object.__new__(Split)  # bypass the primitive's own checks, as a bug would
+    object.__setattr__(bad, "emu", unit)
+    object.__setattr__(bad, "sub", split.sub)
+    object.__setattr__(bad, "outputs", (split.outputs[0], relabelled))
+    wrong = appended(replace(s, primitives=(), estimated_s=0.0),
+                     [(bad, 0.05), (Destroy(split.outputs[0]), 0.001)])
+    wrong = with_replayed_peaks(job, cur, tgt, replace(wrong,
+                                                       final={"reward_infer": (relabelled,)}))
+    errs = validate(job, cur, tgt, wrong)
+    assert any("units of one sub-layout" in e for e in errs), errs
+
+
+def test_a_copy_that_drops_the_optimizer_state_is_caught() -> None:
+    """actor_train moves from GPU 0 to GPU 1; a wrong Extend makes a copy that holds θ only.
+    Units were compared by id, layout and GPUs, so the lost ω went unnoticed."""
+    job = tiny_job(4)
+    cur = Plan((sp("actor_train", 1, 1, [[0]]),))
+    tgt = Plan((sp("actor_train", 1, 1, [[1]]),))
+    s = plan_transition(job, cur, tgt)
+    assert validate(job, cur, tgt, s) == []
+    ext = find(s, "Extend")
+    good = ext.primitive
+    assert good.output.holds is Holds.THETA_OMEGA
+    thin: Emu = replace(good.output, holds=Holds.THETA)
+    bad = object.__new__(Extend)  # bypass the primitive's own checks, as a bug would
+    for name, value in (("emu", good.emu), ("targets", good.targets), ("output", thin)):
+        object.__setattr__(bad, name, value)
+    prims = tuple(replace(p, primitive=bad) if p is ext else p for p in s.primitives)
+    errs = validate(job, cur, tgt, replace(s, primitives=prims, final={"actor_train": (thin,)}))
+    assert any("holds theta of actor" in e and "needs theta+omega" in e for e in errs), errs
+
+
+def test_primitives_shorter_than_their_estimate_are_caught() -> None:
+    """The same schedule a thousand times faster: every figure of its own agrees (L_tran is
+    its last end, the memory timeline follows the times), but no primitive takes the time
+    the cost model gives it, so L_tran is a thousand times too small."""
+    job = job8b(32)
+    cur, tgt = example_b()
+    s = plan_transition(job, cur, tgt)
+    k = 1e-3
+    fast = replace(s, estimated_s=s.estimated_s * k,
+                   primitives=tuple(replace(p, start_s=p.start_s * k, end_s=p.end_s * k)
+                                    for p in s.primitives),
+                   memory={g: tuple((t * k, b) for t, b in steps)
+                           for g, steps in s.memory.items()})
+    errs = validate(job, cur, tgt, fast)
+    assert errs and all("its estimate is" in e for e in errs), errs

@@ -8,18 +8,23 @@ edge from Destroys that free the GPUs it needs, never from one that depends on i
 stays acyclic), and waits for them. An Extend onto a GPU held by a model-stage that runs
 concurrently with its own waits for that stage's Destroys there the same way, and every later
 acquisition gets edges from the Destroys that cleared a rival off its GPUs, so no order of the
-DAG lets two rivals meet. When nothing can run and something waits, the transition is
-infeasible and the reason names the GPUs and the model-stages.
+DAG lets two rivals meet. When nothing can run and something waits, the replay starts again
+with the stuck primitives (and what they wait for) right after the Destroys: the order that got
+stuck may have spent, on a growth nothing gives back, memory they needed. When that does not
+help either, the transition is infeasible and the reason (the first replay's) names the GPUs
+and the model-stages.
 
 The replay order ``order`` fits memory one primitive at a time; the list scheduler uses it to
 run primitives side by side without ever painting itself into a corner.
 
 Memory follows the cost model's residency rule: between phases, idle model-stages are
-offloaded to host memory, so at the boundary only the model-stages that change hold GPU memory
-(all of them at once, from the first primitive to their last); unchanged ones stay offloaded.
-When the changing state does not fit a GPU at once, the transition is infeasible and says so
-(the controller then tries moves of fewer model-stages). The runtime, which keeps every unit
-it holds resident, checks its own capacity before each primitive.
+offloaded to host memory, so at the boundary a current unit holds GPU memory only when a
+primitive reads it (a Split, Merge or Extend: all of them at once, from the first primitive to
+their last); units of unchanged stages, units a transition only destroys and units it keeps as
+they are stay offloaded (destroying one frees no GPU memory), and every unit a primitive makes
+is on its GPUs. When the loaded state does not fit a GPU at once, the transition is infeasible
+and says so (the controller then tries moves of fewer model-stages). The runtime, which keeps
+every unit it holds resident, checks its own capacity before each primitive.
 """
 
 from __future__ import annotations
@@ -29,18 +34,19 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from nereus.plan.types import Plan
-from nereus.spec.device import GiB
 from nereus.spec.job import JobSpec
 from nereus.transition.cost import TransitionCost
 from nereus.transition.emu import Emu, format_gpus, phi
 from nereus.transition.local_dag import LocalDag, local_dag
 from nereus.transition.ownership import Ownership
 from nereus.transition.primitives import Destroy, Extend, MemStep, Merge, Primitive, Split
+from nereus.transition.sizes import format_bytes
 
 STATE = "state"        # edge kinds: a unit flows from one primitive to the next
 RESOURCE = "resource"  # memory or GPU ownership: a Destroy must free GPUs first
 
 _RANK = {Destroy: 0, Merge: 1, Split: 2, Extend: 3}  # release before acquire
+MAX_REPLAYS = 4  # the paper's order, then up to three with stuck primitives promoted
 
 
 @dataclass(frozen=True)
@@ -66,10 +72,6 @@ class TransitionDag:
         for a, b, _ in self.edges:
             out[b].append(a)
         return out
-
-
-def _gib(b: float) -> str:
-    return f"{b / GiB:.1f} GiB"
 
 
 def build_dag(job: JobSpec, current: Plan, target: Plan, cost: TransitionCost,
@@ -104,12 +106,19 @@ def build_dag(job: JobSpec, current: Plan, target: Plan, cost: TransitionCost,
             rank.append((_RANK[type(p)], order[name], i))
         edges += [(base + a, base + b, STATE) for a, b in d.edges]
     mem = [p.memory(cost.sizes) for p in prims]
+    # a current unit is loaded when a primitive reads it (Split, Merge, Extend); one that is
+    # only destroyed, or kept as it is, stays offloaded, and its Destroy frees no GPU memory
+    read = {e.id for p in prims if type(p) is not Destroy for e in p.inputs}
+    current_ids = {e.id for name in changed for e in initial[name]}  # new units: other ids
+    for k, p in enumerate(prims):
+        if type(p) is Destroy and p.emu.id in current_ids and p.emu.id not in read:
+            mem[k] = {g: MemStep(0, 0, 0) for g in p.emu.gpus}
 
     usage: dict[int, int] = {}
     present: dict[int, dict[str, int]] = {}
     for name in names:
         for e in initial[name]:
-            b = cost.sizes.of(e) if name in changed else None
+            b = cost.sizes.of(e) if e.id in read else None
             for i, g in enumerate(e.gpus):
                 if b is not None:
                     usage[g] = usage.get(g, 0) + b[i]
@@ -122,14 +131,49 @@ def build_dag(job: JobSpec, current: Plan, target: Plan, cost: TransitionCost,
         gpus = ("GPU " if len(crowded) == 1 else "GPUs ") + format_gpus(crowded)
         return infeasible(
             f"the changing model-stages' state does not fit on the GPUs at once: {gpus} would "
-            f"hold up to {_gib(usage[g])} (GPU {g}: {', '.join(here)}; capacity "
-            f"{_gib(capacity_bytes)} per GPU); try moving fewer model-stages at a time")
+            f"hold up to {format_bytes(usage[g])} (GPU {g}: {', '.join(here)}; capacity "
+            f"{format_bytes(capacity_bytes)} per GPU); try moving fewer model-stages at a time")
     own = Ownership.between(wf, current, target, names)
-    res = _Replay(prims, mem, rank, edges, usage, present, own, capacity_bytes).run()
-    if res.problem:
-        return infeasible(res.problem)
+    # The paper's order first. If it gets stuck, an acquisition it ran early may have taken
+    # memory that a stuck one needed and nothing gives back (a Split that grows a unit for
+    # good): replay again with the stuck primitives and their ancestors first, a few times.
+    promoted: list[int] = []
+    first: _Result | None = None
+    for _ in range(MAX_REPLAYS):
+        res = _Replay(prims, mem, rank, edges, dict(usage),
+                      {g: dict(h) for g, h in present.items()}, own, capacity_bytes,
+                      promoted).run()
+        if res.problem is None:
+            break
+        first = first or res
+        new = [i for i in res.stuck if i not in promoted]
+        if not new:
+            break
+        promoted += _with_ancestors(new, edges, promoted)
+    if res.problem is not None:
+        assert first is not None and first.problem is not None
+        return infeasible(first.problem)
     return TransitionDag(tuple(prims), tuple(res.edges), tuple(res.order), tuple(mem),
                          initial_bytes, capacity_bytes, initial, final, changed, None, locals_)
+
+
+def _with_ancestors(stuck: Sequence[int], edges: Sequence[tuple[int, int, str]],
+                    skip: Sequence[int]) -> list[int]:
+    """``stuck`` and everything they wait for along ``edges`` (state edges), minus ``skip``."""
+    preds: dict[int, list[int]] = {}
+    for a, b, _ in edges:
+        preds.setdefault(b, []).append(a)
+    seen = set(skip)
+    out: list[int] = []
+    stack = list(stuck)
+    while stack:
+        i = stack.pop()
+        if i in seen:
+            continue
+        seen.add(i)
+        out.append(i)
+        stack.extend(preds.get(i, ()))
+    return out
 
 
 @dataclass
@@ -137,6 +181,7 @@ class _Result:
     edges: list[tuple[int, int, str]]
     order: list[int]
     problem: str | None
+    stuck: list[int] = field(default_factory=list)  # blocked primitives (when ``problem``)
 
 
 class _Replay:
@@ -145,8 +190,16 @@ class _Replay:
     def __init__(self, prims: Sequence[Primitive], mem: Sequence[Mapping[int, MemStep]],
                  rank: Sequence[tuple[int, int, int]], edges: list[tuple[int, int, str]],
                  usage: dict[int, int], present: dict[int, dict[str, int]], own: Ownership,
-                 cap: int):
+                 cap: int, promoted: Sequence[int] = ()):
         self.prims, self.mem, self.rank, self.edges = prims, mem, rank, list(edges)
+        # heap keys: the rank, except that promoted primitives go right after the Destroys
+        # (which only ever free memory and GPUs), in the order they were promoted
+        self.key: Sequence[tuple[int, ...]] = rank
+        if promoted:
+            first = {i: k for k, i in enumerate(promoted)}
+            self.key = [(0, 0, *r) if isinstance(p, Destroy) else
+                        (1, first[i], *r) if i in first else (2, 0, *r)
+                        for i, (p, r) in enumerate(zip(prims, rank))]
         self.usage, self.present, self.own, self.cap = usage, present, own, cap
         n = len(prims)
         self.succ: list[list[int]] = [[] for _ in range(n)]
@@ -165,7 +218,8 @@ class _Replay:
         self.why: dict[int, str] = {}
 
     def run(self) -> _Result:
-        heap = [(self.rank[i], i) for i in range(len(self.prims)) if not self.waiting[i]]
+        key = self.key
+        heap = [(key[i], i) for i in range(len(self.prims)) if not self.waiting[i]]
         heapq.heapify(heap)
         parked: list[int] = []
         order: list[int] = []
@@ -178,10 +232,10 @@ class _Replay:
                 for s in self.succ[i]:
                     self.waiting[s] -= 1
                     if not self.waiting[s]:
-                        heapq.heappush(heap, (self.rank[s], s))
+                        heapq.heappush(heap, (key[s], s))
                 if parked and self._releases(i):
                     for j in parked:
-                        heapq.heappush(heap, (self.rank[j], j))
+                        heapq.heappush(heap, (key[j], j))
                     parked = []
                 continue
             deficits, rivals = blocked
@@ -191,7 +245,9 @@ class _Replay:
             parked.append(i)
         if len(order) < len(self.prims):
             stuck = parked or [i for i in range(len(self.prims)) if not self.done[i]][:1]
-            return _Result(self.edges, order, "; ".join(self._reason(i) for i in stuck[:3]))
+            blocked = parked or [i for i in self.why if not self.done[i]] or stuck
+            return _Result(self.edges, order, "; ".join(self._reason(i) for i in stuck[:3]),
+                           blocked)
         return _Result(self.edges, order, None)
 
     def _releases(self, i: int) -> bool:
@@ -276,7 +332,8 @@ class _Replay:
         for g, over in sorted(deficits.items()):
             freed = sum(self.mem[d][g].before for d in chosen if g in self.mem[d])
             cands = sorted((d for d in self.destroys_on.get(g, [])
-                            if not self.done[d] and d not in desc and d not in chosen),
+                            if not self.done[d] and d not in desc and d not in chosen
+                            and self.mem[d][g].before > 0),  # an offloaded unit frees none
                            key=lambda d: self.rank[d])
             for d in cands:
                 if freed >= over:
@@ -284,7 +341,7 @@ class _Replay:
                 chosen.add(d)
                 freed += self.mem[d][g].before
             if freed < over:
-                reasons.append(f"GPU {g} lacks {_gib(over - freed)}")
+                reasons.append(f"GPU {g} lacks {format_bytes(over - freed)}")
         added = False
         for d in sorted(chosen):
             added |= self._edge(d, i) and not self.done[d]
@@ -295,13 +352,16 @@ class _Replay:
     def _reason(self, i: int) -> str:
         p = self.prims[i]
         gpus = sorted(self.mem[i])
-        holders = sorted({s for g in gpus for s, n in self.present.get(g, {}).items() if n})
+        here = {s for g in gpus for s, n in self.present.get(g, {}).items() if n}
+        moving = {q.stage for q in self.prims}  # loaded; the others stay offloaded
+        held = ", ".join(sorted(here & moving)) or "nothing"
+        if here - moving:
+            held += f"; offloaded there: {', '.join(sorted(here - moving))}"
         why = self.why.get(i) or "its predecessors never run"
         what = f"{p.op} of {', '.join(e.id for e in p.inputs)}"
         if isinstance(p, Extend):
             what += f" onto GPUs {format_gpus(p.targets)}"
         else:
             what += f" on GPUs {format_gpus(p.gpus)}"
-        return (f"{p.stage}: {what} is blocked ({why}; capacity {_gib(self.cap)} per GPU; "
-                f"held by {', '.join(holders) or 'nothing'}) and no Destroy that runs before "
-                "it frees them")
+        return (f"{p.stage}: {what} is blocked ({why}; capacity {format_bytes(self.cap)} per "
+                f"GPU; held by {held}) and no Destroy that runs before it frees them")

@@ -23,6 +23,7 @@ from nereus.transition.cost import TransitionCost
 from nereus.transition.emu import Emu, emu_id, format_gpus
 from nereus.transition.nesting import common_layout, nesting_problem, split_gpus
 from nereus.transition.primitives import Destroy, Extend, Merge, Primitive, Split
+from nereus.transition.sizes import format_bytes
 
 
 @dataclass(frozen=True)
@@ -92,7 +93,9 @@ def local_dag(current: Sequence[Emu], target: StagePlan, model: ModelSpec,
     """The local DAG through the T_sub that moves the fewest bytes (full state copies split or
     extended), preferring larger T_sub; the largest common layout comes first on ties, and
     smaller ones serve when its pieces cannot reach the target GPUs or nothing nests there.
-    T_sub candidates whose split does not fit a GPU on its own are tried last."""
+    T_sub candidates whose split does not fit a GPU on its own are tried last; when every
+    candidate has a Split or Merge that exceeds a GPU's capacity by itself, that is the
+    ``problem`` (for the largest such T_sub), since no order of the transition can help."""
     stage = target.stage
     tgt_units = [tuple(r) for r in target.replicas]
     lay, tlay = current[0].layout, target.layout
@@ -115,13 +118,49 @@ def local_dag(current: Sequence[Emu], target: StagePlan, model: ModelSpec,
     ranked = sorted(subs, key=lambda s: (not fits(s), sum(_pieces(current, tgt_units, lay, tlay,
                                                                    s)), -s.size))
     first: LocalDag | None = None
-    for sub in ranked:
+    too_big: tuple[Layout, str] | None = None  # the largest T_sub whose Split or Merge alone
+    for sub in ranked:                          # exceeds a GPU's capacity, and why
         dag = _through(current, target, tgt_units, sub, cost)
+        if dag.problem is None and capacity_bytes is not None and not fits(sub):
+            over = _over_capacity(dag, lay, tlay, sub, cost, capacity_bytes)
+            if over is not None:
+                if too_big is None or sub.size > too_big[0].size:
+                    too_big = (sub, over)
+                continue
         if dag.problem is None:
             return dag
         first = first or dag
+    if too_big is not None:  # memory, whatever runs first, stands in the way
+        return LocalDag(stage, (), (), (), too_big[1])
     assert first is not None
     return first
+
+
+def _over_capacity(dag: LocalDag, lay: Layout, tlay: Layout, sub: Layout, cost: TransitionCost,
+                   capacity_bytes: int) -> str | None:
+    """Why a Split or Merge of ``dag`` cannot run even on GPUs that hold nothing else (None when
+    each fits alone): Split keeps the source shard until its all-gather ends, Merge slices the
+    new shard out of the sub-shard one tensor at a time. No order of the transition helps."""
+    worst: tuple[int, str, int, int] | None = None  # (peak, op, before, extra)
+    crowded: set[int] = set()
+    for p in dag.primitives:
+        if not isinstance(p, (Split, Merge)):
+            continue
+        for g, m in p.memory(cost.sizes).items():
+            if m.during > capacity_bytes:
+                crowded.add(g)
+                if worst is None or m.during > worst[0]:
+                    worst = (m.during, p.op, m.before, m.during - m.before)
+    if worst is None:
+        return None
+    peak, op, before, extra = worst
+    what = ("its source shard stays until the all-gather ends" if op == "Split"
+            else "the sub-shard stays while the new shard is sliced out of it")
+    return (f"{dag.stage}: {lay} -> {tlay} goes through units of {sub}, and its {op} needs "
+            f"up to {format_bytes(peak)} on GPU{'s' if len(crowded) > 1 else ''} "
+            f"{format_gpus(sorted(crowded))} by itself ({format_bytes(before)} + "
+            f"{format_bytes(extra)}: {what}), over the {format_bytes(capacity_bytes)} a GPU "
+            "may hold, whatever else moves first")
 
 
 def _through(current: Sequence[Emu], target: StagePlan, tgt_units: list[tuple[int, ...]],

@@ -11,6 +11,7 @@ from functools import lru_cache
 
 from nereus.cost.candidate import Layout
 from nereus.cost.state import emu_state_bytes, state_bytes_per_param
+from nereus.spec.device import GiB
 from nereus.spec.job import JobSpec
 from nereus.spec.model import Head, ModelSpec
 from nereus.spec.sharding import layout_problem, shard_plan
@@ -35,6 +36,13 @@ def largest_tensor_bytes(model: ModelSpec, head: Head, trainable: bool, workload
     per = state_bytes_per_param(workload, trainable)
     return tuple(max(s.numel for s in shard_plan(model, head, tp, pp, i % tp, i // tp)) * per
                  for i in range(tp * pp))
+
+
+def format_bytes(nbytes: float) -> str:
+    """Bytes in GiB, or MiB below one GiB (a tiny model's state is not '0.0 GiB')."""
+    if abs(nbytes) >= GiB:
+        return f"{nbytes / GiB:.1f} GiB"
+    return f"{nbytes / 2**20:.2f} MiB"
 
 
 class StateSizes:

@@ -3,12 +3,15 @@
 It shares no code path with the planner or the scheduler: it rebuilds the units of the current
 plan itself, re-derives what every primitive must produce from the layout contract, counts
 bytes from the cost layer's per-position state sizes, checks that every unit it counts as a
-copy covers every logical tensor (from the sharding format), and works out which model-stages
-run concurrently from the workflow and the plans. It checks that the DAG is acyclic and
-respected, no GPU runs two primitives at once, no GPU is held by two concurrent model-stages,
-per-GPU memory stays within capacity, every model-stage keeps a complete copy of its state at
-every moment, the schedule's own memory timeline and L_tran agree with the replay, and the
-end state realizes the target plan.
+copy covers every logical tensor (from the sharding format) and holds its stage's whole state
+(θ and ω when the stage trains), and works out which model-stages run concurrently from the
+workflow and the plans. It checks that the DAG is acyclic and respected, no GPU runs two
+primitives at once, no GPU is held by two concurrent model-stages, per-GPU memory stays within
+capacity (counting, as the cost model's offload between phases has it, the units primitives
+make and the current units a Split, Merge or Extend reads), every model-stage keeps a complete
+copy of its state at every moment (every stage the plans change or the schedule touches), each
+primitive lasts its estimate, the schedule's own memory timeline and L_tran agree with the
+replay, and the end state realizes the target plan.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from nereus.spec.job import JobSpec
 from nereus.spec.model import Head, ModelSpec
 from nereus.spec.sharding import layout_problem, logical_params, shard_plan
 from nereus.spec.workflow import Execution, Phase, StageKind
-from nereus.transition.emu import Emu
+from nereus.transition.emu import Emu, Holds
 from nereus.transition.schedule import Schedule, ScheduledPrimitive
 
 EPS = 1e-9
@@ -107,6 +110,8 @@ class _Job:
                         if sorted((sp.tp, sp.pp, tuple(r)) for r in sp.replicas)
                         != sorted((target.stage(sp.stage).tp, target.stage(sp.stage).pp,
                                    tuple(r)) for r in target.stage(sp.stage).replicas)}
+        self.loaded: set[str] = set()
+        self.initial_ids = set(_units_of(current))
         self.rivals: dict[tuple[str, str], set[int]] = {}
         names = list(current.names)
         for a in names:
@@ -160,6 +165,12 @@ def validate(job: JobSpec, current: Plan, target: Plan, schedule: Schedule) -> l
     errs: list[str] = []
     prims = schedule.primitives
     n = len(prims)
+    # a stage the schedule touches counts as changed, whatever the plans say of it: it must
+    # keep a copy and its units' bytes count (else moving an unchanged stage escaped both)
+    J.changed |= {p.stage for p in prims}
+    # a current unit is on its GPUs only if a Split, Merge or Extend reads it (else it stays
+    # offloaded, as between phases); units the schedule makes are on their GPUs
+    J.loaded = {e.id for p in prims if p.op != "Destroy" for e in p.primitive.inputs}
 
     # the DAG: acyclic, deps respected
     g = nx.DiGraph()
@@ -177,10 +188,14 @@ def validate(job: JobSpec, current: Plan, target: Plan, schedule: Schedule) -> l
         errs.append("the transition DAG has a cycle")
     if any(p.end_s < p.start_s - EPS or p.start_s < -EPS for p in prims):
         errs.append("a primitive has a negative duration or start")
+    for p in prims:  # its time in the schedule is its estimate (an exact solver's ticks: 1 us)
+        if abs(p.seconds - p.duration.seconds) > 1e-6 + 1e-9 * p.duration.seconds:
+            errs.append(f"primitive {p.index} ({p.op} {p.stage}) lasts {p.seconds:.6f} s in the "
+                        f"schedule, its estimate is {p.duration.seconds:.6f} s")
 
     # what each primitive must produce, from the contract
     for p in prims:
-        errs += _check_semantics(p)
+        errs += _check_semantics(J, p)
 
     # replay
     alive = _units_of(current)
@@ -210,7 +225,7 @@ def validate(job: JobSpec, current: Plan, target: Plan, schedule: Schedule) -> l
                 continue
             p = prims[k]
             running.pop(k, None)
-            for gpu in p.gpus:
+            for gpu in _gpus(p):
                 if gpu_busy.get(gpu) == k:
                     del gpu_busy[gpu]
             if p.op in ("Split", "Merge", "Destroy"):
@@ -233,7 +248,7 @@ def validate(job: JobSpec, current: Plan, target: Plan, schedule: Schedule) -> l
                 if e.id in used_ids:
                     errs.append(f"t={t:.6f}: {p.op} creates id {e.id}, which was already used")
                 used_ids.add(e.id)
-            for gpu in p.gpus:
+            for gpu in _gpus(p):
                 if gpu in gpu_busy:
                     errs.append(f"t={t:.6f}: GPU {gpu} runs primitives {gpu_busy[gpu]} and {k} "
                                 "at once")
@@ -265,7 +280,12 @@ def validate(job: JobSpec, current: Plan, target: Plan, schedule: Schedule) -> l
     return errs
 
 
-def _check_semantics(sp: ScheduledPrimitive) -> list[str]:
+def _gpus(sp: ScheduledPrimitive) -> set[int]:
+    """Every GPU a primitive occupies: those of its input and output units."""
+    return {g for e in sp.primitive.inputs + sp.primitive.outputs for g in e.gpus}
+
+
+def _check_semantics(J: _Job, sp: ScheduledPrimitive) -> list[str]:
     prim = sp.primitive
     op = prim.op
     ins = [_as_unit(e) for e in prim.inputs]
@@ -274,12 +294,23 @@ def _check_semantics(sp: ScheduledPrimitive) -> list[str]:
     errs = []
     if any(u.stage != prim.stage for u in ins + outs):
         errs.append(f"{where}: units of another model-stage")
+    elif prim.stage not in J.model_of:
+        errs.append(f"{where}: {prim.stage} is no model-stage of the job")
+    else:  # every unit holds its stage's whole state: θ and ω when the stage trains
+        want = Holds.THETA_OMEGA if J.trains[prim.stage] else Holds.THETA
+        for e in prim.inputs + prim.outputs:
+            if e.model != J.model_of[prim.stage] or e.holds is not want:
+                errs.append(f"{where}: unit {e.id} holds {e.holds.value} of {e.model}; "
+                            f"{prim.stage} needs {want.value} of {J.model_of[prim.stage]}")
     if op == "Split":
         (src,) = ins
         sub = outs[0].layout
         if src.layout.tp % sub.tp or src.layout.pp % sub.pp or len(outs) != \
-                (src.layout.tp // sub.tp) * (src.layout.pp // sub.pp) or len(outs) < 2:
-            errs.append(f"{where}: {len(outs)} outputs of {sub} from {src.layout}")
+                (src.layout.tp // sub.tp) * (src.layout.pp // sub.pp) or len(outs) < 2 or \
+                any(o.layout != sub for o in outs):
+            errs.append(f"{where}: {len(outs)} outputs of layouts "
+                        f"{sorted({str(o.layout) for o in outs})} from {src.layout}: a split "
+                        "makes k >= 2 units of one sub-layout, k = (tp/tp_sub)(pp/pp_sub)")
         elif [o.gpus for o in outs] != _mapping_split(src.gpus, src.layout, sub):
             errs.append(f"{where}: outputs do not follow the nesting mapping")
     elif op == "Merge":
@@ -327,7 +358,7 @@ def _check_moment(J: _Job, t: float, alive: dict[str, _Unit],
     for u in held.values():
         for i, gpu in enumerate(u.gpus):
             owners.setdefault(gpu, set()).add(u.stage)
-            if u.stage in J.changed:
+            if u.stage in J.changed and (u.id in J.loaded or u.id not in J.initial_ids):
                 mem[gpu] = mem.get(gpu, 0) + J.bytes_at(u, i)
     for gpu, b in mem.items():
         peak[gpu] = max(peak.get(gpu, 0), b)
