@@ -214,8 +214,9 @@ def test_restart_cost_terms(job):
     assert rc.load_s == pytest.approx(nbytes / 2e9)      # two nodes read in parallel
     assert rc.lost_s == 5 * 50.0 and rc.save_s == 0
     planned = restart_cost(job, params, step_s=50.0, after_failure=False)
-    assert planned.lost_s == 0 and planned.save_s == pytest.approx(nbytes / 1e9)
-    assert planned.seconds == pytest.approx(100.0 + nbytes / 2e9 + nbytes / 1e9)
+    trained = (m.param_count(Head.LM) + m.param_count(Head.SCALAR)) * 14  # written first
+    assert planned.lost_s == 0 and planned.save_s == pytest.approx(trained / 1e9)
+    assert planned.seconds == pytest.approx(100.0 + nbytes / 2e9 + trained / 1e9)
     assert "restart" in planned.explain()
 
 
@@ -378,3 +379,69 @@ def test_memory_measured_without_times_is_still_learned(job, plans):
     scale = c.calibrator.memory_scale()
     assert scale and all(v == pytest.approx(2.0, rel=0.05) for v in scale.values())
     assert c.steps_seen == 0 and c.calibrator.samples == 0
+
+
+def test_a_planned_restart_writes_only_the_state_training_changed(job):
+    """The reference and reward models are frozen: a restart reads their weights again, but
+    the checkpoint written before a planned restart holds θ and ω of the actor and critic
+    only (what verl and OpenRLHF save). The simulator charges the same write."""
+    from nereus.control.restart import saved_bytes
+    from nereus.spec.model import Head
+    params = RestartParams(startup_s=0.0, storage_read_bw_per_node=1e9,
+                           storage_write_bw_per_node=1e9)
+    m = job.model
+    trained = (m.param_count(Head.LM) + m.param_count(Head.SCALAR)) * 14
+    assert saved_bytes(job) == trained < checkpoint_bytes(job)
+    planned = restart_cost(job, params, after_failure=False)
+    assert planned.save_s == pytest.approx(trained / 2e9)         # two nodes write
+    assert planned.load_s == pytest.approx(checkpoint_bytes(job) / 2e9)
+    from nereus.sim.policies import Act
+    from nereus.sim.scenarios import builtin
+    from nereus.sim.simulator import Simulator, _Runner
+    from nereus.sim.truth import Truth
+    sc = builtin("stationary", steps=3)
+    sim = Simulator(Truth(sc.job, sc.hidden, sc.drift, sc.noise, sc.seed), sc.lengths,
+                    sc.availability, params, sc.steps)
+    runner = _Runner(None, sim)  # type: ignore[arg-type]
+    runner._restart(1, Act(Action.RESTART, None, after_failure=False), sc.job.pool.ids)
+    assert runner._acc["restart_s"] == pytest.approx(
+        restart_cost(sc.job, params, after_failure=False).seconds)
+
+
+def test_a_restart_after_a_wait_is_a_replan_every_reference_resets(job, plans):
+    """Resuming after an empty pool replans (it restarts on the best plan), so every drifting
+    signal's reference becomes its current value -- the efficiencies too, not only the
+    length -- and nothing left pending from before the stop replans again."""
+    from nereus.control.monitor import Trigger
+    p = plans["best16"]
+    c = Controller(job, p, config=ControlConfig(warmup_steps=0), on_log=lambda s: None)
+    c.on_boundary(_tel(job, p, 0, 2000))
+    assert any(k.startswith("eff.") for k in c.monitor.references)
+    stale = {k: (v * 0.5 if k.startswith("eff.") else v) for k, v in c.monitor.references.items()}
+    c.monitor = replace(c.monitor, references=stale)
+    c.pending = (Trigger(TriggerKind.ONWARD, "response_len", False),)
+    assert c.on_boundary(Telemetry(1, 2000.0, 3000, ())).action is Action.WAIT
+    d = c.on_boundary(Telemetry(1, 2000.0, 3000, tuple(range(16))))
+    assert d.action is Action.RESTART
+    eff = c.calibrator.efficiencies()
+    for k, v in c.monitor.references.items():
+        if k.startswith("eff."):
+            assert v == pytest.approx(eff[OpClass(k[4:])]), k
+    assert c.pending == ()
+    nxt = c.on_boundary(_tel(job, d.plan, 2, 2000))
+    assert nxt.action is Action.KEEP and not nxt.reasons.triggers
+
+
+def test_a_replan_at_a_boundary_without_times_resets_the_efficiency_references(job, plans):
+    """A second decision in one step (GPUs left during it) carries no times, so it watches no
+    efficiency; the replan it runs still resets their references."""
+    p = plans["best16"]
+    c = Controller(job, p, config=ControlConfig(warmup_steps=0),
+                   transition=lambda j, s, t, e: _Sched(1.0), on_log=lambda s: None)
+    c.on_boundary(_tel(job, p, 0, 2000))
+    stale = {k: (v * 0.5 if k.startswith("eff.") else v) for k, v in c.monitor.references.items()}
+    c.monitor = replace(c.monitor, references=stale)
+    d = c.on_boundary(Telemetry(0, 2000.0, 3000, tuple(range(15))))  # a GPU left: urgent
+    assert d.reasons.urgent and d.action in (Action.MOVE, Action.RESTART)
+    nxt = c.on_boundary(_tel(job, d.plan, 1, 2000, pool=tuple(range(15))))
+    assert not [t for t in nxt.reasons.triggers if t.signal.startswith("eff.")]

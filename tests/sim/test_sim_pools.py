@@ -1,11 +1,13 @@
-"""Pools no plan fits are waited out like empty ones; a planned restart saves the work."""
+"""Pools no plan fits are waited out like empty ones; a planned restart saves the work; work
+redone after a failure runs on the plan the job restarts on; a policy that waits where a plan
+fits holds its GPUs (all numbers simulated)."""
 
 from dataclasses import replace
 
 import pytest
 
 from nereus.control.controller import Action
-from nereus.sim.policies import Act
+from nereus.sim.policies import Act, StaticPolicy, make_policies
 from nereus.sim.scenarios import builtin, run_scenario
 from nereus.sim.simulator import Simulator, _Runner
 from nereus.sim.traces import Availability, stationary
@@ -42,10 +44,65 @@ def test_a_planned_restart_leaves_no_work_to_lose(scenario):
                     sc.availability, sc.restart, sc.steps)
     runner = _Runner(None, sim)  # type: ignore[arg-type]
     pool = tuple(range(16))
-    runner.since_ckpt = [40.0, 40.0]
-    runner._restart(3, Act(Action.RESTART, None, after_failure=True), pool)
-    assert runner._acc["lost_s"] == 80.0 and runner.since_ckpt == [40.0, 40.0]
-    runner._restart(4, Act(Action.RESTART, None, after_failure=False), pool)
+    plan = StaticPolicy(sim.truth, sc.lengths).plan_for(pool)
+    runner.since_ckpt = [1, 2]
+    runner._restart(3, Act(Action.RESTART, plan, after_failure=True), pool)
+    redo = runner._acc["lost_s"]
+    assert redo > 0 and runner.since_ckpt == [1, 2]  # redone, and still unsaved
+    runner._restart(4, Act(Action.RESTART, plan, after_failure=False), pool)
     assert runner.since_ckpt == []
-    runner._restart(5, Act(Action.RESTART, None, after_failure=True), pool)
-    assert runner._acc["lost_s"] == 80.0  # nothing more lost after the planned restart
+    runner._restart(5, Act(Action.RESTART, plan, after_failure=True), pool)
+    assert runner._acc["lost_s"] == redo  # nothing more lost after the planned restart
+
+
+def test_work_redone_after_a_failure_runs_on_the_plan_the_job_restarts_on():
+    """Node 1 leaves three steps after a checkpoint: static restarts on node 0 and does steps
+    10-12 again there, at node 0's speed (they took about 40 s each on 16 GPUs)."""
+    sc = builtin("stationary", steps=16)
+    sc = replace(sc, availability=Availability((0.0, 580.0), (tuple(range(16)), tuple(range(8))),
+                                               "node 1 leaves"))
+    sim = Simulator(Truth(sc.job, sc.hidden, sc.drift, sc.noise, sc.seed), sc.lengths,
+                    sc.availability, sc.restart, sc.steps)
+    res = sim.run(make_policies(["static"], sim.truth, sc.lengths, sc.control))
+    s = res.results["static"]
+    loss = next(e for e in s.events if e.kind == "loss")
+    restart = next(e for e in s.events if e.kind == "restart")
+    assert loss.step == restart.step == 13
+    after = next(r for r in s.rows if r.step == 13)
+    before = sum(r.step_s for r in s.rows if 10 <= r.step <= 12)
+    plan = StaticPolicy(sim.truth, sc.lengths).plan_for(tuple(range(8)))
+    redo = sum(sim.truth.run_step(plan, tuple(range(8)), j, *sc.lengths.at(j))[0]
+               for j in (10, 11, 12))
+    assert after.lost_s == pytest.approx(loss.seconds + redo)
+    assert redo > 1.3 * before  # half the GPUs: the redone steps are slower
+    assert after.plan_gpus == 8
+
+
+class _WaitsOnce(StaticPolicy):
+    """Static, except that at step 5 it finds no plan for the (usable) pool once."""
+
+    name = "waits-once"
+
+    def __init__(self, *a, **k):
+        super().__init__(*a, **k)
+        self.waited = False
+
+    def decide(self, tel, upcoming):
+        if upcoming[0] == 5 and not self.waited and tel.pool:
+            self.waited = self.stopped = True
+            return Act(Action.WAIT)
+        return super().decide(tel, upcoming)
+
+
+def test_waiting_on_a_pool_a_plan_fits_is_time_the_job_held_gpus():
+    """Paused time (an empty or unusable pool) is the same for every policy and left out of
+    tokens/s; a policy that finds no plan where one fits holds its GPUs meanwhile."""
+    sc = builtin("stationary", steps=8)
+    sim = Simulator(Truth(sc.job, sc.hidden, sc.drift, sc.noise, sc.seed), sc.lengths,
+                    sc.availability, sc.restart, sc.steps)
+    res = sim.run([StaticPolicy(sim.truth, sc.lengths), _WaitsOnce(sim.truth, sc.lengths)])
+    base, waits = res.results["static"], res.results["waits-once"]
+    assert any(e.kind == "wait" and e.step == 5 for e in waits.events)
+    assert waits.paused_s == base.paused_s == 0.0
+    assert waits.busy_s >= base.busy_s + sim.nominal[5]
+    assert waits.tokens_per_s < base.tokens_per_s

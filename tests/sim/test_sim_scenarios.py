@@ -224,3 +224,26 @@ def test_churn_parameters_have_sane_bounds(tmp_path, churn, field):
     with pytest.raises(InputError, match=rf"^availability\.churn\.{field}: ") as e:
         load_scenario(p)
     assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("line,field", [
+    ("availability: {churn: {min_nodes: 5}}", "availability.churn.min_nodes"),
+    ("availability: {churn: {min_nodes: 2}}", "availability.churn.min_nodes"),
+    ("availability: {spot: {start_tick: 99999999}}", "availability.spot.start_tick"),
+    ("drift: {congestion: {op_classes: [gemm, flops]}}", "drift.congestion.op_classes"),
+])
+def test_errors_from_generated_traces_name_the_yaml_field(tmp_path, line, field):
+    p = tmp_path / "run.yaml"
+    p.write_text(JOB + "steps: 3\n" + line + "\n")
+    with pytest.raises(InputError) as e:
+        load_scenario(p)
+    assert e.value.field == field and e.value.allowed
+    assert "\n" not in str(e.value)
+
+
+def test_an_unknown_device_in_the_job_section_names_its_field(tmp_path):
+    p = tmp_path / "run.yaml"
+    p.write_text("job: {model: llama-3.1-8b, gpus: 16, cluster: {device: tpu}}\nsteps: 3\n")
+    with pytest.raises(InputError, match=r"^job\.cluster\.device: unknown device 'tpu' "
+                                         r"\(allowed: h100-sxm-80gb"):
+        load_scenario(p)

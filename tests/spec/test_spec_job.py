@@ -19,7 +19,7 @@ def test_minimal_job_fills_defaults():
     ({"model": "llama-3.1-8b", "gpus": 16, "workload": {"respons_len": 3}}, "workload.respons_len"),
     ({"model": "llama-3.1-8b", "gpus": 0}, "gpus"),
     ({"model": "llama-3.1-8b", "gpus": 4, "algo": "dpo"}, "algo"),
-    ({"model": "llama-3.1-8b", "gpus": 4, "cluster": {"device": "tpu"}}, "device"),
+    ({"model": "llama-3.1-8b", "gpus": 4, "cluster": {"device": "tpu"}}, "cluster.device"),
     ({"gpus": 4}, "model"),
     ({"model": "llama-3.1-8b", "gpus": 4, "workload": {"param_dtype": "int3"}}, "workload.param_dtype"),
 ])

@@ -17,6 +17,7 @@ from nereus.control.restart import (
     RestartParams,
     checkpoint_bytes,
     restart_cost,
+    saved_bytes,
 )
 from nereus.control.telemetry import Telemetry
 
@@ -24,5 +25,5 @@ __all__ = [
     "RESTART_SOURCES", "Action", "ControlConfig", "Controller", "Decision", "Horizons",
     "Monitor", "Option", "Reasons", "RestartCost", "RestartParams", "Telemetry", "Trigger",
     "TriggerKind", "Verdict", "checkpoint_bytes", "default_planner", "memory_trigger",
-    "payback_steps", "pool_triggers", "profitable", "restart_cost", "select",
+    "payback_steps", "pool_triggers", "profitable", "restart_cost", "saved_bytes", "select",
 ]

@@ -271,6 +271,17 @@ class Controller:
                     sig[f"eff.{name}"] = eff[OpClass(name)]
         return sig
 
+    def _reset(self, tel: Telemetry, signals: Mapping[str, float]) -> None:
+        """After a replan (admitted or not, a restart included): every reference becomes its
+        signal's current value -- each efficiency watched so far too, also at a boundary that
+        brought no times (a second decision within a step, a resume) and so watches none."""
+        now = {"response_len": float(tel.response_len_mean), **signals}
+        eff = self.calibrator.efficiencies()
+        for name in self.monitor.references:
+            if name.startswith("eff.") and name not in now:
+                now[name] = eff[OpClass(name[4:])]
+        self.monitor = self.monitor.reset(now)
+
     def _memory_check(self, tel: Telemetry) -> tuple[bool, Trigger | None]:
         """Does the current plan fit the longest response it must plan for?
 
@@ -356,7 +367,7 @@ class Controller:
                 summary="deferred: a transition is still running")))
         self.pending = ()
         decision = self._replan(step, pending, urgent, now, cost, broken, survivors, lost)
-        self.monitor = self.monitor.reset(signals)
+        self._reset(tel, signals)
         self.pool = tel.pool
         self._adopt(decision)
         return self._log(decision)
@@ -392,7 +403,8 @@ class Controller:
         best, why_none, note = self._best(now, cost)
         decision = _noted(self._restart(base, now, best, why_none, after_failure=True,
                                         why="restarting after the job stopped"), best, note)
-        self.monitor = self.monitor.reset({"response_len": float(tel.response_len_mean)})
+        self._reset(tel, {})
+        self.pending = ()  # replanned now: what waited from before the stop is answered
         self.pool = tel.pool
         self._adopt(decision)
         return decision

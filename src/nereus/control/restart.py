@@ -4,9 +4,12 @@ to a lost GPU.
 A restart stops every process, starts the job again on the GPUs it has, and loads the last
 checkpoint: the parameters and optimizer state of every trainable model and the weights of the
 frozen ones. When it follows a failure, the steps since the last checkpoint are done again; a
-planned restart (no failure) first writes a checkpoint at the boundary and loses nothing.
+planned restart (no failure) first writes a checkpoint at the boundary and loses nothing. The
+write holds what training changed -- θ and ω of the trainable models (what verl and OpenRLHF
+save); the frozen models' weights are read again from where the job first read them.
 
-    seconds = startup_s + checkpoint_bytes / (storage_bw_per_node * nodes) + lost_s [+ save_s]
+    seconds = startup_s + checkpoint_bytes / (read_bw_per_node * nodes) + lost_s
+              [+ saved_bytes / (write_bw_per_node * nodes)]
 
 Every default below is an assumption (marked so in ``RESTART_SOURCES``): no figure in the paper
 gives them. Scenarios may override them and must say where their values come from.
@@ -53,13 +56,22 @@ RESTART_SOURCES: dict[str, str] = {
 
 
 def checkpoint_bytes(job: JobSpec) -> int:
-    """Bytes of one checkpoint: θ and ω of each trainable model, θ of each frozen one."""
+    """Bytes a restart reads: θ and ω of each trainable model, θ of each frozen one."""
     w = job.workload
     total = 0
     for m in job.workflow.models:
         per_param = w.param_bytes + (w.optimizer_state_bytes_per_param() if m.trainable else 0)
         total += job.model.param_count(m.head) * per_param
     return int(total)
+
+
+def saved_bytes(job: JobSpec) -> int:
+    """Bytes a planned restart writes first: θ and ω of each trainable model (frozen weights
+    never change, so no checkpoint holds them)."""
+    w = job.workload
+    per_param = w.param_bytes + w.optimizer_state_bytes_per_param()
+    return int(sum(job.model.param_count(m.head) * per_param
+                   for m in job.workflow.models if m.trainable))
 
 
 @dataclass(frozen=True)
@@ -98,5 +110,5 @@ def restart_cost(job: JobSpec, params: RestartParams, *, step_s: float = 0.0,
     if after_failure:
         steps = params.checkpoint_interval_steps / 2.0 if lost_steps is None else lost_steps
         return RestartCost(params.startup_s, load, steps * step_s, 0.0, nbytes, source)
-    save = nbytes / (params.storage_write_bw_per_node * nodes)
+    save = saved_bytes(job) / (params.storage_write_bw_per_node * nodes)
     return RestartCost(params.startup_s, load, 0.0, save, nbytes, source)

@@ -152,8 +152,9 @@ def _common_notes() -> dict[str, str]:
                   "checkpoint when it loses a GPU and uses returned GPUs at its next restart",
         "transitions": "schedule makespan from nereus.transition under the hidden "
                        "efficiencies, times the same noise",
-        "replay": "after a failure the steps since the last checkpoint take the time they "
-                  "took the first time",
+        "replay": "after a failure the steps since the last checkpoint are done again, each "
+                  "at its own lengths, on the plan and GPUs the job restarts on (after a loss, "
+                  "fewer than ran them)",
         "availability_replay": "progress-aligned: trace time maps to steps on a nominal clock "
                                "(the best full-pool plan under the true efficiencies) that stops "
                                "while the pool is empty, so every policy meets each change at "
@@ -173,7 +174,9 @@ def _common_notes() -> dict[str, str]:
     for k, v in RESTART_SOURCES.items():
         notes[f"restart.{k}"] = v
     notes["restart.checkpoint_bytes"] = ("computed: θ and ω (fp32 master + Adam moments) of "
-                                         "the actor and critic, θ of reference and reward")
+                                         "the actor and critic, θ of reference and reward, "
+                                         "read at a restart; a planned restart first writes "
+                                         "the actor's and critic's alone")
     return notes
 
 

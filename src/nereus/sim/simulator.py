@@ -3,10 +3,11 @@
 Per step, a policy's job: hands the last step's telemetry to the policy and carries out its
 answer -- a move costs the transition schedule's makespan under the hidden efficiencies (times
 noise); a restart costs start-up, the checkpoint load and, after a failure, the steps since the
-last checkpoint done again -- then runs the step (ground truth: ``Truth``). If a GPU the plan
-uses leaves the pool during the step, the step is lost up to that moment and the policy decides
-again. An empty pool pauses the job: the state on its GPUs is gone, so it restarts from the
-checkpoint when GPUs return. Every number here is simulated.
+last checkpoint done again on the plan and GPUs it restarts on -- then runs the step (ground
+truth: ``Truth``). If a GPU the plan uses leaves the pool during the step, the step is lost up
+to that moment and the policy decides again. An empty pool pauses the job: the state on its
+GPUs is gone, so it restarts from the checkpoint when GPUs return. Every number here is
+simulated.
 
 Progress-aligned replay: the availability trace is a function of wall-clock time, but policies
 run at different speeds, and a few seconds' difference decides which 5-minute outages a job
@@ -16,8 +17,9 @@ nominal clock (each step as long as the best full-pool plan takes under the true
 that stops while the pool is empty (``align``). Restarts and transitions take a policy's own
 time but do not move the events.
 
-Throughput is response tokens per second of time the job held GPUs (paused time is reported
-apart and is the same for every policy).
+Throughput is response tokens per second of time the job held GPUs (paused time -- an empty or
+unusable pool -- is reported apart and is the same for every policy; a policy that waits on a
+pool some plan fits holds its GPUs, and that time counts as lost).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from nereus.control.controller import Action
-from nereus.control.restart import RestartParams, checkpoint_bytes
+from nereus.control.restart import RestartParams, checkpoint_bytes, saved_bytes
 from nereus.control.targets import intact
 from nereus.control.telemetry import Telemetry
 from nereus.cost.model import CostModel
@@ -60,7 +62,7 @@ class StepRow:
     step_s: float            # the step itself
     transition_s: float      # transitions before it (since the previous step)
     restart_s: float         # restarts before it
-    lost_s: float            # work lost to failures before it
+    lost_s: float            # work lost to failures (and waits holding GPUs) before it
     paused_s: float          # time without GPUs before it
     pool_gpus: int
     plan_gpus: int
@@ -209,7 +211,7 @@ class _Runner:
         self.t = 0.0
         self.plan: Plan | None = None
         self.tel: Telemetry | None = None
-        self.since_ckpt: list[float] = []
+        self.since_ckpt: list[int] = []  # steps done since the last checkpoint
         self.rows: list[StepRow] = []
         self.events: list[Event] = []
         self._acc = {"transition_s": 0.0, "restart_s": 0.0, "lost_s": 0.0, "paused_s": 0.0}
@@ -230,13 +232,17 @@ class _Runner:
             self.tel = Telemetry(t.step, t.response_len_mean, t.response_len_max, t.pool,
                                  source=t.source)
 
-    def _pause(self, k: int, seconds: float, why: str) -> None:
-        """The pool is empty for ``seconds``: the policy hears of it, the job stops."""
+    def _pause(self, k: int, seconds: float, why: str, held: bool = False) -> None:
+        """The pool is empty for ``seconds``: the policy hears of it, the job stops.
+
+        ``held``: the pool was not empty -- a plan fits it, the policy found none -- so the job
+        held its GPUs all along: the time counts as lost, not paused (paused time is the same
+        for every policy and stays out of tokens/s)."""
         upcoming = (k, *self.sim.lengths.at(k))
         self.p.decide(self._telemetry(k, ()), upcoming)
         self._consumed()
         self.events.append(Event(k, self.t, "wait", seconds, why))
-        self._acc["paused_s"] += seconds
+        self._acc["lost_s" if held else "paused_s"] += seconds
         self.t += seconds
 
     def _restart(self, k: int, act: Act, pool: tuple[int, ...]) -> None:
@@ -246,8 +252,9 @@ class _Runner:
         params = sim.restart
         nbytes = checkpoint_bytes(job)
         secs = params.startup_s + nbytes / (params.storage_read_bw_per_node * nodes)
-        lost = sum(self.since_ckpt) if act.after_failure else 0.0
-        save = 0.0 if act.after_failure else nbytes / (params.storage_write_bw_per_node * nodes)
+        lost = self._redo_s(act.plan, pool) if act.after_failure else 0.0
+        save = 0.0 if act.after_failure else \
+            saved_bytes(job) / (params.storage_write_bw_per_node * nodes)
         if not act.after_failure:
             # a planned restart writes a checkpoint of this very state: nothing before it is
             # at risk any more (after a failure the redone work is unsaved again: it stays)
@@ -259,6 +266,17 @@ class _Runner:
         self.events.append(Event(k, self.t, "restart", secs + save + lost,
                                  why or ("after a failure" if act.after_failure else "planned")))
         self.plan = act.plan
+
+    def _redo_s(self, plan: Plan | None, pool: tuple[int, ...]) -> float:
+        """Seconds to do the steps since the last checkpoint again on ``plan`` and ``pool``
+        (what the job restarts on: after a loss, fewer GPUs than ran them), each at its own
+        lengths."""
+        if not self.since_ckpt:
+            return 0.0
+        if plan is None:
+            raise RuntimeError(f"{self.p.name} restarted without a plan")
+        return sum(self.sim.truth.run_step(plan, pool, j, *self.sim.lengths.at(j))[0]
+                   for j in self.since_ckpt)
 
     def _apply(self, k: int, act: Act, pool: tuple[int, ...]) -> bool:
         """Carry out a decision; False when the job cannot run (no plan fits the pool)."""
@@ -325,8 +343,10 @@ class _Runner:
                 failed = False
                 self._consumed()
                 if not self._apply(k, act, pool):
-                    # nothing fits this pool: wait out the rest of the step's window
-                    self._pause(k, sim.nominal[k], f"no plan fits {len(pool)} GPUs")
+                    # the policy finds no plan for this pool (the truth has one: ``usable``):
+                    # it waits out the step's window holding the GPUs
+                    self._pause(k, sim.nominal[k], f"no plan found for {len(pool)} GPUs",
+                                held=True)
                     if pending:
                         pool = pending[-1][2]
                         pending = []
@@ -365,7 +385,7 @@ class _Runner:
                 pool = new
                 continue
             self.t += step_s
-            self.since_ckpt.append(step_s)
+            self.since_ckpt.append(k)
             if (k + 1) % sim.restart.checkpoint_interval_steps == 0:
                 self.since_ckpt.clear()
             end_pool = pending[-1][2] if pending else pool

@@ -220,7 +220,7 @@ def spot_window(start_tick: int, name: str = SPOT_TRACE, max_gpus: int | None = 
     """
     counts, tick = spot_counts(name)
     if not 0 <= start_tick < len(counts):
-        raise InputError("availability.start_tick", f"{start_tick} is outside the trace",
+        raise InputError("availability.spot.start_tick", f"{start_tick} is outside the trace",
                          f"0..{len(counts) - 1}")
     window = counts[start_tick:]
     if max_gpus is not None:
@@ -256,7 +256,9 @@ def node_churn(num_nodes: int, devices_per_node: int, hours: float = 10.0, chang
     (never below ``min_nodes``). Blocks repeat long enough for any run.
     """
     if not 1 <= min_nodes <= num_nodes:
-        raise InputError("availability.min_nodes", f"must be in 1..{num_nodes}, got {min_nodes}")
+        raise InputError("availability.churn.min_nodes",
+                         f"{min_nodes} is not allowed on {num_nodes} nodes",
+                         f"1..{max(1, num_nodes - 1)}")
     if not (math.isfinite(hours) and hours >= MIN_CHURN_HOURS):
         raise InputError("availability.churn.hours", f"got {hours:g}",
                          f"a finite number >= {MIN_CHURN_HOURS:g}")
@@ -264,7 +266,7 @@ def node_churn(num_nodes: int, devices_per_node: int, hours: float = 10.0, chang
         raise InputError("availability.churn.changes", f"got {changes}",
                          f"1..{MAX_CHURN_CHANGES}")
     if min_nodes == num_nodes:
-        raise InputError("availability.min_nodes", "leaves no node to take away",
+        raise InputError("availability.churn.min_nodes", "leaves no node to take away",
                          f"1..{num_nodes - 1}")
     rng = np.random.default_rng(seed)
     block = hours * 3600.0
@@ -422,7 +424,7 @@ def congestion(steps: int, periods: int = 3, length: tuple[int, int] = (40, 120)
                          "longest")
     _check_factor(factor, "drift.congestion.factor")
     rng = np.random.default_rng(seed)
-    cls = [_op_class(c, "drift.op_class") for c in op_classes]
+    cls = [_op_class(c, "drift.congestion.op_classes") for c in op_classes]
     out: list[DriftPeriod] = []
     span = steps / (periods + 1)
     for k in range(periods):

@@ -6,7 +6,8 @@ log-normal noise factor per stage and step. The same (step, stage) draws the sam
 every policy, so two policies running one plan see one time. Transitions take what the
 transition schedule says under the same hidden efficiencies, times noise.
 
-Cost models are shared per (efficiencies, lengths, node size), and each memoizes its estimates:
+Cost models are shared per (efficiencies, lengths, pool shape: node size and whether the pool
+sits in one node), and each memoizes its estimates:
 the four policies of a run price the same few stage candidates at the same lengths.
 """
 
@@ -52,8 +53,12 @@ class Priced:
     sync_s: float
 
 
-def node_size(job: JobSpec, pool: tuple[int, ...]) -> int:
-    return min(job.cluster.devices_per_node, GpuPool(job.cluster, pool).largest_node_share())
+def pool_shape(job: JobSpec, pool: tuple[int, ...]) -> tuple[int, bool]:
+    """What a cost model reads of its pool: the node size a TP group may use, and whether the
+    whole pool sits in one node (asynchronous weight sync crosses the network otherwise)."""
+    gp = GpuPool(job.cluster, pool)
+    return (min(job.cluster.devices_per_node, gp.largest_node_share()),
+            len(gp.by_node()) == 1)
 
 
 class Truth:
@@ -90,7 +95,7 @@ class Truth:
 
     def _model(self, eff: Efficiencies, mean: float, longest: int, pool: tuple[int, ...]
                ) -> CostModel:
-        key = (eff_key(eff), int(round(mean)), int(longest), node_size(self.job, pool))
+        key = (eff_key(eff), int(round(mean)), int(longest), pool_shape(self.job, pool))
         m = self._models.get(key)
         if m is None:
             if len(self._models) > 256:

@@ -96,7 +96,10 @@ class JobConfig(_Strict):
 
 
 def build_job(cfg: JobConfig) -> JobSpec:
-    device = get_device(cfg.cluster.device)
+    try:
+        device = get_device(cfg.cluster.device)
+    except InputError as e:  # the YAML field is cluster.device
+        raise InputError("cluster.device", e.problem, e.allowed) from None
     if cfg.cluster.device_memory_gib:
         device = device.with_memory(int(cfg.cluster.device_memory_gib * GiB))
     ids = list(range(cfg.gpus)) if isinstance(cfg.gpus, int) else sorted(set(cfg.gpus))
