@@ -24,7 +24,7 @@ def help_text(*command: str) -> str:
     ("plan", "mean response length (tokens) [default: 2048]"),
     ("plan", "prompts per RL step [default: 512]"),
     ("plan", "[default: the mean response length]"),
-    ("plan", "Exit 2 for bad input, 3 when no plan fits the pool."),
+    ("plan", "Exit 2 for bad input, a job that no plan fits included."),
     ("transition", "ppo, grpo or remax [default: ppo]"),
     ("transition", "[default: h100-sxm-80gb]"),
     ("transition", "(.png, .pdf or .svg)"),

@@ -146,7 +146,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Find the fastest execution plan that fits, and show where its time and memory go.
 
-        Exit 2 for bad input, 3 when no plan fits the pool.
+        Exit 2 for bad input, a job that no plan fits included.
         """
         on = frontier_stage is not None
         refuse_together("--frontier", on, "--evaluate", evaluate is not None,

@@ -33,12 +33,11 @@ from nereus.cost.model import CostModel
 from nereus.errors import InputError
 from nereus.plan.types import Plan
 from nereus.spec.cluster import MAX_DEVICES, GpuPool
-from nereus.spec.device import GiB
 from nereus.spec.job import JobSpec, load_job
 from nereus.transition.emu import format_gpus
 from nereus.transition.planner import plan_transition
 from nereus.transition.schedule import Schedule
-from nereus.transition.sizes import StateSizes
+from nereus.transition.sizes import StateSizes, format_bytes
 
 PLAN_SUFFIXES = (".json",)
 JOB_SUFFIXES = (".yaml", ".yml")
@@ -137,13 +136,6 @@ def job_for_plans(current: Plan, target: Plan, config: Path | None, model: str |
     return job if job.cluster.num_devices >= needed else build(config, needed)
 
 
-def size(nbytes: float) -> str:
-    """Bytes in GiB, or MiB below one GiB (a tiny model's state is not '0.00 GiB')."""
-    if nbytes < GiB:
-        return f"{nbytes / 2**20:.2f} MiB"
-    return f"{nbytes / GiB:.2f} GiB"
-
-
 def stage_table(schedule: Schedule, current: Plan, target: Plan, sizes: StateSizes) -> Table:
     t = Table(title="primitives per model-stage", title_justify="left")
     for col in ("model-stage", "current", "target", *OPS, "bytes moved (estimated)"):
@@ -158,7 +150,7 @@ def stage_table(schedule: Schedule, current: Plan, target: Plan, sizes: StateSiz
         t.add_row(sp.stage, f"tp={sp.tp} pp={sp.pp} dp={sp.dp}",
                   f"tp={tp.tp} pp={tp.pp} dp={tp.dp}",
                   *(str(counts[op]) if counts[op] else "-" for op in OPS),
-                  size(moved) if prims else "unchanged")
+                  format_bytes(moved) if prims else "unchanged")
     return t
 
 
@@ -207,8 +199,8 @@ def print_schedule(job: JobSpec, schedule: Schedule, current: Plan, target: Plan
     peaks = schedule.peak_bytes()
     if peaks:
         g = max(peaks, key=peaks.__getitem__)
-        console.print(f"peak memory {size(peaks[g])} on GPU {g} of "
-                      f"{size(schedule.capacity_bytes)} allowed (estimated)")
+        console.print(f"peak memory {format_bytes(peaks[g])} on GPU {g} of "
+                      f"{format_bytes(schedule.capacity_bytes)} allowed (estimated)")
     console.print(f"L_tran = {schedule.estimated_s:.4f} s (estimated), "
                   f"{len(schedule.primitives)} primitives")
 

@@ -55,23 +55,28 @@ RESTART_SOURCES: dict[str, str] = {
 }
 
 
-def checkpoint_bytes(job: JobSpec) -> int:
-    """Bytes a restart reads: θ and ω of each trainable model, θ of each frozen one."""
+def _state_bytes(job: JobSpec, trainable_only: bool) -> int:
+    """θ and ω of each trainable model, and (unless ``trainable_only``) θ of each frozen one."""
     w = job.workload
     total = 0
     for m in job.workflow.models:
-        per_param = w.param_bytes + (w.optimizer_state_bytes_per_param() if m.trainable else 0)
-        total += job.model.param_count(m.head) * per_param
+        if m.trainable:
+            total += job.model.param_count(m.head) * (w.param_bytes
+                                                       + w.optimizer_state_bytes_per_param())
+        elif not trainable_only:
+            total += job.model.param_count(m.head) * w.param_bytes
     return int(total)
+
+
+def checkpoint_bytes(job: JobSpec) -> int:
+    """Bytes a restart reads: θ and ω of each trainable model, θ of each frozen one."""
+    return _state_bytes(job, trainable_only=False)
 
 
 def saved_bytes(job: JobSpec) -> int:
     """Bytes a planned restart writes first: θ and ω of each trainable model (frozen weights
     never change, so no checkpoint holds them)."""
-    w = job.workload
-    per_param = w.param_bytes + w.optimizer_state_bytes_per_param()
-    return int(sum(job.model.param_count(m.head) * per_param
-                   for m in job.workflow.models if m.trainable))
+    return _state_bytes(job, trainable_only=True)
 
 
 @dataclass(frozen=True)

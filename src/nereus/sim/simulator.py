@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from nereus.control.controller import Action
-from nereus.control.restart import RestartParams, checkpoint_bytes, saved_bytes
+from nereus.control.restart import RestartParams, restart_cost
 from nereus.control.targets import intact
 from nereus.control.telemetry import Telemetry
 from nereus.cost.model import CostModel
@@ -248,22 +248,21 @@ class _Runner:
     def _restart(self, k: int, act: Act, pool: tuple[int, ...]) -> None:
         sim = self.sim
         job = sim.truth.job_at(pool, *sim.lengths.at(k))
-        nodes = max(1, len({job.cluster.node_of(g) for g in pool}))
-        params = sim.restart
-        nbytes = checkpoint_bytes(job)
-        secs = params.startup_s + nbytes / (params.storage_read_bw_per_node * nodes)
+        # start-up, load and (planned) save by the controller's own formula; the redone work
+        # is the truth's, step by step
+        rc = restart_cost(job, sim.restart, after_failure=act.after_failure, lost_steps=0,
+                          source="simulated")
+        secs = rc.startup_s + rc.load_s + rc.save_s
         lost = self._redo_s(act.plan, pool) if act.after_failure else 0.0
-        save = 0.0 if act.after_failure else \
-            saved_bytes(job) / (params.storage_write_bw_per_node * nodes)
         if not act.after_failure:
             # a planned restart writes a checkpoint of this very state: nothing before it is
             # at risk any more (after a failure the redone work is unsaved again: it stays)
             self.since_ckpt.clear()
-        self._acc["restart_s"] += secs + save
+        self._acc["restart_s"] += secs
         self._acc["lost_s"] += lost
-        self.t += secs + save + lost
+        self.t += secs + lost
         why = act.decision.reasons.summary if act.decision else ""
-        self.events.append(Event(k, self.t, "restart", secs + save + lost,
+        self.events.append(Event(k, self.t, "restart", secs + lost,
                                  why or ("after a failure" if act.after_failure else "planned")))
         self.plan = act.plan
 
