@@ -139,26 +139,27 @@ def local_dag(current: Sequence[Emu], target: StagePlan, model: ModelSpec,
 def _over_capacity(dag: LocalDag, lay: Layout, tlay: Layout, sub: Layout, cost: TransitionCost,
                    capacity_bytes: int) -> str | None:
     """Why a Split or Merge of ``dag`` cannot run even on GPUs that hold nothing else (None when
-    each fits alone): Split keeps the source shard until its all-gather ends, Merge slices the
-    new shard out of the sub-shard one tensor at a time. No order of the transition helps."""
-    worst: tuple[int, str, int, int] | None = None  # (peak, op, before, extra)
-    crowded: set[int] = set()
+    each fits alone): Split keeps the source shard until its all-gather ends, Merge keeps the
+    sub-shard until the new shard is cut out of it. No order of the transition helps."""
+    worst: dict[str, tuple[int, int, int]] = {}  # op -> (peak, before, extra)
+    crowded: dict[str, set[int]] = {}             # op -> GPUs it outgrows
     for p in dag.primitives:
         if not isinstance(p, (Split, Merge)):
             continue
         for g, m in p.memory(cost.sizes).items():
             if m.during > capacity_bytes:
-                crowded.add(g)
-                if worst is None or m.during > worst[0]:
-                    worst = (m.during, p.op, m.before, m.during - m.before)
-    if worst is None:
+                crowded.setdefault(p.op, set()).add(g)
+                if m.during > worst.get(p.op, (-1, 0, 0))[0]:
+                    worst[p.op] = (m.during, m.before, m.during - m.before)
+    if not worst:
         return None
-    peak, op, before, extra = worst
+    op = max(worst, key=lambda o: (worst[o][0], o == "Split"))  # ties: the Split runs first
+    (peak, before, extra), gpus = worst[op], sorted(crowded[op])
     what = ("its source shard stays until the all-gather ends" if op == "Split"
-            else "the sub-shard stays while the new shard is sliced out of it")
+            else "the sub-shard stays until the new shard is cut out of it")
     return (f"{dag.stage}: {lay} -> {tlay} goes through units of {sub}, and its {op} needs "
-            f"up to {format_bytes(peak)} on GPU{'s' if len(crowded) > 1 else ''} "
-            f"{format_gpus(sorted(crowded))} by itself ({format_bytes(before)} + "
+            f"up to {format_bytes(peak)} on GPU{'s' if len(gpus) > 1 else ''} "
+            f"{format_gpus(gpus)} by itself ({format_bytes(before)} + "
             f"{format_bytes(extra)}: {what}), over the {format_bytes(capacity_bytes)} a GPU "
             "may hold, whatever else moves first")
 

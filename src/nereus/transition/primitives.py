@@ -3,10 +3,11 @@
 - ``Split(emu, T_sub)``: one unit of layout T becomes k = (tp/tp_sub)(pp/pp_sub) complete units
   of T_sub on the same GPUs, by a position-wise all-gather inside each group of k GPUs that
   share a T_sub-position. Source shards stay until the all-gather ends.
-- ``Merge(emus, T)``: k complete units of T_sub become one unit of T; each GPU slices its new
-  shard out of the sub-shard it holds, one tensor at a time (the slice is copied out, then that
-  tensor's sub-shard is freed), so its peak is the sub-shard plus the largest new tensor. No
-  collective, nothing crosses a link.
+- ``Merge(emus, T)``: k complete units of T_sub become one unit of T; each GPU allocates its
+  new shard and cuts it out of the sub-shard it holds, which is freed when the cut ends (the
+  runtime keeps a unit's state in one contiguous arena, so the sub-shard cannot be freed a
+  tensor at a time), so its peak is the sub-shard plus the new shard. No collective, nothing
+  crosses a link.
 - ``Extend(emu, R')``: a new unit with the same layout on disjoint GPUs R'; GPU i of the source
   sends its shard to GPU i of R'. The receiving copy is allocated when the primitive starts.
 - ``Destroy(emu)``: local teardown; its bytes are freed when it ends. Allowed only while another
@@ -200,14 +201,13 @@ class Merge:
 
     def memory(self, sizes: StateSizes) -> dict[int, MemStep]:
         new = sizes.of(self.output)
-        big = sizes.largest_tensor(self.output)
         out: dict[int, MemStep] = {}
         pos = {g: i for i, g in enumerate(self.output.gpus)}
         for e in self.emus:
             old = sizes.of(e)
             for i, g in enumerate(e.gpus):
                 j = pos[g]
-                out[g] = MemStep(old[i], max(old[i] + big[j], new[j]), new[j])
+                out[g] = MemStep(old[i], old[i] + new[j], new[j])
         return out
 
     def check(self, alive: Mapping[str, Emu], model: ModelSpec | None = None) -> None:

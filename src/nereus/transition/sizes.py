@@ -10,11 +10,11 @@ from __future__ import annotations
 from functools import lru_cache
 
 from nereus.cost.candidate import Layout
-from nereus.cost.state import emu_state_bytes, state_bytes_per_param
+from nereus.cost.state import emu_state_bytes
 from nereus.spec.device import GiB
 from nereus.spec.job import JobSpec
 from nereus.spec.model import Head, ModelSpec
-from nereus.spec.sharding import layout_problem, shard_plan
+from nereus.spec.sharding import layout_problem
 from nereus.spec.workload import Workload
 from nereus.transition.emu import Emu
 
@@ -25,16 +25,6 @@ def position_bytes(model: ModelSpec, head: Head, trainable: bool, workload: Work
     """State bytes of each position of a (tp, pp) unit, indexed ``pp_rank * tp + tp_rank``."""
     lay = Layout(tp, pp)
     return tuple(emu_state_bytes(model, head, lay, trainable, workload, i % tp, i // tp)
-                 for i in range(tp * pp))
-
-
-@lru_cache(maxsize=1024)
-def largest_tensor_bytes(model: ModelSpec, head: Head, trainable: bool, workload: Workload,
-                         tp: int, pp: int) -> tuple[int, ...]:
-    """Bytes of the largest single shard (a parameter with its optimizer tensors) per position:
-    the transient of work done one tensor at a time, such as Merge's slicing."""
-    per = state_bytes_per_param(workload, trainable)
-    return tuple(max(s.numel for s in shard_plan(model, head, tp, pp, i % tp, i // tp)) * per
                  for i in range(tp * pp))
 
 
@@ -72,10 +62,6 @@ class StateSizes:
     def of_layout(self, model: str, trainable: bool, layout: Layout) -> tuple[int, ...]:
         return position_bytes(self.job.model, self._heads[model], trainable, self.job.workload,
                               layout.tp, layout.pp)
-
-    def largest_tensor(self, emu: Emu) -> tuple[int, ...]:
-        return largest_tensor_bytes(self.job.model, self._heads[emu.model], emu.trainable,
-                                    self.job.workload, emu.layout.tp, emu.layout.pp)
 
     def total(self, emu: Emu) -> int:
         return sum(self.of(emu))

@@ -23,7 +23,7 @@ import networkx as nx
 
 from nereus.cost.candidate import Layout
 from nereus.cost.estimate import HEADROOM
-from nereus.cost.state import emu_state_bytes, state_bytes_per_param
+from nereus.cost.state import emu_state_bytes
 from nereus.plan.types import Plan
 from nereus.spec.job import JobSpec
 from nereus.spec.model import Head, ModelSpec
@@ -135,13 +135,6 @@ class _Job:
         m = self.model_of[u.stage]
         return emu_state_bytes(self.job.model, self.head[m], u.layout, self.trains[u.stage],
                                self.job.workload, i % u.layout.tp, i // u.layout.tp)
-
-    def largest_tensor_at(self, u: _Unit, i: int) -> int:
-        m = self.model_of[u.stage]
-        shards = shard_plan(self.job.model, self.head[m], u.layout.tp, u.layout.pp,
-                            i % u.layout.tp, i // u.layout.tp)
-        return max(s.numel for s in shards) * state_bytes_per_param(self.job.workload,
-                                                                    self.trains[u.stage])
 
     def complete(self, u: _Unit) -> bool:
         return len(u.gpus) == u.layout.size and _complete(
@@ -344,13 +337,7 @@ def _check_moment(J: _Job, t: float, alive: dict[str, _Unit],
     mem: dict[int, int] = {}
     for p in running.values():
         prim = p.primitive
-        if prim.op == "Merge":  # slices one tensor at a time: the largest new tensor on top
-            u = _as_unit(prim.outputs[0])
-            if u.stage in J.changed:
-                for i, gpu in enumerate(u.gpus):
-                    mem[gpu] = mem.get(gpu, 0) + J.largest_tensor_at(u, i)
-            continue
-        for e in prim.outputs:
+        for e in prim.outputs:  # allocated when the primitive starts
             held[e.id] = _as_unit(e)
         if prim.op == "Destroy":
             dying.add(prim.inputs[0].id)
