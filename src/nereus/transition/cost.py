@@ -8,6 +8,9 @@ or equivalent when both GPUs sit on one node, the network otherwise) plus per-ho
 GPU's bytes on one link add up, so transfers sharing a link divide its bandwidth. Primitives
 that touch one GPU never overlap in a schedule, so links are shared only inside a primitive.
 Merge and Destroy are local: a dispatch constant plus memory-bound slicing at HBM bandwidth.
+A Split or Merge staged through host memory adds its host copies (out, then in) at the device's
+host-link bandwidth; they come before and after its transfers, so they add, and they are kept
+with the uncalibrated local part.
 
 The ideal seconds per op class are kept with each duration so measured times can calibrate the
 efficiencies (``nereus.transition.calibrate``).
@@ -107,8 +110,9 @@ class TransitionCost:
         if kind is Extend or kind is Split:
             terms = (self._extend_terms(p) if kind is Extend  # type: ignore[arg-type]
                      else self._split_terms(p))  # type: ignore[arg-type]
-            return Duration(self._comm_s(terms), (*terms, (OpClass.SETUP, self.setup_ideal_s)),
-                            0.0)
+            host = self._host_s(p) if p.staged else 0.0
+            return Duration(self._comm_s(terms) + host,
+                            (*terms, (OpClass.SETUP, self.setup_ideal_s)), host)
         if kind is Merge or kind is Destroy:
             local = self.seconds(p)
             return Duration(local, (), local)
@@ -120,13 +124,20 @@ class TransitionCost:
         if kind is Extend:
             return self._comm_s(self._extend_terms(p))  # type: ignore[arg-type]
         if kind is Split:
-            return self._comm_s(self._split_terms(p))  # type: ignore[arg-type]
+            t = self._comm_s(self._split_terms(p))  # type: ignore[arg-type]
+            return t + self._host_s(p) if p.staged else t
         if kind is Merge:
             new = self.sizes.of(p.output)  # type: ignore[union-attr]
-            return LOCAL_OP_S + 2 * max(new) / self.device.hbm_bw  # read + write the new shard
+            t = LOCAL_OP_S + 2 * max(new) / self.device.hbm_bw  # read + write the new shard
+            return t + self._host_s(p) if p.staged else t
         if kind is Destroy:
             return LOCAL_OP_S
         raise TypeError(f"not a primitive: {p!r}")
+
+    def _host_s(self, p: Split | Merge) -> float:
+        """Seconds of a staged primitive's host copies: the GPU with the most bytes sets it."""
+        most = max(p.host_bytes(self.sizes).values(), default=0)
+        return most / (self.device.host_bw * self._eff[OpClass.HOST])
 
     def _comm_s(self, terms: tuple[tuple[OpClass, float], ...]) -> float:
         """Set-up, then the slowest link class (they overlap)."""

@@ -8,6 +8,11 @@
   runtime keeps a unit's state in one contiguous arena, so the sub-shard cannot be freed a
   tensor at a time), so its peak is the sub-shard plus the new shard. No collective, nothing
   crosses a link.
+- Staged through host memory (``staged=True``), for a Split or Merge too big for a GPU as
+  above: each GPU first copies what it needs of its source position to host memory and frees
+  it there, then allocates the new shard and fills it from the host copy (a Split's
+  all-gather sends from it). The peak is the larger of the two shards, at the price of the
+  host copies; same semantics, same transfers between GPUs.
 - ``Extend(emu, R')``: a new unit with the same layout on disjoint GPUs R'; GPU i of the source
   sends its shard to GPU i of R'. The receiving copy is allocated when the primitive starts.
 - ``Destroy(emu)``: local teardown; its bytes are freed when it ends. Allowed only while another
@@ -77,15 +82,16 @@ class Split:
     emu: Emu
     sub: Layout
     outputs: tuple[Emu, ...]
+    staged: bool = False  # the source goes through host memory (see the module's docstring)
     op: ClassVar[str] = "Split"
 
     @classmethod
-    def of(cls, emu: Emu, sub: Layout, ids: Sequence[str]) -> Split:
+    def of(cls, emu: Emu, sub: Layout, ids: Sequence[str], staged: bool = False) -> Split:
         gpus = split_gpus(emu.gpus, emu.layout, sub)
         if len(ids) != len(gpus):
             raise PrimitiveError(f"Split({emu.id}): {len(ids)} ids for {len(gpus)} units")
         return cls(emu, sub, tuple(Emu(i, emu.stage, emu.model, sub, g, emu.holds)
-                                   for i, g in zip(ids, gpus)))
+                                   for i, g in zip(ids, gpus)), staged)
 
     def __post_init__(self) -> None:
         lay, sub = self.emu.layout, self.sub
@@ -141,8 +147,16 @@ class Split:
         out: dict[int, MemStep] = {}
         for i, g in enumerate(self.emu.gpus):
             s = dst[sub_index(i, lay, sub)[1]]
-            out[g] = MemStep(src[i], src[i] + s, s)
+            out[g] = MemStep(src[i], max(src[i], s) if self.staged else src[i] + s, s)
         return out
+
+    def host_bytes(self, sizes: StateSizes) -> dict[int, int]:
+        """Bytes each GPU copies to host memory and back when staged (0 otherwise): its source
+        position out, then the same bytes in again (its own piece, and what it sends)."""
+        if not self.staged:
+            return {}
+        src = sizes.of(self.emu)
+        return {g: 2 * src[i] for i, g in enumerate(self.emu.gpus)}
 
     def check(self, alive: Mapping[str, Emu], model: ModelSpec | None = None) -> None:
         _need_alive(self, (self.emu,), alive)
@@ -158,17 +172,19 @@ class Merge:
     emus: tuple[Emu, ...]
     layout: Layout
     output: Emu
+    staged: bool = False  # the new shard goes through host memory (see the module's docstring)
     op: ClassVar[str] = "Merge"
 
     @classmethod
-    def of(cls, emus: Sequence[Emu], layout: Layout, new_id: str) -> Merge:
+    def of(cls, emus: Sequence[Emu], layout: Layout, new_id: str, staged: bool = False
+           ) -> Merge:
         problem = _merge_problem(emus, layout)
         if problem:
             raise PrimitiveError(problem)
         first = emus[0]
         gpus = merge_gpus([e.gpus for e in emus], first.layout, layout)
         return cls(tuple(emus), layout, Emu(new_id, first.stage, first.model, layout, gpus,
-                                            first.holds))
+                                            first.holds), staged)
 
     def __post_init__(self) -> None:
         problem = _merge_problem(self.emus, self.layout)
@@ -207,8 +223,17 @@ class Merge:
             old = sizes.of(e)
             for i, g in enumerate(e.gpus):
                 j = pos[g]
-                out[g] = MemStep(old[i], old[i] + new[j], new[j])
+                peak = max(old[i], new[j]) if self.staged else old[i] + new[j]
+                out[g] = MemStep(old[i], peak, new[j])
         return out
+
+    def host_bytes(self, sizes: StateSizes) -> dict[int, int]:
+        """Bytes each GPU copies to host memory and back when staged (0 otherwise): its new
+        shard out of the sub-shard, then in again."""
+        if not self.staged:
+            return {}
+        new = sizes.of(self.output)
+        return {g: 2 * new[j] for j, g in enumerate(self.output.gpus)}
 
     def check(self, alive: Mapping[str, Emu], model: ModelSpec | None = None) -> None:
         _need_alive(self, self.emus, alive)
@@ -225,6 +250,7 @@ class Extend:
     targets: tuple[int, ...]
     output: Emu
     op: ClassVar[str] = "Extend"
+    staged: ClassVar[bool] = False  # only a Split or Merge goes through host memory
 
     @classmethod
     def of(cls, emu: Emu, targets: Sequence[int], new_id: str) -> Extend:
@@ -284,6 +310,7 @@ class Extend:
 class Destroy:
     emu: Emu
     op: ClassVar[str] = "Destroy"
+    staged: ClassVar[bool] = False
 
     @property
     def stage(self) -> str:
