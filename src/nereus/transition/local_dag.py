@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from nereus.cost.candidate import Layout
 from nereus.plan.types import StagePlan
@@ -108,12 +108,15 @@ def local_dag(current: Sequence[Emu], target: StagePlan, model: ModelSpec,
             nesting_problem(model, tlay, common_layout(lay, tlay))
         return LocalDag(stage, (), (), (), f"{stage}: {lay} -> {tlay}: {p}")
     e0 = current[0]
-    cur_max = max(cost.sizes.of(e0))
+    # a Split holds the current shard and the sub-shard, a Merge the sub-shard and the target's
+    ends_max = max(max(cost.sizes.of(e0)),
+                   max(cost.sizes.of_layout(e0.model, e0.trainable, tlay)))
 
     def fits(sub: Layout) -> bool:
         if capacity_bytes is None:
             return True
-        return cur_max + max(cost.sizes.of_layout(e0.model, e0.trainable, sub)) <= capacity_bytes
+        return ends_max + max(cost.sizes.of_layout(e0.model, e0.trainable, sub)) \
+            <= capacity_bytes
 
     ranked = sorted(subs, key=lambda s: (not fits(s), sum(_pieces(current, tgt_units, lay, tlay,
                                                                    s)), -s.size))
@@ -122,11 +125,13 @@ def local_dag(current: Sequence[Emu], target: StagePlan, model: ModelSpec,
     for sub in ranked:                          # exceeds a GPU's capacity, and why
         dag = _through(current, target, tgt_units, sub, cost)
         if dag.problem is None and capacity_bytes is not None and not fits(sub):
-            over = _over_capacity(dag, lay, tlay, sub, cost, capacity_bytes)
-            if over is not None:
-                if too_big is None or sub.size > too_big[0].size:
-                    too_big = (sub, over)
-                continue
+            if _over_capacity(dag, lay, tlay, sub, cost, capacity_bytes) is not None:
+                dag = _staged(dag, cost, capacity_bytes)
+                over = _over_capacity(dag, lay, tlay, sub, cost, capacity_bytes)
+                if over is not None:
+                    if too_big is None or sub.size > too_big[0].size:
+                        too_big = (sub, over)
+                    continue
         if dag.problem is None:
             return dag
         first = first or dag
@@ -136,11 +141,22 @@ def local_dag(current: Sequence[Emu], target: StagePlan, model: ModelSpec,
     return first
 
 
+def _staged(dag: LocalDag, cost: TransitionCost, capacity_bytes: int) -> LocalDag:
+    """``dag`` with every Split and Merge that outgrows a GPU by itself staged through host
+    memory (its peak is then the larger of its two shards, not both)."""
+    prims = tuple(
+        replace(p, staged=True) if isinstance(p, (Split, Merge)) and any(
+            m.during > capacity_bytes for m in p.memory(cost.sizes).values()) else p
+        for p in dag.primitives)
+    return replace(dag, primitives=prims)
+
+
 def _over_capacity(dag: LocalDag, lay: Layout, tlay: Layout, sub: Layout, cost: TransitionCost,
                    capacity_bytes: int) -> str | None:
     """Why a Split or Merge of ``dag`` cannot run even on GPUs that hold nothing else (None when
     each fits alone): Split keeps the source shard until its all-gather ends, Merge keeps the
-    sub-shard until the new shard is cut out of it. No order of the transition helps."""
+    sub-shard until the new shard is cut out of it; staged through host memory, each still
+    holds the larger of the two. No order of the transition helps."""
     worst: dict[str, tuple[int, int, int]] = {}  # op -> (peak, before, extra)
     crowded: dict[str, set[int]] = {}             # op -> GPUs it outgrows
     for p in dag.primitives:
@@ -155,13 +171,18 @@ def _over_capacity(dag: LocalDag, lay: Layout, tlay: Layout, sub: Layout, cost: 
         return None
     op = max(worst, key=lambda o: (worst[o][0], o == "Split"))  # ties: the Split runs first
     (peak, before, extra), gpus = worst[op], sorted(crowded[op])
-    what = ("its source shard stays until the all-gather ends" if op == "Split"
-            else "the sub-shard stays until the new shard is cut out of it")
+    if any(p.staged for p in dag.primitives if p.op == op):
+        what = ("its new shard, even with its source staged through host memory"
+                if op == "Split" else "its sub-shard, even with the new one staged through "
+                "host memory")
+    else:
+        what = (f"{format_bytes(before)} + {format_bytes(extra)}: " + (
+            "its source shard stays until the all-gather ends" if op == "Split"
+            else "the sub-shard stays until the new shard is cut out of it"))
     return (f"{dag.stage}: {lay} -> {tlay} goes through units of {sub}, and its {op} needs "
             f"up to {format_bytes(peak)} on GPU{'s' if len(gpus) > 1 else ''} "
-            f"{format_gpus(gpus)} by itself ({format_bytes(before)} + "
-            f"{format_bytes(extra)}: {what}), over the {format_bytes(capacity_bytes)} a GPU "
-            "may hold, whatever else moves first")
+            f"{format_gpus(gpus)} by itself ({what}), over the {format_bytes(capacity_bytes)} "
+            "a GPU may hold, whatever else moves first")
 
 
 def _through(current: Sequence[Emu], target: StagePlan, tgt_units: list[tuple[int, ...]],

@@ -334,9 +334,14 @@ def _check_moment(J: _Job, t: float, alive: dict[str, _Unit],
     errs: list[str] = []
     held: dict[str, _Unit] = dict(alive)
     dying: set[str] = set()
+    on_host: set[str] = set()  # staged: the source position waits in host memory
     mem: dict[int, int] = {}
     for p in running.values():
         prim = p.primitive
+        if prim.staged and prim.op == "Merge":  # the new shard comes once the old one is gone
+            continue
+        if prim.staged:
+            on_host.update(e.id for e in prim.inputs)
         for e in prim.outputs:  # allocated when the primitive starts
             held[e.id] = _as_unit(e)
         if prim.op == "Destroy":
@@ -345,7 +350,8 @@ def _check_moment(J: _Job, t: float, alive: dict[str, _Unit],
     for u in held.values():
         for i, gpu in enumerate(u.gpus):
             owners.setdefault(gpu, set()).add(u.stage)
-            if u.stage in J.changed and (u.id in J.loaded or u.id not in J.initial_ids):
+            if u.stage in J.changed and u.id not in on_host and (
+                    u.id in J.loaded or u.id not in J.initial_ids):
                 mem[gpu] = mem.get(gpu, 0) + J.bytes_at(u, i)
     for gpu, b in mem.items():
         peak[gpu] = max(peak.get(gpu, 0), b)
