@@ -8,6 +8,7 @@ from dataclasses import replace
 import networkx as nx
 import pytest
 
+from nereus.cost.candidate import Layout
 from nereus.cost.ops import OpClass
 from nereus.errors import InputError
 from nereus.plan.types import Plan
@@ -262,3 +263,28 @@ def test_units_no_primitive_reads_stay_offloaded() -> None:
     assert all(m == (0, 0, 0) for m in dag.memory[drop].values())
     s = plan_transition(job, cur, tgt)
     assert validate(job, cur, tgt, s) == []
+
+
+def test_a_move_whose_every_t_sub_is_too_big_goes_in_two_hops() -> None:
+    """The 8B critic's training state from (tp=2, pp=1) on two GPUs to (tp=1, pp=8): their only
+    T_sub is (1, 1), a whole unsharded copy (97.9 GiB) on one GPU, even staged. Through one
+    (2, 4) unit on the target's GPUs each hop's T_sub holds half the state or less: the current
+    unit is extended onto (2, 1) slots and merged into (2, 4), which splits into (1, 4) units
+    on exactly the target's pieces, merged into (1, 8)."""
+    job = job8b(8)
+    cur = Plan((sp("critic_train", 2, 1, [[4, 5]]),))
+    tgt = Plan((sp("critic_train", 1, 8, [range(8)]),))
+    s = plan_transition(job, cur, tgt)
+    assert s.feasible, s.reason
+    assert validate(job, cur, tgt, s) == []
+    prims = [p.primitive for p in s.primitives]
+    mids = {e.layout for p in prims for e in p.outputs} - {Layout(2, 1), Layout(1, 8)}
+    assert mids == {Layout(2, 4), Layout(1, 4)}
+    assert [p.op for p in prims if p.op != "Extend"] == ["Merge", "Split", "Merge"]
+    assert max(s.peak_bytes().values()) <= s.capacity_bytes
+    ids = [e.id for p in prims for e in p.outputs]
+    assert len(ids) == len(set(ids)) and "critic_train/0" not in ids
+    # the split of the (2, 4) unit waits for the merge that makes it
+    split = next(i for i, p in enumerate(prims) if p.op == "Split")
+    merge = next(i for i, p in enumerate(prims) if p.op == "Merge")
+    assert merge in s.primitives[split].deps

@@ -13,15 +13,17 @@ destroyed only after the Extends that copy it have ended.
 from __future__ import annotations
 
 import bisect
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from nereus.cost.candidate import Layout
 from nereus.plan.types import StagePlan
 from nereus.spec.model import ModelSpec
+from nereus.spec.sharding import layout_problem
 from nereus.transition.cost import TransitionCost
 from nereus.transition.emu import Emu, emu_id, format_gpus
-from nereus.transition.nesting import common_layout, nesting_problem, split_gpus
+from nereus.transition.nesting import common_layout, merge_gpus, nesting_problem, split_gpus
 from nereus.transition.primitives import Destroy, Extend, Merge, Primitive, Split
 from nereus.transition.sizes import format_bytes
 
@@ -89,13 +91,19 @@ def _pieces(current: Sequence[Emu], tgt_units: Sequence[tuple[int, ...]], lay: L
 
 
 def local_dag(current: Sequence[Emu], target: StagePlan, model: ModelSpec,
-              cost: TransitionCost, capacity_bytes: int | None = None) -> LocalDag:
+              cost: TransitionCost, capacity_bytes: int | None = None,
+              reserved: Sequence[str] = (), hops: bool = True) -> LocalDag:
     """The local DAG through the T_sub that moves the fewest bytes (full state copies split or
     extended), preferring larger T_sub; the largest common layout comes first on ties, and
     smaller ones serve when its pieces cannot reach the target GPUs or nothing nests there.
     T_sub candidates whose split does not fit a GPU on its own are tried last; when every
     candidate has a Split or Merge that exceeds a GPU's capacity by itself, that is the
-    ``problem`` (for the largest such T_sub), since no order of the transition can help."""
+    ``problem`` (for the largest such T_sub), since no order of the transition can help.
+
+    Unless even that fails, no unit outgrows a GPU: a Split or Merge that would is staged
+    through host memory; and when every T_sub is still too big (a (2, 1) unit to (1, 8) goes
+    through whole unsharded copies), the stage moves in two hops through the smallest layout
+    both split into (:func:`_two_hops`). ``reserved``: unit ids already taken."""
     stage = target.stage
     tgt_units = [tuple(r) for r in target.replicas]
     lay, tlay = current[0].layout, target.layout
@@ -123,7 +131,7 @@ def local_dag(current: Sequence[Emu], target: StagePlan, model: ModelSpec,
     first: LocalDag | None = None
     too_big: tuple[Layout, str] | None = None  # the largest T_sub whose Split or Merge alone
     for sub in ranked:                          # exceeds a GPU's capacity, and why
-        dag = _through(current, target, tgt_units, sub, cost)
+        dag = _through(current, target, tgt_units, sub, cost, reserved)
         if dag.problem is None and capacity_bytes is not None and not fits(sub):
             if _over_capacity(dag, lay, tlay, sub, cost, capacity_bytes) is not None:
                 dag = _staged(dag, cost, capacity_bytes)
@@ -136,6 +144,10 @@ def local_dag(current: Sequence[Emu], target: StagePlan, model: ModelSpec,
             return dag
         first = first or dag
     if too_big is not None:  # memory, whatever runs first, stands in the way
+        if hops and capacity_bytes is not None:
+            two = _two_hops(current, target, model, cost, capacity_bytes, reserved)
+            if two is not None:
+                return two
         return LocalDag(stage, (), (), (), too_big[1])
     assert first is not None
     return first
@@ -185,13 +197,70 @@ def _over_capacity(dag: LocalDag, lay: Layout, tlay: Layout, sub: Layout, cost: 
             "a GPU may hold, whatever else moves first")
 
 
+def _two_hops(current: Sequence[Emu], target: StagePlan, model: ModelSpec,
+              cost: TransitionCost, capacity_bytes: int, reserved: Sequence[str]
+              ) -> LocalDag | None:
+    """current -> I -> target through one unit of an intermediate layout I on the target's GPUs,
+    when every direct T_sub is too big for a GPU: a (2, 1) unit to (1, 8) would go through
+    whole unsharded copies, but through (2, 4) each hop's T_sub is half the state or less.
+
+    I ranges over the layouts whose tp and pp divide lcm(tp, tp*) and lcm(pp, pp*), with at most
+    as many GPUs as the target has; the ones whose smaller T_sub (with the current layout, with
+    the target) is largest come first. I's GPUs are the target's own pieces of the second hop's
+    T_sub, merged, so the second hop splits I straight onto them. None when no I gives two hops
+    without a problem."""
+    lay, tlay = current[0].layout, target.layout
+    top = Layout(math.lcm(lay.tp, tlay.tp), math.lcm(lay.pp, tlay.pp))
+    room = sum(len(r) for r in target.replicas)
+    mids = [Layout(tp, pp) for tp in _divisors(top.tp) for pp in _divisors(top.pp)
+            if Layout(tp, pp) not in (lay, tlay) and tp * pp <= room]
+
+    def score(mid: Layout) -> tuple[int, int]:
+        a, b = common_layout(lay, mid).size, common_layout(mid, tlay).size
+        return min(a, b), max(a, b)
+
+    for mid in sorted(mids, key=lambda m: (score(m), -m.size), reverse=True):
+        if score(mid)[0] <= common_layout(lay, tlay).size:
+            break  # no better than going straight
+        sub = common_layout(mid, tlay)
+        if (layout_problem(model, mid.tp, mid.pp) or nesting_problem(model, mid, sub)
+                or nesting_problem(model, tlay, sub)):
+            continue
+        pieces = [p for r in target.replicas for p in split_gpus(r, tlay, sub)]
+        k = mid.size // sub.size
+        gpus = merge_gpus(pieces[:k], sub, mid)
+        hop = StagePlan(target.stage, replace(target.candidate, layout=mid, dp=1), (gpus,))
+        taken = [*reserved, *(e.id for e in current)]
+        first = local_dag(current, hop, model, cost, capacity_bytes, taken, hops=False)
+        if first.problem is not None:
+            continue
+        taken += [e.id for p in first.primitives for e in p.outputs]
+        second = local_dag(first.final, target, model, cost, capacity_bytes, taken,
+                           hops=False)
+        if second.problem is not None:
+            continue
+        # the second hop's primitives that read a unit the first made wait for its producer
+        made = {e.id: i for i, p in enumerate(first.primitives) for e in p.outputs}
+        n = len(first.primitives)
+        edges = list(first.edges) + [(a + n, b + n) for a, b in second.edges]
+        for j, p in enumerate(second.primitives):
+            edges += [(made[e.id], j + n) for e in p.inputs if e.id in made]
+        return LocalDag(target.stage, first.primitives + second.primitives,
+                        tuple(sorted(set(edges))), second.final)
+    return None
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
 def _through(current: Sequence[Emu], target: StagePlan, tgt_units: list[tuple[int, ...]],
-             sub: Layout, cost: TransitionCost) -> LocalDag:
+             sub: Layout, cost: TransitionCost, reserved: Sequence[str] = ()) -> LocalDag:
     stage = target.stage
     lay, tlay = current[0].layout, target.layout
     k = lay.size // sub.size
     kt = tlay.size // sub.size
-    ids = _Ids(stage, [e.id for e in current])
+    ids = _Ids(stage, [*reserved, *(e.id for e in current)])
     prims: list[Primitive] = []
     edges: list[tuple[int, int]] = []
 
