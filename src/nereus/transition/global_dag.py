@@ -11,8 +11,9 @@ acquisition gets edges from the Destroys that cleared a rival off its GPUs, so n
 DAG lets two rivals meet. When nothing can run and something waits, the replay starts again
 with the stuck primitives (and what they wait for) right after the Destroys: the order that got
 stuck may have spent, on a growth nothing gives back, memory they needed. When that does not
-help either, the transition is infeasible and the reason (the first replay's) names the GPUs
-and the model-stages.
+help either, the replays run once more staging through host memory each Split or Merge that
+no Destroy makes room for, when staged it fits; failing that, the transition is infeasible
+and the reason (the first replay's) names the GPUs and the model-stages.
 
 The replay order ``order`` fits memory one primitive at a time; the list scheduler uses it to
 run primitives side by side without ever painting itself into a corner.
@@ -31,7 +32,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from nereus.plan.types import Plan
 from nereus.spec.job import JobSpec
@@ -40,7 +41,7 @@ from nereus.transition.emu import Emu, format_gpus, phi
 from nereus.transition.local_dag import LocalDag, local_dag
 from nereus.transition.ownership import Ownership
 from nereus.transition.primitives import Destroy, Extend, MemStep, Merge, Primitive, Split
-from nereus.transition.sizes import format_bytes
+from nereus.transition.sizes import StateSizes, format_bytes
 
 STATE = "state"        # edge kinds: a unit flows from one primitive to the next
 RESOURCE = "resource"  # memory or GPU ownership: a Destroy must free GPUs first
@@ -137,19 +138,24 @@ def build_dag(job: JobSpec, current: Plan, target: Plan, cost: TransitionCost,
     # The paper's order first. If it gets stuck, an acquisition it ran early may have taken
     # memory that a stuck one needed and nothing gives back (a Split that grows a unit for
     # good): replay again with the stuck primitives and their ancestors first, a few times.
-    promoted: list[int] = []
+    # Only when no such order fits, a Split or Merge that nothing makes room for is staged
+    # through host memory (slower: its host copies), and the replays run again.
     first: _Result | None = None
-    for _ in range(MAX_REPLAYS):
-        res = _Replay(prims, mem, rank, edges, dict(usage),
-                      {g: dict(h) for g, h in present.items()}, own, capacity_bytes,
-                      promoted).run()
+    for sizes in (None, cost.sizes):
+        promoted: list[int] = []
+        for _ in range(MAX_REPLAYS):
+            res = _Replay(prims, mem, rank, edges, dict(usage),
+                          {g: dict(h) for g, h in present.items()}, own, capacity_bytes,
+                          promoted, sizes).run()
+            if res.problem is None:
+                break
+            first = first or res
+            new = [i for i in res.stuck if i not in promoted]
+            if not new:
+                break
+            promoted += _with_ancestors(new, edges, promoted)
         if res.problem is None:
             break
-        first = first or res
-        new = [i for i in res.stuck if i not in promoted]
-        if not new:
-            break
-        promoted += _with_ancestors(new, edges, promoted)
     if res.problem is not None:
         assert first is not None and first.problem is not None
         return infeasible(first.problem)
@@ -187,11 +193,12 @@ class _Result:
 class _Replay:
     """One-at-a-time replay that adds resource edges where an acquisition is blocked."""
 
-    def __init__(self, prims: Sequence[Primitive], mem: Sequence[Mapping[int, MemStep]],
+    def __init__(self, prims: list[Primitive], mem: list[Mapping[int, MemStep]],
                  rank: Sequence[tuple[int, int, int]], edges: list[tuple[int, int, str]],
                  usage: dict[int, int], present: dict[int, dict[str, int]], own: Ownership,
-                 cap: int, promoted: Sequence[int] = ()):
+                 cap: int, promoted: Sequence[int] = (), sizes: StateSizes | None = None):
         self.prims, self.mem, self.rank, self.edges = prims, mem, rank, list(edges)
+        self.sizes = sizes  # to stage a Split or Merge through host memory (None: never)
         # heap keys: the rank, except that promoted primitives go right after the Destroys
         # (which only ever free memory and GPUs), in the order they were promoted
         self.key: Sequence[tuple[int, ...]] = rank
@@ -242,6 +249,9 @@ class _Replay:
             added = self._resource_edges(i, deficits, rivals)
             if added:
                 continue  # waits for the new predecessors
+            if deficits and not rivals and self._restage(i):
+                heapq.heappush(heap, (key[i], i))  # fits now, staged through host memory
+                continue
             parked.append(i)
         if len(order) < len(self.prims):
             stuck = parked or [i for i in range(len(self.prims)) if not self.done[i]][:1]
@@ -249,6 +259,19 @@ class _Replay:
             return _Result(self.edges, order, "; ".join(self._reason(i) for i in stuck[:3]),
                            blocked)
         return _Result(self.edges, order, None)
+
+    def _restage(self, i: int) -> bool:
+        """Stage a Split or Merge that no Destroy makes room for through host memory, when
+        that fits now (in place: the replays after this one keep it staged)."""
+        p = self.prims[i]
+        if self.sizes is None or not isinstance(p, (Split, Merge)) or p.staged:
+            return False
+        q = replace(p, staged=True)
+        mem = q.memory(self.sizes)
+        if any(self.usage.get(g, 0) + m.extra > self.cap for g, m in mem.items() if m.extra > 0):
+            return False
+        self.prims[i], self.mem[i] = q, mem
+        return True
 
     def _releases(self, i: int) -> bool:
         return isinstance(self.prims[i], Destroy) or any(m.net < 0 for m in self.mem[i].values())
