@@ -25,7 +25,8 @@ Modelling choices (each is stated where it is used):
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import NamedTuple
 
 import numpy as np
 
@@ -142,6 +143,18 @@ def _f(x: object) -> Arr:
     return np.asarray(x, dtype=float)
 
 
+class SyncReceivers(NamedTuple):
+    """Generation GPUs of a colocated weight sync by where their shard comes from."""
+
+    colocated: int   # hold a training shard: receive what it lacks
+    on_node: int     # hold none, on a node with training GPUs: whole shard on the node fabric
+    off_node: int    # hold none, on a node without: whole shard over the network
+
+
+def _layout_and_gpus(x: Layout | Candidate) -> tuple[Layout, int | None]:
+    return (x.layout, x.gpus) if isinstance(x, Candidate) else (x, None)
+
+
 class CostModel:
     """Prices candidates of one job's model-stages under a set of efficiencies."""
 
@@ -153,7 +166,8 @@ class CostModel:
         self.device = job.cluster.device
         self.node_size = min(job.cluster.devices_per_node, job.pool.largest_node_share())
         self._cache: dict[tuple[str, Candidate, int], Estimate] = {}
-        self._sync: dict[tuple[Layout, Layout], Estimate] = {}
+        self._sync: dict[tuple[Layout, Layout], tuple[Estimate, Estimate, Estimate]] = {}
+        self._room: tuple[int, ...] | None = None
 
     # ------------------------------------------------------------------ public API
     def stage_batch(self, stage: ModelStage | str) -> int:
@@ -222,46 +236,126 @@ class CostModel:
                         int(ev.resident[i]), self.device.memory_bytes,
                         self._notes(ev.stage, ev.candidates[i], memory))
 
-    def weight_sync(self, train: Layout, gen: Layout) -> Estimate:
+    def weight_sync(self, train: Layout | Candidate, gen: Layout | Candidate) -> Estimate:
         """Per-step resharding of the actor's weights from its training to its generation layout.
 
-        Synchronous execution colocates the two stages (the phases take turns on the pool), so
-        the overlap of a GPU's training and generation shards is local and each generation GPU
-        receives the rest: 1/(tp_g pp_g) - 1/(max(tp) max(pp)) of the weights, over the node's
-        fabric when both layouts fit in a node. Asynchronous execution runs generation on GPUs
-        disjoint from training (``plan.validate`` checks it), so nothing is local: each
-        generation GPU receives its whole shard, 1/(tp_g pp_g) of the weights, over the network
-        unless the whole pool sits in one node. The estimate depends on the two layouts and the
-        job (its execution mode and pool), never on where the stages are placed, so the search
-        can price it per layout pair. Communicators for it are created once per layout pair,
-        not per step.
+        Synchronous execution colocates the two stages (the phases take turns on the pool) with
+        HybridFlow's rank mapping: the generation GPUs are the training GPUs first. A generation
+        GPU that holds a training shard keeps their overlap and receives the rest,
+        1/(tp_g pp_g) - 1/(max(tp) max(pp)) of the weights, over the node's fabric when both
+        layouts fit in a node. When generation spans more GPUs than training, the extra ones
+        hold no training shard and receive their whole shard, 1/(tp_g pp_g): over the node's
+        fabric if they sit on a node with training GPUs, over the network if not
+        (``sync_receivers``). The receivers work in parallel, so the sync takes as long as its
+        slowest kind of receiver. The GPU counts come from candidates; given bare layouts, every
+        generation GPU is taken to hold a training shard.
+
+        Asynchronous execution runs generation on GPUs disjoint from training (``plan.validate``
+        checks it), so nothing is local: each generation GPU receives its whole shard,
+        1/(tp_g pp_g) of the weights, over the network unless the whole pool sits in one node.
+
+        The estimate depends on the two layouts, the two GPU counts and the job (its execution
+        mode and pool), never on where the stages are placed, so the search can price it per
+        (layout, GPU count) pair. Communicators for it are created once per pair, not per step.
         """
+        lt, t = _layout_and_gpus(train)
+        lg, g = _layout_and_gpus(gen)
+        parts = self.weight_sync_parts(lt, lg)
+        if self.job.workflow.execution is Execution.ASYNC or t is None or g is None:
+            return parts[0]
+        rec = self.sync_receivers(t, g)
+        present = [(n, e) for n, e in zip(rec, parts) if n > 0]
+        worst = max(present, key=lambda ne: ne[1].latency_s)[1]  # first of equals
+        if rec.colocated == g:
+            return worst
+        note = (f"{rec.on_node + rec.off_node} of {g} generation GPUs hold no training shard "
+                f"({t} training GPUs): {rec.on_node} on a node with training GPUs, "
+                f"{rec.off_node} on other nodes; priced by the slowest")
+        return replace(worst, notes=(*worst.notes, note))
+
+    def sync_receivers(self, train_gpus: int, gen_gpus: int) -> SyncReceivers:
+        """How the generation GPUs of a colocated weight sync stand to the training GPUs.
+
+        The training GPUs fill the pool's fullest nodes first (as few nodes as hold them) and
+        the generation GPUs take the training GPUs first, then the rest of those nodes, then
+        other nodes. A count model, not a placement: the search prices plans before placing them.
+        """
+        colocated = min(gen_gpus, train_gpus)
+        room = train_gpus
+        for share in self._node_room():
+            if share >= train_gpus:
+                room = share
+                break
+        else:
+            room = max(train_gpus, self.job.pool.size)
+        on_node = max(0, min(gen_gpus, room) - colocated)
+        return SyncReceivers(colocated, on_node, gen_gpus - colocated - on_node)
+
+    def _node_room(self) -> tuple[int, ...]:
+        """GPUs of the pool on its k fullest nodes, k = 1, 2, ... (cumulative)."""
+        if self._room is None:
+            shares = sorted((len(v) for v in self.job.pool.by_node().values()), reverse=True)
+            self._room = tuple(int(x) for x in np.cumsum(shares))
+        return self._room
+
+    def weight_sync_parts(self, train: Layout, gen: Layout) -> tuple[Estimate, Estimate, Estimate]:
+        """The weight sync as each kind of generation GPU sees it (``SyncReceivers`` order):
+        holding a training shard, holding none on a node with training GPUs, holding none on
+        another node. Asynchronous execution: all three are the disjoint-GPU estimate."""
         hit = self._sync.get((train, gen))
         if hit is None:
-            hit = self._sync[(train, gen)] = self._weight_sync(train, gen)
+            rows, need = self._sync_rows(train, [gen])
+            dev = self.device
+            name = f"weight_sync[{train}->{gen}]"
+            cand = Candidate(gen, 1, 1, 1)
+            parts = []
+            for j in range(3):
+                if need[j] <= 0:
+                    notes = ("generation shards already resident: no weight movement",)
+                    parts.append(Estimate(name, cand, (), self.eff, {}, 0, dev.memory_bytes,
+                                          notes))
+                    continue
+                ops = tuple(Op(r.cls_at(j), r.term, r.name, 1.0, 0.0, float(r.nbytes[j]),
+                               float(r.ideal[j]), r.timed_at(j)) for r in rows if r.ideal[j] > 0)
+                parts.append(Estimate(name, cand, ops, self.eff, {}, 0, dev.memory_bytes))
+            hit = self._sync[(train, gen)] = (parts[0], parts[1], parts[2])
         return hit
 
-    def _weight_sync(self, train: Layout, gen: Layout) -> Estimate:
-        m, w, dev = self.job.model, self.job.workload, self.device
-        name = f"weight_sync[{train}->{gen}]"
-        cand = Candidate(gen, 1, 1, 1)
+    def weight_sync_table(self, train: Layout, gens: Sequence[Layout]) -> Arr:
+        """Seconds of ``weight_sync_parts(train, g)`` for many generation layouts at once:
+        shape (len(gens), 3), the same formulas over columns (the search prices every
+        generation layout under each training layout)."""
+        rows, need = self._sync_rows(train, gens)
+        latency = np.zeros(len(need))
+        for r in rows:
+            latency = latency + r.ideal / r.eff(self.eff)
+        return np.where(need > 0, latency, 0.0).reshape(len(gens), 3)
+
+    def _sync_rows(self, train: Layout, gens: Sequence[Layout]) -> tuple[list[Row], Arr]:
+        """Ops of the weight sync into one receiving GPU of each kind (``SyncReceivers`` order)
+        per generation layout, flattened to 3 x len(gens) columns, and the bytes it needs.
+        Each receiver gathers its ``need`` from the training replica's GPUs."""
+        m, w = self.job.model, self.job.workload
         full = m.param_count(Head.LM) * w.param_bytes
-        intra = gen.size <= self.node_size and train.size <= self.node_size
+        g_tp = _f([g.tp for g in gens])
+        g_pp = _f([g.pp for g in gens])
+        shard = full / (g_tp * g_pp)
+        intra = (g_tp * g_pp <= self.node_size) & (train.size <= self.node_size)
         if self.job.workflow.execution is Execution.ASYNC:
-            need = full / gen.size
-            intra = intra and len(self.job.pool.by_node()) == 1
+            intra = intra & (len(self.job.pool.by_node()) == 1)
+            need = np.stack([shard, shard, shard], axis=1)
+            links = np.stack([intra, intra, intra], axis=1)
         else:
-            need = max(0.0, full / gen.size
-                       - full / (max(gen.tp, train.tp) * max(gen.pp, train.pp)))
-        if self.job.workflow.weight_sync() is None or need <= 0:
-            notes = ("generation shards already resident: no weight movement",) if need <= 0 else ()
-            return Estimate(name, cand, (), self.eff, {}, 0, dev.memory_bytes, notes)
+            overlap = full / (np.maximum(g_tp, train.tp) * np.maximum(g_pp, train.pp))
+            need = np.stack([np.maximum(0.0, shard - overlap), shard, shard], axis=1)
+            links = np.stack([intra, intra, np.zeros_like(intra)], axis=1)
+        need = need.ravel()
+        if self.job.workflow.weight_sync() is None:
+            need = np.zeros_like(need)
         n = max(2, train.size)
-        rows = _collective("allgather", n, [need * n / (n - 1)], intra, self.device,
+        rows = _collective("allgather", n, need * n / (n - 1), links.ravel(), self.device,
                            "weight_sync", "reshard actor weights (train->gen)", 1.0)
-        ops = tuple(Op(r.cls_at(0), r.term, r.name, 1.0, 0.0, float(r.nbytes[0]),
-                       float(r.ideal[0]), r.timed_at(0)) for r in rows if r.ideal[0] > 0)
-        return Estimate(name, cand, ops, self.eff, {}, 0, dev.memory_bytes)
+        return rows, need
 
     def kv_bytes_per_token(self, layout: Layout) -> int:
         """KV-cache bytes one token takes on one GPU (its layers, its KV heads)."""

@@ -63,7 +63,7 @@ def brute_force_latency(job: JobSpec, cost: CostModel | None = None,
                 continue
             weight = {n: lat[(n, c)] for n, c in choice.items()}
             if sync is not None:
-                pair = (choice[sync[0]].layout, choice[sync[1]].layout)
+                pair = (choice[sync[0]], choice[sync[1]])
                 if pair not in sync_memo:
                     sync_memo[pair] = cost.weight_sync(*pair).latency_s
                 weight[SYNC] = sync_memo[pair]

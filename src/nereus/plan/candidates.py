@@ -7,7 +7,9 @@ off for training. The search is exact over this space, not beyond it. Candidates
 device memory are dropped; the rest are reduced to those no other candidate beats on all of
 GPU count, latency, resident state and transient memory -- the only quantities the search
 looks at, so the pruning loses no optimum. For the stages the weight sync couples (its cost
-depends on the training and generation layouts) candidates are compared within a layout only.
+depends on the training and generation layouts) candidates are compared within a layout only;
+in synchronous execution the sync also gets cheaper as training spans more of the generation
+GPUs, so training candidates are compared within a layout and GPU count only.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import numpy as np
 from nereus.cost.candidate import Candidate, Layout
 from nereus.cost.estimate import HEADROOM
 from nereus.cost.model import CostModel, Evaluation
-from nereus.spec.workflow import ModelStage, StageKind
+from nereus.spec.workflow import Execution, ModelStage, StageKind
 
 # Sequences per micro-batch considered: a bound on the plan space (assumption). Larger ones add
 # activation memory and pipeline-bubble time; they save only per-message latency of fewer,
@@ -141,8 +143,14 @@ def stage_options(cost: CostModel, stage: ModelStage, pool_size: int,
     one of another layout can still be part of the optimum. Returns the options and the full
     evaluation (for "fits nowhere" messages).
     """
+    wf = cost.job.workflow
+    sync = wf.weight_sync() or ()
     if by_layout is None:
-        by_layout = stage.name in (cost.job.workflow.weight_sync() or ())
+        by_layout = stage.name in sync
+    # synchronous sync: more training GPUs leave fewer generation GPUs without a training shard
+    # (``CostModel.sync_receivers``), so a training candidate with fewer GPUs does not beat one
+    # with more
+    by_gpus = by_layout and bool(sync) and stage.name == sync[0] and wf.execution is Execution.SYNC
     def enumerate_kept(max_tp: int | None = None) -> list[Candidate]:
         cands = enumerate_candidates(cost, stage, pool_size, max_tp)
         return cands if keep is None else [c for c in cands if keep(c)]
@@ -160,19 +168,21 @@ def stage_options(cost: CostModel, stage: ModelStage, pool_size: int,
                         ev.latency, ev.resident, ev.transient)
     opts = opts.subset(ev.peak <= memory_limit(cost))
     if prune and len(opts):
-        opts = opts.subset(dominance_mask(opts, by_layout))
+        opts = opts.subset(dominance_mask(opts, by_layout, by_gpus))
     return opts, ev
 
 
-def dominance_mask(opts: StageOptions, by_layout: bool = False) -> np.ndarray:
+def dominance_mask(opts: StageOptions, by_layout: bool = False,
+                   by_gpus: bool = False) -> np.ndarray:
     """Candidates no other beats on (GPUs, latency, resident, transient); with ``by_layout``
-    only candidates of the same layout are compared."""
+    only candidates of the same layout are compared, with ``by_gpus`` as well only candidates
+    of the same GPU count."""
     cols = [opts.gpus, opts.latency, opts.resident, opts.transient]
     if not by_layout:
         return pareto_mask(cols)
-    groups: dict[tuple[int, int], list[int]] = {}
+    groups: dict[tuple[int, ...], list[int]] = {}
     for i, c in enumerate(opts.candidates):
-        groups.setdefault((c.tp, c.pp), []).append(i)
+        groups.setdefault((c.tp, c.pp, c.gpus) if by_gpus else (c.tp, c.pp), []).append(i)
     mask = np.zeros(len(opts), dtype=bool)
     for members in groups.values():
         idx = np.array(members)

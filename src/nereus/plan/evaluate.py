@@ -243,7 +243,7 @@ def evaluate_plan(job: JobSpec, specs: Mapping[str, StageLayoutSpec],
         latency[name] = est.latency_s
         stage_plans.append(StagePlan(name, c, replicas[name], est.latency_s, est.peak_mem_bytes))
     sync = wf.weight_sync()
-    sync_s = cost.weight_sync(cands[sync[0]].layout, cands[sync[1]].layout).latency_s if sync else 0.0
+    sync_s = cost.weight_sync(cands[sync[0]], cands[sync[1]]).latency_s if sync else 0.0
     step, _ = critical_path(overlap_graph(wf, groups, latency, sync_s))
     terms: dict[str, float] = {}
     for phase in wf.phases:

@@ -10,11 +10,16 @@ Structure of the search (all of it exact under the cost model):
    concurrently on disjoint GPUs, so a phase's latency is the largest of its groups' under a
    GPU budget: a min-max knapsack solved over Pareto points (GPUs, latency).
 3. Phases of a synchronous step add up; the weight sync couples the actor's training and
-   generation layouts, so the search conditions on the training layout (a handful) and adds
-   each generation candidate's sync cost under it. In asynchronous execution generation runs on
-   GPUs disjoint from inference and training, and the interval is max(gen, inf + train) + sync.
-   The sync cost depends on the two layouts and the job (execution mode, pool) only, never on
-   placement (``CostModel.weight_sync``), which is what keeps this decomposition exact.
+   generation stages, so the search conditions on the training layout (a handful) and adds
+   each generation candidate's sync cost under it. In synchronous execution the sync also
+   depends on how many GPUs training uses (generation GPUs beyond them hold no training shard),
+   so for each training GPU count T the generation phase is solved with the sync priced at T;
+   the training phase restricted to T is solved only where the unrestricted training optimum
+   plus that generation optimum (a lower bound) could still beat the best plan so far. In
+   asynchronous execution generation runs on GPUs disjoint from inference and training, and the
+   interval is max(gen, inf + train) + sync. The sync cost depends on the two layouts, the two
+   GPU counts and the job (execution mode, pool) only, never on placement
+   (``CostModel.weight_sync``), which is what keeps this decomposition exact.
 """
 
 from __future__ import annotations
@@ -191,8 +196,13 @@ def combine(a: Sequence[Point], b: Sequence[Point], budget: int) -> list[Point]:
 
 def phase_points(options: Mapping[str, StageOptions], stages: Sequence[ModelStage], limit: float,
                  budget: int, extra: Mapping[str, np.ndarray] | None = None,
-                 cache: dict[object, list[Point]] | None = None) -> list[Point]:
-    """Pareto points (GPUs, latency) of one phase over every grouping of its stages."""
+                 cache: dict[object, list[Point]] | None = None,
+                 shared: dict[object, list[Point]] | None = None,
+                 varying: frozenset[str] = frozenset()) -> list[Point]:
+    """Pareto points (GPUs, latency) of one phase over every grouping of its stages.
+
+    Group points are kept in ``cache``; with ``shared``, those of groups without a ``varying``
+    stage (whose options and extras never change between calls) go there instead."""
     names = [s.name for s in stages]
     cache = {} if cache is None else cache
     found: list[Point] = []
@@ -200,10 +210,11 @@ def phase_points(options: Mapping[str, StageOptions], stages: Sequence[ModelStag
         acc: list[Point] | None = None
         for grp in part:
             key = (grp, budget)
-            pts = cache.get(key)
+            store = cache if shared is None or varying.intersection(grp) else shared
+            pts = store.get(key)
             if pts is None:
                 pts = group_points([options[n] for n in grp], limit, budget, extra)
-                cache[key] = pts
+                store[key] = pts
             acc = pts if acc is None else combine(acc, pts, budget)
             if not acc:
                 break
@@ -232,6 +243,40 @@ class SearchResult:
     phases: Mapping[Phase, Point]
     sync_s: float
     train_layout: Layout | None
+
+
+class _SyncPrices:
+    """Weight-sync seconds of every generation candidate under a training layout and GPU count
+    (``CostModel.weight_sync`` of the two candidates, computed per generation layout and per
+    GPU count, once per search)."""
+
+    def __init__(self, cost: CostModel, gen: StageOptions):
+        self.cost = cost
+        self.layouts = gen.layouts()
+        idx = {lg: i for i, lg in enumerate(self.layouts)}
+        self.which = np.array([idx[c.layout] for c in gen.candidates], dtype=int)
+        self.counts, self.inverse = np.unique(gen.gpus, return_inverse=True)
+        self._price: dict[Layout, np.ndarray] = {}
+        self._kinds: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        self._extra: dict[tuple[Layout, int], np.ndarray] = {}
+
+    def extra(self, lt: Layout, t: int) -> np.ndarray:
+        key = (lt, t)
+        hit = self._extra.get(key)
+        if hit is not None:
+            return hit
+        price = self._price.get(lt)
+        if price is None:  # per candidate: colocated, on a training node, off them
+            price = self._price[lt] = self.cost.weight_sync_table(lt, self.layouts)[self.which]
+        kinds = self._kinds.get(t)
+        if kinds is None:
+            rec = np.array([self.cost.sync_receivers(t, int(g)) for g in self.counts],
+                           dtype=int).reshape(len(self.counts), 3)[self.inverse]
+            kinds = self._kinds[t] = (rec[:, 1] > 0, rec[:, 2] > 0)
+        on, off = kinds
+        sync = np.where(on, np.maximum(price[:, 0], price[:, 1]), price[:, 0])
+        hit = self._extra[key] = np.where(off, np.maximum(sync, price[:, 2]), sync)
+        return hit
 
 
 class Planner:
@@ -272,29 +317,27 @@ class Planner:
         budget = self.job.pool.size
         sync = wf.weight_sync()
         phases = {p: wf.phase_stages(p) for p in wf.phases}
-        varying = set(sync) if sync else set()
+        varying = frozenset(sync) if sync else frozenset()
         stable: dict[object, list[Point]] = {}  # groups whose options never change
 
         def points(phase: Phase, opts: Mapping[str, StageOptions], local: dict[object, list[Point]],
                    extra: Mapping[str, np.ndarray] | None = None) -> list[Point]:
-            cache = local if any(st.name in varying for st in phases[phase]) else stable
-            return phase_points(opts, phases[phase], self.limit, budget, extra, cache)
+            return phase_points(opts, phases[phase], self.limit, budget, extra, local, stable,
+                                varying)
 
         best: SearchResult | None = None
+        pricer: _SyncPrices | None = None
         for lt in (self.options[sync[0]].layouts() if sync else [None]):
             opts = dict(self.options)
             if sync and lt is not None:
                 t = opts[sync[0]]
                 opts[sync[0]] = t.subset(np.array([c.layout == lt for c in t.candidates]))
             local: dict[object, list[Point]] = {}
-            if wf.execution is Execution.SYNC:
-                extra = None
-                if sync:
-                    g = opts[sync[1]]
-                    cost = {lg: self.cost.weight_sync(lt, lg).latency_s for lg in g.layouts()}
-                    extra = {sync[1]: np.array([cost[c.layout] for c in g.candidates])}
-                pts = {p: points(p, opts, local, extra if p is Phase.GENERATION else None)
-                       for p in phases}
+            if wf.execution is Execution.SYNC and sync and lt is not None:
+                pricer = pricer or _SyncPrices(self.cost, self.options[sync[1]])
+                res = self._search_sync(opts, points, local, lt, best, pricer)
+            elif wf.execution is Execution.SYNC:
+                pts = {p: points(p, opts, local) for p in phases}
                 if any(not v for v in pts.values()):
                     continue
                 chosen = {p: v[-1] for p, v in pts.items()}  # fastest within the whole pool
@@ -308,6 +351,80 @@ class Planner:
             raise InfeasibleError(
                 f"no plan fits {budget} GPUs of {self.cost.device.name}: every grouping of the "
                 f"model-stages exceeds the pool or 90 % of device memory (estimated)")
+        return best
+
+    def _search_sync(self, opts: dict[str, StageOptions], points, local: dict[object, list[Point]],
+                     lt: Layout, bound: SearchResult | None, pricer: _SyncPrices
+                     ) -> SearchResult | None:
+        """Synchronous step with the training layout fixed to ``lt``: the phases add up, and the
+        sync depends on the generation candidate and on the training stage's GPU count T.
+
+        The training phase over all T gives a lower bound on the training term, and the fastest
+        generation candidate with its sync priced at T one on the generation term; the training
+        phase restricted to T is solved only where their sum can still beat the best plan
+        (``bound`` or one found here).
+        """
+        wf = self.job.workflow
+        train_name, gen_name = wf.weight_sync()
+        others = [p for p in wf.phases if p not in (Phase.GENERATION, Phase.TRAINING)]
+        fixed: dict[Phase, Point] = {}
+        for p in others:
+            v = points(p, opts, local)
+            if not v:
+                return None
+            fixed[p] = v[-1]
+        base = sum(pt.latency for pt in fixed.values())
+        train_all = points(Phase.TRAINING, opts, local) if Phase.TRAINING in wf.phases else []
+        if not train_all:
+            return None
+        t_opts, g_opts = opts[train_name], opts[gen_name]
+        counts = sorted({int(x) for x in t_opts.gpus})
+        gen_memo: dict[bytes, list[Point]] = {}
+        fits = g_opts.gpus <= self.job.pool.size
+
+        def gen_best(t: int) -> Point | None:
+            if Phase.GENERATION not in wf.phases:
+                return Point(0, 0.0, ())
+            extra = pricer.extra(lt, t)
+            key = extra.tobytes()
+            v = gen_memo.get(key)
+            if v is None:
+                v = gen_memo[key] = points(Phase.GENERATION, opts, {}, {gen_name: extra})
+            return v[-1] if v else None
+
+        def result(train: Point, t: int) -> SearchResult | None:
+            gen = gen_best(t)
+            if gen is None:
+                return None
+            chosen = {**fixed, Phase.TRAINING: train, Phase.GENERATION: gen}
+            chosen = {p: chosen[p] for p in wf.phases}
+            return SearchResult(base + train.latency + gen.latency, chosen,
+                                sum(c.extra for c in chosen.values()), lt)
+
+        def better(res: SearchResult | None, than: SearchResult | None) -> bool:
+            return res is not None and (than is None or res.latency < than.latency - 1e-12)
+
+        top = train_all[-1]
+        t0 = _stage_gpus(top, train_name)
+        best = result(top, t0)
+        floor = base + top.latency  # no training restricted to some T is faster than this
+        lower = {}
+        for t in counts:
+            if t != t0:
+                # the generation stage's own latency bounds its phase's
+                gen = np.where(fits, g_opts.latency + pricer.extra(lt, t), math.inf)
+                lower[t] = floor + (float(gen.min()) if len(gen) else math.inf)
+        for t in sorted(lower, key=lambda t: (lower[t], t)):
+            limit = min((r.latency for r in (bound, best) if r is not None), default=math.inf)
+            if lower[t] >= limit - 1e-12:
+                break
+            sub = dict(opts)
+            sub[train_name] = t_opts.subset(t_opts.gpus == t)
+            v = points(Phase.TRAINING, sub, {})
+            if v:
+                res = result(v[-1], t)
+                if better(res, best):
+                    best = res
         return best
 
     def _search_async(self, opts: dict[str, StageOptions], points, local: dict[object, list[Point]],
@@ -484,6 +601,14 @@ class Planner:
 
 
 MAX_REPLACEMENTS = 2000  # plans that failed placement before the search gives up
+
+
+def _stage_gpus(point: Point, stage: str) -> int:
+    """GPUs of ``stage``'s candidate in a phase point."""
+    for g in point.groups:
+        if stage in g.stages:
+            return g.candidates[g.stages.index(stage)].gpus
+    raise KeyError(stage)
 
 
 def _shape(c: Candidate) -> tuple[Layout, int]:

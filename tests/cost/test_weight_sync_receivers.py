@@ -1,0 +1,119 @@
+"""Colocated weight sync when generation spans more GPUs than training: the extra generation
+GPUs hold no training shard and receive their whole shard, on the node fabric when they share a
+node with training GPUs, over the network when not."""
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from nereus.cost.candidate import Candidate, Layout
+from nereus.cost.model import CostModel, SyncReceivers
+from nereus.cost.ops import OpClass
+from nereus.spec import parse_job
+from nereus.spec.model import Head
+
+
+def _job(gpus, per_node=8, execution="sync", algo="ppo"):
+    return parse_job({"model": "llama-3.1-8b", "algo": algo, "execution": execution,
+                      "gpus": gpus, "cluster": {"devices_per_node": per_node},
+                      "workload": {"response_len": 1024, "prompts_per_step": 64}})
+
+
+def _full_bytes(job) -> float:
+    return job.model.param_count(Head.LM) * job.workload.param_bytes
+
+
+def test_generation_gpus_on_a_node_without_training_receive_their_shard_over_the_network():
+    """The planner's plan for PPO on 2 x 8 H100s used to be actor_gen tp=4 dp=4 (16 GPUs) with
+    actor_train tp=4 pp=2 dp=1 (8 GPUs) and price the sync as colocated (7.5 ms on NVLink).
+    The second node's 8 generation GPUs hold no actor shard: each receives full/4 (4 GB) over
+    the network."""
+    job = _job(16)
+    cm = CostModel(job)
+    train = Candidate(Layout(4, 2), 1, 1, 16)
+    gen = Candidate(Layout(4, 1), 4, 16, 1)
+    assert cm.sync_receivers(train.gpus, gen.gpus) == SyncReceivers(8, 0, 8)
+    e = cm.weight_sync(train, gen)
+    (wire,) = [o for o in e.ops if o.cls is OpClass.ALLGATHER_INTER]
+    assert not any(o.cls is OpClass.ALLGATHER_INTRA for o in e.ops)
+    assert wire.bytes == pytest.approx(_full_bytes(job) / 4, rel=1e-12)
+    assert wire.ideal_s == pytest.approx(_full_bytes(job) / 4 / job.cluster.device.inter_node_bw)
+    colocated = cm.weight_sync(train.layout, gen.layout)  # counts unknown: every GPU holds one
+    assert colocated.latency_s == pytest.approx(0.00746, rel=1e-3)
+    assert e.latency_s > 20 * colocated.latency_s
+    assert any("8 of 16 generation GPUs hold no training shard" in n for n in e.notes)
+
+
+def test_generation_gpus_beside_training_on_its_node_receive_their_shard_on_the_fabric():
+    """Same layouts on one node: with as many training as generation GPUs nothing moves; with
+    half as many, the other half receives its whole shard over NVLink."""
+    job = _job(8)
+    cm = CostModel(job)
+    gen = Candidate(Layout(4, 1), 2, 32, 1)
+    same = cm.weight_sync(Candidate(Layout(4, 1), 2, 1, 8), gen)
+    assert same.latency_s == 0 and "already resident" in same.notes[0]
+    half = cm.weight_sync(Candidate(Layout(4, 1), 1, 1, 16), gen)
+    assert cm.sync_receivers(4, 8) == SyncReceivers(4, 4, 0)
+    (wire,) = [o for o in half.ops if o.cls is OpClass.ALLGATHER_INTRA]
+    assert wire.bytes == pytest.approx(_full_bytes(job) / 4, rel=1e-12)
+    assert half.latency_s > 0
+
+
+@pytest.mark.parametrize("train,gen,expected", [
+    (4, 16, (4, 4, 8)), (8, 24, (8, 0, 16)), (12, 24, (12, 4, 8)), (16, 8, (8, 0, 0)),
+    (24, 24, (24, 0, 0)), (1, 3, (1, 2, 0)),
+])
+def test_receivers_fill_the_training_nodes_first(train, gen, expected):
+    assert CostModel(_job(24)).sync_receivers(train, gen) == SyncReceivers(*expected)
+
+
+def test_receivers_count_the_pool_share_of_partly_used_nodes():
+    """A pool of 6 GPUs on node 0 and 4 on node 1: training on 4 GPUs fills node 0's 6 first."""
+    job = parse_job({"model": "llama-3.1-8b", "algo": "ppo", "gpus": [0, 1, 2, 3, 4, 5, 8, 9,
+                                                                      10, 11],
+                     "cluster": {"devices_per_node": 8, "nodes": 2}})
+    cm = CostModel(job)
+    assert cm.sync_receivers(4, 10) == SyncReceivers(4, 2, 4)
+    assert cm.sync_receivers(8, 10) == SyncReceivers(8, 2, 0)
+
+
+def test_the_search_table_equals_the_estimates():
+    """The search prices every generation layout at once; explain() prices one pair: same
+    seconds, bit for bit (the brute-force comparison relies on it)."""
+    for execution in ("sync", "async"):
+        cm = CostModel(_job(16, execution=execution, algo="grpo"))
+        gens = [Layout(tp, pp) for tp in (1, 2, 4, 8) for pp in (1, 2, 4)]
+        for train in (Layout(1, 1), Layout(4, 2), Layout(8, 4)):
+            table = cm.weight_sync_table(train, gens)
+            for i, g in enumerate(gens):
+                assert list(table[i]) == [e.latency_s for e in cm.weight_sync_parts(train, g)]
+
+
+def test_async_sync_does_not_depend_on_the_gpu_counts():
+    cm = CostModel(_job(16, execution="async", algo="grpo"))
+    train, gen = Candidate(Layout(2, 1), 1, 1, 64), Candidate(Layout(2, 1), 8, 8, 1)
+    assert cm.weight_sync(train, gen) == cm.weight_sync(train.layout, gen.layout)
+
+
+LAYOUTS = [Layout(tp, pp) for tp in (1, 2, 4, 8) for pp in (1, 2, 4)]
+COUNTS = [1, 2, 4, 8, 16, 32]
+
+
+@given(st.sampled_from(LAYOUTS), st.sampled_from(LAYOUTS), st.sampled_from(COUNTS),
+       st.sampled_from(COUNTS), st.sampled_from(COUNTS), st.sampled_from([(32, 8), (32, 4)]))
+@settings(max_examples=80, deadline=None)
+def test_sync_grows_with_the_generation_gpus(lt, lg, t, g, h, pool):
+    """Nondecreasing in the generation GPU count (the search prunes generation candidates with
+    more GPUs and no lower latency), never below the colocated price, receivers add up."""
+    gpus, per_node = pool
+    cm = CostModel(_job(gpus, per_node))
+    if lt.size * t > gpus or lg.size * max(g, h) > gpus:
+        return
+    t_dp, g1, g2 = max(1, t // lt.size), max(1, min(g, h) // lg.size), max(1, max(g, h) // lg.size)
+    train = Candidate(lt, t_dp, 1, 1)
+    a = cm.weight_sync(train, Candidate(lg, g1, 1, 1))
+    b = cm.weight_sync(train, Candidate(lg, g2, 1, 1))
+    assert b.latency_s >= a.latency_s
+    assert a.latency_s >= cm.weight_sync(lt, lg).latency_s
+    rec = cm.sync_receivers(train.gpus, lg.size * g2)
+    assert sum(rec) == lg.size * g2 and rec.colocated == min(train.gpus, lg.size * g2)

@@ -1,0 +1,113 @@
+"""The search under a weight sync whose price depends on how many GPUs actor training uses
+(generation GPUs beyond them hold no training shard): it stays exact, and it looks past the
+fastest training phase when more training GPUs make the sync cheaper."""
+
+import math
+import random
+from dataclasses import replace
+
+import pytest
+
+from nereus.cost.candidate import Candidate, Layout
+from nereus.cost.efficiency import Efficiencies
+from nereus.cost.model import CostModel
+from nereus.cost.ops import OpClass
+from nereus.errors import InfeasibleError
+from nereus.plan.bruteforce import brute_force_latency
+from nereus.plan.candidates import enumerate_candidates
+from nereus.plan.evaluate import StageLayoutSpec, evaluate_plan
+from nereus.plan.search import Planner
+from nereus.spec import parse_job
+
+
+def _tiny_ppo(per_node: int = 2, stages=("actor_gen", "actor_train", "critic_train"), **work):
+    job = parse_job({"model": "tiny-qwen3", "algo": "ppo", "execution": "sync", "gpus": 4,
+                     "cluster": {"device": "cpu", "devices_per_node": per_node,
+                                 "device_memory_gib": 0.2},
+                     "workload": {"prompts_per_step": 4, "responses_per_prompt": 2,
+                                  "prompt_len": 16, "response_len": 1024, "ppo_mini_batches": 2,
+                                  **work}})
+    wf = job.workflow
+    return replace(job, workflow=replace(wf, stages=tuple(s for s in wf.stages
+                                                          if s.name in stages)))
+
+
+SLOW_NETWORK = Efficiencies({OpClass.ALLGATHER_INTER: 1e-4, OpClass.ALLGATHER_INTRA: 1e-2})
+
+
+def test_search_moves_training_onto_every_generation_gpu_when_the_sync_would_cross_nodes():
+    """Two nodes of 2 CPU slots, a slow network. The fastest training phase runs actor and
+    critic side by side on 2 slots each (0.628 s); generation runs on all 4. Priced as if
+    colocated, that plan's sync was free (same layouts); in truth the second node's generation
+    slots hold no actor shard and pull the whole model over the network. The exact plan runs
+    actor and critic training one after another on all 4 slots, so every generation slot holds
+    its shard, as brute force confirms."""
+    job = _tiny_ppo()
+    cost = CostModel(job, SLOW_NETWORK)
+    plan = Planner(job, cost=cost).best()
+    gen, train = plan.stage("actor_gen").candidate, plan.stage("actor_train").candidate
+    assert train.gpus >= gen.gpus == 4
+    assert plan.terms["weight_sync"] == cost.weight_sync(train, gen).latency_s == 0.0
+    assert plan.step_latency_s == pytest.approx(brute_force_latency(job, cost), rel=1e-9)
+    # the plan the search used to pick: actor_train on one node, generation on both
+    half = Candidate(train.layout, 2, 1, 2)
+    assert cost.sync_receivers(half.gpus, gen.gpus).off_node == 2
+    assert cost.weight_sync(half, gen).latency_s > 0.05
+
+
+def test_planned_and_evaluated_plans_price_the_sync_alike():
+    """PPO on 2 x 8 H100s (the plan once put generation on 16 GPUs and actor training on 8 and
+    priced the sync as colocated): the plan's sync term is the sync of its two candidates, and
+    evaluating the same layout gives the same step."""
+    job = parse_job({"model": "llama-3.1-8b", "algo": "ppo", "gpus": 16,
+                     "cluster": {"devices_per_node": 8},
+                     "workload": {"response_len": 1024, "prompts_per_step": 64}})
+    cost = CostModel(job)
+    plan = Planner(job, cost=cost).best()
+    gen, train = plan.stage("actor_gen").candidate, plan.stage("actor_train").candidate
+    assert plan.terms["weight_sync"] == pytest.approx(cost.weight_sync(train, gen).latency_s,
+                                                      rel=1e-12)
+    specs = {sp.stage: StageLayoutSpec(sp.tp, sp.pp, sp.dp, sp.replicas,
+                                       sp.candidate.micro_batch, sp.candidate.grad_accum,
+                                       sp.candidate.recompute) for sp in plan.stages}
+    again = evaluate_plan(job, specs, cost)
+    assert again.terms["weight_sync"] == pytest.approx(plan.terms["weight_sync"], rel=1e-12)
+    # the old choice, generation tp=4 dp=4 beside actor training on one node, now pays the
+    # network for the second node
+    old = cost.weight_sync(Candidate(Layout(4, 2), 1, 1, 16), Candidate(Layout(4, 1), 4, 16, 1))
+    assert old.latency_s > 0.1
+
+
+def _random_sync_job(rng: random.Random):
+    stage_sets = [("actor_gen", "actor_train", "critic_train"),
+                  ("actor_gen", "critic_infer", "actor_train", "critic_train"),
+                  ("actor_gen", "reference_infer", "actor_train")]
+    job = _tiny_ppo(per_node=rng.choice([1, 2, 4]), stages=rng.choice(stage_sets),
+                    prompts_per_step=rng.choice([2, 4]),
+                    responses_per_prompt=rng.choice([1, 2]),
+                    response_len=rng.choice([256, 1024]))
+    gpus = rng.choice([2, 3, 4])
+    pool = job.pool.without(job.pool.ids[gpus:])
+    eff = Efficiencies({OpClass.ALLGATHER_INTER: rng.choice([1e-2, 1e-3, 1e-4]),
+                        OpClass.ALLGATHER_INTRA: rng.choice([1e-1, 1e-2, 1e-3])})
+    return replace(job, pool=pool), eff
+
+
+@pytest.mark.slow
+def test_search_equals_brute_force_when_the_sync_depends_on_training_gpus():
+    rng = random.Random(5)
+    cases = 0
+    while cases < 20:
+        job, eff = _random_sync_job(rng)
+        cost = CostModel(job, eff)
+        combos = math.prod(max(1, len(enumerate_candidates(cost, s, job.pool.size)))
+                           for s in job.workflow.stages)
+        if combos > 20_000:
+            continue
+        expected = brute_force_latency(job, cost)
+        try:
+            got = Planner(job, cost=CostModel(job, eff)).best().step_latency_s
+        except InfeasibleError:
+            got = math.inf
+        cases += 1
+        assert (got == expected == math.inf) or got == pytest.approx(expected, rel=1e-9)
