@@ -19,13 +19,15 @@ The replay order ``order`` fits memory one primitive at a time; the list schedul
 run primitives side by side without ever painting itself into a corner.
 
 Memory follows the cost model's residency rule: between phases, idle model-stages are
-offloaded to host memory, so at the boundary a current unit holds GPU memory only when a
-primitive reads it (a Split, Merge or Extend: all of them at once, from the first primitive to
-their last); units of unchanged stages, units a transition only destroys and units it keeps as
-they are stay offloaded (destroying one frees no GPU memory), and every unit a primitive makes
-is on its GPUs. When the loaded state does not fit a GPU at once, the transition is infeasible
-and says so (the controller then tries moves of fewer model-stages). The runtime, which keeps
-every unit it holds resident, checks its own capacity before each primitive.
+offloaded to host memory, so at the boundary a current unit holds GPU memory only once a
+primitive reads it (a Split, Merge or Extend): the first that reads it loads it, and it stays
+until destroyed. When no replay fits that way (a load may find its room taken by an earlier
+acquisition), every unit a primitive reads is loaded from the start instead, which keeps the
+acquisitions off that room. Units of unchanged stages, units a transition only destroys and
+units it keeps as they are stay offloaded (destroying one frees no GPU memory), and every unit
+a primitive makes is on its GPUs. When neither fits, the transition is infeasible and says so
+(the controller then tries moves of fewer model-stages). The runtime, which keeps every unit it
+holds resident, checks its own capacity before each primitive.
 """
 
 from __future__ import annotations
@@ -106,35 +108,83 @@ def build_dag(job: JobSpec, current: Plan, target: Plan, cost: TransitionCost,
             prims.append(p)
             rank.append((_RANK[type(p)], order[name], i))
         edges += [(base + a, base + b, STATE) for a, b in d.edges]
-    mem = [p.memory(cost.sizes) for p in prims]
-    # a current unit is loaded when a primitive reads it (Split, Merge, Extend); one that is
-    # only destroyed, or kept as it is, stays offloaded, and its Destroy frees no GPU memory
-    read = {e.id for p in prims if type(p) is not Destroy for e in p.inputs}
-    current_ids = {e.id for name in changed for e in initial[name]}  # new units: other ids
-    for k, p in enumerate(prims):
-        if type(p) is Destroy and p.emu.id in current_ids and p.emu.id not in read:
-            mem[k] = {g: MemStep(0, 0, 0) for g in p.emu.gpus}
-
-    usage: dict[int, int] = {}
     present: dict[int, dict[str, int]] = {}
     for name in names:
         for e in initial[name]:
-            b = cost.sizes.of(e) if e.id in read else None
-            for i, g in enumerate(e.gpus):
-                if b is not None:
-                    usage[g] = usage.get(g, 0) + b[i]
+            for g in e.gpus:
                 present.setdefault(g, {})[name] = present.get(g, {}).get(name, 0) + 1
+    own = Ownership.between(wf, current, target, names)
+    # current units loaded by their first reader; failing that, all of them from the start
+    # (which keeps acquisitions off the memory later loads need)
+    first: TransitionDag | None = None
+    for just_in_time in (True, False):
+        got = _replayed(list(prims), list(edges), rank, initial, changed, present, own, cost,
+                        capacity_bytes, just_in_time)
+        if isinstance(got, str):
+            first = first or infeasible(got)
+            continue
+        mem, res, initial_bytes, prims_now = got
+        return TransitionDag(tuple(prims_now), tuple(res.edges), tuple(res.order), tuple(mem),
+                             initial_bytes, capacity_bytes, initial, final, changed, None,
+                             locals_)
+    assert first is not None
+    return first
+
+
+def _replayed(prims: list[Primitive], edges: list[tuple[int, int, str]],
+              rank: Sequence[tuple[int, int, int]], initial: Mapping[str, tuple[Emu, ...]],
+              changed: Sequence[str], present: Mapping[int, Mapping[str, int]], own: Ownership,
+              cost: TransitionCost, capacity_bytes: int, just_in_time: bool
+              ) -> tuple[list[Mapping[int, MemStep]], _Result, dict[int, int],
+                         list[Primitive]] | str:
+    """Memory per primitive and a replay order that fits it (or why none was found).
+
+    ``just_in_time``: a current unit is loaded by the first primitive that reads it (Split,
+    Merge, Extend; the others that read it touch the same GPUs, so they wait for that one at no
+    cost) and stays until destroyed. Otherwise every current unit a primitive reads is loaded
+    from the start. Either way one that is only destroyed, or kept as it is, stays offloaded,
+    and its Destroy frees no GPU memory."""
+    current_ids = {e.id for name in changed for e in initial[name]}  # new units: other ids
+    readers: dict[str, list[int]] = {}
+    for k, p in enumerate(prims):
+        if type(p) is not Destroy:
+            for e in p.inputs:
+                if e.id in current_ids:
+                    readers.setdefault(e.id, []).append(k)
+    loads: dict[int, dict[int, int]] = {}  # primitive -> GPU -> bytes it loads there
+    usage: dict[int, int] = {}
+    linked = {(a, b) for a, b, _ in edges}
+    for name in changed:
+        for e in initial[name]:
+            ks = readers.get(e.id)
+            if not ks:
+                continue
+            b = cost.sizes.of(e)
+            if not just_in_time:
+                for i, g in enumerate(e.gpus):
+                    usage[g] = usage.get(g, 0) + b[i]
+                continue
+            here = loads.setdefault(ks[0], {})
+            for i, g in enumerate(e.gpus):
+                here[g] = here.get(g, 0) + b[i]
+            for k in ks[1:]:
+                if (ks[0], k) not in linked:
+                    linked.add((ks[0], k))
+                    edges.append((ks[0], k, RESOURCE))
+    mem = [loaded(p.memory(cost.sizes), loads.get(k)) for k, p in enumerate(prims)]
+    for k, p in enumerate(prims):
+        if type(p) is Destroy and p.emu.id in current_ids and p.emu.id not in readers:
+            mem[k] = {g: MemStep(0, 0, 0) for g in p.emu.gpus}
     initial_bytes = dict(usage)
     crowded = sorted(g for g, b in usage.items() if b > capacity_bytes)
     if crowded:
         g = max(crowded, key=usage.__getitem__)
-        here = sorted(n for n, k in present.get(g, {}).items() if k and n in changed)
+        here_ = sorted(n for n, k in present.get(g, {}).items() if k and n in changed)
         gpus = ("GPU " if len(crowded) == 1 else "GPUs ") + format_gpus(crowded)
-        return infeasible(
-            f"the changing model-stages' state does not fit on the GPUs at once: {gpus} would "
-            f"hold up to {format_bytes(usage[g])} (GPU {g}: {', '.join(here)}; capacity "
-            f"{format_bytes(capacity_bytes)} per GPU); try moving fewer model-stages at a time")
-    own = Ownership.between(wf, current, target, names)
+        return (f"the changing model-stages' state does not fit on the GPUs at once: {gpus} "
+                f"would hold up to {format_bytes(usage[g])} (GPU {g}: {', '.join(here_)}; "
+                f"capacity {format_bytes(capacity_bytes)} per GPU); try moving fewer "
+                "model-stages at a time")
     # The paper's order first. If it gets stuck, an acquisition it ran early may have taken
     # memory that a stuck one needed and nothing gives back (a Split that grows a unit for
     # good): replay again with the stuck primitives and their ancestors first, a few times.
@@ -146,21 +196,25 @@ def build_dag(job: JobSpec, current: Plan, target: Plan, cost: TransitionCost,
         for _ in range(MAX_REPLAYS):
             res = _Replay(prims, mem, rank, edges, dict(usage),
                           {g: dict(h) for g, h in present.items()}, own, capacity_bytes,
-                          promoted, sizes).run()
+                          promoted, sizes, loads).run()
             if res.problem is None:
-                break
+                return mem, res, initial_bytes, prims
             first = first or res
             new = [i for i in res.stuck if i not in promoted]
             if not new:
                 break
             promoted += _with_ancestors(new, edges, promoted)
-        if res.problem is None:
-            break
-    if res.problem is not None:
-        assert first is not None and first.problem is not None
-        return infeasible(first.problem)
-    return TransitionDag(tuple(prims), tuple(res.edges), tuple(res.order), tuple(mem),
-                         initial_bytes, capacity_bytes, initial, final, changed, None, locals_)
+    assert first is not None and first.problem is not None
+    return first.problem
+
+
+def loaded(mem: Mapping[int, MemStep], loads: Mapping[int, int] | None
+           ) -> Mapping[int, MemStep]:
+    """A primitive's memory when it first loads units from host memory (``loads``: bytes per
+    GPU): they are not on the GPU before it, and are from its start."""
+    if not loads:
+        return mem
+    return {g: MemStep(m.before - loads.get(g, 0), m.during, m.after) for g, m in mem.items()}
 
 
 def _with_ancestors(stuck: Sequence[int], edges: Sequence[tuple[int, int, str]],
@@ -196,9 +250,11 @@ class _Replay:
     def __init__(self, prims: list[Primitive], mem: list[Mapping[int, MemStep]],
                  rank: Sequence[tuple[int, int, int]], edges: list[tuple[int, int, str]],
                  usage: dict[int, int], present: dict[int, dict[str, int]], own: Ownership,
-                 cap: int, promoted: Sequence[int] = (), sizes: StateSizes | None = None):
+                 cap: int, promoted: Sequence[int] = (), sizes: StateSizes | None = None,
+                 loads: Mapping[int, Mapping[int, int]] | None = None):
         self.prims, self.mem, self.rank, self.edges = prims, mem, rank, list(edges)
         self.sizes = sizes  # to stage a Split or Merge through host memory (None: never)
+        self.loads = loads or {}
         # heap keys: the rank, except that promoted primitives go right after the Destroys
         # (which only ever free memory and GPUs), in the order they were promoted
         self.key: Sequence[tuple[int, ...]] = rank
@@ -212,8 +268,9 @@ class _Replay:
         self.succ: list[list[int]] = [[] for _ in range(n)]
         self.preds: list[set[int]] = [set() for _ in range(n)]
         for a, b, _ in self.edges:
-            self.succ[a].append(b)
-            self.preds[b].add(a)
+            if a not in self.preds[b]:  # one pair may be a state and a resource edge
+                self.succ[a].append(b)
+                self.preds[b].add(a)
         self.waiting = [len(p) for p in self.preds]
         self.done = [False] * n
         self.destroys_on: dict[int, list[int]] = {}
@@ -267,7 +324,7 @@ class _Replay:
         if self.sizes is None or not isinstance(p, (Split, Merge)) or p.staged:
             return False
         q = replace(p, staged=True)
-        mem = q.memory(self.sizes)
+        mem = loaded(q.memory(self.sizes), self.loads.get(i))
         if any(self.usage.get(g, 0) + m.extra > self.cap for g, m in mem.items() if m.extra > 0):
             return False
         self.prims[i], self.mem[i] = q, mem

@@ -16,6 +16,7 @@ replay, and the end state realizes the target plan.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -110,7 +111,7 @@ class _Job:
                         if sorted((sp.tp, sp.pp, tuple(r)) for r in sp.replicas)
                         != sorted((target.stage(sp.stage).tp, target.stage(sp.stage).pp,
                                    tuple(r)) for r in target.stage(sp.stage).replicas)}
-        self.loaded: set[str] = set()
+        self.loaded_at: dict[str, float] = {}  # current unit -> when it is loaded
         self.initial_ids = set(_units_of(current))
         self.rivals: dict[tuple[str, str], set[int]] = {}
         names = list(current.names)
@@ -161,9 +162,13 @@ def validate(job: JobSpec, current: Plan, target: Plan, schedule: Schedule) -> l
     # a stage the schedule touches counts as changed, whatever the plans say of it: it must
     # keep a copy and its units' bytes count (else moving an unchanged stage escaped both)
     J.changed |= {p.stage for p in prims}
-    # a current unit is on its GPUs only if a Split, Merge or Extend reads it (else it stays
-    # offloaded, as between phases); units the schedule makes are on their GPUs
-    J.loaded = {e.id for p in prims if p.op != "Destroy" for e in p.primitive.inputs}
+    # a current unit is on its GPUs from the start of the first Split, Merge or Extend that
+    # reads it (before, and if none does, it is offloaded, as between phases); units the
+    # schedule makes are on their GPUs
+    for p in prims:
+        if p.op != "Destroy":
+            for e in p.primitive.inputs:
+                J.loaded_at[e.id] = min(J.loaded_at.get(e.id, math.inf), p.start_s)
 
     # the DAG: acyclic, deps respected
     g = nx.DiGraph()
@@ -351,7 +356,7 @@ def _check_moment(J: _Job, t: float, alive: dict[str, _Unit],
         for i, gpu in enumerate(u.gpus):
             owners.setdefault(gpu, set()).add(u.stage)
             if u.stage in J.changed and u.id not in on_host and (
-                    u.id in J.loaded or u.id not in J.initial_ids):
+                    J.loaded_at.get(u.id, math.inf) <= t + EPS or u.id not in J.initial_ids):
                 mem[gpu] = mem.get(gpu, 0) + J.bytes_at(u, i)
     for gpu, b in mem.items():
         peak[gpu] = max(peak.get(gpu, 0), b)
