@@ -445,3 +445,45 @@ def test_a_replan_at_a_boundary_without_times_resets_the_efficiency_references(j
     assert d.reasons.urgent and d.action in (Action.MOVE, Action.RESTART)
     nxt = c.on_boundary(_tel(job, d.plan, 1, 2000, pool=tuple(range(15))))
     assert not [t for t in nxt.reasons.triggers if t.signal.startswith("eff.")]
+
+
+def test_h_len_counts_steps_from_the_reset_a_pool_replan_made_not_from_the_last_crossing(
+        job, plans):
+    """Responses cross at step 1; a pool gain replans at step 5 and resets the length's
+    reference; the next crossing, 3 steps later, is 31 % beyond the reset reference. H_len is
+    those 3 steps, not the 7 since the crossing before (H_x says how long after a replan the
+    signal takes to cross again)."""
+    p = plans["best8"]
+    n8, n16 = tuple(range(8)), tuple(range(16))
+    start = job.with_pool(GpuPool(job.cluster, n8))
+    c = Controller(start, p, transition=lambda j, s, t, e: _Sched(1e9), on_log=lambda s: None)
+    c.on_boundary(_tel(job, p, 0, 1000, pool=n8))
+    d1 = c.on_boundary(_tel(job, p, 1, 1350, pool=n8))
+    assert [t.signal for t in d1.reasons.triggers] == ["response_len"]
+    c.on_boundary(_tel(job, p, 2, 1400, pool=n8))
+    d5 = c.on_boundary(_tel(job, p, 5, 1600, pool=n16))
+    assert [t.kind for t in d5.reasons.triggers] == [TriggerKind.POOL_GAIN]
+    assert d5.action is Action.KEEP and c.monitor.references["response_len"] == 1600.0
+    d8 = c.on_boundary(_tel(job, p, 8, 1600 * 1.31, pool=n16))
+    assert [t.signal for t in d8.reasons.triggers] == ["response_len"]
+    assert c.horizons.of("response_len") == 3.0
+    assert d8.reasons.horizon_steps == 3.0
+
+
+def test_h_len_counts_steps_from_a_deferred_replan_not_from_the_crossing_it_waited_on(
+        job, plans):
+    """A crossing at step 1 waits for a running transition; the replan at step 4 resets the
+    reference, and the next crossing at step 6 closes an interval of 2 steps, not 5."""
+    p = plans["best8"]
+    n8 = tuple(range(8))
+    start = job.with_pool(GpuPool(job.cluster, n8))
+    c = Controller(start, p, transition=lambda j, s, t, e: _Sched(1e9), on_log=lambda s: None)
+    c.on_boundary(_tel(job, p, 0, 1000, pool=n8))
+    for step in (1, 2, 3):
+        busy = replace(_tel(job, p, step, 1350, pool=n8), transition_running=True)
+        assert "deferred" in c.on_boundary(busy).reasons.summary
+    d4 = c.on_boundary(_tel(job, p, 4, 1350, pool=n8))
+    assert [t.signal for t in d4.reasons.triggers] == ["response_len"]
+    d6 = c.on_boundary(_tel(job, p, 6, 1350 * 1.31, pool=n8))
+    assert [t.signal for t in d6.reasons.triggers] == ["response_len"]
+    assert c.horizons.of("response_len") == 2.0

@@ -92,6 +92,20 @@ def test_horizon_stays_within_the_intervals_seen(gaps, alpha):
     assert min(gaps) - 1e-9 <= h.of("x") <= max(gaps) + 1e-9
 
 
+def test_an_interval_starts_at_the_last_reset_of_the_reference_after_a_crossing():
+    """A crossing is measured from the reference, and a replan started by another signal
+    resets it: the steps before that reset are no part of the next interval."""
+    h = Horizons(alpha=0.5).reset(["x"], 4)       # no crossing yet: nothing starts
+    h = h.crossed("x", 10)
+    assert h.of("x") == 1.0
+    h = h.reset(["x"], 25).crossed("x", 30)      # crossed at 10, reset at 25, crossed at 30
+    assert h.of("x") == 5.0
+    h = h.reset(["y"], 35).crossed("x", 40)      # another signal's reset leaves x alone
+    assert h.of("x") == pytest.approx(0.5 * 10 + 0.5 * 5)
+    h = h.reset(["x"], 40).crossed("x", 52)      # a reset at the crossing itself changes nothing
+    assert h.of("x") == pytest.approx(0.5 * 12 + 0.5 * 7.5)
+
+
 # ---------------------------------------------------------------- admission
 def test_payback_inequality_at_its_boundary():
     # L_tran / ΔL <= γ H: 10 / 2 = 5 = 0.5 * 10

@@ -30,6 +30,26 @@ def test_calibrator_error_under_ten_percent_after_ten_steps(stationary):
     assert n.calib_error_at(10) < 0.10
 
 
+def test_every_policy_pays_the_same_periodic_checkpoint_writes(stationary):
+    """A failure restarts from the last periodic checkpoint, so writing it is not free: every
+    ``checkpoint_interval_steps`` steps each policy waits for the write the controller prices
+    into a planned restart (θ and ω of the trainable models over the pool's write bandwidth)."""
+    from nereus.control.restart import checkpoint_write_s, restart_cost
+    sc, res = stationary
+    every = sc.restart.checkpoint_interval_steps
+    write_s = checkpoint_write_s(sc.job, sc.restart)
+    assert write_s == pytest.approx(restart_cost(sc.job, sc.restart, after_failure=False).save_s)
+    assert write_s > 0
+    writes = sc.steps // every
+    for name, r in res.results.items():
+        accounted = sum(row.step_s + row.transition_s + row.restart_s + row.lost_s
+                        + row.paused_s for row in r.rows)
+        assert r.total_s - accounted == pytest.approx(writes * write_s), name
+        assert [row.step for row in r.rows if row.checkpoint_s > 0] == \
+            [k for k in range(sc.steps) if (k + 1) % every == 0], name
+        assert r.summary()["checkpoint_s"] == pytest.approx(writes * write_s), name
+
+
 def test_result_json_has_the_issue_shape(stationary):
     from nereus.commands.simulate import result_json
     _, res = stationary

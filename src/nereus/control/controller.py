@@ -274,13 +274,16 @@ class Controller:
     def _reset(self, tel: Telemetry, signals: Mapping[str, float]) -> None:
         """After a replan (admitted or not, a restart included): every reference becomes its
         signal's current value -- each efficiency watched so far too, also at a boundary that
-        brought no times (a second decision within a step, a resume) and so watches none."""
+        brought no times (a second decision within a step, a resume) and so watches none.
+        The next crossing of each is measured from here, so its interval for H_x starts here
+        too (see :mod:`nereus.control.horizon`)."""
         now = {"response_len": float(tel.response_len_mean), **signals}
         eff = self.calibrator.efficiencies()
         for name in self.monitor.references:
             if name.startswith("eff.") and name not in now:
                 now[name] = eff[OpClass(name[4:])]
         self.monitor = self.monitor.reset(now)
+        self.horizons = self.horizons.reset(now, tel.step)
 
     def _memory_check(self, tel: Telemetry) -> tuple[bool, Trigger | None]:
         """Does the current plan fit the longest response it must plan for?

@@ -11,6 +11,10 @@ save); the frozen models' weights are read again from where the job first read t
     seconds = startup_s + checkpoint_bytes / (read_bw_per_node * nodes) + lost_s
               [+ saved_bytes / (write_bw_per_node * nodes)]
 
+The periodic checkpoints that bound ``lost_s`` are written the same way, one every
+``checkpoint_interval_steps`` steps (``checkpoint_write_s``); their cost does not depend on the
+plan, so it never changes which plan is best, but a simulated job pays it.
+
 Every default below is an assumption (marked so in ``RESTART_SOURCES``): no figure in the paper
 gives them. Scenarios may override them and must say where their values come from.
 """
@@ -79,6 +83,15 @@ def saved_bytes(job: JobSpec) -> int:
     return _state_bytes(job, trainable_only=True)
 
 
+def checkpoint_write_s(job: JobSpec, params: RestartParams) -> float:
+    """Seconds to write one checkpoint of ``job`` on its pool: what training changed (θ and ω
+    of each trainable model) over the storage write bandwidth of every node of the pool. The
+    job waits for the write (assumption: a synchronous save, no overlap with training). A
+    planned restart and every periodic checkpoint write the same bytes."""
+    nodes = max(1, len(job.pool.by_node()))
+    return saved_bytes(job) / (params.storage_write_bw_per_node * nodes)
+
+
 @dataclass(frozen=True)
 class RestartCost:
     """A restart's predicted seconds by term (``source`` says estimated or simulated)."""
@@ -115,5 +128,5 @@ def restart_cost(job: JobSpec, params: RestartParams, *, step_s: float = 0.0,
     if after_failure:
         steps = params.checkpoint_interval_steps / 2.0 if lost_steps is None else lost_steps
         return RestartCost(params.startup_s, load, steps * step_s, 0.0, nbytes, source)
-    save = saved_bytes(job) / (params.storage_write_bw_per_node * nodes)
-    return RestartCost(params.startup_s, load, 0.0, save, nbytes, source)
+    return RestartCost(params.startup_s, load, 0.0, checkpoint_write_s(job, params), nbytes,
+                       source)

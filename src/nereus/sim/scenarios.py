@@ -177,6 +177,12 @@ def _common_notes() -> dict[str, str]:
                                          "the actor and critic, θ of reference and reward, "
                                          "read at a restart; a planned restart first writes "
                                          "the actor's and critic's alone")
+    notes["restart.checkpoint_writes"] = ("assumption: every policy (the oracle too) writes "
+                                          "a checkpoint every checkpoint_interval_steps steps "
+                                          "and waits for it: the bytes a planned restart "
+                                          "writes over storage_write_bw_per_node x the pool's "
+                                          "nodes (nereus.control.restart.checkpoint_write_s); "
+                                          "simulated")
     return notes
 
 

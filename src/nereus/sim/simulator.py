@@ -4,10 +4,12 @@ Per step, a policy's job: hands the last step's telemetry to the policy and carr
 answer -- a move costs the transition schedule's makespan under the hidden efficiencies (times
 noise); a restart costs start-up, the checkpoint load and, after a failure, the steps since the
 last checkpoint done again on the plan and GPUs it restarts on -- then runs the step (ground
-truth: ``Truth``). If a GPU the plan uses leaves the pool during the step, the step is lost up
-to that moment and the policy decides again. An empty pool pauses the job: the state on its
-GPUs is gone, so it restarts from the checkpoint when GPUs return. Every number here is
-simulated.
+truth: ``Truth``). Every ``checkpoint_interval_steps`` steps it writes the checkpoint that a
+failure restarts from, and waits for the write (``checkpoint_write_s``, the formula a planned
+restart's save uses): the same for every policy, since it depends on the pool, not the plan.
+If a GPU the plan uses leaves the pool during the step, the step is lost up to that moment and
+the policy decides again. An empty pool pauses the job: the state on its GPUs is gone, so it
+restarts from the checkpoint when GPUs return. Every number here is simulated.
 
 Progress-aligned replay: the availability trace is a function of wall-clock time, but policies
 run at different speeds, and a few seconds' difference decides which 5-minute outages a job
@@ -30,7 +32,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from nereus.control.controller import Action
-from nereus.control.restart import RestartParams, restart_cost
+from nereus.control.restart import RestartParams, checkpoint_write_s, restart_cost
 from nereus.control.targets import intact
 from nereus.control.telemetry import Telemetry
 from nereus.cost.model import CostModel
@@ -69,6 +71,7 @@ class StepRow:
     response_len_mean: float
     tokens: float
     calib_error: float | None = None   # mean |predicted - true| / true over stages (nereus)
+    checkpoint_s: float = 0.0          # the periodic checkpoint written after the step
 
 
 @dataclass(frozen=True)
@@ -122,6 +125,10 @@ class PolicyResult:
     def lost_s(self) -> float:
         return sum(r.lost_s for r in self.rows)
 
+    @property
+    def checkpoint_s(self) -> float:
+        return sum(r.checkpoint_s for r in self.rows)
+
     def calib_error_at(self, step: int) -> float | None:
         for r in self.rows:
             if r.step == step:
@@ -132,6 +139,7 @@ class PolicyResult:
         return {"tokens_per_s": self.tokens_per_s, "mean_step_s": self.mean_step_s,
                 "transitions": self.transitions, "transition_s": self.transition_s,
                 "restarts": self.restarts, "restart_s": self.restart_s, "lost_s": self.lost_s,
+                "checkpoint_s": self.checkpoint_s,
                 "paused_s": self.paused_s, "total_s": self.total_s, "steps": len(self.rows)}
 
 
@@ -385,14 +393,17 @@ class _Runner:
                 continue
             self.t += step_s
             self.since_ckpt.append(k)
+            ckpt_s = 0.0
             if (k + 1) % sim.restart.checkpoint_interval_steps == 0:
+                ckpt_s = checkpoint_write_s(sim.truth.job_at(pool, mean, longest), sim.restart)
+                self.t += ckpt_s
                 self.since_ckpt.clear()
             end_pool = pending[-1][2] if pending else pool
             tokens = sim.truth.job.workload.sequences_per_step * mean
             self.rows.append(StepRow(self.p.name, k, self.t, step_s, self._acc["transition_s"],
                                      self._acc["restart_s"], self._acc["lost_s"],
                                      self._acc["paused_s"], len(pool), len(self.plan.gpus()),
-                                     mean, tokens, calib))
+                                     mean, tokens, calib, ckpt_s))
             for key in self._acc:
                 self._acc[key] = 0.0
             self.tel = Telemetry(k, mean, longest, end_pool, stage_s,
