@@ -276,7 +276,7 @@ def test_a_driver_error_mid_transition_aborts_and_reports_what_is_intact(
     rep = info.value.report
     assert isinstance(info.value.__cause__, RuntimeError)
     assert rep.dead == frozenset()  # the aborted calls fail, no worker died
-    assert all("aborted" in err for errs in rep.failed.values() for err in errs.values())
+    assert all("aborted" in err for errs in rep.failed.values() for err in errs.values()), rep.failed
     assert {e.id for e in rep.intact[stage]} >= {"actor_train/0", "actor_train/1"}
     ex.on_event = None
     rec = recover(pool, ex, job, rep, lambda ids: target)

@@ -203,13 +203,13 @@ class Executor:
                 if failed:
                     raise _Abort()
         except _Abort:
-            rv.close()
+            # the rendezvous stays open until the aborts have landed: a member still joining
+            # then fails as aborted, not with the store's connection error
             report = self._fail(running, units, timings, t0)
             raise TransitionFailed(report) from None
         except (Exception, KeyboardInterrupt) as e:
             if not done and not running:
                 raise  # nothing has moved
-            rv.close()
             report = self._fail(running, units, timings, t0, cause=e)
             raise TransitionFailed(report) from e
         finally:

@@ -5,6 +5,13 @@
   cuts its T_sub shard out of what arrived. The source arena stays until the last all-gather.
 - Merge: local slicing of the new, smaller shard out of the replica the worker holds; no
   collective.
+- Staged (``staged=True``, a Split or Merge too big for the device by itself): the worker first
+  copies its source position to host memory (pinned on CUDA; not counted on the device) and
+  drops it on the device, then allocates the new shard and fills it from the host copy. A
+  staged Split sends from device memory (NCCL needs it): from the pieces of its own already
+  placed in the new arena, or through the staging window for strided ones. If the primitive
+  fails after the drop, the source goes back onto the device from the host copy (the partial
+  new shard freed first) before the error is raised, so a failure loses nothing that was held.
 - Extend: the source position broadcasts its arena as one contiguous buffer to the
   rank-aligned device of the new unit, over a two-member communicator; the receiver's tensors
   are views of the buffer it received.
@@ -78,11 +85,36 @@ def split_workspace_bytes(spec: StateSpec, tp: int, pp: int,
 
 def split_member(ctx: WorkerContext, group: GroupSpec, src_id: str, out_id: str,
                  sub_layout: tuple[int, int], member_positions: tuple[tuple[int, int], ...],
-                 bucket_bytes: int = BUCKET_BYTES) -> MoveResult:
+                 bucket_bytes: int = BUCKET_BYTES, staged: bool = False) -> MoveResult:
     """This worker's part of Split: the position-wise all-gather inside ``group`` as a
-    sequence of broadcasts straight into the new arena (``nereus.runtime.splitting``)."""
+    sequence of broadcasts straight into the new arena (``nereus.runtime.splitting``).
+    ``staged``: the source goes to host memory and is freed on the device first (see the
+    module docstring); it comes back from there if the Split fails."""
     t0 = time.perf_counter()
-    src = ctx.units[src_id]
+    host = stage_out(ctx, src_id) if staged else None
+    try:
+        target, setup, move, sent, received, detail = _split_into(
+            ctx, group, src_id, host, out_id, sub_layout, member_positions, bucket_bytes)
+    except BaseException:
+        if host is not None:
+            restore(ctx, src_id, host)
+        raise
+    if host is None:
+        # Nothing may view the source when it is dropped (its memory is reused): the group's
+        # last operations held its tensors until the backend was destroyed, which
+        # ``_split_into`` did before returning.
+        ctx.drop(src_id)  # the source lives until its broadcasts ended
+    ctx.hold(out_id, target)
+    return _result(ctx, t0, setup, move, sent, received, target.meta.digest(), detail)
+
+
+def _split_into(ctx: WorkerContext, group: GroupSpec, src_id: str, host: ShardedState | None,
+                out_id: str, sub_layout: tuple[int, int],
+                member_positions: tuple[tuple[int, int], ...], bucket_bytes: int
+                ) -> tuple[ShardedState, float, float, int, int, dict[str, float]]:
+    """Allocate and fill this member's new arena; the source is ``host`` when staged (the
+    device copy is gone), else the held unit. Frees what it allocated when it fails."""
+    src = host if host is not None else ctx.units[src_id]
     spec, tp, pp = src.spec, src.tp, src.pp
     tp_sub, pp_sub = sub_layout
     m_tp, m_pp = tp // tp_sub, pp // pp_sub
@@ -96,6 +128,8 @@ def split_member(ctx: WorkerContext, group: GroupSpec, src_id: str, out_id: str,
     held_stage = False
     stage: torch.Tensor | None = None
     g: Group | None = None
+    inflight: list[tuple[int, Any, torch.Tensor | None]] = []
+    data: torch.Tensor | None = None
     try:
         ctx.memory.reserve(stage_bytes, f"split {src_id} staging buffers")
         held_stage = True
@@ -109,7 +143,7 @@ def split_member(ctx: WorkerContext, group: GroupSpec, src_id: str, out_id: str,
         entries = target.layout.entries
         own = {(e.kind, e.shard.logical): e for e in src.layout.entries}
         mine = {p.entry for run in segs if run.root == me for p in run.parts}
-        # what this member holds itself: copied, not received
+        # what this member holds itself: copied, not received (from the host copy if staged)
         for i, et in enumerate(entries):
             em = own.get((et.kind, et.shard.logical))
             if em is not None and (i in local or i in mine):
@@ -117,9 +151,6 @@ def split_member(ctx: WorkerContext, group: GroupSpec, src_id: str, out_id: str,
                                            src.tensor(em.kind, em.shard.name), em.shard))
         t_local = time.perf_counter() - tm
         sent = received = 0
-        inflight: list[tuple[int, Any, torch.Tensor | None]] = []
-        data: torch.Tensor | None = None
-        work: Any = None
 
         def finish(k: int, work: Any, buf: torch.Tensor | None) -> None:
             g.wait([work])
@@ -142,7 +173,14 @@ def split_member(ctx: WorkerContext, group: GroupSpec, src_id: str, out_id: str,
                 finish(*inflight.pop(0))
             buf: torch.Tensor | None = None
             if sg.root == me:
-                data = src.buffer[sg.src[0]:sg.src[1]]
+                if host is None:
+                    data = src.buffer[sg.src[0]:sg.src[1]]
+                elif sg.dst is not None:  # the same bytes, already placed in the new arena
+                    data = target.buffer[sg.dst[0]:sg.dst[1]]
+                else:  # strided in the new arena: through a staging slot on the device
+                    at = (k % WINDOW) * slot
+                    data = stage[at:at + sg.nbytes]
+                    data.copy_(src.buffer[sg.src[0]:sg.src[1]])
                 sent += sg.nbytes
             elif sg.dst is not None:
                 data = target.buffer[sg.dst[0]:sg.dst[1]]  # straight into the new arena
@@ -161,8 +199,13 @@ def split_member(ctx: WorkerContext, group: GroupSpec, src_id: str, out_id: str,
         target.zero_padding()
         _sync(ctx)
         move = time.perf_counter() - tm
-    except BaseException:
+    except BaseException as e:
         ctx.free(target)
+        # Let go of the partial arena before a staged caller puts its source back: the
+        # traceback keeps the frames (and their views of it) alive.
+        _let_go(e)
+        del target, data
+        inflight.clear()
         raise
     finally:
         if g is not None:
@@ -170,36 +213,98 @@ def split_member(ctx: WorkerContext, group: GroupSpec, src_id: str, out_id: str,
         if held_stage:
             stage = None
             ctx.memory.release(stage_bytes)
-    # Nothing may view the source when it is dropped (its memory is reused): the group's
-    # last operations hold its tensors until the backend is destroyed, so it goes first.
-    del src, data, work, inflight, finish, g
-    ctx.drop(src_id)  # the source lives until its broadcasts ended
-    ctx.hold(out_id, target)
-    return _result(ctx, t0, setup, move, sent, received, target.meta.digest(),
-                   {"local_copy_s": t_local, "segments": float(len(segs))})
+    return target, setup, move, sent, received, {"local_copy_s": t_local,
+                                                 "segments": float(len(segs))}
 
 
 # ---------------------------------------------------------------- Merge
 def merge_member(ctx: WorkerContext, src_id: str, out_id: str, layout: tuple[int, int],
-                 position: tuple[int, int]) -> MoveResult:
-    """This worker's part of Merge: cut the new shard out of the replica it holds."""
-    from nereus.runtime.state import assemble
-
+                 position: tuple[int, int], staged: bool = False) -> MoveResult:
+    """This worker's part of Merge: cut the new shard out of the replica it holds.
+    ``staged``: out of a host copy of the replica, which is freed on the device first (see the
+    module docstring); it comes back from there if the Merge fails."""
     t0 = time.perf_counter()
-    src = ctx.units[src_id]
-    target = ctx.allocate(src.spec, layout[0], layout[1], position[0], position[1], src.meta,
-                          f"merge {src_id} -> {out_id}")
+    host = stage_out(ctx, src_id) if staged else None
     try:
-        assemble(target, [src])
-        _sync(ctx)
+        target = _merge_into(ctx, host if host is not None else ctx.units[src_id], out_id,
+                             layout, position)
     except BaseException:
-        ctx.free(target)
+        if host is not None:
+            restore(ctx, src_id, host)
         raise
     move = time.perf_counter() - t0
-    del src
-    ctx.drop(src_id)
+    if host is None:
+        ctx.drop(src_id)
     ctx.hold(out_id, target)
     return _result(ctx, t0, 0.0, move, 0, 0, target.meta.digest())
+
+
+def _merge_into(ctx: WorkerContext, src: ShardedState, out_id: str, layout: tuple[int, int],
+                position: tuple[int, int]) -> ShardedState:
+    """A new arena for ``position`` of ``layout``, cut out of ``src`` tensor by tensor; freed
+    when the cut fails."""
+    target = ctx.allocate(src.spec, layout[0], layout[1], position[0], position[1], src.meta,
+                          f"merge -> {out_id}")
+    try:
+        cut(target, src)
+        _sync(ctx)
+    except BaseException as e:
+        ctx.free(target)
+        _let_go(e)  # as in ``_split_into``
+        del target
+        raise
+    return target
+
+
+def cut(target: ShardedState, src: ShardedState) -> None:
+    """Fill ``target`` from the shard ``src`` (on the device or a host copy) holds of it."""
+    from nereus.runtime.state import assemble
+
+    assemble(target, [src])
+
+
+# ---------------------------------------------------------------- staging through host memory
+def _let_go(e: BaseException) -> None:
+    """Clear the locals of the frames ``e`` passed through below the one handling it, so
+    buffers they viewed are freed now, not when the traceback goes."""
+    import traceback
+
+    traceback.clear_frames(e.__traceback__.tb_next if e.__traceback__ else None)
+
+
+def host_copy(ctx: WorkerContext, st: ShardedState) -> ShardedState:
+    """A copy of ``st`` in host memory: pinned when the device is CUDA (copied synchronously),
+    a plain CPU tensor on a CPU worker. Not counted in ``ctx.memory`` (device bytes only)."""
+    if st.device.type == "cuda":
+        buf = torch.empty(st.nbytes, dtype=torch.uint8, pin_memory=True)
+        buf.copy_(st.buffer)
+    else:
+        buf = st.buffer.detach().clone()
+    return ShardedState(st.spec, st.tp, st.pp, *st.position, buf, st.meta)
+
+
+def stage_out(ctx: WorkerContext, unit_id: str) -> ShardedState:
+    """Copy a held unit's position to host memory and drop it on the device (its bytes
+    released); returns the host copy."""
+    if unit_id not in ctx.units:
+        raise KeyError(f"worker {ctx.device_id} holds no unit {unit_id}")
+    host = host_copy(ctx, ctx.units[unit_id])
+    ctx.drop(unit_id)  # no reference of ours to the device arena is left
+    return host
+
+
+def restore(ctx: WorkerContext, unit_id: str, host: ShardedState) -> None:
+    """Put a unit that ``stage_out`` dropped back on the device from its host copy, under its
+    id (a staged primitive failed: what was held before stays held)."""
+    st = ctx.allocate(host.spec, host.tp, host.pp, *host.position, host.meta,
+                      f"restore {unit_id} from host memory")
+    try:
+        st.buffer.copy_(host.buffer)
+        _sync(ctx)
+        ctx.hold(unit_id, st)
+    except BaseException:
+        ctx.free(st)
+        raise
 
 
 # ---------------------------------------------------------------- Extend

@@ -6,7 +6,8 @@ worker (``nereus.runtime.movement``); each worker joins and leaves its own commu
 primitive is one round trip. Communicators: Split makes one all-gather group per T_sub position
 (the GPUs of one enclosing TP/PP block, ``transition.nesting.gather_groups``); Extend one
 two-member group per rank pair; Merge and Destroy none. Units are keyed by ``Emu.id`` on the
-workers.
+workers. A staged Split or Merge (``staged=True``) goes through host memory on each worker: its
+source is freed on the device before its new shard is allocated.
 """
 
 from __future__ import annotations
@@ -43,8 +44,11 @@ def split_member_groups(p: Split) -> list[tuple[tuple[int, int], tuple[int, ...]
 
 def need_bytes(p: Primitive, spec: StateSpec, bucket_bytes: int = mv.BUCKET_BYTES
                ) -> dict[int, int]:
-    """Bytes each worker allocates when ``p`` starts (its inputs stay until it ends); for a
-    Split, its new shard plus the all-gather buffers of chunks of ``bucket_bytes``."""
+    """Bytes each worker must have free when ``p`` starts: what it allocates then (its inputs
+    stay until it ends); for a Split, its new shard plus the all-gather buffers of chunks of
+    ``bucket_bytes``. A staged Split or Merge frees its source position on the device before
+    it allocates (``nereus.runtime.movement``), so it needs only what the new shard (and a
+    Split's buffers) take beyond the source: max(0, new + buffers - source)."""
     if isinstance(p, Split):
         m_tp, m_pp = factors(p.emu.layout, p.sub)
         out = {}
@@ -52,9 +56,21 @@ def need_bytes(p: Primitive, spec: StateSpec, bucket_bytes: int = mv.BUCKET_BYTE
             work = mv.split_workspace_bytes(spec, *_layout(p.emu), positions,
                                             (p.sub.tp, p.sub.pp), bucket_bytes)
             for g, (t, r) in zip(members, positions):
-                out[g] = work + position_bytes(spec, p.sub.tp, p.sub.pp, t // m_tp, r // m_pp)
+                n = work + position_bytes(spec, p.sub.tp, p.sub.pp, t // m_tp, r // m_pp)
+                if p.staged:
+                    n = max(0, n - position_bytes(spec, *_layout(p.emu), t, r))
+                out[g] = n
         return out
-    if isinstance(p, (Merge, Extend)):
+    if isinstance(p, Merge):
+        o = p.output
+        out = {g: position_bytes(spec, *_layout(o), *o.position(i))
+               for i, g in enumerate(o.gpus)}
+        if p.staged:
+            for e in p.emus:
+                for i, g in enumerate(e.gpus):
+                    out[g] = max(0, out[g] - position_bytes(spec, *_layout(e), *e.position(i)))
+        return out
+    if isinstance(p, Extend):
         o = p.output
         return {g: position_bytes(spec, *_layout(o), *o.position(i))
                 for i, g in enumerate(o.gpus)}
@@ -94,13 +110,14 @@ def launch(p: Primitive, pool: WorkerPool, rv: Rendezvous, spec: StateSpec, tag:
             groups[name] = members
             for j, g in enumerate(members):
                 refs[g] = pool.submit(g, mv.split_member, gs, p.emu.id, p.outputs[j].id,
-                                      (p.sub.tp, p.sub.pp), positions, bucket_bytes)
+                                      (p.sub.tp, p.sub.pp), positions, bucket_bytes,
+                                      p.staged)
     elif isinstance(p, Merge):
         o = p.output
         src_of = {g: e.id for e in p.emus for g in e.gpus}
         for i, g in enumerate(o.gpus):
             refs[g] = pool.submit(g, mv.merge_member, src_of[g], o.id, _layout(o),
-                                  o.position(i))
+                                  o.position(i), p.staged)
     elif isinstance(p, Extend):
         o = p.output
         for i, (a, b) in enumerate(p.pairs()):

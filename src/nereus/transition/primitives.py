@@ -228,12 +228,14 @@ class Merge:
         return out
 
     def host_bytes(self, sizes: StateSizes) -> dict[int, int]:
-        """Bytes each GPU copies to host memory and back when staged (0 otherwise): its new
-        shard out of the sub-shard, then in again."""
+        """Bytes each GPU copies to host memory and back when staged (0 otherwise): its whole
+        sub-shard out (so a failed Merge can put it back), then the new shard in."""
         if not self.staged:
             return {}
         new = sizes.of(self.output)
-        return {g: 2 * new[j] for j, g in enumerate(self.output.gpus)}
+        pos = {g: j for j, g in enumerate(self.output.gpus)}
+        return {g: old[i] + new[pos[g]] for e in self.emus
+                for old in (sizes.of(e),) for i, g in enumerate(e.gpus)}
 
     def check(self, alive: Mapping[str, Emu], model: ModelSpec | None = None) -> None:
         _need_alive(self, self.emus, alive)

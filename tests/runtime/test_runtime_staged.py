@@ -1,0 +1,411 @@
+"""Split and Merge staged through host memory (``staged=True``): same bytes as unstaged, a
+peak of the larger shard instead of both, and a failure that puts the source back.
+
+The first tests run one worker context in this process (no Ray); the others run transitions on
+CPU workers (gloo) in one Ray session for the module. Staged primitives come from a planned
+schedule whose Splits and Merges are replaced by staged copies (``dataclasses.replace``).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import replace
+
+import pytest
+import ray
+import torch
+from runtime_testlib import (
+    clear_units,
+    cpu_job,
+    gone,
+    listening_ports,
+    pids,
+    ray_session,
+    stage_seeds,
+    wait_released,
+    worker_resources,
+)
+
+from nereus.cost.candidate import Candidate, Layout
+from nereus.errors import InfeasibleError
+from nereus.plan.types import Plan, StagePlan
+from nereus.runtime import movement as mv
+from nereus.runtime.comm import GroupSpec, Rendezvous, StoreAddress
+from nereus.runtime.executor import Executor, state_specs
+from nereus.runtime.faults import TransitionFailed, recover
+from nereus.runtime.loading import seeded_logical, seeded_meta
+from nereus.runtime.memory import block_bytes
+from nereus.runtime.placement import gather_unit, place_plan
+from nereus.runtime.primitives import launch, need_bytes, workers_of
+from nereus.runtime.splitting import staging_bytes
+from nereus.runtime.state import ShardedState, StateSpec, arena_layout
+from nereus.runtime.workers import WorkerContext, WorkerPool
+from nereus.spec.job import JobSpec
+from nereus.spec.model import MODEL_PRESETS
+from nereus.transition.emu import Emu
+from nereus.transition.instances import random_pair, stage_names
+from nereus.transition.planner import plan_transition
+from nereus.transition.primitives import Merge, Primitive, Split
+from nereus.transition.schedule import Schedule
+from nereus.transition.sizes import StateSizes
+
+SPEC = StateSpec(MODEL_PRESETS["tiny-llama"])
+
+
+# ---------------------------------------------------------------- one worker context, no Ray
+def _ctx(capacity: int = 1 << 30) -> WorkerContext:
+    return WorkerContext(0, torch.device("cpu"), capacity)
+
+
+def _bytes_of(ctx: WorkerContext, unit: str) -> torch.Tensor:
+    return ctx.units[unit].buffer.clone()
+
+
+@pytest.mark.parametrize("position", [(0, 0), (1, 0)])
+def test_staged_merge_cuts_the_same_bytes_at_the_larger_shard(position: tuple[int, int]
+                                                              ) -> None:
+    """A tp=1 replica merged into position ``position`` of tp=2: staged and unstaged give the
+    same arena; staged, the worker's peak is the source (the larger shard), not both."""
+    old = arena_layout(SPEC, 1, 1, 0, 0).nbytes
+    new = arena_layout(SPEC, 2, 1, *position).nbytes
+    out = {}
+    for staged in (False, True):
+        ctx = _ctx()
+        mv.place_seeded(ctx, "src", SPEC, (1, 1), (0, 0), seed=3)
+        ctx.memory.reset_peak()
+        res = mv.merge_member(ctx, "src", "dst", (2, 1), position, staged=staged)
+        assert set(ctx.units) == {"dst"} and res.held_after == new
+        assert res.peak == (max(old, new) if staged else old + new)
+        out[staged] = _bytes_of(ctx, "dst")
+    assert torch.equal(out[False], out[True])
+
+
+def test_a_staged_merge_that_fails_puts_the_source_back(monkeypatch: pytest.MonkeyPatch
+                                                        ) -> None:
+    """The cut fails half-way, after the source left the device: the partial new shard is
+    freed, the source is back under its id, bitwise, and the worker holds what it held."""
+    ctx = _ctx()
+    mv.place_seeded(ctx, "src", SPEC, (1, 1), (0, 0), seed=4)
+    mv.place_seeded(ctx, "other", SPEC, (2, 1), (1, 0), seed=5)
+    before, held = _bytes_of(ctx, "src"), ctx.memory.stats().held
+    seen = {}
+
+    def broken(target: ShardedState, src: ShardedState) -> None:
+        seen["units"] = set(ctx.units)
+        seen["held"] = ctx.memory.stats().held
+        target.buffer[: target.nbytes // 2].copy_(src.buffer[: target.nbytes // 2])
+        raise RuntimeError("injected fault in the cut")
+
+    monkeypatch.setattr(mv, "cut", broken)
+    with pytest.raises(RuntimeError, match="injected"):
+        mv.merge_member(ctx, "src", "dst", (2, 1), (0, 0), staged=True)
+    assert seen["units"] == {"other"}  # the source had left the device when it failed
+    assert seen["held"] == held - before.numel() + arena_layout(SPEC, 2, 1, 0, 0).nbytes
+    assert set(ctx.units) == {"src", "other"}
+    assert torch.equal(_bytes_of(ctx, "src"), before)
+    assert ctx.units["src"].meta == seeded_meta(4)
+    assert ctx.memory.stats().held == held
+
+
+def test_a_staged_split_that_cannot_join_puts_the_source_back() -> None:
+    """The all-gather group cannot be reached after the source left the device: the new
+    arena and the staging window are released and the source comes back from host memory."""
+    ctx = _ctx()
+    mv.place_seeded(ctx, "src", SPEC, (2, 1), (1, 0), seed=6)
+    before, held = _bytes_of(ctx, "src"), ctx.memory.stats().held
+    members = ((0, 0), (1, 0))
+    assert staging_bytes(SPEC, 2, 1, members, (1, 1), mv.BUCKET_BYTES) > 0
+    nobody = GroupSpec("split", StoreAddress("127.0.0.1", 1), (1, 0), "split/", 1.0)
+    ctx.memory.reset_peak()
+    with pytest.raises(Exception):  # noqa: B017 - whatever the store's connection raises
+        mv.split_member(ctx, nobody, "src", "dst", (1, 1), members, staged=True)
+    assert set(ctx.units) == {"src"}
+    assert torch.equal(_bytes_of(ctx, "src"), before)
+    st = ctx.memory.stats()
+    assert st.held == held
+    # it got as far as the new arena and its window, never with the source beside them
+    new = arena_layout(SPEC, 1, 1, 0, 0).nbytes
+    window = staging_bytes(SPEC, 2, 1, members, (1, 1), mv.BUCKET_BYTES)
+    assert st.peak == new + window
+
+
+# ---------------------------------------------------------------- transitions on Ray workers
+@pytest.fixture(scope="module")
+def pool() -> Iterator[WorkerPool]:
+    with ray_session(__name__):
+        p = WorkerPool.start(8, kind="cpu")
+        try:
+            yield p
+        finally:
+            ids = list(pids(p).values())
+            p.shutdown()
+            assert gone(ids), "worker processes outlived the pool"
+
+
+@pytest.fixture()
+def clean(pool: WorkerPool) -> Iterator[WorkerPool]:
+    """After the test, failing ones included: no group, no parked backend, no extra port on
+    any worker or in the driver, and no state left on the workers."""
+    before_driver = listening_ports()
+    before = {d: r[0] for d, r in worker_resources(pool).items()}
+    try:
+        yield pool
+    finally:
+        after = wait_released(pool, before)
+        clear_units(pool)
+        pool.set_capacity(pool.capacity_bytes)
+        assert all(r[1] == 0 and r[2] == 0 for r in after.values()), after
+        assert all(after[d][0] <= before.get(d, after[d][0]) for d in after), (before, after)
+        assert listening_ports() <= before_driver
+
+
+def _staged(schedule: Schedule) -> Schedule:
+    """``schedule`` with every Split and Merge staged through host memory."""
+    prims = tuple(replace(sp, primitive=replace(sp.primitive, staged=True))
+                  if isinstance(sp.primitive, (Split, Merge)) else sp
+                  for sp in schedule.primitives)
+    return replace(schedule, primitives=prims)
+
+
+def _check_stages(pool: WorkerPool, job: JobSpec, units: Mapping[str, Sequence[Emu]],
+                  seeds: Mapping[str, int]) -> None:
+    specs = state_specs(job, "cpu")
+    for stage, es in units.items():
+        want = seeded_logical(specs[stage], seeds[stage])
+        for e in es:
+            diff = gather_unit(pool, e).first_difference(want)
+            assert diff is None, f"{e}: {diff}"
+
+
+def _plan(job: JobSpec, stage: str, tp: int, pp: int, reps: Sequence[Sequence[int]]) -> Plan:
+    return Plan((StagePlan(stage, Candidate(Layout(tp, pp), len(reps), 1, 1),
+                           tuple(tuple(r) for r in reps)),))
+
+
+# (model, seed, current pool size, target pool size): random plan pairs whose schedules hold
+# Splits (TP and PP) and Merges
+STAGED_CASES = [("tiny-llama", 0, 8, 8), ("tiny-qwen3", 8, 4, 8), ("tiny-llama", 3, 6, 6)]
+
+
+def _random_staged(pool: WorkerPool, model: str, seed: int, cur: int, tgt: int
+                   ) -> tuple[JobSpec, Plan, Schedule, dict[str, StateSpec], dict[str, int]]:
+    job = cpu_job(model, 8)
+    current, target = random_pair(random.Random(seed), job, stage_names(job, 4), cur, tgt)
+    schedule = _staged(plan_transition(job, current, target))
+    assert schedule.feasible, schedule.reason
+    ops = {sp.op for sp in schedule.primitives if sp.primitive.staged}
+    assert ops == {"Split", "Merge"}
+    pool.set_capacity(schedule.capacity_bytes)
+    specs = state_specs(job, "cpu")
+    seeds = stage_seeds(job, seed)
+    place_plan(pool, job, current, specs, seeds)
+    return job, target, schedule, specs, seeds
+
+
+@pytest.mark.parametrize("model,seed,cur,tgt", STAGED_CASES)
+def test_staged_schedule_keeps_every_copy_bitwise(clean: WorkerPool, model: str, seed: int,
+                                                  cur: int, tgt: int) -> None:
+    """The executor runs a schedule of staged Splits and Merges: every unit equals the state
+    before, bitwise (moments, counters and RNG included), no worker past its capacity."""
+    pool = clean
+    job, _, schedule, specs, seeds = _random_staged(pool, model, seed, cur, tgt)
+    report = Executor(pool, specs).run(schedule)
+    _check_stages(pool, job, report.units, seeds)
+    assert report.within_capacity(), (report.peak_bytes, report.capacity_bytes)
+    assert [t.op for t in report.timings] == [sp.op for sp in schedule.primitives]
+
+
+def _fresh_count(ctx: WorkerContext, inputs: Sequence[str]) -> tuple[int, int]:
+    """Empty the arena cache (a reused larger block is counted whole) and restart the peak;
+    returns the bytes held and the slack of the ``inputs`` held here (bytes of their blocks
+    beyond their arenas: an arena placed in a reused block counts the whole block, and a
+    staged primitive releases it whole when it drops its source)."""
+    if ctx.cache is not None:
+        ctx.cache.clear()
+    ctx.memory.reset_peak()
+    slack = sum(block_bytes(ctx.units[u].buffer) - ctx.units[u].nbytes
+                for u in inputs if u in ctx.units)
+    return ctx.memory.stats().held, slack
+
+
+def _run_one_by_one(pool: WorkerPool, schedule: Schedule, specs: Mapping[str, StateSpec]
+                    ) -> list[tuple[Primitive, dict[int, tuple[int, int]], dict[int, int]]]:
+    """Each primitive alone, in schedule order (a topological order), with its workers' peaks
+    restarted before it: (primitive, (bytes held, inputs' slack) before, peak) per worker."""
+    out = []
+    with Rendezvous() as rv:
+        for sp in schedule.primitives:
+            p = sp.primitive
+            ids = [e.id for e in p.inputs]
+            before = pool.run({g: (_fresh_count, (ids,)) for g in workers_of(p)})
+            refs, _ = launch(p, pool, rv, specs[p.stage], f"t{sp.index}", 60.0)
+            peak = {g: r.peak for g, r in zip(refs, ray.get(list(refs.values())))}
+            out.append((p, before, peak))
+    return out
+
+
+@pytest.mark.parametrize("model,seed,cur,tgt", STAGED_CASES[:2])
+def test_each_staged_primitive_peaks_where_the_planner_said(clean: WorkerPool, model: str,
+                                                            seed: int, cur: int, tgt: int
+                                                            ) -> None:
+    """Measured on the workers' byte counters, primitive by primitive: a staged Split or
+    Merge takes exactly ``need_bytes`` beyond what the worker held, which is the planner's
+    charge (``MemStep.during - before``: the larger shard, not both) plus, for a Split, its
+    all-gather staging window only; every worker stays within its capacity."""
+    pool = clean
+    job, _, schedule, specs, seeds = _random_staged(pool, model, seed, cur, tgt)
+    sizes = StateSizes(job)
+    cap = pool.memory()
+    staged_seen = {"Split": 0, "Merge": 0}
+    for p, held, peak in _run_one_by_one(pool, schedule, specs):
+        planned = p.memory(sizes)
+        need = need_bytes(p, specs[p.stage])
+        for g, (before, slack) in held.items():
+            measured = peak[g] - before
+            # staged, the source's whole block goes before the new shard comes
+            want = max(0, need.get(g, 0) - slack) if p.staged else need.get(g, 0)
+            assert measured == want, (p.op, p.staged, g, measured, need.get(g), slack)
+            assert peak[g] <= cap[g].capacity
+            if not p.staged:
+                continue
+            staged_seen[p.op] += 1
+            window = need[g] - (planned[g].during - planned[g].before)
+            assert window >= 0
+            if isinstance(p, Merge):
+                assert window == 0
+                assert planned[g].during == max(planned[g].before, planned[g].after)
+            else:
+                members = next(ps for ps in _member_positions(p) if p.emu.position(
+                    p.emu.gpus.index(g)) in ps)
+                assert window <= staging_bytes(specs[p.stage], p.emu.layout.tp,
+                                               p.emu.layout.pp, members, (p.sub.tp, p.sub.pp),
+                                               mv.BUCKET_BYTES)
+            # the worker's own units peaked at the planner's peak (plus the window)
+            others = before - slack - planned[g].before
+            assert peak[g] - others <= planned[g].during + window
+    assert all(staged_seen.values()), staged_seen
+    _check_stages(pool, job, {s: es for s, es in schedule.final.items()}, seeds)
+
+
+def _member_positions(p: Split) -> list[tuple[tuple[int, int], ...]]:
+    from nereus.runtime.primitives import split_member_groups
+
+    return [ps for _, _, ps in split_member_groups(p)]
+
+
+def test_a_move_that_fits_a_worker_only_staged(clean: WorkerPool) -> None:
+    """Two tp=1 replicas merge into tp=2 and split back, with each worker's capacity the
+    whole state plus the Split's smallest staging window: unstaged, the executor refuses
+    before anything moves; staged, both run and the state is bitwise the same."""
+    pool = clean
+    job = cpu_job("tiny-llama", 2)
+    stage = "actor_train"
+    specs = state_specs(job, "cpu")
+    spec = specs[stage]
+    seeds = stage_seeds(job, 21)
+    two = _plan(job, stage, 1, 1, [[0], [1]])
+    one = _plan(job, stage, 2, 1, [[0, 1]])
+    merge = plan_transition(job, two, one)
+    split = plan_transition(job, one, two)
+    assert [sp.op for sp in merge.primitives] == ["Merge"]
+    assert [sp.op for sp in split.primitives] == ["Split"]
+    full = arena_layout(spec, 1, 1, 0, 0).nbytes
+    window = staging_bytes(spec, 2, 1, ((0, 0), (1, 0)), (1, 1), mv.MIN_BUCKET_BYTES)
+    capacity = full + window
+    place_plan(pool, job, two, specs, seeds)
+    pool.set_capacity(capacity, [0, 1])
+    ex = Executor(pool, specs)
+    with pytest.raises(InfeasibleError, match="needs more memory"):
+        ex.run(merge)
+    _check_stages(pool, job, {stage: merge.initial[stage]}, seeds)  # nothing moved
+    report = ex.run(_staged(merge))
+    assert report.within_capacity() and max(report.peak_bytes.values()) == full
+    _check_stages(pool, job, report.units, seeds)
+    with pytest.raises(InfeasibleError, match="needs more memory"):
+        ex.run(split)
+    report = ex.run(_staged(split))
+    assert report.within_capacity(), (report.peak_bytes, capacity)
+    assert max(report.peak_bytes.values()) > full  # its window, shrunk to fit
+    _check_stages(pool, job, report.units, seeds)
+
+
+def test_a_staged_split_aborted_mid_transition_keeps_its_source(clean: WorkerPool) -> None:
+    """A driver error once a staged Split started aborts its communicator after the members
+    dropped their source positions: they put them back, the report calls the source unit
+    intact, and recovery reaches the target without a checkpoint, bitwise."""
+    pool = clean
+    job = cpu_job("tiny-qwen3", 4)
+    stage = "actor_train"
+    specs = state_specs(job, "cpu")
+    seeds = stage_seeds(job, 22)
+    current = _plan(job, stage, 2, 2, [[0, 1, 2, 3]])
+    target = _plan(job, stage, 1, 1, [[0], [1], [2], [3]])
+    schedule = _staged(plan_transition(job, current, target))
+    assert [sp.op for sp in schedule.primitives] == ["Split"]
+    place_plan(pool, job, current, specs, seeds)
+    held = {d: s.held for d, s in pool.memory().items()}
+
+    def hook(kind: str, index: int, p: Primitive) -> None:
+        if kind == "start":
+            raise RuntimeError("driver bug")
+
+    ex = Executor(pool, specs, min_timeout_s=5.0, on_event=hook)
+    with pytest.raises(TransitionFailed, match="driver bug") as info:
+        ex.run(schedule)
+    rep = info.value.report
+    assert rep.dead == frozenset() and set(rep.failed) == {0}
+    assert set(rep.failed[0]) == {0, 1, 2, 3}  # every member's call failed, none finished
+    assert [e.id for e in rep.intact[stage]] == [schedule.initial[stage][0].id]
+    assert {d: s.held for d, s in pool.memory().items()} == held
+    _check_stages(pool, job, rep.intact, seeds)
+    ex.on_event = None
+    rec = recover(pool, ex, job, rep, lambda ids: target)
+    assert rec.restored == ()
+    _check_stages(pool, job, rec.units, seeds)
+
+
+def _break_cut(ctx: WorkerContext) -> None:
+    """Make this worker's next cuts fail half-way (a fault inside the worker)."""
+    def broken(target: ShardedState, src: ShardedState) -> None:
+        target.buffer[: target.nbytes // 2].copy_(src.buffer[: target.nbytes // 2])
+        raise RuntimeError("injected fault in the cut")
+
+    ctx.scratch["cut"] = mv.cut
+    mv.cut = broken
+
+
+def _mend_cut(ctx: WorkerContext) -> None:
+    if "cut" in ctx.scratch:
+        mv.cut = ctx.scratch.pop("cut")
+
+
+def test_a_staged_merge_failing_in_a_worker_keeps_its_source(clean: WorkerPool) -> None:
+    """One worker of a staged Merge fails after its replica left the device: it puts the
+    replica back, so the stage keeps a complete copy (the other worker's replica was merged
+    away) and recovery needs no checkpoint."""
+    pool = clean
+    job = cpu_job("tiny-llama", 2)
+    stage = "actor_train"
+    specs = state_specs(job, "cpu")
+    seeds = stage_seeds(job, 23)
+    current = _plan(job, stage, 1, 1, [[0], [1]])
+    target = _plan(job, stage, 2, 1, [[0, 1]])
+    schedule = _staged(plan_transition(job, current, target))
+    assert [sp.op for sp in schedule.primitives] == ["Merge"]
+    place_plan(pool, job, current, specs, seeds)
+    pool.run({1: (_break_cut, ())})
+    try:
+        ex = Executor(pool, specs, min_timeout_s=5.0)
+        with pytest.raises(TransitionFailed, match="injected fault") as info:
+            ex.run(schedule)
+    finally:
+        pool.run({1: (_mend_cut, ())})
+    rep = info.value.report
+    assert rep.dead == frozenset() and set(rep.failed) == {0} and set(rep.failed[0]) == {1}
+    kept = next(e for e in schedule.initial[stage] if e.gpus == (1,))
+    assert rep.intact[stage] == (kept,)
+    _check_stages(pool, job, rep.intact, seeds)
+    rec = recover(pool, ex, job, rep, lambda ids: target)
+    assert rec.restored == ()
+    _check_stages(pool, job, rec.units, seeds)
