@@ -16,7 +16,7 @@ import typer.core
 from typer.core import TyperGroup
 
 from nereus.commands import register
-from nereus.commands.common import EXIT_INPUT, err_console
+from nereus.commands.common import EXIT_INPUT, err_console, plain_flags
 
 
 # The click that typer runs on: newer typer vendors its own copy (``typer._click``), older ones
@@ -29,6 +29,9 @@ _NoArgsIsHelp = getattr(_exc, "NoArgsIsHelpError", ())  # click >= 8.2 only
 class _OneLineGroup(TyperGroup):
     """Usage errors (an unknown option, ``--gpus abc``, a missing argument) as one line, like
     every other bad input, instead of click's usage block and boxed message."""
+
+    def get_params(self, ctx: Any) -> list[Any]:
+        return plain_flags(super().get_params(ctx))
 
     def main(self, args: Sequence[str] | None = None, prog_name: str | None = None,
              complete_var: str | None = None, standalone_mode: bool = True,

@@ -37,3 +37,19 @@ def help_text(*command: str) -> str:
 ])
 def test_help_states_the_defaults(command: str, says: str) -> None:
     assert says in help_text(command)
+
+
+@pytest.mark.parametrize("command,flags", [
+    ((), ["--help"]),
+    (("plan",), ["--explain", "--spread", "--json", "--help"]),
+    (("transition",), ["--json", "--execute", "--help"]),
+    (("simulate",), ["--json", "--notes", "--log", "--help"]),
+])
+def test_flags_show_no_value_type(command: tuple[str, ...], flags: list[str]) -> None:
+    """Newer typers printed '<bool>' beside every flag, as if '--json' took a value."""
+    text = help_text(*command)
+    assert "<bool>" not in text and "BOOLEAN" not in text, text
+    for flag in flags:
+        assert re.search(rf"{flag} (?!<)", text), (flag, text)
+    if command:  # options that take a value still say what kind
+        assert "<path>" in text or "OUT.png" in text

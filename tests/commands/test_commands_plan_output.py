@@ -57,3 +57,25 @@ def test_a_plan_from_a_profile_says_so(tmp_path: Path) -> None:
     r = runner.invoke(app, ["plan", "--config", CONFIG, "--profile", str(prof)])
     assert r.exit_code == 0, r.output
     assert "cost model calibrated with h100.json" in r.stdout
+
+
+def _empty_sections(text: str) -> list[str]:
+    """Section headers of --explain ('  memory per GPU:') with no line of their own under them."""
+    lines = text.splitlines()
+    return [f"{i}: {ln}" for i, ln in enumerate(lines) if ln.rstrip().endswith(":")
+            and ln.startswith("  ") and not (i + 1 < len(lines)
+                                             and lines[i + 1].startswith("      "))]
+
+
+def test_explain_prints_no_empty_memory_section() -> None:
+    """The weight sync's block ended in a bare 'memory per GPU:' (it holds no memory of its
+    own) under a header with a fake candidate 'b=1 a=1' and 'peak 0.00 GiB'."""
+    for extra in ([], ["--evaluate", "examples/layouts/verl-colocated-8b.yaml"]):
+        r = runner.invoke(app, ["plan", "--config", CONFIG, "--explain", *extra])
+        assert r.exit_code == 0, r.output
+        assert _empty_sections(r.stdout) == [], _empty_sections(r.stdout)
+        sync = [ln for ln in r.stdout.splitlines() if ln.startswith("weight sync ")]
+        assert len(sync) == 1 and "actor_train [tp=" in sync[0], sync
+        assert "(estimated)" in sync[0] and "peak" not in sync[0] and "b=1" not in sync[0]
+        block = r.stdout.split(sync[0], 1)[1]
+        assert "memory per GPU: no buffer of its own (estimated)" in " ".join(block.split())

@@ -81,3 +81,117 @@ def test_execute_with_nothing_to_move_starts_no_workers(monkeypatch: pytest.Monk
     assert r.exit_code == 0, r.output
     out = json.loads(r.stdout)
     assert out["executed"] is False and out["primitives"] == []
+
+
+def _texts_outside_or_overlapping(fig) -> list[str]:  # type: ignore[no-untyped-def]
+    """Panels whose drawn labels, ticks, title or legend cross the figure's edge, and an axis
+    label under a legend."""
+    fig.canvas.draw()
+    r = fig.canvas.get_renderer()
+    edge = fig.bbox
+    bad = []
+    for i, ax in enumerate(fig.axes):
+        b = ax.get_tightbbox(r)  # everything drawn for the panel, its legend included
+        if b.x0 < edge.x0 - 1 or b.x1 > edge.x1 + 1 or b.y0 < edge.y0 - 1 or b.y1 > edge.y1 + 1:
+            bad.append(f"panel {i} ({ax.xaxis.label.get_text()!r}) cut by the figure's edge")
+    for leg in (ax.get_legend() for ax in fig.axes):
+        if leg is None:
+            continue
+        lb = leg.get_window_extent(r)
+        for ax in fig.axes:
+            if lb.overlaps(ax.xaxis.label.get_window_extent(r)):
+                bad.append(f"legend over {ax.xaxis.label.get_text()!r}")
+    return bad
+
+
+@pytest.mark.parametrize("case", ["tiny", "8b"])
+def test_the_gantt_chart_cuts_no_label(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                       tiny_plans: tuple[str, str], case: str) -> None:
+    """The memory panel's axis label ran off the figure's right edge, and on a short chart
+    (four GPUs) the legend sat on the time axis's label."""
+    from matplotlib.figure import Figure
+
+    if case == "tiny":
+        args = [*tiny_plans, *TINY]
+    else:
+        cfg = "examples/llama-3.1-8b-ppo.yaml"
+        plans = []
+        for extra in ([], ["--gpus", "32", "--response-len", "4096"]):
+            r = runner.invoke(app, ["plan", "--config", cfg, *extra, "--json"])
+            assert r.exit_code == 0, r.output
+            plans.append(tmp_path / f"p{len(plans)}.json")
+            plans[-1].write_text(r.stdout)
+        args = [*map(str, plans), "--config", cfg]
+    problems: list[list[str]] = []
+    save = Figure.savefig
+
+    def check(self: Figure, *a: object, **k: object) -> None:
+        problems.append(_texts_outside_or_overlapping(self))
+        save(self, *a, **k)
+
+    monkeypatch.setattr(Figure, "savefig", check)
+    out = tmp_path / "gantt.png"
+    r = runner.invoke(app, ["transition", *args, "--gantt", str(out)])
+    assert r.exit_code == 0, r.output
+    assert out.read_bytes()[:4] == b"\x89PNG"
+    assert problems == [[]]
+
+
+def test_execute_json_has_a_top_level_source_and_ray_is_asked_to_be_quiet(
+        monkeypatch: pytest.MonkeyPatch, tiny_plans: tuple[str, str]) -> None:
+    """--execute --json had no top-level "source" (every other command's JSON has one), and
+    Ray's driver printed a token-auth warning and 'Started a local Ray instance' on stderr."""
+    import os
+
+    import nereus.runtime
+
+    seen: dict[str, object] = {}
+
+    def fake_run(job: object, cur: object, tgt: object, schedule: object, *,
+                 as_json: bool, echo: object) -> int:
+        seen["ray_level"] = os.environ.get("RAY_LOGGER_LEVEL")
+        row = {"index": 0, "op": "Extend", "stage": "actor_gen", "gpus": [0, 2],
+               "estimated_s": 0.01, "measured_s": 0.02, "setup_s": 0.001, "bytes": 1024,
+               "start_s": 0.0, "end_s": 0.02}
+        echo(json.dumps({"device": "cpu", "bitwise_equal": True, "differences": [],
+                         "estimated_s": 0.01, "measured_s": 0.02, "within_capacity": True,
+                         "primitives": [row],
+                         "sources": {"estimated_s": "estimated (transition cost model)",
+                                     "measured_s": "measured (wall clock on the driver)"}}))
+        return 0
+
+    monkeypatch.delenv("RAY_LOGGER_LEVEL", raising=False)
+    monkeypatch.setattr(nereus.runtime, "cli_execute", fake_run)
+    r = runner.invoke(app, ["transition", *tiny_plans, *TINY, "--execute", "--json"])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    assert out["source"] == "measured"
+    assert out["sources"]["estimated_s"].startswith("estimated")
+    numbers = {k for k, v in out["primitives"][0].items()
+               if isinstance(v, (int, float)) and k != "index"}
+    assert numbers <= set(out["sources"]), numbers - set(out["sources"])
+    assert seen["ray_level"] == "error"
+    monkeypatch.setenv("RAY_LOGGER_LEVEL", "debug")  # the user's own setting wins
+    r = runner.invoke(app, ["transition", *tiny_plans, *TINY, "--execute"])
+    assert r.exit_code == 0, r.output
+    assert seen["ray_level"] == "debug" and "measured" in r.stdout
+
+
+@pytest.mark.slow
+def test_execute_prints_nothing_of_rays_own(tmp_path: Path) -> None:
+    """End to end on local Ray workers (tens of seconds): stderr stays empty."""
+    import subprocess
+    import sys
+
+    plans = []
+    for gpus in (2, 4):
+        r = runner.invoke(app, ["plan", *TINY, "--gpus", str(gpus), "--json"])
+        plans.append(tmp_path / f"p{gpus}.json")
+        plans[-1].write_text(r.stdout)
+    env = {k: v for k, v in __import__("os").environ.items() if not k.startswith("RAY_")}
+    p = subprocess.run([sys.executable, "-m", "nereus.cli", "transition", *map(str, plans),
+                        *TINY, "--execute", "--json"], capture_output=True, text=True,
+                       env=env, timeout=600, check=False)
+    assert p.returncode == 0, p.stderr
+    assert p.stderr == ""
+    assert json.loads(p.stdout)["source"] == "measured"

@@ -220,3 +220,48 @@ def test_an_unknown_stage_names_the_field_it_came_from():
     with pytest.raises(InputError) as e:
         wf.stage("critic_infer")
     assert e.value.field == "stage"
+
+
+@pytest.mark.parametrize("gpus,says", [
+    ([0, 1, 1, 2], "device id 1 listed more than once"),
+    ([3, 0, 3, 0], "device ids 0, 3 listed more than once"),
+])
+def test_a_device_id_listed_twice_is_an_error_not_dropped(gpus, says):
+    """``gpus: [0, 1, 1, 2]`` was planned as a pool of three: a typo for another device."""
+    with pytest.raises(InputError) as e:
+        parse_job(_job(gpus))
+    assert e.value.field == "gpus" and says in str(e.value)
+    assert "distinct device ids" in str(e.value) and "\n" not in str(e.value)
+    assert parse_job(_job([3, 0, 2])).pool.ids == (0, 2, 3)  # order alone is no error
+
+
+@pytest.mark.parametrize("workload,field,allowed", [
+    ({"ppo_epochs": 10**12}, "workload.ppo_epochs", "1..1,024"),        # a step years long
+    ({"ppo_epochs": 10**400}, "workload.ppo_epochs", "1..1,024"),       # was an OverflowError
+    ({"ppo_epochs": 0}, "workload.ppo_epochs", "1..1,024"),
+    ({"prompt_len": 10**400}, "workload.prompt_len", "1..16,777,216"),
+    ({"response_len": 10**400}, "workload.response_len", "1..16,777,216"),
+    ({"response_len": 4096, "response_len_max": 10**400}, "workload.response_len_max",
+     "1..16,777,216"),
+    ({"response_len_max": 0}, "workload.response_len_max", "1..16,777,216"),  # was ignored
+    ({"ppo_mini_batches": 10**400}, "workload.ppo_mini_batches", "1..1,048,576"),
+])
+def test_workload_counts_have_a_stated_maximum(workload, field, allowed):
+    """A huge count overflowed the cost model's float sums (a traceback) or priced a step of
+    10^13 s; a context window limits the token counts of published models only."""
+    for model in ("llama-3.1-8b", "tiny-llama"):  # tiny-llama has no context window
+        data = {**_job(16, {"device": "cpu"} if model == "tiny-llama" else {},
+                       workload), "model": model}
+        with pytest.raises(InputError) as e:
+            parse_job(data)
+        assert e.value.field == field and allowed in (e.value.allowed or ""), str(e.value)
+        assert len(str(e.value)) < 200  # a 400-digit number is not echoed
+    if field != "workload.response_len":
+        with pytest.raises(InputError, match=field):
+            Workload(**{k: v for k, v in workload.items() if k != "response_len"})
+
+
+def test_the_largest_allowed_workload_counts_build():
+    w = Workload(prompt_len=1 << 24, response_len_mean=1 << 24, response_len_max=1 << 24,
+                 ppo_epochs=1024)
+    assert w.updates_per_step == 4 * 1024

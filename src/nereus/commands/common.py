@@ -11,6 +11,7 @@ from typing import Any, TypeVar
 import typer
 from rich.console import Console
 from rich.markup import escape
+from typer.core import TyperCommand
 
 from nereus.errors import InfeasibleError, InputError
 
@@ -23,6 +24,22 @@ EXIT_RUN_FAILED = 4   # a run on real workers that failed (a worker died, a coll
 # Tables are wide; when output goes to a pipe or a file, do not squeeze them into 80 columns.
 console = Console(width=None if sys.stdout.isatty() else 160)
 err_console = Console(stderr=True, width=None if sys.stderr.isatty() else 200)
+
+
+def plain_flags(params: list[Any]) -> list[Any]:
+    """Show no value type beside an on/off flag (``--json``, ``--help``): newer typers print
+    ``<bool>`` there, as if the flag took a value (``--json true`` is a usage error)."""
+    for p in params:
+        if getattr(p, "is_flag", False) and getattr(p, "metavar", None) is None:
+            p.metavar = ""
+    return params
+
+
+class Command(TyperCommand):
+    """Every ``nereus`` command: help without a type beside its flags (:func:`plain_flags`)."""
+
+    def get_params(self, ctx: Any) -> list[Any]:
+        return plain_flags(super().get_params(ctx))
 
 
 def fail(message: str, code: int = EXIT_INPUT) -> typer.Exit:

@@ -11,7 +11,7 @@ from typing import Any, Optional
 import typer
 from rich.table import Table
 
-from nereus.commands.common import console, one_line_errors, refuse_together
+from nereus.commands.common import Command, console, one_line_errors, refuse_together
 from nereus.commands.jobopts import JOB_HELP, job_from_options
 from nereus.cost.calibrate import Calibrator
 from nereus.cost.model import CostModel
@@ -99,6 +99,26 @@ def cost_model(job: JobSpec, profile: Optional[Path]) -> CostModel:
     return CostModel(job, cal.efficiencies(), cal.memory_scale())
 
 
+def sync_explain(cost: CostModel, plan: Plan, train: str, gen: str) -> str:
+    """The weight sync's breakdown. It is no model-stage: it has no micro-batches and holds no
+    memory of its own (the generation GPUs receive into ``gen``'s parameters, counted in that
+    stage's peak), so its header names the two layouts and its memory line says so, instead
+    of a candidate ``b=1 a=1``, a peak of 0.00 GiB and an empty memory section."""
+    t, g = plan.stage(train), plan.stage(gen)
+    est = cost.weight_sync(t.layout, g.layout)
+    lines = est.explain().splitlines()
+    head = (f"weight sync {train} [tp={t.tp} pp={t.pp}] -> {gen} [tp={g.tp} pp={g.pp}]: "
+            f"{est.latency_s:.3f} s per step ({est.source})")
+    if any(est.memory.values()):  # a sync buffer of its own: the estimate lists it
+        return "\n".join([head, *lines[1:]])
+    body = [ln for ln in lines[1:] if ln != "  memory per GPU:"]
+    notes = [ln for ln in body if ln.startswith("  note: ")]
+    body = [ln for ln in body if not ln.startswith("  note: ")]
+    body.append(f"  memory per GPU: no buffer of its own ({est.source}); the weights land in "
+                f"{gen}'s parameters, counted in its peak above")
+    return "\n".join([head, *body, *notes])
+
+
 def load_layout(path: Path) -> dict[str, StageLayoutSpec]:
     """An --evaluate layout; every model-stage must say its dp, as a plan file does (a
     missing dp is not taken as 1: a layout that forgot it would be scored as another plan)."""
@@ -115,7 +135,7 @@ def load_layout(path: Path) -> dict[str, StageLayoutSpec]:
 
 
 def register(app: typer.Typer) -> None:
-    @app.command("plan")
+    @app.command("plan", cls=Command)
     @one_line_errors
     def plan_cmd(
         config: Optional[Path] = typer.Option(None, "--config", "-c", help="job YAML (see examples/)"),
@@ -214,9 +234,7 @@ def register(app: typer.Typer) -> None:
                           markup=False, highlight=False)
         sync = cost.job.workflow.weight_sync()
         if sync:
-            console.print(cost.weight_sync(plan.stage(sync[0]).layout,
-                                           plan.stage(sync[1]).layout).explain(),
-                          markup=False, highlight=False)
+            console.print(sync_explain(cost, plan, *sync), markup=False, highlight=False)
 
     def _frontier(job: JobSpec, planner: Planner, stage: str, as_json: bool) -> None:
         job.workflow.stage(stage, "--frontier")  # raises a one-line error for an unknown stage

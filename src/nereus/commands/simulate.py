@@ -13,6 +13,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from nereus.commands.common import (
+    Command,
     FIGURE_FORMATS,
     console,
     err_console,
@@ -99,8 +100,24 @@ def write_csv(res: SimResult, path: Path) -> None:
         raise InputError("--csv", f"cannot write {path}: {e.strerror}") from None
 
 
-def plot(res: SimResult, sc: Scenario, path: Path) -> None:
-    """Step latency (plus the transitions, restarts and lost work before it) over steps."""
+def run_label(sc: Scenario, config: Path | None, seed: int | None = None,
+              steps: int | None = None, gamma: float | None = None) -> str:
+    """The run as its command line names it: ``--config FILE`` (whose scenario may carry any
+    name) or ``--scenario NAME``, with the options that change what was simulated."""
+    parts = [f"--config {config.name} (scenario {sc.name})" if config is not None
+             else f"--scenario {sc.name}"]
+    if seed:
+        parts.append(f"--seed {seed}")
+    if steps is not None:
+        parts.append(f"--steps {sc.steps}")
+    if gamma is not None:
+        parts.append(f"--gamma {gamma:g}")
+    return "nereus simulate " + " ".join(parts)
+
+
+def plot(res: SimResult, sc: Scenario, path: Path, label: str | None = None) -> None:
+    """Step latency (plus the transitions, restarts and lost work before it) over steps;
+    the title is ``label`` (the run's command line, :func:`run_label`)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -123,7 +140,7 @@ def plot(res: SimResult, sc: Scenario, path: Path) -> None:
     ax.set_yscale("log")
     ax.set_xlabel("RL step")
     ax.set_ylabel("step latency incl. transitions and restarts (s, simulated)")
-    ax.set_title(f"nereus simulate --scenario {sc.name}: ^ transition, x restart (simulated)")
+    ax.set_title(f"{label or run_label(sc, None)}: ^ transition, x restart (simulated)")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend()
     fig.tight_layout()
@@ -136,7 +153,7 @@ def plot(res: SimResult, sc: Scenario, path: Path) -> None:
 
 
 def register(app: typer.Typer) -> None:
-    @app.command("simulate")
+    @app.command("simulate", cls=Command)
     @one_line_errors
     def simulate_cmd(
         scenario: Optional[str] = typer.Option(
@@ -146,7 +163,7 @@ def register(app: typer.Typer) -> None:
             None, "--config", "-c",
             help="scenario YAML: a job: section, trace files, truth (see examples/scenarios/)"),
         steps: Optional[int] = typer.Option(
-            None, help=with_default("simulate only the first N steps",
+            None, metavar="N", help=with_default("simulate only the first N steps",
                                     "all of the scenario's; a larger N runs them all")),
         seed: Optional[int] = typer.Option(
             None, help=with_default("seed of the generated traces and noise (built-in "
@@ -156,10 +173,10 @@ def register(app: typer.Typer) -> None:
                                     "the scenario's; 0.5 in the built-in ones")),
         policies: str = typer.Option(",".join(POLICIES), help="policies to compare, "
                                      "comma-separated"),
-        plot_path: Optional[Path] = typer.Option(None, "--plot", metavar="PNG",
+        plot_path: Optional[Path] = typer.Option(None, "--plot", metavar="OUT.png",
                                                  help="draw step latency over steps (.png, "
                                                  ".pdf or .svg)"),
-        csv_path: Optional[Path] = typer.Option(None, "--csv", metavar="CSV",
+        csv_path: Optional[Path] = typer.Option(None, "--csv", metavar="OUT.csv",
                                                 help="write per-step rows of every policy"),
         as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
         notes: bool = typer.Option(False, "--notes", help="list every parameter's source"),
@@ -205,7 +222,7 @@ def register(app: typer.Typer) -> None:
         if csv_path is not None:
             write_csv(res, csv_path)
         if plot_path is not None:
-            plot(res, sc, plot_path)
+            plot(res, sc, plot_path, run_label(sc, config, seed, steps, gamma))
         if as_json:
             print(json.dumps(result_json(res)))
             return

@@ -10,6 +10,7 @@ Exit 3 with the reason when the transition is infeasible; 2 for bad input.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import replace
 from pathlib import Path
 from typing import Optional
@@ -18,6 +19,7 @@ import typer
 from rich.table import Table
 
 from nereus.commands.common import (
+    Command,
     EXIT_INFEASIBLE,
     EXIT_RUN_FAILED,
     FIGURE_FORMATS,
@@ -190,6 +192,28 @@ def execution_summary(result: dict) -> str:
             f"peak bytes within capacity: {result['within_capacity']}")
 
 
+def quiet_ray() -> None:
+    """Keep Ray's own driver log lines (a token-authentication notice, 'Started a local Ray
+    instance') off the user's terminal: the command says what ran and what failed itself.
+    Errors still show; a RAY_LOGGER_LEVEL the user set wins. Ray reads it when imported, and
+    its workers inherit it."""
+    os.environ.setdefault("RAY_LOGGER_LEVEL", "error")
+
+
+def measured_json(result: dict) -> dict:
+    """``--execute --json``: a top-level ``source`` as every command's JSON has (the run is
+    measured; ``sources`` names the one estimated figure per field), and a source for every
+    per-primitive number."""
+    sources = dict(result.get("sources", {}))
+    sources.update(
+        setup_s="measured (per primitive, on the workers)",
+        bytes="measured (moved per primitive, on the workers)",
+        start_s="measured (per primitive, driver clock from the start of the transition)",
+        end_s="measured (per primitive, driver clock from the start of the transition)")
+    return {"source": "measured", **{k: v for k, v in result.items() if k != "source"},
+            "sources": sources}
+
+
 def print_schedule(job: JobSpec, schedule: Schedule, current: Plan, target: Plan) -> None:
     console.print(f"{job.model.name}, {job.workflow.algo.upper()} on "
                   f"{job.cluster.device.name} ({job.cluster.devices_per_node} per node)")
@@ -206,11 +230,13 @@ def print_schedule(job: JobSpec, schedule: Schedule, current: Plan, target: Plan
 
 
 def register(app: typer.Typer) -> None:
-    @app.command("transition")
+    @app.command("transition", cls=Command)
     @one_line_errors
     def transition_cmd(
-        current: Path = typer.Argument(..., help="current plan .json, or current job .yaml"),
-        target: Path = typer.Argument(..., help="target plan .json, or target job .yaml"),
+        current: Path = typer.Argument(..., metavar="CURRENT",
+                                       help="current plan .json, or current job .yaml"),
+        target: Path = typer.Argument(..., metavar="TARGET",
+                                      help="target plan .json, or target job .yaml"),
         config: Optional[Path] = typer.Option(None, "--config", "-c",
                                               help="job YAML sizing the state (plan files)"),
         model: Optional[str] = typer.Option(None, help=JOB_HELP["model"] + " (plan files, "
@@ -225,9 +251,15 @@ def register(app: typer.Typer) -> None:
                                                   ".pdf or .svg)"),
         as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
         execute: bool = typer.Option(False, "--execute", help="run the schedule on local "
-                                     "workers on a seeded model (runtime layer) and compare"),
+                                     "workers on a seeded model (runtime layer): measured "
+                                     "times beside the estimates, and the state after the "
+                                     "move checked bitwise"),
     ) -> None:
-        """Plan the transition between two plans: primitives, schedule and L_tran."""
+        """Plan the transition between two plans: primitives, schedule and L_tran.
+
+        Exit 2 for bad input, 3 when no memory-safe schedule exists; with --execute, 1 when
+        the state after the move differs and 4 when the run on the workers failed.
+        """
         output_path(gantt_path, "--gantt", FIGURE_FORMATS)
         writable(gantt_path, "--gantt")
         kinds = (_kind(current, "current"), _kind(target, "target"))
@@ -278,6 +310,7 @@ def register(app: typer.Typer) -> None:
                 console.print("nothing to execute: no model-stage changes between the plans")
             return
         if execute:  # the runtime layer runs it for real (its JSON replaces the schedule's)
+            quiet_ray()
             from nereus.runtime import cli_execute
             from nereus.runtime.demo import RunFailed
 
@@ -286,10 +319,7 @@ def register(app: typer.Typer) -> None:
                 code = cli_execute(job, cur, tgt, schedule, as_json=True, echo=printed.append)
             except RunFailed as e:
                 raise fail(str(e), EXIT_RUN_FAILED) from None
-            result = json.loads(printed[-1])
-            result.setdefault("sources", {}).update(
-                setup_s="measured (per primitive, on the workers)",
-                bytes="measured (moved per primitive, on the workers)")
+            result = measured_json(json.loads(printed[-1]))
             if as_json:
                 print(json.dumps(result))
             else:

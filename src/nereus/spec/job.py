@@ -18,7 +18,7 @@ from nereus.spec.cluster import MAX_DEVICES, MAX_DEVICES_PER_NODE, Cluster, GpuP
 from nereus.spec.device import GiB, get_device
 from nereus.spec.model import ModelSpec, get_model
 from nereus.spec.workflow import Workflow, get_workflow
-from nereus.spec.workload import Optimizer, Workload
+from nereus.spec.workload import Optimizer, Workload, shown
 
 
 @dataclass(frozen=True)
@@ -56,22 +56,26 @@ class ClusterConfig(_Strict):
     def _count(cls, v: int | None, info: ValidationInfo) -> int | None:
         top = MAX_DEVICES if info.field_name == "nodes" else MAX_DEVICES_PER_NODE
         if v is not None and not 1 <= v <= top:
-            raise ValueError(f"{v} is not allowed (allowed: 1..{top:,})")
+            raise ValueError(f"{shown(v)} is not allowed (allowed: 1..{top:,})")
         return v
 
 
 class WorkloadConfig(_Strict):
-    prompts_per_step: int = Field(512, ge=1)
-    responses_per_prompt: int = Field(1, ge=1)
-    prompt_len: int = Field(512, ge=1)
-    response_len: int = Field(2048, ge=1, description="mean response length in tokens")
-    response_len_max: int | None = Field(None, ge=1)
-    ppo_mini_batches: int = Field(4, ge=1)
-    ppo_epochs: int = Field(1, ge=1)
+    prompts_per_step: int = 512
+    responses_per_prompt: int = 1
+    prompt_len: int = 512
+    response_len: int = Field(2048, description="mean response length in tokens")
+    response_len_max: int | None = None
+    ppo_mini_batches: int = 4
+    ppo_epochs: int = 1
     param_dtype: Literal["bf16", "fp16", "fp32"] = "bf16"
     grad_dtype: Literal["bf16", "fp16", "fp32"] = "fp32"
     master_weights: bool = True
     optimizer: Literal["adam", "sgd"] = "adam"
+
+
+# Workload field -> its name in the YAML, where they differ (the Workload checks the bounds)
+_YAML_FIELD = {"workload.response_len_mean": "workload.response_len"}
 
 
 class JobConfig(_Strict):
@@ -87,11 +91,18 @@ class JobConfig(_Strict):
     @classmethod
     def _gpus(cls, v: int | list[int]) -> int | list[int]:
         if isinstance(v, int) and not 1 <= v <= MAX_DEVICES:
-            raise ValueError(f"{v} is not allowed (allowed: a pool of 1..{MAX_DEVICES:,} "
+            raise ValueError(f"{shown(v)} is not allowed (allowed: a pool of 1..{MAX_DEVICES:,} "
                              f"devices)")
         if isinstance(v, list) and (not v or min(v) < 0 or max(v) >= MAX_DEVICES):
             raise ValueError(f"must be a non-empty list of device ids (allowed: "
                              f"0..{MAX_DEVICES - 1})")
+        if isinstance(v, list) and len(set(v)) < len(v):
+            # a repeated id is a typo for another device; planning on the set would run the
+            # job on fewer GPUs than the list says
+            twice = sorted({g for g in v if v.count(g) > 1})
+            raise ValueError(f"device id{'s' if len(twice) > 1 else ''} "
+                             f"{', '.join(map(str, twice))} listed more than once (allowed: "
+                             f"distinct device ids 0..{MAX_DEVICES - 1})")
         return v
 
 
@@ -111,13 +122,17 @@ def build_job(cfg: JobConfig) -> JobSpec:
         raise InputError("gpus", f"device ids up to {need - 1} do not fit the cluster",
                          f"0..{cluster.num_devices - 1}")
     w = cfg.workload
-    workload = Workload(
-        prompts_per_step=w.prompts_per_step, responses_per_prompt=w.responses_per_prompt,
-        prompt_len=w.prompt_len, response_len_mean=w.response_len,
-        response_len_max=w.response_len_max or w.response_len,
-        ppo_mini_batches=w.ppo_mini_batches, ppo_epochs=w.ppo_epochs,
-        param_dtype=w.param_dtype, grad_dtype=w.grad_dtype, master_weights=w.master_weights,
-        optimizer=Optimizer(w.optimizer))
+    try:  # the Workload bounds every count (1..a stated maximum)
+        workload = Workload(
+            prompts_per_step=w.prompts_per_step, responses_per_prompt=w.responses_per_prompt,
+            prompt_len=w.prompt_len, response_len_mean=w.response_len,
+            response_len_max=(w.response_len if w.response_len_max is None
+                              else w.response_len_max),
+            ppo_mini_batches=w.ppo_mini_batches, ppo_epochs=w.ppo_epochs,
+            param_dtype=w.param_dtype, grad_dtype=w.grad_dtype,
+            master_weights=w.master_weights, optimizer=Optimizer(w.optimizer))
+    except InputError as e:
+        raise InputError(_YAML_FIELD.get(e.field, e.field), e.problem, e.allowed) from None
     model = get_model(cfg.model)
     check_context(model, workload,
                   "workload.response_len_max" if w.response_len_max else "workload.response_len")

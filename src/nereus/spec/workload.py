@@ -15,6 +15,33 @@ DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 MAX_PROMPTS_PER_STEP = 1 << 20        # 1,048,576
 MAX_RESPONSES_PER_PROMPT = 1 << 10    # 1,024
 MAX_SEQUENCES_PER_STEP = 1 << 20      # prompts_per_step x responses_per_prompt
+# A prompt or a response longer than this is past every model's context window (1M tokens
+# for the longest published ones); the cost model's token sums would overflow a float first.
+MAX_TOKENS = 1 << 24                  # 16,777,216
+# PPO-style jobs make 1-4 passes over a step's samples (verl's ppo_epochs defaults to 1);
+# past this a count is a typo, and the priced step would be years long.
+MAX_PPO_EPOCHS = 1 << 10              # 1,024
+# Upper bound of every integer field of a workload (its lower bound is 1).
+INT_BOUNDS = {"prompts_per_step": MAX_PROMPTS_PER_STEP,
+              "responses_per_prompt": MAX_RESPONSES_PER_PROMPT,
+              "prompt_len": MAX_TOKENS, "response_len_mean": MAX_TOKENS,
+              "response_len_max": MAX_TOKENS,
+              "ppo_mini_batches": MAX_SEQUENCES_PER_STEP, "ppo_epochs": MAX_PPO_EPOCHS}
+
+
+def shown(v: object) -> str:
+    """A value as an error message quotes it: a 400-digit integer (a YAML typo) as its length,
+    so that the message stays one readable line."""
+    text = repr(v)
+    if isinstance(v, int) and not isinstance(v, bool) and len(text) > 20:
+        return f"a {len(text.lstrip('-'))}-digit integer"
+    return text
+
+
+def check_count(field: str, v: object, most: int) -> None:
+    """An integer in 1..most, or an InputError naming ``field`` and that range."""
+    if not isinstance(v, int) or isinstance(v, bool) or not 1 <= v <= most:
+        raise InputError(field, f"{shown(v)} is not allowed", f"an integer 1..{most:,}")
 
 
 class Optimizer(str, Enum):
@@ -39,16 +66,8 @@ class Workload:
     optimizer: Optimizer = Optimizer.ADAM
 
     def __post_init__(self) -> None:
-        for f in ("prompts_per_step", "responses_per_prompt", "prompt_len", "response_len_mean",
-                  "response_len_max", "ppo_mini_batches", "ppo_epochs"):
-            v = getattr(self, f)
-            if not isinstance(v, int) or v < 1:
-                raise InputError(f"workload.{f}", f"must be an integer >= 1, got {v!r}")
-        for f, most in (("prompts_per_step", MAX_PROMPTS_PER_STEP),
-                        ("responses_per_prompt", MAX_RESPONSES_PER_PROMPT)):
-            if getattr(self, f) > most:
-                raise InputError(f"workload.{f}", f"{getattr(self, f)} is not allowed",
-                                 f"1..{most:,}")
+        for f, most in INT_BOUNDS.items():
+            check_count(f"workload.{f}", getattr(self, f), most)
         if self.sequences_per_step > MAX_SEQUENCES_PER_STEP:
             raise InputError("workload.responses_per_prompt",
                              f"{self.prompts_per_step} prompts x {self.responses_per_prompt} "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from nereus.spec.device import GiB
 from nereus.transition.schedule import Schedule
@@ -14,8 +15,21 @@ def gantt(schedule: Schedule, path: str | Path, title: str | None = None) -> Pat
     """Draw the schedule to ``path`` (PNG, SVG or PDF by its suffix) and return the path.
 
     Bars carry the model-stage's name where they are wide enough; a second panel shows each
-    GPU's peak bytes against the capacity.
+    GPU's peak bytes against the memory a transition may use.
     """
+    import matplotlib.pyplot as plt
+
+    fig = figure(schedule, title)
+    out = Path(path)
+    try:  # "tight": no label may be cut at the figure's edge, whatever its length
+        fig.savefig(out, dpi=120, bbox_inches="tight")
+    finally:
+        plt.close(fig)
+    return out
+
+
+def figure(schedule: Schedule, title: str | None = None) -> Any:
+    """The chart as a matplotlib Figure (``gantt`` saves it; the caller closes it)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -42,18 +56,19 @@ def gantt(schedule: Schedule, path: str | Path, title: str | None = None) -> Pat
     ax.set_xlabel("seconds (estimated)")
     ax.set_ylabel("GPU")
     ax.set_xlim(0, span * 1.02)
+    # above the chart, right of the title: below it, a short chart (few GPUs) put the legend
+    # over the axis label
     ax.legend(handles=[Patch(color=c, label=op) for op, c in COLORS.items()],
-              loc="upper center", bbox_to_anchor=(0.5, -0.08), ncol=len(COLORS), fontsize=8,
-              frameon=False)
+              loc="lower right", bbox_to_anchor=(1.0, 1.0), ncol=len(COLORS), fontsize=8,
+              frameon=False, borderaxespad=0.2)
     status = f"L_tran = {schedule.estimated_s:.3f} s (estimated)" if schedule.feasible else \
         "infeasible"
-    ax.set_title(title or f"transition schedule, {status}")
+    ax.set_title(title or f"transition schedule, {status}", loc="left")
     peaks = schedule.peak_bytes()
     mem.barh([row[g] for g in gpus], [peaks.get(g, 0) / GiB for g in gpus], color="#8172B2")
     mem.axvline(schedule.capacity_bytes / GiB, color="black", linestyle="--", linewidth=0.8)
-    mem.set_xlabel("peak GiB, estimated (capacity dashed)")
+    # two short lines: the panel is a sixth of the width, and one long line ran off the figure
+    mem.set_xlabel("peak GiB (estimated)\ndashed: allowed", fontsize=9)
+    mem.set_xlim(0, max(schedule.capacity_bytes, *peaks.values(), 1) / GiB * 1.05)
     fig.tight_layout()
-    out = Path(path)
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
-    return out
+    return fig
