@@ -297,3 +297,23 @@ def test_a_move_whose_every_t_sub_is_too_big_goes_in_two_hops() -> None:
     split = next(i for i, p in enumerate(prims) if p.op == "Split")
     merge = next(i for i, p in enumerate(prims) if p.op == "Merge")
     assert merge in s.primitives[split].deps
+
+
+def test_the_gantt_chart_hatches_staged_primitives() -> None:
+    from nereus.transition.gantt import figure
+
+    job = job8b(24)
+    cur = Plan((sp("actor_train", 2, 2, [range(8, 12), range(12, 16)]),))
+    tgt = Plan((sp("actor_train", 4, 1, [range(8, 12), range(12, 16), range(16, 20),
+                                         range(20, 24)]),))
+    s = plan_transition(job, cur, tgt)
+    fig = figure(s)
+    try:
+        ax = fig.axes[0]
+        hatched = sum(1 for b in ax.patches if b.get_hatch())
+        staged_bars = sum(len(p.gpus) for p in s.primitives if p.primitive.staged)
+        assert hatched == staged_bars > 0
+        assert "staged via host" in [t.get_text() for t in ax.get_legend().get_texts()]
+    finally:
+        import matplotlib.pyplot as plt
+        plt.close(fig)

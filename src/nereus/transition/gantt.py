@@ -43,9 +43,11 @@ def figure(schedule: Schedule, title: str | None = None) -> Any:
     fig, (ax, mem) = plt.subplots(1, 2, figsize=(14, height), sharey=True,
                                   gridspec_kw={"width_ratios": [5, 1]})
     for p in schedule.primitives:
+        staged = p.primitive.staged  # through host memory: hatched
         for g in p.gpus:
             ax.barh(row[g], max(p.seconds, span * 1e-3), left=p.start_s, height=0.8,
-                    color=COLORS[p.op], edgecolor="black", linewidth=0.3)
+                    color=COLORS[p.op], edgecolor="black", linewidth=0.3,
+                    hatch="///" if staged else None)
         if p.seconds > 0.08 * span:
             g0 = min(p.gpus, key=row.__getitem__)
             ax.text(p.start_s + p.seconds / 2, row[g0], p.stage, ha="center", va="center",
@@ -58,8 +60,12 @@ def figure(schedule: Schedule, title: str | None = None) -> Any:
     ax.set_xlim(0, span * 1.02)
     # above the chart, right of the title: below it, a short chart (few GPUs) put the legend
     # over the axis label
-    ax.legend(handles=[Patch(color=c, label=op) for op, c in COLORS.items()],
-              loc="lower right", bbox_to_anchor=(1.0, 1.0), ncol=len(COLORS), fontsize=8,
+    handles = [Patch(color=c, label=op) for op, c in COLORS.items()]
+    if any(p.primitive.staged for p in schedule.primitives):
+        handles.append(Patch(facecolor="white", edgecolor="black", hatch="///",
+                             label="staged via host"))
+    ax.legend(handles=handles,
+              loc="lower right", bbox_to_anchor=(1.0, 1.0), ncol=len(handles), fontsize=8,
               frameon=False, borderaxespad=0.2)
     status = f"L_tran = {schedule.estimated_s:.3f} s (estimated)" if schedule.feasible else \
         "infeasible"
