@@ -487,3 +487,22 @@ def test_h_len_counts_steps_from_a_deferred_replan_not_from_the_crossing_it_wait
     d6 = c.on_boundary(_tel(job, p, 6, 1350 * 1.31, pool=n8))
     assert [t.signal for t in d6.reasons.triggers] == ["response_len"]
     assert c.horizons.of("response_len") == 2.0
+
+
+def test_reprice_prices_the_weight_sync_from_the_candidates_as_the_planner_does(job):
+    """A synchronous sync whose generation spans more GPUs than training (the extra ones hold
+    no training shard) costs what ``CostModel.weight_sync`` of the two candidates says; priced
+    from the bare layouts it was the colocated price (0 s here), so the controller and the
+    simulator's truth saw a cheaper step than the planner."""
+    w = job.workload.with_response_len(500, 750)
+    now = job.with_workload(w)
+    cost = CostModel(now)
+    plan = Planner(now, cost=cost).best()
+    train, gen = plan.stage("actor_train"), plan.stage("actor_gen")
+    assert len(gen.gpus) > len(train.gpus)  # the case the candidates price
+    sync = cost.weight_sync(train.candidate, gen.candidate).latency_s
+    assert sync > cost.weight_sync(train.layout, gen.layout).latency_s
+    again = reprice(now, cost, plan).plan
+    assert again.terms["weight_sync"] == pytest.approx(sync)
+    assert again.terms["weight_sync"] == pytest.approx(plan.terms["weight_sync"])
+    assert again.step_latency_s == pytest.approx(plan.step_latency_s)

@@ -247,3 +247,20 @@ def test_an_unknown_device_in_the_job_section_names_its_field(tmp_path):
     with pytest.raises(InputError, match=r"^job\.cluster\.device: unknown device 'tpu' "
                                          r"\(allowed: h100-sxm-80gb"):
         load_scenario(p)
+
+
+def test_the_default_scenario_says_its_pool_follows_the_trace_and_how_it_starts():
+    """The default job does not run on 16 GPUs from the start: the real spot trace gives 3,
+    then 8, 7 and 16 (up to 16). Its description and its job note say so, from the trace."""
+    sc = builtin("default")
+    av = sc.availability
+    assert [len(p) for p in av.pools[:4]] == [3, 8, 7, 16]
+    assert max(len(p) for p in av.pools) == 16
+    start = "3 GPUs for the first 5 minutes, then 8 from minute 5, 7 from minute 10, 16 from " \
+            "minute 15"
+    for text in (sc.description, sc.notes["job"]):
+        assert "up to 16" in text and start in text, text
+        assert "on 16 H100s" not in text
+    assert "waited out" in sc.description
+    cut = with_overrides(sc, steps=50)
+    assert cut.description == sc.description  # the trace it describes is the same

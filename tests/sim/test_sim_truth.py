@@ -22,3 +22,34 @@ def test_a_cached_cost_model_is_not_reused_for_a_pool_that_spans_more_nodes():
     fresh = Truth(job, eff, DriftTrace(), 0.0).price(plan, two, 0, 1000, 1500)
     assert after == fresh
     assert fresh.sync_s > alone.sync_s  # over the network, not NVLink
+
+
+def test_the_truth_prices_the_weight_sync_from_the_candidates_and_the_pools_node_shares():
+    """A synchronous sync into generation GPUs beyond training's is priced by where they sit:
+    on a node with training GPUs (NVLink) or not (network). Pools of 16 with 7, 7, 2 and with
+    7, 4, 4, 1 GPUs per node both have nodes of 7 and span nodes, yet 12 generation GPUs over 8
+    training ones all share training's nodes in the first and not in the second: the truth's
+    model cache must tell them apart, and price from the candidates (the bare layouts gave
+    the colocated price for both)."""
+    from nereus.cost.model import CostModel
+    from nereus.plan.evaluate import StageLayoutSpec, evaluate_plan
+
+    workload = {**DEFAULT_JOB["workload"], "prompts_per_step": 768}  # DP 3 divides the batch
+    job = parse_job({**DEFAULT_JOB, "gpus": 32, "workload": workload})
+    eff = Efficiencies(dict(HIDDEN_EFFICIENCY), job.cluster.device.name)
+    even = (*range(7), *range(8, 15), 16, 17)
+    ragged = (*range(7), *range(8, 12), *range(16, 20), 24)
+    truth = Truth(job, eff, DriftTrace(), 0.0)
+    at = truth.job_at(even, 1000, 1500)
+    wide, narrow = StageLayoutSpec(4, 1, 3), StageLayoutSpec(4, 1, 2)
+    specs = {s.name: narrow if s.phase.value == "training" else wide
+             for s in job.workflow.stages}
+    plan = evaluate_plan(at, specs, CostModel(at, eff))
+    first = truth.price(plan, even, 0, 1000, 1500)
+    second = truth.price(plan, ragged, 0, 1000, 1500)
+    for pool, got in ((even, first), (ragged, second)):
+        cost = CostModel(truth.job_at(pool, 1000, 1500), eff)
+        want = cost.weight_sync(plan.stage("actor_train").candidate,
+                                plan.stage("actor_gen").candidate).latency_s
+        assert got.sync_s == want
+    assert second.sync_s > first.sync_s  # 1 of the 4 extra GPUs receives over the network

@@ -165,7 +165,9 @@ def reprice(job: JobSpec, cost: CostModel, plan: Plan) -> Priced:
         stages.append(StagePlan(sp.stage, sp.candidate, sp.replicas, est.latency_s,
                                 est.peak_mem_bytes))
     sync = wf.weight_sync()
-    sync_s = cost.weight_sync(plan.stage(sync[0]).layout, plan.stage(sync[1]).layout
+    # the candidates, not bare layouts: a synchronous sync prices the generation GPUs beyond
+    # training's (they hold no training shard) as the planner and ``evaluate_plan`` do
+    sync_s = cost.weight_sync(plan.stage(sync[0]).candidate, plan.stage(sync[1]).candidate
                               ).latency_s if sync else 0.0
     groups = [*plan.groups, *[(s.stage,) for s in plan.stages
                               if not any(s.stage in g for g in plan.groups)]]

@@ -29,7 +29,7 @@ from nereus.cost.model import CostModel
 from nereus.errors import InfeasibleError, InputError
 from nereus.plan.search import best_plan
 from nereus.plan.types import Plan
-from nereus.sim.plancache import PlanCache
+from nereus.sim.plancache import PlanCache, bucket
 from nereus.sim.traces import LengthTrace
 from nereus.sim.truth import Truth
 
@@ -137,13 +137,25 @@ class OraclePolicy(Policy):
         self.stopped = False
 
     def _best(self, pool: tuple[int, ...], step: int, mean: float, longest: int) -> Plan | None:
+        """The fastest plan at this step by the ground truth: its lengths, its efficiencies and
+        its memory rule (the whole device).
+
+        The plan cache solves each response-length bucket at its upper edge, up to 10 %
+        longer than the step's longest response, with the planner's 10 % memory headroom; the
+        plans of the bucket below are candidates too, kept when the truth says they fit this
+        step, so the oracle is not held to a longer response than the step has (a controller
+        plans for its recent longest plus 5 %, and could run what such an oracle never
+        tries)."""
         tr = self.truth
-        job = tr.job_at(pool, mean, longest)
+        eff = tr.efficiencies(step)
         cands: list[Plan] = []
-        try:
-            cands.append(self.cache(job, CostModel(job, tr.efficiencies(step))))
-        except InfeasibleError:
-            pass
+        below = int(self.cache.ratio ** (bucket(longest, self.cache.ratio) - 1))  # bucket b-1
+        for need in dict.fromkeys((longest, min(longest, max(1, below)))):
+            job = tr.job_at(pool, min(mean, need), need)
+            try:
+                cands.append(self.cache(job, CostModel(job, eff)))
+            except InfeasibleError:
+                pass
         if self.plan is not None and set(self.plan.gpus()) <= set(pool):
             cands.append(self.plan)
         priced = [(tr.price(p, pool, step, mean, longest), p) for p in cands]

@@ -112,6 +112,11 @@ class Scenario:
     control: ControlConfig
     seed: int
     notes: Mapping[str, str]
+    # the lengths the availability trace is mapped onto steps with (the nominal clock, see
+    # nereus.sim.simulator): the whole run's when ``with_overrides`` cut it to its first steps,
+    # so that a shorter run meets every change of the pool at the step the whole run does;
+    # None: ``lengths``
+    clock: LengthTrace | None = None
 
 
 def _common_notes() -> dict[str, str]:
@@ -196,13 +201,36 @@ def _growth_note(steps: int) -> str:
             f"1.5x mean (plus noise) are assumptions; {steps} steps")
 
 
+def pool_start(av: Availability, changes: int = 3) -> str:
+    """How the pool of ``av`` starts, in words: its size at time 0 and after its first
+    ``changes`` changes ("3 GPUs for the first 5 minutes, then 8 from minute 5, ...")."""
+    def minute(t: float) -> str:
+        return f"{t / 60:.0f}" if t >= 60 else f"{t / 60:.1f}"
+
+    n0 = len(av.pools[0])
+    if len(av.times) == 1:
+        return f"{n0} GPUs throughout"
+    text = f"{n0} GPUs for the first {minute(av.times[1])} minutes"
+    later = [f"{len(p)} from minute {minute(t)}"
+             for t, p in zip(av.times[1:changes + 1], av.pools[1:changes + 1])]
+    return f"{text}, then {', '.join(later)}"
+
+
 def scenario_default(seed: int = 0, steps: int = 1000) -> Scenario:
     """The paper's workload on the real AWS spot trace, responses growing 500 -> 8,000."""
     job = default_job()
     counts, _ = spot_counts()
     start = busiest_window(counts, SPOT_WINDOW_TICKS, SPOT_MIN_RUNNING)
+    avail = spot_window(start, max_gpus=16)
+    most = max(len(p) for p in avail.pools)
+    begins = pool_start(avail)
     notes = _common_notes()
     notes.update({
+        "job": f"the paper's default workload (§7): Llama-3.1-8B, PPO, on a cluster of 16 H100 "
+               f"80GB in 2 nodes of 8 (NVLink inside, 400 Gb/s per GPU between); the job's pool "
+               f"is not a fixed 16 GPUs: it follows the availability trace, up to {most} GPUs "
+               f"({begins}; a pool no plan fits is waited out); batch from "
+               f"examples/llama-3.1-8b-ppo.yaml (512 prompts of 512 tokens, 4 mini-batches)",
         "lengths": _growth_note(steps),
         "availability": (f"real AWS spot trace (16 x p3.2xlarge, us-west-2a, 2023-08-27; "
                          f"Wu et al., NSDI 2024, the study the paper cites) from tick {start}: "
@@ -215,9 +243,11 @@ def scenario_default(seed: int = 0, steps: int = 1000) -> Scenario:
                          f"replay on the nominal clock, see nereus.sim.simulator)"),
         "drift": "none",
     })
-    return Scenario("default", "Llama-3.1-8B PPO on 16 H100s, responses 500->8,000 tokens "
-                    "over 1,000 steps, real AWS spot availability", job, steps,
-                    growth(steps, 500, 8000, 0.05, 1.5, seed), spot_window(start, max_gpus=16),
+    return Scenario("default", f"Llama-3.1-8B PPO on up to {most} H100s (2 nodes of 8) as the "
+                    f"real AWS spot trace gives them: {begins}, then outages and returns "
+                    f"(a pool no plan fits is waited out); "
+                    f"responses 500->8,000 tokens over {steps:,} steps", job, steps,
+                    growth(steps, 500, 8000, 0.05, 1.5, seed), avail,
                     DriftTrace(), Efficiencies(dict(HIDDEN_EFFICIENCY), job.cluster.device.name),
                     0.01, RestartParams(), ControlConfig(), seed, notes)
 
@@ -531,7 +561,11 @@ def load_scenario(path: str | Path) -> Scenario:
 def with_overrides(sc: Scenario, *, steps: int | None = None, gamma: float | None = None
                    ) -> Scenario:
     """``sc`` cut to its first ``steps`` steps (traces included: a policy that reads the whole
-    trace must not see lengths the run never meets) and with Nereus's γ set."""
+    trace must not see lengths the run never meets) and with Nereus's γ set. The availability
+    is still mapped onto steps by the whole run's lengths (``Scenario.clock``): the cut run meets
+    each change of the pool at the step the whole run meets it, so it runs the whole run's
+    first steps (the static policy excepted: it plans for the lengths of the run it is told
+    of)."""
     out = sc
     notes = dict(sc.notes)
     if steps is not None:
@@ -545,7 +579,13 @@ def with_overrides(sc: Scenario, *, steps: int | None = None, gamma: float | Non
         if drift is not sc.drift:
             notes["drift"] = (f"{notes.get('drift', drift.source)}; periods cut to the first "
                               f"{n} steps (--steps on the command line)")
-        out = replace(out, steps=n, lengths=lengths, drift=drift)
+        clock = sc.clock if sc.clock is not None else sc.lengths
+        if lengths is not sc.lengths and "availability_replay" in notes:
+            notes["availability_replay"] = (f"{notes['availability_replay']}; with --steps the "
+                                            f"nominal clock is still the whole run's "
+                                            f"({len(clock)} steps), so these {n} steps are its "
+                                            f"first {n}")
+        out = replace(out, steps=n, lengths=lengths, drift=drift, clock=clock)
     if gamma is not None:
         if not 0.0 <= gamma <= 1.0:
             raise InputError("--gamma", f"must be in [0, 1], got {gamma}")
@@ -600,7 +640,7 @@ def simulator(sc: Scenario) -> Simulator:
     it. Building it finds what makes the scenario unrunnable (a trace that never gives a
     usable pool), so callers build it before they print anything."""
     truth = Truth(sc.job, sc.hidden, sc.drift, sc.noise, sc.seed)
-    return Simulator(truth, sc.lengths, sc.availability, sc.restart, sc.steps)
+    return Simulator(truth, sc.lengths, sc.availability, sc.restart, sc.steps, clock=sc.clock)
 
 
 def _collect(procs: Sequence[Any], groups: Sequence[Sequence[str]], queue: Any,

@@ -433,27 +433,39 @@ class Simulator:
     """Runs policies over one scenario's traces, in lockstep by step (they share caches)."""
 
     def __init__(self, truth: Truth, lengths: LengthTrace, availability: Availability,
-                 restart: RestartParams, steps: int | None = None, calibration_steps: int = 40):
+                 restart: RestartParams, steps: int | None = None, calibration_steps: int = 40,
+                 clock: LengthTrace | None = None):
+        """``clock``: the lengths of the whole run when ``lengths`` are its first steps (the
+        availability is mapped onto steps by them, so a shorter run meets each change of the
+        pool at the step the whole run meets it); by default ``lengths`` up to ``steps``."""
         self.truth = truth
         self.lengths = lengths
         self.availability = availability
         self.restart = restart
         self.steps = min(steps or len(lengths), len(lengths))
         self.calibration_steps = calibration_steps
-        self.min_gpus, self.nominal = nominal_clock(truth, lengths, availability, self.steps)
+        self.clock = clock if clock is not None else lengths.head(self.steps)
+        if len(self.clock) < self.steps:
+            raise InputError("clock", f"{len(self.clock)} steps of lengths map the pool onto "
+                             f"steps, fewer than the {self.steps} simulated",
+                             f">= {self.steps} steps")
+        self.min_gpus, nominal = nominal_clock(truth, self.clock, availability,
+                                               len(self.clock))
+        self.nominal = nominal[:self.steps]
         self._usable: dict[tuple[int, ...], bool] = {}
         self.events = align(availability, self.nominal, self.usable)
 
     def usable(self, pool: tuple[int, ...]) -> bool:
-        """Whether some plan fits ``pool`` at the simulated window's longest responses (under
-        the true efficiencies): a pool that fits none is waited out like an empty one. Pools
-        of the same size differ (a split across nodes may fit what a whole node does not)."""
+        """Whether some plan fits ``pool`` at the longest responses of the whole run (``clock``;
+        under the true efficiencies): a pool that fits none is waited out like an empty one.
+        Pools of the same size differ (a split across nodes may fit what a whole node does
+        not)."""
         if len(pool) < self.min_gpus:
             return False
         hit = self._usable.get(pool)
         if hit is None:
-            means = self.lengths.mean[:self.steps]
-            top = max(self.lengths.longest[:self.steps])
+            means = self.clock.mean
+            top = max(self.clock.longest)
             try:
                 best_plan(self.truth.job_at(pool, max(means), top), self.truth.hidden)
                 hit = True

@@ -6,8 +6,8 @@ log-normal noise factor per stage and step. The same (step, stage) draws the sam
 every policy, so two policies running one plan see one time. Transitions take what the
 transition schedule says under the same hidden efficiencies, times noise.
 
-Cost models are shared per (efficiencies, lengths, pool shape: node size and whether the pool
-sits in one node), and each memoizes its estimates:
+Cost models are shared per (efficiencies, lengths, pool shape: the pool's GPUs per node), and
+each memoizes its estimates:
 the four policies of a run price the same few stage candidates at the same lengths.
 """
 
@@ -53,12 +53,14 @@ class Priced:
     sync_s: float
 
 
-def pool_shape(job: JobSpec, pool: tuple[int, ...]) -> tuple[int, bool]:
-    """What a cost model reads of its pool: the node size a TP group may use, and whether the
-    whole pool sits in one node (asynchronous weight sync crosses the network otherwise)."""
+def pool_shape(job: JobSpec, pool: tuple[int, ...]) -> tuple[int, ...]:
+    """What a cost model reads of its pool: its GPUs per node, fullest first. They give the
+    node size a TP group may use, whether the whole pool sits in one node (asynchronous weight
+    sync crosses the network otherwise) and how many of a synchronous sync's generation GPUs
+    share a node with training GPUs (``CostModel.sync_receivers``: (8, 4, 4) and (8, 8) differ
+    there, though both have nodes of 8 and span nodes)."""
     gp = GpuPool(job.cluster, pool)
-    return (min(job.cluster.devices_per_node, gp.largest_node_share()),
-            len(gp.by_node()) == 1)
+    return tuple(sorted((len(v) for v in gp.by_node().values()), reverse=True))
 
 
 class Truth:
