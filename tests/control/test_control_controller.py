@@ -506,3 +506,33 @@ def test_reprice_prices_the_weight_sync_from_the_candidates_as_the_planner_does(
     assert again.terms["weight_sync"] == pytest.approx(sync)
     assert again.terms["weight_sync"] == pytest.approx(plan.terms["weight_sync"])
     assert again.step_latency_s == pytest.approx(plan.step_latency_s)
+
+
+class _Spread:
+    """A calibrator stand-in: fixed efficiencies and their relative standard errors."""
+
+    def __init__(self, eff: Efficiencies, spread: dict[OpClass, float]):
+        self.eff, self.spread = eff, spread
+
+    def efficiencies(self) -> Efficiencies:
+        return self.eff
+
+    def relative_error(self) -> dict[OpClass, float]:
+        return dict(self.spread)
+
+
+def test_an_efficiency_the_measurements_do_not_pin_down_is_not_watched(job, plans):
+    """δ_eff = 20 % and eff_z = 3: a class is watched while its estimate's standard error is
+    at most 6.7 %; decode's (moving only together with its all-reduce latency) is not, so its
+    noise never reads as drift (the stationary trace once moved on it)."""
+    c = Controller(job, plans["best16"], on_log=lambda s: None)
+    c.steps_seen = c.config.warmup_steps
+    eff = Efficiencies({OpClass.GEMM: 0.6, OpClass.DECODE: 0.7, OpClass.LATENCY_INTRA: 0.6})
+    c.calibrator = _Spread(eff, {OpClass.GEMM: 0.02, OpClass.DECODE: 0.066,
+                                 OpClass.LATENCY_INTRA: 0.25})
+    tel = _tel(job, plans["best16"], 0, 2000)
+    sig = c._signals(tel, {"gemm": 0.5, "decode": 0.4, "latency.intra": 0.1})
+    assert sig.keys() == {"response_len", "eff.gemm", "eff.decode"}
+    c.calibrator = _Spread(eff, {OpClass.GEMM: 0.02, OpClass.DECODE: 0.068})
+    sig = c._signals(tel, {"gemm": 0.5, "decode": 0.4, "latency.intra": 0.1})
+    assert sig.keys() == {"response_len", "eff.gemm"}  # an unmeasured class is not watched

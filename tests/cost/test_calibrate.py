@@ -237,3 +237,23 @@ def test_observe_op_names_the_bad_argument(ideal, measured, field):
     with pytest.raises(InputError) as e:
         Calibrator().observe_op(OpClass.GEMM, ideal, measured)
     assert e.value.field == field
+
+
+def test_relative_error_is_small_for_a_pinned_class_and_large_for_one_that_moves_with_another():
+    """Rows where GEMM varies on its own pin it down; decode and its all-reduce latency always
+    come in the same proportion (both scale with decode steps), so only their sum is measured
+    and each estimate is as uncertain as the prior allows."""
+    cal = Calibrator()
+    rng = random.Random(3)
+    for step in range(30):
+        for _ in range(3):
+            g, d = rng.uniform(0.1, 1.0), rng.uniform(0.1, 1.0)
+            ideal = {OpClass.GEMM: g, OpClass.DECODE: d, OpClass.LATENCY_INTRA: 0.1 * d}
+            true = g / 0.6 + d / 0.7 + 0.1 * d / 0.5
+            cal.observe_ideal(ideal, true * (1 + rng.gauss(0, 0.01)))
+        cal.next_step()
+    err = cal.relative_error()
+    assert err[OpClass.GEMM] < 0.02
+    assert err[OpClass.LATENCY_INTRA] > 0.1 > err[OpClass.GEMM]
+    assert set(err) == {OpClass.GEMM, OpClass.DECODE, OpClass.LATENCY_INTRA}
+    assert Calibrator().relative_error() == {}

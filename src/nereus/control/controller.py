@@ -82,6 +82,9 @@ class ControlConfig:
     delta_eff: float = 0.20         # assumption: an op class's efficiency moving 20 % is drift
     eff_min_share: float = 0.05     # assumption: watch classes >= 5 % of the plan's time
     warmup_steps: int = 10          # assumption: efficiency signals arm after calibration warm-up
+    eff_z: float = 3.0              # assumption: and only while a move of delta_eff is at least
+    #                                 eff_z standard errors of the class's estimate (one that
+    #                                 moves only together with another wanders with the noise)
     horizon_alpha: float = DEFAULT_ALPHA
     length_window: int = 20         # assumption: memory is planned for the longest of 20 steps
     length_margin: float = 0.05     # assumption: ... plus 5 %
@@ -266,9 +269,12 @@ class Controller:
         sig = {"response_len": float(tel.response_len_mean)}
         if self.steps_seen >= self.config.warmup_steps:
             eff = self.calibrator.efficiencies()
+            spread = self.calibrator.relative_error()
+            most = self.config.delta_eff / self.config.eff_z
             for name, share in shares.items():
-                if share >= self.config.eff_min_share:
-                    sig[f"eff.{name}"] = eff[OpClass(name)]
+                c = OpClass(name)
+                if share >= self.config.eff_min_share and spread.get(c, math.inf) <= most:
+                    sig[f"eff.{name}"] = eff[c]
         return sig
 
     def _reset(self, tel: Telemetry, signals: Mapping[str, float]) -> None:

@@ -71,6 +71,7 @@ class Calibrator:
     _rows: list[_Row] = field(default_factory=list)
     _memory: dict[StageKind, list[float]] = field(default_factory=dict)
     _current: Efficiencies | None = None
+    _spread: dict[OpClass, float] = field(default_factory=dict)
     _step: int = 0
 
     def next_step(self) -> None:
@@ -131,6 +132,15 @@ class Calibrator:
             self._current = self._fit()
         return self._current
 
+    def relative_error(self) -> dict[OpClass, float]:
+        """Standard error of each fitted efficiency relative to its value (estimated from the
+        fit's weighted residuals and its normal matrix, ridge included): small for a class the
+        measurements pin down, large for one that only moves together with others (decode time
+        and the decode all-reduces' latency both scale with decode steps), whose estimate then
+        wanders with the noise. Classes never measured are absent."""
+        self.efficiencies()
+        return dict(self._spread)
+
     def memory_scale(self) -> dict[StageKind, float]:
         """Measured over estimated peak memory per stage kind (the mean of the last 20),
         within the bounds a profile may hold."""
@@ -138,6 +148,7 @@ class Calibrator:
                 for k, v in self._memory.items() if v}
 
     def _fit(self) -> Efficiencies:
+        self._spread = {}
         if not self._rows:
             return self.prior
         classes = sorted({c for r in self._rows for c in r.ideal}, key=lambda c: c.value)
@@ -159,6 +170,15 @@ class Calibrator:
         a_full = np.vstack([a, lam])
         b_full = np.concatenate([b, lam @ x0])
         x, *_ = np.linalg.lstsq(a_full, b_full, rcond=None)
+        # standard errors: residual variance per unit weight over the normal matrix
+        weights = np.array([self.forgetting ** (self._step - r.step) for r in self._rows])
+        n_eff = weights.sum() ** 2 / max(float((weights ** 2).sum()), 1e-300)
+        resid = a @ x - b
+        s2 = float(resid @ resid) / max(weights.sum(), 1e-300) * n_eff / max(n_eff - len(x), 1.0)
+        cov = s2 * np.linalg.pinv(a_full.T @ a_full)
+        se = np.sqrt(np.maximum(np.diag(cov), 0.0))
+        self._spread = {c: float(e / xi) if xi > 0 else float("inf")
+                        for c, e, xi in zip(classes, se, x)}
         # an inverse efficiency negative, below 1e-3 or under the peak's (efficiency above
         # peak_bound) is noise the data cannot support
         device = self.prior.device
