@@ -48,7 +48,7 @@ def test_json_has_exactly_the_documented_shape(plans: tuple[Path, Path]) -> None
     assert out["feasible"] is True and out["estimated_s"] > 0
     assert sorted(p["op"] for p in out["primitives"]) == ["Extend"] * 4 + ["Merge"] * 2
     for p in out["primitives"]:
-        assert set(p) == {"op", "stage", "gpus", "start_s", "end_s"}
+        assert set(p) == {"op", "stage", "gpus", "start_s", "end_s", "staged"}
         assert p["end_s"] >= p["start_s"] >= 0 and all(isinstance(g, int) for g in p["gpus"])
 
 

@@ -72,6 +72,9 @@ class Schedule:
     reason: str = ""
     changed: tuple[str, ...] = ()
     source: str = "estimated"
+    # how current units come onto their GPUs (``global_dag``): False, every unit a primitive
+    # reads is loaded at the start; True, each by the first primitive that reads it
+    loads_on_first_read: bool = False
 
     def peak_bytes(self) -> dict[int, int]:
         return {g: max(b for _, b in steps) for g, steps in self.memory.items()}
@@ -178,7 +181,8 @@ def _assemble(dag: TransitionDag, cost: TransitionCost, durs: Sequence[Duration]
                            tuple(sorted(res[i])), durs[i], memory[i])
         for k, i in enumerate(order))
     return Schedule(True, max(end, default=0.0), out, mem, dag.capacity_bytes, dag.initial,
-                    dag.final, cost.eff, "", dag.changed)
+                    dag.final, cost.eff, "", dag.changed,
+                    loads_on_first_read=dag.loads_on_first_read)
 
 
 def fixed_schedule(dag: TransitionDag, cost: TransitionCost, start: Sequence[float],

@@ -162,13 +162,14 @@ def validate(job: JobSpec, current: Plan, target: Plan, schedule: Schedule) -> l
     # a stage the schedule touches counts as changed, whatever the plans say of it: it must
     # keep a copy and its units' bytes count (else moving an unchanged stage escaped both)
     J.changed |= {p.stage for p in prims}
-    # a current unit is on its GPUs from the start of the first Split, Merge or Extend that
-    # reads it (before, and if none does, it is offloaded, as between phases); units the
-    # schedule makes are on their GPUs
+    # a current unit is on its GPUs if a Split, Merge or Extend reads it (else it is offloaded,
+    # as between phases): from the start, or, as the schedule says, from the start of the
+    # first that reads it; units the schedule makes are on their GPUs
     for p in prims:
         if p.op != "Destroy":
             for e in p.primitive.inputs:
-                J.loaded_at[e.id] = min(J.loaded_at.get(e.id, math.inf), p.start_s)
+                at = p.start_s if schedule.loads_on_first_read else -math.inf
+                J.loaded_at[e.id] = min(J.loaded_at.get(e.id, math.inf), at)
 
     # the DAG: acyclic, deps respected
     g = nx.DiGraph()
