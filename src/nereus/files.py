@@ -13,6 +13,7 @@ from typing import Any, TypeVar, get_args
 
 import yaml
 from pydantic import BaseModel, ValidationError
+from pydantic.fields import FieldInfo
 
 from nereus.errors import InputError
 
@@ -21,6 +22,8 @@ M = TypeVar("M", bound=BaseModel)
 
 def _existing(path: str | Path, field: str) -> Path:
     p = Path(path)
+    if p.is_dir():
+        raise InputError(field, f"{path} is a directory", "a file")
     if not p.is_file():
         raise InputError(field, f"no file at {path}")
     return p
@@ -88,9 +91,57 @@ def _nested_model(ann: object) -> type[BaseModel] | None:
     return None
 
 
+# what a value of each pydantic type error should have been
+_TYPE_WORDS = {"int_type": "an integer", "float_type": "a number", "string_type": "a string",
+               "list_type": "a list", "bool_type": "a switch"}
+_TYPE_ALLOWED = {"int_type": "an integer", "float_type": "a number", "string_type": "text",
+                 "list_type": "a list", "bool_type": "true, false"}
+
+
+def _field_info(root: type[BaseModel], loc: tuple[object, ...]) -> FieldInfo | None:
+    """The schema field an error location ends in (list indices and union branches skipped)."""
+    model: type[BaseModel] | None = root
+    found: FieldInfo | None = None
+    for part in loc:
+        if isinstance(part, int) or _UNION_BRANCH.fullmatch(str(part)):
+            continue
+        fi = model.model_fields.get(str(part)) if model is not None else None
+        if fi is None:
+            return found if model is None else None
+        found = fi
+        model = _nested_model(fi.annotation)
+    return found
+
+
+def _quoted(v: object) -> str:
+    """A wrong value as the message quotes it: ``'16'``, ``16.5``, ``true``, an empty value."""
+    if v is None:
+        return "an empty value"
+    if isinstance(v, bool):
+        return str(v).lower()
+    if isinstance(v, int):
+        from nereus.spec.workload import shown  # spec imports this module
+
+        return shown(v)
+    text = repr(v)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _first_error(e: ValidationError) -> dict[str, Any]:
+    """The error to report: the first, or for a union (``gpus: 16 | [0, 1]``) the branch the
+    value went furthest into (``gpus: [0, 'a']`` is a list with a bad id, not a bad integer)."""
+    errs = e.errors()
+    first = errs[0]
+    if not any(_UNION_BRANCH.fullmatch(str(x)) for x in first["loc"]):
+        return first
+    head = first["loc"][0] if first["loc"] else None
+    same = [x for x in errs if x["loc"] and x["loc"][0] == head]
+    return max(same, key=lambda x: len(x["loc"]))  # the first of the deepest
+
+
 def validation_error(e: ValidationError, root: type[BaseModel]) -> InputError:
     """The first pydantic error as an InputError naming the dotted field and what is allowed."""
-    err = e.errors()[0]
+    err = _first_error(e)
     # a union's branch shows in the location as its type ("gpus.int"): not a field name
     parts = [str(x) for x in err["loc"] if not _UNION_BRANCH.fullmatch(str(x))]
     loc = ".".join(parts) or "config"
@@ -113,13 +164,17 @@ def validation_error(e: ValidationError, root: type[BaseModel]) -> InputError:
     if kind in ("model_type", "model_attributes_type", "dict_type"):
         return InputError(loc, "must be a mapping of fields")
     inp = err.get("input")
-    if kind in ("int_type", "float_type") and isinstance(inp, (str, bool)):
-        what = "an integer" if kind == "int_type" else "a number"
-        problem = f"{str(inp).lower() if isinstance(inp, bool) else repr(inp)} is not {what}"
-        if isinstance(inp, str) and _YAML_TEXT_EXP.fullmatch(inp.strip()):
+    if kind in _TYPE_WORDS:
+        # one wording for every wrong type: the value, what it should have been, and what
+        # the field allows (its schema description where it has one)
+        problem = f"{_quoted(inp)} is not {_TYPE_WORDS[kind]}"
+        if (kind in ("int_type", "float_type") and isinstance(inp, str)
+                and _YAML_TEXT_EXP.fullmatch(inp.strip())):
             # YAML 1.1 reads 1e300 as text: its floats need a point and a signed exponent
             problem += f" (YAML reads it as text: write {float(inp):.1e})"
-        return InputError(loc, problem)
-    if kind == "bool_type":
-        return InputError(loc, f"{inp!r} is not a switch", "true, false")
+        fi = _field_info(root, tuple(err["loc"]))
+        allowed = _TYPE_ALLOWED[kind]
+        if kind != "bool_type" and fi is not None and fi.description:
+            allowed = fi.description
+        return InputError(loc, problem, allowed)
     return InputError(loc, str(err["msg"]).removeprefix("Value error, "))

@@ -74,3 +74,70 @@ def test_simulate_refuses_an_unwritable_output_before_the_run(option: str) -> No
     assert r.exit_code == 2, r.output
     assert r.stdout == ""  # nothing simulated, nothing printed
     assert r.stderr.startswith(f"error: {option}: cannot write {out}"), r.stderr
+
+
+@pytest.mark.parametrize("text,field,says", [
+    ("gpus: 16.5", "gpus", "16.5 is not an integer (allowed: a pool size 1..65,536, or a list"),
+    ("gpus: '16'", "gpus", "'16' is not an integer (allowed: a pool size 1..65,536, or a list"),
+    ("gpus: [0, a]", "gpus.1", "'a' is not an integer (allowed: a pool size"),
+    ("model:", "model", "an empty value is not a string (allowed: a model preset (llama-3.1-8b,"),
+    ("cluster: {device: 5}", "cluster.device",
+     "5 is not a string (allowed: a device preset: h100-sxm-80gb"),
+    ("workload: {prompt_len: 1.5}", "workload.prompt_len",
+     "1.5 is not an integer (allowed: an integer 1..16,777,216 tokens)"),
+    ("workload: {master_weights: 3}", "workload.master_weights",
+     "3 is not a switch (allowed: true, false)"),
+])
+def test_a_value_of_the_wrong_type_reads_one_way_with_what_is_allowed(
+        tmp_path: Path, text: str, field: str, says: str) -> None:
+    """`gpus: 16.5` said 'Input should be a valid integer' and `model:` 'Input should be a
+    valid string' (pydantic's words, nothing allowed), while `gpus: '16'` said 'is not an
+    integer'."""
+    data = {"model": "llama-3.1-8b", "gpus": 16, **yaml.safe_load(text)}
+    cfg = tmp_path / "job.yaml"
+    cfg.write_text(yaml.safe_dump(data))
+    err = one_line(["plan", "--config", str(cfg)])
+    assert err.startswith(f"error: {field}: {says}"), err
+    assert "Input should be" not in err
+
+
+@pytest.mark.parametrize("args,option", [
+    (["plan", "--config", "{dir}"], "config"),
+    (["simulate", "--csv", "{dir}"], "--csv"),
+    (["simulate", "--plot", "{dir}"], "--plot"),
+    (["transition", "{dir}", "{dir}", "--model", "tiny-llama"], "current"),
+])
+def test_a_directory_given_for_a_file_is_called_a_directory(tmp_path: Path, args: list[str],
+                                                            option: str) -> None:
+    """`--config /tmp` said 'no file at /tmp'; `--csv /tmp` 'unsupported file type (none)'."""
+    err = one_line([a.format(dir=tmp_path) for a in args])
+    assert err.startswith(f"error: {option}: {tmp_path} is a directory"), err
+
+
+def test_grpo_with_one_response_per_prompt_is_refused() -> None:
+    """GRPO's advantage is relative to the other responses to the same prompt: one response
+    has none, and was accepted silently."""
+    err = one_line(["plan", "--model", "llama-3.1-8b", "--gpus", "16", "--algo", "grpo"])
+    assert err.startswith("error: --responses-per-prompt: grpo needs several responses per "
+                          "prompt to compare, and the default is 1"), err
+    assert "(allowed: >= 2 for grpo, e.g. --responses-per-prompt 8)" in err
+    err = one_line(["plan", "--model", "llama-3.1-8b", "--gpus", "16", "--algo", "grpo",
+                    "--responses-per-prompt", "1"])
+    assert err.startswith("error: --responses-per-prompt: 1 response per prompt "), err
+    r = runner.invoke(app, ["plan", "--model", "llama-3.1-8b", "--gpus", "16", "--algo", "grpo",
+                            "--responses-per-prompt", "2", "--json"])
+    assert r.exit_code == 0, r.output
+
+
+def test_the_example_configs_still_plan() -> None:
+    for cfg in sorted(Path("examples").glob("*.yaml")):
+        r = runner.invoke(app, ["plan", "--config", str(cfg), "--json"])
+        assert r.exit_code == 0, (cfg, r.output)
+
+
+def test_job_specs_given_to_transition_are_checked_for_grpo_groups(tmp_path: Path) -> None:
+    a = tmp_path / "a.yaml"
+    a.write_text(yaml.safe_dump({"model": "tiny-llama", "gpus": 2, "algo": "grpo",
+                                 "cluster": {"device": "cpu"}}))
+    err = one_line(["transition", str(a), str(a)])
+    assert err.startswith("error: current.workload.responses_per_prompt: "), err

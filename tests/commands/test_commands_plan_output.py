@@ -79,3 +79,59 @@ def test_explain_prints_no_empty_memory_section() -> None:
         assert "(estimated)" in sync[0] and "peak" not in sync[0] and "b=1" not in sync[0]
         block = r.stdout.split(sync[0], 1)[1]
         assert "memory per GPU: no buffer of its own (estimated)" in " ".join(block.split())
+
+
+def test_explain_prices_the_weight_sync_as_the_plan_does() -> None:
+    """--explain priced the sync from bare layouts (every generation GPU colocated: 0.000 s)
+    while the plan's own term counts the generation GPUs that hold no training shard."""
+    import json
+
+    plan = json.loads(runner.invoke(app, ["plan", "--config", CONFIG, "--json"]).stdout)
+    term = plan["terms"]["weight_sync"]
+    assert term > 0.001  # generation on 16 GPUs, training on 8: a real sync
+    r = runner.invoke(app, ["plan", "--config", CONFIG, "--explain"])
+    assert r.exit_code == 0, r.output
+    (sync,) = [ln for ln in r.stdout.splitlines() if ln.startswith("weight sync ")]
+    assert f": {term:.3f} s per step (estimated)" in sync, (sync, term)
+    assert "hold no training shard" in r.stdout
+
+
+def test_the_header_does_not_multiply_out_to_more_gpus_than_the_pool() -> None:
+    """16 GPUs on nodes of 3 printed '(6 nodes x 3)', which reads as 18."""
+    r = runner.invoke(app, ["plan", "--model", "llama-3.1-8b", "--gpus", "16",
+                            "--devices-per-node", "3"])
+    assert r.exit_code == 0, r.output
+    head = r.stdout.splitlines()[0]
+    assert "x 3)" not in head and "(6 nodes of up to 3)" in head, head
+    r = runner.invoke(app, ["plan", "--config", CONFIG])
+    assert "(2 nodes x 8)" in r.stdout.splitlines()[0]
+
+
+def test_plan_json_records_the_job_it_was_planned_for() -> None:
+    import json
+
+    r = runner.invoke(app, ["plan", "--model", "tiny-llama", "--device", "cpu", "--gpus", "2",
+                            "--json"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["planned_for"] == {"model": "tiny-llama", "device": "cpu",
+                                                   "algo": "ppo"}
+    r = runner.invoke(app, ["plan", "--config", CONFIG, "--evaluate",
+                            "examples/layouts/verl-colocated-8b.yaml", "--json"])
+    assert json.loads(r.stdout)["planned_for"]["model"] == "llama-3.1-8b"
+
+
+def test_mini_batches_that_do_not_divide_the_batch_say_which_do() -> None:
+    r = runner.invoke(app, ["plan", "--model", "llama-3.1-8b", "--gpus", "16", "--prompts", "7"])
+    assert r.exit_code == 2, r.output
+    assert r.stderr.count("\n") == 1
+    assert r.stderr.startswith("error: workload.ppo_mini_batches: 4 does not divide the 7 ")
+    assert "(allowed: a divisor of 7: 1, 7)" in r.stderr
+    # the option beside the other workload options sets it, and its errors name the option
+    r = runner.invoke(app, ["plan", "--model", "llama-3.1-8b", "--gpus", "16", "--prompts", "7",
+                            "--ppo-mini-batches", "7", "--json"])
+    assert r.exit_code == 0, r.output
+    r = runner.invoke(app, ["plan", "--model", "llama-3.1-8b", "--gpus", "16",
+                            "--ppo-mini-batches", "3"])
+    assert r.exit_code == 2 and r.stderr.startswith("error: --ppo-mini-batches: 3 does not "
+                                                    "divide the 512 "), r.stderr
+    assert "1, 2, 4, 8, 16, 32, 64, 128, 256, 512" in r.stderr

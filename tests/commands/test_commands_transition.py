@@ -36,13 +36,24 @@ def tiny_plans(tmp_path: Path) -> tuple[str, str]:
 
 
 def test_a_bad_job_spec_names_which_file(tmp_path: Path) -> None:
-    lay = tmp_path / "layout.yaml"  # a --evaluate layout, not a job spec
-    lay.write_text("actor_gen: {tp: 1, pp: 1, dp: 2}\n")
+    bad = tmp_path / "job.yaml"  # a job spec without its model
+    bad.write_text("gpus: 8\n")
     good = "examples/llama-3.1-8b-ppo.yaml"
-    for args, which in (([str(lay), good], "current"), ([good, str(lay)], "target")):
+    for args, which in (([str(bad), good], "current"), ([good, str(bad)], "target")):
         r = runner.invoke(app, ["transition", *args])
         assert r.exit_code == 2, r.output
         assert r.stderr.startswith(f"error: {which}.model: required field is missing"), r.stderr
+
+
+def test_a_layout_beside_a_job_spec_is_refused_naming_both(tmp_path: Path) -> None:
+    """A layout (the --evaluate format) is a plan to price under a job; a job spec is planned
+    with its own: the two do not pair, and the error says which file is which."""
+    lay = tmp_path / "layout.yaml"
+    lay.write_text("actor_gen: {tp: 1, pp: 1, dp: 2}\n")
+    r = runner.invoke(app, ["transition", str(lay), "examples/llama-3.1-8b-ppo.yaml"])
+    assert r.exit_code == 2, r.output
+    assert r.stderr.count("\n") == 1
+    assert "llama-3.1-8b-ppo.yaml is a job file but layout.yaml is a layout file" in r.stderr
 
 
 def test_infeasible_json_carries_the_reason(tmp_path: Path) -> None:
@@ -195,3 +206,126 @@ def test_execute_prints_nothing_of_rays_own(tmp_path: Path) -> None:
     assert p.returncode == 0, p.stderr
     assert p.stderr == ""
     assert json.loads(p.stdout)["source"] == "measured"
+
+
+CONFIG_8B = "examples/llama-3.1-8b-ppo.yaml"
+
+
+def _plan_8b(tmp: Path, name: str, *extra: str) -> Path:
+    r = runner.invoke(app, ["plan", "--config", CONFIG_8B, *extra, "--json"])
+    assert r.exit_code == 0, r.output
+    p = tmp / name
+    p.write_text(r.stdout)
+    return p
+
+
+def test_a_plan_of_another_job_is_refused_naming_the_file(tmp_path: Path,
+                                                          tiny_plans: tuple[str, str]) -> None:
+    """A tiny-llama CPU plan priced with the 8B H100 job, and 8B plans priced as qwen3-14b,
+    were accepted and then reported infeasible (exit 3)."""
+    now = _plan_8b(tmp_path, "now.json")
+    r = runner.invoke(app, ["transition", tiny_plans[0], str(now), "--config", CONFIG_8B])
+    assert r.exit_code == 2, r.output
+    assert r.stderr.count("\n") == 1
+    assert r.stderr.startswith(f"error: current: {Path(tiny_plans[0]).name} was planned for "
+                               "tiny-llama on cpu (ppo), not for llama-3.1-8b on "
+                               "h100-sxm-80gb (ppo)"), r.stderr
+    r = runner.invoke(app, ["transition", str(now), str(now), "--model", "qwen3-14b"])
+    assert r.exit_code == 2 and "now.json was planned for llama-3.1-8b" in r.stderr, r.output
+    assert "--model llama-3.1-8b" in r.stderr  # how to price it with its own job
+    # a plan file without the record (an older one) is still taken as it is
+    old = json.loads(Path(tiny_plans[0]).read_text())
+    del old["planned_for"]
+    p = tmp_path / "old.json"
+    p.write_text(json.dumps(old))
+    r = runner.invoke(app, ["transition", str(p), tiny_plans[1], *TINY])
+    assert r.exit_code == 0, r.output
+
+
+def test_a_layout_file_is_a_plan_for_transition(tmp_path: Path) -> None:
+    """The layout a job runs today (the --evaluate format) was refused as 'a job file'."""
+    best = _plan_8b(tmp_path, "best.json")
+    layout = "examples/layouts/verl-colocated-8b.yaml"
+    r = runner.invoke(app, ["transition", layout, str(best), "--config", CONFIG_8B])
+    assert r.exit_code == 0, r.output
+    row = next(ln for ln in r.stdout.splitlines() if ln.startswith("│ actor_gen "))
+    assert "tp=2 pp=1 dp=8" in row  # the layout's own actor_gen, placed under the job
+    r = runner.invoke(app, ["transition", str(best), layout, "--config", CONFIG_8B, "--json"])
+    assert r.exit_code in (0, 3), r.output  # read and priced; whether it can run is the
+    assert "feasible" in json.loads(r.stdout.splitlines()[0])  # transition layer's matter
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("actor_gen: {tp: 2, pp: 1}\n")
+    r = runner.invoke(app, ["transition", str(best), str(bad), "--config", CONFIG_8B])
+    assert r.exit_code == 2 and r.stderr.startswith("error: target.actor_gen.dp: "), r.stderr
+
+
+def test_staged_primitives_are_marked_in_the_table_and_the_json(tmp_path: Path) -> None:
+    now, n24 = _plan_8b(tmp_path, "now.json"), _plan_8b(tmp_path, "n24.json", "--gpus", "24")
+    r = runner.invoke(app, ["transition", str(now), str(n24), "--config", CONFIG_8B])
+    assert r.exit_code == 0, r.output
+    assert "Split*" in r.stdout or "Merge*" in r.stdout
+    assert "* staged through host memory: the GPU holds only the larger shard" in r.stdout
+    r = runner.invoke(app, ["transition", str(now), str(n24), "--config", CONFIG_8B, "--json"])
+    prims = json.loads(r.stdout)["primitives"]
+    assert all(isinstance(p["staged"], bool) for p in prims)
+    assert any(p["staged"] for p in prims) and not all(p["staged"] for p in prims)
+
+
+def test_no_staged_note_without_a_staged_primitive(tiny_plans: tuple[str, str]) -> None:
+    r = runner.invoke(app, ["transition", *tiny_plans, *TINY])
+    assert r.exit_code == 0, r.output
+    assert "staged through host memory" not in r.stdout and "*" not in r.stdout
+
+
+def _fake_execute(monkeypatch: pytest.MonkeyPatch) -> None:
+    from types import SimpleNamespace
+
+    from nereus.runtime import demo
+
+    def run(job, current, target, schedule, **kwargs):
+        timings = [SimpleNamespace(gpus=p.gpus, duration_s=0.3, setup_s=0.01, bytes=1 << 20,
+                                   start_s=p.start_s, end_s=p.start_s + 0.3)
+                   for p in schedule.primitives]
+        report = SimpleNamespace(timings=timings, wall_s=0.3, within_capacity=lambda: True)
+        return demo.ExecutionCheck(schedule, report, True, (), "cpu")
+
+    monkeypatch.setattr(demo, "execute_transition", run)
+
+
+def test_execute_says_the_estimate_used_default_efficiencies(
+        monkeypatch: pytest.MonkeyPatch, tiny_plans: tuple[str, str]) -> None:
+    """0.067 s estimated beside 0.3 s measured, with nothing saying the estimate is not
+    calibrated on this machine."""
+    _fake_execute(monkeypatch)
+    r = runner.invoke(app, ["transition", *tiny_plans, *TINY, "--execute"])
+    assert r.exit_code == 0, r.output
+    table_end = r.stdout.rindex("┘")
+    note = r.stdout[table_end:].splitlines()[1]
+    assert note.startswith("estimated s: with the cost model's default efficiencies, not "
+                           "calibrated on this machine"), note
+    r = runner.invoke(app, ["transition", *tiny_plans, *TINY, "--execute", "--json"])
+    out = json.loads(r.stdout)
+    assert out["estimate_efficiencies"].startswith("default efficiencies (uncalibrated")
+    assert "default efficiencies" in out["sources"]["estimated_s"]
+
+
+def test_execute_that_this_machine_cannot_hold_prints_only_the_error(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """8B plans with --execute printed every table, then the one-line 'state takes ... this
+    machine has ...' error."""
+    from nereus.errors import InputError
+    from nereus.runtime import demo
+
+    def too_big(*args: object, **kwargs: object) -> None:
+        raise InputError("model", "llama-3.1-8b: its state takes 913.7 GiB on 32 CPU workers, "
+                         "this machine has 23.5 GiB", "a small model for --execute on CPU")
+
+    monkeypatch.setattr(demo, "execute_transition", too_big)
+    now = _plan_8b(tmp_path, "now.json")
+    nxt = _plan_8b(tmp_path, "next.json", "--gpus", "32", "--response-len", "4096")
+    r = runner.invoke(app, ["transition", str(now), str(nxt), "--config", CONFIG_8B,
+                            "--execute"])
+    assert r.exit_code == 2, r.output
+    assert r.stdout == ""
+    assert r.stderr.count("\n") == 1 and r.stderr.startswith("error: model: llama-3.1-8b: its "
+                                                             "state takes")

@@ -132,7 +132,7 @@ def test_examples_and_builtin_scenarios_fit_their_context_windows():
 @pytest.mark.parametrize("data,field", [
     ({"model": "llama-3.1-8b", "gpus": 8.0}, "gpus"),
     ({"model": "llama-3.1-8b", "gpus": "8"}, "gpus"),
-    ({"model": "llama-3.1-8b", "gpus": [0, True]}, "gpus"),
+    ({"model": "llama-3.1-8b", "gpus": [0, True]}, "gpus.1"),  # the list item, not an int
     ({"model": "llama-3.1-8b", "gpus": 8, "cluster": {"nodes": True}}, "cluster.nodes"),
     ({"model": "llama-3.1-8b", "gpus": 8, "cluster": {"devices_per_node": 8.5}},
      "cluster.devices_per_node"),
@@ -265,3 +265,28 @@ def test_the_largest_allowed_workload_counts_build():
     w = Workload(prompt_len=1 << 24, response_len_mean=1 << 24, response_len_max=1 << 24,
                  ppo_epochs=1024)
     assert w.updates_per_step == 4 * 1024
+
+
+def test_grpo_needs_a_group_of_responses():
+    from nereus.spec.job import check_groups
+
+    one = parse_job({"model": "tiny-llama", "gpus": 2, "algo": "grpo"})
+    with pytest.raises(InputError) as e:
+        check_groups(one)
+    assert e.value.field == "workload.responses_per_prompt"
+    assert e.value.allowed == ">= 2 for grpo"
+    check_groups(parse_job({"model": "tiny-llama", "gpus": 2, "algo": "grpo",
+                            "workload": {"responses_per_prompt": 2}}))
+    check_groups(parse_job({"model": "tiny-llama", "gpus": 2, "algo": "remax"}))  # no group
+
+
+def test_mini_batches_that_do_not_divide_say_which_do():
+    from nereus.spec.workload import divisors, divisors_text
+
+    assert divisors(12) == [1, 2, 3, 4, 6, 12] and divisors(1) == [1] and divisors(49) == [1, 7, 49]
+    with pytest.raises(InputError) as e:
+        parse_job({"model": "tiny-llama", "gpus": 2, "workload": {"prompts_per_step": 6}})
+    assert e.value.field == "workload.ppo_mini_batches"
+    assert e.value.allowed == "a divisor of 6: 1, 2, 3, 6"
+    long = divisors_text(720720)
+    assert long.startswith("a divisor of 720720: 1, 2, 3,") and long.endswith("(240 in all)")

@@ -88,10 +88,11 @@ def output_path(path: Path | None, field: str, suffixes: tuple[str, ...]) -> Pat
     folder, not a folder itself (a typo should not cost a finished run)."""
     if path is None:
         return None
+    if path.is_dir():  # before the suffix: a directory has none, and that is not the problem
+        raise InputError(field, f"{path} is a directory",
+                         f"a file path ending in {' or '.join(suffixes)}")
     if path.suffix.lower() not in suffixes:
         raise InputError(field, f"unsupported file type {path.suffix or '(none)'!r}", suffixes)
-    if path.is_dir():
-        raise InputError(field, f"{path} is a folder", "a file path")
     parent = path.parent if str(path.parent) else Path(".")
     if not parent.is_dir():
         raise InputError(field, f"no folder {parent} to write {path.name} in")

@@ -10,6 +10,7 @@ from nereus.errors import InputError
 from nereus.files import read_yaml
 from nereus.spec.device import DEVICE_PRESETS
 from nereus.spec.job import ClusterConfig, JobConfig, JobSpec, WorkloadConfig, parse_job
+from nereus.spec.job import check_groups as group_check
 from nereus.spec.model import MODEL_PRESETS
 
 
@@ -40,6 +41,9 @@ JOB_HELP = {
                             _schema_default(WorkloadConfig, "prompts_per_step")),
     "responses_per_prompt": with_default("responses per prompt",
                                          _schema_default(WorkloadConfig, "responses_per_prompt")),
+    "ppo_mini_batches": with_default("optimizer updates per epoch; must divide prompts x "
+                                     "responses per prompt",
+                                     _schema_default(WorkloadConfig, "ppo_mini_batches")),
     "profile": with_default("calibration profile JSON of the same device (python "
                             "benchmarks/engine.py --profile OUT.json writes one)",
                             "built-in efficiencies per op class"),
@@ -52,8 +56,12 @@ def job_from_options(config: Path | None = None, *, model: str | None = None,
                      devices_per_node: int | None = None,
                      response_len: int | None = None, response_len_max: int | None = None,
                      prompt_len: int | None = None, prompts: int | None = None,
-                     responses_per_prompt: int | None = None) -> JobSpec:
-    """Options override the config's fields; without a config, ``model`` and ``gpus`` are needed."""
+                     responses_per_prompt: int | None = None,
+                     ppo_mini_batches: int | None = None,
+                     check_groups: bool = True) -> JobSpec:
+    """Options override the config's fields; without a config, ``model`` and ``gpus`` are needed.
+    ``check_groups``: refuse a GRPO job with one response per prompt (off where the command
+    reads no workload: its default would be refused with no option to change it)."""
     data: dict[str, Any] = {}
     if config is not None:
         loaded = read_yaml(config, "config")
@@ -83,11 +91,30 @@ def job_from_options(config: Path | None = None, *, model: str | None = None,
     workload = dict(data.get("workload") or {})
     for key, val in (("response_len", response_len), ("response_len_max", response_len_max),
                      ("prompt_len", prompt_len), ("prompts_per_step", prompts),
-                     ("responses_per_prompt", responses_per_prompt)):
+                     ("responses_per_prompt", responses_per_prompt),
+                     ("ppo_mini_batches", ppo_mini_batches)):
         if val is not None:
             workload[key] = val
     if response_len is not None and response_len_max is None:
         workload.pop("response_len_max", None)
     if workload:
         data["workload"] = workload
-    return parse_job(data)
+    try:
+        job = parse_job(data)
+    except InputError as e:
+        if e.field == "workload.ppo_mini_batches" and ppo_mini_batches is not None:
+            raise InputError("--ppo-mini-batches", e.problem, e.allowed) from None
+        raise
+    if check_groups:
+        try:
+            group_check(job)
+        except InputError as e:
+            if "responses_per_prompt" in (data.get("workload") or {}) and \
+                    responses_per_prompt is None:
+                raise  # the config's own value: its field names it
+            given = responses_per_prompt is not None
+            raise InputError("--responses-per-prompt",
+                             e.problem if given else f"{job.workflow.algo} needs several "
+                             "responses per prompt to compare, and the default is 1",
+                             f"{e.allowed}, e.g. --responses-per-prompt 8") from None
+    return job

@@ -4,7 +4,8 @@ current plan compares."""
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Optional
 
@@ -13,6 +14,7 @@ from rich.table import Table
 
 from nereus.commands.common import Command, console, one_line_errors, refuse_together
 from nereus.commands.jobopts import JOB_HELP, job_from_options
+from nereus.commands.planfile import split_record, with_record
 from nereus.cost.calibrate import Calibrator
 from nereus.cost.model import CostModel
 from nereus.errors import InfeasibleError, InputError
@@ -42,6 +44,20 @@ def gpu_ranges(ids: tuple[int, ...] | list[int]) -> str:
         start = prev = g
     out.append(f"{start}-{prev}" if prev > start else f"{start}")
     return ",".join(out)
+
+
+def pool_nodes(job: JobSpec) -> str:
+    """'2 nodes x 8' when the pool fills its nodes; '6 nodes of up to 3' when it does not
+    (16 GPUs on nodes of 3: 'x 3' would read as 18)."""
+    per = job.cluster.devices_per_node
+    counts: dict[int, int] = {}
+    for g in job.pool.ids:
+        counts[g // per] = counts.get(g // per, 0) + 1
+    n = len(counts)
+    nodes = f"{n} node{'s' if n != 1 else ''}"
+    if all(c == per for c in counts.values()):
+        return f"{nodes} x {per}"
+    return f"{nodes} of up to {per}"
 
 
 def plan_table(job: JobSpec, plan: Plan, title: str) -> Table:
@@ -105,7 +121,9 @@ def sync_explain(cost: CostModel, plan: Plan, train: str, gen: str) -> str:
     stage's peak), so its header names the two layouts and its memory line says so, instead
     of a candidate ``b=1 a=1``, a peak of 0.00 GiB and an empty memory section."""
     t, g = plan.stage(train), plan.stage(gen)
-    est = cost.weight_sync(t.layout, g.layout)
+    # the candidates, not the layouts: their GPU counts say which generation GPUs hold no
+    # training shard, as the plan's own weight_sync term prices them
+    est = cost.weight_sync(t.candidate, g.candidate)
     lines = est.explain().splitlines()
     head = (f"weight sync {train} [tp={t.tp} pp={t.pp}] -> {gen} [tp={g.tp} pp={g.pp}]: "
             f"{est.latency_s:.3f} s per step ({est.source})")
@@ -119,19 +137,39 @@ def sync_explain(cost: CostModel, plan: Plan, train: str, gen: str) -> str:
     return "\n".join([head, *body, *notes])
 
 
-def load_layout(path: Path) -> dict[str, StageLayoutSpec]:
-    """An --evaluate layout; every model-stage must say its dp, as a plan file does (a
-    missing dp is not taken as 1: a layout that forgot it would be scored as another plan)."""
-    data = read_yaml(path, "evaluate")
-    specs = layout_spec_from_data(data)  # checks the shape and every field first
+def load_layout(path: Path, field: str = "evaluate") -> dict[str, StageLayoutSpec]:
+    """An --evaluate layout (or a plan file, read as one); errors name ``field``."""
+    return layout_from_data(read_yaml(path, field), field)
+
+
+def layout_from_data(data: Any, field: str = "evaluate") -> dict[str, StageLayoutSpec]:
+    """A parsed layout; every model-stage must say its dp, as a plan file does (a missing dp
+    is not taken as 1: a layout that forgot it would be scored as another plan). A plan
+    file's ``planned_for`` record is read past (the caller checks it where it matters);
+    errors name ``field`` where the evaluate layer says ``evaluate``."""
+    data, _ = split_record(data, field)
+    with renamed_field(field):
+        specs = layout_spec_from_data(data)  # checks the shape and every field first
     stages: Any = data.get("stages", data)
-    prefix = "evaluate.stages" if "stages" in data else "evaluate"
+    prefix = f"{field}.stages" if "stages" in data else field
     entries = stages.items() if isinstance(stages, Mapping) else enumerate(stages)
     for key, raw in entries:
         if isinstance(raw, Mapping) and "dp" not in raw:
             raise InputError(f"{prefix}.{key}.dp", "required field is missing",
                              "an integer >= 1: the data-parallel replicas of the model-stage")
     return specs
+
+
+@contextmanager
+def renamed_field(field: str) -> Iterator[None]:
+    """Errors of the evaluate layer (``evaluate.stages.3.tp``) named after ``field``
+    (``current.stages.3.tp``) where a layout is read as something else."""
+    try:
+        yield
+    except InputError as e:
+        if field == "evaluate" or not (e.field == "evaluate" or e.field.startswith("evaluate.")):
+            raise
+        raise InputError(field + e.field[len("evaluate"):], e.problem, e.allowed) from None
 
 
 def register(app: typer.Typer) -> None:
@@ -151,6 +189,7 @@ def register(app: typer.Typer) -> None:
         prompts: Optional[int] = typer.Option(None, help=JOB_HELP["prompts"]),
         responses_per_prompt: Optional[int] = typer.Option(
             None, help=JOB_HELP["responses_per_prompt"]),
+        ppo_mini_batches: Optional[int] = typer.Option(None, help=JOB_HELP["ppo_mini_batches"]),
         explain: bool = typer.Option(False, "--explain", help="break every estimate down by term"),
         frontier_stage: Optional[str] = typer.Option(None, "--frontier", metavar="STAGE",
                                                      help="list STAGE's latency-GPU frontier"),
@@ -179,7 +218,8 @@ def register(app: typer.Typer) -> None:
                                device=device, devices_per_node=devices_per_node,
                                response_len=response_len, response_len_max=response_len_max,
                                prompt_len=prompt_len, prompts=prompts,
-                               responses_per_prompt=responses_per_prompt)
+                               responses_per_prompt=responses_per_prompt,
+                               ppo_mini_batches=ppo_mini_batches)
         if frontier_stage is not None:
             job.workflow.stage(frontier_stage, "--frontier")  # before any planning
         cost = cost_model(job, profile)
@@ -191,14 +231,11 @@ def register(app: typer.Typer) -> None:
             _frontier(job, planner, frontier_stage, as_json)
             return
         plan = planner.best()
-        if as_json:
-            print(json.dumps(plan.to_dict()))
+        if as_json:  # with the job it was planned for, which nereus transition checks
+            print(json.dumps(with_record(plan.to_dict(), job)))
             return
-        nodes = job.cluster.num_nodes
         console.print(f"[bold]{job.workflow.algo.upper()}[/] {job.model.name} on "
-                      f"{job.pool.size} x {job.cluster.device.name} "
-                      f"({nodes} node{'s' if nodes != 1 else ''} x "
-                      f"{job.cluster.devices_per_node}), "
+                      f"{job.pool.size} x {job.cluster.device.name} ({pool_nodes(job)}), "
                       f"response {job.workload.response_len_mean} tokens (max "
                       f"{job.workload.response_len_max}), {job.workflow.execution.value}")
         if profile is not None:
@@ -268,7 +305,7 @@ def register(app: typer.Typer) -> None:
         except InfeasibleError as e:  # the best plan is context; a job that fits nowhere still scores
             best, why = None, str(e)
         if as_json:
-            out = yours.to_dict()
+            out = with_record(yours.to_dict(), job)
             out["fits"] = not problems
             out["problems"] = problems
             if best is not None:

@@ -1,8 +1,10 @@
 """``nereus transition``: how to move a job from one plan to another, and how long it takes.
 
-Two plan JSON files (as ``nereus plan --json`` writes them; the job's model, device and
-workload from ``--config`` or the options), or two job YAML files (each planned with the
-planner; say a pool that grew, or responses that got longer). Prints the primitives per
+Two plans, each a plan JSON (as ``nereus plan --json`` writes it) or a layout (tp/pp/dp per
+model-stage, as ``nereus plan --evaluate`` reads it: the layout a job runs today), with the
+job's model, device and workload from ``--config`` or the options; or two job YAML files (each
+planned with the planner; say a pool that grew, or responses that got longer). A plan JSON
+that records the job it was planned for must match that job. Prints the primitives per
 model-stage, the schedule, the estimated L_tran and, with ``--gantt``, a chart per GPU.
 Exit 3 with the reason when the transition is infeasible; 2 for bad input.
 """
@@ -11,9 +13,10 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import replace
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import typer
 from rich.table import Table
@@ -30,12 +33,16 @@ from nereus.commands.common import (
     writable,
 )
 from nereus.commands.jobopts import JOB_HELP, job_from_options
+from nereus.commands.plan import layout_from_data, renamed_field
+from nereus.commands.planfile import check_record, split_record
 from nereus.cost.efficiency import Efficiencies
 from nereus.cost.model import CostModel
 from nereus.errors import InputError
+from nereus.files import read_json, read_yaml
+from nereus.plan.evaluate import StageLayoutSpec, evaluate_plan
 from nereus.plan.types import Plan
 from nereus.spec.cluster import MAX_DEVICES, GpuPool
-from nereus.spec.job import JobSpec, load_job
+from nereus.spec.job import JobConfig, JobSpec, check_groups, load_job
 from nereus.transition.emu import format_gpus
 from nereus.transition.planner import plan_transition
 from nereus.transition.schedule import Schedule
@@ -46,16 +53,47 @@ JOB_SUFFIXES = (".yaml", ".yml")
 OPS = ("Split", "Destroy", "Extend", "Merge")
 
 
-def _kind(path: Path, field: str) -> str:
+@dataclass(frozen=True)
+class PlanArg:
+    """One of the two files ``nereus transition`` takes: a plan JSON (``plan``), a layout as
+    ``nereus plan --evaluate`` reads it (``layout``: tp/pp/dp per model-stage, priced and
+    placed under the job), or a job YAML (``job``: planned by the planner)."""
+
+    which: str   # "current" or "target": the field its errors name
+    path: Path
+    kind: str
+    data: Any = None
+    record: dict[str, str] | None = None  # the job a plan file was planned for
+
+
+def _job_shaped(data: Any) -> bool:
+    return isinstance(data, Mapping) and any(k in JobConfig.model_fields for k in data)
+
+
+def _kind(path: Path, field: str) -> PlanArg:
+    """What ``path`` holds, from its suffix and its fields: a .json with ``stages`` is a plan;
+    a .yaml with job fields (model, gpus, ...) is a job; a mapping of model-stages (at the
+    top or under ``stages``) is a layout."""
+    if path.is_dir():
+        raise InputError(field, f"{path} is a directory", "a plan .json, a layout or a job .yaml")
     if not path.is_file():
         raise InputError(field, f"no file at {path}")
     suffix = path.suffix.lower()
+    if suffix not in PLAN_SUFFIXES + JOB_SUFFIXES:
+        raise InputError(field, f"{path.name}: unknown file type",
+                         "a plan .json (nereus plan --json), a layout (as nereus plan "
+                         "--evaluate reads) or a job .yaml")
+    raw = read_json(path, field) if suffix in PLAN_SUFFIXES else read_yaml(path, field)
+    data, record = split_record(raw, field)
     if suffix in PLAN_SUFFIXES:
-        return "plan"
-    if suffix in JOB_SUFFIXES:
-        return "job"
-    raise InputError(field, f"{path.name}: unknown file type",
-                     "a plan .json (nereus plan --json) or a job .yaml")
+        # a plan JSON lists its stages; anything else that is no mapping of model-stages is
+        # read as a plan, whose errors say what a plan file needs
+        is_layout = (isinstance(data, Mapping) and "stages" not in data and data
+                     and not _job_shaped(data))
+        return PlanArg(field, path, "layout" if is_layout else "plan", data, record)
+    if not isinstance(data, Mapping) or _job_shaped(data) or not data:
+        return PlanArg(field, path, "job")  # load_job says what is wrong with it
+    return PlanArg(field, path, "layout", data, record)
 
 
 def _efficiencies(job: JobSpec, profile: Path | None) -> Efficiencies | None:
@@ -98,6 +136,11 @@ def jobs_from_specs(current: Path, target: Path, profile: Path | None
     from nereus.plan.search import best_plan
 
     a, b = _load_job(current, "current"), _load_job(target, "target")
+    for which, job in (("current", a), ("target", b)):
+        try:
+            check_groups(job)
+        except InputError as e:
+            raise InputError(f"{which}.{e.field}", e.problem, e.allowed) from None
     if a.model != b.model:
         raise InputError("target.model", f"{b.model.name} differs from the current "
                          f"{a.model.name}", "the same model in both job specs")
@@ -118,24 +161,68 @@ def jobs_from_specs(current: Path, target: Path, profile: Path | None
     return replace(b, cluster=cluster, pool=pool), cur, tgt
 
 
-def job_for_plans(current: Plan, target: Plan, config: Path | None, model: str | None,
-                  algo: str | None, execution: str | None, device: str | None,
-                  devices_per_node: int | None) -> JobSpec:
-    """The job whose state the plans move; its cluster holds every GPU either plan uses."""
-    needed = max((*current.gpus(), *target.gpus()), default=0) + 1
-    for which, plan in (("current", current), ("target", target)):
-        if max(plan.gpus(), default=0) >= MAX_DEVICES:
-            raise InputError(f"{which}.stages", f"GPU id {max(plan.gpus())} is past the "
-                             f"largest cluster", f"GPU ids 0..{MAX_DEVICES - 1}")
+def job_for_plans(gpu_ids: tuple[int, ...] | list[int], config: Path | None,
+                  model: str | None, algo: str | None, execution: str | None,
+                  device: str | None, devices_per_node: int | None) -> JobSpec:
+    """The job whose state the plans move; its cluster holds every GPU the plan files use
+    (``gpu_ids``)."""
+    needed = max(gpu_ids, default=0) + 1
 
     def build(path: Path | None, gpus: int | None) -> JobSpec:
+        # the workload is read only for its dtypes here: GRPO's group size is checked where
+        # the file sets it (a --config), not on a default the command has no option for
         return job_from_options(path, model=model, algo=algo, execution=execution, gpus=gpus,
-                                device=device, devices_per_node=devices_per_node)
+                                device=device, devices_per_node=devices_per_node,
+                                check_groups=path is not None)
 
     if config is None:
         return build(None, needed)
     job = build(config, None)
     return job if job.cluster.num_devices >= needed else build(config, needed)
+
+
+def _layout_gpus(specs: Mapping[str, StageLayoutSpec]) -> list[int]:
+    return [g for s in specs.values() for r in (s.gpus or ()) for g in r]
+
+
+def plans_for_job(args: tuple[PlanArg, PlanArg], config: Path | None, model: str | None,
+                  algo: str | None, execution: str | None, device: str | None,
+                  devices_per_node: int | None, profile: Path | None
+                  ) -> tuple[JobSpec, Plan, Plan]:
+    """Plan files and layouts, and the job from --config or the options: every plan file
+    checked against the job it records, every layout placed and priced under the job."""
+    plans: dict[str, Plan] = {}
+    layouts: dict[str, dict[str, StageLayoutSpec]] = {}
+    for a in args:
+        if a.kind == "plan":
+            plans[a.which] = Plan.from_dict(a.data, a.which)
+        else:
+            layouts[a.which] = layout_from_data(a.data, a.which)
+    ids: list[int] = []
+    for which in ("current", "target"):
+        if which in plans:
+            used = plans[which].gpus()
+            ids += used
+            where = f"{which}.stages"
+        else:
+            used = tuple(_layout_gpus(layouts[which]))
+            ids += used
+            where = which
+        if max(used, default=0) >= MAX_DEVICES:
+            raise InputError(where, f"GPU id {max(used)} is past the largest cluster",
+                             f"GPU ids 0..{MAX_DEVICES - 1}")
+    job = job_for_plans(ids, config, model, algo, execution, device, devices_per_node)
+    for a in args:
+        check_record(a.record, job, a.which, a.path)
+    out: dict[str, Plan] = {}
+    for a in args:
+        if a.kind == "plan":
+            out[a.which] = plans[a.which]
+            check_stages(job, out[a.which], a.which)
+        else:
+            with renamed_field(a.which):
+                out[a.which] = evaluate_plan(job, layouts[a.which], _cost_model(job, profile))
+    return job, out["current"], out["target"]
 
 
 def stage_table(schedule: Schedule, current: Plan, target: Plan, sizes: StateSizes) -> Table:
@@ -165,9 +252,27 @@ def schedule_table(schedule: Schedule) -> Table:
         units = ", ".join(e.id for e in prim.inputs)
         if prim.outputs:
             units += " -> " + ", ".join(e.id for e in prim.outputs)
-        t.add_row(str(p.index), p.op, p.stage, units, format_gpus(p.gpus), f"{p.start_s:.4f}",
-                  f"{p.end_s:.4f}", ",".join(map(str, p.deps)) or "-")
+        t.add_row(str(p.index), op_label(p.op, prim.staged), p.stage, units,
+                  format_gpus(p.gpus), f"{p.start_s:.4f}", f"{p.end_s:.4f}",
+                  ",".join(map(str, p.deps)) or "-")
     return t
+
+
+STAGED_NOTE = ("* staged through host memory: the GPU holds only the larger shard; the host "
+               "copies are in its time")
+
+
+def op_label(op: str, staged: bool) -> str:
+    """``Split*`` for a Split or Merge staged through host memory (:data:`STAGED_NOTE`)."""
+    return f"{op}*" if staged else op
+
+
+def schedule_json(schedule: Schedule) -> dict[str, Any]:
+    """The schedule's JSON, each primitive saying whether it is staged through host memory."""
+    out = schedule.to_json_dict()
+    for row, p in zip(out["primitives"], schedule.primitives):
+        row["staged"] = bool(p.primitive.staged)
+    return out
 
 
 def execution_table(result: dict) -> Table:
@@ -178,10 +283,23 @@ def execution_table(result: dict) -> Table:
                 "MiB (measured)"):
         t.add_column(col, justify="left" if col in ("op", "stage") else "right")
     for r in result["primitives"]:
-        t.add_row(str(r["index"]), r["op"], r["stage"], ",".join(map(str, r["gpus"])),
-                  f"{r['estimated_s']:.4f}", f"{r['measured_s']:.4f}", f"{r['setup_s']:.4f}",
+        t.add_row(str(r["index"]), op_label(r["op"], bool(r.get("staged"))), r["stage"],
+                  ",".join(map(str, r["gpus"])), f"{r['estimated_s']:.4f}",
+                  f"{r['measured_s']:.4f}", f"{r['setup_s']:.4f}",
                   f"{r['bytes'] / 2**20:.1f}")
     return t
+
+
+def estimate_note(result: dict) -> str:
+    """Under the measured-vs-estimated table: what the estimate was computed with (by default
+    the cost model's built-in efficiencies, not this machine's: an estimate several times off
+    the measured time then says little about the transition model itself)."""
+    eff = result["estimate_efficiencies"]
+    if eff.startswith("default"):
+        return ("estimated s: with the cost model's default efficiencies, not calibrated on "
+                "this machine (--profile FILE calibrates them), so it can be several times "
+                "off the measured time")
+    return f"estimated s: with the {eff}"
 
 
 def execution_summary(result: dict) -> str:
@@ -200,12 +318,26 @@ def quiet_ray() -> None:
     os.environ.setdefault("RAY_LOGGER_LEVEL", "error")
 
 
-def measured_json(result: dict) -> dict:
+def measured_json(result: dict, schedule: Schedule | None = None,
+                  profile: Path | None = None) -> dict:
     """``--execute --json``: a top-level ``source`` as every command's JSON has (the run is
-    measured; ``sources`` names the one estimated figure per field), and a source for every
-    per-primitive number."""
+    measured; ``sources`` names the one estimated figure per field), a source for every
+    per-primitive number, which efficiencies the estimate used (``estimate_efficiencies``:
+    the default, uncalibrated ones unless ``--profile`` gave this machine's), and per
+    primitive whether it was staged through host memory."""
+    eff = (f"efficiencies calibrated in {profile.name} (--profile)" if profile is not None
+           else "default efficiencies (uncalibrated: no --profile for this machine)")
+    result = {**result, "estimate_efficiencies": eff}
+    if schedule is not None:
+        staged = {p.index: bool(p.primitive.staged) for p in schedule.primitives}
+        result["primitives"] = [{**r, "staged": staged.get(r.get("index"), False)}
+                                for r in result.get("primitives", [])]
     sources = dict(result.get("sources", {}))
+    sources["estimated_s"] = (f"{sources.get('estimated_s', 'estimated (transition cost model)')}"
+                              f", {eff}")
     sources.update(
+        staged="planned (the transition schedule: a Split or Merge staged through host "
+               "memory)",
         setup_s="measured (per primitive, on the workers)",
         bytes="measured (moved per primitive, on the workers)",
         start_s="measured (per primitive, driver clock from the start of the transition)",
@@ -220,6 +352,8 @@ def print_schedule(job: JobSpec, schedule: Schedule, current: Plan, target: Plan
     console.print(stage_table(schedule, current, target, StateSizes(job)))
     if schedule.primitives:
         console.print(schedule_table(schedule))
+        if any(p.primitive.staged for p in schedule.primitives):
+            console.print(STAGED_NOTE, markup=False, highlight=False)
     peaks = schedule.peak_bytes()
     if peaks:
         g = max(peaks, key=peaks.__getitem__)
@@ -234,11 +368,14 @@ def register(app: typer.Typer) -> None:
     @one_line_errors
     def transition_cmd(
         current: Path = typer.Argument(..., metavar="CURRENT",
-                                       help="current plan .json, or current job .yaml"),
+                                       help="current plan .json, layout (as plan --evaluate "
+                                       "reads), or job .yaml"),
         target: Path = typer.Argument(..., metavar="TARGET",
-                                      help="target plan .json, or target job .yaml"),
+                                      help="target plan .json, layout (as plan --evaluate "
+                                      "reads), or job .yaml"),
         config: Optional[Path] = typer.Option(None, "--config", "-c",
-                                              help="job YAML sizing the state (plan files)"),
+                                              help="job YAML sizing the state (plan files and "
+                                              "layouts)"),
         model: Optional[str] = typer.Option(None, help=JOB_HELP["model"] + " (plan files, "
                                             "without --config)"),
         algo: Optional[str] = typer.Option(None, help=JOB_HELP["algo"]),
@@ -262,10 +399,13 @@ def register(app: typer.Typer) -> None:
         """
         output_path(gantt_path, "--gantt", FIGURE_FORMATS)
         writable(gantt_path, "--gantt")
-        kinds = (_kind(current, "current"), _kind(target, "target"))
-        if kinds[0] != kinds[1]:
-            raise InputError("target", f"{target.name} is a {kinds[1]} file but {current.name} "
-                             f"is a {kinds[0]} file", "two plan .json files or two job .yaml files")
+        args = (_kind(current, "current"), _kind(target, "target"))
+        kinds = tuple(a.kind for a in args)
+        if "job" in kinds and kinds != ("job", "job"):
+            raise InputError("target", f"{args[1].path.name} is a {args[1].kind} file but "
+                             f"{args[0].path.name} is a {args[0].kind} file",
+                             "two job .yaml files, or plan .json files and layouts (as nereus "
+                             "plan --evaluate reads) with --config or --model")
         if kinds[0] == "job":
             given = [name for name, v in (("--config", config), ("--model", model),
                                           ("--algo", algo), ("--execution", execution),
@@ -277,19 +417,32 @@ def register(app: typer.Typer) -> None:
                                  "cluster", "with plan files only")
             job, cur, tgt = jobs_from_specs(current, target, profile)
         else:
-            cur, tgt = Plan.load(current, "current"), Plan.load(target, "target")
-            job = job_for_plans(cur, tgt, config, model, algo, execution, device,
-                                devices_per_node)
-            check_stages(job, cur, "current")
-            check_stages(job, tgt, "target")
+            job, cur, tgt = plans_for_job(args, config, model, algo, execution, device,
+                                          devices_per_node, profile)
         schedule = plan_transition(job, cur, tgt, _efficiencies(job, profile))
         if as_json and not execute:
-            out = {"source": "estimated", **schedule.to_json_dict()}
+            out = {"source": "estimated", **schedule_json(schedule)}
             if not schedule.feasible:  # a script reads why from the JSON, not only stderr
                 out["reason"] = schedule.reason
             print(json.dumps(out))
         if not schedule.feasible:
             raise fail(f"infeasible transition: {schedule.reason}", EXIT_INFEASIBLE)
+        result: dict[str, Any] | None = None
+        code = 0
+        if execute and schedule.primitives:
+            # the runtime layer runs it for real (its JSON replaces the schedule's), before
+            # anything is printed: a state this machine cannot hold, or a run that fails, is
+            # one line, not every table and then the error
+            quiet_ray()
+            from nereus.runtime import cli_execute
+            from nereus.runtime.demo import RunFailed
+
+            printed: list[str] = []
+            try:  # as JSON always: the table is drawn here, with every column's source
+                code = cli_execute(job, cur, tgt, schedule, as_json=True, echo=printed.append)
+            except RunFailed as e:
+                raise fail(str(e), EXIT_RUN_FAILED) from None
+            result = measured_json(json.loads(printed[-1]), schedule, profile)
         if not as_json:
             print_schedule(job, schedule, cur, tgt)
         if gantt_path is not None:
@@ -304,26 +457,19 @@ def register(app: typer.Typer) -> None:
                 console.print(f"wrote {out}")
         if execute and not schedule.primitives:  # no worker to start, nothing to check
             if as_json:
-                print(json.dumps({"source": "estimated", **schedule.to_json_dict(),
+                print(json.dumps({"source": "estimated", **schedule_json(schedule),
                                   "executed": False}))
             else:
                 console.print("nothing to execute: no model-stage changes between the plans")
             return
-        if execute:  # the runtime layer runs it for real (its JSON replaces the schedule's)
-            quiet_ray()
-            from nereus.runtime import cli_execute
-            from nereus.runtime.demo import RunFailed
-
-            printed: list[str] = []
-            try:  # as JSON always: the table is drawn here, with every column's source
-                code = cli_execute(job, cur, tgt, schedule, as_json=True, echo=printed.append)
-            except RunFailed as e:
-                raise fail(str(e), EXIT_RUN_FAILED) from None
-            result = measured_json(json.loads(printed[-1]))
+        if result is not None:
             if as_json:
                 print(json.dumps(result))
             else:
                 console.print(execution_table(result))
+                console.print(estimate_note(result), markup=False, highlight=False)
+                if any(r.get("staged") for r in result["primitives"]):
+                    console.print(STAGED_NOTE, markup=False, highlight=False)
                 console.print(execution_summary(result), markup=False, highlight=False)
             if code:
                 raise typer.Exit(code)

@@ -15,10 +15,10 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationInfo, fi
 from nereus.errors import InputError
 from nereus.files import read_yaml, validate
 from nereus.spec.cluster import MAX_DEVICES, MAX_DEVICES_PER_NODE, Cluster, GpuPool
-from nereus.spec.device import GiB, get_device
-from nereus.spec.model import ModelSpec, get_model
+from nereus.spec.device import DEVICE_PRESETS, GiB, get_device
+from nereus.spec.model import MODEL_PRESETS, ModelSpec, get_model
 from nereus.spec.workflow import Workflow, get_workflow
-from nereus.spec.workload import Optimizer, Workload, shown
+from nereus.spec.workload import INT_BOUNDS, Optimizer, Workload, shown
 
 
 @dataclass(frozen=True)
@@ -44,12 +44,19 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
+def _count_text(most: int) -> str:
+    return f"an integer 1..{most:,}"
+
+
 class ClusterConfig(_Strict):
-    device: str = "h100-sxm-80gb"
-    nodes: int | None = Field(None, description="nodes; default: enough for `gpus`")
-    devices_per_node: int | None = None
+    # descriptions are what a wrong type's error lists as allowed (nereus.files)
+    device: str = Field("h100-sxm-80gb", description=f"a device preset: {', '.join(DEVICE_PRESETS)}")
+    nodes: int | None = Field(None, description=f"{_count_text(MAX_DEVICES)} (nodes; default: "
+                              "enough for gpus)")
+    devices_per_node: int | None = Field(None, description=_count_text(MAX_DEVICES_PER_NODE))
     device_memory_gib: float | None = Field(None, gt=0, le=1e6, allow_inf_nan=False,
-                                            description="override device memory")
+                                            description="a number of GiB > 0 and <= 1e6 "
+                                            "(overrides the device's memory)")
 
     @field_validator("nodes", "devices_per_node")
     @classmethod
@@ -61,13 +68,17 @@ class ClusterConfig(_Strict):
 
 
 class WorkloadConfig(_Strict):
-    prompts_per_step: int = 512
-    responses_per_prompt: int = 1
-    prompt_len: int = 512
-    response_len: int = Field(2048, description="mean response length in tokens")
-    response_len_max: int | None = None
-    ppo_mini_batches: int = 4
-    ppo_epochs: int = 1
+    prompts_per_step: int = Field(512, description=_count_text(INT_BOUNDS["prompts_per_step"]))
+    responses_per_prompt: int = Field(
+        1, description=_count_text(INT_BOUNDS["responses_per_prompt"]) + " (>= 2 for grpo)")
+    prompt_len: int = Field(512, description=_count_text(INT_BOUNDS["prompt_len"]) + " tokens")
+    response_len: int = Field(2048, description=_count_text(INT_BOUNDS["response_len_mean"])
+                              + " tokens (the mean response length)")
+    response_len_max: int | None = Field(None, description=_count_text(
+        INT_BOUNDS["response_len_max"]) + " tokens, at least response_len")
+    ppo_mini_batches: int = Field(4, description="a divisor of prompts_per_step x "
+                                  "responses_per_prompt")
+    ppo_epochs: int = Field(1, description=_count_text(INT_BOUNDS["ppo_epochs"]))
     param_dtype: Literal["bf16", "fp16", "fp32"] = "bf16"
     grad_dtype: Literal["bf16", "fp16", "fp32"] = "fp32"
     master_weights: bool = True
@@ -79,11 +90,13 @@ _YAML_FIELD = {"workload.response_len_mean": "workload.response_len"}
 
 
 class JobConfig(_Strict):
-    model: str = Field(description="preset name or path to a Hugging Face config.json")
+    model: str = Field(description=f"a model preset ({', '.join(MODEL_PRESETS)}) or a path to "
+                       "a Hugging Face config.json")
     algo: Literal["ppo", "grpo", "remax"] = "ppo"
     execution: Literal["sync", "async"] = "sync"
     gpus: StrictInt | list[StrictInt] = Field(
-        description="pool size, or the device ids of the pool")
+        description=f"a pool size 1..{MAX_DEVICES:,}, or a list of distinct device ids "
+                    f"0..{MAX_DEVICES - 1:,}")
     cluster: ClusterConfig = ClusterConfig()
     workload: WorkloadConfig = WorkloadConfig()
 
@@ -157,6 +170,25 @@ def check_context(model: ModelSpec, workload: Workload,
     raise InputError(response_field, f"prompt {p} + longest response {r} = {p + r} tokens exceed "
                      f"{model.name}'s context window of {limit} tokens",
                      f"a longest response up to {limit - p} tokens with a {p}-token prompt")
+
+
+# Algorithms whose advantage compares the responses to one prompt with each other: GRPO's
+# group-relative advantage (Shao et al. 2024, DeepSeekMath §4.1) normalises each response's
+# reward by its group's mean and standard deviation, which one response does not have.
+MIN_GROUP = {"grpo": 2}
+
+
+def check_groups(job: JobSpec) -> None:
+    """A job whose algorithm needs several responses per prompt has them. Checked where a
+    user's job is read (the commands); ``parse_job`` leaves it to them, so that code which
+    builds a GRPO job only to size or place its stages can keep one response per prompt."""
+    least = MIN_GROUP.get(job.workflow.algo)
+    n = job.workload.responses_per_prompt
+    if least is not None and n < least:
+        raise InputError("workload.responses_per_prompt",
+                         f"{n} response{'s' if n != 1 else ''} per prompt leave{'' if n != 1 else 's'} "
+                         f"{job.workflow.algo} no group to compute its group-relative "
+                         f"advantage over", f">= {least} for {job.workflow.algo}")
 
 
 def parse_job(data: object) -> JobSpec:

@@ -44,6 +44,24 @@ def check_count(field: str, v: object, most: int) -> None:
         raise InputError(field, f"{shown(v)} is not allowed", f"an integer 1..{most:,}")
 
 
+def divisors(n: int) -> list[int]:
+    """The divisors of ``n`` >= 1, ascending."""
+    small = [d for d in range(1, int(n**0.5) + 1) if n % d == 0]
+    return small + [n // d for d in reversed(small) if d * d != n]
+
+
+def divisors_text(n: int, most: int = 12) -> str:
+    """'a divisor of 512: 1, 2, 4, ..., 512': every one up to ``most``, else the smallest
+    and largest few."""
+    ds = divisors(n)
+    if len(ds) <= most:
+        shown_ds = ", ".join(map(str, ds))
+    else:
+        shown_ds = (", ".join(map(str, ds[:most - 3])) + ", ..., "
+                    + ", ".join(map(str, ds[-2:])) + f" ({len(ds)} in all)")
+    return f"a divisor of {n}: {shown_ds}"
+
+
 class Optimizer(str, Enum):
     ADAM = "adam"  # two fp32 moments per parameter
     SGD = "sgd"    # no optimizer tensors
@@ -83,7 +101,10 @@ class Workload:
         if self.sequences_per_step % self.ppo_mini_batches:
             raise InputError("workload.ppo_mini_batches",
                              f"{self.ppo_mini_batches} does not divide the "
-                             f"{self.sequences_per_step} sequences of a step")
+                             f"{self.sequences_per_step} sequences of a step "
+                             f"({self.prompts_per_step} prompts x {self.responses_per_prompt} "
+                             f"response{'s' if self.responses_per_prompt != 1 else ''})",
+                             divisors_text(self.sequences_per_step))
 
     @property
     def sequences_per_step(self) -> int:
