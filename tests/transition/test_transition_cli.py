@@ -43,7 +43,7 @@ def test_json_has_exactly_the_documented_shape(plans: tuple[Path, Path]) -> None
     r = runner.invoke(app, ["transition", *map(str, plans), "--model", "llama-3.1-8b", "--json"])
     assert r.exit_code == 0, r.output
     out = json.loads(r.stdout)
-    assert set(out) == {"source", "estimated_s", "feasible", "primitives"}
+    assert set(out) == {"source", "estimated_s", "feasible", "primitives", "loads_on_first_read"}
     assert out["source"] == "estimated"
     assert out["feasible"] is True and out["estimated_s"] > 0
     assert sorted(p["op"] for p in out["primitives"]) == ["Extend"] * 4 + ["Merge"] * 2
@@ -107,7 +107,7 @@ def test_two_job_specs_are_planned_and_moved(tmp_path: Path) -> None:
     r = runner.invoke(app, ["transition", str(a), str(b), "--json"])
     assert r.exit_code in (0, 3), r.output
     out = json.loads(r.stdout.splitlines()[0])
-    assert set(out) == {"source", "estimated_s", "feasible", "primitives"}
+    assert set(out) == {"source", "estimated_s", "feasible", "primitives", "loads_on_first_read"}
     if out["feasible"]:
         assert out["primitives"]
         assert max(g for p in out["primitives"] for g in p["gpus"]) >= 16  # new GPUs in use

@@ -183,7 +183,11 @@ class Calibrator:
         # peak_bound) is noise the data cannot support
         device = self.prior.device
         low = np.array([max(1e-3, 1.0 / peak_bound(c, device)) for c in classes])
-        x = np.clip(x, low, 1.0 / MIN_EFFICIENCY)
+        clipped = np.clip(x, low, 1.0 / MIN_EFFICIENCY)
+        # a class held at a bound is not pinned down by the data: its error is unbounded
+        self._spread = {c: (v if xi == ci else float("inf"))
+                        for (c, v), xi, ci in zip(self._spread.items(), x, clipped)}
+        x = clipped
         return self.prior.updated({c: float(1.0 / xi) for c, xi in zip(classes, x)})
 
     # ---- profiles ----

@@ -152,21 +152,26 @@ def _split_into(ctx: WorkerContext, group: GroupSpec, src_id: str, host: Sharded
         t_local = time.perf_counter() - tm
         sent = received = 0
 
+        def block(sg: Any) -> tuple[torch.Tensor, tuple[int, ...], torch.dtype]:
+            """The column block of the new arena that a strided segment fills, its shape and
+            dtype."""
+            et = entries[sg.entry]
+            view = target.tensor(et.kind, et.shard.name)
+            idx = tuple(slice(a - (et.shard.start if d == et.shard.split_dim else 0),
+                              b - (et.shard.start if d == et.shard.split_dim else 0))
+                        for d, (a, b) in enumerate(sg.box))
+            return view[idx], tuple(b - a for a, b in sg.box), et.dtype
+
         def finish(k: int, work: Any, buf: torch.Tensor | None) -> None:
             g.wait([work])
             run = segs[k]
             if run.root == me:
                 return
             for sg in run.parts:
-                et = entries[sg.entry]
                 if buf is not None:  # strided: place the staged rows into the column block
-                    shape = tuple(b - a for a, b in sg.box)
-                    view = target.tensor(et.kind, et.shard.name)
-                    idx = tuple(slice(a - (et.shard.start if d == et.shard.split_dim else 0),
-                                      b - (et.shard.start if d == et.shard.split_dim else 0))
-                                for d, (a, b) in enumerate(sg.box))
-                    view[idx].copy_(buf.view(et.dtype).view(shape))
-                cov.add(et.key, sg.box)
+                    dst, shape, dtype = block(sg)
+                    dst.copy_(buf.view(dtype).view(shape))
+                cov.add(entries[sg.entry].key, sg.box)
 
         for k, sg in enumerate(segs):
             if len(inflight) >= WINDOW:
@@ -177,10 +182,12 @@ def _split_into(ctx: WorkerContext, group: GroupSpec, src_id: str, host: Sharded
                     data = src.buffer[sg.src[0]:sg.src[1]]
                 elif sg.dst is not None:  # the same bytes, already placed in the new arena
                     data = target.buffer[sg.dst[0]:sg.dst[1]]
-                else:  # strided in the new arena: through a staging slot on the device
-                    at = (k % WINDOW) * slot
-                    data = stage[at:at + sg.nbytes]
-                    data.copy_(src.buffer[sg.src[0]:sg.src[1]])
+                else:  # strided in the new arena: gathered from its column block there
+                    at = (k % WINDOW) * slot  # into a staging slot on the device, so the
+                    data = stage[at:at + sg.nbytes]  # host copy is read once, as priced
+                    (part,) = sg.parts
+                    blk, shape, dtype = block(part)
+                    data.view(dtype).view(shape).copy_(blk)
                 sent += sg.nbytes
             elif sg.dst is not None:
                 data = target.buffer[sg.dst[0]:sg.dst[1]]  # straight into the new arena

@@ -12,7 +12,9 @@
   above: each GPU first copies what it needs of its source position to host memory and frees
   it there, then allocates the new shard and fills it from the host copy (a Split's
   all-gather sends from it). The peak is the larger of the two shards, at the price of the
-  host copies; same semantics, same transfers between GPUs.
+  host copies; same semantics, same transfers between GPUs. (A Split's all-gather window,
+  at most a few 64 MiB chunks and shrunk to fit by the runtime, is left to the 10 % of
+  device memory the planner keeps free, staged or not.)
 - ``Extend(emu, R')``: a new unit with the same layout on disjoint GPUs R'; GPU i of the source
   sends its shard to GPU i of R'. The receiving copy is allocated when the primitive starts.
 - ``Destroy(emu)``: local teardown; its bytes are freed when it ends. Allowed only while another

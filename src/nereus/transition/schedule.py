@@ -95,7 +95,10 @@ class Schedule:
             "estimated_s": self.estimated_s if self.feasible else None,
             "feasible": self.feasible,
             "primitives": [{"op": p.op, "stage": p.stage, "gpus": list(p.gpus),
-                            "start_s": p.start_s, "end_s": p.end_s} for p in self.primitives],
+                            "start_s": p.start_s, "end_s": p.end_s,
+                            "staged": bool(p.primitive.staged)} for p in self.primitives],
+            # how the peaks were counted: read units loaded at the start, or on first read
+            "loads_on_first_read": self.loads_on_first_read,
         }
 
 
