@@ -196,11 +196,13 @@ def _replayed(prims: list[Primitive], edges: list[tuple[int, int, str]],
     for sizes in (None, cost.sizes):
         promoted: list[int] = []
         for _ in range(MAX_REPLAYS):
-            res = _Replay(prims, mem, rank, edges, dict(usage),
+            # each replay stages on copies: what a failed order staged stays unstaged
+            p_try, m_try = list(prims), list(mem)
+            res = _Replay(p_try, m_try, rank, edges, dict(usage),
                           {g: dict(h) for g, h in present.items()}, own, capacity_bytes,
                           promoted, sizes, loads).run()
             if res.problem is None:
-                return mem, res, initial_bytes, prims
+                return m_try, res, initial_bytes, p_try
             first = first or res
             new = [i for i in res.stuck if i not in promoted]
             if not new:
@@ -321,7 +323,7 @@ class _Replay:
 
     def _restage(self, i: int) -> bool:
         """Stage a Split or Merge that no Destroy makes room for through host memory, when
-        that fits now (in place: the replays after this one keep it staged)."""
+        that fits now (in this replay's lists)."""
         p = self.prims[i]
         if self.sizes is None or not isinstance(p, (Split, Merge)) or p.staged:
             return False
