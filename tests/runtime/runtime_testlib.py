@@ -1,4 +1,5 @@
-"""Helpers for the runtime's multi-process tests: a Ray session, jobs, leak checks."""
+"""Helpers for the runtime's multi-process tests: a Ray session and its worker pool, jobs,
+leak checks, bitwise checks of the state the workers hold."""
 
 from __future__ import annotations
 
@@ -9,8 +10,12 @@ from contextlib import contextmanager
 
 import ray
 
+from nereus.runtime.executor import state_specs
+from nereus.runtime.loading import seeded_logical
+from nereus.runtime.placement import gather_unit
 from nereus.runtime.workers import WorkerContext, WorkerPool
 from nereus.spec.job import JobSpec, parse_job
+from nereus.transition.emu import Emu
 
 SLOTS = 16  # device slots the test Ray session offers (workers use no CPU reservation)
 
@@ -125,3 +130,47 @@ def gone(pid_list: Sequence[int], timeout_s: float = 20.0) -> bool:
             return True
         time.sleep(0.3)
     return False
+
+
+@contextmanager
+def worker_pool(module: str, workers: int, **options: object) -> Iterator[WorkerPool]:
+    """One Ray session and a pool of ``workers`` CPU workers for a test module; the workers'
+    processes are gone after it, a failing test included."""
+    with ray_session(module):
+        pool = WorkerPool.start(workers, kind="cpu", **options)  # type: ignore[arg-type]
+        try:
+            yield pool
+        finally:
+            ids = list(pids(pool).values())
+            pool.shutdown()
+            assert gone(ids), "worker processes outlived the pool"
+
+
+@contextmanager
+def leaves_nothing(pool: WorkerPool, clear: bool = True) -> Iterator[None]:
+    """After the block, a failing one included: no group, no parked backend, no extra port on
+    any worker or in the driver; ``clear``: no state left on the workers and their capacity
+    back to the pool's."""
+    before_driver = listening_ports()
+    before = {d: r[0] for d, r in worker_resources(pool).items()}
+    try:
+        yield
+    finally:
+        after = wait_released(pool, before)
+        if clear:
+            clear_units(pool)
+            pool.set_capacity(pool.capacity_bytes)
+        assert all(r[1] == 0 and r[2] == 0 for r in after.values()), after
+        assert all(after[d][0] <= before.get(d, after[d][0]) for d in after), (before, after)
+        assert listening_ports() <= before_driver
+
+
+def check_stages(pool: WorkerPool, job: JobSpec, units: Mapping[str, Sequence[Emu]],
+                 seeds: Mapping[str, int]) -> None:
+    """Every unit the workers hold equals its model-stage's seeded state, bitwise."""
+    specs = state_specs(job, "cpu")
+    for stage, es in units.items():
+        want = seeded_logical(specs[stage], seeds[stage])
+        for e in es:
+            diff = gather_unit(pool, e).first_difference(want)
+            assert diff is None, f"{e}: {diff}"

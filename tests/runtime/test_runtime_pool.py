@@ -9,6 +9,14 @@ import pytest
 import ray
 import torch
 from ray.util import placement_group_table
+from runtime_testlib import (
+    gone,
+    leaves_nothing,
+    listening_ports,
+    pids,
+    worker_pool,
+    worker_resources,
+)
 
 from nereus.errors import InputError
 from nereus.runtime import movement as mv
@@ -19,34 +27,20 @@ from nereus.runtime.state import StateSpec, arena_layout
 from nereus.runtime.workers import WorkerContext, WorkerPool
 from nereus.spec.model import MODEL_PRESETS, Head
 
-from runtime_testlib import gone, listening_ports, pids, ray_session, wait_released, \
-    worker_resources
-
 CAPACITY = 4 * 1024**2
 
 
 @pytest.fixture(scope="module")
 def pool() -> Iterator[WorkerPool]:
-    with ray_session(__name__):
-        p = WorkerPool.start(4, kind="cpu", capacity_bytes=CAPACITY)
-        try:
-            yield p
-        finally:
-            ids = list(pids(p).values())
-            p.shutdown()
-            assert gone(ids), "worker processes outlived the pool"
+    with worker_pool(__name__, 4, capacity_bytes=CAPACITY) as p:
+        yield p
 
 
 @pytest.fixture(autouse=True)
 def no_leaks(pool: WorkerPool) -> Iterator[None]:
     """Every test leaves no group, no parked backend and no extra listening port behind."""
-    before_driver = listening_ports()
-    before = {d: r[0] for d, r in worker_resources(pool).items()}
-    yield
-    after = wait_released(pool, before)
-    assert all(r[1] == 0 and r[2] == 0 for r in after.values()), after
-    assert all(after[d][0] <= before.get(d, after[d][0]) for d in after), (before, after)
-    assert listening_ports() <= before_driver
+    with leaves_nothing(pool, clear=False):
+        yield
 
 
 def _whoami(ctx: WorkerContext, x: int, *, y: int) -> tuple[int, str, int]:

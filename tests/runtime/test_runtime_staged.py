@@ -16,15 +16,11 @@ import pytest
 import ray
 import torch
 from runtime_testlib import (
-    clear_units,
+    check_stages,
     cpu_job,
-    gone,
-    listening_ports,
-    pids,
-    ray_session,
+    leaves_nothing,
     stage_seeds,
-    wait_released,
-    worker_resources,
+    worker_pool,
 )
 
 from nereus.cost.candidate import Candidate, Layout
@@ -34,16 +30,15 @@ from nereus.runtime import movement as mv
 from nereus.runtime.comm import GroupSpec, Rendezvous, StoreAddress
 from nereus.runtime.executor import Executor, state_specs
 from nereus.runtime.faults import TransitionFailed, recover
-from nereus.runtime.loading import seeded_logical, seeded_meta
+from nereus.runtime.loading import seeded_meta
 from nereus.runtime.memory import block_bytes
-from nereus.runtime.placement import gather_unit, place_plan
+from nereus.runtime.placement import place_plan
 from nereus.runtime.primitives import launch, need_bytes, workers_of
 from nereus.runtime.splitting import staging_bytes
 from nereus.runtime.state import ShardedState, StateSpec, arena_layout
 from nereus.runtime.workers import WorkerContext, WorkerPool
 from nereus.spec.job import JobSpec
 from nereus.spec.model import MODEL_PRESETS
-from nereus.transition.emu import Emu
 from nereus.transition.instances import random_pair, stage_names
 from nereus.transition.planner import plan_transition
 from nereus.transition.primitives import Merge, Primitive, Split
@@ -133,31 +128,15 @@ def test_a_staged_split_that_cannot_join_puts_the_source_back() -> None:
 # ---------------------------------------------------------------- transitions on Ray workers
 @pytest.fixture(scope="module")
 def pool() -> Iterator[WorkerPool]:
-    with ray_session(__name__):
-        p = WorkerPool.start(8, kind="cpu")
-        try:
-            yield p
-        finally:
-            ids = list(pids(p).values())
-            p.shutdown()
-            assert gone(ids), "worker processes outlived the pool"
+    with worker_pool(__name__, 8) as p:
+        yield p
 
 
 @pytest.fixture()
 def clean(pool: WorkerPool) -> Iterator[WorkerPool]:
-    """After the test, failing ones included: no group, no parked backend, no extra port on
-    any worker or in the driver, and no state left on the workers."""
-    before_driver = listening_ports()
-    before = {d: r[0] for d, r in worker_resources(pool).items()}
-    try:
+    """After the test, failing ones included: nothing left behind (``leaves_nothing``)."""
+    with leaves_nothing(pool):
         yield pool
-    finally:
-        after = wait_released(pool, before)
-        clear_units(pool)
-        pool.set_capacity(pool.capacity_bytes)
-        assert all(r[1] == 0 and r[2] == 0 for r in after.values()), after
-        assert all(after[d][0] <= before.get(d, after[d][0]) for d in after), (before, after)
-        assert listening_ports() <= before_driver
 
 
 def _staged(schedule: Schedule) -> Schedule:
@@ -166,16 +145,6 @@ def _staged(schedule: Schedule) -> Schedule:
                   if isinstance(sp.primitive, (Split, Merge)) else sp
                   for sp in schedule.primitives)
     return replace(schedule, primitives=prims)
-
-
-def _check_stages(pool: WorkerPool, job: JobSpec, units: Mapping[str, Sequence[Emu]],
-                  seeds: Mapping[str, int]) -> None:
-    specs = state_specs(job, "cpu")
-    for stage, es in units.items():
-        want = seeded_logical(specs[stage], seeds[stage])
-        for e in es:
-            diff = gather_unit(pool, e).first_difference(want)
-            assert diff is None, f"{e}: {diff}"
 
 
 def _plan(job: JobSpec, stage: str, tp: int, pp: int, reps: Sequence[Sequence[int]]) -> Plan:
@@ -211,7 +180,7 @@ def test_staged_schedule_keeps_every_copy_bitwise(clean: WorkerPool, model: str,
     pool = clean
     job, _, schedule, specs, seeds = _random_staged(pool, model, seed, cur, tgt)
     report = Executor(pool, specs).run(schedule)
-    _check_stages(pool, job, report.units, seeds)
+    check_stages(pool, job, report.units, seeds)
     assert report.within_capacity(), (report.peak_bytes, report.capacity_bytes)
     assert [t.op for t in report.timings] == [sp.op for sp in schedule.primitives]
 
@@ -285,7 +254,7 @@ def test_each_staged_primitive_peaks_where_the_planner_said(clean: WorkerPool, m
             others = before - slack - planned[g].before
             assert peak[g] - others <= planned[g].during + window
     assert all(staged_seen.values()), staged_seen
-    _check_stages(pool, job, {s: es for s, es in schedule.final.items()}, seeds)
+    check_stages(pool, job, {s: es for s, es in schedule.final.items()}, seeds)
 
 
 def _member_positions(p: Split) -> list[tuple[tuple[int, int], ...]]:
@@ -318,16 +287,16 @@ def test_a_move_that_fits_a_worker_only_staged(clean: WorkerPool) -> None:
     ex = Executor(pool, specs)
     with pytest.raises(InfeasibleError, match="needs more memory"):
         ex.run(merge)
-    _check_stages(pool, job, {stage: merge.initial[stage]}, seeds)  # nothing moved
+    check_stages(pool, job, {stage: merge.initial[stage]}, seeds)  # nothing moved
     report = ex.run(_staged(merge))
     assert report.within_capacity() and max(report.peak_bytes.values()) == full
-    _check_stages(pool, job, report.units, seeds)
+    check_stages(pool, job, report.units, seeds)
     with pytest.raises(InfeasibleError, match="needs more memory"):
         ex.run(split)
     report = ex.run(_staged(split))
     assert report.within_capacity(), (report.peak_bytes, capacity)
     assert max(report.peak_bytes.values()) > full  # its window, shrunk to fit
-    _check_stages(pool, job, report.units, seeds)
+    check_stages(pool, job, report.units, seeds)
 
 
 def test_a_staged_split_aborted_mid_transition_keeps_its_source(clean: WorkerPool) -> None:
@@ -358,11 +327,11 @@ def test_a_staged_split_aborted_mid_transition_keeps_its_source(clean: WorkerPoo
     assert set(rep.failed[0]) == {0, 1, 2, 3}  # every member's call failed, none finished
     assert [e.id for e in rep.intact[stage]] == [schedule.initial[stage][0].id]
     assert {d: s.held for d, s in pool.memory().items()} == held
-    _check_stages(pool, job, rep.intact, seeds)
+    check_stages(pool, job, rep.intact, seeds)
     ex.on_event = None
     rec = recover(pool, ex, job, rep, lambda ids: target)
     assert rec.restored == ()
-    _check_stages(pool, job, rec.units, seeds)
+    check_stages(pool, job, rec.units, seeds)
 
 
 def _break_cut(ctx: WorkerContext) -> None:
@@ -405,7 +374,7 @@ def test_a_staged_merge_failing_in_a_worker_keeps_its_source(clean: WorkerPool) 
     assert rep.dead == frozenset() and set(rep.failed) == {0} and set(rep.failed[0]) == {1}
     kept = next(e for e in schedule.initial[stage] if e.gpus == (1,))
     assert rep.intact[stage] == (kept,)
-    _check_stages(pool, job, rep.intact, seeds)
+    check_stages(pool, job, rep.intact, seeds)
     rec = recover(pool, ex, job, rep, lambda ids: target)
     assert rec.restored == ()
-    _check_stages(pool, job, rec.units, seeds)
+    check_stages(pool, job, rec.units, seeds)

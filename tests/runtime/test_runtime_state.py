@@ -135,10 +135,10 @@ def test_split_segments_rebuild_every_target_position(model: str, big: tuple[int
                                                       sub: tuple[int, int], bucket: int) -> None:
     """Replaying a Split group's segments (and local copies) byte by byte, as the workers do,
     rebuilds each T_sub position bitwise; pipeline-only splits need no staging."""
+    from nereus.cost.candidate import Layout
     from nereus.runtime.splitting import split_segments
     from nereus.runtime.state import Coverage, copy_block
     from nereus.transition.nesting import gather_groups
-    from nereus.cost.candidate import Layout
 
     tp, pp = big
     if not _ok(model, tp, pp) or tp % sub[0] or pp % sub[1] or not _ok(model, *sub) \

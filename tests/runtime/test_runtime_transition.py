@@ -12,14 +12,24 @@ from dataclasses import dataclass
 
 import pytest
 import ray
+from runtime_testlib import (
+    check_stages,
+    clear_units,
+    cpu_job,
+    gone,
+    leaves_nothing,
+    pids,
+    stage_seeds,
+    worker_pool,
+    worker_resources,
+)
 
 from nereus.cost.candidate import Candidate, Layout
 from nereus.plan.types import Plan, StagePlan
 from nereus.runtime.checkpoint import Checkpointer
 from nereus.runtime.executor import Executor, state_specs
 from nereus.runtime.faults import TransitionFailed, recover
-from nereus.runtime.loading import seeded_logical
-from nereus.runtime.placement import gather_unit, place_plan
+from nereus.runtime.placement import place_plan
 from nereus.runtime.primitives import PrimitiveTiming
 from nereus.runtime.state import StateSpec
 from nereus.runtime.workers import WorkerContext, WorkerPool
@@ -31,45 +41,18 @@ from nereus.transition.planner import plan_transition
 from nereus.transition.primitives import Primitive
 from nereus.transition.schedule import Schedule
 
-from runtime_testlib import (
-    clear_units,
-    cpu_job,
-    gone,
-    listening_ports,
-    pids,
-    ray_session,
-    stage_seeds,
-    wait_released,
-    worker_resources,
-)
-
 
 @pytest.fixture(scope="module")
 def pool() -> Iterator[WorkerPool]:
-    with ray_session(__name__):
-        p = WorkerPool.start(8, kind="cpu")
-        try:
-            yield p
-        finally:
-            ids = list(pids(p).values())
-            p.shutdown()
-            assert gone(ids), "worker processes outlived the pool"
+    with worker_pool(__name__, 8) as p:
+        yield p
 
 
 @pytest.fixture(autouse=True)
 def no_leaks(pool: WorkerPool) -> Iterator[None]:
-    """After every test, failing ones included: no group, no parked backend, no extra port on
-    any worker or in the driver, and no state left on the workers."""
-    before_driver = listening_ports()
-    before = {d: r[0] for d, r in worker_resources(pool).items()}
-    try:
+    """After every test, failing ones included: nothing left behind (``leaves_nothing``)."""
+    with leaves_nothing(pool):
         yield
-    finally:
-        after = wait_released(pool, before)
-        clear_units(pool)
-        assert all(r[1] == 0 and r[2] == 0 for r in after.values()), after
-        assert all(after[d][0] <= before.get(d, after[d][0]) for d in after), (before, after)
-        assert listening_ports() <= before_driver
 
 
 def _fit_pool(pool: WorkerPool, ids: Sequence[int], exact: bool = False) -> None:
@@ -77,16 +60,6 @@ def _fit_pool(pool: WorkerPool, ids: Sequence[int], exact: bool = False) -> None
     if exact:
         pool.shrink([d for d in pool.device_ids if d not in ids])
     pool.grow([d for d in ids if d not in pool.device_ids])
-
-
-def _check_stages(pool: WorkerPool, job: JobSpec, units: Mapping[str, Sequence[Emu]],
-                  seeds: Mapping[str, int]) -> None:
-    specs = state_specs(job, "cpu")
-    for stage, es in units.items():
-        want = seeded_logical(specs[stage], seeds[stage])
-        for e in es:
-            diff = gather_unit(pool, e).first_difference(want)
-            assert diff is None, f"{e}: {diff}"
 
 
 def _held_ids(pool: WorkerPool) -> dict[int, list[str]]:
@@ -139,7 +112,7 @@ def test_random_transition_keeps_every_copy_bitwise(pool: WorkerPool, model: str
     place_plan(pool, job, current, specs, seeds)
     report = Executor(pool, specs).run(schedule)
 
-    _check_stages(pool, job, report.units, seeds)
+    check_stages(pool, job, report.units, seeds)
     want = {e.id for es in phi(job, target).values() for e in es}
     assert {e.id for es in report.units.values() for e in es} == want
     held = _held_ids(pool)
@@ -253,7 +226,7 @@ def test_worker_killed_mid_transition_loses_nothing_while_another_copy_exists(
     rec = recover(pool, ex, job, rep, target_for)
     assert rec.restored == () and rec.transition is not None
     assert killed[0] not in pool.device_ids
-    _check_stages(pool, job, rec.units, seeds)
+    check_stages(pool, job, rec.units, seeds)
     assert len(rec.units[stage]) == 5
     pool.grow(killed)
 
@@ -282,7 +255,7 @@ def test_a_driver_error_mid_transition_aborts_and_reports_what_is_intact(
     rec = recover(pool, ex, job, rep, lambda ids: target)
     assert rec.restored == ()
     assert sorted(e.gpus for e in rec.units[stage]) == [(0, 1), (2, 3), (4, 5)]
-    _check_stages(pool, job, rec.units, seeds)
+    check_stages(pool, job, rec.units, seeds)
 
 
 def test_a_driver_error_before_anything_moved_is_raised_as_it_is(pool: WorkerPool) -> None:
@@ -339,7 +312,7 @@ def test_last_copy_lost_mid_transition_restores_from_the_checkpoint(pool: Worker
 
     rec = recover(pool, ex, job, rep, target_for, ck)
     assert rec.restored == (stage,) and rec.checkpoint is not None
-    _check_stages(pool, job, rec.units, seeds)
+    check_stages(pool, job, rec.units, seeds)
     pool.grow(killed)
 
 
@@ -365,4 +338,4 @@ def test_checkpoint_restores_into_any_layout(pool: WorkerPool, tmp_path,
                         units[stage][0].holds))
         first += tp * pp
     ck.restore(pool, stage, emus, specs[stage], where)
-    _check_stages(pool, job, {stage: emus}, seeds)
+    check_stages(pool, job, {stage: emus}, seeds)
