@@ -74,7 +74,7 @@ def test_spread_applies_to_the_async_generation_pool():
 
 
 def test_divisors_are_exact_and_ordered():
-    from nereus.plan.candidates import _divisors
+    from nereus.spec.workload import divisors as _divisors
 
     for n in (1, 2, 12, 36, 97, 360):
         assert _divisors(n) == [d for d in range(1, n + 1) if n % d == 0]

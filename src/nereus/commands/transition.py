@@ -267,11 +267,6 @@ def op_label(op: str, staged: bool) -> str:
     return f"{op}*" if staged else op
 
 
-def schedule_json(schedule: Schedule) -> dict[str, Any]:
-    """The schedule's JSON (each primitive says whether it is staged through host memory)."""
-    return schedule.to_json_dict()
-
-
 def execution_table(result: dict) -> Table:
     """``--execute``'s result per primitive; every column says where its numbers come from."""
     t = Table(title=f"executed on {result['device']} workers: measured vs estimated",
@@ -418,7 +413,7 @@ def register(app: typer.Typer) -> None:
                                           devices_per_node, profile)
         schedule = plan_transition(job, cur, tgt, _efficiencies(job, profile))
         if as_json and not execute:
-            out = {"source": "estimated", **schedule_json(schedule)}
+            out = {"source": "estimated", **schedule.to_json_dict()}
             if not schedule.feasible:  # a script reads why from the JSON, not only stderr
                 out["reason"] = schedule.reason
             print(json.dumps(out))
@@ -454,7 +449,7 @@ def register(app: typer.Typer) -> None:
                 console.print(f"wrote {out}")
         if execute and not schedule.primitives:  # no worker to start, nothing to check
             if as_json:
-                print(json.dumps({"source": "estimated", **schedule_json(schedule),
+                print(json.dumps({"source": "estimated", **schedule.to_json_dict(),
                                   "executed": False}))
             else:
                 console.print("nothing to execute: no model-stage changes between the plans")

@@ -14,7 +14,6 @@ GPUs, so training candidates are compared within a layout and GPU count only.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -24,6 +23,7 @@ from nereus.cost.candidate import Candidate, Layout
 from nereus.cost.estimate import HEADROOM
 from nereus.cost.model import CostModel, Evaluation
 from nereus.spec.workflow import Execution, ModelStage, StageKind
+from nereus.spec.workload import divisors
 
 # Sequences per micro-batch considered: a bound on the plan space (assumption). Larger ones add
 # activation memory and pipeline-bubble time; they save only per-message latency of fewer,
@@ -38,13 +38,6 @@ def powers_of_two(limit: int) -> list[int]:
         out.append(v)
         v *= 2
     return out
-
-
-def _divisors(n: int) -> list[int]:
-    """The divisors of ``n`` in increasing order (pairs up to its square root: batches reach a
-    million sequences)."""
-    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
-    return small + [n // d for d in reversed(small) if d * d != n]
 
 
 def enumerate_candidates(cost: CostModel, stage: ModelStage, pool_size: int,
@@ -63,7 +56,7 @@ def enumerate_candidates(cost: CostModel, stage: ModelStage, pool_size: int,
             layout = Layout(tp, pp)
             if cost.layout_problem(stage, layout):
                 continue
-            for dp in _divisors(batch):
+            for dp in divisors(batch):
                 if dp * layout.size > pool_size or dp * pp > groups:
                     break
                 per_replica = batch // dp

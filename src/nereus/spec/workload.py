@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from enum import Enum
 
@@ -45,8 +46,9 @@ def check_count(field: str, v: object, most: int) -> None:
 
 
 def divisors(n: int) -> list[int]:
-    """The divisors of ``n`` >= 1, ascending."""
-    small = [d for d in range(1, int(n**0.5) + 1) if n % d == 0]
+    """The divisors of ``n`` >= 1, ascending (pairs up to its square root: batches reach a
+    million sequences)."""
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
     return small + [n // d for d in reversed(small) if d * d != n]
 
 

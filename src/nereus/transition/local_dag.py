@@ -21,6 +21,7 @@ from nereus.cost.candidate import Layout
 from nereus.plan.types import StagePlan
 from nereus.spec.model import ModelSpec
 from nereus.spec.sharding import layout_problem
+from nereus.spec.workload import divisors
 from nereus.transition.cost import TransitionCost
 from nereus.transition.emu import Emu, emu_id, format_gpus
 from nereus.transition.nesting import common_layout, merge_gpus, nesting_problem, split_gpus
@@ -212,7 +213,7 @@ def _two_hops(current: Sequence[Emu], target: StagePlan, model: ModelSpec,
     lay, tlay = current[0].layout, target.layout
     top = Layout(math.lcm(lay.tp, tlay.tp), math.lcm(lay.pp, tlay.pp))
     room = sum(len(r) for r in target.replicas)
-    mids = [Layout(tp, pp) for tp in _divisors(top.tp) for pp in _divisors(top.pp)
+    mids = [Layout(tp, pp) for tp in divisors(top.tp) for pp in divisors(top.pp)
             if Layout(tp, pp) not in (lay, tlay) and tp * pp <= room]
 
     def score(mid: Layout) -> tuple[int, int]:
@@ -248,10 +249,6 @@ def _two_hops(current: Sequence[Emu], target: StagePlan, model: ModelSpec,
         return LocalDag(target.stage, first.primitives + second.primitives,
                         tuple(sorted(set(edges))), second.final)
     return None
-
-
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
 
 
 def _through(current: Sequence[Emu], target: StagePlan, tgt_units: list[tuple[int, ...]],
