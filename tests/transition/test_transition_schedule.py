@@ -12,8 +12,9 @@ from nereus.cost.state import emu_state_bytes
 from nereus.errors import InputError
 from nereus.plan.types import Plan
 from nereus.transition.calibrate import calibrate_transition
-from nereus.transition.cost import SETUP_S, predict
+from nereus.transition.cost import LOCAL_OP_S, SETUP_S, predict
 from nereus.transition.planner import plan_transition, transition_dag
+from nereus.transition.primitives import Merge
 from nereus.transition.validate import validate
 
 from transition_testlib import example_a, example_b, job8b, sp
@@ -87,7 +88,7 @@ def test_lower_efficiencies_mean_longer_transitions() -> None:
 
 
 TRUE = {OpClass.SETUP: 0.4, OpClass.BROADCAST_INTRA: 0.7, OpClass.BROADCAST_INTER: 0.35,
-        OpClass.ALLGATHER_INTRA: 0.55, OpClass.ALLGATHER_INTER: 0.3}
+        OpClass.ALLGATHER_INTRA: 0.55, OpClass.ALLGATHER_INTER: 0.3, OpClass.COPY: 0.6}
 
 
 def synthetic_times(schedule, noise: float, seed: int = 0) -> list[float]:
@@ -143,15 +144,77 @@ def test_calibration_with_noisy_times_stays_close() -> None:
 
 
 def test_no_link_is_fitted_above_its_datasheet_peak() -> None:
-    """Times ten times faster than the links allow are a mislabelled link or a bad timer: link
-    efficiencies stop at 1 on a datasheet device (set-up has no peak)."""
+    """Times ten times faster than the links and HBM allow are a mislabelled link or a bad
+    timer: link and copy efficiencies stop at 1 on a datasheet device (set-up has no peak)."""
     job = job8b(32)
     cur, tgt = example_a()
     s = plan_transition(job, cur, tgt)
     fast = [p.duration.local_s + 0.1 * (p.seconds - p.duration.local_s) for p in s.primitives]
     fit = calibrate_transition(s, fast)
-    links = {c for p in s.primitives for c, _ in p.duration.ideal if c is not OpClass.SETUP}
-    assert links and all(fit[c] <= 1.0 for c in links)
+    bounded = {c for p in s.primitives for c, _ in p.duration.ideal if c is not OpClass.SETUP}
+    assert OpClass.COPY in bounded and all(fit[c] <= 1.0 for c in bounded)
+
+
+def test_a_merge_is_priced_as_a_copy_at_the_copy_efficiency() -> None:
+    """A Merge reads and writes its largest new shard once at HBM bandwidth: that is its one
+    ideal term (class copy: no set-up, no link), on top of the dispatch constant, and its
+    seconds follow eff[copy]."""
+    job = job8b(32)
+    cur, tgt = example_a()
+    dev = job.cluster.device
+    dag, cost = transition_dag(job, cur, tgt)
+    _, slow = transition_dag(job, cur, tgt, Efficiencies({OpClass.COPY: 0.35}, dev.name))
+    merges = [p for p in dag.primitives if isinstance(p, Merge)]
+    assert merges and not any(p.staged for p in merges)
+    for p in merges:
+        d = cost.duration(p)
+        ((cls, ideal),) = d.ideal
+        assert cls is OpClass.COPY
+        assert ideal == pytest.approx(2 * max(cost.sizes.of(p.output)) / dev.hbm_bw)
+        assert d.local_s == LOCAL_OP_S
+        assert d.seconds == pytest.approx(LOCAL_OP_S + ideal / cost.eff[OpClass.COPY])
+        assert slow.seconds(p) == pytest.approx(LOCAL_OP_S + ideal / 0.35)
+        assert predict(dict(d.ideal), d.local_s, slow.eff) == pytest.approx(slow.seconds(p))
+
+
+def test_seconds_is_the_durations_seconds_for_every_primitive() -> None:
+    """What the scheduler reads (``seconds``) is what the breakdown adds up to, for all four
+    primitives, staged or not, and ``predict`` rebuilds it from the breakdown."""
+    staged = (Plan((sp("actor_train", 2, 2, [range(8, 12), range(12, 16)]),)),
+              Plan((sp("actor_train", 4, 1, [range(8, 12), range(12, 16), range(16, 20),
+                                             range(20, 24)]),)))
+    seen = set()
+    for job, (cur, tgt) in ((job8b(32), example_a()), (job8b(32), example_b()),
+                            (job8b(24), staged)):
+        dag, cost = transition_dag(job, cur, tgt)
+        for p in dag.primitives:
+            d = cost.duration(p)
+            assert cost.seconds(p) == d.seconds
+            assert predict(dict(d.ideal), d.local_s, cost.eff) == pytest.approx(d.seconds)
+            seen.add((p.op, p.staged))
+    assert {("Split", False), ("Split", True), ("Merge", False), ("Merge", True),
+            ("Extend", False), ("Destroy", False)} <= seen
+
+
+def test_calibration_fits_the_copy_efficiency_from_merge_times() -> None:
+    """Merges measured at 1.5x their estimate: the fitted copy efficiency reproduces those
+    times, whether the Merges are calibrated alone (rows with a copy term only, no set-up) or
+    with the schedule's other primitives at their estimates (which keep their classes)."""
+    job = job8b(32)
+    cur, tgt = example_a()
+    s = plan_transition(job, cur, tgt)
+    merges = {p.index: 1.5 * p.seconds for p in s.primitives if p.op == "Merge"}
+    assert merges
+    everything = [merges.get(p.index, p.seconds) for p in s.primitives]
+    for measured in (merges, everything):
+        fit = calibrate_transition(s, measured)
+        assert fit[OpClass.COPY] < s.efficiencies[OpClass.COPY]
+        again = plan_transition(job, cur, tgt, fit)
+        for p, q in zip(s.primitives, again.primitives):
+            assert q.op == p.op and q.gpus == p.gpus
+            want = merges.get(p.index, p.seconds)
+            assert q.seconds == pytest.approx(want, rel=1e-3)
+    assert set(calibrate_transition(s, merges).measured()) == {OpClass.COPY}
 
 
 def test_planning_is_deterministic() -> None:

@@ -25,6 +25,11 @@ from nereus.files import read_json, validate
 # HBM-bound kernels ~60-80 % of datasheet bandwidth; NCCL bus bandwidth ~70-80 % of link peak
 # intra-node and ~60-70 % inter-node in nccl-tests. We start below those figures so that an
 # uncalibrated plan is not optimistic about what it has never measured.
+# Copies of state into a new shard (a transition's Merge, read + write at HBM bandwidth): plain
+# device-to-device copies, as STREAM-style copy kernels (BabelStream's Copy) measure, are
+# commonly reported at roughly 80-90 % of datasheet HBM bandwidth on data-center GPUs -- an
+# assumption here, not measured by this project; a Merge cuts tensor by tensor (many copies,
+# some strided) into freshly allocated memory, so it starts below that, at 0.70.
 DEFAULT_EFFICIENCY: Mapping[OpClass, float] = {
     OpClass.GEMM: 0.45,
     OpClass.ATTENTION: 0.30,
@@ -32,6 +37,7 @@ DEFAULT_EFFICIENCY: Mapping[OpClass, float] = {
     OpClass.OPTIMIZER: 0.50,
     OpClass.HOST: 0.60,
     OpClass.SETUP: 1.0,
+    OpClass.COPY: 0.70,
 }
 DEFAULT_COMM_EFFICIENCY_INTRA = 0.60
 DEFAULT_COMM_EFFICIENCY_INTER = 0.50
@@ -68,9 +74,10 @@ _NO_PEAK = frozenset({OpClass.SETUP, OpClass.LATENCY_INTRA, OpClass.LATENCY_INTE
 
 
 def peak_bound(cls: OpClass, device: str) -> float:
-    """The largest efficiency ``cls`` can have on ``device``: 1 (the datasheet peak), or no
-    bound on the cpu device (its peaks are guesses a measurement may beat) and for set-up and
-    latency (estimates, not peaks). Profiles, fits and scenarios all hold to it."""
+    """The largest efficiency ``cls`` can have on ``device``: 1 (the datasheet peak: a link's
+    bandwidth, the HBM bandwidth for the memory-bound classes copy, decode and optimizer, ...),
+    or no bound on the cpu device (its peaks are guesses a measurement may beat) and for set-up
+    and latency (estimates, not peaks). Profiles, fits and scenarios all hold to it."""
     return math.inf if device == "cpu" or cls in _NO_PEAK else 1.0
 
 

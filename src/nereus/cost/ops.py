@@ -28,6 +28,8 @@ class OpClass(str, Enum):
     LATENCY_INTER = "latency.inter"      # per-step latency across nodes
     HOST = "host"                        # device <-> host copies (offload and reload)
     SETUP = "setup"                      # communicator creation (rendezvous + init)
+    COPY = "copy"                        # on-device copies of state into a new shard (Merge),
+                                         # HBM-bound
 
     @property
     def is_comm(self) -> bool:

@@ -72,7 +72,9 @@ GB = 1e9
 # inside the ranges public measurements report and away from the defaults (which start low on
 # purpose): dense GEMMs 50-60 % of peak (Megatron-LM reports ~50 % MFU at scale), NVLink
 # collectives 70-80 % of link peak and the network 40-50 % (nccl-tests bus bandwidth), decode
-# 70 % of HBM bandwidth; communicator set-up twice the transition layer's 0.1 s estimate.
+# 70 % of HBM bandwidth; communicator set-up twice the transition layer's 0.1 s estimate; a
+# Merge's on-device copy 85 % of HBM bandwidth (STREAM-style copies: ≈ 80-90 %, see
+# nereus.cost.efficiency).
 HIDDEN_EFFICIENCY: Mapping[OpClass, float] = {
     OpClass.GEMM: 0.55, OpClass.ATTENTION: 0.40, OpClass.DECODE: 0.70,
     OpClass.OPTIMIZER: 0.65, OpClass.HOST: 0.75,
@@ -80,7 +82,7 @@ HIDDEN_EFFICIENCY: Mapping[OpClass, float] = {
     OpClass.ALLGATHER_INTRA: 0.75, OpClass.ALLGATHER_INTER: 0.45,
     OpClass.P2P_INTRA: 0.70, OpClass.P2P_INTER: 0.45,
     OpClass.BROADCAST_INTRA: 0.70, OpClass.BROADCAST_INTER: 0.45,
-    OpClass.SETUP: 0.50,
+    OpClass.SETUP: 0.50, OpClass.COPY: 0.85,
 }
 
 # The paper's default workload (lead's examples/llama-3.1-8b-ppo.yaml): Llama-3.1-8B, PPO,

@@ -1,11 +1,14 @@
-"""Fit the transition's set-up and bandwidth efficiencies from measured primitive times.
+"""Fit the transition's set-up, copy and bandwidth efficiencies from measured primitive times.
 
 A Split or Extend is predicted as ``setup / e_setup + ideal_c / e_c`` where c is its slowest
-link class; the times are linear in the inverse efficiencies ``x = 1 / e`` once each
-measurement's bottleneck class is known. We alternate: assign bottlenecks under the current
-``x``, solve a non-negative least-squares problem in relative error (a small pull toward the
-schedule's efficiencies keeps classes the data cannot separate where they were), repeat until
-the assignment stops changing. Merge and Destroy are local and have no class to fit.
+link class, a Merge as ``copy / e_copy`` (its on-device copy; no set-up, no link); the local
+part (dispatch, a staged primitive's host copies) is taken off the measured time first. The
+times are linear in the inverse efficiencies ``x = 1 / e`` once each measurement's bottleneck
+link class is known (set-up and copy add, so they need no assignment). We alternate: assign
+bottlenecks under the current ``x``, solve a non-negative least-squares problem in relative
+error (a small pull toward the schedule's efficiencies keeps classes the data cannot separate
+where they were), repeat until the assignment stops changing. Destroy is local alone and has
+no class to fit.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import numpy as np
 from nereus.cost.efficiency import Efficiencies, peak_bound
 from nereus.cost.ops import OpClass
 from nereus.errors import InputError
+from nereus.transition.cost import SERIAL_CLASSES
 from nereus.transition.schedule import Schedule
 
 RIDGE = 1e-3  # pull toward the prior (relative units, against one measurement of weight 1)
@@ -48,7 +52,8 @@ def calibrate_transition(schedule: Schedule,
 
     ``measured_s_per_primitive[i]`` is the measured time of ``schedule.primitives[i]`` (a
     sequence in schedule order, or a mapping by index; None or missing entries are skipped).
-    Returns the schedule's efficiencies with ``setup`` and the link classes seen updated.
+    Returns the schedule's efficiencies with the classes seen (``setup``, ``copy``, link
+    classes) updated.
     """
     prims = schedule.primitives
     if isinstance(measured_s_per_primitive, Mapping):
@@ -68,7 +73,7 @@ def calibrate_transition(schedule: Schedule,
             raise InputError(f"measured[{i}]", f"must be > 0, got {m}")
         d = prims[i].duration
         if not d.ideal:
-            continue  # local primitive: nothing to fit
+            continue  # Destroy: local alone, nothing to fit
         rows.append((dict(d.ideal), float(m) - d.local_s))
     if not rows:
         return schedule.efficiencies
@@ -77,8 +82,8 @@ def calibrate_transition(schedule: Schedule,
     col = {c: j for j, c in enumerate(classes)}
     x0 = np.array([1.0 / prior[c] for c in classes])
     x = x0.copy()
-    # no link beats its datasheet peak: a link class fitted above 1 is a mislabelled link or a
-    # bad timer, so its inverse efficiency stops at 1 (the cpu preset's peaks are guesses, and
+    # no link or copy beats its datasheet peak: a class fitted above 1 is a mislabelled link or
+    # a bad timer, so its inverse efficiency stops at 1 (the cpu preset's peaks are guesses, and
     # set-up has no peak: those only stay positive)
     floor = np.array([max(1.0 / peak_bound(c, prior.device), x0[j] * 1e-3)
                       for j, c in enumerate(classes)])
@@ -86,7 +91,7 @@ def calibrate_transition(schedule: Schedule,
     for _ in range(20):
         new_assign: list[OpClass | None] = []
         for ideal, _ in rows:
-            links = [(v * x[col[c]], c) for c, v in ideal.items() if c is not OpClass.SETUP]
+            links = [(v * x[col[c]], c) for c, v in ideal.items() if c not in SERIAL_CLASSES]
             new_assign.append(max(links, key=lambda t: (t[0], t[1].value))[1] if links else None)
         if new_assign == assign:
             break
@@ -95,8 +100,8 @@ def calibrate_transition(schedule: Schedule,
         b = np.zeros(len(rows) + len(classes))
         for r, ((ideal, m), c) in enumerate(zip(rows, assign)):
             w = 1.0 / max(m, 1e-12)
-            if OpClass.SETUP in ideal:
-                a[r, col[OpClass.SETUP]] = ideal[OpClass.SETUP] * w
+            for s_cls in SERIAL_CLASSES & ideal.keys():  # set-up, copy: they add
+                a[r, col[s_cls]] = ideal[s_cls] * w
             if c is not None:
                 a[r, col[c]] = ideal[c] * w
             b[r] = m * w

@@ -1,16 +1,20 @@
 """How long one primitive takes: communicator set-up plus bytes over the links it crosses.
 
-``seconds = setup_s / eff[setup] + max over op classes c of (ideal_c / eff[c]) + local_s``.
+``seconds = setup_s / eff[setup] + copy_s / eff[copy] + max over link classes c of
+(ideal_c / eff[c]) + local_s``.
 Set-up is one round of communicator creation (rendezvous + init): every GPU of Split or Extend
 joins exactly one new communicator (its all-gather group, its rank pair), and they are created
 side by side. A link's ideal time is bytes over the per-direction bandwidth of that link (NVLink
 or equivalent when both GPUs sit on one node, the network otherwise) plus per-hop latency; a
 GPU's bytes on one link add up, so transfers sharing a link divide its bandwidth. Primitives
 that touch one GPU never overlap in a schedule, so links are shared only inside a primitive.
-Merge and Destroy are local: a dispatch constant plus memory-bound slicing at HBM bandwidth.
+Merge and Destroy are local. A Merge copies the new shard out of the replica on the device:
+its ideal copy time is the largest new shard read and written once at HBM bandwidth (the
+``copy`` class, calibrated like the link classes; it has no set-up), plus a dispatch constant.
+Destroy is the dispatch constant alone.
 A Split or Merge staged through host memory adds its host copies (out, then in) at the device's
 host-link bandwidth; they come before and after its transfers, so they add, and they are kept
-with the uncalibrated local part.
+with the uncalibrated local part (with the dispatch constant).
 
 The ideal seconds per op class are kept with each duration so measured times can calibrate the
 efficiencies (``nereus.transition.calibrate``).
@@ -44,17 +48,22 @@ SETUP_S: Mapping[str, float] = {
 }
 DEFAULT_SETUP_S = 0.10
 
-# Local work of Merge and Destroy, seconds: Python dispatch in the worker and allocator release.
-# An assumption (not calibrated: no op class covers it); small next to any set-up.
+# Local work of Merge and Destroy besides a Merge's copy, seconds: Python dispatch in the worker
+# and allocator release. An assumption (not calibrated: no op class covers it); small next to
+# any set-up.
 LOCAL_OP_S = 1e-3
+
+# Op classes whose time adds to a primitive's rather than overlapping its link transfers: the
+# communicators are created before anything is sent, and a Merge's copy is the whole Merge.
+SERIAL_CLASSES = frozenset({OpClass.SETUP, OpClass.COPY})
 
 
 @dataclass(frozen=True)
 class Duration:
     """Predicted seconds of one primitive and where they come from.
 
-    ``ideal``: seconds at peak per op class (``setup``, and for a transfer the slowest GPU of
-    each link class); ``local_s``: the uncalibrated local part.
+    ``ideal``: seconds at peak per op class (``setup``, for a transfer the slowest GPU of each
+    link class, for a Merge its ``copy``); ``local_s``: the uncalibrated local part.
     """
 
     seconds: float
@@ -64,10 +73,10 @@ class Duration:
 
 
 def predict(ideal: Mapping[OpClass, float], local_s: float, eff: Efficiencies) -> float:
-    """Seconds from ideal seconds per class: set-up adds, link classes overlap (max)."""
-    setup = ideal.get(OpClass.SETUP, 0.0) / eff[OpClass.SETUP]
-    comm = max((v / eff[c] for c, v in ideal.items() if c is not OpClass.SETUP), default=0.0)
-    return setup + comm + local_s
+    """Seconds from ideal seconds per class: set-up and copy add, link classes overlap (max)."""
+    serial = sum(v / eff[c] for c, v in ideal.items() if c in SERIAL_CLASSES)
+    comm = max((v / eff[c] for c, v in ideal.items() if c not in SERIAL_CLASSES), default=0.0)
+    return serial + comm + local_s
 
 
 class TransitionCost:
@@ -113,9 +122,12 @@ class TransitionCost:
             host = self._host_s(p) if p.staged else 0.0
             return Duration(self._comm_s(terms) + host,
                             (*terms, (OpClass.SETUP, self.setup_ideal_s)), host)
-        if kind is Merge or kind is Destroy:
-            local = self.seconds(p)
-            return Duration(local, (), local)
+        if kind is Merge:
+            local = LOCAL_OP_S + self._host_s(p) if p.staged else LOCAL_OP_S
+            copy = self._copy_ideal(p)  # type: ignore[arg-type]
+            return Duration(self.seconds(p), ((OpClass.COPY, copy),), local)
+        if kind is Destroy:
+            return Duration(LOCAL_OP_S, (), LOCAL_OP_S)
         raise TypeError(f"not a primitive: {p!r}")
 
     def seconds(self, p: Primitive) -> float:
@@ -127,12 +139,15 @@ class TransitionCost:
             t = self._comm_s(self._split_terms(p))  # type: ignore[arg-type]
             return t + self._host_s(p) if p.staged else t
         if kind is Merge:
-            new = self.sizes.of(p.output)  # type: ignore[union-attr]
-            t = LOCAL_OP_S + 2 * max(new) / self.device.hbm_bw  # read + write the new shard
+            t = LOCAL_OP_S + self._copy_ideal(p) / self._eff[OpClass.COPY]  # type: ignore[arg-type]
             return t + self._host_s(p) if p.staged else t
         if kind is Destroy:
             return LOCAL_OP_S
         raise TypeError(f"not a primitive: {p!r}")
+
+    def _copy_ideal(self, p: Merge) -> float:
+        """A Merge's copy at peak: the GPU with the largest new shard reads and writes it once."""
+        return 2 * max(self.sizes.of(p.output)) / self.device.hbm_bw
 
     def _host_s(self, p: Split | Merge) -> float:
         """Seconds of a staged primitive's host copies: the GPU with the most bytes sets it."""
