@@ -291,7 +291,9 @@ def test_the_payback_rule_counts_the_node_loss_risk_on_both_sides(job, plans):
     r = d.reasons
     assert [t.signal for t in r.triggers] == ["response_len"]
     assert r.current_risk_s > 0 and r.target_risk_s == 0.0
-    assert r.target_step_s >= r.current_step_s  # not faster: only the risk repays the move
+    # the risk repays the move: the spread target is at most a little faster (its weight sync
+    # finds every generation GPU on a node with training GPUs)
+    assert r.current_risk_s > 100 * max(0.0, r.current_step_s - r.target_step_s)
     assert d.action is Action.MOVE and exposed_fraction(d.plan, job.cluster) == 0.0
     assert r.delta_l_s == pytest.approx(r.current_step_s + r.current_risk_s
                                         - r.target_step_s - r.target_risk_s)

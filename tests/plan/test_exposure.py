@@ -57,8 +57,10 @@ def test_the_spread_plan_survives_any_one_node_and_is_valid(job):
     assert all(v == () for v in exposed_by_node(spread, job.cluster).values())
     assert all(sp.candidate.dp >= 2 for sp in spread.stages)
     assert validate_plan(job, spread) == []
-    # a constraint can only cost time
-    assert spread.step_latency_s >= plain.step_latency_s - 1e-9
+    # a constraint can only cost time, but for the weight sync: replicas over nodes can put
+    # every generation GPU on a node with training GPUs (the node fabric, not the network)
+    assert spread.step_latency_s - spread.terms["weight_sync"] >= \
+        plain.step_latency_s - plain.terms["weight_sync"] - 1e-9
 
 
 def test_spread_changes_nothing_on_one_node(job):

@@ -7,6 +7,7 @@ import random
 from dataclasses import replace
 
 import pytest
+from plan_testlib import searched_latency
 
 from nereus.cost.candidate import Candidate, Layout
 from nereus.cost.efficiency import Efficiencies
@@ -16,7 +17,9 @@ from nereus.errors import InfeasibleError
 from nereus.plan.bruteforce import brute_force_latency
 from nereus.plan.candidates import enumerate_candidates
 from nereus.plan.evaluate import StageLayoutSpec, evaluate_plan
+from nereus.plan.placement import GroupAssignment, place_phase
 from nereus.plan.search import Planner
+from nereus.plan.types import weight_sync_estimate
 from nereus.spec import parse_job
 
 
@@ -107,8 +110,68 @@ def test_search_equals_brute_force_when_the_sync_depends_on_training_gpus(seed, 
             continue
         expected = brute_force_latency(job, cost)
         try:
-            got = Planner(job, cost=CostModel(job, eff)).best().step_latency_s
+            got = searched_latency(job, Planner(job, cost=CostModel(job, eff)).best(), cost)
         except InfeasibleError:
             got = math.inf
         cases += 1
         assert (got == expected == math.inf) or got == pytest.approx(expected, rel=1e-9)
+
+
+def _ppo_8b(gpus: int, response_len: int):
+    return parse_job({"model": "llama-3.1-8b", "algo": "ppo", "gpus": gpus,
+                      "workload": {"response_len": response_len,
+                                   "response_len_max": response_len}})
+
+
+@pytest.mark.parametrize("gpus", [12, 24, 48])
+def test_generation_is_placed_on_the_training_gpus_first(gpus):
+    """8B PPO on nodes of 8 (24 GPUs once put actor training on GPUs 8-23 and generation on
+    0-15, so half the generation GPUs pulled their shard over the network while the plan was
+    priced as if they held it): the placed receivers are the ones the search priced."""
+    job = _ppo_8b(gpus, 2048)
+    cost = CostModel(job)
+    plan = Planner(job, cost=cost).best()
+    t, g = plan.stage("actor_train"), plan.stage("actor_gen")
+    tr = {i for r in t.replicas for i in r}
+    ge = {i for r in g.replicas for i in r}
+    assert tr <= ge or ge <= tr
+    assert cost.placed_sync_receivers(t.replicas, g.replicas) == \
+        cost.sync_receivers(len(tr), len(ge))
+    assert plan.terms["weight_sync"] == cost.weight_sync(t.candidate, g.candidate).latency_s
+
+
+def test_a_plan_prices_its_sync_as_placed():
+    """Qwen3-14B GRPO on 20 GPUs, nodes of 8, 8 and 4: actor training (tp=4, pp=4) needs 16
+    GPUs, so it takes the 4-GPU node and 12 of the others; generation (two replicas of a whole
+    node each) can hold only 12 of training's GPUs. The count model priced all 16 as holding
+    a shard; the plan prices what its GPU ids say (4 receive their whole shard over the
+    node's fabric), and its step latency includes it."""
+    job = parse_job({"model": "qwen3-14b", "algo": "grpo", "gpus": 20,
+                     "workload": {"prompts_per_step": 64, "responses_per_prompt": 8,
+                                  "prompt_len": 512, "response_len": 512,
+                                  "response_len_max": 512, "ppo_mini_batches": 4}})
+    cost = CostModel(job)
+    plan = Planner(job, cost=cost).best()
+    t, g = plan.stage("actor_train"), plan.stage("actor_gen")
+    placed = cost.placed_sync_receivers(t.replicas, g.replicas)
+    assert placed == (12, 4, 0) and cost.sync_receivers(t.candidate.gpus, g.candidate.gpus) \
+        == (16, 0, 0)
+    sync = weight_sync_estimate(cost, t, g).latency_s
+    counted = cost.weight_sync(t.candidate, g.candidate).latency_s
+    assert plan.terms["weight_sync"] == sync > counted
+    assert plan.step_latency_s == pytest.approx(searched_latency(job, plan, cost) + sync
+                                                - counted, rel=1e-12)
+
+
+def test_placement_takes_the_preferred_gpus_first_and_then_their_nodes():
+    """Training on GPUs 4-7 and 8-11 of three nodes of 8: generation of 12 GPUs (chunks of 4)
+    takes those 8 first, then 4 more on their nodes, none on the third."""
+    job = parse_job({"model": "llama-3.1-8b", "algo": "ppo", "gpus": 24})
+    gen = [GroupAssignment(("actor_gen",), (Candidate(Layout(4, 1), 3, 1, 1),))]
+    prefer = {"actor_gen": (4, 5, 6, 7, 8, 9, 10, 11)}
+    placed = place_phase(job.pool, gen, prefer=prefer)["actor_gen"]
+    ids = [i for r in placed for i in r]
+    assert set(prefer["actor_gen"]) <= set(ids) and len(ids) == 12
+    assert all(i < 16 for i in ids)  # nodes 0 and 1 only
+    assert place_phase(job.pool, gen)["actor_gen"] == place_phase(job.pool, gen, prefer={})[
+        "actor_gen"]  # no preference: as before

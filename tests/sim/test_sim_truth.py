@@ -24,13 +24,12 @@ def test_a_cached_cost_model_is_not_reused_for_a_pool_that_spans_more_nodes():
     assert fresh.sync_s > alone.sync_s  # over the network, not NVLink
 
 
-def test_the_truth_prices_the_weight_sync_from_the_candidates_and_the_pools_node_shares():
+def test_the_truth_prices_the_weight_sync_as_placed_on_each_pool():
     """A synchronous sync into generation GPUs beyond training's is priced by where they sit:
     on a node with training GPUs (NVLink) or not (network). Pools of 16 with 7, 7, 2 and with
-    7, 4, 4, 1 GPUs per node both have nodes of 7 and span nodes, yet 12 generation GPUs over 8
-    training ones all share training's nodes in the first and not in the second: the truth's
-    model cache must tell them apart, and price from the candidates (the bare layouts gave
-    the colocated price for both)."""
+    7, 4, 4, 1 GPUs per node both have nodes of 7 and span nodes, yet 12 generation GPUs laid
+    over 8 training ones all share training's nodes in the first and not in the second: the
+    truth's model cache must tell the pools apart, and price the plan's GPU ids."""
     from nereus.cost.model import CostModel
     from nereus.plan.evaluate import StageLayoutSpec, evaluate_plan
 
@@ -40,16 +39,18 @@ def test_the_truth_prices_the_weight_sync_from_the_candidates_and_the_pools_node
     even = (*range(7), *range(8, 15), 16, 17)
     ragged = (*range(7), *range(8, 12), *range(16, 20), 24)
     truth = Truth(job, eff, DriftTrace(), 0.0)
-    at = truth.job_at(even, 1000, 1500)
     wide, narrow = StageLayoutSpec(4, 1, 3), StageLayoutSpec(4, 1, 2)
     specs = {s.name: narrow if s.phase.value == "training" else wide
              for s in job.workflow.stages}
-    plan = evaluate_plan(at, specs, CostModel(at, eff))
-    first = truth.price(plan, even, 0, 1000, 1500)
-    second = truth.price(plan, ragged, 0, 1000, 1500)
-    for pool, got in ((even, first), (ragged, second)):
-        cost = CostModel(truth.job_at(pool, 1000, 1500), eff)
-        want = cost.weight_sync(plan.stage("actor_train").candidate,
-                                plan.stage("actor_gen").candidate).latency_s
-        assert got.sync_s == want
+    got = []
+    for pool in (even, ragged):
+        at = truth.job_at(pool, 1000, 1500)
+        cost = CostModel(at, eff)
+        plan = evaluate_plan(at, specs, cost)
+        got.append(truth.price(plan, pool, 0, 1000, 1500))
+        t, g = plan.stage("actor_train"), plan.stage("actor_gen")
+        rec = cost.placed_sync_receivers(t.replicas, g.replicas)
+        assert rec is not None and sum(rec) == 12 and rec.colocated == 8
+        assert got[-1].sync_s == cost.weight_sync(t.candidate, g.candidate, rec).latency_s
+    first, second = got
     assert second.sync_s > first.sync_s  # 1 of the 4 extra GPUs receives over the network

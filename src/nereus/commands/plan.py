@@ -23,7 +23,7 @@ from nereus.plan.candidates import frontier
 from nereus.plan.evaluate import StageLayoutSpec, evaluate_plan, layout_spec_from_data
 from nereus.plan.exposure import exposed_by_node, spans_nodes
 from nereus.plan.search import Planner
-from nereus.plan.types import Plan, idle_bytes
+from nereus.plan.types import Plan, idle_bytes, weight_sync_estimate
 from nereus.plan.validate import validate_plan
 from nereus.spec.job import JobSpec
 
@@ -121,9 +121,9 @@ def sync_explain(cost: CostModel, plan: Plan, train: str, gen: str) -> str:
     stage's peak), so its header names the two layouts and its memory line says so, instead
     of a candidate ``b=1 a=1``, a peak of 0.00 GiB and an empty memory section."""
     t, g = plan.stage(train), plan.stage(gen)
-    # the candidates, not the layouts: their GPU counts say which generation GPUs hold no
-    # training shard, as the plan's own weight_sync term prices them
-    est = cost.weight_sync(t.candidate, g.candidate)
+    # as placed: the GPU ids say which generation GPUs hold no training shard, as the plan's
+    # own weight_sync term prices them
+    est = weight_sync_estimate(cost, t, g)
     lines = est.explain().splitlines()
     head = (f"weight sync {train} [tp={t.tp} pp={t.pp}] -> {gen} [tp={g.tp} pp={g.pp}]: "
             f"{est.latency_s:.3f} s per step ({est.source})")

@@ -23,7 +23,7 @@ from nereus.cost.model import CostModel
 from nereus.errors import InputError
 from nereus.plan.evaluate import StageLayoutSpec, evaluate_plan
 from nereus.plan.overlap import critical_path, overlap_graph
-from nereus.plan.types import Plan, StagePlan, idle_bytes
+from nereus.plan.types import Plan, StagePlan, idle_bytes, weight_sync_estimate
 from nereus.spec.job import JobSpec
 from nereus.spec.workflow import Execution, Phase
 
@@ -165,10 +165,9 @@ def reprice(job: JobSpec, cost: CostModel, plan: Plan) -> Priced:
         stages.append(StagePlan(sp.stage, sp.candidate, sp.replicas, est.latency_s,
                                 est.peak_mem_bytes))
     sync = wf.weight_sync()
-    # the candidates, not bare layouts: a synchronous sync prices the generation GPUs beyond
-    # training's (they hold no training shard) as the planner and ``evaluate_plan`` do
-    sync_s = cost.weight_sync(plan.stage(sync[0]).candidate, plan.stage(sync[1]).candidate
-                              ).latency_s if sync else 0.0
+    # as placed: the generation GPUs that hold no training shard receive their whole shard
+    sync_s = weight_sync_estimate(cost, plan.stage(sync[0]), plan.stage(sync[1])).latency_s \
+        if sync else 0.0
     groups = [*plan.groups, *[(s.stage,) for s in plan.stages
                               if not any(s.stage in g for g in plan.groups)]]
     step, _ = critical_path(overlap_graph(wf, groups, lat, sync_s))

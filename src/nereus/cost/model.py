@@ -24,7 +24,7 @@ Modelling choices (each is stated where it is used):
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
@@ -236,7 +236,8 @@ class CostModel:
                         int(ev.resident[i]), self.device.memory_bytes,
                         self._notes(ev.stage, ev.candidates[i], memory))
 
-    def weight_sync(self, train: Layout | Candidate, gen: Layout | Candidate) -> Estimate:
+    def weight_sync(self, train: Layout | Candidate, gen: Layout | Candidate,
+                    receivers: SyncReceivers | None = None) -> Estimate:
         """Per-step resharding of the actor's weights from its training to its generation layout.
 
         Synchronous execution colocates the two stages (the phases take turns on the pool) with
@@ -248,22 +249,30 @@ class CostModel:
         fabric if they sit on a node with training GPUs, over the network if not
         (``sync_receivers``). The receivers work in parallel, so the sync takes as long as its
         slowest kind of receiver. The GPU counts come from candidates; given bare layouts, every
-        generation GPU is taken to hold a training shard.
+        generation GPU is taken to hold a training shard. A placed plan passes ``receivers``
+        as its GPU ids have them (``placed_sync_receivers``).
 
         Asynchronous execution runs generation on GPUs disjoint from training (``plan.validate``
         checks it), so nothing is local: each generation GPU receives its whole shard,
         1/(tp_g pp_g) of the weights, over the network unless the whole pool sits in one node.
 
-        The estimate depends on the two layouts, the two GPU counts and the job (its execution
-        mode and pool), never on where the stages are placed, so the search can price it per
-        (layout, GPU count) pair. Communicators for it are created once per pair, not per step.
+        Without ``receivers`` the estimate depends on the two layouts, the two GPU counts and
+        the job (its execution mode and pool), not on where the stages are placed, so the
+        search can price it per (layout, GPU count) pair; placement puts generation on the
+        training GPUs first so that it runs as priced, where the pool lets it. Communicators
+        for it are created once per pair, not per step.
         """
         lt, t = _layout_and_gpus(train)
         lg, g = _layout_and_gpus(gen)
         parts = self.weight_sync_parts(lt, lg)
-        if self.job.workflow.execution is Execution.ASYNC or t is None or g is None:
+        if self.job.workflow.execution is Execution.ASYNC:
             return parts[0]
-        rec = self.sync_receivers(t, g)
+        if receivers is not None:
+            rec, g = receivers, sum(receivers)
+        elif t is None or g is None:
+            return parts[0]
+        else:
+            rec = self.sync_receivers(t, g)
         present = [(n, e) for n, e in zip(rec, parts) if n > 0]
         worst = max(present, key=lambda ne: ne[1].latency_s)[1]  # first of equals
         if rec.colocated == g:
@@ -290,6 +299,20 @@ class CostModel:
             room = max(train_gpus, self.job.pool.size)
         on_node = max(0, min(gen_gpus, room) - colocated)
         return SyncReceivers(colocated, on_node, gen_gpus - colocated - on_node)
+
+    def placed_sync_receivers(self, train: Iterable[Sequence[int]],
+                              gen: Iterable[Sequence[int]]) -> SyncReceivers | None:
+        """``SyncReceivers`` of placed replicas (GPU ids): generation GPUs among the training
+        GPUs, on a node with one, elsewhere. None if either stage has no GPU ids."""
+        t = {i for r in train for i in r}
+        g = {i for r in gen for i in r}
+        if not t or not g:
+            return None
+        node = self.job.cluster.node_of
+        nodes = {node(i) for i in t}
+        colocated = len(g & t)
+        on_node = sum(1 for i in g - t if node(i) in nodes)
+        return SyncReceivers(colocated, on_node, len(g) - colocated - on_node)
 
     def _node_room(self) -> tuple[int, ...]:
         """GPUs of the pool on its k fullest nodes, k = 1, 2, ... (cumulative)."""

@@ -30,6 +30,7 @@ from nereus.plan.types import (
     StagePlan,
     contiguous_replicas,
     replica_problem,
+    weight_sync_estimate,
 )
 from nereus.spec.job import JobSpec
 from nereus.spec.sharding import layout_problem
@@ -243,7 +244,9 @@ def evaluate_plan(job: JobSpec, specs: Mapping[str, StageLayoutSpec],
         latency[name] = est.latency_s
         stage_plans.append(StagePlan(name, c, replicas[name], est.latency_s, est.peak_mem_bytes))
     sync = wf.weight_sync()
-    sync_s = cost.weight_sync(cands[sync[0]], cands[sync[1]]).latency_s if sync else 0.0
+    by_name = {sp.stage: sp for sp in stage_plans}
+    sync_s = weight_sync_estimate(cost, by_name[sync[0]], by_name[sync[1]]).latency_s \
+        if sync else 0.0
     step, _ = critical_path(overlap_graph(wf, groups, latency, sync_s))
     terms: dict[str, float] = {}
     for phase in wf.phases:

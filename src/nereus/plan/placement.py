@@ -10,11 +10,16 @@ Chunks go to the node with the fewest free GPUs that still holds them (best fit:
 nodes free for later groups). ``spread`` instead sends each chunk to the node with the most
 free GPUs, so the replicas of a stage land on different nodes where the pool allows it and
 losing one node leaves a copy of its state (``nereus.plan.exposure`` checks the result).
+
+A stage may prefer GPUs: synchronous generation takes the GPUs of the training stage it
+receives weights from first, then the rest of their nodes, then other nodes (HybridFlow's rank
+mapping, which ``CostModel.sync_receivers`` prices), so the weight sync a plan was priced with
+is the one its placement runs.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from nereus.cost.candidate import Candidate
@@ -57,17 +62,29 @@ def _chunk_unit(group: GroupAssignment, node_size: int) -> int:
 
 
 def _take(node_free: dict[int, list[int]], total: int, unit: int, what: str,
-          spread: bool = False) -> list[int]:
+          spread: bool = False, prefer: frozenset[int] = frozenset()) -> list[int]:
     """``total`` GPUs as node-contained chunks (best fit, or worst fit to ``spread``); a chunk
-    spans nodes only if it must."""
+    spans nodes only if it must. With ``prefer``, a chunk goes where it takes the most preferred
+    GPUs, then to a node that had any, and takes those GPUs first."""
     ids: list[int] = []
+    sign = -1 if spread else 1
+    near = {n for n, free in node_free.items() if prefer.intersection(free)}
     for size in _chunk_sizes(total, unit):
         fits = [n for n, free in node_free.items() if len(free) >= size]
         if fits:
-            sign = -1 if spread else 1
-            n = min(fits, key=lambda k: (sign * len(node_free[k]), k))
-            ids += node_free[n][:size]
-            node_free[n] = node_free[n][size:]
+            def rank(k: int, size: int = size) -> tuple[int, bool, int, int]:
+                hits = sum(g in prefer for g in node_free[k]) if prefer else 0
+                return -min(size, hits), k not in near, sign * len(node_free[k]), k
+            n = min(fits, key=rank)
+            free = node_free[n]
+            if prefer:  # preferred GPUs first, each part in node order
+                took = ([g for g in free if g in prefer] + [g for g in free if g not in prefer]
+                        )[:size]
+                ids += took
+                node_free[n] = [g for g in free if g not in took]
+                continue
+            ids += free[:size]
+            node_free[n] = free[size:]
             continue
         for n in sorted(node_free, key=lambda k: -len(node_free[k])):  # span nodes
             take = min(size, len(node_free[n]))
@@ -102,18 +119,26 @@ def split_pool(pool: GpuPool, parts: Sequence[tuple[int, int]], spread: bool = F
     return [GpuPool(pool.cluster, tuple(out[i])) if out[i] else pool for i in range(len(parts))]
 
 
-def place_phase(pool: GpuPool, groups: Sequence[GroupAssignment], spread: bool = False
+def place_phase(pool: GpuPool, groups: Sequence[GroupAssignment], spread: bool = False,
+                prefer: Mapping[str, Iterable[int]] | None = None
                 ) -> dict[str, list[tuple[int, ...]]]:
     """GPU ids per replica for every stage of one phase; raises if the pool is too small.
-    ``spread``: chunks go to the emptiest node (replicas over nodes) instead of best fit."""
+    ``spread``: chunks go to the emptiest node (replicas over nodes) instead of best fit.
+    ``prefer``: GPUs a stage's group takes first (that group is placed first)."""
     free = _free(pool)
     node_size = max(len(v) for v in free.values())
-    # place the groups with the largest chunks first so smaller chunks fill the gaps
-    order = sorted(groups, key=lambda g: (-_chunk_unit(g, node_size), -g.gpus))
+    prefer = prefer or {}
+
+    def wanted(g: GroupAssignment) -> frozenset[int]:
+        return frozenset(i for s in g.stages for i in prefer.get(s, ()))
+
+    # place the groups with the largest chunks first so smaller chunks fill the gaps (a group
+    # that prefers GPUs goes before all: it is placed to match how it was priced)
+    order = sorted(groups, key=lambda g: (not wanted(g), -_chunk_unit(g, node_size), -g.gpus))
     out: dict[str, list[tuple[int, ...]]] = {}
     for grp in order:
         ids = _take(free, grp.gpus, _chunk_unit(grp, node_size), f"group {grp.stages}",
-                    spread)
+                    spread, wanted(grp))
         for name, cand in zip(grp.stages, grp.candidates):
             size = cand.layout.size
             out[name] = [tuple(ids[r * size:(r + 1) * size]) for r in range(cand.dp)]

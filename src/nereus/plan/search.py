@@ -40,7 +40,8 @@ from nereus.plan.candidates import StageOptions, pareto_mask, stage_options
 from nereus.plan.exposure import spans_nodes
 from nereus.plan.overlap import critical_path, overlap_graph
 from nereus.plan.placement import GroupAssignment, place_phase, split_pool, unit_of
-from nereus.plan.types import Plan, StagePlan
+from nereus.plan.types import Plan, StagePlan, weight_sync_estimate
+from nereus.spec.cluster import GpuPool
 from nereus.spec.job import JobSpec
 from nereus.spec.workflow import Execution, ModelStage, Phase, StageKind
 
@@ -492,6 +493,22 @@ class Planner:
         finally:
             self.options = saved
 
+    def _place(self, pool: GpuPool, groups: list[GroupAssignment],
+               prefer: dict[str, tuple[int, ...]]) -> dict[str, list[tuple[int, ...]]]:
+        """``place_phase`` with the preferred GPUs, unless honouring them costs the placement:
+        then without (the plan's weight sync then runs slower than priced)."""
+        plain = place_phase(pool, groups, self.spread)
+        if not any(s in prefer for g in groups for s in g.stages):
+            return plain
+        try:
+            placed = place_phase(pool, groups, self.spread, prefer)
+        except ValueError:
+            return plain
+        tps = {s: c.tp for g in groups for s, c in zip(g.stages, g.candidates)}
+        if _spanning(placed, tps, self.job.pool) > _spanning(plain, tps, self.job.pool):
+            return plain
+        return placed
+
     def _placed(self, res: SearchResult) -> tuple[Plan | None, list[str]]:
         """The assembled plan and the stages whose TP groups span nodes needlessly."""
         try:
@@ -577,9 +594,20 @@ class Planner:
                          unit_of([g for p in rest for g in assigns[p]], self.job.pool))
             gen_pool, rest_pool = split_pool(self.job.pool, [gen_part, rest_part], self.spread)
             pools = {p: gen_pool if p is Phase.GENERATION else rest_pool for p in wf.phases}
-        for phase in wf.phases:
+        # a synchronous weight sync is priced with generation on the training GPUs first
+        # (``CostModel.sync_receivers``): training's phase is placed first, and generation
+        # prefers its GPUs
+        sync = wf.weight_sync() if wf.execution is Execution.SYNC else None
+        prefer: dict[str, tuple[int, ...]] = {}
+        phases = list(wf.phases)
+        if sync is not None:
+            train_phase = wf.stage(sync[0]).phase
+            phases.sort(key=lambda p: p is not train_phase)
+        for phase in phases:
             point = res.phases[phase]
-            placed = place_phase(pools[phase], assigns[phase], self.spread)
+            placed = self._place(pools[phase], assigns[phase], prefer)
+            if sync is not None and sync[0] in placed:
+                prefer[sync[1]] = tuple(i for r in placed[sync[0]] for i in r)
             for gc in point.groups:
                 if len(gc.stages) > 1:
                     groups.append(gc.stages)
@@ -591,16 +619,27 @@ class Planner:
                     stage_plans[name] = StagePlan(name, cand, tuple(placed[name]),
                                                   est.latency_s, est.peak_mem_bytes)
         ordered = tuple(stage_plans[s.name] for s in wf.stages)
+        # the sync as placed: where the pool kept generation off the training GPUs, it costs
+        # more than the search's count model said
+        sync_s = res.sync_s if sync is None else weight_sync_estimate(
+            self.cost, stage_plans[sync[0]], stage_plans[sync[1]]).latency_s
         terms = {p.value: res.phases[p].latency - res.phases[p].extra for p in wf.phases}
-        terms["weight_sync"] = res.sync_s
+        terms["weight_sync"] = sync_s
         singles = [(s.stage,) for s in ordered if not any(s.stage in g for g in groups)]
         graph = overlap_graph(wf, [*groups, *singles], {s.stage: s.latency_s for s in ordered},
-                              res.sync_s)
+                              sync_s)
         step, _ = critical_path(graph)
         return Plan(ordered, step, "estimated", terms, tuple(groups))
 
 
 MAX_REPLACEMENTS = 2000  # plans that failed placement before the search gives up
+
+
+def _spanning(placed: dict[str, list[tuple[int, ...]]], tp: dict[str, int], pool: GpuPool
+              ) -> int:
+    """TP groups of one phase's placement that span nodes."""
+    return sum(not pool.cluster.same_node(r[k:k + tp[s]])
+               for s, reps in placed.items() for r in reps for k in range(0, len(r), tp[s]))
 
 
 def _stage_gpus(point: Point, stage: str) -> int:

@@ -15,6 +15,7 @@ from nereus.errors import InputError
 from nereus.files import read_json, validate
 
 if TYPE_CHECKING:
+    from nereus.cost.estimate import Estimate
     from nereus.cost.model import CostModel
 
 
@@ -210,6 +211,13 @@ def idle_bytes(cost: CostModel, plan: Plan, stage: str) -> int:
     runs (the co-resident state its estimate needs)."""
     return int(sum(cost.resident_bytes(o, plan.stage(o).layout)
                    for o in plan.group_of(stage) if o != stage))
+
+
+def weight_sync_estimate(cost: CostModel, train: StagePlan, gen: StagePlan) -> Estimate:
+    """The weight sync from ``train`` to ``gen`` as placed: their GPU ids say which generation
+    GPUs hold a training shard (the candidates' counts where the stages have no GPU ids)."""
+    return cost.weight_sync(train.candidate, gen.candidate,
+                            cost.placed_sync_receivers(train.replicas, gen.replicas))
 
 
 def contiguous_replicas(start: int, ids: Iterable[int], cand: Candidate) -> tuple[tuple[int, ...], ...]:
