@@ -72,19 +72,12 @@ def _take(node_free: dict[int, list[int]], total: int, unit: int, what: str,
     for size in _chunk_sizes(total, unit):
         fits = [n for n, free in node_free.items() if len(free) >= size]
         if fits:
-            def rank(k: int, size: int = size) -> tuple[int, bool, int, int]:
-                hits = sum(g in prefer for g in node_free[k]) if prefer else 0
-                return -min(size, hits), k not in near, sign * len(node_free[k]), k
-            n = min(fits, key=rank)
-            free = node_free[n]
-            if prefer:  # preferred GPUs first, each part in node order
-                took = ([g for g in free if g in prefer] + [g for g in free if g not in prefer]
-                        )[:size]
-                ids += took
-                node_free[n] = [g for g in free if g not in took]
-                continue
-            ids += free[:size]
-            node_free[n] = free[size:]
+            hits = {n: min(size, len(prefer.intersection(node_free[n]))) for n in fits}
+            n = min(fits, key=lambda k: (-hits[k], k not in near, sign * len(node_free[k]), k))
+            # preferred GPUs first, then the others, each in node order
+            took = sorted(node_free[n], key=lambda g: g not in prefer)[:size]
+            ids += took
+            node_free[n] = [g for g in node_free[n] if g not in took]
             continue
         for n in sorted(node_free, key=lambda k: -len(node_free[k])):  # span nodes
             take = min(size, len(node_free[n]))
