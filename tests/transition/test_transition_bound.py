@@ -11,7 +11,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nereus.transition import search as search_mod
-from nereus.transition.bound import critical_paths, lower_bound, makespan_lower_bound
+from nereus.transition.bound import (
+    bound_from_paths,
+    critical_paths,
+    lower_bound,
+    makespan_lower_bound,
+)
 from nereus.transition.instances import make_job, random_pair, stage_names
 from nereus.transition.planner import plan_transition, transition_dag
 from nereus.transition.search import TOLERANCE, search
@@ -40,6 +45,16 @@ def test_bound_adds_the_head_and_tail_around_a_busy_gpu() -> None:
     assert head == [0.0, 4.0, 4.0, 5.0] and tail == [5.0, 4.0, 4.0, 0.0]
     assert lower_bound(dur, succ, [0, 1, 2, 3], gpus) == 10.0
     assert lower_bound([], [], [], []) == 0.0
+
+
+def test_bound_from_paths_is_the_bound_over_numbered_gpus() -> None:
+    # the example above with GPUs 1, 0, 2 numbered 0, 1, 2, and with GPU 0 as a shared id
+    dur = [4.0, 1.0, 1.0, 4.0]
+    succ = [[1, 2], [3], [3], []]
+    paths = critical_paths(dur, succ, [0, 1, 2, 3])
+    assert bound_from_paths(dur, paths, [[0], [1], [1], [2]], 3) == 10.0
+    assert lower_bound(dur, succ, [0, 1, 2, 3], [["a"], ["b"], ["b"], ["c"]]) == 10.0
+    assert bound_from_paths([], ([], []), [], 0) == 0.0
 
 
 def test_paper_examples_are_planned_in_one_pass_at_the_bound() -> None:

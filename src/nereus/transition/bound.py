@@ -14,7 +14,9 @@ serialization; on the benchmark instances it meets the CP-SAT optimum almost eve
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Hashable, Iterable, Sequence
+from operator import add
 
 from nereus.transition.global_dag import TransitionDag
 
@@ -42,36 +44,40 @@ def critical_paths(dur: Sequence[float], succ: Sequence[Sequence[int]], order: S
 
 
 def lower_bound(dur: Sequence[float], succ: Sequence[Sequence[int]], order: Sequence[int],
-                gpus: Sequence[Sequence[int]],
+                gpus: Sequence[Iterable[Hashable]],
                 paths: tuple[Sequence[float], Sequence[float]] | None = None) -> float:
     """The bound for primitives with durations ``dur``, successors ``succ``, a topological
     ``order`` and the GPUs each touches (any hashable ids, or groups of GPUs always touched
     together); ``paths``: their ``critical_paths`` if already known."""
-    n = len(dur)
-    if not n:
-        return 0.0
-    head, tail = paths if paths is not None else critical_paths(dur, succ, order)
+    ids: dict[Hashable, int] = {}
+    dense = [[ids.setdefault(g, len(ids)) for g in touched] for touched in gpus]
+    return bound_from_paths(dur, paths if paths is not None else
+                            critical_paths(dur, succ, order), dense, len(ids))
+
+
+def bound_from_paths(dur: Sequence[float], paths: tuple[Sequence[float], Sequence[float]],
+                     gpus: Sequence[Sequence[int]], count: int) -> float:
+    """``lower_bound`` from the ``critical_paths``, with the GPUs (or groups of GPUs) numbered
+    0..count-1, each touched by some primitive."""
+    head, tail = paths
     best = 0.0
-    for i in range(n):
-        v = head[i] + dur[i] + tail[i]
+    for v in map(add, map(add, head, dur), tail):
         if v > best:
             best = v
-    load: dict[int, float] = {}
-    first: dict[int, float] = {}
-    last: dict[int, float] = {}
-    for i in range(n):
+    # per GPU: the earliest head among its primitives, their durations, the least tail
+    first = [math.inf] * count
+    load = [0.0] * count
+    last = [math.inf] * count
+    for i, touched in enumerate(gpus):
         d, h, t = dur[i], head[i], tail[i]
-        for g in gpus[i]:
-            if g in load:
-                load[g] += d
-                if h < first[g]:
-                    first[g] = h
-                if t < last[g]:
-                    last[g] = t
-            else:
-                load[g], first[g], last[g] = d, h, t
-    for g, w in load.items():
-        v = first[g] + w + last[g]
+        for g in touched:
+            load[g] += d
+            if h < first[g]:
+                first[g] = h
+            if t < last[g]:
+                last[g] = t
+    for h, w, t in zip(first, load, last):
+        v = h + w + t
         if v > best:
             best = v
     return best

@@ -21,11 +21,11 @@ from __future__ import annotations
 import heapq
 import math
 import random
-from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
+from operator import add
 
-from nereus.transition.bound import critical_paths, lower_bound
+from nereus.transition.bound import bound_from_paths, critical_paths
 from nereus.transition.global_dag import TransitionDag
 from nereus.transition.primitives import Destroy, Primitive
 
@@ -92,11 +92,12 @@ class _Problem:
         # per tracked resource: the primitives touching it in serial order, positive extras
         rem: list[list[tuple[int, int, int]]] = [[] for _ in initial]
         pos_rem = [0] * len(initial)
-        for i in order:
-            for g, extra, net in steps[i]:
-                rem[g].append((i, extra, net))
-                if extra > 0:
-                    pos_rem[g] += extra
+        if any(steps):
+            for i in order:
+                for g, extra, net in steps[i]:
+                    rem[g].append((i, extra, net))
+                    if extra > 0:
+                        pos_rem[g] += extra
         self.rem, self.pos_rem = rem, pos_rem
 
     @classmethod
@@ -109,38 +110,44 @@ class _Problem:
             npred[b] += 1
         order, memory, init, cap = list(dag.order), dag.memory, dag.initial_bytes, \
             dag.capacity_bytes
-        touch: defaultdict[int, list[int]] = defaultdict(list)  # GPU -> its primitives, in order
-        extras: defaultdict[int, int] = defaultdict(int)        # GPU -> sum of positive extras
+        # GPU -> [sum of positive extras, then its primitives in order]: one dict look-up per
+        # (primitive, GPU) pair, the loop that costs the most here
+        touch: dict[int, list[int]] = {}
         for i in order:
-            for g, (before, during, _) in memory[i].items():
-                touch[g].append(i)
-                if during > before:
-                    extras[g] += during - before
+            for g, step in memory[i].items():
+                seen = touch.get(g)
+                if seen is None:
+                    seen = touch[g] = [0]
+                seen.append(i)
+                extra = step[1] - step[0]  # during - before (indexing a named tuple is cheaper
+                if extra > 0:              # than unpacking it)
+                    seen[0] += extra
         # each primitive's resources, filled per resource from its GPUs' primitive lists
         # (far fewer entries than (primitive, GPU) pairs); the order within a list does not
         # change a schedule, only which busy resource a blocked primitive watches first
         res: list[list[int]] = [[] for _ in range(n)]
         steps: list[list[tuple[int, int, int]]] = [[] for _ in range(n)]
-        by_sig: dict[tuple[int, ...], int] = {}
+        sigs: set[tuple[int, ...]] = set()
         initial: list[int] = []
-        for g, lst in touch.items():
+        for g, seen in touch.items():
             b0 = init.get(g, 0)
-            if b0 + extras.get(g, 0) > cap:  # memory may bind: a resource of its own
+            if b0 + seen[0] > cap:  # memory may bind: a resource of its own
                 r = len(initial)
                 initial.append(b0)
-                for i in lst:
+                for i in seen[1:]:
                     res[i].append(r)
                     b, d, a = memory[i][g]
                     steps[i].append((r, d - b, a - b))
                 continue
-            sig = tuple(lst)
-            if sig not in by_sig:
-                r = by_sig[sig] = len(initial)
+            sig = tuple(seen)[1:]  # its primitives (cheaper than slicing the list first)
+            if sig not in sigs:
+                sigs.add(sig)
+                r = len(initial)
                 initial.append(0)
-                for i in lst:
+                for i in sig:
                     res[i].append(r)
         return cls(dur, succ, npred, order, res, steps, initial, cap, dag.primitives,
-                   sum(len(m) for m in memory))
+                   sum(map(len, memory)))
 
     def reversed(self) -> _Problem:
         n = len(self.dur)
@@ -200,8 +207,13 @@ class _Problem:
 
 def _ranks(keys: Sequence[tuple[float, ...]]) -> list[int]:
     """Priority keys as ranks 0..n-1 (lower first): one sort, then integer comparisons."""
-    rank = [0] * len(keys)
-    for k, i in enumerate(sorted(range(len(keys)), key=keys.__getitem__)):
+    return _rank_of(sorted(range(len(keys)), key=keys.__getitem__))
+
+
+def _rank_of(by: list[int]) -> list[int]:
+    """The ranks of the primitives listed highest priority first (the inverse permutation)."""
+    rank = [0] * len(by)
+    for k, i in enumerate(by):
         rank[i] = k
     return rank
 
@@ -405,21 +417,25 @@ class _Pass:
             self.succ, self.waiting
         on, usage, on_settle, committed, pos_rem = self.on, self.usage, self.on_settle, \
             self.committed, self.pos_rem
-        start, end, dur, cap = self.start, self.end, self.dur, self.cap
-        key = self.rank.__getitem__
+        start, end, dur, cap, rank = self.start, self.end, self.dur, self.cap, self.rank
+        by_rank = _rank_of(rank)  # the inverse permutation: by_rank[rank[i]] == i
         guard_ok = self.guard_ok
         push, pop = heapq.heappush, heapq.heappop
-        waiting_on: dict[int, set[int]] = {}
+        # per resource: the primitives to look at again when it frees, as ranks (sorting
+        # ints needs no key), or None
+        waiters: list[list[int] | None] = [None] * len(on)
         running: list[tuple[float, int]] = []
-        cand = {i for i in range(n) if not waiting[i]}
+        cand = {rank[i] for i in range(n) if not waiting[i]}
         t = 0.0
         done = 0
         while done < n:
-            for i in sorted(cand, key=key):
+            for k in sorted(cand):
+                i = by_rank[k]
                 if started[i]:
                     continue
+                rs = res[i]
                 b = -2  # free
-                for g in res[i]:
+                for g in rs:
                     if on[g] >= 0:
                         b = g
                         break
@@ -437,7 +453,7 @@ class _Pass:
                     start[i] = t
                     e = end[i] = t + dur[i]
                     push(running, (e, i))
-                    for g in res[i]:
+                    for g in rs:
                         on[g] = i
                     for g, extra, net in st:
                         on_settle[g] = net - extra
@@ -446,16 +462,16 @@ class _Pass:
                         if extra > 0:
                             pos_rem[g] -= extra
                     continue
-                for g in (res[i] if b < 0 else (b,)):
-                    w = waiting_on.get(g)
+                for g in (rs if b < 0 else (b,)):
+                    w = waiters[g]
                     if w is None:
-                        waiting_on[g] = {i}
+                        waiters[g] = [k]
                     else:
-                        w.add(i)
+                        w.append(k)
             cand = set()
             if not running:
                 for i in sorted((i for i in range(n) if not started[i] and not waiting[i]),
-                                key=key):
+                                key=rank.__getitem__):
                     if self.blocker(i) is None:
                         self._start(i, t, running)
             if not running:
@@ -467,15 +483,16 @@ class _Pass:
                 done += 1
                 for g in res[i]:
                     on[g] = -1
-                    w = waiting_on.pop(g, None)
-                    if w:
-                        cand |= w
+                    w = waiters[g]
+                    if w is not None:
+                        cand.update(w)
+                        waiters[g] = None
                 for g, _, _ in steps[i]:
                     usage[g] += on_settle[g]
                 for s in succ[i]:
                     waiting[s] -= 1
                     if not waiting[s]:
-                        cand.add(s)
+                        cand.add(rank[s])
         self.makespan = max(end, default=0.0)
         return self
 
@@ -503,13 +520,17 @@ class _Search:
         self.fwd = fwd
         self.stage_rank = {s: k for k, s in enumerate(stages)}  # generation first
         self.goal = goal
-        n = self.n = len(fwd.dur)
-        pos = self.pos = [0] * n
-        for k, i in enumerate(fwd.order):
-            pos[i] = k
+        self.n = len(fwd.dur)
+        self._pos: list[int] | None = None
         self._tail: list[float] | None = None
         self._bwd: _Problem | None = None
         self.passes = 0
+
+    def pos(self) -> list[int]:
+        """Each primitive's place in the serial order: what breaks ties in every order."""
+        if self._pos is None:
+            self._pos = _rank_of(list(self.fwd.order))
+        return self._pos
 
     def set_tail(self, tail: list[float]) -> None:
         self._tail = tail
@@ -525,21 +546,22 @@ class _Search:
         return self._bwd
 
     def rule(self, name: str) -> list[int]:
-        pos, tail, prims, every = self.pos, self.tail(), self.fwd.prims, range(self.n)
-        if name == "tail":
-            keys: list[tuple[float, ...]] = [(-tail[i], pos[i]) for i in every]
-        elif name == "release":
-            keys = [(0 if type(prims[i]) is Destroy else 1, -tail[i], pos[i]) for i in every]
-        elif name == "wide":
-            width = [len(p.gpus) for p in prims]
-            keys = [(-tail[i] * width[i], pos[i]) for i in every]
+        """The ranks a priority rule gives, ties broken by the serial order."""
+        tail, prims = self.tail(), self.fwd.prims
+        # stable sorts from the last key to the first, starting from the serial order: the
+        # same order as one sort by (first key, ..., position in the serial order)
+        if name == "wide":
+            wide = [t * len(p.gpus) for t, p in zip(tail, prims)]  # tail x GPUs, largest first
+            return _rank_of(sorted(self.fwd.order, key=wide.__getitem__, reverse=True))
+        by = sorted(self.fwd.order, key=tail.__getitem__, reverse=True)  # longest tail first
+        if name == "release":  # Destroys first
+            by.sort(key=[type(p) is not Destroy for p in prims].__getitem__)
         elif name in ("stage", "stage_rev"):  # one model-stage after another (they compete
-            sign = 1 if name == "stage" else -1  # for the same GPUs' links)
-            rank = self.stage_rank
-            keys = [(sign * rank[prims[i].stage], -tail[i], pos[i]) for i in every]
-        else:
+            rank = self.stage_rank                # for the same GPUs' links)
+            by.sort(key=[rank[p.stage] for p in prims].__getitem__, reverse=name != "stage")
+        elif name != "tail":
             raise ValueError(f"unknown priority rule {name!r}")
-        return _ranks(keys)
+        return _rank_of(by)
 
     def run(self, prob: _Problem, rank: list[int], reserve: bool) -> _Pass:
         self.passes += 1
@@ -567,7 +589,7 @@ class _Search:
                     assert best is not None
                     reserve = rng.random() < 0.5
                     span = max(best.makespan, 1e-9) * JITTER
-                    start, pos = best.start, self.pos
+                    start, pos = best.start, self.pos()
                     rank = _ranks([(start[i] + span * rng.random(), pos[i]) for i in range(n)])
                 k += 1
                 if run is None:
@@ -588,7 +610,7 @@ class _Search:
         left-justify in the order of those starts (with and without reservations), while the
         makespan shrinks and stays above the goal. Returns the best run and the passes
         spent."""
-        n, pos = self.n, self.pos
+        n, pos = self.n, self.pos()
         used = 0
         if n < 2:
             return run, used
@@ -614,9 +636,9 @@ def search(dag: TransitionDag, durations: Sequence[float]) -> Times:
     dur = list(durations)
     fwd = _Problem.forward(dag, dur)
     paths = critical_paths(dur, fwd.succ, fwd.order)
-    bound = lower_bound(dur, fwd.succ, fwd.order, fwd.res, paths)
+    bound = bound_from_paths(dur, paths, fwd.res, len(fwd.initial))
     s = _Search(fwd, bound * (1 + TOLERANCE), dag.changed)
     if not any(fwd.rem):  # no memory chains: the priorities' tails are the critical paths
-        s.set_tail([d + t for d, t in zip(dur, paths[1])])
+        s.set_tail(list(map(add, dur, paths[1])))
     best = s.best()
     return Times(tuple(best.start), tuple(best.end), best.makespan, bound, s.passes)
