@@ -225,3 +225,15 @@ def test_planning_is_deterministic() -> None:
     a, b = plan_transition(job, cur, tgt), plan_transition(job, cur, tgt)
     assert [(p.op, p.start_s, p.gpus) for p in a.primitives] == \
         [(p.op, p.start_s, p.gpus) for p in b.primitives]
+
+
+def test_a_merge_timed_at_its_dispatch_constant_teaches_nothing() -> None:
+    """A Merge measured at about its 1 ms dispatch constant leaves (almost) nothing for its
+    copy: it must not pin the copy efficiency at its bound."""
+    job = job8b(32)
+    cur, tgt = example_a()
+    s = plan_transition(job, cur, tgt)
+    for factor in (0.9, 1.0001, 1.01):
+        quick = {p.index: factor * LOCAL_OP_S for p in s.primitives if p.op == "Merge"}
+        assert quick
+        assert calibrate_transition(s, quick)[OpClass.COPY] == s.efficiencies[OpClass.COPY]

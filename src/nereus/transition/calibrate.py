@@ -25,6 +25,9 @@ from nereus.transition.cost import SERIAL_CLASSES
 from nereus.transition.schedule import Schedule
 
 RIDGE = 1e-3  # pull toward the prior (relative units, against one measurement of weight 1)
+# A measurement whose fitted part (measured minus the uncalibrated local part) is below this
+# share of it says nothing about its classes (a short Merge is mostly dispatch): skipped.
+MIN_FITTED_SHARE = 0.05
 
 
 def _nnls(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -51,7 +54,8 @@ def calibrate_transition(schedule: Schedule,
     """Efficiencies that make the schedule's primitives take their measured seconds.
 
     ``measured_s_per_primitive[i]`` is the measured time of ``schedule.primitives[i]`` (a
-    sequence in schedule order, or a mapping by index; None or missing entries are skipped).
+    sequence in schedule order, or a mapping by index; None or missing entries are skipped,
+    and so are times the uncalibrated local part nearly fills: ``MIN_FITTED_SHARE``).
     Returns the schedule's efficiencies with the classes seen (``setup``, ``copy``, link
     classes) updated.
     """
@@ -74,7 +78,10 @@ def calibrate_transition(schedule: Schedule,
         d = prims[i].duration
         if not d.ideal:
             continue  # Destroy: local alone, nothing to fit
-        rows.append((dict(d.ideal), float(m) - d.local_s))
+        fitted = float(m) - d.local_s
+        if fitted <= MIN_FITTED_SHARE * m:
+            continue  # the local part is (nearly) all of it: nothing to learn
+        rows.append((dict(d.ideal), fitted))
     if not rows:
         return schedule.efficiencies
     prior = schedule.efficiencies
