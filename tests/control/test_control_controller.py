@@ -120,7 +120,8 @@ def test_urgent_path_moves_from_the_intact_units_when_a_gpu_is_lost(job, plans):
     p = plans["best16"]
     c = Controller(job, p, on_log=lambda s: None)
     c.on_boundary(_tel(job, p, 0, 2000))
-    pool = tuple(range(15))
+    gone = p.stage("actor_train").replicas[-1][-1]  # one of two actor replicas loses a GPU
+    pool = tuple(g for g in range(16) if g != gone)
     survivors, lost = intact(p, pool)
     assert survivors is not None and not lost
     d = c.on_boundary(_tel(job, p, 1, 2000, pool=pool))
@@ -153,7 +154,21 @@ def test_predicted_memory_violation_is_urgent(job, plans):
     kinds = [t.kind for t in d.reasons.triggers]
     assert TriggerKind.MEMORY in kinds and d.reasons.urgent
     assert d.reasons.horizon_steps == 7.0  # memory runs out as responses grow: their horizon
-    # the re-batched current layout (smaller micro-batches, recomputation) moves no state
+    # urgent: payback waived, the least L_tran + H x L_step among the feasible options
+    assert d.action is Action.MOVE
+    feasible = [v for v in d.reasons.verdicts if v.feasible]
+    chosen = next(v for v in feasible if v.admitted)
+    assert all(chosen.l_tran_s + 7.0 * chosen.step_s <= v.l_tran_s + 7.0 * v.step_s
+               for v in feasible)
+    # among them the re-batched current layout (smaller micro-batches, recomputation), which
+    # moves no state: what runs when no layout can move
+    assert any(v.label == "re-batched in place" and v.l_tran_s == 0.0 for v in feasible)
+    stuck = Controller(job, p, config=ControlConfig(restart_moves=False), on_log=lambda s: None,
+                       transition=lambda j, s, t, e: _Sched(
+                           0.0, feasible=all(a.layout == b.layout
+                                             for a, b in zip(s.stages, t.stages))))
+    stuck.horizons = c.horizons
+    d = stuck.on_boundary(_tel(job, p, 0, 6000, longest=24000))
     assert d.action is Action.MOVE and d.reasons.chosen == "re-batched in place"
     assert d.reasons.l_tran_s == 0.0
     for a, b in zip(p.stages, d.plan.stages):

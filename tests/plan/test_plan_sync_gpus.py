@@ -117,18 +117,19 @@ def test_search_equals_brute_force_when_the_sync_depends_on_training_gpus(seed, 
         assert (got == expected == math.inf) or got == pytest.approx(expected, rel=1e-9)
 
 
-def _ppo_8b(gpus: int, response_len: int):
-    return parse_job({"model": "llama-3.1-8b", "algo": "ppo", "gpus": gpus,
-                      "workload": {"response_len": response_len,
-                                   "response_len_max": response_len}})
-
-
-@pytest.mark.parametrize("gpus", [12, 24, 48])
-def test_generation_is_placed_on_the_training_gpus_first(gpus):
-    """8B PPO on nodes of 8 (24 GPUs once put actor training on GPUs 8-23 and generation on
-    0-15, so half the generation GPUs pulled their shard over the network while the plan was
-    priced as if they held it): the placed receivers are the ones the search priced."""
-    job = _ppo_8b(gpus, 2048)
+@pytest.mark.parametrize("model,algo,gpus,length", [
+    ("llama-3.1-8b", "ppo", 12, 2048), ("llama-3.1-8b", "ppo", 20, 2048),
+    ("llama-3.1-8b", "ppo", 24, 2048), ("llama-3.1-8b", "ppo", 48, 8192),
+    ("qwen3-14b", "grpo", 20, 512)])
+def test_generation_is_placed_on_the_training_gpus_first(model, algo, gpus, length):
+    """On nodes of 8 (20 GPUs: 8, 8 and 4), the placed receivers are the ones the search
+    priced: training on the pool's fullest nodes, generation on training's GPUs first. 8B PPO
+    on 24 GPUs once put actor training on GPUs 8-23 and generation on 0-15, so half the
+    generation GPUs pulled their shard over the network while the plan was priced as if they
+    held it; Qwen3-14B GRPO on 20 put actor training on the 4-GPU node, so 4 of 16 generation
+    GPUs held no shard."""
+    job = parse_job({"model": model, "algo": algo, "gpus": gpus,
+                     "workload": {"response_len": length, "response_len_max": length}})
     cost = CostModel(job)
     plan = Planner(job, cost=cost).best()
     t, g = plan.stage("actor_train"), plan.stage("actor_gen")
@@ -140,38 +141,32 @@ def test_generation_is_placed_on_the_training_gpus_first(gpus):
     assert plan.terms["weight_sync"] == cost.weight_sync(t.candidate, g.candidate).latency_s
 
 
-def test_a_plan_prices_its_sync_as_placed():
-    """Qwen3-14B GRPO on 20 GPUs, nodes of 8, 8 and 4: actor training (tp=4, pp=4) needs 16
-    GPUs, so it takes the 4-GPU node and 12 of the others; generation (two replicas of a whole
-    node each) can hold only 12 of training's GPUs. The count model priced all 16 as holding
-    a shard; the plan prices what its GPU ids say (4 receive their whole shard over the
-    node's fabric), and its step latency includes it."""
-    job = parse_job({"model": "qwen3-14b", "algo": "grpo", "gpus": 20,
-                     "workload": {"prompts_per_step": 64, "responses_per_prompt": 8,
-                                  "prompt_len": 512, "response_len": 512,
-                                  "response_len_max": 512, "ppo_mini_batches": 4}})
+def test_a_spread_plan_prices_its_sync_as_placed():
+    """8B PPO on 2 x 8 GPUs with replicas spread over nodes: actor training sits on 4 GPUs of
+    each node, so the 8 generation GPUs beyond it share a node with training GPUs (the node's
+    fabric), where the count model, with training on one node, said the network. The plan's
+    sync term and step latency are the placed sync's."""
+    job = parse_job({"model": "llama-3.1-8b", "algo": "ppo", "gpus": 16,
+                     "workload": {"response_len": 2048, "response_len_max": 2048}})
     cost = CostModel(job)
-    plan = Planner(job, cost=cost).best()
+    plan = Planner(job, cost=cost, spread=True).best()
     t, g = plan.stage("actor_train"), plan.stage("actor_gen")
-    placed = cost.placed_sync_receivers(t.replicas, g.replicas)
-    assert placed == (12, 4, 0) and cost.sync_receivers(t.candidate.gpus, g.candidate.gpus) \
-        == (16, 0, 0)
+    assert cost.placed_sync_receivers(t.replicas, g.replicas) == (8, 8, 0)
+    assert cost.sync_receivers(t.candidate.gpus, g.candidate.gpus) == (8, 0, 8)
     sync = weight_sync_estimate(cost, t, g).latency_s
     counted = cost.weight_sync(t.candidate, g.candidate).latency_s
-    assert plan.terms["weight_sync"] == sync > counted
+    assert plan.terms["weight_sync"] == sync < counted
     assert plan.step_latency_s == pytest.approx(searched_latency(job, plan, cost) + sync
                                                 - counted, rel=1e-12)
 
 
 def test_placement_takes_the_preferred_gpus_first_and_then_their_nodes():
     """Training on GPUs 4-7 and 8-11 of three nodes of 8: generation of 12 GPUs (chunks of 4)
-    takes those 8 first, then 4 more on their nodes, none on the third."""
+    takes those 8 first, then 4 more on their nodes (best fit: node 0), none on the third;
+    without a preference, best fit from GPU 0."""
     job = parse_job({"model": "llama-3.1-8b", "algo": "ppo", "gpus": 24})
     gen = [GroupAssignment(("actor_gen",), (Candidate(Layout(4, 1), 3, 1, 1),))]
     prefer = {"actor_gen": (4, 5, 6, 7, 8, 9, 10, 11)}
-    placed = place_phase(job.pool, gen, prefer=prefer)["actor_gen"]
-    ids = [i for r in placed for i in r]
-    assert set(prefer["actor_gen"]) <= set(ids) and len(ids) == 12
-    assert all(i < 16 for i in ids)  # nodes 0 and 1 only
-    assert place_phase(job.pool, gen)["actor_gen"] == place_phase(job.pool, gen, prefer={})[
-        "actor_gen"]  # no preference: as before
+    assert place_phase(job.pool, gen, prefer=prefer)["actor_gen"] == \
+        [(4, 5, 6, 7), (8, 9, 10, 11), (0, 1, 2, 3)]
+    assert place_phase(job.pool, gen)["actor_gen"] == [(0, 1, 2, 3), (4, 5, 6, 7), (8, 9, 10, 11)]

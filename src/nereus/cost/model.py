@@ -258,9 +258,11 @@ class CostModel:
 
         Without ``receivers`` the estimate depends on the two layouts, the two GPU counts and
         the job (its execution mode and pool), not on where the stages are placed, so the
-        search can price it per (layout, GPU count) pair; placement puts generation on the
-        training GPUs first so that it runs as priced, where the pool lets it. Communicators
-        for it are created once per pair, not per step.
+        search can price it per (layout, GPU count) pair; placement puts training on the
+        pool's fullest nodes (``training_nodes``) and generation on the training GPUs first,
+        so that it runs as priced unless that would cost a node-contained TP group or the
+        replicas are spread over nodes. Communicators for it are created once per pair, not
+        per step.
         """
         lt, t = _layout_and_gpus(train)
         lg, g = _layout_and_gpus(gen)
@@ -277,8 +279,9 @@ class CostModel:
         worst = max(present, key=lambda ne: ne[1].latency_s)[1]  # first of equals
         if rec.colocated == g:
             return worst
-        note = (f"{rec.on_node + rec.off_node} of {g} generation GPUs hold no training shard "
-                f"({t} training GPUs): {rec.on_node} on a node with training GPUs, "
+        held = "" if t is None else f" ({t} training GPUs)"
+        note = (f"{rec.on_node + rec.off_node} of {g} generation GPUs hold no training shard"
+                f"{held}: {rec.on_node} on a node with training GPUs, "
                 f"{rec.off_node} on other nodes; priced by the slowest")
         return replace(worst, notes=(*worst.notes, note))
 
@@ -313,6 +316,17 @@ class CostModel:
         colocated = len(g & t)
         on_node = sum(1 for i in g - t if node(i) in nodes)
         return SyncReceivers(colocated, on_node, len(g) - colocated - on_node)
+
+    def training_nodes(self, train_gpus: int) -> tuple[int, ...]:
+        """The GPU ids of the nodes ``sync_receivers`` has ``train_gpus`` training GPUs fill:
+        the pool's fullest nodes (ties by node id), as few as hold them. Placement prefers
+        them for the training stage of a synchronous weight sync."""
+        out: list[int] = []
+        for _, ids in sorted(self.job.pool.by_node().items(), key=lambda kv: (-len(kv[1]), kv[0])):
+            if len(out) >= train_gpus:
+                break
+            out += ids
+        return tuple(out)
 
     def _node_room(self) -> tuple[int, ...]:
         """GPUs of the pool on its k fullest nodes, k = 1, 2, ... (cumulative)."""

@@ -11,10 +11,11 @@ nodes free for later groups). ``spread`` instead sends each chunk to the node wi
 free GPUs, so the replicas of a stage land on different nodes where the pool allows it and
 losing one node leaves a copy of its state (``nereus.plan.exposure`` checks the result).
 
-A stage may prefer GPUs: synchronous generation takes the GPUs of the training stage it
-receives weights from first, then the rest of their nodes, then other nodes (HybridFlow's rank
-mapping, which ``CostModel.sync_receivers`` prices), so the weight sync a plan was priced with
-is the one its placement runs.
+A stage may prefer GPUs (``nereus.plan.search`` asks for it in synchronous execution): the
+training stage that sends weights prefers the pool's fullest nodes, and generation the training
+GPUs, then the rest of their nodes, then other nodes (HybridFlow's rank mapping, which
+``CostModel.sync_receivers`` prices), so the weight sync a plan was priced with is the one its
+placement runs.
 """
 
 from __future__ import annotations
@@ -77,7 +78,8 @@ def _take(node_free: dict[int, list[int]], total: int, unit: int, what: str,
             # preferred GPUs first, then the others, each in node order
             took = sorted(node_free[n], key=lambda g: g not in prefer)[:size]
             ids += took
-            node_free[n] = [g for g in node_free[n] if g not in took]
+            gone = set(took)
+            node_free[n] = [g for g in node_free[n] if g not in gone]
             continue
         for n in sorted(node_free, key=lambda k: -len(node_free[k])):  # span nodes
             take = min(size, len(node_free[n]))

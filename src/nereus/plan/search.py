@@ -20,6 +20,11 @@ Structure of the search (all of it exact under the cost model):
    interval is max(gen, inf + train) + sync. The sync cost depends on the two layouts, the two
    GPU counts and the job (execution mode, pool) only, never on placement
    (``CostModel.weight_sync``), which is what keeps this decomposition exact.
+
+Placement then realizes the priced sync: training on the pool's fullest nodes, generation on
+the training GPUs first. The plan prices its sync from its GPU ids; that differs from the
+search's figure only where placement gave way (a preference that would cost a node-contained
+TP group) or with replicas spread over nodes (``spread``), which places by exposure instead.
 """
 
 from __future__ import annotations
@@ -41,7 +46,7 @@ from nereus.plan.exposure import spans_nodes
 from nereus.plan.overlap import critical_path, overlap_graph
 from nereus.plan.placement import GroupAssignment, place_phase, split_pool, unit_of
 from nereus.plan.types import Plan, StagePlan, weight_sync_estimate
-from nereus.spec.cluster import GpuPool
+from nereus.spec.cluster import Cluster, GpuPool
 from nereus.spec.job import JobSpec
 from nereus.spec.workflow import Execution, ModelStage, Phase, StageKind
 
@@ -495,19 +500,25 @@ class Planner:
 
     def _place(self, pool: GpuPool, groups: list[GroupAssignment],
                prefer: dict[str, tuple[int, ...]]) -> dict[str, list[tuple[int, ...]]]:
-        """``place_phase`` with the preferred GPUs, unless honouring them costs the placement:
-        then without (the plan's weight sync then runs slower than priced)."""
-        plain = place_phase(pool, groups, self.spread)
+        """``place_phase`` with the preferred GPUs, unless honouring them costs the placement
+        (it fails, or more TP groups span nodes): then without (the plan's weight sync then
+        runs slower than the search priced it, and the plan says so in its sync term)."""
         if not any(s in prefer for g in groups for s in g.stages):
-            return plain
+            return place_phase(pool, groups, self.spread)
+        tps = {s: c.tp for g in groups for s, c in zip(g.stages, g.candidates)}
+
+        def off_node(placed: dict[str, list[tuple[int, ...]]]) -> int:
+            return sum(tp_groups_off_node(r, tps[s], self.job.cluster)
+                       for s, r in placed.items())
+
         try:
             placed = place_phase(pool, groups, self.spread, prefer)
         except ValueError:
-            return plain
-        tps = {s: c.tp for g in groups for s, c in zip(g.stages, g.candidates)}
-        if _spanning(placed, tps, self.job.pool) > _spanning(plain, tps, self.job.pool):
-            return plain
-        return placed
+            return place_phase(pool, groups, self.spread)
+        if not off_node(placed):
+            return placed
+        plain = place_phase(pool, groups, self.spread)
+        return plain if off_node(plain) < off_node(placed) else placed
 
     def _placed(self, res: SearchResult) -> tuple[Plan | None, list[str]]:
         """The assembled plan and the stages whose TP groups span nodes needlessly."""
@@ -594,20 +605,23 @@ class Planner:
                          unit_of([g for p in rest for g in assigns[p]], self.job.pool))
             gen_pool, rest_pool = split_pool(self.job.pool, [gen_part, rest_part], self.spread)
             pools = {p: gen_pool if p is Phase.GENERATION else rest_pool for p in wf.phases}
-        # a synchronous weight sync is priced with generation on the training GPUs first
-        # (``CostModel.sync_receivers``): training's phase is placed first, and generation
-        # prefers its GPUs
-        sync = wf.weight_sync() if wf.execution is Execution.SYNC else None
+        # a synchronous weight sync is priced with training on the pool's fullest nodes and
+        # generation on the training GPUs first (``CostModel.sync_receivers``): training's
+        # phase is placed first, preferring those nodes, and generation prefers training's
+        # GPUs. Spread replicas go over nodes instead (their sync is priced as placed).
+        nest = wf.weight_sync() if wf.execution is Execution.SYNC and not self.spread else None
         prefer: dict[str, tuple[int, ...]] = {}
         phases = list(wf.phases)
-        if sync is not None:
-            train_phase = wf.stage(sync[0]).phase
+        if nest is not None:
+            train_phase = wf.stage(nest[0]).phase
             phases.sort(key=lambda p: p is not train_phase)
+            prefer[nest[0]] = self.cost.training_nodes(
+                _stage_gpus(res.phases[train_phase], nest[0]))
         for phase in phases:
             point = res.phases[phase]
             placed = self._place(pools[phase], assigns[phase], prefer)
-            if sync is not None and sync[0] in placed:
-                prefer[sync[1]] = tuple(i for r in placed[sync[0]] for i in r)
+            if nest is not None and nest[0] in placed:
+                prefer[nest[1]] = tuple(i for r in placed[nest[0]] for i in r)
             for gc in point.groups:
                 if len(gc.stages) > 1:
                     groups.append(gc.stages)
@@ -619,10 +633,11 @@ class Planner:
                     stage_plans[name] = StagePlan(name, cand, tuple(placed[name]),
                                                   est.latency_s, est.peak_mem_bytes)
         ordered = tuple(stage_plans[s.name] for s in wf.stages)
-        # the sync as placed: where the pool kept generation off the training GPUs, it costs
-        # more than the search's count model said
-        sync_s = res.sync_s if sync is None else weight_sync_estimate(
-            self.cost, stage_plans[sync[0]], stage_plans[sync[1]]).latency_s
+        # the sync as placed: where the pool (or spreading replicas) kept generation off the
+        # training GPUs, it differs from what the search's count model said
+        pair = wf.weight_sync() if wf.execution is Execution.SYNC else None
+        sync_s = res.sync_s if pair is None else weight_sync_estimate(
+            self.cost, stage_plans[pair[0]], stage_plans[pair[1]]).latency_s
         terms = {p.value: res.phases[p].latency - res.phases[p].extra for p in wf.phases}
         terms["weight_sync"] = sync_s
         singles = [(s.stage,) for s in ordered if not any(s.stage in g for g in groups)]
@@ -633,13 +648,6 @@ class Planner:
 
 
 MAX_REPLACEMENTS = 2000  # plans that failed placement before the search gives up
-
-
-def _spanning(placed: dict[str, list[tuple[int, ...]]], tp: dict[str, int], pool: GpuPool
-              ) -> int:
-    """TP groups of one phase's placement that span nodes."""
-    return sum(not pool.cluster.same_node(r[k:k + tp[s]])
-               for s, reps in placed.items() for r in reps for k in range(0, len(r), tp[s]))
 
 
 def _stage_gpus(point: Point, stage: str) -> int:
@@ -655,16 +663,16 @@ def _shape(c: Candidate) -> tuple[Layout, int]:
     return c.layout, c.dp
 
 
+def tp_groups_off_node(replicas: Sequence[Sequence[int]], tp: int, cluster: Cluster) -> int:
+    """How many TP groups of ``replicas`` (TP innermost) span nodes."""
+    return sum(not cluster.same_node(r[i:i + tp]) for r in replicas for i in range(0, len(r), tp))
+
+
 def spanning_stages(job: JobSpec, plan: Plan) -> list[str]:
     """Model-stages with a TP group across nodes although a node of the pool could hold it."""
     node_cap = job.pool.largest_node_share()
-    out = []
-    for sp in plan.stages:
-        tp = sp.candidate.tp
-        if tp <= node_cap and any(not job.cluster.same_node(r[i:i + tp])
-                                  for r in sp.replicas for i in range(0, len(r), tp)):
-            out.append(sp.stage)
-    return out
+    return [sp.stage for sp in plan.stages if sp.candidate.tp <= node_cap
+            and tp_groups_off_node(sp.replicas, sp.candidate.tp, job.cluster)]
 
 
 def best_plan(job: JobSpec, efficiencies: Efficiencies | None = None,
