@@ -148,3 +148,31 @@ def test_bound_holds_and_one_pass_means_within_tolerance(seed: int, gpus: int,
     if t.passes == 1:
         assert t.makespan <= (1 + TOLERANCE) * t.bound
     assert max(t.end) == t.makespan
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.integers(0, 10**9), st.sampled_from([8, 16, 24]),
+       st.sampled_from([None, 0.0035, 0.005]), st.integers(0, 2**32 - 1))
+def test_the_inlined_plain_pass_is_the_general_pass_without_reservations(
+        seed: int, gpus: int, memory_gib: float | None, order_seed: int) -> None:
+    """``_run_plain`` is ``run`` with its checks inlined (the common path): on random plan
+    pairs, memory-tight ones included, under any priority order, both give the same start
+    times, forward and in reversed time."""
+    rng = random.Random(seed)
+    job = make_job("tiny-llama", gpus, device="cpu", memory_gib=memory_gib)
+    names = stage_names(job, 6)
+    got = random_pair(rng, job, rng.sample(names, rng.randint(1, len(names))),
+                      max(1, gpus // 2), gpus, shuffle=0.1)
+    if got is None:
+        return
+    dag, cost = transition_dag(job, *got)
+    if dag.problem is not None or not dag.primitives:
+        return
+    fwd = search_mod._Problem.forward(dag, [cost.seconds(p) for p in dag.primitives])
+    order = list(range(len(dag.primitives)))
+    random.Random(order_seed).shuffle(order)
+    rank = search_mod._rank_of(order)
+    for prob in (fwd, fwd.reversed()):
+        plain = search_mod._Pass(prob, rank, reserve=False)._run_plain()
+        general = search_mod._Pass(prob, rank, reserve=False)._run_general()
+        assert plain.start == general.start and plain.makespan == general.makespan

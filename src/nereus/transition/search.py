@@ -332,8 +332,10 @@ class _Pass:
     def run(self) -> _Pass:
         """Event by event; a primitive that cannot start is looked at again only when a GPU it
         waits for frees (or, blocked by memory, when anything on its GPUs ends)."""
-        if not self.reserve:
-            return self._run_plain()
+        return self._run_plain() if not self.reserve else self._run_general()
+
+    def _run_general(self) -> _Pass:
+        """``run`` with or without reservations (without: what ``_run_plain`` inlines)."""
         n, steps, started, res = self.n, self.steps, self.started, self.res
         key = self.rank.__getitem__
         waiting_on: dict[int, set[int]] = {}
