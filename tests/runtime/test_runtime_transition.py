@@ -258,6 +258,28 @@ def test_a_driver_error_mid_transition_aborts_and_reports_what_is_intact(
     check_stages(pool, job, rec.units, seeds)
 
 
+def test_an_extends_source_stays_intact_when_the_run_fails_after_it(pool: WorkerPool) -> None:
+    """An Extend copies its source: a fault after it ended (here a driver error at its end
+    event) reports the source intact beside the new copy, and keeps its arenas (the fault path
+    had counted the source as consumed and dropped it as an orphan)."""
+    e = _extend_placed(pool, 17)
+
+    def hook(kind: str, index: int, p: Primitive) -> None:
+        if kind == "end":
+            raise RuntimeError("driver bug after the Extend")
+
+    ex = Executor(pool, e.specs, min_timeout_s=5.0, on_event=hook)
+    with pytest.raises(TransitionFailed, match="driver bug after the Extend") as info:
+        ex.run(e.schedule)
+    rep = info.value.report
+    assert {u.id for u in rep.intact[e.stage]} == {"actor_train/0", "actor_train/1",
+                                                   "actor_train/2"}
+    assert not any(rep.dropped_bytes.values())
+    held = _held_ids(pool)
+    assert all("actor_train/0" in held[g] for g in (0, 1))
+    check_stages(pool, e.job, {e.stage: rep.intact[e.stage]}, e.seeds)
+
+
 def test_a_driver_error_before_anything_moved_is_raised_as_it_is(pool: WorkerPool) -> None:
     e = _extend_placed(pool, 16)
     ex = Executor(pool, {}, min_timeout_s=5.0)  # no state spec: fails at the first primitive

@@ -194,7 +194,7 @@ class Executor:
                                                     len(r.groups))
                     for d, res in r.results.items():
                         held[d] = res.held_after
-                    for e in r.prim.inputs:
+                    for e in r.prim.consumed:  # an Extend's source stays
                         units.pop(e.id, None)
                     units.update({e.id: e for e in r.prim.outputs})
                     busy.difference_update(workers_of(r.prim))
@@ -316,7 +316,7 @@ class Executor:
                 dead |= {d for d, e in r.errors.items() if is_actor_death(e)}
                 continue
             timings[i] = PrimitiveTiming.of(i, r.prim, r.start, end, r.results, len(r.groups))
-            for e in r.prim.inputs:
+            for e in r.prim.consumed:
                 candidates.pop(e.id, None)
             candidates.update({e.id: e for e in r.prim.outputs})
             completed.append(i)

@@ -119,6 +119,11 @@ class Split:
         return (self.emu,)
 
     @property
+    def consumed(self) -> tuple[Emu, ...]:
+        """The units that are gone once it ends (its inputs)."""
+        return self.inputs
+
+    @property
     def gpus(self) -> tuple[int, ...]:
         return self.emu.gpus
 
@@ -207,6 +212,11 @@ class Merge:
         return self.emus
 
     @property
+    def consumed(self) -> tuple[Emu, ...]:
+        """The units that are gone once it ends (its inputs)."""
+        return self.inputs
+
+    @property
     def outputs(self) -> tuple[Emu, ...]:
         return (self.output,)
 
@@ -285,6 +295,11 @@ class Extend:
         return (self.emu,)
 
     @property
+    def consumed(self) -> tuple[Emu, ...]:
+        """None: the source stays (an Extend copies it)."""
+        return ()
+
+    @property
     def outputs(self) -> tuple[Emu, ...]:
         return (self.output,)
 
@@ -323,6 +338,11 @@ class Destroy:
     @property
     def inputs(self) -> tuple[Emu, ...]:
         return (self.emu,)
+
+    @property
+    def consumed(self) -> tuple[Emu, ...]:
+        """The units that are gone once it ends (its inputs)."""
+        return self.inputs
 
     @property
     def outputs(self) -> tuple[Emu, ...]:

@@ -227,9 +227,8 @@ def validate(job: JobSpec, current: Plan, target: Plan, schedule: Schedule) -> l
             for gpu in _gpus(p):
                 if gpu_busy.get(gpu) == k:
                     del gpu_busy[gpu]
-            if p.op in ("Split", "Merge", "Destroy"):
-                for e in p.primitive.inputs:
-                    alive.pop(e.id, None)
+            for e in p.primitive.consumed:
+                alive.pop(e.id, None)
             for e in p.primitive.outputs:
                 alive[e.id] = _as_unit(e)
         for _, kind, k in batch:
