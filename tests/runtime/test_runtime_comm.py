@@ -1,11 +1,12 @@
-"""A ``Group``'s point-to-point calls on gloo, between two members in this process (threads over
-a HashStore rendezvous; no worker processes)."""
+"""A ``Group``'s calls on gloo between two members in this process (threads; no worker
+processes): point-to-point, and an Extend whose group is aborted before its data settled."""
 
 from __future__ import annotations
 
 import datetime
 import threading
 
+import pytest
 import torch
 import torch.distributed as dist
 
@@ -67,3 +68,49 @@ def test_send_and_recv_return_once_the_message_passed() -> None:
     assert g0.idle() and g1.idle()
     g0.close()
     g1.close()
+
+
+def test_an_extend_whose_group_was_aborted_before_its_data_settled_holds_nothing(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """On NCCL a collective only enqueues, and an abort ends a blocked kernel early: the stream
+    then drains as if it had finished. Simulated here on gloo (an abort that lands while the
+    members wait on the stream): neither member may take the received buffer for a complete
+    unit; the receiver frees it, the sender keeps its source."""
+    from nereus.runtime import movement as mv
+    from nereus.runtime.comm import GroupAborted, Rendezvous
+    from nereus.runtime.state import StateSpec
+    from nereus.runtime.workers import WorkerContext
+    from nereus.spec.model import MODEL_PRESETS
+
+    spec = StateSpec(MODEL_PRESETS["tiny-llama"])
+    ctxs = [WorkerContext(d, torch.device("cpu"), 1 << 30) for d in (0, 1)]
+    mv.place_seeded(ctxs[0], "src", spec, (1, 1), (0, 0), seed=3)
+    held = [c.memory.stats().held for c in ctxs]
+
+    def synchronize_then_aborted(self: Group) -> None:
+        self.aborted.set()  # the abort arrived while the stream drained
+
+    monkeypatch.setattr(Group, "synchronize", synchronize_then_aborted)
+    rv = Rendezvous(timeout_s=TIMEOUT_S)
+    errors: dict[int, BaseException] = {}
+    try:
+        gs = GroupSpec.new("t0.extend.0", (0, 1), rv, TIMEOUT_S)
+
+        def run(d: int) -> None:
+            try:
+                mv.extend_member(ctxs[d], gs, "src" if d == 0 else None, "out", spec, (1, 1),
+                                 (0, 0))
+            except BaseException as e:  # noqa: BLE001 - checked below
+                errors[d] = e
+
+        ts = [threading.Thread(target=run, args=(d,), daemon=True) for d in (0, 1)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join(timeout=TIMEOUT_S)
+        assert not any(t.is_alive() for t in ts), "extend_member did not return"
+    finally:
+        rv.close()
+    assert set(errors) == {0, 1} and all(isinstance(e, GroupAborted) for e in errors.values())
+    assert "out" not in ctxs[1].units and ctxs[1].memory.stats().held == held[1]
+    assert set(ctxs[0].units) == {"src"} and ctxs[0].memory.stats().held == held[0]

@@ -249,6 +249,15 @@ class Group:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
+    def settle(self) -> None:
+        """Wait until this member's collectives have run (on CUDA: the device's stream), then
+        raise ``GroupAborted`` if the group was aborted meanwhile. On NCCL ``_wait`` only
+        enqueues; an abort then ends a blocked kernel early and the stream drains as if it had
+        finished, so without this check a partly received buffer would pass as complete."""
+        self.synchronize()
+        if self.aborted.is_set():
+            raise GroupAborted(f"group {self.name} was aborted before its data settled")
+
     def abort(self) -> None:
         """Stop waiting (a member died); the group is unusable afterwards."""
         self.aborted.set()

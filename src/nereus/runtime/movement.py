@@ -204,7 +204,7 @@ def _split_into(ctx: WorkerContext, group: GroupSpec, src_id: str, host: Sharded
         if missing:
             raise RuntimeError(f"split {src_id}: position not covered: {missing[:4]}")
         target.zero_padding()
-        _sync(ctx)
+        g.settle()  # an abort that ended a broadcast early leaves the arena partial
         move = time.perf_counter() - tm
     except BaseException as e:
         ctx.free(target)
@@ -356,7 +356,7 @@ def extend_member(ctx: WorkerContext, group: GroupSpec, src_id: str | None, out_
         tm = time.perf_counter()
         g.broadcast(meta_t, src=0)
         g.broadcast(buf, src=0)  # the whole position, one contiguous buffer
-        _sync(ctx)
+        g.settle()  # an abort that ended the broadcast early leaves a partial buffer
         move = time.perf_counter() - tm
         if target is not None:
             target.meta = _meta_from(meta_t)
