@@ -114,3 +114,36 @@ def test_an_extend_whose_group_was_aborted_before_its_data_settled_holds_nothing
     assert set(errors) == {0, 1} and all(isinstance(e, GroupAborted) for e in errors.values())
     assert "out" not in ctxs[1].units and ctxs[1].memory.stats().held == held[1]
     assert set(ctxs[0].units) == {"src"} and ctxs[0].memory.stats().held == held[0]
+
+
+def test_an_abort_that_comes_before_the_join_is_not_lost() -> None:
+    """The driver aborts a failed primitive's groups once; a member whose call has not reached
+    its join yet (a host copy first, say) must fail at the join at once, not wait out the
+    group's timeout for peers that are gone. Another instance of the same name still joins."""
+    from nereus.runtime.comm import GroupAborted, Rendezvous, _abort_all, join_group
+    from nereus.runtime.workers import WorkerContext
+
+    ctx = WorkerContext(0, torch.device("cpu"), 1 << 20)
+    rv = Rendezvous(timeout_s=120.0)
+    outcome: list[BaseException | None] = []
+    try:
+        gs = GroupSpec.new("t0.extend.0", (0, 1), rv, 120.0)  # the peer never comes
+        assert _abort_all(ctx, [gs.name], [gs.prefix]) == []  # nothing to abort yet
+
+        def join() -> None:
+            try:
+                join_group(ctx, gs)
+                outcome.append(None)
+            except BaseException as e:  # noqa: BLE001 - checked below
+                outcome.append(e)
+
+        t = threading.Thread(target=join, daemon=True)
+        t.start()
+        t.join(timeout=30.0)  # far below the group's 120 s timeout
+        assert not t.is_alive(), "the join waited for its timeout"
+        assert len(outcome) == 1 and isinstance(outcome[0], GroupAborted)
+        assert gs.name not in ctx.groups
+        solo = GroupSpec.new("t0.extend.0", (0,), rv, 120.0)  # a later run, the same name
+        join_group(ctx, solo).close()
+    finally:
+        rv.close()

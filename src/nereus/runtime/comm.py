@@ -374,7 +374,12 @@ def _leave_all(ctx: WorkerContext, names: Sequence[str]) -> None:
         leave_group(ctx, n)
 
 
-def _abort_all(ctx: WorkerContext, names: Sequence[str] | None) -> list[str]:
+def _abort_all(ctx: WorkerContext, names: Sequence[str] | None,
+               prefixes: Sequence[str] = ()) -> list[str]:
+    """Abort the named groups; ``prefixes`` (of group instances) are refused from now on, so a
+    call that had not reached its join when the abort came fails at once instead of waiting
+    out its timeout for peers that were aborted."""
+    ctx.refuse_groups(prefixes)
     return ctx.abort_groups(names)
 
 

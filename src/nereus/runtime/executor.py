@@ -32,7 +32,7 @@ import ray
 
 from nereus.errors import InfeasibleError
 from nereus.runtime import movement as mv
-from nereus.runtime.comm import Rendezvous, _abort_all
+from nereus.runtime.comm import GroupSpec, Rendezvous, _abort_all
 from nereus.runtime.faults import FaultReport, TransitionFailed, reconcile
 from nereus.runtime.memory import MemoryStats
 from nereus.runtime.primitives import (
@@ -93,7 +93,7 @@ class _Running:
     index: int
     prim: Primitive
     refs: dict[int, Any]
-    groups: dict[str, tuple[int, ...]]
+    groups: dict[str, GroupSpec]
     start: float
     results: dict[int, mv.MoveResult] = field(default_factory=dict)
     errors: dict[int, BaseException] = field(default_factory=dict)
@@ -296,9 +296,11 @@ class Executor:
             if (cause is not None or bad.intersection(r.refs)) and r.groups:
                 for d in r.refs:
                     if d not in dead:
-                        names = [n for n, ms in r.groups.items() if d in ms]
-                        try:
-                            ray.get(self.pool.submit_control(d, _abort_all, names), timeout=10)
+                        mine = [gs for gs in r.groups.values() if d in gs.members]
+                        try:  # by prefix too: the call may not have reached its join yet
+                            ray.get(self.pool.submit_control(
+                                d, _abort_all, [gs.name for gs in mine],
+                                [gs.prefix for gs in mine]), timeout=10)
                         except Exception:  # noqa: BLE001 - it may have died meanwhile
                             dead.add(d)
         log.debug("aborted at %.3f s", time.perf_counter() - t0)

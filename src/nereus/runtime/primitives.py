@@ -99,15 +99,15 @@ def workers_of(p: Primitive) -> tuple[int, ...]:
 
 def launch(p: Primitive, pool: WorkerPool, rv: Rendezvous, spec: StateSpec, tag: str,
            timeout_s: float, bucket_bytes: int = mv.BUCKET_BYTES
-           ) -> tuple[dict[int, Any], dict[str, tuple[int, ...]]]:
+           ) -> tuple[dict[int, Any], dict[str, GroupSpec]]:
     """Submit the workers' calls of ``p``; returns refs by device and its groups by name."""
     refs: dict[int, Any] = {}
-    groups: dict[str, tuple[int, ...]] = {}
+    groups: dict[str, GroupSpec] = {}
     if isinstance(p, Split):
         for sub_pos, members, positions in split_member_groups(p):
             name = f"{tag}.split.{sub_pos[0]}.{sub_pos[1]}"
             gs = GroupSpec.new(name, members, rv, timeout_s)
-            groups[name] = members
+            groups[name] = gs
             for j, g in enumerate(members):
                 refs[g] = pool.submit(g, mv.split_member, gs, p.emu.id, p.outputs[j].id,
                                       (p.sub.tp, p.sub.pp), positions, bucket_bytes,
@@ -123,7 +123,7 @@ def launch(p: Primitive, pool: WorkerPool, rv: Rendezvous, spec: StateSpec, tag:
         for i, (a, b) in enumerate(p.pairs()):
             name = f"{tag}.extend.{i}"
             gs = GroupSpec.new(name, (a, b), rv, timeout_s)  # one communicator per rank pair
-            groups[name] = (a, b)
+            groups[name] = gs
             pos = o.position(i)
             refs[a] = pool.submit(a, mv.extend_member, gs, p.emu.id, o.id, spec, _layout(o),
                                   pos)

@@ -56,6 +56,7 @@ class WorkerContext:
         self.groups: dict[str, Group] = {}
         self.zombies: list[Any] = []  # aborted groups / joins whose backend is still busy
         self._joining: dict[str, Any] = {}  # PendingJoin by group name
+        self._refused: set[str] = set()  # prefixes of aborted group instances
         self.scratch: dict[str, Any] = {}  # the engine's per-worker objects (models, caches)
         self._lock = threading.Lock()
 
@@ -146,8 +147,17 @@ class WorkerContext:
             return self.groups.pop(name, None)
 
     def add_pending(self, join: Any) -> None:
+        """Register a join in progress; one of a refused group instance is aborted at once."""
         with self._lock:
             self._joining[join.spec.name] = join
+            if join.spec.prefix in self._refused:
+                join.aborted.set()
+
+    def refuse_groups(self, prefixes: Iterable[str]) -> None:
+        """Group instances (by their unique prefix) this worker must not join: their peers
+        were aborted. Kept for the worker's life (a few dozen bytes per aborted group)."""
+        with self._lock:
+            self._refused.update(prefixes)
 
     def finish_join(self, join: Any, group: Group | None) -> bool:
         """End a join atomically with respect to ``abort_groups``: register ``group`` unless
