@@ -147,3 +147,21 @@ def test_an_abort_that_comes_before_the_join_is_not_lost() -> None:
         join_group(ctx, solo).close()
     finally:
         rv.close()
+
+
+def test_a_group_aborted_and_freed_before_its_first_collective_raises_group_aborted() -> None:
+    """An abort between a member's join and its first collective parks the group, and the
+    worker frees it at once (nothing runs on it): the member's collective must fail as aborted,
+    not on the freed backend (a flaky fault test once saw an AttributeError there)."""
+    from nereus.runtime.comm import GroupAborted
+
+    g0, g1 = _pair()
+    for g in (g0, g1):
+        g.abort()
+        g.close()
+    with pytest.raises(GroupAborted):
+        g0.broadcast(torch.zeros(4), src=0)
+    with pytest.raises(GroupAborted):
+        g1.start_broadcast(torch.zeros(4), src=0)
+    with pytest.raises(GroupAborted):
+        g1.send(torch.zeros(4), 0)

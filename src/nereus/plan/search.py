@@ -633,6 +633,8 @@ class Planner:
                     stage_plans[name] = StagePlan(name, cand, tuple(placed[name]),
                                                   est.latency_s, est.peak_mem_bytes)
         ordered = tuple(stage_plans[s.name] for s in wf.stages)
+        # groups in phase order, as the plan lists them, whatever order the phases were placed
+        groups.sort(key=lambda g: wf.phases.index(wf.stage(g[0]).phase))
         # the sync as placed: where the pool (or spreading replicas) kept generation off the
         # training GPUs, it differs from what the search's count model said
         pair = wf.weight_sync() if wf.execution is Execution.SYNC else None

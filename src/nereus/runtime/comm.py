@@ -200,30 +200,37 @@ class Group:
     def members(self) -> tuple[int, ...]:
         return self.spec.members
 
+    def _live(self) -> Any:
+        """The backend to start an operation on; ``GroupAborted`` once the group was aborted
+        (an aborted group is parked, and freed -- its backend gone -- once idle, which it is
+        before this member's first operation)."""
+        backend = self.backend
+        if self.aborted.is_set() or backend is None:
+            raise GroupAborted(f"group {self.name} was aborted")
+        return backend
+
     # ---- collectives (blocking; on CUDA they are enqueued on the group's stream)
     def broadcast(self, tensor: torch.Tensor, src: int = 0) -> None:
         opts = dist.BroadcastOptions()
         opts.rootRank = src
         opts.rootTensor = 0
-        self._wait(self.backend.broadcast([tensor], opts))
+        self._wait(self._live().broadcast([tensor], opts))
 
     def all_gather(self, outputs: list[torch.Tensor], tensor: torch.Tensor) -> None:
-        self._wait(self.backend.allgather([outputs], [tensor]))
+        self._wait(self._live().allgather([outputs], [tensor]))
 
     def all_reduce(self, tensor: torch.Tensor, op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM
                    ) -> None:
         opts = dist.AllreduceOptions()
         opts.reduceOp = op
-        self._wait(self.backend.allreduce([tensor], opts))
+        self._wait(self._live().allreduce([tensor], opts))
 
     def start_broadcast(self, tensor: torch.Tensor, src: int = 0) -> Any:
         """Start a broadcast; ``wait([op])`` ends it (several may be in flight)."""
-        if self.aborted.is_set():
-            raise GroupAborted(f"group {self.name} was aborted")
         opts = dist.BroadcastOptions()
         opts.rootRank = src
         opts.rootTensor = 0
-        return self.backend.broadcast([tensor], opts)
+        return self._live().broadcast([tensor], opts)
 
     def wait(self, works: list[Any]) -> None:
         self._wait_all(works)
@@ -232,17 +239,17 @@ class Group:
         return work if self.device.type == "cuda" else _P2PWait(work)
 
     def send(self, tensor: torch.Tensor, dst: int, tag: int = 0) -> None:
-        self._wait(self._p2p(self.backend.send([tensor], dst, tag)))
+        self._wait(self._p2p(self._live().send([tensor], dst, tag)))
 
     def recv(self, tensor: torch.Tensor, src: int, tag: int = 0) -> None:
-        self._wait(self._p2p(self.backend.recv([tensor], src, tag)))
+        self._wait(self._p2p(self._live().recv([tensor], src, tag)))
 
     def barrier(self) -> None:
         if self.device.type == "cuda":
             t = torch.zeros(1, device=self.device)
             self.all_reduce(t)
         else:
-            self._wait(self.backend.barrier(dist.BarrierOptions()))
+            self._wait(self._live().barrier(dist.BarrierOptions()))
         self.synchronize()
 
     def synchronize(self) -> None:
