@@ -167,6 +167,7 @@ class CostModel:
         self.node_size = min(job.cluster.devices_per_node, job.pool.largest_node_share())
         self._cache: dict[tuple[str, Candidate, int], Estimate] = {}
         self._sync: dict[tuple[Layout, Layout], tuple[Estimate, Estimate, Estimate]] = {}
+        self._nodes: tuple[tuple[int, ...], ...] | None = None
         self._room: tuple[int, ...] | None = None
 
     # ------------------------------------------------------------------ public API
@@ -319,20 +320,26 @@ class CostModel:
 
     def training_nodes(self, train_gpus: int) -> tuple[int, ...]:
         """The GPU ids of the nodes ``sync_receivers`` has ``train_gpus`` training GPUs fill:
-        the pool's fullest nodes (ties by node id), as few as hold them. Placement prefers
-        them for the training stage of a synchronous weight sync."""
+        the pool's fullest nodes, as few as hold them. Placement prefers them for the training
+        stage of a synchronous weight sync."""
         out: list[int] = []
-        for _, ids in sorted(self.job.pool.by_node().items(), key=lambda kv: (-len(kv[1]), kv[0])):
+        for ids in self._fullest_nodes():
             if len(out) >= train_gpus:
                 break
             out += ids
         return tuple(out)
 
+    def _fullest_nodes(self) -> tuple[tuple[int, ...], ...]:
+        """The pool's GPU ids per node, fullest node first (ties by node id)."""
+        if self._nodes is None:
+            by_node = sorted(self.job.pool.by_node().items(), key=lambda kv: (-len(kv[1]), kv[0]))
+            self._nodes = tuple(ids for _, ids in by_node)
+        return self._nodes
+
     def _node_room(self) -> tuple[int, ...]:
         """GPUs of the pool on its k fullest nodes, k = 1, 2, ... (cumulative)."""
         if self._room is None:
-            shares = sorted((len(v) for v in self.job.pool.by_node().values()), reverse=True)
-            self._room = tuple(int(x) for x in np.cumsum(shares))
+            self._room = tuple(int(x) for x in np.cumsum([len(i) for i in self._fullest_nodes()]))
         return self._room
 
     def weight_sync_parts(self, train: Layout, gen: Layout) -> tuple[Estimate, Estimate, Estimate]:

@@ -73,10 +73,12 @@ def _take(node_free: dict[int, list[int]], total: int, unit: int, what: str,
     for size in _chunk_sizes(total, unit):
         fits = [n for n, free in node_free.items() if len(free) >= size]
         if fits:
-            hits = {n: min(size, len(prefer.intersection(node_free[n]))) for n in fits}
+            hits = {n: min(size, len(prefer.intersection(node_free[n]))) for n in fits} \
+                if prefer else dict.fromkeys(fits, 0)
             n = min(fits, key=lambda k: (-hits[k], k not in near, sign * len(node_free[k]), k))
             # preferred GPUs first, then the others, each in node order
-            took = sorted(node_free[n], key=lambda g: g not in prefer)[:size]
+            took = (sorted(node_free[n], key=lambda g: g not in prefer) if prefer
+                    else node_free[n])[:size]
             ids += took
             gone = set(took)
             node_free[n] = [g for g in node_free[n] if g not in gone]

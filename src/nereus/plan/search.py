@@ -609,7 +609,8 @@ class Planner:
         # generation on the training GPUs first (``CostModel.sync_receivers``): training's
         # phase is placed first, preferring those nodes, and generation prefers training's
         # GPUs. Spread replicas go over nodes instead (their sync is priced as placed).
-        nest = wf.weight_sync() if wf.execution is Execution.SYNC and not self.spread else None
+        pair = wf.weight_sync() if wf.execution is Execution.SYNC else None
+        nest = None if self.spread else pair
         prefer: dict[str, tuple[int, ...]] = {}
         phases = list(wf.phases)
         if nest is not None:
@@ -637,7 +638,6 @@ class Planner:
         groups.sort(key=lambda g: wf.phases.index(wf.stage(g[0]).phase))
         # the sync as placed: where the pool (or spreading replicas) kept generation off the
         # training GPUs, it differs from what the search's count model said
-        pair = wf.weight_sync() if wf.execution is Execution.SYNC else None
         sync_s = res.sync_s if pair is None else weight_sync_estimate(
             self.cost, stage_plans[pair[0]], stage_plans[pair[1]]).latency_s
         terms = {p.value: res.phases[p].latency - res.phases[p].extra for p in wf.phases}
