@@ -22,6 +22,7 @@ from nereus.errors import InputError
 from nereus.runtime import movement as mv
 from nereus.runtime.comm import Rendezvous, close_groups, open_groups
 from nereus.runtime.inventory import detect_inventory
+from nereus.runtime.loading import seeded_meta
 from nereus.runtime.memory import CapacityError
 from nereus.runtime.state import StateSpec, arena_layout
 from nereus.runtime.workers import WorkerContext, WorkerPool
@@ -166,3 +167,26 @@ def test_a_failed_grow_leaves_no_worker_and_no_placement_group(pool: WorkerPool,
     while ray.available_resources().get("nereus_slot", 0) < free and time.monotonic() < deadline:
         time.sleep(0.2)
     assert ray.available_resources().get("nereus_slot", 0) == free
+
+
+def test_a_rename_applies_once_per_token_and_a_clash_changes_nothing() -> None:
+    """The executor may send a rename again to finish one a fault cut short: a worker that
+    applied it already must not apply it twice (a swap would be undone)."""
+    spec = StateSpec(MODEL_PRESETS["tiny-llama"])
+    ctx = WorkerContext(0, torch.device("cpu"), 1 << 30)
+    a, b = (ctx.allocate(spec, 1, 1, 0, 0, seeded_meta(s)) for s in (1, 2))
+    ctx.hold("s/0", a)
+    ctx.hold("s/1", b)
+    swap = {"s/0": "s/1", "s/1": "s/0"}
+    assert ctx.rename(swap, "t1")
+    assert ctx.units["s/1"] is a and ctx.units["s/0"] is b
+    assert not ctx.rename(swap, "t1")  # the same rename again: nothing changes
+    assert ctx.units["s/1"] is a and ctx.units["s/0"] is b
+    with pytest.raises(KeyError, match=r"s/1"):
+        ctx.rename({"s/0": "s/1"}, "t2")  # would overwrite a held unit
+    assert ctx.units == {"s/1": a, "s/0": b}
+    ctx.drop("s/1")
+    assert ctx.rename({"s/0": "s/1"}, "t2")  # a refused token is not spent
+    assert ctx.units == {"s/1": b}
+    ctx.drop("s/1")
+    assert ctx.memory.stats().held == 0

@@ -26,6 +26,7 @@ from runtime_testlib import (
 
 from nereus.cost.candidate import Candidate, Layout
 from nereus.plan.types import Plan, StagePlan
+from nereus.runtime import movement as mv
 from nereus.runtime.checkpoint import Checkpointer
 from nereus.runtime.executor import Executor, state_specs
 from nereus.runtime.faults import TransitionFailed, recover
@@ -278,6 +279,54 @@ def test_an_extends_source_stays_intact_when_the_run_fails_after_it(pool: Worker
     held = _held_ids(pool)
     assert all("actor_train/0" in held[g] for g in (0, 1))
     check_stages(pool, e.job, {e.stage: rep.intact[e.stage]}, e.seeds)
+
+
+def test_a_worker_dying_before_the_final_rename_is_a_fault_with_a_report(
+        pool: WorkerPool) -> None:
+    """Every primitive ends, then a worker dies before the rename to Φ(target)'s ids (which
+    here shifts ids: 2 -> 0 and 0 -> 1). The run fails with a report, not a bare error: the
+    live workers hold their units under the new ids, the unit on the dead worker is lost, and
+    recovery reaches the target from what is left."""
+    job = cpu_job("tiny-llama", 6)
+    stage = "actor_train"
+    _fit_pool(pool, range(6))
+    current = _one_stage_plan(job, stage, 2, 1, [[0, 1], [2, 3]])
+    target = _one_stage_plan(job, stage, 2, 1, [[4, 5], [0, 1]])
+    schedule = plan_transition(job, current, target)
+    assert schedule.renames() == {"actor_train/2": "actor_train/0",
+                                  "actor_train/0": "actor_train/1"}
+    specs = state_specs(job, "cpu")
+    seeds = stage_seeds(job, 18)
+    place_plan(pool, job, current, specs, seeds)
+    last = len(schedule.primitives) - 1
+
+    def hook(kind: str, index: int, p: Primitive) -> None:
+        if kind == "end" and index == last:  # after the last primitive, before the rename
+            ray.kill(pool.actor(4), no_restart=True)
+
+    ex = Executor(pool, specs, min_timeout_s=5.0, on_event=hook)
+    try:
+        with pytest.raises(TransitionFailed) as info:
+            ex.run(schedule)
+        rep = info.value.report
+        assert rep.dead == frozenset({4}) and rep.cause and not rep.failed
+        assert [(u.id, u.gpus) for u in rep.intact[stage]] == [("actor_train/1", (0, 1))]
+        assert [(u.id, u.gpus) for u in rep.lost] == [("actor_train/0", (4, 5))]
+        assert len(rep.timings) == len(schedule.primitives)  # every primitive had completed
+        held = pool.run({d: (mv.held_units, ()) for d in (0, 1, 5)})
+        assert {d: sorted(h) for d, h in held.items()} == {0: ["actor_train/1"],
+                                                            1: ["actor_train/1"], 5: []}
+        ex.on_event = None
+        rec = recover(pool, ex, job, rep,
+                      lambda ids: _one_stage_plan(job, stage, 2, 1, [[0, 1], [2, 3]]))
+        assert rec.restored == ()
+        assert sorted(u.gpus for u in rec.units[stage]) == [(0, 1), (2, 3)]
+        check_stages(pool, job, rec.units, seeds)
+    finally:
+        if 4 in pool.device_ids:
+            pool.replace(4)
+        else:
+            pool.grow([4])
 
 
 def test_a_driver_error_before_anything_moved_is_raised_as_it_is(pool: WorkerPool) -> None:

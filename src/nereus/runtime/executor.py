@@ -9,10 +9,13 @@ and bytes are reported in the schedule's shape (same index), so the transition c
 calibrated against them. At the end, units are renamed to the ids Φ(target) gives them, so the
 next transition's Φ(current) finds them.
 
-If a worker dies or a primitive fails, the executor stops starting primitives, closes the
-rendezvous (waiting joins fail at once), aborts the communicators of primitives that include a
-failed or dead worker, waits for the others, reconciles what the live workers hold, and raises
-``TransitionFailed`` with a ``FaultReport`` of the intact units (``nereus.runtime.faults``).
+If a worker dies or a primitive fails, the executor stops starting primitives, aborts the
+communicators of primitives that include a failed or dead worker (by name, and by instance for
+calls that have not joined yet), then closes the rendezvous, waits for the others, reconciles
+what the live workers hold, and raises ``TransitionFailed`` with a ``FaultReport`` of the
+intact units (``nereus.runtime.faults``). A worker that dies during the final rename takes the
+same path: the live workers finish the rename (each applies it once, so a swap of ids is never
+undone), and the report lists the final units under their new ids.
 An error in the driver itself once the first primitive has started (a failed launch, a memory
 check that no longer passes, an interrupt) takes the same path with every running
 communicator aborted, the error as the report's ``cause``: state has moved by then, and the
@@ -24,8 +27,9 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+import uuid
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import ray
@@ -43,7 +47,7 @@ from nereus.runtime.primitives import (
     workers_of,
 )
 from nereus.runtime.state import StateSpec
-from nereus.runtime.workers import WorkerPool, is_actor_death
+from nereus.runtime.workers import WorkerCallsFailed, WorkerPool, is_actor_death
 from nereus.transition.emu import Emu
 from nereus.transition.primitives import Primitive
 from nereus.transition.schedule import Schedule
@@ -107,13 +111,8 @@ def _reset_peak(ctx: Any) -> MemoryStats:
     return ctx.memory.stats()
 
 
-def _rename(ctx: Any, mapping: Mapping[str, str]) -> None:
-    """Rename held units in two phases, so swaps (a -> b, b -> a) work."""
-    moved = {new: ctx.units.pop(old) for old, new in mapping.items() if old in ctx.units}
-    for new, st in moved.items():
-        if new in ctx.units:
-            raise KeyError(f"worker {ctx.device_id}: unit {new} exists already")
-        ctx.units[new] = st
+def _rename(ctx: Any, mapping: Mapping[str, str], token: str) -> bool:
+    return bool(ctx.rename(mapping, token))
 
 
 def state_specs(job: Any, device_kind: str) -> dict[str, StateSpec]:
@@ -216,22 +215,60 @@ class Executor:
             rv.close()
         wall = time.perf_counter() - t0
         final_units = {s: tuple(es) for s, es in schedule.final.items()}
-        if rename:
-            mapping = schedule.renames()
-            per: dict[int, dict[str, str]] = {}
-            for es in final_units.values():
-                for e in es:
-                    if mapping.get(e.id, e.id) != e.id:
-                        for g in e.gpus:
-                            per.setdefault(g, {})[e.id] = mapping[e.id]
-            if per:
-                self.pool.run({g: (_rename, (m,)) for g, m in per.items()})
-            final_units = {s: tuple(_renamed(e, mapping.get(e.id, e.id)) for e in es)
-                           for s, es in final_units.items()}
-        mem = self.pool.memory()
+        mapping = schedule.renames() if rename else {}
+        token = uuid.uuid4().hex
+        try:  # a worker may still die here: the fault path covers the rename too
+            self._rename(final_units, mapping, token)
+            mem = self.pool.memory(involved)
+        except (Exception, KeyboardInterrupt) as e:
+            report = self._fail_renaming(final_units, mapping, token, timings, e)
+            raise TransitionFailed(report) from e
+        final_units = {s: tuple(_renamed(e, mapping.get(e.id, e.id)) for e in es)
+                       for s, es in final_units.items()}
         return ExecutionReport(
             tuple(timings[i] for i in range(len(prims))), wall, final_units,
             {d: mem[d].peak for d in involved}, cap, schedule.estimated_s)
+
+    def _rename(self, units: Mapping[str, Sequence[Emu]], mapping: Mapping[str, str],
+                token: str, device_ids: Iterable[int] | None = None) -> None:
+        """Rename ``units`` to the ids ``mapping`` gives them on their workers (those of
+        ``device_ids`` only, if given), once per ``token``."""
+        per: dict[int, dict[str, str]] = {}
+        for es in units.values():
+            for e in es:
+                new = mapping.get(e.id, e.id)
+                if new != e.id:
+                    for g in e.gpus:
+                        per.setdefault(g, {})[e.id] = new
+        if device_ids is not None:
+            per = {g: m for g, m in per.items() if g in set(device_ids)}
+        if per:
+            self.pool.run({g: (_rename, (m, token)) for g, m in per.items()})
+
+    def _fail_renaming(self, units: Mapping[str, Sequence[Emu]], mapping: Mapping[str, str],
+                       token: str, timings: Mapping[int, PrimitiveTiming],
+                       cause: BaseException) -> FaultReport:
+        """Every primitive ended, then the rename (or the memory read after it) failed, most
+        likely because a worker died. The live workers finish the rename (a worker that did
+        it already ignores the same ``token``), then each final unit is intact under its new
+        id, or under its old one where no worker renamed it (a live worker whose rename
+        failed for another reason)."""
+        alive = self.pool.alive(timeout_s=5.0)
+        dead = {d for d, ok in alive.items() if not ok}
+        try:
+            self._rename(units, mapping, token, [d for d, ok in alive.items() if ok])
+        except WorkerCallsFailed as e:
+            dead |= e.dead
+        except Exception:  # noqa: BLE001 - reconcile reports whatever is left
+            log.debug("finishing the rename failed", exc_info=True)
+        final = [_renamed(e, mapping.get(e.id, e.id)) for es in units.values() for e in es]
+        both = final + [e for es in units.values() for e in es if e.id in mapping]
+        rep = reconcile(self.pool, both, dead, {},
+                        tuple(sorted(timings.values(), key=lambda t: t.index)), cause)
+        # a unit is lost when it is intact under neither id; it is listed under its new one
+        kept = {(e.stage, e.gpus) for es in rep.intact.values() for e in es}
+        return replace(rep, lost=tuple(sorted((e for e in final if (e.stage, e.gpus) not in kept),
+                                              key=lambda e: e.id)))
 
     # ---- helpers
     def _event(self, kind: str, i: int, p: Primitive) -> None:
@@ -322,7 +359,7 @@ class Executor:
                 candidates.pop(e.id, None)
             candidates.update({e.id: e for e in r.prim.outputs})
             completed.append(i)
-        return reconcile(self.pool, candidates, dead, failed,
+        return reconcile(self.pool, candidates.values(), dead, failed,
                          tuple(sorted(timings.values(), key=lambda t: t.index)), cause)
 
 

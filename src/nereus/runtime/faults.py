@@ -15,7 +15,8 @@ straight into their target layout.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+import uuid
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -78,7 +79,7 @@ def _drop_all(ctx: Any, ids: Sequence[str]) -> int:
     return sum(ctx.drop(i) for i in ids)
 
 
-def reconcile(pool: WorkerPool, candidates: Mapping[str, Emu], dead: set[int],
+def reconcile(pool: WorkerPool, candidates: Iterable[Emu], dead: set[int],
               failed: Mapping[int, Mapping[int, BaseException]],
               timings: tuple[PrimitiveTiming, ...] = (), cause: BaseException | None = None
               ) -> FaultReport:
@@ -96,7 +97,7 @@ def reconcile(pool: WorkerPool, candidates: Mapping[str, Emu], dead: set[int],
             dead.add(d)
     intact: dict[str, list[Emu]] = {}
     lost: list[Emu] = []
-    for e in candidates.values():
+    for e in candidates:
         if all(g in held and e.id in held[g] for g in e.gpus):
             intact.setdefault(e.stage, []).append(e)
         else:
@@ -191,7 +192,8 @@ def recover(pool: WorkerPool, executor: Executor, job: JobSpec, report: FaultRep
     if renames:
         from nereus.runtime.executor import _rename
 
-        pool.run({g: (_rename, (m,)) for g, m in renames.items()})
+        token = f"recover-{uuid.uuid4().hex}"
+        pool.run({g: (_rename, (m, token)) for g, m in renames.items()})
     lost = report.lost_stages([s.stage for s in target.stages])
     if lost and checkpointer is None:
         raise RuntimeError(f"the last copy of {', '.join(lost)} is lost and no checkpoint "

@@ -58,6 +58,7 @@ class WorkerContext:
         self._joining: dict[str, Any] = {}  # PendingJoin by group name
         self._refused: set[str] = set()  # prefixes of aborted group instances
         self.scratch: dict[str, Any] = {}  # the engine's per-worker objects (models, caches)
+        self._renames: set[str] = set()  # tokens of the renames applied here
         self._lock = threading.Lock()
 
     # ---- state units (bytes counted)
@@ -122,6 +123,26 @@ class WorkerContext:
         self.memory.release(n)
         self._recycle(buf)
         return n
+
+    def rename(self, mapping: Mapping[str, str], token: str) -> bool:
+        """Rename held units (old id -> new id) in two phases, so swaps (a -> b, b -> a) work.
+        Once per ``token``: a rename sent again (the driver finishing one that a fault cut
+        short on other workers) changes nothing, so a swap is never undone. False when this
+        token was applied before."""
+        with self._lock:
+            if token in self._renames:
+                return False
+            moved = {new: self.units.pop(old) for old, new in mapping.items()
+                     if old in self.units}
+            clash = sorted(new for new in moved if new in self.units)
+            if clash:
+                for old, new in mapping.items():  # put back what was taken
+                    if new in moved:
+                        self.units[old] = moved.pop(new)
+                raise KeyError(f"worker {self.device_id}: units {clash} exist already")
+            self.units.update(moved)
+            self._renames.add(token)
+            return True
 
     def free(self, state: ShardedState) -> None:
         """Release an arena from ``allocate`` that was never held (a failed primitive)."""
@@ -462,8 +483,10 @@ class WorkerPool:
     def infos(self) -> dict[int, WorkerInfo]:
         return {d: ray.get(s.actor.info.remote()) for d, s in self._slots.items()}
 
-    def memory(self) -> dict[int, MemoryStats]:
-        refs = {d: s.actor.memory.remote() for d, s in self._slots.items()}
+    def memory(self, device_ids: Iterable[int] | None = None) -> dict[int, MemoryStats]:
+        """Memory of every worker, or of those of ``device_ids``."""
+        ids = self.device_ids if device_ids is None else tuple(device_ids)
+        refs = {d: self.actor(d).memory.remote() for d in ids}
         return {d: ray.get(r) for d, r in refs.items()}
 
     def alive(self, timeout_s: float = 10.0) -> dict[int, bool]:
