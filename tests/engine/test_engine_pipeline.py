@@ -27,6 +27,7 @@ from nereus.engine.optim import AdamConfig, AdamState
 from nereus.engine.pipeline import one_f_one_b
 from nereus.engine.sampling import SamplingParams
 from nereus.engine.train import TrainStep
+from nereus.errors import InputError
 from nereus.spec.model import MODEL_PRESETS, Head
 
 
@@ -82,23 +83,50 @@ ACT = SEQ * SPEC.hidden_size * 4   # bytes of one sequence's hidden states (fp32
 GLOO_TIMEOUT_S = 30.0   # a block that waits on a message never sent fails after this
 
 
-def _on_blocks(pp: int, fn: Callable[[ParallelModel], Any]) -> dict[int, Any]:
-    """``fn(model)`` on every block of a (tp=1, pp) replica of a seeded tiny-llama, one thread
-    per block; results by pp_rank. The first block's error is raised."""
+class _Recorded:
+    """A process group that records its point-to-point calls (op, peer, tag) in order."""
+
+    def __init__(self, pg: Any, log: list[tuple[str, int, int]]):
+        self._pg, self.log = pg, log
+
+    def send(self, tensors: list[torch.Tensor], dst: int, tag: int) -> Any:
+        self.log.append(("send", dst, tag))
+        return self._pg.send(tensors, dst, tag)
+
+    def recv(self, tensors: list[torch.Tensor], src: int, tag: int) -> Any:
+        self.log.append(("recv", src, tag))
+        return self._pg.recv(tensors, src, tag)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._pg, name)
+
+
+# point-to-point calls by (communicator, pp_rank) of the last ``_on_blocks`` run
+P2P: dict[tuple[str, int], list[tuple[str, int, int]]] = {}
+
+
+def _on_blocks(pp: int, fn: Callable[[ParallelModel], Any], spec: Any = SPEC) -> dict[int, Any]:
+    """``fn(model)`` on every block of a (tp=1, pp) replica of a seeded ``spec``, one thread
+    per block; results by pp_rank. The first block's error is raised. Each block has the two
+    PP communicators the runtime gives it (activations, gradients), recorded in ``P2P``."""
     store = dist.HashStore()
-    full = logical_state(SPEC, Head.LM, seed=1)
+    full = logical_state(spec, Head.LM, seed=1)
     results: dict[int, Any] = {}
     errors: dict[int, BaseException] = {}
+    P2P.clear()
+
+    def group(prefix: str, r: int) -> Any:
+        opts = dist.ProcessGroupGloo._Options()
+        opts._timeout = datetime.timedelta(seconds=GLOO_TIMEOUT_S)
+        opts._devices = [dist.ProcessGroupGloo.create_device(hostname="127.0.0.1")]
+        pg = dist.ProcessGroupGloo(dist.PrefixStore(prefix, store), r, pp, opts)
+        return _Recorded(pg, P2P.setdefault((prefix, r), []))
 
     def block(r: int) -> None:
         try:
-            opts = dist.ProcessGroupGloo._Options()
-            opts._timeout = datetime.timedelta(seconds=GLOO_TIMEOUT_S)
-            opts._devices = [dist.ProcessGroupGloo.create_device(hostname="127.0.0.1")]
-            pg = dist.ProcessGroupGloo(dist.PrefixStore("pp/", store), r, pp, opts)
-            shards = shards_for(full, SPEC, Head.LM, 1, pp, 0, r)
-            model = ParallelModel(SPEC, Head.LM, Position(pp=pp, pp_rank=r), shards,
-                                  ParallelGroups(pp=pg))
+            groups = ParallelGroups(pp=group("pp/", r), pp_grad=group("ppg/", r))
+            shards = shards_for(full, spec, Head.LM, 1, pp, 0, r)
+            model = ParallelModel(spec, Head.LM, Position(pp=pp, pp_rank=r), shards, groups)
             results[r] = fn(model)
         except BaseException as e:  # noqa: BLE001 - raised in the test's thread
             errors[r] = e
@@ -140,11 +168,33 @@ def _batch(n: int) -> Batch:
     return Batch(ids, None, {"weight": torch.full((n, SEQ - 1), 1.0 / (n * (SEQ - 1)))})
 
 
-def _train(n: int, pp: int) -> dict[int, Any]:
+def _train(n: int, pp: int, spec: Any = SPEC) -> dict[int, Any]:
     def step(m: ParallelModel) -> float | None:
         st = TrainStep(m, AdamState.zeros(m.params), AdamConfig(lr=1e-3), micro_batch=1)
         return st(_batch(n), weighted_nll).loss
-    return _on_blocks(pp, step)
+    return _on_blocks(pp, step, spec)
+
+
+@pytest.mark.parametrize("model,pp,n", [("tiny-llama", 2, 6), ("tiny-llama", 4, 9),
+                                        ("tiny-qwen3", 2, 5), ("tiny-qwen3", 4, 3)])
+def test_both_ends_of_a_pair_post_their_messages_in_the_same_order(model: str, pp: int,
+                                                                     n: int) -> None:
+    """NCCL matches a pair's sends and receives on one communicator in the order they were
+    posted, tags ignored, and a send waits for its receive: so on each communicator, for each
+    pair of blocks, one end's sends and receives must be the other end's receives and sends,
+    message for message in the same order. A training step (1F1B, and the tied embedding's
+    gradient exchange of tiny-qwen3) meets it; one communicator for both directions would
+    not (an activation's send and a gradient's send cross in the steady state)."""
+    _train(n, pp, MODEL_PRESETS[model])
+    flip = {"send": "recv", "recv": "send"}
+    pairs = 0
+    for (prefix, r), log in P2P.items():
+        for peer in {p for _, p, _ in log}:
+            mine = [(op, tag) for op, p, tag in log if p == peer]
+            theirs = [(flip[op], tag) for op, p, tag in P2P[(prefix, peer)] if p == r]
+            assert mine == theirs, (prefix, r, peer, mine[:6], theirs[:6])
+            pairs += 1
+    assert pairs >= 4 * (pp - 1)   # each neighbouring pair, both ends, both communicators
 
 
 @pytest.mark.parametrize("pp", [2, 4])
@@ -175,3 +225,27 @@ def test_forward_and_generation_hold_at_most_two_sends(held: dict[int, int]) -> 
     assert len(got[1][0]) == 10 and torch.equal(got[0][1].tokens, got[1][1].tokens)
     assert set(held) == {0}   # the last block sends nothing
     assert held[0] <= 2 * ACT
+
+
+class _FakeGroup:
+    def __init__(self, backend: str, rank: int, size: int):
+        self._backend, self._rank, self._size = backend, rank, size
+
+    def name(self) -> str:
+        return self._backend
+
+    def rank(self) -> int:
+        return self._rank
+
+    def size(self) -> int:
+        return self._size
+
+
+def test_an_nccl_pipeline_needs_its_gradient_communicator() -> None:
+    pos = Position(pp=2, pp_rank=1)
+    ParallelGroups(pp=_FakeGroup("gloo", 1, 2)).check(pos)  # gloo: gradients may share pp
+    ParallelGroups(pp=_FakeGroup("nccl", 1, 2), pp_grad=_FakeGroup("nccl", 1, 2)).check(pos)
+    with pytest.raises(InputError, match=r"groups\.pp_grad.*NCCL"):
+        ParallelGroups(pp=_FakeGroup("nccl", 1, 2)).check(pos)
+    with pytest.raises(InputError, match=r"groups\.pp_grad"):
+        ParallelGroups(pp=_FakeGroup("gloo", 1, 2), pp_grad=_FakeGroup("gloo", 0, 2)).check(pos)

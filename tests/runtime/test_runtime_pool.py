@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterator
 
@@ -25,7 +26,7 @@ from nereus.runtime.inventory import detect_inventory
 from nereus.runtime.loading import seeded_meta
 from nereus.runtime.memory import CapacityError
 from nereus.runtime.state import StateSpec, arena_layout
-from nereus.runtime.workers import WorkerContext, WorkerPool
+from nereus.runtime.workers import NCCL_ERROR_HANDLING, WorkerContext, WorkerPool
 from nereus.spec.model import MODEL_PRESETS, Head
 
 CAPACITY = 4 * 1024**2
@@ -57,6 +58,12 @@ def test_one_worker_per_slot_and_call_runs_fn_with_the_context(pool: WorkerPool)
     assert got == {d: (d, "cpu", d + 10) for d in range(4)}
     inv = detect_inventory()
     assert inv.kind == "cpu" and inv.devices >= 4 and "ray" in inv.source
+    # an NCCL error aborts the communicator and raises; it does not end the worker's process
+    assert pool.run_all(_env, NCCL_ERROR_HANDLING) == {d: "2" for d in range(4)}
+
+
+def _env(ctx: WorkerContext, name: str) -> str | None:
+    return os.environ.get(name)
 
 
 def test_capacity_is_enforced_by_counting_held_bytes(pool: WorkerPool) -> None:

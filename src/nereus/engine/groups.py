@@ -49,7 +49,17 @@ class Position:
 @dataclass(frozen=True)
 class ParallelGroups:
     """Process groups of one worker (``torch.distributed.ProcessGroup`` objects, or None when
-    that dimension has size 1), and whether each group's members share a node (its link)."""
+    that dimension has size 1), and whether each group's members share a node (its link).
+
+    ``pp_grad``: the same PP members on a second communicator, which carries the gradients
+    (to the previous block) while ``pp`` carries the activations (to the next). NCCL runs the
+    point-to-point operations of one pair of ranks on one communicator in order, on one
+    stream, and a send waits for its receive; in 1F1B's steady state a block sends an
+    activation before it receives a gradient while its neighbour sends that gradient before it
+    receives the activation, so on one communicator the two sends wait on each other once a
+    message exceeds NCCL's buffer. One communicator per direction keeps each in the same order
+    at both ends. Required on NCCL for pp > 1; optional on gloo, whose sends progress alone
+    (None: gradients go over ``pp``)."""
 
     tp: Any = None
     pp: Any = None
@@ -57,17 +67,24 @@ class ParallelGroups:
     tp_intra: bool = True
     pp_intra: bool = True
     dp_intra: bool = True
+    pp_grad: Any = None
 
     def check(self, pos: Position) -> None:
         """The group sizes and local ranks agree with ``pos``."""
         for name, size, rank in (("tp", pos.tp, pos.tp_rank), ("pp", pos.pp, pos.pp_rank),
-                                 ("dp", pos.dp, pos.dp_rank)):
+                                 ("pp_grad", pos.pp, pos.pp_rank), ("dp", pos.dp, pos.dp_rank)):
             pg = getattr(self, name)
-            if size == 1:
+            if size == 1 or (name == "pp_grad" and pg is None and not _is_nccl(self.pp)):
                 continue
             if pg is None:
-                raise InputError(f"groups.{name}", f"missing for {name}={size}")
+                raise InputError(f"groups.{name}", f"missing for {name.split('_')[0]}={size}"
+                                 + (" on NCCL" if name == "pp_grad" else ""))
             if pg.size() != size or pg.rank() != rank:
                 raise InputError(f"groups.{name}",
                                  f"group has rank {pg.rank()} of {pg.size()}, position says "
                                  f"{rank} of {size}")
+
+
+def _is_nccl(pg: Any) -> bool:
+    name = getattr(pg, "name", None)
+    return callable(name) and str(name()).lower() == "nccl"

@@ -63,20 +63,33 @@ def _tag(micro: int, direction: int) -> int:
 
 
 class PipeLinks:
-    """Send / receive with the neighbouring blocks of one PP group. Each send in flight is kept
-    (its work and tensor) under its tag until ``settle`` or ``finish`` waits for it."""
+    """Send / receive with the neighbouring blocks of one PP group: activations to the next
+    block over ``groups.pp``, gradients to the previous one over ``groups.pp_grad`` (see
+    ``ParallelGroups``: each direction on its own communicator keeps NCCL's in-order
+    point-to-point from deadlocking). Each send in flight is kept (its work and tensor) under its
+    tag until ``settle`` or ``finish`` waits for it."""
 
     def __init__(self, model: ParallelModel) -> None:
         self.model = model
+        self.rank = model.pos.pp_rank
         self.pg = model.groups.pp
+        self.pg_grad = model.groups.pp_grad if model.groups.pp_grad is not None else self.pg
         self.intra = model.groups.pp_intra
         self.pending: dict[int, tuple[Any, torch.Tensor]] = {}
+
+    def _pg(self, peer: int, outgoing: bool) -> Any:
+        """The communicator of a message to (``outgoing``) or from ``peer``."""
+        if abs(peer - self.rank) != 1:
+            raise ValueError(f"block {self.rank} exchanges messages with its neighbours only, "
+                             f"not block {peer}")
+        forward = peer > self.rank if outgoing else peer < self.rank
+        return self.pg if forward else self.pg_grad
 
     def send(self, t: torch.Tensor, dst: int, tag: int) -> None:
         if tag in self.pending:
             raise RuntimeError(f"a send with tag {tag} is still in flight")
         t = t.detach().contiguous()
-        self.pending[tag] = (send(t, dst, self.pg, tag), t)
+        self.pending[tag] = (send(t, dst, self._pg(dst, True), tag), t)
 
     def settle(self, tag: int) -> None:
         """Wait for the send of ``tag`` (if still kept) and let its tensor go. Call it once the
@@ -88,7 +101,7 @@ class PipeLinks:
     def recv(self, shape: tuple[int, ...], src: int, tag: int) -> torch.Tensor:
         m = self.model
         t = torch.empty(shape, dtype=m.dtype, device=m.device)
-        return recv(t, src, self.pg, m.rec, tag, self.intra)
+        return recv(t, src, self._pg(src, False), m.rec, tag, self.intra)
 
     def finish(self) -> None:
         for tag in list(self.pending):

@@ -32,6 +32,7 @@ class GroupNames:
     tp_intra: bool = True
     pp_intra: bool = True
     dp_intra: bool = True
+    pp_grad: str | None = None  # the PP members again: the gradients' communicator
 
 
 @dataclass
@@ -63,7 +64,7 @@ def attach(ctx: Any, key: str, unit_id: str, pos: Position, names: GroupNames,
                           st.meta.adam_step)
     groups = ParallelGroups(_backend(ctx, names.tp), _backend(ctx, names.pp),
                             _backend(ctx, names.dp), names.tp_intra, names.pp_intra,
-                            names.dp_intra)
+                            names.dp_intra, _backend(ctx, names.pp_grad))
     eng = StageEngine(spec.model, spec.head, pos, st.params, groups, state, adam,
                       resident_bytes=lambda: ctx.memory.stats().held)
     ctx.scratch[key] = _Attached(eng, unit_id)

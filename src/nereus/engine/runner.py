@@ -67,7 +67,8 @@ def placements(emus: Sequence[Emu], key: str, same_node: Any = None) -> list[Pla
             dp_m = tuple(x.gpus[i] for x in emus)
             names = remote.GroupNames(
                 f"{key}/tp/{d}/{r}" if tp > 1 else None, f"{key}/pp/{d}/{t}" if pp > 1 else None,
-                f"{key}/dp/{t}/{r}" if dp > 1 else None, intra(tp_m), intra(pp_m), intra(dp_m))
+                f"{key}/dp/{t}/{r}" if dp > 1 else None, intra(tp_m), intra(pp_m), intra(dp_m),
+                f"{key}/ppg/{d}/{t}" if pp > 1 else None)
             out.append(Placement(dev, e.id, Position(tp, pp, dp, t, r, d), names))
     return out
 
@@ -75,7 +76,9 @@ def placements(emus: Sequence[Emu], key: str, same_node: Any = None) -> list[Pla
 class StageRunner:
     """Runs train_step / forward / generate of one model-stage on its EMUs' workers.
 
-    Every call waits at most ``timeout_s`` for the workers (``WorkerCallsFailed`` after)."""
+    Every call waits at most ``timeout_s`` for the workers (``WorkerCallsFailed`` after).
+    ``rv`` must stay open while the runner runs: on NCCL a pipeline's point-to-point
+    communicators are made at their first send, through the rendezvous store."""
 
     def __init__(self, pool: WorkerPool, emus: Sequence[Emu], rv: Rendezvous,
                  adam: AdamConfig | None = None, stage: str | None = None,
@@ -105,7 +108,7 @@ class StageRunner:
         members: dict[str, dict[int, int]] = {}
         for p in self.places:
             for name, rank in ((p.names.tp, p.pos.tp_rank), (p.names.pp, p.pos.pp_rank),
-                               (p.names.dp, p.pos.dp_rank)):
+                               (p.names.pp_grad, p.pos.pp_rank), (p.names.dp, p.pos.dp_rank)):
                 if name is not None:
                     members.setdefault(name, {})[rank] = p.device
         return {n: tuple(m[r] for r in sorted(m)) for n, m in members.items()}

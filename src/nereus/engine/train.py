@@ -151,8 +151,16 @@ class TrainStep:
             name, peer = (EMBED, pos.pp - 1) if pos.first else (LM_HEAD, 0)
             mine = grads[name]
             theirs = torch.empty_like(mine)
-            work = send(mine, peer, m.groups.pp, tag=1 << 20)
-            recv(theirs, peer, m.groups.pp, m.rec, tag=1 << 20, intra=m.groups.pp_intra)
+            pg, tag, intra = m.groups.pp, 1 << 20, m.groups.pp_intra
+            # The first block sends, then receives; the last receives, then sends: NCCL runs
+            # a pair's sends and receives in order, and two sends first would wait on each
+            # other (gloo would not mind either order)
+            if pos.first:
+                work = send(mine, peer, pg, tag)
+                recv(theirs, peer, pg, m.rec, tag, intra)
+            else:
+                recv(theirs, peer, pg, m.rec, tag, intra)
+                work = send(mine, peer, pg, tag)
             work.wait()
             mine.add_(theirs)
 

@@ -178,7 +178,12 @@ class Group:
             time.sleep(delay)
             delay = min(2e-3, delay * 2)
         self._pending = [w for w in self._pending if w is not work]
-        work.wait()  # raises the operation's own error, if it failed
+        try:
+            work.wait()  # raises the operation's own error, if it failed
+        except Exception as e:
+            if self.aborted.is_set():  # the abort ended it (as an error, in gloo)
+                raise GroupAborted(f"group {self.name} was aborted") from e
+            raise
 
     def _wait_all(self, works: list[Any]) -> None:
         for w in works:

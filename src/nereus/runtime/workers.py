@@ -39,6 +39,7 @@ from nereus.runtime.memory import ArenaCache, ByteCounter, CapacityError, Memory
 from nereus.runtime.state import ShardedState, StateMeta, StateSpec, arena_layout
 
 DEFAULT_CPU_CAPACITY = int(0.9 * 2 * 1024**3)  # 90 % of the ``cpu`` device preset's 2 GiB
+NCCL_ERROR_HANDLING = "TORCH_NCCL_ASYNC_ERROR_HANDLING"
 GPU_HEADROOM = 0.9                               # contracts.md: capacity = 90 % of memory
 
 
@@ -249,6 +250,11 @@ class Worker:
 
     def __init__(self, device_id: int, kind: str, capacity_bytes: int, threads: int):
         torch.set_num_threads(threads)
+        # On an NCCL error or timeout, abort the communicator and let the call raise (2),
+        # instead of tearing the process down (torch's default, 3): a worker whose peer died
+        # keeps its units for the fault path (read when a ProcessGroupNCCL is made; a user's
+        # own setting wins).
+        os.environ.setdefault(NCCL_ERROR_HANDLING, "2")
         if kind == "gpu":
             torch.cuda.set_device(0)  # Ray sets CUDA_VISIBLE_DEVICES to this actor's GPU
             device = torch.device("cuda", 0)
