@@ -1,6 +1,7 @@
 """What ``nereus plan`` prints: no speed ratio against a plan that does not fit, node-loss
 lines grouped by node, '1 node'."""
 
+import json
 from pathlib import Path
 
 import yaml
@@ -84,8 +85,6 @@ def test_explain_prints_no_empty_memory_section() -> None:
 def test_explain_prices_the_weight_sync_as_the_plan_does() -> None:
     """--explain priced the sync from bare layouts (every generation GPU colocated: 0.000 s)
     while the plan's own term counts the generation GPUs that hold no training shard."""
-    import json
-
     plan = json.loads(runner.invoke(app, ["plan", "--config", CONFIG, "--json"]).stdout)
     term = plan["terms"]["weight_sync"]
     assert term > 0.001  # generation on 16 GPUs, training on 8: a real sync
@@ -108,13 +107,13 @@ def test_the_header_does_not_multiply_out_to_more_gpus_than_the_pool() -> None:
 
 
 def test_plan_json_records_the_job_it_was_planned_for() -> None:
-    import json
-
     r = runner.invoke(app, ["plan", "--model", "tiny-llama", "--device", "cpu", "--gpus", "2",
                             "--json"])
     assert r.exit_code == 0, r.output
-    assert json.loads(r.stdout)["planned_for"] == {"model": "tiny-llama", "device": "cpu",
-                                                   "algo": "ppo"}
+    rec = json.loads(r.stdout)["planned_for"]
+    assert {k: rec[k] for k in ("model", "device", "algo")} == {
+        "model": "tiny-llama", "device": "cpu", "algo": "ppo"}
+    assert rec["architecture"].startswith("4 layers x 64,"), rec
     r = runner.invoke(app, ["plan", "--config", CONFIG, "--evaluate",
                             "examples/layouts/verl-colocated-8b.yaml", "--json"])
     assert json.loads(r.stdout)["planned_for"]["model"] == "llama-3.1-8b"
@@ -135,3 +134,45 @@ def test_mini_batches_that_do_not_divide_the_batch_say_which_do() -> None:
     assert r.exit_code == 2 and r.stderr.startswith("error: --ppo-mini-batches: 3 does not "
                                                     "divide the 512 "), r.stderr
     assert "1, 2, 4, 8, 16, 32, 64, 128, 256, 512" in r.stderr
+
+
+def _written(tmp_path: Path, name: str, *args: str) -> Path:
+    r = runner.invoke(app, ["plan", *args, "--json"])
+    assert r.exit_code == 0, r.output
+    p = tmp_path / name
+    p.write_text(r.stdout)
+    return p
+
+
+def test_evaluate_refuses_a_plan_made_for_another_job(tmp_path: Path) -> None:
+    """A tiny-llama CPU plan was priced as the 8B model on H100s (exit 0, 'does not fit')."""
+    tiny = _written(tmp_path, "tiny.json", "--model", "tiny-llama", "--device", "cpu",
+                    "--gpus", "2")
+    r = runner.invoke(app, ["plan", "--config", CONFIG, "--evaluate", str(tiny)])
+    assert r.exit_code == 2, r.output
+    assert r.stderr.startswith("error: evaluate: tiny.json was planned for tiny-llama on cpu"), \
+        r.stderr
+
+
+def test_evaluate_refuses_gpu_ids_outside_the_pool(tmp_path: Path) -> None:
+    """GPUs 100-107 on a 16-GPU pool were placed, priced and said to fit."""
+    plan = json.loads(_written(tmp_path, "p.json", "--config", CONFIG).read_text())
+    plan["stages"][0]["gpus"][0] = list(range(100, 100 + len(plan["stages"][0]["gpus"][0])))
+    p = tmp_path / "outside.json"
+    p.write_text(json.dumps(plan))
+    r = runner.invoke(app, ["plan", "--config", CONFIG, "--evaluate", str(p)])
+    assert r.exit_code == 2, r.output
+    assert r.stderr == ("error: evaluate.stages.0.gpus: GPU 100 is not in the pool (allowed: "
+                        "GPU ids 0-15)\n"), r.stderr
+
+
+def test_a_plan_faster_than_the_best_found_is_said_to_be(tmp_path: Path) -> None:
+    """The spread plan of the 8B job syncs its weights inside nodes and beats the packed best
+    plan found, whose search prices the sync with training packed on the fullest nodes; the
+    comparison said 'best plan: 1.00x the speed of yours'."""
+    spread = _written(tmp_path, "spread.json", "--config", CONFIG, "--spread")
+    r = runner.invoke(app, ["plan", "--config", CONFIG, "--evaluate", str(spread)])
+    assert r.exit_code == 0, r.output
+    last = " ".join(r.stdout.split())
+    assert "your plan is 0.15 % faster per step than the best plan found" in last, last
+    assert "its weight sync takes 0.007 s against 0.080 s" in last

@@ -1,10 +1,12 @@
 """Plan files as the commands write and read them: the job a plan was made for, and the
 files ``nereus transition`` takes as a plan (a plan JSON, or a layout as ``--evaluate`` reads).
 
-``nereus plan --json`` records under ``planned_for`` the model, device and algorithm it
-planned; a command that prices a plan for a job checks that record against the job (a plan
-of another model sizes no state of this one). Files without it (written before the record
-existed, or by hand) are taken as they are.
+``nereus plan --json`` records under ``planned_for`` the model, its architecture, the device
+and the algorithm it planned; a command that prices a plan for a job checks that record
+against the job (a plan of another model sizes no state of this one). The architecture is
+what identifies a model: a Hugging Face config.json is named after its folder, so two
+models can share a name and one model can have two. Files without a record, or whose record
+predates the architecture (written before, or by hand), are checked on what they have.
 """
 
 from __future__ import annotations
@@ -15,15 +17,25 @@ from typing import Any
 
 from nereus.errors import InputError
 from nereus.spec.job import JobSpec
+from nereus.spec.model import MODEL_PRESETS, ModelSpec
 
 RECORD_KEY = "planned_for"
-RECORD_FIELDS = ("model", "device", "algo")
+RECORD_FIELDS = ("model", "device", "algo", "architecture")
+CHECKED = ("model", "device", "algo")  # what the error names; the model by its architecture
+
+
+def architecture(m: ModelSpec) -> str:
+    """The shape that sizes a model's state and compute, as one line."""
+    return (f"{m.num_layers} layers x {m.hidden_size}, ffn {m.intermediate_size}, "
+            f"{m.num_heads}/{m.num_kv_heads} heads x {m.head_dim}, vocab {m.vocab_size}"
+            + (", tied embeddings" if m.tie_embeddings else "")
+            + (", qk-norm" if m.qk_norm else ""))
 
 
 def planned_for(job: JobSpec) -> dict[str, str]:
     """What ``nereus plan --json`` records of the job it planned."""
     return {"model": job.model.name, "device": job.cluster.device.name,
-            "algo": job.workflow.algo}
+            "algo": job.workflow.algo, "architecture": architecture(job.model)}
 
 
 def with_record(plan_dict: dict[str, Any], job: JobSpec) -> dict[str, Any]:
@@ -39,7 +51,7 @@ def split_record(data: Any, field: str) -> tuple[Any, dict[str, str] | None]:
     rec = data[RECORD_KEY]
     where = f"{field}.{RECORD_KEY}"
     if not isinstance(rec, Mapping):
-        raise InputError(where, "must be a mapping of model, device and algo",
+        raise InputError(where, "must be a mapping of model, device, algo and architecture",
                          "what nereus plan --json writes")
     for k, v in rec.items():
         if k not in RECORD_FIELDS:
@@ -51,8 +63,18 @@ def split_record(data: Any, field: str) -> tuple[Any, dict[str, str] | None]:
 
 
 def _described(rec: Mapping[str, str]) -> str:
-    model, device, algo = (rec.get(k, "?") for k in RECORD_FIELDS)
+    model, device, algo = (rec.get(k, "?") for k in CHECKED)
     return f"{model} on {device} ({algo})"
+
+
+def _model_differs(record: Mapping[str, str], mine: Mapping[str, str]) -> str | None:
+    """How the recorded model differs from the job's (None when it does not): by
+    architecture where the record has one, else by name."""
+    if "architecture" in record:
+        if record["architecture"] == mine["architecture"]:
+            return None
+        return "model" if record.get("model") != mine["model"] else "model architecture"
+    return "model" if "model" in record and record["model"] != mine["model"] else None
 
 
 def check_record(record: Mapping[str, str] | None, job: JobSpec, field: str,
@@ -63,12 +85,29 @@ def check_record(record: Mapping[str, str] | None, job: JobSpec, field: str,
     if record is None:
         return
     mine = planned_for(job)
-    differ = [k for k in RECORD_FIELDS if k in record and record[k] != mine[k]]
+    differ = [k for k in ("device", "algo") if k in record and record[k] != mine[k]]
+    model = _model_differs(record, mine)
+    if model is not None:
+        differ.insert(0, model)
     if not differ:
         return
-    opts = " ".join(f"--{k} {record[k]}" for k in RECORD_FIELDS if k in record)
+    opts = " ".join(f"--{k} {_option_value(k, record)}" for k in CHECKED if k in record)
     verb = "differs" if len(differ) == 1 else "differ"
     raise InputError(field, f"{path.name} was planned for {_described(record)}, not for "
                      f"{_described(mine)} ({' and '.join(differ)} {verb})",
                      f"a plan made for {_described(mine)}, or {opts} to price it with the "
                      f"job it was planned for")
+
+
+def _option_value(key: str, record: Mapping[str, str]) -> str:
+    """A recorded name as an option's value. A model is a preset only when its architecture
+    is the preset's; otherwise it came from a config.json, named after its folder, which only
+    its path finds again."""
+    value = record[key]
+    if key != "model":
+        return value
+    preset = MODEL_PRESETS.get(value)
+    if preset is not None and record.get("architecture", architecture(preset)) == \
+            architecture(preset):
+        return value
+    return f"<the config.json of {value}>"

@@ -32,6 +32,7 @@ from nereus.plan.types import (
     replica_problem,
     weight_sync_estimate,
 )
+from nereus.spec.cluster import gpu_ranges
 from nereus.spec.job import JobSpec
 from nereus.spec.sharding import layout_problem
 from nereus.spec.workflow import Execution, Phase, StageKind
@@ -197,10 +198,16 @@ def evaluate_plan(job: JobSpec, specs: Mapping[str, StageLayoutSpec],
     opts = {s.name: _options(cost, s.name, specs[s.name]) for s in wf.stages}
     cands = {n: o[0] for n, o in opts.items()}
     replicas: dict[str, tuple[tuple[int, ...], ...]] = {}
+    pool = set(job.pool.ids)
     for name, c in cands.items():
         if c.gpus > job.pool.size:
             raise InputError(_where(name, specs[name]), f"needs {c.gpus} GPUs (tp x pp x dp), "
                              f"the pool has {job.pool.size}")
+        outside = sorted({g for r in specs[name].gpus or () for g in r} - pool)
+        if outside:
+            raise InputError(f"{_where(name, specs[name])}.gpus",
+                             f"GPU {outside[0]} is not in the pool",
+                             f"GPU ids {gpu_ranges(job.pool.ids)}")
     # asynchronous generation runs on GPUs of its own: place it first, the rest beside it
     first = (Phase.GENERATION,) if wf.execution is Execution.ASYNC else ()
     taken: set[int] = set()

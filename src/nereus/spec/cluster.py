@@ -100,3 +100,19 @@ class GpuPool:
 
     def with_ids(self, ids: Iterable[int]) -> GpuPool:
         return GpuPool(self.cluster, tuple(set(self.ids) | set(ids)))
+
+
+def gpu_ranges(ids: tuple[int, ...] | list[int]) -> str:
+    """[0,1,2,3,8,9] -> '0-3,8-9'."""
+    s = sorted(ids)
+    if not s:
+        return "-"
+    out, start, prev = [], s[0], s[0]
+    for g in s[1:]:
+        if g == prev + 1:
+            prev = g
+            continue
+        out.append(f"{start}-{prev}" if prev > start else f"{start}")
+        start = prev = g
+    out.append(f"{start}-{prev}" if prev > start else f"{start}")
+    return ",".join(out)
