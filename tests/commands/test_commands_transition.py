@@ -150,8 +150,9 @@ def test_the_gantt_chart_cuts_no_label(tmp_path: Path, monkeypatch: pytest.Monke
 
 def test_execute_json_has_a_top_level_source_and_ray_is_asked_to_be_quiet(
         monkeypatch: pytest.MonkeyPatch, tiny_plans: tuple[str, str]) -> None:
-    """--execute --json had no top-level "source" (every other command's JSON has one), and
-    Ray's driver printed a token-auth warning and 'Started a local Ray instance' on stderr."""
+    """--execute --json had no top-level "source" (every other command's JSON has one),
+    Ray's driver printed a token-auth warning and 'Started a local Ray instance' on stderr,
+    and a raylet's warning about many workers starting landed in stdout, before the JSON."""
     import os
 
     import nereus.runtime
@@ -161,6 +162,7 @@ def test_execute_json_has_a_top_level_source_and_ray_is_asked_to_be_quiet(
     def fake_run(job: object, cur: object, tgt: object, schedule: object, *,
                  as_json: bool, echo: object) -> int:
         seen["ray_level"] = os.environ.get("RAY_LOGGER_LEVEL")
+        print("(raylet) WARNING: 8 PYTHON worker processes have been started")  # as Ray does
         row = {"index": 0, "op": "Extend", "stage": "actor_gen", "gpus": [0, 2],
                "estimated_s": 0.01, "measured_s": 0.02, "setup_s": 0.001, "bytes": 1024,
                "start_s": 0.0, "end_s": 0.02}
@@ -175,7 +177,8 @@ def test_execute_json_has_a_top_level_source_and_ray_is_asked_to_be_quiet(
     monkeypatch.setattr(nereus.runtime, "cli_execute", fake_run)
     r = runner.invoke(app, ["transition", *tiny_plans, *TINY, "--execute", "--json"])
     assert r.exit_code == 0, r.output
-    out = json.loads(r.stdout)
+    out = json.loads(r.stdout)  # Ray's own lines go to stderr, not into the JSON
+    assert "(raylet) WARNING" in r.stderr
     assert out["source"] == "measured"
     assert out["sources"]["estimated_s"].startswith("estimated")
     numbers = {k for k, v in out["primitives"][0].items()
@@ -240,6 +243,43 @@ def test_a_plan_of_another_job_is_refused_naming_the_file(tmp_path: Path,
     p.write_text(json.dumps(old))
     r = runner.invoke(app, ["transition", str(p), tiny_plans[1], *TINY])
     assert r.exit_code == 0, r.output
+
+
+def test_a_plan_is_matched_to_its_job_by_architecture_not_by_name(tmp_path: Path) -> None:
+    """A config.json is named after its folder: a smaller model in a folder called
+    llama-3.1-8b was taken as the 8B model, and the 8B model's own config.json in a folder
+    called hf was refused as another model."""
+    import dataclasses
+
+    from nereus.spec.model import MODEL_PRESETS
+
+    def hf_model(folder: str, **shape: int) -> Path:
+        d = tmp_path / folder
+        d.mkdir(parents=True)
+        spec = dataclasses.replace(MODEL_PRESETS["llama-3.1-8b"], **shape)
+        (d / "config.json").write_text(json.dumps(spec.to_hf_dict()))
+        return d / "config.json"
+
+    fake = hf_model("fake/llama-3.1-8b", num_layers=16)
+    r = runner.invoke(app, ["plan", "--model", str(fake), "--gpus", "16", "--json"])
+    assert r.exit_code == 0, r.output
+    (tmp_path / "fake.json").write_text(r.stdout)
+    now = _plan_8b(tmp_path, "now.json")
+    r = runner.invoke(app, ["transition", str(tmp_path / "fake.json"), str(now),
+                            "--model", "llama-3.1-8b"])
+    assert r.exit_code == 2, r.output
+    assert "(model architecture differs)" in r.stderr, r.stderr
+    same = hf_model("hf", num_layers=32)
+    r = runner.invoke(app, ["plan", "--model", str(same), "--gpus", "16", "--json"])
+    assert r.exit_code == 0, r.output
+    (tmp_path / "hf.json").write_text(r.stdout)
+    r = runner.invoke(app, ["transition", str(tmp_path / "hf.json"), str(now), "--config",
+                            CONFIG_8B, "--json"])
+    assert r.exit_code == 0, r.output
+    r = runner.invoke(app, ["transition", str(tmp_path / "fake.json"), str(now), "--model",
+                            "qwen3-14b"])
+    assert r.exit_code == 2 and "--model <the config.json of llama-3.1-8b>" in r.stderr, \
+        r.stderr
 
 
 def test_a_layout_file_is_a_plan_for_transition(tmp_path: Path) -> None:
@@ -329,3 +369,32 @@ def test_execute_that_this_machine_cannot_hold_prints_only_the_error(
     assert r.stdout == ""
     assert r.stderr.count("\n") == 1 and r.stderr.startswith("error: model: llama-3.1-8b: its "
                                                              "state takes")
+
+
+def test_execute_refuses_more_workers_than_the_cores_serve(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """64 GPU ids on 2 cores started 64 worker processes and ended after a minute in a
+    startup timeout (exit 4); it is refused before anything starts."""
+    import os
+
+    plans = []
+    for gpus in (2, 64):
+        r = runner.invoke(app, ["plan", *TINY, "--gpus", str(gpus), "--json"])
+        assert r.exit_code == 0, r.output
+        plans.append(tmp_path / f"p{gpus}.json")
+        plans[-1].write_text(r.stdout)
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    r = runner.invoke(app, ["transition", *map(str, plans), *TINY, "--execute"])
+    assert r.exit_code == 2, r.output
+    assert r.stderr.startswith("error: --execute: the plans use 64 GPU ids, so 64 CPU worker "
+                               "processes; this machine has 2 cores"), r.stderr
+    assert "at most 16 GPUs here" in r.stderr
+
+
+def test_a_job_spec_that_fits_nowhere_is_named(tmp_path: Path) -> None:
+    one = tmp_path / "one.yaml"
+    one.write_text(Path(CONFIG_8B).read_text().replace("gpus: 16", "gpus: 1"))
+    assert "gpus: 1\n" in one.read_text()
+    r = runner.invoke(app, ["transition", CONFIG_8B, str(one)])
+    assert r.exit_code == 2, r.output
+    assert r.stderr.startswith("error: target (one.yaml): model-stage "), r.stderr

@@ -242,6 +242,8 @@ def test_execute_table_says_which_columns_are_measured(plans: tuple[Path, Path],
     assert "setup s (measured)" in r.output and "MiB (measured)" in r.output
     assert "0.1250" in r.output and "3.0" in r.output  # the measured numbers themselves
     assert "measured 1.5000 s (measured)" in r.output and "bitwise equal" in r.output
+    # the estimate is the H100's, the workers are CPU processes: said, not set side by side
+    assert "for h100-sxm-80gb, the device the plans were made for" in r.output
     r = runner.invoke(app, ["transition", *map(str, plans), "--model", "llama-3.1-8b",
                             "--execute", "--json"])
     assert r.exit_code == 0, r.output
@@ -249,3 +251,4 @@ def test_execute_table_says_which_columns_are_measured(plans: tuple[Path, Path],
     assert out["primitives"][0]["setup_s"] == 0.125 and out["bitwise_equal"] is True
     assert out["sources"]["setup_s"].startswith("measured")
     assert out["sources"]["bytes"].startswith("measured")
+    assert out["estimated_for"] == "h100-sxm-80gb" and out["device"] == "cpu"

@@ -11,8 +11,10 @@ Exit 3 with the reason when the transition is infeasible; 2 for bad input.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -36,8 +38,9 @@ from nereus.commands.jobopts import JOB_HELP, job_from_options
 from nereus.commands.plan import layout_from_data, renamed_field
 from nereus.commands.planfile import check_record, split_record
 from nereus.cost.efficiency import Efficiencies
+from nereus.cost.estimate import HEADROOM
 from nereus.cost.model import CostModel
-from nereus.errors import InputError
+from nereus.errors import InfeasibleError, InputError
 from nereus.files import read_json, read_yaml
 from nereus.plan.evaluate import StageLayoutSpec, evaluate_plan
 from nereus.plan.types import Plan
@@ -154,8 +157,13 @@ def jobs_from_specs(current: Path, target: Path, profile: Path | None
         raise InputError("target.cluster.devices_per_node",
                          f"{b.cluster.devices_per_node} differs from the current "
                          f"{a.cluster.devices_per_node}", "the same node size in both")
-    cur = best_plan(a, cost=_cost_model(a, profile))
-    tgt = best_plan(b, cost=_cost_model(b, profile))
+    plans = []
+    for which, job, path in (("current", a, current), ("target", b, target)):
+        try:
+            plans.append(best_plan(job, cost=_cost_model(job, profile)))
+        except InfeasibleError as e:  # which of the two job specs fits nowhere
+            raise InfeasibleError(f"{which} ({path.name}): {e}") from None
+    cur, tgt = plans
     cluster = max((a.cluster, b.cluster), key=lambda c: c.num_devices)
     pool = GpuPool(cluster, tuple(sorted(set(a.pool.ids) | set(b.pool.ids))))
     return replace(b, cluster=cluster, pool=pool), cur, tgt
@@ -287,6 +295,12 @@ def estimate_note(result: dict) -> str:
     the cost model's built-in efficiencies, not this machine's: an estimate several times off
     the measured time then says little about the transition model itself)."""
     eff = result["estimate_efficiencies"]
+    priced = result.get("estimated_for")
+    if priced is not None and priced != result.get("device"):
+        return (f"estimated s: for {priced}, the device the plans were made for; these "
+                f"workers are {result.get('device')} processes holding that device's capacity, "
+                "so the memory and the state check compare, the seconds do not (plans made "
+                "with --device cpu price the workers here)")
     if eff.startswith("default"):
         return ("estimated s: with the cost model's default efficiencies, not calibrated on "
                 "this machine (--profile FILE calibrates them), so it can be several times "
@@ -311,22 +325,25 @@ def quiet_ray() -> None:
 
 
 def measured_json(result: dict, schedule: Schedule | None = None,
-                  profile: Path | None = None) -> dict:
+                  profile: Path | None = None, priced_for: str | None = None) -> dict:
     """``--execute --json``: a top-level ``source`` as every command's JSON has (the run is
     measured; ``sources`` names the one estimated figure per field), a source for every
     per-primitive number, which efficiencies the estimate used (``estimate_efficiencies``:
-    the default, uncalibrated ones unless ``--profile`` gave this machine's), and per
-    primitive whether it was staged through host memory."""
+    the default, uncalibrated ones unless ``--profile`` gave this machine's), the device the
+    estimate is for (``estimated_for``: the plans' device, whatever the workers ran on), and
+    per primitive whether it was staged through host memory."""
     eff = (f"efficiencies calibrated in {profile.name} (--profile)" if profile is not None
            else "default efficiencies (uncalibrated: no --profile for this machine)")
     result = {**result, "estimate_efficiencies": eff}
+    if priced_for is not None:
+        result["estimated_for"] = priced_for
     if schedule is not None:
         staged = {p.index: bool(p.primitive.staged) for p in schedule.primitives}
         result["primitives"] = [{**r, "staged": staged.get(r.get("index"), False)}
                                 for r in result.get("primitives", [])]
     sources = dict(result.get("sources", {}))
     sources["estimated_s"] = (f"{sources.get('estimated_s', 'estimated (transition cost model)')}"
-                              f", {eff}")
+                              f", {eff}" + (f", for {priced_for}" if priced_for else ""))
     sources.update(
         staged="planned (the transition schedule: a Split or Merge staged through host "
                "memory)",
@@ -418,7 +435,9 @@ def register(app: typer.Typer) -> None:
                 out["reason"] = schedule.reason
             print(json.dumps(out))
         if not schedule.feasible:
-            raise fail(f"infeasible transition: {schedule.reason}", EXIT_INFEASIBLE)
+            raise fail(f"infeasible transition (bytes estimated by the transition's memory "
+                       f"model; capacity {HEADROOM:.0%} of the device's memory): "
+                       f"{schedule.reason}", EXIT_INFEASIBLE)
         result: dict[str, Any] | None = None
         code = 0
         if execute and schedule.primitives:
@@ -431,10 +450,15 @@ def register(app: typer.Typer) -> None:
 
             printed: list[str] = []
             try:  # as JSON always: the table is drawn here, with every column's source
-                code = cli_execute(job, cur, tgt, schedule, as_json=True, echo=printed.append)
+                # Ray prints its own warnings to stdout from a thread (a raylet's "worker
+                # processes have been started" notice): stderr is theirs, stdout the command's
+                with contextlib.redirect_stdout(sys.stderr):
+                    code = cli_execute(job, cur, tgt, schedule, as_json=True,
+                                       echo=printed.append)
             except RunFailed as e:
                 raise fail(str(e), EXIT_RUN_FAILED) from None
-            result = measured_json(json.loads(printed[-1]), schedule, profile)
+            result = measured_json(json.loads(printed[-1]), schedule, profile,
+                                   job.cluster.device.name)
         if not as_json:
             print_schedule(job, schedule, cur, tgt)
         if gantt_path is not None:

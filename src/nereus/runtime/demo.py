@@ -10,6 +10,7 @@ are stopped before it returns, also on failure.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -82,7 +83,8 @@ def execute_transition(job: JobSpec, current: Plan, target: Plan,
     pool = None
     try:
         capacity = schedule.capacity_bytes if kind == "cpu" else None
-        pool = WorkerPool.start(ids, kind=kind, capacity_bytes=capacity, address=address)
+        pool = WorkerPool.start(ids, kind=kind, capacity_bytes=capacity, address=address,
+                                ready_timeout_s=_ready_timeout_s(len(ids)))
         if kind != "cpu":  # a GPU holds at most the planner's capacity, and its own
             pool.set_capacity(min(schedule.capacity_bytes, pool.capacity_bytes))
         specs = state_specs(job, "cpu" if pool.kind == "cpu" else "gpu")
@@ -103,12 +105,33 @@ def execute_transition(job: JobSpec, current: Plan, target: Plan,
             ray.shutdown()
 
 
-def _check_fits_machine(job: JobSpec, schedule: Schedule, workers: int) -> None:
-    """Refuse, before starting anything, a state that this machine's memory cannot hold."""
-    import os
+# A CPU worker is a Python process with torch and Ray loaded: about 190 MiB of its own memory
+# (RssAnon of an idle worker, measured on this project's 2-core CI machine; its ~110 MiB of
+# shared libraries are counted once), and about 4 s of one core to start (measured there: 4
+# workers in 15 s on 2 cores).
+WORKER_BYTES = 190 * 1024**2
+WORKER_START_CORE_S = 4.0
+MAX_WORKERS_PER_CORE = 8  # more, and the workers mostly wait on each other (16 on 2 cores ran)
 
+
+def _ready_timeout_s(workers: int) -> float:
+    """How long to wait for the workers to start: 60 s, or twice the start time they need
+    on this machine's cores."""
+    cores = os.cpu_count() or 1
+    return max(60.0, 2 * WORKER_START_CORE_S * workers / cores)
+
+
+def _check_fits_machine(job: JobSpec, schedule: Schedule, workers: int) -> None:
+    """Refuse, before starting anything, what this machine cannot run: more worker
+    processes than its cores serve, or more memory than it has for the workers and the
+    state."""
     from nereus.runtime.state import position_bytes
 
+    cores = os.cpu_count() or 1
+    if workers > MAX_WORKERS_PER_CORE * cores:
+        raise InputError("--execute", f"the plans use {workers} GPU ids, so {workers} CPU "
+                         f"worker processes; this machine has {cores} cores",
+                         f"plans on at most {MAX_WORKERS_PER_CORE * cores} GPUs here")
     specs = state_specs(job, "cpu")
     need = 0
     for stage in schedule.changed:
@@ -117,9 +140,11 @@ def _check_fits_machine(job: JobSpec, schedule: Schedule, workers: int) -> None:
             need += sum(position_bytes(specs[stage], *lay, *e.position(i))
                         for i in range(len(e.gpus)))
     ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    if 2 * need > ram:  # the state, plus the copies a transition makes on its way
+    procs = workers * WORKER_BYTES
+    if 2 * need + procs > ram:  # the state, the copies a transition makes, the processes
         raise InputError("model", f"{job.model.name}: its state takes {need / GiB:.1f} GiB on "
-                         f"{workers} CPU workers, this machine has {ram / GiB:.1f} GiB",
+                         f"{workers} CPU workers (and the processes {procs / GiB:.1f} GiB), "
+                         f"this machine has {ram / GiB:.1f} GiB",
                          "a small model for --execute on CPU (tiny-llama, tiny-qwen3, "
                          "small-llama)")
 

@@ -443,9 +443,8 @@ class _Replay:
             held += f"; offloaded there: {', '.join(sorted(here - moving))}"
         why = self.why.get(i) or "its predecessors never run"
         what = f"{p.op} of {', '.join(e.id for e in p.inputs)}"
-        if isinstance(p, Extend):
-            what += f" onto GPUs {format_gpus(p.targets)}"
-        else:
-            what += f" on GPUs {format_gpus(p.gpus)}"
+        gpus_ = p.targets if isinstance(p, Extend) else p.gpus
+        what += f" {'onto' if isinstance(p, Extend) else 'on'} GPU{'s' * (len(gpus_) > 1)} " \
+            f"{format_gpus(gpus_)}"
         return (f"{p.stage}: {what} is blocked ({why}; capacity {format_bytes(self.cap)} per "
                 f"GPU; held by {held}) and no Destroy that runs before it frees them")
