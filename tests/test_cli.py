@@ -24,6 +24,23 @@ def test_usage_errors_are_one_line_with_exit_2(args, says):
     assert "--help" in lines[0]
 
 
+@pytest.mark.parametrize("args,where", [
+    (["plan", "--config"], "nereus plan"),
+    (["plan", "-c"], "nereus plan"),
+    (["plan", "--json=yes"], "nereus plan"),
+    (["plan", "--bogus"], "nereus plan"),
+    (["simulate", "--steps"], "nereus simulate"),
+    (["transition", "--model"], "nereus transition"),
+    (["bogus"], "nereus"),
+])
+def test_a_usage_error_points_to_the_help_of_the_command_typed(args, where):
+    """`nereus plan --config` (no value) pointed to 'nereus --help', which does not list
+    plan's options: click raises a missing value without the command's context."""
+    r = runner.invoke(app, args)
+    assert r.exit_code == 2, r.output
+    assert r.output.rstrip().endswith(f"(see '{where} --help')"), r.output
+
+
 def test_help_still_works():
     r = runner.invoke(app, ["plan", "--help"])
     assert r.exit_code == 0 and "Usage: nereus plan" in r.output

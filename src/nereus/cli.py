@@ -33,6 +33,19 @@ class _OneLineGroup(TyperGroup):
     def get_params(self, ctx: Any) -> list[Any]:
         return plain_flags(super().get_params(ctx))
 
+    def invoke(self, ctx: Any) -> Any:
+        """Give a usage error raised without a context the subcommand's: click's parser raises
+        a missing option value (``nereus plan --config``) without one, and the error would
+        point to ``nereus --help``, which does not list plan's options."""
+        try:
+            return super().invoke(ctx)
+        except _exc.UsageError as e:
+            name = ctx.invoked_subcommand
+            cmd = self.get_command(ctx, name) if e.ctx is None and name else None
+            if cmd is not None:
+                e.ctx, e.cmd = _click.Context(cmd, info_name=name, parent=ctx), cmd
+            raise
+
     def main(self, args: Sequence[str] | None = None, prog_name: str | None = None,
              complete_var: str | None = None, standalone_mode: bool = True,
              **extra: Any) -> Any:

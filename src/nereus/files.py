@@ -7,6 +7,7 @@ missing file, a parse error or a wrong field always reads the same way: one line
 from __future__ import annotations
 
 import json
+import math
 import re
 from pathlib import Path
 from typing import Any, TypeVar, get_args
@@ -49,12 +50,46 @@ def read_json(path: str | Path, field: str) -> Any:
         raise InputError(field, f"{p} is not valid JSON ({e.msg} at line {e.lineno})") from None
 
 
+_MERGE_TAG = "tag:yaml.org,2002:merge"
+
+
+class _DuplicateKey(Exception):
+    """A key given twice in one mapping, as written, with its line and the first one's."""
+
+    def __init__(self, key: str, line: int, first: int):
+        super().__init__(key)
+        self.key, self.line, self.first = key, line, first
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """``yaml.safe_load``'s loader, refusing a key given twice in one mapping: PyYAML keeps the
+    last silently, so a config that set ``model:`` twice planned the second and said nothing."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        # before the merge keys (``<<: *base``) are flattened in: a key that overrides a
+        # merged one is YAML's way of overriding, not a key given twice
+        seen: dict[object, int] = {}
+        for key_node, _ in node.value:
+            if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == _MERGE_TAG:
+                continue  # a mapping or list as a key is unhashable: the loader says so
+            key = self.construct_object(key_node)
+            line = key_node.start_mark.line + 1
+            if key in seen:
+                raise _DuplicateKey(key_node.value, line, seen[key])
+            seen[key] = line
+        return super().construct_mapping(node, deep)
+
+
 def read_yaml(path: str | Path, field: str) -> Any:
-    """YAML, and so JSON too (YAML is a superset of JSON)."""
+    """YAML, and so JSON too (YAML is a superset of JSON); a key given twice in one mapping is
+    an error, not the last one winning."""
     p = Path(path)
     text = read_text(p, field)
     try:
-        return yaml.safe_load(text)
+        return yaml.load(text, Loader=_UniqueKeyLoader)
+    except _DuplicateKey as e:
+        raise InputError(field, f"{p} sets {e.key!r} twice (line {e.first}, then line "
+                         f"{e.line})", "each key once per mapping") from None
     except yaml.YAMLError as e:
         raise InputError(field, f"{p} is not valid YAML: {str(e).splitlines()[0]}") from None
 
@@ -78,6 +113,22 @@ _UNION_BRANCH = re.compile(r"(int|float|str|bool|none|list\[.*\]|dict\[.*\]|tupl
 
 
 _YAML_TEXT_EXP = re.compile(r"[-+]?[0-9]+(\.[0-9]*)?[eE][-+]?[0-9]+")
+
+
+def _yaml_number(value: object) -> str | None:
+    """How to write ``value``, a number in exponent notation that YAML 1.1 read as text (its
+    floats need a point and a signed exponent: ``1e2`` is a string), so that YAML reads the
+    number; None for any other value. A whole number as an integer, since ``1.0e+02`` reads
+    as 100.0, which a count refuses too."""
+    if not isinstance(value, str) or not _YAML_TEXT_EXP.fullmatch(value.strip()):
+        return None
+    v = float(value)
+    if not math.isfinite(v):  # 1e999: no number to suggest
+        return None
+    if v.is_integer() and abs(v) <= 2**53:  # past 2**53 a float no longer holds every integer
+        return str(int(v))
+    shown = repr(v)  # the shortest text that reads back as v: 0.75, 1.5e-07, 1e+300
+    return shown.replace("e", ".0e") if "e" in shown and "." not in shown else shown
 
 
 def _nested_model(ann: object) -> type[BaseModel] | None:
@@ -168,10 +219,9 @@ def validation_error(e: ValidationError, root: type[BaseModel]) -> InputError:
         # one wording for every wrong type: the value, what it should have been, and what
         # the field allows (its schema description where it has one)
         problem = f"{_quoted(inp)} is not {_TYPE_WORDS[kind]}"
-        if (kind in ("int_type", "float_type") and isinstance(inp, str)
-                and _YAML_TEXT_EXP.fullmatch(inp.strip())):
-            # YAML 1.1 reads 1e300 as text: its floats need a point and a signed exponent
-            problem += f" (YAML reads it as text: write {float(inp):.1e})"
+        hint = _yaml_number(inp) if kind in ("int_type", "float_type") else None
+        if hint is not None:
+            problem += f" (YAML reads it as text: write {hint})"
         fi = _field_info(root, tuple(err["loc"]))
         allowed = _TYPE_ALLOWED[kind]
         if kind != "bool_type" and fi is not None and fi.description:

@@ -141,3 +141,61 @@ def test_job_specs_given_to_transition_are_checked_for_grpo_groups(tmp_path: Pat
                                  "cluster": {"device": "cpu"}}))
     err = one_line(["transition", str(a), str(a)])
     assert err.startswith("error: current.workload.responses_per_prompt: "), err
+
+
+@pytest.mark.parametrize("line,field,hint", [
+    ("gpus: 1.6e1", "gpus", "16"),
+    ("workload: {response_len: 2e3}", "workload.response_len", "2000"),
+    ("cluster: {device_memory_gib: 7.5e1}", "cluster.device_memory_gib", "75"),
+])
+def test_the_yaml_exponent_hint_for_a_whole_number_is_an_integer(tmp_path: Path, line: str,
+                                                                 field: str, hint: str) -> None:
+    """`gpus: 1e2` advised `write 1.0e+02`, which YAML reads as 100.0: not an integer either."""
+    rest = "" if field == "gpus" else "gpus: 16\n"
+    cfg = tmp_path / "job.yaml"
+    cfg.write_text(f"model: llama-3.1-8b\n{rest}{line}\n")
+    err = one_line(["plan", "--config", str(cfg)])
+    assert err.startswith(f"error: {field}: ") and f"(YAML reads it as text: write {hint})" in err
+    written = line.split(": ")[-1].rstrip("}")
+    cfg.write_text(f"model: llama-3.1-8b\n{rest}{line.replace(written, hint)}\n")
+    r = runner.invoke(app, ["plan", "--config", str(cfg), "--json"])
+    assert r.exit_code == 0, r.output
+
+
+@pytest.mark.parametrize("written,hint", [("75e-2", "0.75"), ("1e-7", "1.0e-07"),
+                                          ("1e300", "1.0e+300")])
+def test_the_yaml_exponent_hint_for_a_fraction_is_a_float_yaml_reads(tmp_path: Path,
+                                                                      written: str,
+                                                                      hint: str) -> None:
+    cfg = tmp_path / "job.yaml"
+    cfg.write_text(f"model: llama-3.1-8b\ngpus: 16\ncluster: {{device_memory_gib: {written}}}\n")
+    err = one_line(["plan", "--config", str(cfg)])
+    assert f"(YAML reads it as text: write {hint})" in err, err
+    assert yaml.safe_load(hint) == float(written)
+
+
+@pytest.mark.parametrize("text,key,line", [
+    ("model: llama-3.1-8b\ngpus: 16\nmodel: qwen3-14b\n", "model", 3),
+    ("model: llama-3.1-8b\ngpus: 16\nworkload:\n  prompt_len: 256\n  prompt_len: 1024\n",
+     "prompt_len", 5),
+    ("model: llama-3.1-8b\ngpus: 16\ncluster: {device: cpu, device: h200-141gb}\n", "device", 3),
+])
+def test_a_key_given_twice_in_a_config_is_refused(tmp_path: Path, text: str, key: str,
+                                                  line: int) -> None:
+    """YAML keeps the last of two equal keys: `model:` written twice planned the second model,
+    exit 0, and whoever wrote the first never knew."""
+    cfg = tmp_path / "job.yaml"
+    cfg.write_text(text)
+    err = one_line(["plan", "--config", str(cfg)])
+    assert err.startswith("error: config: ") and f"{key!r}" in err and f"line {line}" in err, err
+    assert "(allowed: " in err
+
+
+def test_yaml_merge_keys_are_not_duplicates(tmp_path: Path) -> None:
+    """A key that overrides one a merge (`<<: *base`) brought in is YAML's own way of
+    overriding, not a key given twice."""
+    from nereus.files import read_yaml
+
+    f = tmp_path / "merge.yaml"
+    f.write_text("base: &b {a: 1, b: 2}\nmore:\n  <<: *b\n  b: 3\n")
+    assert read_yaml(f, "config") == {"base": {"a": 1, "b": 2}, "more": {"a": 1, "b": 3}}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +51,27 @@ JOB_HELP = {
 }
 
 
+# The option that sets each job field from the command line.
+_OPTION_OF = {"model": "--model", "algo": "--algo", "execution": "--execution", "gpus": "--gpus",
+              "cluster.device": "--device", "cluster.devices_per_node": "--devices-per-node",
+              "workload.response_len": "--response-len",
+              "workload.response_len_max": "--response-len-max",
+              "workload.prompt_len": "--prompt-len", "workload.prompts_per_step": "--prompts",
+              "workload.responses_per_prompt": "--responses-per-prompt",
+              "workload.ppo_mini_batches": "--ppo-mini-batches"}
+
+
+def _as_option(e: InputError, typed: Mapping[str, object]) -> InputError:
+    """``e`` naming the option that set the field it names (``--gpus``, not ``gpus``), as a user
+    typed it; a field the config file set, or a value the command worked out itself, keeps the
+    field's name. ``typed``: the values of the options the user gave, by parameter name
+    (``devices_per_node``)."""
+    option = _OPTION_OF.get(e.field)
+    if option is None or typed.get(option.removeprefix("--").replace("-", "_")) is None:
+        return e
+    return InputError(option, e.problem, e.allowed)
+
+
 def job_from_options(config: Path | None = None, *, model: str | None = None,
                      algo: str | None = None, execution: str | None = None,
                      gpus: int | None = None, device: str | None = None,
@@ -58,10 +80,12 @@ def job_from_options(config: Path | None = None, *, model: str | None = None,
                      prompt_len: int | None = None, prompts: int | None = None,
                      responses_per_prompt: int | None = None,
                      ppo_mini_batches: int | None = None,
-                     check_groups: bool = True) -> JobSpec:
+                     check_groups: bool = True, derived: Collection[str] = ()) -> JobSpec:
     """Options override the config's fields; without a config, ``model`` and ``gpus`` are needed.
     ``check_groups``: refuse a GRPO job with one response per prompt (off where the command
-    reads no workload: its default would be refused with no option to change it)."""
+    reads no workload: its default would be refused with no option to change it).
+    ``derived``: parameters the command worked out itself rather than took from an option
+    (``nereus transition`` sizes ``gpus`` to its plan files): their errors name the field."""
     data: dict[str, Any] = {}
     if config is not None:
         loaded = read_yaml(config, "config")
@@ -99,12 +123,16 @@ def job_from_options(config: Path | None = None, *, model: str | None = None,
         workload.pop("response_len_max", None)
     if workload:
         data["workload"] = workload
+    given = {"model": model, "algo": algo, "execution": execution, "gpus": gpus,
+             "device": device, "devices_per_node": devices_per_node,
+             "response_len": response_len, "response_len_max": response_len_max,
+             "prompt_len": prompt_len, "prompts": prompts,
+             "responses_per_prompt": responses_per_prompt, "ppo_mini_batches": ppo_mini_batches}
+    typed = {k: v for k, v in given.items() if k not in derived}
     try:
         job = parse_job(data)
     except InputError as e:
-        if e.field == "workload.ppo_mini_batches" and ppo_mini_batches is not None:
-            raise InputError("--ppo-mini-batches", e.problem, e.allowed) from None
-        raise
+        raise _as_option(e, typed) from None
     if check_groups:
         try:
             group_check(job)

@@ -181,7 +181,7 @@ def job_for_plans(gpu_ids: tuple[int, ...] | list[int], config: Path | None,
         # the file sets it (a --config), not on a default the command has no option for
         return job_from_options(path, model=model, algo=algo, execution=execution, gpus=gpus,
                                 device=device, devices_per_node=devices_per_node,
-                                check_groups=path is not None)
+                                check_groups=path is not None, derived=("gpus",))
 
     if config is None:
         return build(None, needed)

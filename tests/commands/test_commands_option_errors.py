@@ -1,0 +1,92 @@
+"""An error about a value typed as a command-line option names that option (``--gpus``), not
+the config field it sets (``gpus``); a value the config file set keeps the field's name."""
+
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from nereus.cli import app
+
+runner = CliRunner()
+JOB = ["plan", "--model", "llama-3.1-8b", "--gpus", "16"]
+
+
+def error(args: list[str]) -> str:
+    r = runner.invoke(app, args)
+    assert r.exit_code == 2, (args, r.output)
+    assert r.stderr.count("\n") == 1 and r.stderr.startswith("error: "), r.stderr
+    return r.stderr
+
+
+def config(tmp_path: Path, text: str) -> str:
+    cfg = tmp_path / "job.yaml"
+    cfg.write_text(text)
+    return str(cfg)
+
+
+@pytest.mark.parametrize("args,says", [
+    (["plan", "--model", "no-such-model", "--gpus", "16"], "--model: unknown model"),
+    ([*JOB, "--algo", "dpo"], "--algo: 'dpo' is not allowed"),
+    ([*JOB, "--execution", "later"], "--execution: 'later' is not allowed"),
+    (["plan", "--model", "llama-3.1-8b", "--gpus", "0"], "--gpus: 0 is not allowed"),
+    ([*JOB, "--device", "tpu"], "--device: unknown device 'tpu'"),
+    ([*JOB, "--devices-per-node", "0"], "--devices-per-node: 0 is not allowed"),
+    ([*JOB, "--response-len", "0"], "--response-len: 0 is not allowed"),
+    ([*JOB, "--response-len-max", "10"], "--response-len-max: 10 is below the mean 2048"),
+    ([*JOB, "--prompt-len", "0"], "--prompt-len: 0 is not allowed"),
+    ([*JOB, "--prompts", "0"], "--prompts: 0 is not allowed"),
+    ([*JOB, "--responses-per-prompt", "0"], "--responses-per-prompt: 0 is not allowed"),
+    ([*JOB, "--ppo-mini-batches", "3"], "--ppo-mini-batches: 3 does not divide"),
+])
+def test_an_option_with_a_value_not_allowed_is_named_as_typed(args: list[str], says: str
+                                                              ) -> None:
+    """`--response-len 0` said `workload.response_len: ...`, a field the user never wrote."""
+    err = error(args)
+    assert err.startswith(f"error: {says}"), err
+
+
+@pytest.mark.parametrize("args,says", [
+    (["--response-len", "3000", "--response-len-max", "1000"],
+     "--response-len-max: 1000 is below the mean 3000"),
+    (["--prompts", "3", "--ppo-mini-batches", "2"], "--ppo-mini-batches: 2 does not divide"),
+    (["--response-len", "200000"], "--response-len: prompt 512 + longest response 200000"),
+    (["--prompt-len", "200000"], "--prompt-len: 200000 tokens leave no room"),
+    (["--prompts", "1048576", "--responses-per-prompt", "2"],
+     "--responses-per-prompt: 1048576 prompts x 2 responses"),
+])
+def test_an_error_between_two_options_names_one_of_them(args: list[str], says: str) -> None:
+    err = error([*JOB, *args])
+    assert err.startswith(f"error: {says}"), err
+
+
+@pytest.mark.parametrize("text,args,says", [
+    ("workload: {response_len: 0}", [], "workload.response_len: 0 is not allowed"),
+    ("cluster: {device: tpu}", [], "cluster.device: unknown device 'tpu'"),
+    ("algo: dpo", [], "algo: 'dpo' is not allowed"),
+    ("workload: {ppo_mini_batches: 2}", ["--prompts", "3"],
+     "workload.ppo_mini_batches: 2 does not divide"),
+    ("workload: {response_len: 3000}", ["--response-len-max", "1000"],
+     "--response-len-max: 1000 is below the mean 3000"),
+    ("workload: {response_len: 3000, response_len_max: 1000}", [],
+     "workload.response_len_max: 1000 is below the mean 3000"),
+])
+def test_a_value_from_the_config_keeps_its_field_name(tmp_path: Path, text: str,
+                                                      args: list[str], says: str) -> None:
+    cfg = config(tmp_path, f"model: llama-3.1-8b\ngpus: 16\n{text}\n")
+    err = error(["plan", "--config", cfg, *args])
+    assert err.startswith(f"error: {says}"), err
+
+
+def test_the_gpus_transition_works_out_keep_the_field_name(tmp_path: Path) -> None:
+    """transition has no --gpus: it sizes the job to the plans' GPUs, so a config whose
+    cluster is too small for them is the config's gpus, not an option the user typed."""
+    r = runner.invoke(app, ["plan", "--model", "tiny-llama", "--device", "cpu", "--gpus", "16",
+                            "--json"])
+    assert r.exit_code == 0, r.output
+    plan = tmp_path / "plan.json"
+    plan.write_text(r.stdout)
+    cfg = config(tmp_path, "model: tiny-llama\ngpus: 8\n"
+                           "cluster: {device: cpu, nodes: 1, devices_per_node: 8}\n")
+    err = error(["transition", str(plan), str(plan), "--config", cfg])
+    assert err.startswith("error: gpus: device ids up to 15 do not fit"), err
