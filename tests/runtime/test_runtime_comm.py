@@ -165,3 +165,37 @@ def test_a_group_aborted_and_freed_before_its_first_collective_raises_group_abor
         g1.start_broadcast(torch.zeros(4), src=0)
     with pytest.raises(GroupAborted):
         g1.send(torch.zeros(4), 0)
+
+
+class _EndsInError:
+    """An operation that ends in the backend's own error (gloo: the peer closed the
+    connection; NCCL: the communicator was aborted); ``abort`` sets its group's abort as it
+    ends, as an abort landing then does."""
+
+    def __init__(self, group: Group, abort: bool):
+        self.group, self.abort = group, abort
+
+    def is_completed(self) -> bool:  # gloo's wait polls, then waits
+        return True
+
+    def wait(self) -> None:
+        if self.abort:
+            self.group.aborted.set()
+        raise RuntimeError("Connection closed by peer")
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_an_operation_that_the_abort_ends_in_error_raises_group_aborted(device: str) -> None:
+    """A member's receive can end in the backend's own error when its group is aborted; the
+    fault report then said 'RuntimeError: ... GLHF' for that member instead of that its group
+    was aborted. An error with no abort behind it stays as it is."""
+    from nereus.runtime.comm import GroupAborted
+
+    spec = GroupSpec("g", StoreAddress("127.0.0.1", 0), (0, 1), "g/", TIMEOUT_S)
+    g = Group(spec, 0, None, torch.device(device), 0.0)
+    with pytest.raises(GroupAborted) as info:
+        g._wait(_EndsInError(g, abort=True))
+    assert isinstance(info.value.__cause__, RuntimeError)
+    g.aborted.clear()
+    with pytest.raises(RuntimeError, match="Connection closed"):
+        g._wait(_EndsInError(g, abort=False))

@@ -287,20 +287,32 @@ def test_an_extends_source_stays_intact_when_the_run_fails_after_it(pool: Worker
     check_stages(pool, e.job, {e.stage: rep.intact[e.stage]}, e.seeds)
 
 
+# (target replicas, the renames to Φ(target)'s ids, the worker killed, the unit that stays
+# intact, the unit lost): ids that shift (2 -> 0 and 0 -> 1), and one that stays (0 -> 0)
+RENAME_CASES = [
+    ([[4, 5], [0, 1]], {"actor_train/2": "actor_train/0", "actor_train/0": "actor_train/1"},
+     4, ("actor_train/1", (0, 1)), ("actor_train/0", (4, 5))),
+    ([[0, 1], [4, 5]], {"actor_train/0": "actor_train/0", "actor_train/2": "actor_train/1"},
+     5, ("actor_train/0", (0, 1)), ("actor_train/1", (4, 5))),
+]
+
+
+@pytest.mark.parametrize("reps,renames,killed,intact,lost", RENAME_CASES)
 def test_a_worker_dying_before_the_final_rename_is_a_fault_with_a_report(
-        pool: WorkerPool) -> None:
-    """Every primitive ends, then a worker dies before the rename to Φ(target)'s ids (which
-    here shifts ids: 2 -> 0 and 0 -> 1). The run fails with a report, not a bare error: the
-    live workers hold their units under the new ids, the unit on the dead worker is lost, and
-    recovery reaches the target from what is left."""
+        pool: WorkerPool, reps: list[list[int]], renames: dict[str, str], killed: int,
+        intact: tuple[str, tuple[int, ...]], lost: tuple[str, tuple[int, ...]]) -> None:
+    """Every primitive ends, then a worker dies before the rename to Φ(target)'s ids. The run
+    fails with a report, not a bare error: the live workers hold their units under the new
+    ids, each intact unit is listed once (a unit whose id stays was listed twice, and recovery
+    then planned one GPU twice), the unit on the dead worker is lost, and recovery reaches the
+    target from what is left."""
     job = cpu_job("tiny-llama", 6)
     stage = "actor_train"
     _fit_pool(pool, range(6))
     current = _one_stage_plan(job, stage, 2, 1, [[0, 1], [2, 3]])
-    target = _one_stage_plan(job, stage, 2, 1, [[4, 5], [0, 1]])
+    target = _one_stage_plan(job, stage, 2, 1, reps)
     schedule = plan_transition(job, current, target)
-    assert schedule.renames() == {"actor_train/2": "actor_train/0",
-                                  "actor_train/0": "actor_train/1"}
+    assert schedule.renames() == renames
     specs = state_specs(job, "cpu")
     seeds = stage_seeds(job, 18)
     place_plan(pool, job, current, specs, seeds)
@@ -308,20 +320,21 @@ def test_a_worker_dying_before_the_final_rename_is_a_fault_with_a_report(
 
     def hook(kind: str, index: int, p: Primitive) -> None:
         if kind == "end" and index == last:  # after the last primitive, before the rename
-            ray.kill(pool.actor(4), no_restart=True)
+            ray.kill(pool.actor(killed), no_restart=True)
 
     ex = Executor(pool, specs, min_timeout_s=5.0, on_event=hook)
+    partner = 9 - killed  # the other GPU of the lost unit: 4 <-> 5
     try:
         with pytest.raises(TransitionFailed) as info:
             ex.run(schedule)
         rep = info.value.report
-        assert rep.dead == frozenset({4}) and rep.cause and not rep.failed
-        assert [(u.id, u.gpus) for u in rep.intact[stage]] == [("actor_train/1", (0, 1))]
-        assert [(u.id, u.gpus) for u in rep.lost] == [("actor_train/0", (4, 5))]
+        assert rep.dead == frozenset({killed}) and rep.cause and not rep.failed
+        assert [(u.id, u.gpus) for u in rep.intact[stage]] == [intact]
+        assert [(u.id, u.gpus) for u in rep.lost] == [lost]
         assert len(rep.timings) == len(schedule.primitives)  # every primitive had completed
-        held = pool.run({d: (mv.held_units, ()) for d in (0, 1, 5)})
-        assert {d: sorted(h) for d, h in held.items()} == {0: ["actor_train/1"],
-                                                            1: ["actor_train/1"], 5: []}
+        held = pool.run({d: (mv.held_units, ()) for d in (0, 1, partner)})
+        assert {d: sorted(h) for d, h in held.items()} == {0: [intact[0]], 1: [intact[0]],
+                                                            partner: []}
         ex.on_event = None
         rec = recover(pool, ex, job, rep,
                       lambda ids: _one_stage_plan(job, stage, 2, 1, [[0, 1], [2, 3]]))
@@ -329,10 +342,39 @@ def test_a_worker_dying_before_the_final_rename_is_a_fault_with_a_report(
         assert sorted(u.gpus for u in rec.units[stage]) == [(0, 1), (2, 3)]
         check_stages(pool, job, rec.units, seeds)
     finally:
-        if 4 in pool.device_ids:
-            pool.replace(4)
+        if killed in pool.device_ids:
+            pool.replace(killed)
         else:
-            pool.grow([4])
+            pool.grow([killed])
+
+
+def test_an_emptied_worker_dying_at_the_end_does_not_fail_the_transition(
+        pool: WorkerPool) -> None:
+    """A source worker that the transition emptied dies once every primitive ended: it held
+    no final unit, so the transition stands (its peak is left out), where reading its memory
+    had failed the whole run."""
+    job = cpu_job("tiny-llama", 6)
+    stage = "actor_train"
+    _fit_pool(pool, range(6))
+    current = _one_stage_plan(job, stage, 2, 1, [[0, 1], [2, 3]])
+    target = _one_stage_plan(job, stage, 2, 1, [[0, 1], [4, 5]])
+    schedule = plan_transition(job, current, target)
+    specs = state_specs(job, "cpu")
+    seeds = stage_seeds(job, 19)
+    place_plan(pool, job, current, specs, seeds)
+    last = len(schedule.primitives) - 1
+
+    def hook(kind: str, index: int, p: Primitive) -> None:
+        if kind == "end" and index == last:
+            ray.kill(pool.actor(2), no_restart=True)
+
+    try:
+        report = Executor(pool, specs, min_timeout_s=5.0, on_event=hook).run(schedule)
+        assert 2 not in report.peak_bytes and {0, 1, 4, 5} <= set(report.peak_bytes)
+        assert sorted(u.gpus for u in report.units[stage]) == [(0, 1), (4, 5)]
+        check_stages(pool, job, report.units, seeds)
+    finally:
+        pool.replace(2)
 
 
 def test_a_driver_error_before_anything_moved_is_raised_as_it_is(pool: WorkerPool) -> None:

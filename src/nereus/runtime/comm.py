@@ -167,21 +167,19 @@ class Group:
     def _wait(self, work: Any) -> None:
         if self.aborted.is_set():
             raise GroupAborted(f"group {self.name} was aborted")
-        if self.device.type == "cuda":  # NCCL: abort() unblocks the stream; wait enqueues
-            work.wait()
-            return
-        self._pending.append(work)
-        delay = 20e-6
-        while not work.is_completed():
-            if self.aborted.is_set():
-                raise GroupAborted(f"group {self.name} was aborted")
-            time.sleep(delay)
-            delay = min(2e-3, delay * 2)
-        self._pending = [w for w in self._pending if w is not work]
+        if self.device.type != "cuda":  # NCCL: abort() unblocks the stream; wait enqueues
+            self._pending.append(work)
+            delay = 20e-6
+            while not work.is_completed():
+                if self.aborted.is_set():
+                    raise GroupAborted(f"group {self.name} was aborted")
+                time.sleep(delay)
+                delay = min(2e-3, delay * 2)
+            self._pending = [w for w in self._pending if w is not work]
         try:
             work.wait()  # raises the operation's own error, if it failed
         except Exception as e:
-            if self.aborted.is_set():  # the abort ended it (as an error, in gloo)
+            if self.aborted.is_set():  # the abort ended it, as an error of the backend's
                 raise GroupAborted(f"group {self.name} was aborted") from e
             raise
 
@@ -300,8 +298,10 @@ def _make_backend(store: dist.Store, rank: int, size: int, device: torch.device,
 
 
 class PendingJoin:
-    """A backend being built in a helper thread, so an abort can stop the wait for it (the
-    constructor itself cannot be interrupted; it ends by its timeout and is then freed)."""
+    """A backend being built in a helper thread, so an abort can stop the wait for it. The
+    build itself cannot be interrupted: gloo's constructor ends by its timeout and is then
+    freed; NCCL's communicator creation (``ncclCommInitRank``, in the first collective) may
+    wait for a dead member until the process ends, parked, without holding the worker."""
 
     def __init__(self, spec: GroupSpec, build: Any):
         self.spec = spec
@@ -348,7 +348,16 @@ def join_group(ctx: WorkerContext, spec: GroupSpec) -> Group:
     def build() -> Any:
         client = dist.TCPStore(spec.store.host, spec.store.port, None, False, timeout)
         store = dist.PrefixStore(spec.prefix, client)
-        return _make_backend(store, rank, len(spec.members), ctx.device, timeout, ctx.node_ip)
+        backend = _make_backend(store, rank, len(spec.members), ctx.device, timeout,
+                                ctx.node_ip)
+        if ctx.device.type == "cuda":
+            # NCCL makes its communicator at the first collective, which waits for every
+            # member (ncclCommInitRank cannot be interrupted): here, on the helper thread, so
+            # an abort ends the join's wait for a member that never comes
+            backend.allreduce([torch.zeros(1, device=ctx.device)],
+                              dist.AllreduceOptions()).wait()
+            torch.cuda.synchronize(ctx.device)
+        return backend
 
     pending = PendingJoin(spec, build)
     ctx.add_pending(pending)
@@ -363,9 +372,6 @@ def join_group(ctx: WorkerContext, spec: GroupSpec) -> Group:
         pending.backend = None  # the group owns it now
     else:
         raise GroupAborted(f"group {spec.name} was aborted while joining")
-    if ctx.device.type == "cuda":  # NCCL makes its communicator at the first collective
-        group.all_reduce(torch.zeros(1, device=ctx.device))
-        group.synchronize()
     group.setup_s = time.perf_counter() - t0
     return group
 

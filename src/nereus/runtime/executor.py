@@ -15,8 +15,9 @@ calls that have not joined yet), then closes the rendezvous, waits for the other
 what the live workers hold, and raises ``TransitionFailed`` with a ``FaultReport`` of the
 intact units (``nereus.runtime.faults``). A worker that dies during the final rename takes the
 same path: the live workers finish the rename (each applies it once, so a swap of ids is never
-undone), and the report lists the final units under their new ids.
-An error in the driver itself once the first primitive has started (a failed launch, a memory
+undone), and the report lists the final units under their new ids (under their old ones
+where no live worker could rename them). A worker that dies after the rename fails the
+transition only if it holds a final unit. An error in the driver itself once the first primitive has started (a failed launch, a memory
 check that no longer passes, an interrupt) takes the same path with every running
 communicator aborted, the error as the report's ``cause``: state has moved by then, and the
 caller needs to know what is intact. Before that, nothing has moved and the error is raised
@@ -108,6 +109,10 @@ class _Running:
 
 def _reset_peak(ctx: Any) -> MemoryStats:
     ctx.memory.reset_peak()
+    return ctx.memory.stats()
+
+
+def _stats(ctx: Any) -> MemoryStats:
     return ctx.memory.stats()
 
 
@@ -219,7 +224,6 @@ class Executor:
         token = uuid.uuid4().hex
         try:  # a worker may still die here: the fault path covers the rename too
             self._rename(final_units, mapping, token)
-            mem = self.pool.memory(involved)
         except (Exception, KeyboardInterrupt) as e:
             report = self._fail_renaming(final_units, mapping, token, timings, e)
             raise TransitionFailed(report) from e
@@ -227,7 +231,28 @@ class Executor:
                        for s, es in final_units.items()}
         return ExecutionReport(
             tuple(timings[i] for i in range(len(prims))), wall, final_units,
-            {d: mem[d].peak for d in involved}, cap, schedule.estimated_s)
+            self._peaks(involved, final_units, timings), cap, schedule.estimated_s)
+
+    def _peaks(self, involved: Sequence[int], units: Mapping[str, Sequence[Emu]],
+               timings: Mapping[int, PrimitiveTiming]) -> dict[int, int]:
+        """Each worker's peak bytes during the transition. A worker that died after the
+        rename is a fault only where it holds a final unit; one that holds none (an emptied
+        source) is left out of the peaks, and the transition stands."""
+        refs = {d: self.pool.submit_control(d, _stats) for d in involved}
+        peaks: dict[int, int] = {}
+        gone: dict[int, BaseException] = {}
+        for d, ref in refs.items():
+            try:
+                peaks[d] = ray.get(ref).peak
+            except Exception as e:  # noqa: BLE001 - a worker that died since
+                gone[d] = e
+        if gone.keys() & {g for es in units.values() for e in es for g in e.gpus}:
+            cause = gone[min(gone)]
+            report = reconcile(self.pool, [e for es in units.values() for e in es],
+                               set(gone), {},
+                               tuple(sorted(timings.values(), key=lambda t: t.index)), cause)
+            raise TransitionFailed(report) from cause
+        return peaks
 
     def _rename(self, units: Mapping[str, Sequence[Emu]], mapping: Mapping[str, str],
                 token: str, device_ids: Iterable[int] | None = None) -> None:
@@ -248,8 +273,7 @@ class Executor:
     def _fail_renaming(self, units: Mapping[str, Sequence[Emu]], mapping: Mapping[str, str],
                        token: str, timings: Mapping[int, PrimitiveTiming],
                        cause: BaseException) -> FaultReport:
-        """Every primitive ended, then the rename (or the memory read after it) failed, most
-        likely because a worker died. The live workers finish the rename (a worker that did
+        """Every primitive ended, then the rename failed, most likely because a worker died. The live workers finish the rename (a worker that did
         it already ignores the same ``token``), then each final unit is intact under its new
         id, or under its old one where no worker renamed it (a live worker whose rename
         failed for another reason)."""
@@ -262,7 +286,9 @@ class Executor:
         except Exception:  # noqa: BLE001 - reconcile reports whatever is left
             log.debug("finishing the rename failed", exc_info=True)
         final = [_renamed(e, mapping.get(e.id, e.id)) for es in units.values() for e in es]
-        both = final + [e for es in units.values() for e in es if e.id in mapping]
+        # a renamed unit may be held under either id; one whose id stays is a candidate once
+        both = final + [e for es in units.values() for e in es
+                        if mapping.get(e.id, e.id) != e.id]
         rep = reconcile(self.pool, both, dead, {},
                         tuple(sorted(timings.values(), key=lambda t: t.index)), cause)
         # a unit is lost when it is intact under neither id; it is listed under its new one
