@@ -1,8 +1,8 @@
 """``nereus``: plan, transition, simulate (and run, once ``nereus.commands.run`` exists). Each
 command is a thin shell over one layer.
 
-Bad input (a job that fits nowhere included) prints one line naming the field and what is
-allowed, and exits 2 with no traceback; a transition that cannot run exits 3.
+Bad input (a job that fits nowhere included) prints one line naming the option or field and
+what is allowed, and exits 2 with no traceback; a transition that cannot run exits 3.
 """
 
 from __future__ import annotations

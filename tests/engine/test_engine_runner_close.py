@@ -131,3 +131,19 @@ def test_a_runner_that_fails_to_attach_closes_its_groups() -> None:
     with pytest.raises(WorkerCallsFailed, match="attach failed on worker 1"):
         StageRunner(pool, EMUS, _Rendezvous())
     assert pool.called(comm._leave_all) == {0, 1, 2, 3}
+
+
+def test_a_pipeline_gets_a_second_communicator_for_its_gradients() -> None:
+    """Each PP group is opened twice, activations and gradients, with the same members in the
+    same rank order, and every worker is attached to both (NCCL would deadlock 1F1B on one)."""
+    pool = _Pool()
+    runner = StageRunner(pool, EMUS, _Rendezvous())
+    pp = {n: m for n, m in runner.groups.items() if "/pp/" in n}
+    grad = {n: m for n, m in runner.groups.items() if "/ppg/" in n}
+    assert sorted(pp.values()) == sorted(grad.values()) == [(0, 1), (2, 3)]
+    attached = {d: args[3] for fn, d, args in pool.calls if fn is remote.attach}
+    assert set(attached) == {0, 1, 2, 3}
+    for names in attached.values():
+        assert names.pp in pp and names.pp_grad in grad
+        assert pp[names.pp] == grad[names.pp_grad]
+    runner.close()

@@ -11,7 +11,8 @@ from nereus.cost.state import emu_state_bytes
 from nereus.errors import InputError
 from nereus.plan.types import Plan
 from nereus.spec.model import Head
-from nereus.transition.emu import Emu, Holds, format_gpus, phi, realization_problem, realizes
+from nereus.spec.cluster import format_gpus
+from nereus.transition.emu import Emu, Holds, phi, realization_problem, realizes
 from nereus.transition.nesting import (
     common_layout,
     gather_groups,

@@ -134,11 +134,6 @@ def sync_explain(cost: CostModel, plan: Plan, train: str, gen: str) -> str:
     return "\n".join([head, *body, *notes])
 
 
-def load_layout(path: Path, field: str = "evaluate") -> dict[str, StageLayoutSpec]:
-    """An --evaluate layout (or a plan file, read as one); errors name ``field``."""
-    return layout_from_data(read_yaml(path, field), field)
-
-
 def layout_from_data(data: Any, field: str = "evaluate") -> dict[str, StageLayoutSpec]:
     """A parsed layout; every model-stage must say its dp, as a plan file does (a missing dp
     is not taken as 1: a layout that forgot it would be scored as another plan). A plan

@@ -44,9 +44,8 @@ from nereus.errors import InfeasibleError, InputError
 from nereus.files import read_json, read_yaml
 from nereus.plan.evaluate import StageLayoutSpec, evaluate_plan
 from nereus.plan.types import Plan
-from nereus.spec.cluster import MAX_DEVICES, GpuPool
+from nereus.spec.cluster import MAX_DEVICES, GpuPool, format_gpus
 from nereus.spec.job import JobConfig, JobSpec, check_groups, load_job
-from nereus.transition.emu import format_gpus
 from nereus.transition.planner import plan_transition
 from nereus.transition.schedule import Schedule
 from nereus.transition.sizes import StateSizes, format_bytes
@@ -296,7 +295,8 @@ def estimate_note(result: dict) -> str:
     the measured time then says little about the transition model itself)."""
     eff = result["estimate_efficiencies"]
     priced = result.get("estimated_for")
-    if priced is not None and priced != result.get("device"):
+    # the plans' device preset against the workers' kind (cpu or gpu)
+    if priced is not None and (priced == "cpu") != (result.get("device") == "cpu"):
         return (f"estimated s: for {priced}, the device the plans were made for; these "
                 f"workers are {result.get('device')} processes holding that device's capacity, "
                 "so the memory and the state check compare, the seconds do not (plans made "

@@ -1,14 +1,16 @@
 """Pipeline-parallel schedules over a replica's PP group: 1F1B for training, a streaming
 forward for inference and generation.
 
-Activations go to the next block and gradients to the previous one by point-to-point calls on
-the PP group object. Receives block, so a block computes as soon as its input arrives. Sends are
-asynchronous, and a sent tensor must stay alive until its send is done; gloo says a send is done
-only through ``wait``, so each schedule waits for a send (``PipeLinks.settle``) at the first
-point where the receiver has provably taken it, and the wait returns at once. A block thus holds
-the tensors of the sends still in flight (at most about ``pp`` of them), not every tensor it sent
-during the step. 1F1B keeps at most ``pp - pp_rank`` micro-batches' activations alive on a block
-(against all of them under GPipe), which is what the cost model's activation memory assumes.
+Activations go to the next block and gradients to the previous one by point-to-point calls, each
+direction on its own communicator of the PP group (``ParallelGroups.pp`` and ``pp_grad``: NCCL
+runs a pair's calls on one communicator in order, and 1F1B's two directions cross). Receives
+block, so a block computes as soon as its input arrives. Sends are asynchronous, and a sent
+tensor must stay alive until its send is done; gloo says a send is done only through ``wait``,
+so each schedule waits for a send (``PipeLinks.settle``) at the first point where the receiver
+has provably taken it, and the wait returns at once. A block thus holds the tensors of the sends
+still in flight (at most about ``pp`` of them), not every tensor it sent during the step. 1F1B
+keeps at most ``pp - pp_rank`` micro-batches' activations alive on a block (against all of them
+under GPipe), which is what the cost model's activation memory assumes.
 """
 
 from __future__ import annotations

@@ -42,7 +42,7 @@ from nereus.plan.types import Plan, idle_bytes
 from nereus.sim.policies import Act, Policy
 from nereus.sim.traces import Availability, LengthTrace
 from nereus.sim.truth import Truth, same_layouts
-from nereus.transition.emu import format_gpus
+from nereus.spec.cluster import format_gpus
 
 OOM_LOST_FRACTION = 0.5  # assumption: an out-of-memory crash loses half a step on average
 

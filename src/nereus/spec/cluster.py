@@ -102,17 +102,23 @@ class GpuPool:
         return GpuPool(self.cluster, tuple(set(self.ids) | set(ids)))
 
 
-def gpu_ranges(ids: tuple[int, ...] | list[int]) -> str:
-    """[0,1,2,3,8,9] -> '0-3,8-9'."""
-    s = sorted(ids)
-    if not s:
+def format_gpus(gpus: Iterable[int]) -> str:
+    """GPU ids in the given order, runs of consecutive ids written ``a-b`` (``0-3,8,10-11``)."""
+    ids = list(gpus)
+    if not ids:
         return "-"
-    out, start, prev = [], s[0], s[0]
-    for g in s[1:]:
+    parts: list[str] = []
+    start = prev = ids[0]
+    for g in ids[1:]:
         if g == prev + 1:
             prev = g
             continue
-        out.append(f"{start}-{prev}" if prev > start else f"{start}")
+        parts.append(f"{start}-{prev}" if prev > start else str(start))
         start = prev = g
-    out.append(f"{start}-{prev}" if prev > start else f"{start}")
-    return ",".join(out)
+    parts.append(f"{start}-{prev}" if prev > start else str(start))
+    return ",".join(parts)
+
+
+def gpu_ranges(ids: Iterable[int]) -> str:
+    """A set of GPU ids as runs, in increasing order: [8, 9, 0, 1, 2, 3] -> '0-3,8-9'."""
+    return format_gpus(sorted(ids))

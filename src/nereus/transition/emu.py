@@ -14,6 +14,7 @@ from enum import Enum
 from nereus.cost.candidate import Layout
 from nereus.errors import InputError
 from nereus.plan.types import Plan, StagePlan
+from nereus.spec.cluster import format_gpus
 from nereus.spec.job import JobSpec
 from nereus.spec.workflow import StageKind
 
@@ -121,21 +122,6 @@ def _describe(units: list[tuple[Layout, tuple[int, ...]]]) -> str:
     return ", ".join(f"tp={lay.tp},pp={lay.pp}@{format_gpus(g)}" for lay, g in units)
 
 
-def format_gpus(gpus: Iterable[int]) -> str:
-    """GPU ids in order, runs of consecutive ids written ``a-b`` (``0-3,8,10-11``)."""
-    ids = list(gpus)
-    if not ids:
-        return "-"
-    parts: list[str] = []
-    start = prev = ids[0]
-    for g in ids[1:]:
-        if g == prev + 1:
-            prev = g
-            continue
-        parts.append(f"{start}-{prev}" if prev > start else str(start))
-        start = prev = g
-    parts.append(f"{start}-{prev}" if prev > start else str(start))
-    return ",".join(parts)
 
 
 def renames(final: Mapping[str, tuple[Emu, ...]]) -> dict[str, str]:

@@ -37,9 +37,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from nereus.plan.types import Plan
+from nereus.spec.cluster import format_gpus
 from nereus.spec.job import JobSpec
 from nereus.transition.cost import TransitionCost
-from nereus.transition.emu import Emu, format_gpus, phi
+from nereus.transition.emu import Emu, phi
 from nereus.transition.local_dag import LocalDag, local_dag
 from nereus.transition.ownership import Ownership
 from nereus.transition.primitives import Destroy, Extend, MemStep, Merge, Primitive, Split

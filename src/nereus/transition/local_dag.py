@@ -19,11 +19,12 @@ from dataclasses import dataclass, replace
 
 from nereus.cost.candidate import Layout
 from nereus.plan.types import StagePlan
+from nereus.spec.cluster import format_gpus
 from nereus.spec.model import ModelSpec
 from nereus.spec.sharding import layout_problem
 from nereus.spec.workload import divisors
 from nereus.transition.cost import TransitionCost
-from nereus.transition.emu import Emu, emu_id, format_gpus
+from nereus.transition.emu import Emu, emu_id
 from nereus.transition.nesting import common_layout, merge_gpus, nesting_problem, split_gpus
 from nereus.transition.primitives import Destroy, Extend, Merge, Primitive, Split
 from nereus.transition.sizes import format_bytes
