@@ -248,6 +248,22 @@ def test_a_running_transition_defers_opportunistic_replans(job, plans):
     assert [t.signal for t in d.reasons.triggers] == ["response_len"]
 
 
+def test_a_running_transition_defers_a_memory_replan_too(job, plans):
+    """A predicted memory violation while a transition runs waits for its end: the plan it
+    would be checked against is the transition's target, whose layout does not exist yet (the
+    controller replanned from it at once, and credited the step to the target's candidates)."""
+    p = plans["best16"]
+    c = Controller(job, p, config=ControlConfig(restart_moves=False), on_log=lambda s: None)
+    busy = replace(_tel(job, p, 0, 6000, longest=24000), transition_running=True)
+    d = c.on_boundary(busy)
+    assert d.action is Action.KEEP and "deferred" in d.reasons.summary
+    assert TriggerKind.MEMORY in [t.kind for t in d.reasons.triggers]
+    assert c.plan is p
+    d = c.on_boundary(_tel(job, p, 1, 6000, longest=24000))
+    assert TriggerKind.MEMORY in [t.kind for t in d.reasons.triggers] and d.reasons.urgent
+    assert d.action is Action.MOVE
+
+
 def test_no_feasible_transition_prices_a_planned_restart_under_eq2(job, plans):
     fast = RestartParams(startup_s=1.0, storage_read_bw_per_node=1e12,
                          storage_write_bw_per_node=1e12)

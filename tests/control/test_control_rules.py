@@ -115,6 +115,11 @@ def test_payback_inequality_at_its_boundary():
     assert not profitable(1.0, 0.0, 0.5, 10.0)
     assert payback_steps(1.0, 0.0) == math.inf
     assert not profitable(0.0, 5.0, 0.0, 100.0)          # γ = 0: nothing opportunistic
+    # decided on the payback a decision reports: 0.5·49·ΔL / ΔL rounds above 24.5 here
+    delta = 6.771716913101244
+    l_tran = 0.5 * 49 * delta
+    assert payback_steps(l_tran, delta) > 0.5 * 49
+    assert not profitable(l_tran, delta, 0.5, 49.0)
 
 
 class _Sched:

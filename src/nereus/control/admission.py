@@ -66,10 +66,12 @@ def payback_steps(l_tran_s: float, delta_l_s: float) -> float:
 
 
 def profitable(l_tran_s: float, delta_l_s: float, gamma: float, horizon_steps: float) -> bool:
-    """Eq. 2, inclusive at the boundary; γ = 0 admits nothing opportunistic."""
+    """Eq. 2, inclusive at the boundary; γ = 0 admits nothing opportunistic. Decided on the
+    payback in steps, the number a decision reports (``l_tran / ΔL <= γ·H``): the product
+    form rounds differently, and a move was admitted whose stored payback exceeded γ·H."""
     if gamma <= 0 or delta_l_s <= 0:
         return False
-    return l_tran_s <= gamma * horizon_steps * delta_l_s
+    return payback_steps(l_tran_s, delta_l_s) <= gamma * horizon_steps
 
 
 def _delta(current_step_s: float | None, step_s: float) -> float | None:

@@ -369,7 +369,9 @@ class Controller:
             return self._log(Decision(Action.KEEP, self.plan, reasons=Reasons(
                 step, (), False, gamma=cfg.gamma)))
         lost_gpus = any(t.kind is TriggerKind.POOL_LOSS for t in triggers)
-        if tel.transition_running and not urgent and not lost_gpus:  # a loss replans at once
+        # a replan starts when the running transition ends (its target is the plan that
+        # memory is then checked against), or at once when GPUs are lost
+        if tel.transition_running and not lost_gpus:
             self.pending = pending
             return self._log(Decision(Action.KEEP, self.plan, reasons=Reasons(
                 step, pending, False, gamma=cfg.gamma,

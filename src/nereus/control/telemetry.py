@@ -23,7 +23,7 @@ class Telemetry:
     the step shows here. ``latency_s`` and ``peak_mem_bytes`` are per model-stage of the plan
     that ran the step; ``op_time_s[stage][op_class]`` are measured seconds of one op class inside
     a stage. ``transition_running`` tells the controller a transition has not finished yet
-    (asynchronous execution), so opportunistic replans wait for it.
+    (asynchronous execution), so replans wait for it; only a loss of GPUs replans at once.
     """
 
     step: int
