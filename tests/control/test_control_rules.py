@@ -242,3 +242,15 @@ def test_the_urgent_path_always_prices_the_moves_that_carry_no_state():
                                   horizon_steps=10, schedule_of=schedule_of, max_tries=12)
     assert idx == 13 and sched.feasible and verdicts[-1].admitted
     assert len(verdicts) == 13  # 12 tried within the budget, then the in-place one
+
+
+def test_control_config_rejects_bad_knobs_by_name():
+    """eff_z = 0 divided by zero at the first efficiency signal; max_tries = 0 priced nothing."""
+    from nereus.control.controller import ControlConfig
+
+    ControlConfig()
+    for kwargs in ({"eff_z": 0.0}, {"max_tries": 0}, {"warmup_steps": -1},
+                   {"eff_min_share": 1.5}, {"horizon_alpha": 0.0}, {"gamma": 2.0}):
+        with pytest.raises(InputError) as e:
+            ControlConfig(**kwargs)
+        assert e.value.field == f"control.{next(iter(kwargs))}"

@@ -105,6 +105,18 @@ class ControlConfig:
             raise InputError("control.length_margin", f"must be >= 0, got {self.length_margin}")
         if self.length_window < 1:
             raise InputError("control.length_window", f"must be >= 1, got {self.length_window}")
+        if not self.eff_z > 0:
+            raise InputError("control.eff_z", f"must be > 0, got {self.eff_z}")
+        if self.max_tries < 1:
+            raise InputError("control.max_tries", f"must be >= 1, got {self.max_tries}")
+        if self.warmup_steps < 0:
+            raise InputError("control.warmup_steps", f"must be >= 0, got {self.warmup_steps}")
+        if not 0.0 <= self.eff_min_share <= 1.0:
+            raise InputError("control.eff_min_share",
+                             f"must be in [0, 1], got {self.eff_min_share}")
+        if not 0.0 < self.horizon_alpha <= 1.0:
+            raise InputError("control.horizon_alpha",
+                             f"must be in (0, 1], got {self.horizon_alpha}")
 
 
 class Action(str, Enum):
