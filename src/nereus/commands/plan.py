@@ -247,8 +247,8 @@ def register(app: typer.Typer) -> None:
         """A line when the best plan placed with --spread is faster: the search prices the
         weight sync with training packed on the pool's fullest nodes, and spreading training
         over the nodes generation uses can keep the sync inside them."""
-        if not spans_nodes(job.pool) or "weight_sync" not in plan.terms:
-            return None
+        if not spans_nodes(job.pool) or not plan.terms.get("weight_sync"):
+            return None  # one node, or no sync to keep inside nodes: no second search
         try:
             other = Planner(job, cost=cost, spread=True).best()
         except InfeasibleError:
@@ -258,7 +258,7 @@ def register(app: typer.Typer) -> None:
         gain = (plan.step_latency_s / other.step_latency_s - 1) * 100
         return (f"a plan spread over nodes is {gain:.2f} % faster per step "
                 f"({other.step_latency_s:.3f} s against {plan.step_latency_s:.3f} s, "
-                f"estimated; weight sync {other.terms.get('weight_sync', 0.0):.3f} s against "
+                f"estimated; weight sync {other.terms['weight_sync']:.3f} s against "
                 f"{plan.terms['weight_sync']:.3f} s): nereus plan --spread")
 
     def _node_loss(job: JobSpec, plan: Plan, spread: bool = False, best: bool = True) -> str:

@@ -107,7 +107,8 @@ def _option_value(key: str, record: Mapping[str, str]) -> str:
     if key != "model":
         return value
     preset = MODEL_PRESETS.get(value)
-    if preset is not None and record.get("architecture", architecture(preset)) == \
-            architecture(preset):
-        return value
+    if preset is not None:
+        shape = architecture(preset)
+        if record.get("architecture", shape) == shape:
+            return value
     return f"<the config.json of {value}>"

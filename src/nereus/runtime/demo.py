@@ -143,7 +143,7 @@ def _check_fits_machine(job: JobSpec, schedule: Schedule, workers: int) -> None:
     procs = workers * WORKER_BYTES
     if 2 * need + procs > ram:  # the state, the copies a transition makes, the processes
         raise InputError("model", f"{job.model.name}: its state takes {need / GiB:.1f} GiB on "
-                         f"{workers} CPU workers (and the processes {procs / GiB:.1f} GiB), "
+                         f"{workers} CPU workers (and the processes {procs / GiB:.1f} GiB, estimated), "
                          f"this machine has {ram / GiB:.1f} GiB",
                          "a small model for --execute on CPU (tiny-llama, tiny-qwen3, "
                          "small-llama)")

@@ -112,10 +112,6 @@ def _reset_peak(ctx: Any) -> MemoryStats:
     return ctx.memory.stats()
 
 
-def _stats(ctx: Any) -> MemoryStats:
-    return ctx.memory.stats()
-
-
 def _rename(ctx: Any, mapping: Mapping[str, str], token: str) -> bool:
     return bool(ctx.rename(mapping, token))
 
@@ -238,7 +234,7 @@ class Executor:
         """Each worker's peak bytes during the transition. A worker that died after the
         rename is a fault only where it holds a final unit; one that holds none (an emptied
         source) is left out of the peaks, and the transition stands."""
-        refs = {d: self.pool.submit_control(d, _stats) for d in involved}
+        refs = {d: self.pool.actor(d).memory.remote() for d in involved}
         peaks: dict[int, int] = {}
         gone: dict[int, BaseException] = {}
         for d, ref in refs.items():
@@ -250,7 +246,7 @@ class Executor:
             cause = gone[min(gone)]
             report = reconcile(self.pool, [e for es in units.values() for e in es],
                                set(gone), {},
-                               tuple(sorted(timings.values(), key=lambda t: t.index)), cause)
+                               _in_order(timings), cause)
             raise TransitionFailed(report) from cause
         return peaks
 
@@ -266,17 +262,18 @@ class Executor:
                     for g in e.gpus:
                         per.setdefault(g, {})[e.id] = new
         if device_ids is not None:
-            per = {g: m for g, m in per.items() if g in set(device_ids)}
+            keep = set(device_ids)
+            per = {g: m for g, m in per.items() if g in keep}
         if per:
             self.pool.run({g: (_rename, (m, token)) for g, m in per.items()})
 
     def _fail_renaming(self, units: Mapping[str, Sequence[Emu]], mapping: Mapping[str, str],
                        token: str, timings: Mapping[int, PrimitiveTiming],
                        cause: BaseException) -> FaultReport:
-        """Every primitive ended, then the rename failed, most likely because a worker died. The live workers finish the rename (a worker that did
-        it already ignores the same ``token``), then each final unit is intact under its new
-        id, or under its old one where no worker renamed it (a live worker whose rename
-        failed for another reason)."""
+        """Every primitive ended, then the rename failed, most likely because a worker died.
+        The live workers finish the rename (a worker that did it already ignores the same
+        ``token``), then each final unit is intact under its new id, or under its old one
+        where no worker renamed it (a live worker whose rename failed for another reason)."""
         alive = self.pool.alive(timeout_s=5.0)
         dead = {d for d, ok in alive.items() if not ok}
         try:
@@ -290,7 +287,7 @@ class Executor:
         both = final + [e for es in units.values() for e in es
                         if mapping.get(e.id, e.id) != e.id]
         rep = reconcile(self.pool, both, dead, {},
-                        tuple(sorted(timings.values(), key=lambda t: t.index)), cause)
+                        _in_order(timings), cause)
         # a unit is lost when it is intact under neither id; it is listed under its new one
         kept = {(e.stage, e.gpus) for es in rep.intact.values() for e in es}
         return replace(rep, lost=tuple(sorted((e for e in final if (e.stage, e.gpus) not in kept),
@@ -370,7 +367,6 @@ class Executor:
         while any(r.pending() for r in running.values()):
             self._collect(running, block=True)
         log.debug("running primitives ended at %.3f s", time.perf_counter() - t0)
-        completed = []
         failed: dict[int, dict[int, BaseException]] = {}
         candidates = dict(units)
         for i, r in running.items():
@@ -384,9 +380,13 @@ class Executor:
             for e in r.prim.consumed:
                 candidates.pop(e.id, None)
             candidates.update({e.id: e for e in r.prim.outputs})
-            completed.append(i)
         return reconcile(self.pool, candidates.values(), dead, failed,
-                         tuple(sorted(timings.values(), key=lambda t: t.index)), cause)
+                         _in_order(timings), cause)
+
+
+def _in_order(timings: Mapping[int, PrimitiveTiming]) -> tuple[PrimitiveTiming, ...]:
+    """The completed primitives' timings in schedule order, as a fault report lists them."""
+    return tuple(sorted(timings.values(), key=lambda t: t.index))
 
 
 class _Abort(Exception):

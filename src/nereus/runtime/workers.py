@@ -489,10 +489,8 @@ class WorkerPool:
     def infos(self) -> dict[int, WorkerInfo]:
         return {d: ray.get(s.actor.info.remote()) for d, s in self._slots.items()}
 
-    def memory(self, device_ids: Iterable[int] | None = None) -> dict[int, MemoryStats]:
-        """Memory of every worker, or of those of ``device_ids``."""
-        ids = self.device_ids if device_ids is None else tuple(device_ids)
-        refs = {d: self.actor(d).memory.remote() for d in ids}
+    def memory(self) -> dict[int, MemoryStats]:
+        refs = {d: s.actor.memory.remote() for d, s in self._slots.items()}
         return {d: ray.get(r) for d, r in refs.items()}
 
     def alive(self, timeout_s: float = 10.0) -> dict[int, bool]:
