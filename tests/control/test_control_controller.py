@@ -569,3 +569,37 @@ def test_an_efficiency_the_measurements_do_not_pin_down_is_not_watched(job, plan
     c.calibrator = _Spread(eff, {OpClass.GEMM: 0.02, OpClass.DECODE: 0.068})
     sig = c._signals(tel, {"gemm": 0.5, "decode": 0.4, "latency.intra": 0.1})
     assert sig.keys() == {"response_len", "eff.gemm"}  # an unmeasured class is not watched
+
+
+def _moved_to(plan, shift):
+    """``plan`` with every GPU id g moved to (g + shift) mod 16: the same plan a node over."""
+    return replace(plan, stages=tuple(
+        replace(s, replicas=tuple(tuple((g + shift) % 16 for g in r) for r in s.replicas))
+        for s in plan.stages))
+
+
+def test_the_best_target_is_placed_near_the_current_gpus_when_that_move_is_cheaper(job, plans):
+    # the 8-GPU plan runs on the second node; the best 16-GPU plan, as searched, puts actor
+    # training on the first. A transition that keeps actor training where it is (GPUs 8-15)
+    # is feasible, any other is not: the controller must find the placement near its GPUs
+    here = _moved_to(plans["best8"], 8)
+    train = set(here.stage("actor_train").gpus)
+
+    asked = []
+
+    def transition(j, s, t, e):
+        asked.append(t)
+        return _Sched(0.5, feasible=set(t.stage("actor_train").gpus) <= train)
+
+    c = Controller(job, here, transition=transition, on_log=lambda s: None)
+    c.on_boundary(_tel(job, here, 0, 2000))
+    d = c.on_boundary(_tel(job, here, 1, 2700))
+    assert d.action is Action.MOVE, d.reasons.summary
+    assert d.reasons.chosen == "best, placed near the current GPUs"
+    assert set(d.plan.stage("actor_train").gpus) <= train
+    # the planner's own placement of the same candidates was priced too, and found infeasible
+    searched = [t for t in asked if not set(t.stage("actor_train").gpus) <= train]
+    assert any([x.candidate for x in t.stages] == [x.candidate for x in d.plan.stages]
+               for t in searched)
+    assert d.reasons.verdicts[0].admitted
+    assert len(d.plan.gpus()) > len(here.gpus())

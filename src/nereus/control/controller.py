@@ -45,6 +45,7 @@ from nereus.cost.model import CostModel
 from nereus.cost.ops import OpClass
 from nereus.errors import InfeasibleError, InputError
 from nereus.plan.exposure import exposed_fraction, spans_nodes
+from nereus.plan.near import placed_near
 from nereus.plan.search import Planner
 from nereus.plan.types import Plan, idle_bytes
 from nereus.spec.cluster import GpuPool
@@ -521,9 +522,21 @@ class Controller:
 
         cur_risk = base.current_risk_s
         cur_l = None if cur_s is None else cur_s + cur_risk  # what ΔL compares
+        transition_job = self.job.with_pool(now.pool)
+        eff = self.calibrator.efficiencies()
+        schedules: dict[int, Schedule] = {}  # id(plan) -> its schedule, computed once
+
+        def schedule_for(plan: Plan) -> Schedule:
+            got = schedules.get(id(plan))
+            if got is None:
+                got = schedules[id(plan)] = self.transition(transition_job, survivors, plan, eff)
+            return got
+
         options: list[Option] = []
         if best is not None:
-            options.append(option("best", best.plan, best.step_s))
+            options += self._nearest(option("best", best.plan, best.step_s), now, cost,
+                                     survivors, option, schedule_for)
+        star = options[0].plan if options else None  # S*, placed where its move is cheapest
         source_specs = rebatched(cost, survivors, every_stage=False)
         if best is not None:
             for label, specs in hybrids(now, survivors, source_specs, best.plan):
@@ -538,11 +551,8 @@ class Controller:
                                       for o in options):
                     options.append(replace(option(label, p.plan, p.step_s), in_place=True))
 
-        transition_job = self.job.with_pool(now.pool)
-        eff = self.calibrator.efficiencies()
-
         def schedule_of(opt: Option) -> Schedule:
-            return self.transition(transition_job, survivors, opt.plan, eff)
+            return schedule_for(opt.plan)
 
         idx, sched, verdicts = select(options, cur_l, urgent=urgent, gamma=cfg.gamma,
                                       horizon_steps=horizon, schedule_of=schedule_of,
@@ -562,9 +572,9 @@ class Controller:
             if idx is not None and sched is not None:
                 opt = options[idx]
                 move_score = sched.estimated_s + h * opt.expected_s
-                if opt.plan is not best.plan and h > 1.0:
+                if opt.plan is not star and h > 1.0:
                     # or move on from there to S* at the next boundary (see ONWARD below)
-                    onward = self.transition(transition_job, opt.plan, best.plan, eff)
+                    onward = self.transition(transition_job, opt.plan, star, eff)
                     if onward.feasible:
                         move_score = min(move_score, sched.estimated_s + opt.expected_s
                                          + onward.estimated_s + (h - 1.0) * best_l)
@@ -585,7 +595,7 @@ class Controller:
             r = Reasons(step, triggers, urgent, horizon, cfg.gamma, cur_s, opt.step_s,
                         v.delta_l_s, sched.estimated_s, v.payback_steps, None, opt.label,
                         verdicts, v.why, cur_risk, opt.risk_s)
-            if urgent and best is not None and opt.plan is not best.plan:
+            if urgent and best is not None and opt.plan is not star:
                 # the urgent path took what could run now; S* is priced again (under Eq. 2,
                 # over the horizon of what drove this move) at the next boundary
                 driver = "pool" if any(t.kind in (TriggerKind.POOL_LOSS, TriggerKind.POOL_GAIN)
@@ -609,6 +619,27 @@ class Controller:
                     first.payback_steps if first else None, None, "", verdicts, summary,
                     cur_risk, first.risk_s if first else 0.0)
         return Decision(Action.KEEP, self.plan, None, None, r)
+
+    def _nearest(self, best: Option, now: JobSpec, cost: CostModel, survivors: Plan,
+                 option: Callable[[str, Plan, float], Option],
+                 schedule_for: Callable[[Plan], Schedule]) -> list[Option]:
+        """S* and its placements near the surviving units (``placed_near``): the one of them
+        with the cheapest feasible transition among those no slower than S* comes first, as
+        the target; a slower one follows as a fallback (a slower target with a cheaper
+        transition, which ``select`` tries only if S* is rejected)."""
+        nears = [option("best, placed near the current GPUs", p, p.step_latency_s)
+                 for p in placed_near(now, cost, best.plan, survivors)]
+        if not nears:
+            return [best]
+        same = [best] + [o for o in nears if o.expected_s <= best.expected_s * (1 + 1e-9)]
+        slower = [o for o in nears if o not in same]
+        if len(same) > 1:
+            def key(o: Option) -> tuple[bool, float]:
+                sched = schedule_for(o.plan)
+                return not sched.feasible, sched.estimated_s if sched.feasible else 0.0
+            first = min(same, key=key)  # ties keep S* as the search placed it
+            same = [first] + [o for o in same if o is not first]
+        return [same[0], *same[1:], *slower]
 
     def _restart_move(self, step: int, triggers: tuple[Trigger, ...], horizon: float,
                       cur_s: float, cur_risk: float, best: Option, now: JobSpec,
@@ -643,8 +674,11 @@ class Controller:
 
 
 def _noted(decision: Decision, best: Priced | None, note: str) -> Decision:
-    """``decision`` with ``note`` added to its summary when it runs S* (``best``)."""
-    if not note or best is None or decision.plan is not best.plan:
+    """``decision`` with ``note`` added to its summary when it runs S* (``best``), as the
+    search placed it or near the current GPUs."""
+    if not note or best is None or decision.plan is None or \
+            [sp.candidate for sp in decision.plan.stages] != \
+            [sp.candidate for sp in best.plan.stages]:
         return decision
     r = decision.reasons
     return replace(decision, reasons=replace(r, summary=f"{r.summary}; {note}" if r.summary

@@ -117,21 +117,26 @@ def split_pool(pool: GpuPool, parts: Sequence[tuple[int, int]], spread: bool = F
 
 
 def place_phase(pool: GpuPool, groups: Sequence[GroupAssignment], spread: bool = False,
-                prefer: Mapping[str, Iterable[int]] | None = None
+                prefer: Mapping[str, Iterable[int]] | None = None,
+                weight: Mapping[str, float] | None = None
                 ) -> dict[str, list[tuple[int, ...]]]:
     """GPU ids per replica for every stage of one phase; raises if the pool is too small.
     ``spread``: chunks go to the emptiest node (replicas over nodes) instead of best fit.
-    ``prefer``: GPUs a stage's group takes first (that group is placed first)."""
+    ``prefer``: GPUs a stage's group takes first (that group is placed first). ``weight``:
+    among the groups that prefer GPUs, the one whose stages weigh most goes first (what
+    staying where it is saves), before the largest chunks."""
     free = _free(pool)
     node_size = max(len(v) for v in free.values())
     prefer = prefer or {}
+    weight = weight or {}
 
     def wanted(g: GroupAssignment) -> frozenset[int]:
         return frozenset(i for s in g.stages for i in prefer.get(s, ()))
 
     # place the groups with the largest chunks first so smaller chunks fill the gaps (a group
     # that prefers GPUs goes before all: it is placed to match how it was priced)
-    order = sorted(groups, key=lambda g: (not wanted(g), -_chunk_unit(g, node_size), -g.gpus))
+    order = sorted(groups, key=lambda g: (not wanted(g), -sum(weight.get(s, 0.0) for s in g.stages),
+                                          -_chunk_unit(g, node_size), -g.gpus))
     out: dict[str, list[tuple[int, ...]]] = {}
     for grp in order:
         ids = _take(free, grp.gpus, _chunk_unit(grp, node_size), f"group {grp.stages}",

@@ -1,0 +1,123 @@
+"""A plan placed on the GPUs where the job's state already is.
+
+The search places a plan from scratch: its weight-sync rule puts training on the pool's fullest
+nodes, and the groups of a phase take GPUs by best fit. After a replan, the target can then put
+a model-stage on GPUs that another stage of its phase holds now, while the GPUs the stage holds
+stay free for a third one. The phase had room for every stage where it was, and the transition
+copies state that could have stayed; three inference stages that take each other's GPUs can
+even deadlock, since each keeps its last copy until the new one exists.
+
+``placed_near`` places the same candidates and groups again, each group taking first the GPUs
+its stages hold in the current plan, keeps a replica's GPU order where it holds the same GPUs
+as a current replica of the same layout, and prices the result. Its step can differ from the
+search's only through the weight sync (its receivers follow the GPU ids); the controller moves
+there when it is no slower and its transition is cheaper.
+"""
+
+from __future__ import annotations
+
+from nereus.cost.model import CostModel
+from nereus.errors import InputError
+from nereus.plan.evaluate import StageLayoutSpec, evaluate_plan
+from nereus.plan.placement import GroupAssignment, place_phase
+from nereus.plan.types import Plan, StagePlan
+from nereus.spec.cluster import GpuPool
+from nereus.spec.job import JobSpec
+from nereus.spec.workflow import Execution, Phase
+
+
+def placed_near(job: JobSpec, cost: CostModel, plan: Plan, current: Plan) -> list[Plan]:
+    """``plan``'s candidates placed on ``job``'s pool near ``current``'s GPUs and priced: the
+    distinct placements that differ from ``plan``'s (none where the pool cannot hold them).
+
+    Up to four, which differ in what they let go first: the groups in the search's order
+    (largest chunks first) or the groups that hold the most state first; and, in synchronous
+    execution with a weight sync, generation near its own current GPUs or on the training
+    stage's new GPUs first (the search's rule, which keeps the sync inside nodes). Which one is
+    cheaper to reach depends on what moves, so the caller prices their transitions.
+    """
+    wf = job.workflow
+    pair = wf.weight_sync() if wf.execution is Execution.SYNC else None
+    out: list[Plan] = []
+    # what a stage saves by staying: the bytes its units hold now
+    weight = {sp.stage: float(cost.resident_bytes(sp.stage, sp.layout) * len(sp.gpus))
+              for sp in current.stages}
+    for nest in ((None, pair) if pair else (None,)):
+        for by in (None, weight):
+            near = _placed(job, cost, plan, current, nest, by)
+            if near is not None and all(near.stages != p.stages for p in out):
+                out.append(near)
+    return out
+
+
+def _placed(job: JobSpec, cost: CostModel, plan: Plan, current: Plan,
+            nest: tuple[str, str] | None, weight: dict[str, float] | None) -> Plan | None:
+    """One placement near ``current``: ``nest`` puts generation on the training GPUs first;
+    ``weight`` places the groups that hold the most state first (else the largest chunks)."""
+    wf = job.workflow
+    prefer = {sp.stage: sp.gpus for sp in current.stages}
+    pools = _phase_pools(job, plan)
+    phases = list(wf.phases)
+    if nest is not None:  # training first, then generation on its GPUs
+        train_phase = wf.stage(nest[0]).phase
+        phases.sort(key=lambda p: p is not train_phase)
+    replicas: dict[str, tuple[tuple[int, ...], ...]] = {}
+    for phase in phases:
+        groups = [GroupAssignment(g, tuple(plan.stage(n).candidate for n in g))
+                  for g in _groups(plan, [s.name for s in wf.phase_stages(phase)])]
+        try:
+            placed = place_phase(pools[phase], groups, prefer=prefer, weight=weight)
+        except ValueError:
+            return None
+        for name, reps in placed.items():
+            replicas[name] = _kept_order(tuple(reps), current, plan.stage(name))
+        if nest is not None and nest[0] in placed:
+            prefer[nest[1]] = tuple(g for r in replicas[nest[0]] for g in r)
+    if all(replicas[sp.stage] == sp.replicas for sp in plan.stages):
+        return None
+    specs = {sp.stage: StageLayoutSpec(sp.tp, sp.pp, sp.dp, replicas[sp.stage],
+                                       sp.candidate.micro_batch, sp.candidate.grad_accum,
+                                       sp.candidate.recompute)
+             for sp in plan.stages}
+    try:
+        near = evaluate_plan(job, specs, cost)
+    except InputError:
+        return None
+    # placement keeps every group together and apart from the others, so the groups (and with
+    # them every stage's co-resident state) are the plan's own
+    if sorted(near.groups) != sorted(plan.groups):
+        return None
+    return near
+
+
+def _groups(plan: Plan, stages: list[str]) -> list[tuple[str, ...]]:
+    """The groups of ``plan`` among ``stages`` (a stage in no group is a group of its own)."""
+    out = [g for g in plan.groups if g[0] in stages]
+    out += [(n,) for n in stages if not any(n in g for g in plan.groups)]
+    return out
+
+
+def _phase_pools(job: JobSpec, plan: Plan) -> dict[Phase, GpuPool]:
+    """The GPUs each phase places on: the pool, or in asynchronous execution generation's GPUs
+    for generation and the rest of the pool for the other phases (as the plan splits it)."""
+    wf = job.workflow
+    pools = {p: job.pool for p in wf.phases}
+    if wf.execution is Execution.ASYNC and Phase.GENERATION in wf.phases:
+        gen = {g for s in wf.phase_stages(Phase.GENERATION) for g in plan.stage(s.name).gpus}
+        gen_pool = GpuPool(job.cluster, tuple(sorted(gen)))
+        rest = GpuPool(job.cluster, tuple(g for g in job.pool.ids if g not in gen))
+        pools = {p: gen_pool if p is Phase.GENERATION else rest for p in wf.phases}
+    return pools
+
+
+def _kept_order(replicas: tuple[tuple[int, ...], ...], current: Plan,
+                target: StagePlan) -> tuple[tuple[int, ...], ...]:
+    """``replicas`` with each one that holds the same GPUs as a current replica of the same
+    layout in that replica's order, so the unit stays as it is."""
+    if target.stage not in current.names:
+        return replicas
+    now = current.stage(target.stage)
+    if now.layout != target.layout:
+        return replicas
+    by_set = {frozenset(r): r for r in now.replicas}
+    return tuple(by_set.get(frozenset(r), r) for r in replicas)
