@@ -398,3 +398,26 @@ def test_a_job_spec_that_fits_nowhere_is_named(tmp_path: Path) -> None:
     r = runner.invoke(app, ["transition", CONFIG_8B, str(one)])
     assert r.exit_code == 2, r.output
     assert r.stderr.startswith("error: target (one.yaml): model-stage "), r.stderr
+
+
+def test_between_job_specs_the_target_is_placed_near_the_current_gpus(tmp_path: Path) -> None:
+    # the 8B PPO example on 48 GPUs from 2K to 8K responses: as searched, three concurrent
+    # inference stages would take each other's GPUs (infeasible); placed near, they reshard
+    # where they are
+    import yaml
+
+    base = yaml.safe_load((Path(__file__).resolve().parents[2] / "examples" /
+                           "llama-3.1-8b-ppo.yaml").read_text())
+    paths = []
+    for n in (2048, 8192):
+        data = dict(base, gpus=48)
+        data["workload"] = dict(base.get("workload") or {}, response_len=n, response_len_max=n)
+        p = tmp_path / f"job{n}.yaml"
+        p.write_text(yaml.safe_dump(data))
+        paths.append(str(p))
+    r = runner.invoke(app, ["transition", *paths, "--json"])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    assert out["feasible"] is True
+    moved = {p["stage"] for p in out["primitives"] if p["op"] == "Extend"}
+    assert not moved & {"reference_infer", "reward_infer", "critic_infer"}

@@ -165,7 +165,28 @@ def jobs_from_specs(current: Path, target: Path, profile: Path | None
     cur, tgt = plans
     cluster = max((a.cluster, b.cluster), key=lambda c: c.num_devices)
     pool = GpuPool(cluster, tuple(sorted(set(a.pool.ids) | set(b.pool.ids))))
-    return replace(b, cluster=cluster, pool=pool), cur, tgt
+    job = replace(b, cluster=cluster, pool=pool)
+    return job, cur, _nearest(job, b, cur, tgt, profile)
+
+
+def _nearest(job: JobSpec, target_job: JobSpec, cur: Plan, tgt: Plan,
+             profile: Path | None) -> Plan:
+    """The target as the controller would take it: the search's placement, or one near the
+    current plan's GPUs (``nereus.plan.near``) that is no slower per step and has the cheapest
+    feasible transition."""
+    from nereus.plan.near import placed_near
+
+    nears = [p for p in placed_near(target_job, _cost_model(target_job, profile), tgt, cur)
+             if p.step_latency_s <= tgt.step_latency_s * (1 + 1e-9)]
+    if not nears:
+        return tgt
+    eff = _efficiencies(job, profile)
+
+    def key(plan: Plan) -> tuple[bool, float]:
+        s = plan_transition(job, cur, plan, eff)
+        return not s.feasible, s.estimated_s if s.feasible else 0.0
+
+    return min([tgt, *nears], key=key)  # ties keep the search's placement
 
 
 def job_for_plans(gpu_ids: tuple[int, ...] | list[int], config: Path | None,
@@ -402,6 +423,10 @@ def register(app: typer.Typer) -> None:
                                      "move checked bitwise"),
     ) -> None:
         """Plan the transition between two plans: primitives, schedule and L_tran.
+
+        From two job specs, each is planned; the target is then placed near the current
+        plan's GPUs where that is no slower per step and cheaper to reach, as the controller
+        does.
 
         Exit 2 for bad input, 3 when no memory-safe schedule exists; with --execute, 1 when
         the state after the move differs and 4 when the run on the workers failed.
