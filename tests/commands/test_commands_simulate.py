@@ -78,3 +78,46 @@ def test_json_and_csv_carry_what_the_table_prints(tmp_path: Path) -> None:
                             "--policies", "static"])
     assert r.exit_code == 0, r.output
     assert "checkpoint s" in r.stdout
+
+
+@pytest.mark.parametrize("example", sorted((ROOT / "examples" / "scenarios").glob("*.yaml")),
+                         ids=lambda p: p.stem)
+def test_every_example_scenario_runs(example: Path) -> None:
+    import json
+
+    r = runner.invoke(app, ["simulate", "--config", str(example), "--steps", "3",
+                            "--policies", "static,nereus", "--json"])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    assert out["source"] == "simulated" and set(out["policies"]) == {"static", "nereus"}
+
+
+def test_steps_beyond_a_lengths_file_are_refused_naming_steps(tmp_path: Path) -> None:
+    import yaml
+
+    data = yaml.safe_load((ROOT / "examples" / "scenarios" / "file-traces-8b.yaml").read_text())
+    for name in ("lengths.csv", "pool.csv", "drift.csv"):
+        (tmp_path / name).write_text((ROOT / "examples" / "scenarios" / name).read_text())
+    data["steps"] = 200  # the file has 60
+    cfg = tmp_path / "s.yaml"
+    cfg.write_text(yaml.safe_dump(data))
+    r = runner.invoke(app, ["simulate", "--config", str(cfg), "--policies", "static"])
+    assert r.exit_code == 2, r.output
+    assert "steps" in r.stderr and "60" in r.stderr and "Traceback" not in r.output
+
+
+def test_a_bad_lengths_row_names_its_file_row_and_columns(tmp_path: Path) -> None:
+    import yaml
+
+    data = yaml.safe_load((ROOT / "examples" / "scenarios" / "file-traces-8b.yaml").read_text())
+    for name in ("pool.csv", "drift.csv"):
+        (tmp_path / name).write_text((ROOT / "examples" / "scenarios" / name).read_text())
+    (tmp_path / "lengths.csv").write_text("step,response_len_mean,response_len_max\n"
+                                          "0,500,700\n1,600,500\n")
+    cfg = tmp_path / "s.yaml"
+    cfg.write_text(yaml.safe_dump(data))
+    r = runner.invoke(app, ["simulate", "--config", str(cfg), "--policies", "static"])
+    assert r.exit_code == 2, r.output
+    line = r.stderr.strip()
+    assert "lengths.csv" in line and "row 3" in line and "response_len_max" in line
+    assert len(line.splitlines()) == 1

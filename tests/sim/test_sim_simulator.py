@@ -1,9 +1,10 @@
 """The simulator and its policies on small scenarios (all numbers simulated)."""
 
-from dataclasses import replace
+from dataclasses import fields, replace
 
 import pytest
 
+from nereus.control.controller import ControlConfig
 from nereus.sim import traces as T
 from nereus.sim.scenarios import (
     SCENARIOS,
@@ -117,6 +118,8 @@ def test_every_builtin_parameter_has_a_source_or_is_an_assumption():
                 "control.delta_eff", "control.length_margin", "control.length_window",
                 "control.warmup_steps", "control.horizon_alpha", "plan_cache", "static",
                 "availability_replay", "control.restart_moves"}
+    # every knob of the controller the scenarios run with (the restart's have their own notes)
+    required |= {f"control.{f.name}" for f in fields(ControlConfig) if f.name != "restart"}
     for name in SCENARIOS:
         notes = builtin(name, steps=5).notes
         assert required <= set(notes), (name, required - set(notes))

@@ -31,8 +31,10 @@ def test_length_csv_round_trip_and_errors(tmp_path):
     with pytest.raises(InputError, match="response_len_max"):
         T.load_lengths(p)
     p.write_text("step,response_len_mean,response_len_max\n0,100,50\n")
-    with pytest.raises(InputError, match="step 0"):
+    with pytest.raises(InputError, match=r"lengths \(lengths.csv\) row 2: response_len_mean"):
         T.load_lengths(p)
+    p.write_text("step,response_len_mean,response_len_max\n0,500.5,500.7\n")
+    assert T.load_lengths(p).longest == (501,)  # a fractional longest rounds up
     with pytest.raises(InputError, match="no file"):
         T.load_lengths(tmp_path / "missing.csv")
 
@@ -133,7 +135,8 @@ def test_csv_numbers_must_be_finite(tmp_path, bad):
 def test_drift_factors_have_a_floor(tmp_path):
     p = tmp_path / "drift.csv"
     p.write_text("start_step,end_step,op_class,factor\n0,10,gemm,1e-300\n")
-    with pytest.raises(InputError, match=rf"^drift row 2\.factor: .*{T.MIN_DRIFT_FACTOR:g}"):
+    with pytest.raises(InputError,
+                       match=rf"^drift \(\w+\.csv\) row 2\.factor: .*{T.MIN_DRIFT_FACTOR:g}"):
         T.load_drift(p)
     with pytest.raises(InputError, match=r"^drift\.congestion\.factor"):
         T.congestion(100, factor=1e-300)
@@ -171,7 +174,8 @@ def test_availability_gpu_counts_and_ids_are_capped(tmp_path, gpus):
     """A huge count or range used to build the whole list of ids (MemoryError)."""
     p = tmp_path / "pool.csv"
     p.write_text(f"time_s,gpus\n0,16\n600,{gpus}\n")
-    with pytest.raises(InputError, match=rf"^availability row 3\.gpus: .*{T.MAX_DEVICES:,}"
+    with pytest.raises(InputError,
+                       match=rf"^availability \(\w+\.csv\) row 3\.gpus: .*{T.MAX_DEVICES:,}"
                        ) as e:
         T.load_availability(p)
     assert "\n" not in str(e.value)
@@ -182,10 +186,10 @@ def test_availability_gpu_counts_and_ids_are_capped(tmp_path, gpus):
 def test_availability_ids_are_bounded_by_the_cluster_when_given(tmp_path):
     p = tmp_path / "pool.csv"
     p.write_text("time_s,gpus\n0,16\n600,17\n")
-    with pytest.raises(InputError, match=r"^availability row 3\.gpus: .*0\.\.15"):
+    with pytest.raises(InputError, match=r"^availability \(\w+\.csv\) row 3\.gpus: .*0\.\.15"):
         T.load_availability(p, max_gpus=16)
     p.write_text("time_s,gpus\n0,0-7\n600,8-16\n")
-    with pytest.raises(InputError, match=r"^availability row 3\.gpus: .*16"):
+    with pytest.raises(InputError, match=r"^availability \(\w+\.csv\) row 3\.gpus: .*16"):
         T.load_availability(p, max_gpus=16)
 
 
@@ -193,7 +197,7 @@ def test_availability_ids_are_bounded_by_the_cluster_when_given(tmp_path):
 def test_a_reversed_range_is_an_error_not_an_empty_pool(tmp_path, gpus):
     p = tmp_path / "pool.csv"
     p.write_text(f"time_s,gpus\n0,16\n600,{gpus}\n")
-    with pytest.raises(InputError, match=r"^availability row 3\.gpus: .*range"):
+    with pytest.raises(InputError, match=r"^availability \(\w+\.csv\) row 3\.gpus: .*range"):
         T.load_availability(p)
 
 

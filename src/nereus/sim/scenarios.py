@@ -123,9 +123,10 @@ class Scenario:
 
 def _common_notes() -> dict[str, str]:
     notes = {
-        "job": "the paper's default workload (§7): Llama-3.1-8B, PPO, 16 H100 80GB in 2 nodes "
-               "of 8 (NVLink inside, 400 Gb/s per GPU between); batch from "
-               "examples/llama-3.1-8b-ppo.yaml (512 prompts of 512 tokens, 4 mini-batches)",
+        "job": "paper §3.2: Llama-3.1-8B PPO on 16 GPUs; assumption: H100 SXM 80GB in 2 "
+               "nodes of 8 (NVLink inside, 400 Gb/s per GPU between), synchronous, and the "
+               "batch of examples/llama-3.1-8b-ppo.yaml (512 prompts of 512 tokens, one "
+               "response each, 4 mini-batches, one PPO epoch)",
         "hidden_efficiency": "assumption: " + ", ".join(f"{c.value} {v:g}" for c, v in
                                                          HIDDEN_EFFICIENCY.items())
                              + " -- inside public ranges (Megatron-LM MFU ~50 %, nccl-tests "
@@ -149,6 +150,12 @@ def _common_notes() -> dict[str, str]:
         "control.length_window": "assumption: memory is planned for the longest response of "
                                  "the last 20 steps (the envelope of step-to-step noise)",
         "control.length_margin": "assumption: plus 5 % for growth between replans",
+        "control.eff_z": "assumption: an efficiency signal counts only while a move of "
+                         "delta_eff is at least 3 standard errors of the class's estimate",
+        "control.max_tries": "assumption: at most 12 transition schedules priced per replan "
+                             "(the paper gives no value)",
+        "control.admission": "paper §4.3 and §7.3.3: Nereus admits a move by Eq. 2; "
+                             "replan_always is the controller with it off",
         "plan_cache": f"simulation shortcut: best plans cached per pool, {LENGTH_BUCKET - 1:.0%} "
                       f"response-length bucket (solved at its upper edge) and "
                       f"{EFF_GRID - 1:.0%} efficiency grid; re-priced exactly at the actual "
@@ -228,11 +235,12 @@ def scenario_default(seed: int = 0, steps: int = 1000) -> Scenario:
     begins = pool_start(avail)
     notes = _common_notes()
     notes.update({
-        "job": f"the paper's default workload (§7): Llama-3.1-8B, PPO, on a cluster of 16 H100 "
-               f"80GB in 2 nodes of 8 (NVLink inside, 400 Gb/s per GPU between); the job's pool "
+        "job": f"paper §3.2: Llama-3.1-8B PPO on 16 GPUs; assumption: a cluster of 16 H100 "
+               f"SXM 80GB in 2 nodes of 8 (NVLink inside, 400 Gb/s per GPU between), "
+               f"synchronous, and the batch of examples/llama-3.1-8b-ppo.yaml (512 prompts of "
+               f"512 tokens, one response each, 4 mini-batches, one PPO epoch); the job's pool "
                f"is not a fixed 16 GPUs: it follows the availability trace, up to {most} GPUs "
-               f"({begins}; a pool no plan fits is waited out); batch from "
-               f"examples/llama-3.1-8b-ppo.yaml (512 prompts of 512 tokens, 4 mini-batches)",
+               f"({begins}; a pool no plan fits is waited out)",
         "lengths": _growth_note(steps),
         "availability": (f"real AWS spot trace (16 x p3.2xlarge, us-west-2a, 2023-08-27; "
                          f"Wu et al., NSDI 2024, the study the paper cites) from tick {start}: "
@@ -480,6 +488,9 @@ def load_scenario(path: str | Path) -> Scenario:
         s = cfg.lengths.stationary
         assert s is not None
         lengths = stationary(cfg.steps or 1000, s.length, s.noise, s.max_ratio, seed)
+    if cfg.steps and cfg.steps > len(lengths):
+        raise InputError("steps", f"{cfg.steps} is more than the {len(lengths)} steps of the "
+                         "lengths trace", f"1..{len(lengths)}, or leave it out")
     steps = min(cfg.steps or len(lengths), len(lengths))
     if steps > MAX_STEPS:
         raise InputError("steps", f"the lengths trace has {steps} steps, more than "

@@ -18,13 +18,15 @@ from __future__ import annotations
 
 import bisect
 import csv
+import functools
 import io
 import json
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from importlib import resources
 from pathlib import Path
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -32,6 +34,8 @@ from nereus.cost.efficiency import Efficiencies, peak_bound
 from nereus.cost.ops import OpClass
 from nereus.errors import InputError
 from nereus.files import read_text
+
+T_ = TypeVar("T_")
 
 SPOT_TRACE = "aws-2023-08-27-us-west-2a-v100-16node.json"
 MAX_TOKENS = 1 << 20  # longest response (tokens) a trace may give: far past what RL generates
@@ -118,6 +122,26 @@ def save_lengths(trace: LengthTrace, path: str | Path) -> None:
             w.writerow([k, m, x])
 
 
+def _names_its_file(load: Callable[..., T_]) -> Callable[..., T_]:
+    """A loader whose bad-input errors say which file they came from (``lengths (l.csv) row
+    3: ...``) where the message does not already."""
+
+    @functools.wraps(load)
+    def wrapped(path: str | Path, *args: Any, **kwargs: Any) -> T_:
+        try:
+            return load(path, *args, **kwargs)
+        except InputError as e:
+            name = Path(path).name
+            if name in str(e):
+                raise
+            head, _, rest = e.field.partition(" ")
+            field = f"{head} ({name}) {rest}" if rest else f"{head} ({name})"
+            raise InputError(field, e.problem, e.allowed) from None
+
+    return wrapped
+
+
+@_names_its_file
 def load_lengths(path: str | Path) -> LengthTrace:
     rows = _read_csv(path, ["step", "response_len_mean", "response_len_max"], "lengths")
     mean, longest = [], []
@@ -134,8 +158,11 @@ def load_lengths(path: str | Path) -> LengthTrace:
         if x > MAX_TOKENS:
             raise InputError(f"lengths row {i + 2}.response_len_max", f"{x:g} is above "
                              f"{MAX_TOKENS}", f"up to {MAX_TOKENS}")
+        if not 1 <= m <= x:
+            raise InputError(f"lengths row {i + 2}", f"response_len_mean {m:g} and "
+                             f"response_len_max {x:g}", "1 <= mean <= max")
         mean.append(m)
-        longest.append(int(x))
+        longest.append(math.ceil(x))  # a token count: a fractional max rounds up, never down
     if not mean:
         raise InputError("lengths", f"{path} has no rows")
     return LengthTrace(tuple(mean), tuple(longest), f"file {path}")
@@ -338,6 +365,7 @@ def save_availability(av: Availability, path: str | Path) -> None:
             w.writerow([f"{t:g}", " ".join(map(str, p))])
 
 
+@_names_its_file
 def load_availability(path: str | Path, max_gpus: int | None = None) -> Availability:
     """The trace in a CSV file; ``max_gpus``: the cluster's device count, when known (ids
     and counts must stay below it)."""
@@ -447,6 +475,7 @@ def save_drift(trace: DriftTrace, path: str | Path) -> None:
             w.writerow([p.start_step, p.end_step, p.op_class.value, p.factor])
 
 
+@_names_its_file
 def load_drift(path: str | Path) -> DriftTrace:
     rows = _read_csv(path, ["start_step", "end_step", "op_class", "factor"], "drift")
     out = []
