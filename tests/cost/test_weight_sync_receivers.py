@@ -117,3 +117,45 @@ def test_sync_grows_with_the_generation_gpus(lt, lg, t, g, h, pool):
     assert a.latency_s >= cm.weight_sync(lt, lg).latency_s
     rec = cm.sync_receivers(train.gpus, lg.size * g2)
     assert sum(rec) == lg.size * g2 and rec.colocated == min(train.gpus, lg.size * g2)
+
+
+def _brute_least_overlap(tt, pt, tg, pg):
+    """Per GPU k of a colocated sync, the weights both shards hold, from the element ranges of
+    a matrix of 16 x 16 blocks (layers x columns): the smallest over k."""
+    n = 16  # blocks per axis: every power of two up to 8 divides it
+    least = None
+    for k in range(64):
+        t, g = k % (tt * pt), k % (tg * pg)
+        rows_t = range(t // tt * n // pt, (t // tt + 1) * n // pt)
+        cols_t = range(t % tt * n // tt, (t % tt + 1) * n // tt)
+        rows_g = range(g // tg * n // pg, (g // tg + 1) * n // pg)
+        cols_g = range(g % tg * n // tg, (g % tg + 1) * n // tg)
+        both = len(set(rows_t) & set(rows_g)) * len(set(cols_t) & set(cols_g)) / n ** 2
+        least = both if least is None else min(least, both)
+    return least
+
+
+@pytest.mark.parametrize("tt,pt,tg,pg", [(a, b, c, d) for a in (1, 2, 4, 8) for b in (1, 2, 4)
+                                         for c in (1, 2, 4, 8) for d in (1, 2, 4)])
+def test_the_sync_prices_the_gpu_whose_shards_overlap_least(tt, pt, tg, pg):
+    from nereus.cost.model import least_overlap
+
+    got = least_overlap(tt, pt, tg, pg)
+    assert got == pytest.approx(_brute_least_overlap(tt, pt, tg, pg))
+    # never more than the nested overlap the formula used to assume
+    assert got <= 1 / (max(tt, tg) * max(pt, pg)) + 1e-12
+
+
+def test_training_tp2_pp2_into_generation_tp4_pp1_is_not_free_on_every_gpu():
+    """Reviewer's case: GPU 1 trains the second half of each matrix of the first layers and
+    generates the second quarter of every matrix: it holds nothing it needs and receives its
+    whole shard (a quarter of the weights), not a quarter minus an eighth."""
+    cost = CostModel(_job(8))
+    holding, beside, _ = cost.weight_sync_parts(Layout(2, 2), Layout(4, 1))
+    # the GPU that holds a training shard waits as long as one beside it that holds none
+    assert holding.latency_s > 0
+    assert holding.latency_s == pytest.approx(beside.latency_s)
+    # in order, TP slices only line up when the TP degrees are equal: tp 2 pp 1 into tp 2
+    # pp 2 finds every generation shard inside the training shard on its GPU
+    holding, beside, _ = cost.weight_sync_parts(Layout(2, 1), Layout(2, 2))
+    assert holding.latency_s == 0.0 and beside.latency_s > 0

@@ -24,8 +24,10 @@ Modelling choices (each is stated where it is used):
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from functools import lru_cache
 from typing import NamedTuple
 
 import numpy as np
@@ -243,12 +245,12 @@ class CostModel:
 
         Synchronous execution colocates the two stages (the phases take turns on the pool) with
         HybridFlow's rank mapping: the generation GPUs are the training GPUs first. A generation
-        GPU that holds a training shard keeps their overlap and receives the rest,
-        1/(tp_g pp_g) - 1/(max(tp) max(pp)) of the weights, over the node's fabric when both
-        layouts fit in a node. When generation spans more GPUs than training, the extra ones
-        hold no training shard and receive their whole shard, 1/(tp_g pp_g): over the node's
-        fabric if they sit on a node with training GPUs, over the network if not
-        (``sync_receivers``). The receivers work in parallel, so the sync takes as long as its
+        GPU that holds a training shard keeps their overlap and receives the rest of its
+        1/(tp_g pp_g) of the weights, over the node's fabric when both layouts fit in a node;
+        the GPU whose shards overlap least sets the time (``least_overlap``). When generation
+        spans more GPUs than training, the extra ones hold no training shard and receive their
+        whole shard, 1/(tp_g pp_g): over the node's fabric if they sit on a node with training
+        GPUs, over the network if not (``sync_receivers``). The receivers work in parallel, so the sync takes as long as its
         slowest kind of receiver. The GPU counts come from candidates; given bare layouts, every
         generation GPU is taken to hold a training shard. A placed plan passes ``receivers``
         as its GPU ids have them (``placed_sync_receivers``).
@@ -390,7 +392,7 @@ class CostModel:
             need = np.stack([shard, shard, shard], axis=1)
             links = np.stack([intra, intra, intra], axis=1)
         else:
-            overlap = full / (np.maximum(g_tp, train.tp) * np.maximum(g_pp, train.pp))
+            overlap = full * _f([least_overlap(train.tp, train.pp, g.tp, g.pp) for g in gens])
             need = np.stack([np.maximum(0.0, shard - overlap), shard, shard], axis=1)
             links = np.stack([intra, intra, np.zeros_like(intra)], axis=1)
         need = need.ravel()
@@ -692,3 +694,32 @@ def _collective(kind: str, n: Arr | float, nbytes: Arr | float, intra: Arr | boo
 
 
 _CLASSES = {k: (comm_class(k, True), comm_class(k, False)) for k in WIRE_FRACTION}
+
+
+@lru_cache(maxsize=4096)
+def least_overlap(t_tp: int, t_pp: int, g_tp: int, g_pp: int) -> float:
+    """The smallest share of the full weights that a generation GPU already holds as training
+    shard, over the GPUs of a colocated sync.
+
+    Placement lays generation's replicas over the training GPUs in order, and both index a
+    replica's GPUs ``pp_rank * tp + tp_rank``, so the k-th GPU holds training position
+    k mod (t_tp·t_pp) and generation position k mod (g_tp·g_pp). What the two shards share is
+    the product of their layer ranges' overlap (equal contiguous blocks) and their TP slices'
+    overlap. Where the layouts nest rank by rank this is 1/(max tp · max pp); where they do not
+    (training tp=2 pp=2 into generation tp=4 pp=1: GPU 1 trains the second half of each
+    matrix and generates its second quarter), some GPUs hold nothing they need.
+    """
+    t_size, g_size = t_tp * t_pp, g_tp * g_pp
+    least = 1.0
+    for k in range(t_size * g_size // math.gcd(t_size, g_size)):
+        tp_t, pp_t = k % t_size % t_tp, k % t_size // t_tp
+        tp_g, pp_g = k % g_size % g_tp, k % g_size // g_tp
+        layers = _shared(pp_t, t_pp, pp_g, g_pp)
+        cols = _shared(tp_t, t_tp, tp_g, g_tp)
+        least = min(least, layers * cols)
+    return least
+
+
+def _shared(i: int, n: int, j: int, m: int) -> float:
+    """Length of [i/n, (i+1)/n) ∩ [j/m, (j+1)/m)."""
+    return max(0.0, min((i + 1) / n, (j + 1) / m) - max(i / n, j / m))
