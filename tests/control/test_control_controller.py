@@ -603,3 +603,111 @@ def test_the_best_target_is_placed_near_the_current_gpus_when_that_move_is_cheap
                for t in searched)
     assert d.reasons.verdicts[0].admitted
     assert len(d.plan.gpus()) > len(here.gpus())
+
+
+FAST_RESTART = RestartParams(startup_s=1.0, storage_read_bw_per_node=1e12,
+                             storage_write_bw_per_node=1e12)
+
+
+def test_an_urgent_move_dearer_over_the_horizon_than_a_planned_restart_restarts(job, plans):
+    """A GPU loss leaves every model-stage a copy; each move is feasible but its L_tran is
+    huge, so restart + H·L_step into S* beats the best move's L_tran + H·L_step; with a cheap
+    L_tran the move wins the same comparison."""
+    p = plans["best16"]
+    gone = p.stage("actor_train").replicas[-1][-1]
+    pool = tuple(g for g in range(16) if g != gone)
+    rc = restart_cost(job.with_pool(GpuPool(job.cluster, pool)), FAST_RESTART,
+                      after_failure=False).seconds
+    decisions = {}
+    for l_tran in (1e6, 1.0):
+        c = Controller(job, p, config=ControlConfig(restart=FAST_RESTART),
+                       transition=lambda j, s, t, e, x=l_tran: _Sched(x), on_log=lambda s: None)
+        c.on_boundary(_tel(job, p, 0, 2000))
+        decisions[l_tran] = c.on_boundary(_tel(job, p, 1, 2000, pool=pool))
+    d = decisions[1e6]
+    r = d.reasons
+    assert r.urgent and r.horizon_steps == 1.0 and r.current_step_s is None
+    assert d.action is Action.RESTART and r.chosen == "planned checkpoint/restart"
+    assert d.restart.lost_s == 0 and d.restart.save_s > 0          # planned: saved first
+    assert r.restart_s == r.l_tran_s == d.restart.seconds == pytest.approx(rc)
+    assert set(d.plan.gpus()) <= set(pool)
+    move = next(v for v in r.verdicts if v.admitted)
+    assert move.feasible and move.l_tran_s == 1e6
+    restart_total = r.restart_s + (r.target_step_s + r.target_risk_s)  # H = 1
+    move_total = move.l_tran_s + move.step_s + move.risk_s
+    assert restart_total < move_total
+    assert f"{restart_total:.4g} s beats the best feasible move's {move_total:.4g} s" \
+        in r.summary
+    cheap = decisions[1.0]
+    assert cheap.action is Action.MOVE and cheap.reasons.chosen == "best"
+    assert cheap.reasons.l_tran_s == 1.0
+    assert cheap.reasons.l_tran_s + cheap.reasons.target_step_s < rc + r.target_step_s
+
+
+def test_a_planned_restart_that_gains_more_than_the_admitted_fallback_move_is_taken(
+        job, plans):
+    """S* cannot be reached by a transition; a hybrid that keeps reward_infer can (L_tran =
+    10 s, admitted by Eq. 2). A fast planned restart into S* is admitted too, and its gain
+    over H (ΔL·H - restart) beats the hybrid's: the restart is taken. A slower restart, still
+    admitted, gains less than the hybrid: the hybrid is taken."""
+    def keeps_reward(j, s, t, e):
+        a, b = s.stage("reward_infer"), t.stage("reward_infer")
+        return _Sched(10.0, feasible=(a.layout, a.replicas) == (b.layout, b.replicas))
+
+    out = {}
+    for startup in (1.0, 20.0):
+        params = replace(FAST_RESTART, startup_s=startup)
+        c = Controller(job, plans["best8"], config=ControlConfig(restart=params),
+                       transition=keeps_reward, on_log=lambda s: None)
+        c.on_boundary(_tel(job, plans["best8"], 0, 2000))
+        out[startup] = (c.on_boundary(_tel(job, plans["best8"], 1, 2700)),
+                        restart_cost(job, params, after_failure=False).seconds)
+    d, rc = out[1.0]
+    r = d.reasons
+    h, gamma = r.horizon_steps, r.gamma
+    assert not r.urgent and h == 1.0
+    assert d.action is Action.RESTART and r.chosen == "planned checkpoint/restart"
+    assert "no feasible transition to the best target" in r.summary
+    assert d.restart.lost_s == 0 and d.restart.save_s > 0
+    assert r.restart_s == r.l_tran_s == d.restart.seconds == pytest.approx(rc)
+    best = r.verdicts[0]
+    assert best.label == "best" and not best.feasible and r.target_step_s == best.step_s
+    assert r.delta_l_s == pytest.approx(r.current_step_s - r.target_step_s)
+    assert r.payback_steps == pytest.approx(r.restart_s / r.delta_l_s)
+    assert r.payback_steps <= gamma * h
+    move = next(v for v in r.verdicts if v.admitted)
+    assert move.label == "move all but reward_infer" and move.feasible and move.l_tran_s == 10.0
+    assert move.payback_steps <= gamma * h and move.delta_l_s < r.delta_l_s
+    assert r.delta_l_s * h - r.restart_s > move.delta_l_s * h - move.l_tran_s
+    # a slower restart still repays within γ·H, but gains less than the admitted hybrid
+    d, rc = out[20.0]
+    r = d.reasons
+    best_delta = r.verdicts[0].delta_l_s
+    assert rc / best_delta <= gamma * h
+    assert d.action is Action.MOVE and r.chosen == "move all but reward_infer"
+    assert r.l_tran_s == 10.0 and d.restart is None
+    assert best_delta * h - rc < r.delta_l_s * h - r.l_tran_s
+
+
+def test_a_planned_restart_that_fails_eq2_keeps_the_plan(job, plans):
+    """No transition can run and the restart (a start-up of 10^6 s) would repay in far more
+    than γ·H steps: Eq. 2 rejects it and the plan is kept."""
+    slow = RestartParams(startup_s=1e6)
+    c = Controller(job, plans["best8"], config=ControlConfig(restart=slow),
+                   transition=lambda j, s, t, e: _Sched(0.0, feasible=False),
+                   on_log=lambda s: None)
+    assert c.config.restart_moves and c.config.admission
+    c.on_boundary(_tel(job, plans["best8"], 0, 2000))
+    d = c.on_boundary(_tel(job, plans["best8"], 1, 2700))
+    r = d.reasons
+    assert [t.kind for t in r.triggers] == [TriggerKind.DRIFT] and not r.urgent
+    assert d.action is Action.KEEP and d.plan is plans["best8"] and c.plan is plans["best8"]
+    assert d.restart is None and r.restart_s is None and r.chosen == ""
+    assert r.summary.startswith("keep: best target infeasible")
+    assert r.verdicts and not any(v.feasible for v in r.verdicts)
+    assert r.l_tran_s is None and r.payback_steps is None
+    assert r.delta_l_s == pytest.approx(r.current_step_s - r.target_step_s)
+    assert r.delta_l_s > 0
+    rc = restart_cost(job, slow, after_failure=False).seconds
+    assert rc / r.delta_l_s > r.gamma * r.horizon_steps  # the restart Eq. 2 turned down
+    assert "restart=" not in d.log_line()

@@ -114,6 +114,12 @@ def pids(pool: WorkerPool) -> dict[int, int]:
     return {d: i.pid for d, i in pool.infos().items()}
 
 
+def live_pids(pool: WorkerPool) -> list[int]:
+    """The pids of the workers that answer (a test that failed may have left one dead)."""
+    alive = pool.alive()
+    return [ray.get(pool.actor(d).info.remote()).pid for d, ok in alive.items() if ok]
+
+
 def gone(pid_list: Sequence[int], timeout_s: float = 20.0) -> bool:
     """Whether every process has exited (zombie entries of reaped children count as gone)."""
     deadline = time.monotonic() + timeout_s
@@ -141,7 +147,7 @@ def worker_pool(module: str, workers: int, **options: object) -> Iterator[Worker
         try:
             yield pool
         finally:
-            ids = list(pids(pool).values())
+            ids = live_pids(pool)
             pool.shutdown()
             assert gone(ids), "worker processes outlived the pool"
 

@@ -86,6 +86,16 @@ CASES = [("tiny-llama", 0, 4, 6, None, False), ("tiny-qwen3", 1, 6, 4, None, Fal
          ("tiny-llama", 1, 6, 4, None, True)]
 
 
+def _restore(pool: WorkerPool, devices: Sequence[int]) -> None:
+    """Put killed workers back, a failing test included: a fresh process for one the pool
+    still lists, the device grown back where recovery shrank the pool."""
+    for d in devices:
+        if d in pool.device_ids:
+            pool.replace(d)
+        else:
+            pool.grow([d])
+
+
 @pytest.mark.parametrize("model,seed,cur,tgt,mem,workers", CASES)
 def test_random_transition_keeps_every_copy_bitwise(pool: WorkerPool, model: str, seed: int,
                                                     cur: int, tgt: int, mem: float | None,
@@ -216,20 +226,22 @@ def test_worker_killed_mid_transition_loses_nothing_while_another_copy_exists(
         pool: WorkerPool) -> None:
     k = _extend_with_receiver_killed(pool, 11, timeout_s=5.0)
     job, stage, seeds, killed, ex = k.job, k.stage, k.seeds, k.killed, k.ex
-    rep = k.failure.report
-    assert set(killed) <= rep.dead and rep.dead
-    assert len(rep.intact[stage]) == 2  # both replicas survived the failed Extend
-    assert not rep.lost_stages([stage])
+    try:
+        rep = k.failure.report
+        assert set(killed) <= rep.dead and rep.dead
+        assert len(rep.intact[stage]) == 2  # both replicas survived the failed Extend
+        assert not rep.lost_stages([stage])
 
-    def target_for(ids: Sequence[int]) -> Plan:  # the surviving pool: tp=1 replicas
-        return _one_stage_plan(job, stage, 1, 1, [[g] for g in ids if g < 6])
+        def target_for(ids: Sequence[int]) -> Plan:  # the surviving pool: tp=1 replicas
+            return _one_stage_plan(job, stage, 1, 1, [[g] for g in ids if g < 6])
 
-    rec = recover(pool, ex, job, rep, target_for)
-    assert rec.restored == () and rec.transition is not None
-    assert killed[0] not in pool.device_ids
-    check_stages(pool, job, rec.units, seeds)
-    assert len(rec.units[stage]) == 5
-    pool.grow(killed)
+        rec = recover(pool, ex, job, rep, target_for)
+        assert rec.restored == () and rec.transition is not None
+        assert killed[0] not in pool.device_ids
+        check_stages(pool, job, rec.units, seeds)
+        assert len(rec.units[stage]) == 5
+    finally:
+        _restore(pool, killed)
 
 
 def test_a_driver_error_mid_transition_aborts_and_reports_what_is_intact(
@@ -342,10 +354,7 @@ def test_a_worker_dying_before_the_final_rename_is_a_fault_with_a_report(
         assert sorted(u.gpus for u in rec.units[stage]) == [(0, 1), (2, 3)]
         check_stages(pool, job, rec.units, seeds)
     finally:
-        if killed in pool.device_ids:
-            pool.replace(killed)
-        else:
-            pool.grow([killed])
+        _restore(pool, [killed])
 
 
 def test_an_emptied_worker_dying_at_the_end_does_not_fail_the_transition(
@@ -395,14 +404,16 @@ def test_survivors_of_a_fault_free_aborted_groups_at_their_next_call(pool: Worke
     """The groups aborted when a worker dies mid-transition are freed by the survivors' next
     calls once their operations timed out, not left parked until the next abort."""
     killed = _extend_with_receiver_killed(pool, 14, timeout_s=2.0).killed
-    survivors = [d for d in pool.device_ids if d not in killed]
-    deadline = time.monotonic() + 60.0  # the aborted operations end by their gloo timeout
-    parked = pool.run({d: (_parked, ()) for d in survivors})
-    while any(parked.values()) and time.monotonic() < deadline:
-        time.sleep(0.5)
+    try:
+        survivors = [d for d in pool.device_ids if d not in killed]
+        deadline = time.monotonic() + 60.0  # the aborted operations end by their gloo timeout
         parked = pool.run({d: (_parked, ()) for d in survivors})
-    assert not any(parked.values()), parked
-    pool.replace(killed[0])
+        while any(parked.values()) and time.monotonic() < deadline:
+            time.sleep(0.5)
+            parked = pool.run({d: (_parked, ()) for d in survivors})
+        assert not any(parked.values()), parked
+    finally:
+        _restore(pool, killed)
 
 
 def test_last_copy_lost_mid_transition_restores_from_the_checkpoint(pool: WorkerPool,
@@ -420,19 +431,21 @@ def test_last_copy_lost_mid_transition_restores_from_the_checkpoint(pool: Worker
     ck.save(pool, units, tag=1)
     killed, hook = _kill_when(pool, schedule.primitives[0].op, 0)
     ex = Executor(pool, specs, min_timeout_s=5.0, on_event=hook)
-    with pytest.raises(TransitionFailed) as info:
-        ex.run(schedule)
-    rep = info.value.report
-    assert rep.lost_stages([stage]) == (stage,)
+    try:
+        with pytest.raises(TransitionFailed) as info:
+            ex.run(schedule)
+        rep = info.value.report
+        assert rep.lost_stages([stage]) == (stage,)
 
-    def target_for(ids: Sequence[int]) -> Plan:
-        return _one_stage_plan(job, stage, 2, 1, [[4, 5], [2, 3]] if killed[0] < 2
-                               else [[4, 5], [0, 1]])
+        def target_for(ids: Sequence[int]) -> Plan:
+            return _one_stage_plan(job, stage, 2, 1, [[4, 5], [2, 3]] if killed[0] < 2
+                                   else [[4, 5], [0, 1]])
 
-    rec = recover(pool, ex, job, rep, target_for, ck)
-    assert rec.restored == (stage,) and rec.checkpoint is not None
-    check_stages(pool, job, rec.units, seeds)
-    pool.grow(killed)
+        rec = recover(pool, ex, job, rep, target_for, ck)
+        assert rec.restored == (stage,) and rec.checkpoint is not None
+        check_stages(pool, job, rec.units, seeds)
+    finally:
+        _restore(pool, killed)
 
 
 @pytest.mark.parametrize("save,load", [((2, 2), [(1, 1), (1, 1)]), ((1, 1), [(4, 1), (1, 2)])])
