@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import re
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from nereus.cost.candidate import Layout
 from nereus.plan.types import Plan
 from nereus.transition.cost import Duration
 from nereus.transition.emu import Emu, Holds
 from nereus.transition.planner import plan_transition
-from nereus.transition.primitives import Destroy, Extend, Primitive, Split
+from nereus.transition.primitives import Destroy, Extend, Merge, Primitive, Split
 from nereus.transition.schedule import Schedule, ScheduledPrimitive
 from nereus.transition.validate import validate
 
@@ -229,3 +229,218 @@ def test_primitives_shorter_than_their_estimate_are_caught() -> None:
                            for g, steps in s.memory.items()})
     errs = validate(job, cur, tgt, fast)
     assert errs and all("its estimate is" in e for e in errs), errs
+
+
+# --- one test per rule the validator checks: each wrong schedule breaks that rule ---
+
+
+@dataclass(frozen=True)
+class DestroyTwo(Destroy):
+    """A Destroy as a bug might build one: it tears down two units at once."""
+
+    other: Emu
+
+    @property
+    def inputs(self) -> tuple[Emu, ...]:
+        return (self.emu, self.other)
+
+
+def rebuilt(job, cur, tgt, s: Schedule, steps: list[tuple[Primitive, float]],
+            final: dict[str, tuple[Emu, ...]]) -> Schedule:
+    """Only ``steps``, one after another from ``s``'s initial units, ending at ``final``;
+    its peaks as the replay finds them, so only the rule the steps break gives it away."""
+    wrong = appended(replace(s, primitives=(), estimated_s=0.0), steps)
+    return with_replayed_peaks(job, cur, tgt, replace(wrong, final=final))
+
+
+def forged(cls: type, **fields: object) -> Primitive:
+    """A primitive built past its own checks, as a bug would."""
+    bad = object.__new__(cls)
+    for name, value in fields.items():
+        object.__setattr__(bad, name, value)
+    return bad
+
+
+def test_a_merge_that_breaks_the_nesting_mapping_is_caught() -> None:
+    """Two (1, 1) units on GPUs 0 and 1 merge into (2, 1); the contract puts input j on TP
+    position j, so the output is on GPUs (0, 1). A wrong Merge labels it (1, 0): the end state
+    looks like the target, but each GPU holds the other position's shard."""
+    job = tiny_job(4)
+    cur = Plan((sp("reward_infer", 1, 1, [[0], [1]]),))
+    tgt = Plan((sp("reward_infer", 2, 1, [[1, 0]]),))
+    s = plan_transition(job, cur, tgt)
+    assert validate(job, cur, tgt, s) == []
+    u0, u1 = s.initial["reward_infer"]
+    good = Merge.of([u0, u1], Layout(2, 1), "reward_infer/2")
+    assert good.output.gpus == (0, 1)
+    out = replace(good.output, gpus=(1, 0))
+    bad = forged(Merge, emus=(u0, u1), layout=Layout(2, 1), output=out, staged=False)
+    errs = validate(job, cur, tgt, rebuilt(job, cur, tgt, s, [(bad, 0.002)],
+                                           {"reward_infer": (out,)}))
+    assert any("(Merge): output does not follow the nesting mapping" in e for e in errs), errs
+
+
+def test_a_merge_of_the_wrong_number_of_units_is_caught() -> None:
+    """Three (1, 1) units merged into one (2, 1) unit on GPUs 0-1, which takes two: the unit
+    on GPU 2 silently vanishes and the end state realizes the target."""
+    job = tiny_job(4)
+    cur = Plan((sp("reward_infer", 1, 1, [[0], [1], [2]]),))
+    tgt = Plan((sp("reward_infer", 2, 1, [[0, 1]]),))
+    s = plan_transition(job, cur, tgt)
+    assert validate(job, cur, tgt, s) == []
+    units = s.initial["reward_infer"]
+    out = Merge.of(units[:2], Layout(2, 1), "reward_infer/3").output
+    bad = forged(Merge, emus=units, layout=Layout(2, 1), output=out, staged=False)
+    errs = validate(job, cur, tgt, rebuilt(job, cur, tgt, s, [(bad, 0.002)],
+                                           {"reward_infer": (out,)}))
+    assert any("(Merge): 3 inputs cannot merge into" in e for e in errs), errs
+
+
+def test_an_extend_onto_its_own_gpus_or_to_another_layout_is_caught() -> None:
+    """A (1, 2) unit on GPUs 0-1 copied onto GPUs 1-2 (GPU 1 is both a source and a target),
+    and one copied to GPUs 2-3 but labelled (2, 1); the source destroyed after each, so both
+    end states look like their targets."""
+    job = tiny_job(4)
+    cur = Plan((sp("reward_infer", 1, 2, [[0, 1]]),))
+    for tgt_unit in (sp("reward_infer", 1, 2, [[1, 2]]), sp("reward_infer", 2, 1, [[2, 3]])):
+        tgt = Plan((tgt_unit,))
+        s = plan_transition(job, cur, tgt)
+        assert validate(job, cur, tgt, s) == []
+        (src,) = s.initial["reward_infer"]
+        want = tgt_unit.replicas[0]
+        out = replace(src, id="reward_infer/1", layout=tgt_unit.layout, gpus=want)
+        bad = forged(Extend, emu=src, targets=want, output=out)
+        wrong = rebuilt(job, cur, tgt, s, [(bad, 0.02), (Destroy(src), 0.001)],
+                        {"reward_infer": (out,)})
+        errs = validate(job, cur, tgt, wrong)
+        assert any("(Extend): the copy must keep the layout on disjoint GPUs" in e
+                   for e in errs), (tgt_unit, errs)
+
+
+def test_a_destroy_of_two_units_is_caught() -> None:
+    """One Destroy that tears down two of three units: a Destroy takes exactly one."""
+    job = tiny_job(4)
+    cur = Plan((sp("reward_infer", 1, 1, [[0], [1], [2]]),))
+    tgt = Plan((sp("reward_infer", 1, 1, [[0]]),))
+    s = plan_transition(job, cur, tgt)
+    assert validate(job, cur, tgt, s) == []
+    u0, u1, u2 = s.initial["reward_infer"]
+    wrong = rebuilt(job, cur, tgt, s, [(DestroyTwo(u1, u2), 0.001)], {"reward_infer": (u0,)})
+    errs = validate(job, cur, tgt, wrong)
+    assert any("(Destroy): destroys exactly one unit" in e for e in errs), errs
+
+
+def test_an_id_created_twice_is_caught() -> None:
+    """actor_gen moves from GPU 0 to GPU 1; a wrong schedule then makes a passing copy on
+    GPU 2 named actor_gen/0, the id of the unit it destroyed (the runtime keys state by id),
+    and destroys it again."""
+    job = tiny_job(4)
+    cur = Plan((sp("actor_gen", 1, 1, [[0]]),))
+    tgt = Plan((sp("actor_gen", 1, 1, [[1]]),))
+    s = plan_transition(job, cur, tgt)
+    assert validate(job, cur, tgt, s) == []
+    (moved,) = s.final["actor_gen"]
+    again = Extend.of(moved, [2], "actor_gen/0")
+    wrong = with_replayed_peaks(job, cur, tgt, appended(s, [(again, 0.01),
+                                                            (Destroy(again.output), 0.001)]))
+    errs = validate(job, cur, tgt, wrong)
+    assert any("Extend creates id actor_gen/0, which was already used" in e
+               for e in errs), errs
+
+
+def test_one_unit_read_by_two_running_primitives_is_caught() -> None:
+    """actor_gen/0 on GPU 0 copied to GPUs 1 and 2 by two Extends at the same time."""
+    job = tiny_job(4)
+    cur = Plan((sp("actor_gen", 1, 1, [[0]]),))
+    tgt = Plan((sp("actor_gen", 1, 1, [[1], [2]]),))
+    s = plan_transition(job, cur, tgt)
+    assert validate(job, cur, tgt, s) == []
+    first, second = (p for p in s.primitives if p.op == "Extend")
+    errs = validate(job, cur, tgt, shifted(s, second.index, first.start_s))
+    assert any("unit actor_gen/0 is used by two running primitives" in e for e in errs), errs
+
+
+def test_an_initial_unit_that_is_not_a_replica_of_the_current_plan_is_caught() -> None:
+    """The schedule says it starts from actor_gen/0 on GPU 3 (the plan has it on GPU 0), or
+    from an actor_gen/7 the plan does not have."""
+    job = tiny_job(4)
+    cur = Plan((sp("actor_gen", 1, 1, [[0]]),))
+    tgt = Plan((sp("actor_gen", 1, 1, [[1]]),))
+    s = plan_transition(job, cur, tgt)
+    assert validate(job, cur, tgt, s) == []
+    (u,) = s.initial["actor_gen"]
+    for initial, name in (((replace(u, gpus=(3,)),), "actor_gen/0"),
+                          ((u, replace(u, id="actor_gen/7")), "actor_gen/7")):
+        errs = validate(job, cur, tgt, replace(s, initial={"actor_gen": initial}))
+        assert any(f"initial unit {name} is not replica {name} of the current plan" in e
+                   for e in errs), errs
+
+
+def test_a_final_unit_that_is_not_the_unit_on_its_replica_is_caught() -> None:
+    """The end state is right, but final lists the two replicas the wrong way round, or names
+    a unit on the right GPU that does not exist."""
+    job = tiny_job(4)
+    cur = Plan((sp("actor_gen", 1, 1, [[0]]),))
+    tgt = Plan((sp("actor_gen", 1, 1, [[1], [2]]),))
+    s = plan_transition(job, cur, tgt)
+    assert validate(job, cur, tgt, s) == []
+    a, b = s.final["actor_gen"]
+    assert (a.gpus, b.gpus) == ((1,), (2,))
+    swapped = validate(job, cur, tgt, replace(s, final={"actor_gen": (b, a)}))
+    assert any(f"final[actor_gen][0] ({b.id}) is not the unit on replica 0" in e
+               for e in swapped), swapped
+    ghost = replace(a, id="actor_gen/9")
+    errs = validate(job, cur, tgt, replace(s, final={"actor_gen": (ghost, b)}))
+    assert any("final[actor_gen][0] (actor_gen/9) is not the unit on replica 0" in e
+               for e in errs), errs
+
+
+def test_a_dependency_that_does_not_exist_is_caught() -> None:
+    job = tiny_job(4)
+    cur = Plan((sp("actor_gen", 1, 1, [[0]]),))
+    tgt = Plan((sp("actor_gen", 1, 1, [[1]]),))
+    s = plan_transition(job, cur, tgt)
+    assert validate(job, cur, tgt, s) == []
+    d = find(s, "Destroy")
+    for bad in (len(s.primitives), -1):
+        broken = replace(d, deps=d.deps + (bad,))
+        prims = tuple(broken if p is d else p for p in s.primitives)
+        errs = validate(job, cur, tgt, replace(s, primitives=prims))
+        assert any(f"primitive {d.index}: dependency {bad} does not exist" in e
+                   for e in errs), errs
+
+
+def test_a_negative_start_or_duration_is_caught() -> None:
+    """The Extend moved to start half a second before the transition does, or the Destroy
+    ending before it starts."""
+    job = tiny_job(4)
+    cur = Plan((sp("actor_gen", 1, 1, [[0]]),))
+    tgt = Plan((sp("actor_gen", 1, 1, [[1]]),))
+    s = plan_transition(job, cur, tgt)
+    assert validate(job, cur, tgt, s) == []
+    early = shifted(s, find(s, "Extend").index, -0.5)
+    d = find(s, "Destroy")
+    backwards = replace(d, start_s=d.end_s, end_s=d.start_s)
+    reversed_ = replace(s, primitives=tuple(backwards if p is d else p for p in s.primitives))
+    for wrong in (early, reversed_):
+        errs = validate(job, cur, tgt, wrong)
+        assert "a primitive has a negative duration or start" in errs, errs
+
+
+def test_a_primitive_with_units_of_another_model_stage_is_caught() -> None:
+    """reference_infer moves from GPU 2 to GPU 1; a wrong Extend copies actor_gen's unit to
+    GPU 1 and labels the copy reference_infer/1. The end state looks like the target, but
+    reference_infer now holds the policy being trained, not the frozen reference."""
+    job = tiny_job(4)
+    cur = Plan((sp("actor_gen", 1, 1, [[0]]), sp("reference_infer", 1, 1, [[2]])))
+    tgt = Plan((sp("actor_gen", 1, 1, [[0]]), sp("reference_infer", 1, 1, [[1]])))
+    s = plan_transition(job, cur, tgt)
+    assert validate(job, cur, tgt, s) == []
+    (gen,) = s.initial["actor_gen"]
+    (ref,) = s.initial["reference_infer"]
+    out = replace(gen, id="reference_infer/1", stage="reference_infer", gpus=(1,))
+    bad = forged(Extend, emu=gen, targets=(1,), output=out)
+    wrong = rebuilt(job, cur, tgt, s, [(bad, 0.01), (Destroy(ref), 0.001)],
+                    {"actor_gen": (gen,), "reference_infer": (out,)})
+    errs = validate(job, cur, tgt, wrong)
+    assert any("(Extend): units of another model-stage" in e for e in errs), errs
