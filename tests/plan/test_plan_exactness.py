@@ -26,7 +26,8 @@ def test_pruning_keeps_the_optimum_of_weight_synced_stages(monkeypatch):
     pruned = Planner(job).search().latency
     _unpruned(monkeypatch)
     exact = Planner(job).search().latency
-    assert exact == pytest.approx(13.8233, abs=1e-3)
+    assert exact == pytest.approx(13.6771, abs=1e-3)  # 13.8233 before decode left out the
+    #                                                    input embedding it never streams
     assert pruned == pytest.approx(exact, rel=1e-9)
 
 

@@ -583,6 +583,14 @@ class CostModel:
         batch = np.minimum(n, np.maximum(1.0, np.floor(free / (kv_seq + sample))))
         return batch, kv_seq, prefill_ws, sample
 
+    def _streamed_numel(self, head: Head, tp: Arr, pp: Arr) -> Arr:
+        """Parameters a decode iteration streams from HBM on the fullest pipeline block of a
+        GPU: its layers, the final norm and the output head, which sit on the last block. The
+        input embedding is not streamed: a decode step gathers one row per sequence."""
+        m = self.job.model
+        head_read = m.embedding_params() if head is Head.LM else m.head_params(head)
+        return (m.num_layers / pp * m.layer_params() + head_read) / tp + m.hidden_size
+
     def _generate(self, st: ModelStage, cols: Columns, co: Arr) -> tuple[list[Row], dict[str, Arr]]:
         m, w, dev = self.job.model, self.job.workload, self.device
         n = cols.b * cols.a                       # sequences per replica
@@ -618,7 +626,8 @@ class CostModel:
         slots = np.minimum(cols.pp, np.maximum(1.0, active))
         ctx_len = prompt + mean / 2.0             # mean context a decode step attends over
         kv_tok = self._kv_per_token(cols.tp, cols.pp)
-        hbm = cols.pp * weights + active * ctx_len * kv_tok * (cols.pp / slots)
+        hbm = (cols.pp * self._streamed_numel(head, cols.tp, cols.pp) * w.param_bytes
+               + active * ctx_len * kv_tok * (cols.pp / slots))
         flops = active * (work.gemm_flops_per_token(m) * m.num_layers
                           + work.head_flops_per_token(m, head)) / cols.tp / slots
         t_hbm = iters * hbm / dev.hbm_bw
