@@ -232,3 +232,23 @@ def test_collectives_are_priced_from_the_one_alpha_beta_table(cm):
     assert lat.count == pytest.approx(ar.count * float(STEPS["allreduce"](np.float64(4))))
     from nereus.cost import comm
     assert not hasattr(comm, "collective")
+
+
+@pytest.mark.parametrize("model", ["llama-3.1-8b", "tiny-qwen3"])
+def test_decode_streams_every_weight_but_the_input_embedding_once(model):
+    """At tp=1 pp=1 a decode iteration reads the layers, the final norm and the LM head; of
+    the input embedding only one row per sequence (untied 8B: 16.06 GB priced before, 15.01 GB
+    streamed). A tied model reads the shared matrix as its head."""
+    from nereus.spec.model import Head
+
+    job = parse_job({"model": model, "gpus": 1, "algo": "ppo"})
+    m = job.model
+    one = np.array([1.0])
+    got = float(CostModel(job)._streamed_numel(Head.LM, one, one)[0])
+    want = m.param_count(Head.LM) - (0 if m.tie_embeddings else m.embedding_params())
+    assert got == pytest.approx(want)
+    # pp=2: the last block (half the layers, the norm and the head) is the fullest
+    two = np.array([2.0])
+    got2 = float(CostModel(job)._streamed_numel(Head.LM, one, two)[0])
+    assert got2 == pytest.approx(m.num_layers / 2 * m.layer_params() + m.hidden_size
+                                 + m.embedding_params())
