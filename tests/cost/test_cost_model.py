@@ -252,3 +252,21 @@ def test_decode_streams_every_weight_but_the_input_embedding_once(model):
     got2 = float(CostModel(job)._streamed_numel(Head.LM, one, two)[0])
     assert got2 == pytest.approx(m.num_layers / 2 * m.layer_params() + m.hidden_size
                                  + m.embedding_params())
+
+
+def test_kv_projections_stop_shrinking_at_one_head_per_tp_rank():
+    """Past tp = KV heads each rank keeps a whole KV head (the sharding format replicates
+    them): per-rank GEMM FLOPs and K/V activations stop dividing there."""
+    from nereus.cost import work
+    from nereus.spec.model import get_model
+
+    m = get_model("llama-3.3-70b")  # 8 KV heads
+    full = work.gemm_flops_per_token(m)
+    assert float(work.gemm_flops_per_token_per_rank(m, 8.0)) == pytest.approx(full / 8)
+    h = m.hidden_size
+    replicated_kv = 2.0 * h * 2 * m.kv_dim * (1 / 8 - 1 / 16)  # K and V at tp=16: 1/8, not 1/16
+    assert float(work.gemm_flops_per_token_per_rank(m, 16.0)) == pytest.approx(
+        full / 16 + replicated_kv)
+    act = work.layer_activation_bytes(m, 2)
+    assert act.per_rank(16.0) - act.per_rank(8.0) == pytest.approx(
+        (act.split + act.kv) / 16 - (act.split + act.kv) / 8 + act.kv * (1 / 8 - 1 / 16))

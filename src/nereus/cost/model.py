@@ -453,10 +453,10 @@ class CostModel:
         """GEMM and attention of ``count`` micro-batches of ``tokens`` on the last block."""
         m, dev = self.job.model, self.device
         layers = m.num_layers / cols.pp
-        gemm = tokens * (work.gemm_flops_per_token(m) * layers
-                         + work.head_flops_per_token(m, self._head(st)))
+        gemm = tokens * (work.gemm_flops_per_token_per_rank(m, cols.tp) * layers
+                         + work.head_flops_per_token(m, self._head(st)) / cols.tp)
         attn = (tokens / seq) * work.attention_flops(m, seq, seq, causal=True) * layers
-        g1 = passes * gemm / cols.tp
+        g1 = passes * gemm
         a1 = passes * attn / cols.tp
         zero = np.zeros_like(tokens)
         return [Row(term, "GEMMs (layers + head)", OpClass.GEMM, count, g1, zero,
@@ -521,7 +521,7 @@ class CostModel:
         # activations on the fullest GPU: the first block holds min(pp, a) micro-batches in
         # flight under 1F1B; the last block holds one plus the vocab-parallel logits
         per_layer = work.layer_activation_bytes(m, w.param_bytes)
-        per_tok = per_layer.replicated + per_layer.split / cols.tp
+        per_tok = per_layer.per_rank(cols.tp)
         layers = m.num_layers / cols.pp
         in_flight = np.minimum(cols.pp, cols.a)
         stored = layers * tok_m * m.hidden_size * w.param_bytes   # layer inputs (recompute)
@@ -552,7 +552,7 @@ class CostModel:
             rows += self._pp(cols, tok_t, count, "pp_comm" if term == "compute" else term)
         rows += self._host(cols.numel * w.param_bytes, "reload params")
         ws = work.layer_forward_workspace_bytes(m, w.param_bytes)
-        live = (ws.replicated + ws.split / cols.tp) * tok_m
+        live = ws.per_rank(cols.tp) * tok_m
         boundary = 2.0 * np.minimum(cols.pp, cols.a) * tok_m * m.hidden_size * w.param_bytes
         logits = (LOGIT_BYTES * tok_m * m.vocab_size / cols.tp if self._head(st) is Head.LM
                   else 0.0 * tok_m)
@@ -572,7 +572,7 @@ class CostModel:
         kv_seq = self._kv_per_token(cols.tp, cols.pp) * (w.prompt_len + w.response_len_max)
         chunk = np.minimum(PREFILL_CHUNK_TOKENS, n * w.prompt_len)
         ws = work.layer_forward_workspace_bytes(m, w.param_bytes)
-        prefill_ws = (ws.replicated + ws.split / cols.tp) * chunk
+        prefill_ws = ws.per_rank(cols.tp) * chunk
         sample = 4.0 * m.vocab_size / cols.tp     # fp32 next-token logits of one sequence
         # the engine fills what is left up to the headroom with KV cache; a calibrated memory
         # scale (measured / estimated bytes) applies to everything but the co-resident state,
@@ -606,8 +606,8 @@ class CostModel:
         # on the critical path: each block's share of a chunk, (chunks + pp - 1) times (the
         # pipeline fills and drains; with one chunk the blocks run in turn)
         fill = (chunks + cols.pp - 1) / chunks
-        gemm = (p_tokens * work.gemm_flops_per_token(m) * m.num_layers / (cols.tp * cols.pp)
-                * fill + n * work.head_flops_per_token(m, head) / cols.tp)
+        gemm = (p_tokens * work.gemm_flops_per_token_per_rank(m, cols.tp) * m.num_layers
+                / cols.pp * fill + n * work.head_flops_per_token(m, head) / cols.tp)
         attn = (n * work.attention_flops(m, prompt, prompt, causal=True) * m.num_layers
                 / (cols.tp * cols.pp) * fill)
         rows = [Row("prefill", "prefill GEMMs", OpClass.GEMM, one, gemm, zero, gemm / dev.peak_flops),
@@ -628,8 +628,8 @@ class CostModel:
         kv_tok = self._kv_per_token(cols.tp, cols.pp)
         hbm = (cols.pp * self._streamed_numel(head, cols.tp, cols.pp) * w.param_bytes
                + active * ctx_len * kv_tok * (cols.pp / slots))
-        flops = active * (work.gemm_flops_per_token(m) * m.num_layers
-                          + work.head_flops_per_token(m, head)) / cols.tp / slots
+        flops = active * (work.gemm_flops_per_token_per_rank(m, cols.tp) * m.num_layers
+                          + work.head_flops_per_token(m, head) / cols.tp) / slots
         t_hbm = iters * hbm / dev.hbm_bw
         t_gemm = iters * flops / dev.peak_flops
         hbm_bound = t_hbm / self.eff[OpClass.DECODE] >= t_gemm / self.eff[OpClass.GEMM]

@@ -10,8 +10,13 @@ stores Q, K, V, the output and the log-sum-exp instead of the s x s score matrix
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TypeVar
+
+import numpy as np
 
 from nereus.spec.model import Head, ModelSpec
+
+Arr = TypeVar("Arr", float, np.ndarray)  # a scalar, or one value per candidate
 
 
 def layer_matmul_params(m: ModelSpec) -> int:
@@ -22,6 +27,20 @@ def layer_matmul_params(m: ModelSpec) -> int:
 def gemm_flops_per_token(m: ModelSpec) -> float:
     """Forward GEMM FLOPs of one token through one layer."""
     return 2.0 * layer_matmul_params(m)
+
+
+def kv_share(m: ModelSpec, tp: Arr) -> Arr:
+    """The share of the K and V projections one TP rank holds: 1/tp, or one whole KV head
+    where tp exceeds the KV heads (each rank then keeps a replica of its group's head)."""
+    return np.maximum(1.0 / tp, 1.0 / m.num_kv_heads)
+
+
+def gemm_flops_per_token_per_rank(m: ModelSpec, tp: Arr) -> Arr:
+    """Forward GEMM FLOPs of one token through one layer on one of ``tp`` TP ranks: q, o and
+    the MLP split by tp, k and v by ``kv_share``."""
+    h = m.hidden_size
+    split = h * (2 * m.q_dim + 3 * m.intermediate_size)
+    return 2.0 * (split / tp + h * 2 * m.kv_dim * kv_share(m, tp))
 
 
 def attention_flops(m: ModelSpec, q_tokens: float, kv_tokens: float, causal: bool) -> float:
@@ -43,9 +62,12 @@ class ActivationBytes:
 
     replicated: float  # held whole by every TP rank (norm inputs, GEMM inputs of plain TP)
     split: float       # divided among TP ranks (per-head and per-column tensors)
+    kv: float = 0.0    # K and V: divided among TP ranks down to one KV head per rank
+    kv_heads: int = 1
 
-    def per_rank(self, tp: int) -> float:
-        return self.replicated + self.split / tp
+    def per_rank(self, tp: Arr) -> Arr:
+        return self.replicated + self.split / tp + self.kv * np.maximum(1.0 / tp,
+                                                                        1.0 / self.kv_heads)
 
 
 def layer_activation_bytes(m: ModelSpec, dtype_bytes: int) -> ActivationBytes:
@@ -59,12 +81,13 @@ def layer_activation_bytes(m: ModelSpec, dtype_bytes: int) -> ActivationBytes:
     d = dtype_bytes
     h, q, kv, inter = m.hidden_size, m.q_dim, m.kv_dim, m.intermediate_size
     replicated = 4 * h * d
-    split = (q + 2 * kv) * d + q * d + 3 * inter * d + 4 * m.num_heads
-    return ActivationBytes(replicated, split)
+    split = q * d + q * d + 3 * inter * d + 4 * m.num_heads
+    return ActivationBytes(replicated, split, 2 * kv * d, m.num_kv_heads)
 
 
 def layer_forward_workspace_bytes(m: ModelSpec, dtype_bytes: int) -> ActivationBytes:
     """Live tensors per token while one layer runs forward with nothing kept for backward."""
     d = dtype_bytes
     h, q, kv, inter = m.hidden_size, m.q_dim, m.kv_dim, m.intermediate_size
-    return ActivationBytes(2 * h * d, (q + 2 * kv) * d + q * d + 2 * inter * d)
+    return ActivationBytes(2 * h * d, q * d + q * d + 2 * inter * d, 2 * kv * d,
+                           m.num_kv_heads)
