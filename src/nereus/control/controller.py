@@ -631,8 +631,8 @@ class Controller:
                  for p in placed_near(now, cost, best.plan, survivors)]
         if not nears:
             return [best]
+        slower = [o for o in nears if o.expected_s > best.expected_s * (1 + 1e-9)]
         same = [best] + [o for o in nears if o.expected_s <= best.expected_s * (1 + 1e-9)]
-        slower = [o for o in nears if o not in same]
         if len(same) > 1:
             def key(o: Option) -> tuple[bool, float]:
                 sched = schedule_for(o.plan)
