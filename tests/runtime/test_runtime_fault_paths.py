@@ -1,0 +1,530 @@
+"""Fault and refusal paths of the runtime, without Ray: ``recover``'s decisions (redundant
+copies of another layout, a last copy lost without a checkpoint) and the executor's refusals,
+its wait for memory a running primitive frees, and its stall detection.
+
+The pool is a stub whose workers are plain objects: ``run`` applies the real worker-side
+functions the driver sends (``held_units``, ``_drop_all``, ``_rename``, ``_reset_peak``) to
+them, and ``submit`` plays an Extend's or a Destroy's effect on their units. The executor's
+``ray`` is replaced by ``_FakeRay`` (every call has ended by the time it is waited for), so no
+Ray session starts.
+"""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, replace
+from functools import cache
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import ray
+from runtime_testlib import cpu_job
+
+from nereus.cost.candidate import Candidate, Layout
+from nereus.errors import InfeasibleError
+from nereus.plan.types import Plan, StagePlan
+from nereus.runtime import executor as executor_module
+from nereus.runtime import movement as mv
+from nereus.runtime.executor import Executor, state_specs
+from nereus.runtime.faults import FaultReport, TransitionFailed, _current_plan, recover
+from nereus.runtime.memory import MemoryStats
+from nereus.runtime.movement import MoveResult
+from nereus.runtime.state import StateSpec, position_bytes
+from nereus.spec.job import JobSpec
+from nereus.transition.emu import Emu, phi
+from nereus.transition.planner import plan_transition
+from nereus.transition.primitives import Destroy, Extend, Primitive
+from nereus.transition.schedule import Schedule
+
+STAGE = "actor_train"
+REF = "reference_infer"
+
+
+# ---- stubs: workers, pool, Ray, executor, checkpointer
+
+
+class _Overdue(BaseException):
+    """A test ran past its deadline (a mutated stall check loops for ever). Not an
+    ``Exception``: the executor's fault path must not swallow it."""
+
+
+def _overdue(signum: int, frame: object) -> None:
+    raise _Overdue("the test ran past its deadline")
+
+
+@dataclass
+class _Arena:
+    nbytes: int
+
+
+class _Worker:
+    """What the worker-side functions touch: ``units`` (id -> arena), ``drop``, ``rename``,
+    ``memory`` (``reset_peak``, ``stats``)."""
+
+    def __init__(self, device_id: int, capacity: int):
+        self.device_id = device_id
+        self.capacity = capacity
+        self.units: dict[str, _Arena] = {}
+        self.peak = 0
+        self.memory = SimpleNamespace(reset_peak=self.reset_peak, stats=self.stats)
+
+    @property
+    def held(self) -> int:
+        return sum(a.nbytes for a in self.units.values())
+
+    def add(self, unit_id: str, nbytes: int) -> None:
+        assert unit_id not in self.units, (self.device_id, unit_id)
+        self.units[unit_id] = _Arena(nbytes)
+        self.peak = max(self.peak, self.held)
+
+    def reset_peak(self) -> None:
+        self.peak = self.held
+
+    def stats(self) -> MemoryStats:
+        return MemoryStats(self.held, self.peak, self.capacity)
+
+    def drop(self, unit_id: str) -> int:
+        arena = self.units.pop(unit_id, None)
+        return 0 if arena is None else arena.nbytes
+
+    def rename(self, mapping: Mapping[str, str], token: str) -> bool:
+        moved = {new: self.units.pop(old) for old, new in mapping.items() if old in self.units}
+        assert not moved.keys() & self.units.keys(), (self.device_id, mapping)
+        self.units.update(moved)
+        return True
+
+
+class _Ref:
+    """A finished call: its value, or the error it raised."""
+
+    def __init__(self, value: Any = None, error: BaseException | None = None):
+        self.value = value
+        self.error = error
+
+
+class _FakeRay:
+    """``ray.get`` / ``ray.wait`` on ``_Ref``s."""
+
+    @staticmethod
+    def get(x: Any, timeout: float | None = None) -> Any:
+        if isinstance(x, list):
+            return [_FakeRay.get(r) for r in x]
+        if x.error is not None:
+            raise x.error
+        return x.value
+
+    @staticmethod
+    def wait(refs: Sequence[_Ref], num_returns: int = 1, timeout: float | None = None
+             ) -> tuple[list[_Ref], list[_Ref]]:
+        return list(refs[:num_returns]), list(refs[num_returns:])
+
+
+class _Pool:
+    """The ``WorkerPool`` methods ``recover`` and ``Executor`` call. ``log`` records, in
+    order, what reached the workers: ("shrink", ids), ("run", {device: (function, args)}),
+    ("submit", device, function), ("control", device, function)."""
+
+    def __init__(self, devices: Sequence[int], capacity: int = 1 << 40):
+        self.workers = {d: _Worker(d, capacity) for d in devices}
+        self.log: list[tuple[Any, ...]] = []
+
+    def holding(self, units: Sequence[Emu], nbytes: int = 1) -> _Pool:
+        """Every position of ``units`` held by its worker (``nbytes`` each)."""
+        for e in units:
+            for g in e.gpus:
+                self.workers[g].add(e.id, nbytes)
+        return self
+
+    def held(self) -> dict[int, list[str]]:
+        return {d: sorted(w.units) for d, w in self.workers.items()}
+
+    @property
+    def device_ids(self) -> tuple[int, ...]:
+        return tuple(sorted(self.workers))
+
+    def shrink(self, device_ids: Sequence[int]) -> None:
+        ids = sorted(device_ids)
+        self.log.append(("shrink", ids))
+        for d in ids:
+            self.workers.pop(d, None)
+
+    def run(self, calls: Mapping[int, tuple[Any, tuple[Any, ...]]],
+            timeout_s: float | None = None) -> dict[int, Any]:
+        self.log.append(("run", {d: (fn.__name__, args) for d, (fn, args) in calls.items()}))
+        return {d: fn(self.workers[d], *args) for d, (fn, args) in calls.items()}
+
+    def alive(self, timeout_s: float = 10.0) -> dict[int, bool]:
+        return {d: True for d in self.workers}
+
+    def submit_control(self, d: int, fn: Any, *args: Any) -> _Ref:
+        self.log.append(("control", d, fn.__name__))
+        try:
+            return _Ref(fn(self.workers[d], *args))
+        except Exception as e:  # noqa: BLE001 - the caller's ray.get raises it
+            return _Ref(error=e)
+
+    def submit(self, d: int, fn: Any, *args: Any) -> _Ref:
+        self.log.append(("submit", d, fn.__name__))
+        w = self.workers[d]
+        if fn is mv.extend_member:  # (group, source id or None, new id, spec, layout, pos)
+            _, src, new, spec, layout, pos = args
+            if src is None:  # the receiving rank allocates the copy
+                w.add(new, position_bytes(spec, *layout, *pos))
+        elif fn is mv.destroy_member:
+            w.drop(args[0])
+        else:
+            raise AssertionError(f"the stub does not play {fn.__name__}")
+        return _Ref(MoveResult(d, 0.0, 0.0, 0.0, 0, 0, w.held, w.peak))
+
+    def actor(self, d: int) -> Any:
+        w = self.workers[d]
+        return SimpleNamespace(memory=SimpleNamespace(remote=lambda: _Ref(w.stats())))
+
+
+def _calls(pool: _Pool, kind: str) -> list[tuple[Any, ...]]:
+    return [entry for entry in pool.log if entry[0] == kind]
+
+
+class _StubExecutor:
+    """What ``recover`` uses of an ``Executor``: ``specs``, and ``run`` (recorded in the pool's
+    log; the report's units are the schedule's final ones)."""
+
+    def __init__(self, pool: _Pool, specs: Mapping[str, Any]):
+        self.pool = pool
+        self.specs = dict(specs)
+        self.schedules: list[Schedule] = []
+
+    def run(self, schedule: Schedule) -> Any:
+        self.pool.log.append(("transition", [sp.op for sp in schedule.primitives]))
+        self.schedules.append(schedule)
+        return SimpleNamespace(units={s: tuple(es) for s, es in schedule.final.items()})
+
+
+class _Checkpointer:
+    def __init__(self, latest: str | None):
+        self._latest = latest
+        self.restored: list[tuple[str, tuple[Emu, ...], Any, str]] = []
+
+    def latest(self) -> str | None:
+        return self._latest
+
+    def restore(self, pool: Any, stage: str, emus: Sequence[Emu], spec: Any, where: str
+                ) -> None:
+        self.restored.append((stage, tuple(emus), spec, where))
+
+
+@pytest.fixture(autouse=True)
+def no_ray(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """The executor talks to ``_FakeRay``; a test that runs past 20 s fails instead of
+    hanging; Ray is never started."""
+    monkeypatch.setattr(executor_module, "ray", _FakeRay)
+    old = signal.signal(signal.SIGALRM, _overdue)
+    signal.setitimer(signal.ITIMER_REAL, 20.0)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+    assert not ray.is_initialized()
+
+
+# ---- jobs, plans and units
+
+
+@cache
+def _job(memory_mib: float | None = None) -> JobSpec:
+    return cpu_job("tiny-llama", 6, memory_mib=memory_mib)
+
+
+@cache
+def _specs(memory_mib: float | None = None) -> dict[str, StateSpec]:
+    return state_specs(_job(memory_mib), "cpu")
+
+
+def _plan(job: JobSpec, stages: Mapping[str, tuple[int, int, Sequence[Sequence[int]]]]) -> Plan:
+    out = []
+    for s in job.workflow.stages:
+        if s.name in stages:
+            tp, pp, reps = stages[s.name]
+            out.append(StagePlan(s.name, Candidate(Layout(tp, pp), len(reps), 1, 1),
+                                 tuple(tuple(r) for r in reps)))
+    assert len(out) == len(stages), stages
+    return Plan(tuple(out))
+
+
+def _units(job: JobSpec, stage: str, tp: int, pp: int, reps: Sequence[Sequence[int]],
+           ids: Sequence[int] | None = None) -> tuple[Emu, ...]:
+    """Φ's units of ``stage`` in that layout, numbered ``ids`` (default 0, 1, ...)."""
+    es = phi(job, _plan(job, {stage: (tp, pp, reps)}))[stage]
+    if ids is None:
+        return es
+    return tuple(replace(e, id=f"{stage}/{i}") for e, i in zip(es, ids, strict=True))
+
+
+# ---- recover
+
+
+def test_recovery_keeps_the_layout_with_most_copies_and_destroys_the_other_first() -> None:
+    """Worker 3 died: actor_train keeps one tp=2 unit on 0-1 and two tp=1 units on 4 and 5.
+    Recovery keeps the tp=1 units (two copies beat the target's layout), drops the tp=2 unit
+    from workers 0-1 before anything else, renames the kept ones to Φ(current)'s ids, and
+    transitions from them alone to the target."""
+    job = _job()
+    tp2 = _units(job, STAGE, 2, 1, [[0, 1], [2, 3]])
+    tp1 = _units(job, STAGE, 1, 1, [[4], [5]], ids=[2, 3])
+    pool = _Pool(range(6)).holding([tp2[0], *tp1])
+    report = FaultReport(frozenset({3}), {}, {STAGE: (tp2[0], *tp1)}, (tp2[1],))
+    target = _plan(job, {STAGE: (2, 1, [[0, 1], [4, 5]])})
+    asked: list[tuple[int, ...]] = []
+
+    def target_for(ids: Sequence[int]) -> Plan:
+        asked.append(tuple(ids))
+        return target
+
+    ex = _StubExecutor(pool, _specs())
+    rec = recover(pool, ex, job, report, target_for)
+
+    assert asked == [(0, 1, 2, 4, 5)]
+    assert rec.destroyed == ("actor_train/0",)
+    assert [entry[0] for entry in pool.log] == ["shrink", "run", "run", "transition"]
+    assert pool.log[0] == ("shrink", [3])
+    assert pool.log[1] == ("run", {0: ("_drop_all", (["actor_train/0"],)),
+                                   1: ("_drop_all", (["actor_train/0"],))})
+    renames = {d: (fn, args[0]) for d, (fn, args) in pool.log[2][1].items()}
+    assert renames == {4: ("_rename", {"actor_train/2": "actor_train/0"}),
+                       5: ("_rename", {"actor_train/3": "actor_train/1"})}
+    assert pool.held() == {0: [], 1: [], 2: [], 4: ["actor_train/0"], 5: ["actor_train/1"]}
+    # the transition starts from the kept tp=1 units only, under their new ids
+    (schedule,) = ex.schedules
+    assert [(e.id, e.layout, e.gpus) for e in schedule.initial[STAGE]] == \
+        [("actor_train/0", Layout(1, 1), (4,)), ("actor_train/1", Layout(1, 1), (5,))]
+    assert rec.plan == target and rec.restored == () and rec.checkpoint is None
+    assert sorted(e.gpus for e in rec.units[STAGE]) == [(0, 1), (4, 5)]
+
+
+def test_current_plan_breaks_a_tie_of_copies_by_the_targets_layout() -> None:
+    """One copy each of tp=2 (0-1) and tp=1 (2): the target's layout (tp=1) is kept, though
+    the other is larger; the tp=2 unit is returned to be destroyed."""
+    job = _job()
+    big = _units(job, STAGE, 2, 1, [[0, 1]])[0]
+    small = _units(job, STAGE, 1, 1, [[2]], ids=[1])[0]
+    target = _plan(job, {STAGE: (1, 1, [[2], [3]])})
+    current, extra = _current_plan(job, {STAGE: (big, small)}, target)
+    (sp,) = current.stages
+    assert (sp.stage, sp.layout, sp.replicas) == (STAGE, Layout(1, 1), ((2,),))
+    assert extra == [big]
+
+
+def _two_stages_with_ref_lost() -> tuple[JobSpec, _Pool, FaultReport, Plan]:
+    """actor_train's unit on 0-1 is intact; reference_infer's only unit was on worker 2,
+    which died."""
+    job = _job()
+    actor = _units(job, STAGE, 2, 1, [[0, 1]])
+    ref = _units(job, REF, 1, 1, [[2]])
+    pool = _Pool(range(6)).holding(actor)
+    report = FaultReport(frozenset({2}), {}, {STAGE: actor}, ref)
+    target = _plan(job, {STAGE: (2, 1, [[0, 1]]), REF: (1, 1, [[3]])})
+    return job, pool, report, target
+
+
+def test_recovery_refuses_a_lost_last_copy_without_a_checkpointer() -> None:
+    job, pool, report, target = _two_stages_with_ref_lost()
+    ex = _StubExecutor(pool, _specs())
+    with pytest.raises(RuntimeError) as info:
+        recover(pool, ex, job, report, lambda ids: target)
+    assert str(info.value) == ("the last copy of reference_infer is lost and no checkpoint "
+                               "is configured")
+    assert ex.schedules == []  # refused before any transition
+    assert pool.log == [("shrink", [2])]
+    assert pool.held()[0] == ["actor_train/0"]
+
+
+def test_recovery_refuses_a_lost_last_copy_when_no_checkpoint_was_saved() -> None:
+    job, pool, report, target = _two_stages_with_ref_lost()
+    ck = _Checkpointer(latest=None)
+    with pytest.raises(RuntimeError) as info:
+        recover(pool, _StubExecutor(pool, _specs()), job, report,
+                lambda ids: target, ck)
+    assert str(info.value) == ("the last copy of reference_infer is lost and no checkpoint "
+                               "was saved")
+    assert ck.restored == []
+
+
+def test_recovery_restores_a_lost_last_copy_into_its_target_layout() -> None:
+    """The counterpart of the two refusals: with a saved checkpoint, the lost stage (only it)
+    is restored into Φ(target)'s units, with its own state spec."""
+    job, pool, report, target = _two_stages_with_ref_lost()
+    ck = _Checkpointer(latest="ckpt/step-3")
+    specs = {STAGE: "actor spec", REF: "ref spec"}
+    rec = recover(pool, _StubExecutor(pool, specs), job, report,
+                  lambda ids: target, ck)
+    want = phi(job, target)[REF]
+    assert ck.restored == [(REF, want, "ref spec", "ckpt/step-3")]
+    assert rec.restored == (REF,) and rec.checkpoint == "ckpt/step-3"
+    assert rec.units[REF] == want and rec.transition is None
+
+
+# ---- Executor: refusals before anything moves
+
+
+def _extend_schedule() -> tuple[Schedule, tuple[Emu, ...]]:
+    """One Extend: actor_train's tp=2 unit on 0-1 gets a copy on 2-3."""
+    job = _job()
+    schedule = plan_transition(job, _plan(job, {STAGE: (2, 1, [[0, 1]])}),
+                               _plan(job, {STAGE: (2, 1, [[0, 1], [2, 3]])}))
+    assert [sp.op for sp in schedule.primitives] == ["Extend"]
+    return schedule, schedule.initial[STAGE]
+
+
+def test_executor_refuses_an_infeasible_schedule_before_touching_a_worker() -> None:
+    job = _job(memory_mib=0.5)
+    schedule = plan_transition(job, _plan(job, {STAGE: (2, 1, [[0, 1]])}),
+                               _plan(job, {STAGE: (1, 1, [[0], [1]])}))
+    assert not schedule.feasible and "GPUs 0-1" in schedule.reason
+    pool = _Pool(range(6)).holding(schedule.initial[STAGE])
+    with pytest.raises(InfeasibleError) as info:
+        Executor(pool, _specs(0.5)).run(schedule)
+    assert str(info.value) == f"transition: {schedule.reason}"
+    assert pool.log == []
+
+
+def test_executor_refuses_a_schedule_with_devices_the_pool_lacks() -> None:
+    schedule, initial = _extend_schedule()
+    pool = _Pool([0, 1]).holding(initial)
+    with pytest.raises(InfeasibleError) as info:
+        Executor(pool, _specs()).run(schedule)
+    assert str(info.value) == "transition: no worker for devices [2, 3]; grow the pool"
+    assert pool.log == []
+
+
+def test_executor_refuses_when_a_worker_lacks_an_input_unit() -> None:
+    """Worker 1 lost its half of actor_train/0 (it holds another unit): refused after asking
+    the input workers what they hold, before any primitive or memory reset."""
+    schedule, initial = _extend_schedule()
+    pool = _Pool(range(4)).holding(initial)
+    pool.workers[1].units = {"actor_train/9": _Arena(1)}
+    with pytest.raises(InfeasibleError) as info:
+        Executor(pool, _specs()).run(schedule)
+    assert str(info.value) == "transition: worker 1 does not hold ['actor_train/0']"
+    assert pool.log == [("run", {0: ("held_units", ()), 1: ("held_units", ())})]
+
+
+def test_executor_refuses_an_input_missing_from_the_initial_collection() -> None:
+    schedule, initial = _extend_schedule()
+    pool = _Pool(range(4)).holding(initial)
+    with pytest.raises(InfeasibleError) as info:
+        Executor(pool, _specs()).run(replace(schedule, initial={}))
+    assert str(info.value) == ("transition: Extend needs unit actor_train/0, which the "
+                               "schedule's initial collection lacks")
+    assert pool.log == []
+
+
+# ---- Executor: waiting for memory, stalls
+
+
+def _schedule(prims: Sequence[tuple[Primitive, tuple[int, ...]]],
+              initial: Sequence[Emu], final: Sequence[Emu]) -> Schedule:
+    """A hand-made schedule of actor_train (primitive, deps); the rest borrowed from a real
+    one."""
+    base, _ = _extend_schedule()
+    sp0 = base.primitives[0]
+    return replace(base, primitives=tuple(replace(sp0, index=i, primitive=p, deps=d,
+                                                  resource_deps=())
+                                          for i, (p, d) in enumerate(prims)),
+                   initial={STAGE: tuple(initial)}, final={STAGE: tuple(final)}, memory={})
+
+
+def _three_tp1_units() -> tuple[tuple[Emu, ...], Extend, Extend, Destroy, int]:
+    """tp=1 units of actor_train on workers 0, 1 and 2; Extends of the first to 3 and of the
+    second to 2, the Destroy of the third; the bytes of one unit."""
+    u = _units(_job(), STAGE, 1, 1, [[0], [1], [2]])
+    to3 = Extend.of(u[0], (3,), "actor_train/3")
+    to2 = Extend.of(u[1], (2,), "actor_train/4")
+    return u, to3, to2, Destroy(u[2]), position_bytes(_specs()[STAGE], 1, 1, 0, 0)
+
+
+def _tight_pool(units: Sequence[Emu], size: int) -> _Pool:
+    """Workers 0-3 with room for one unit and a half; ``units`` placed."""
+    return _Pool(range(4), capacity=size + size // 2).holding(units, size)
+
+
+def _recorder() -> tuple[list[tuple[str, int]], Any]:
+    events: list[tuple[str, int]] = []
+
+    def hook(kind: str, index: int, p: Primitive) -> None:
+        events.append((kind, index))
+
+    return events, hook
+
+
+def test_executor_waits_for_a_running_primitive_before_a_memory_refusal() -> None:
+    """#2 (Extend onto worker 2) is ready at once but worker 2 is full; #0 runs on other
+    workers, and #1 (Destroy on worker 2) waits for #0. The executor waits instead of
+    refusing: #0 ends, #1 frees worker 2, then #2 runs; worker 2 never holds two units."""
+    u, to3, to2, destroy, size = _three_tp1_units()
+    schedule = _schedule([(to3, ()), (destroy, (0,)), (to2, ())], u,
+                         [u[0], u[1], to3.output, to2.output])
+    pool = _tight_pool(u, size)
+    events, hook = _recorder()
+    report = Executor(pool, _specs(), on_event=hook).run(schedule)
+    assert events == [("start", 0), ("end", 0), ("start", 1), ("end", 1),
+                      ("start", 2), ("end", 2)]
+    assert [(d, fn) for _, d, fn in _calls(pool, "submit")] == [
+        (0, "extend_member"), (3, "extend_member"), (2, "destroy_member"),
+        (1, "extend_member"), (2, "extend_member")]
+    assert report.peak_bytes == {0: size, 1: size, 2: size, 3: size}
+    assert report.within_capacity()
+    assert pool.held() == {0: ["actor_train/0"], 1: ["actor_train/1"], 2: ["actor_train/3"],
+                           3: ["actor_train/2"]}
+
+
+def test_executor_refuses_memory_once_nothing_runs_that_could_free_it() -> None:
+    """The same without the Destroy: once #0 has ended nothing can free worker 2, and the
+    run fails with a report whose cause names worker 2 and the bytes short."""
+    u, to3, to2, _, size = _three_tp1_units()
+    schedule = _schedule([(to3, ()), (to2, ())], u, [u[0], u[1], u[2], to3.output,
+                                                     to2.output])
+    pool = _tight_pool(u, size)
+    events, hook = _recorder()
+    with pytest.raises(TransitionFailed) as info:
+        Executor(pool, _specs(), on_event=hook).run(schedule)
+    assert events == [("start", 0), ("end", 0)]
+    rep = info.value.report
+    assert rep.cause == (f"InfeasibleError: transition: Extend(actor_train) needs more memory "
+                         f"than workers [2] have free (2: {size} > {size // 2})")
+    assert [t.index for t in rep.timings] == [0]
+    assert {e.id for e in rep.intact[STAGE]} == {"actor_train/0", "actor_train/1",
+                                                 "actor_train/2", "actor_train/3"}
+
+
+def test_executor_reports_a_stall_before_anything_moved_as_it_is() -> None:
+    """A primitive that waits on itself can never start: a plain error, nothing launched."""
+    u, to3, _, _, size = _three_tp1_units()
+    schedule = _schedule([(to3, (0,))], u[:1], [u[0], to3.output])
+    pool = _tight_pool(u[:1], size)
+    with pytest.raises(RuntimeError) as info:
+        Executor(pool, _specs()).run(schedule)
+    assert type(info.value) is RuntimeError
+    assert str(info.value) == "executor stalled: primitives wait on unmet dependencies"
+    assert _calls(pool, "submit") == []
+
+
+def test_executor_reports_a_stall_after_progress_as_a_fault() -> None:
+    """#0 runs; #1 waits on itself: the run stops with a report (cause: the stall) that
+    lists #0 as done and its copy as intact."""
+    u, to3, to2, _, size = _three_tp1_units()
+    schedule = _schedule([(to3, ()), (to2, (1,))], u[:2], [u[0], u[1], to3.output,
+                                                           to2.output])
+    pool = _Pool(range(4)).holding(u[:2], size)
+    events, hook = _recorder()
+    with pytest.raises(TransitionFailed) as info:
+        Executor(pool, _specs(), on_event=hook).run(schedule)
+    assert events == [("start", 0), ("end", 0)]
+    rep = info.value.report
+    assert rep.cause == ("RuntimeError: executor stalled: primitives wait on unmet "
+                         "dependencies")
+    assert [t.index for t in rep.timings] == [0] and not rep.failed and not rep.dead
+    assert {e.id for e in rep.intact[STAGE]} == {"actor_train/0", "actor_train/1",
+                                                 "actor_train/3"}
