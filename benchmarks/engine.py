@@ -5,9 +5,10 @@ Each case is one stage operation (train_step, forward, generate) of a small mode
 GPU). Time is the slowest worker's wall time of the operation (the fastest of ``--repeats``
 rounds that run every case in turn, after a warm-up: on a shared machine other processes only
 add time, and interleaving spreads their bursts over all cases); memory is the largest
-per-worker peak of one extra run with memory tracking (``nereus.engine.measure``): the bytes of
-tensors, state and transient, so it is compared with the estimate's tensor terms (all but its
-``workspace`` assumption for non-tensor memory). Both are measured.
+per-worker peak of one extra run with memory tracking (``nereus.engine.measure``), with the case
+set up alone on the workers: the bytes of tensors, state and transient, so it is compared with
+the estimate's tensor terms (all but its ``workspace`` assumption for non-tensor memory). Both
+are measured.
 
 Calibration never sees the case it scores: the cases are split into two folds; a ``Calibrator``
 learns the op-class efficiencies (from stage latencies) and the memory scale per stage kind from
@@ -166,7 +167,9 @@ def measure_all(pool: WorkerPool, rv: Rendezvous, todo: list[Case], model: str, 
                 repeats: int) -> list[Measured]:
     """Every case set up at once, then ``repeats`` rounds that run each case once in turn, so
     a burst of load from other processes hits all cases alike; each case keeps its fastest
-    round (other processes only ever add time). Then one memory run per case."""
+    round (other processes only ever add time). Then one memory run per case, set up alone:
+    a worker's peak counts every unit it holds, and with every case set up the other cases'
+    state would be in each one's peak (it was: about 780 MiB whatever the case)."""
     benches: list[Bench] = []
     try:
         for i, c in enumerate(todo):
@@ -175,19 +178,24 @@ def measure_all(pool: WorkerPool, rv: Rendezvous, todo: list[Case], model: str, 
         for _ in range(repeats):
             for b in benches:
                 b.runs.append(b.once())
-        out = []
-        for b in benches:
-            best = min(b.runs, key=lambda m: m.wall_s)
-            mem = b.once(track=True)
-            out.append(Measured(b.case, best.wall_s, tuple(m.wall_s for m in b.runs),
-                                int(mem.peak_mem_bytes), dict(best.op_s)))
-            ops = " ".join(f"{k}={v * 1e3:.0f}" for k, v in sorted(best.op_s.items()))
-            print(f"measured  {b.case.name:<44} {best.wall_s * 1e3:9.1f} ms  "
-                  f"{mem.peak_mem_bytes / 2**20:8.1f} MiB  [{ops} ms]", file=sys.stderr)
-        return out
     finally:
         for b in benches:
             b.close()
+    out = []
+    for i, b in enumerate(benches):
+        alone = Bench(pool, rv, b.case, model, device, f"m{i}_")
+        try:
+            alone.once()  # warm-up, as the timed runs had
+            mem = alone.once(track=True)
+        finally:
+            alone.close()
+        best = min(b.runs, key=lambda m: m.wall_s)
+        out.append(Measured(b.case, best.wall_s, tuple(m.wall_s for m in b.runs),
+                            int(mem.peak_mem_bytes), dict(best.op_s)))
+        ops = " ".join(f"{k}={v * 1e3:.0f}" for k, v in sorted(best.op_s.items()))
+        print(f"measured  {b.case.name:<44} {best.wall_s * 1e3:9.1f} ms  "
+              f"{mem.peak_mem_bytes / 2**20:8.1f} MiB  [{ops} ms]", file=sys.stderr)
+    return out
 
 
 def tensor_bytes(est: Any) -> int:
