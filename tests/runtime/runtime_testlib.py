@@ -10,6 +10,8 @@ from contextlib import contextmanager
 
 import ray
 
+from nereus.cost.candidate import Candidate, Layout
+from nereus.plan.types import Plan, StagePlan
 from nereus.runtime.executor import state_specs
 from nereus.runtime.loading import seeded_logical
 from nereus.runtime.placement import gather_unit
@@ -180,3 +182,16 @@ def check_stages(pool: WorkerPool, job: JobSpec, units: Mapping[str, Sequence[Em
         for e in es:
             diff = gather_unit(pool, e).first_difference(want)
             assert diff is None, f"{e}: {diff}"
+
+
+def plan_of(job: JobSpec, stages: Mapping[str, tuple[int, int, Sequence[Sequence[int]]]]
+            ) -> Plan:
+    """A plan of the named model-stages only: (tp, pp, replicas' GPU ids) each, b = a = 1."""
+    out = []
+    for s in job.workflow.stages:
+        if s.name in stages:
+            tp, pp, reps = stages[s.name]
+            out.append(StagePlan(s.name, Candidate(Layout(tp, pp), len(reps), 1, 1),
+                                 tuple(tuple(r) for r in reps)))
+    assert len(out) == len(stages), stages
+    return Plan(tuple(out))

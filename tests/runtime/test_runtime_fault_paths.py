@@ -20,11 +20,11 @@ from typing import Any
 
 import pytest
 import ray
-from runtime_testlib import cpu_job
+from runtime_testlib import cpu_job, plan_of
 
-from nereus.cost.candidate import Candidate, Layout
+from nereus.cost.candidate import Layout
 from nereus.errors import InfeasibleError
-from nereus.plan.types import Plan, StagePlan
+from nereus.plan.types import Plan
 from nereus.runtime import executor as executor_module
 from nereus.runtime import movement as mv
 from nereus.runtime.executor import Executor, state_specs
@@ -243,21 +243,12 @@ def _specs(memory_mib: float | None = None) -> dict[str, StateSpec]:
     return state_specs(_job(memory_mib), "cpu")
 
 
-def _plan(job: JobSpec, stages: Mapping[str, tuple[int, int, Sequence[Sequence[int]]]]) -> Plan:
-    out = []
-    for s in job.workflow.stages:
-        if s.name in stages:
-            tp, pp, reps = stages[s.name]
-            out.append(StagePlan(s.name, Candidate(Layout(tp, pp), len(reps), 1, 1),
-                                 tuple(tuple(r) for r in reps)))
-    assert len(out) == len(stages), stages
-    return Plan(tuple(out))
 
 
 def _units(job: JobSpec, stage: str, tp: int, pp: int, reps: Sequence[Sequence[int]],
            ids: Sequence[int] | None = None) -> tuple[Emu, ...]:
     """Φ's units of ``stage`` in that layout, numbered ``ids`` (default 0, 1, ...)."""
-    es = phi(job, _plan(job, {stage: (tp, pp, reps)}))[stage]
+    es = phi(job, plan_of(job, {stage: (tp, pp, reps)}))[stage]
     if ids is None:
         return es
     return tuple(replace(e, id=f"{stage}/{i}") for e, i in zip(es, ids, strict=True))
@@ -276,7 +267,7 @@ def test_recovery_keeps_the_layout_with_most_copies_and_destroys_the_other_first
     tp1 = _units(job, STAGE, 1, 1, [[4], [5]], ids=[2, 3])
     pool = _Pool(range(6)).holding([tp2[0], *tp1])
     report = FaultReport(frozenset({3}), {}, {STAGE: (tp2[0], *tp1)}, (tp2[1],))
-    target = _plan(job, {STAGE: (2, 1, [[0, 1], [4, 5]])})
+    target = plan_of(job, {STAGE: (2, 1, [[0, 1], [4, 5]])})
     asked: list[tuple[int, ...]] = []
 
     def target_for(ids: Sequence[int]) -> Plan:
@@ -310,7 +301,7 @@ def test_current_plan_breaks_a_tie_of_copies_by_the_targets_layout() -> None:
     job = _job()
     big = _units(job, STAGE, 2, 1, [[0, 1]])[0]
     small = _units(job, STAGE, 1, 1, [[2]], ids=[1])[0]
-    target = _plan(job, {STAGE: (1, 1, [[2], [3]])})
+    target = plan_of(job, {STAGE: (1, 1, [[2], [3]])})
     current, extra = _current_plan(job, {STAGE: (big, small)}, target)
     (sp,) = current.stages
     assert (sp.stage, sp.layout, sp.replicas) == (STAGE, Layout(1, 1), ((2,),))
@@ -325,7 +316,7 @@ def _two_stages_with_ref_lost() -> tuple[JobSpec, _Pool, FaultReport, Plan]:
     ref = _units(job, REF, 1, 1, [[2]])
     pool = _Pool(range(6)).holding(actor)
     report = FaultReport(frozenset({2}), {}, {STAGE: actor}, ref)
-    target = _plan(job, {STAGE: (2, 1, [[0, 1]]), REF: (1, 1, [[3]])})
+    target = plan_of(job, {STAGE: (2, 1, [[0, 1]]), REF: (1, 1, [[3]])})
     return job, pool, report, target
 
 
@@ -372,16 +363,16 @@ def test_recovery_restores_a_lost_last_copy_into_its_target_layout() -> None:
 def _extend_schedule() -> tuple[Schedule, tuple[Emu, ...]]:
     """One Extend: actor_train's tp=2 unit on 0-1 gets a copy on 2-3."""
     job = _job()
-    schedule = plan_transition(job, _plan(job, {STAGE: (2, 1, [[0, 1]])}),
-                               _plan(job, {STAGE: (2, 1, [[0, 1], [2, 3]])}))
+    schedule = plan_transition(job, plan_of(job, {STAGE: (2, 1, [[0, 1]])}),
+                               plan_of(job, {STAGE: (2, 1, [[0, 1], [2, 3]])}))
     assert [sp.op for sp in schedule.primitives] == ["Extend"]
     return schedule, schedule.initial[STAGE]
 
 
 def test_executor_refuses_an_infeasible_schedule_before_touching_a_worker() -> None:
     job = _job(memory_mib=0.5)
-    schedule = plan_transition(job, _plan(job, {STAGE: (2, 1, [[0, 1]])}),
-                               _plan(job, {STAGE: (1, 1, [[0], [1]])}))
+    schedule = plan_transition(job, plan_of(job, {STAGE: (2, 1, [[0, 1]])}),
+                               plan_of(job, {STAGE: (1, 1, [[0], [1]])}))
     assert not schedule.feasible and "GPUs 0-1" in schedule.reason
     pool = _Pool(range(6)).holding(schedule.initial[STAGE])
     with pytest.raises(InfeasibleError) as info:

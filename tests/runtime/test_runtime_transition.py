@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import pytest
@@ -19,13 +19,14 @@ from runtime_testlib import (
     gone,
     leaves_nothing,
     pids,
+    plan_of,
     stage_seeds,
     worker_pool,
     worker_resources,
 )
 
-from nereus.cost.candidate import Candidate, Layout
-from nereus.plan.types import Plan, StagePlan
+from nereus.cost.candidate import Layout
+from nereus.plan.types import Plan
 from nereus.runtime import movement as mv
 from nereus.runtime.checkpoint import Checkpointer
 from nereus.runtime.executor import Executor, state_specs
@@ -67,14 +68,6 @@ def _held_ids(pool: WorkerPool) -> dict[int, list[str]]:
     return {d: r[3] for d, r in worker_resources(pool).items()}
 
 
-def _plan(job: JobSpec, stages: Mapping[str, tuple[int, int, Sequence[Sequence[int]]]]) -> Plan:
-    out = []
-    for s in job.workflow.stages:
-        if s.name in stages:
-            tp, pp, reps = stages[s.name]
-            out.append(StagePlan(s.name, Candidate(Layout(tp, pp), len(reps), 1, 1),
-                                 tuple(tuple(r) for r in reps)))
-    return Plan(tuple(out))
 
 
 # (model, seed, current pool size, target pool size, device memory in MiB or None, whether
@@ -170,7 +163,7 @@ def _kill_when(pool: WorkerPool, op: str, pick: int) -> tuple[list[int], object]
 
 def _one_stage_plan(job: JobSpec, stage: str, tp: int, pp: int,
                     reps: Sequence[Sequence[int]]) -> Plan:
-    return _plan(job, {stage: (tp, pp, reps)})
+    return plan_of(job, {stage: (tp, pp, reps)})
 
 
 @dataclass
