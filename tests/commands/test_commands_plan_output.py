@@ -166,29 +166,48 @@ def test_evaluate_refuses_gpu_ids_outside_the_pool(tmp_path: Path) -> None:
                         "GPU ids 0-15)\n"), r.stderr
 
 
-def test_a_plan_faster_than_the_best_found_is_said_to_be(tmp_path: Path) -> None:
-    """The spread plan of the 8B job syncs its weights inside nodes and beats the packed best
-    plan found, whose search prices the sync with training packed on the fullest nodes; the
-    comparison said 'best plan: 1.00x the speed of yours'."""
-    spread = _written(tmp_path, "spread.json", "--config", CONFIG, "--spread")
-    r = runner.invoke(app, ["plan", "--config", CONFIG, "--evaluate", str(spread)])
+def test_a_plan_close_to_the_best_says_by_how_much(tmp_path: Path) -> None:
+    """The packed plan of the 8B job (the search's own placement) evaluated against the best
+    plan, which is the spread one on these 16 GPUs: '1.00x the speed of yours' hid 0.31 %."""
+    from nereus.commands.planfile import with_record
+    from nereus.files import read_yaml
+    from nereus.plan.search import Planner
+    from nereus.spec.job import parse_job
+
+    job = parse_job(read_yaml(Path(CONFIG), "config"))
+    packed = tmp_path / "packed.json"
+    packed.write_text(json.dumps(with_record(Planner(job).best_placed().to_dict(), job)))
+    r = runner.invoke(app, ["plan", "--config", CONFIG, "--evaluate", str(packed)])
     assert r.exit_code == 0, r.output
     last = " ".join(r.stdout.split())
-    assert "your plan is 0.31 % faster per step than the best plan found" in last, last
-    assert "its weight sync takes 0.015 s against 0.161 s" in last
+    assert ("the best plan is 0.31 % faster per step than yours (46.988 s against 47.133 s, "
+            "estimated)") in last, last
 
 
-def test_the_best_plan_says_when_a_spread_plan_is_faster() -> None:
-    """On the 8B job's 16 GPUs the spread plan syncs its weights inside nodes and is 0.31 %
-    faster than the packed best plan: the table says so and how to get it. On 24 GPUs the
-    packed plan is faster, and with --spread there is nothing to add."""
-    hint = "a plan spread over nodes is"
+def test_a_plan_faster_than_the_best_found_is_said_to_be_and_why() -> None:
+    """A user's placement can still beat the search's (it prices the sync by a count model):
+    the comparison says so and, when the sync is what differs, why."""
+    from nereus.commands.plan import _comparison
+    from nereus.plan.types import Plan
+
+    yours = Plan((), 46.9, terms={"weight_sync": 0.01})
+    best = Plan((), 47.0, terms={"weight_sync": 0.1})
+    text = _comparison(yours, best, [])
+    assert text.startswith("your plan is 0.21 % faster per step than the best plan found "
+                           "(46.900 s against 47.000 s, estimated)")
+    assert "its weight sync takes 0.010 s against 0.100 s" in text
+    assert _comparison(best, yours, []).startswith("the best plan is 0.21 % faster")
+    assert _comparison(Plan((), 94.0), best, []) == \
+        "best plan: 2.00x the speed of yours per step (estimated)"
+
+
+def test_the_best_plan_is_the_faster_of_packed_and_spread() -> None:
+    """On the 8B job's 16 GPUs the plan with replicas spread over nodes syncs its weights
+    inside nodes and is 0.31 % faster than the packed one the search prices: it is the best
+    plan (it once came as a hint under the packed one), and any one node can go."""
     r = runner.invoke(app, ["plan", "--config", CONFIG])
     assert r.exit_code == 0, r.output
     text = " ".join(r.stdout.split())
-    assert f"{hint} 0.31 % faster per step (46.988 s against 47.133 s" in text, text
-    assert text.endswith("nereus plan --spread"), text[-200:]
-    for extra in (["--gpus", "24"], ["--spread"]):
-        r = runner.invoke(app, ["plan", "--config", CONFIG, *extra])
-        assert r.exit_code == 0, r.output
-        assert hint not in r.stdout
+    assert "step latency 46.988 s (estimated)" in text and "weight_sync 0.015 s" in text
+    assert "node loss: any one node can go" in text
+    assert "nereus plan --spread" not in text

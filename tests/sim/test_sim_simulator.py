@@ -95,7 +95,10 @@ def test_oracle_moves_for_free_and_others_pay_for_moves(node_loss):
     n = res.results["nereus"]
     assert n.rows[-1].plan_gpus == 16             # it took the node back
     moved = [e for e in n.events if e.kind in ("move", "restart")]
-    assert moved and all(e.seconds > 0 for e in moved)
+    # a move costs time unless it moves no state: the spread plan keeps a copy of every stage
+    # on node 0, so the urgent move onto it only re-batches in place (L_tran 0)
+    assert moved and any(e.seconds > 0 for e in moved)
+    assert all(e.seconds > 0 or "L_tran=0 s" in e.detail for e in moved)
     assert sum(r.transition_s for r in n.rows) == pytest.approx(n.transition_s)
     best = max(r.tokens_per_s for r in res.results.values())
     assert o.tokens_per_s == pytest.approx(best)
@@ -178,14 +181,15 @@ def test_the_oracle_is_not_held_to_the_plan_caches_longer_bucket_edge():
     """The plan cache solves a response-length bucket at its upper edge (up to 10 % longer than
     the step's longest response) with the planner's 10 % memory headroom; the oracle also
     weighs the plan of the bucket below and keeps it when the truth says it fits the step.
-    At 4,100 tokens on 16 GPUs that plan is faster (by a few ms: simulated)."""
+    At 2,600 tokens on the first node's 8 GPUs that plan is faster (by about 0.5 s:
+    simulated)."""
     from nereus.cost.model import CostModel
     from nereus.sim.plancache import PlanCache
     from nereus.sim.policies import OraclePolicy
 
     sc = builtin("stationary", steps=5)
     truth = simulator(sc).truth
-    pool, mean, longest = tuple(range(16)), 2733, 4100
+    pool, mean, longest = tuple(range(8)), 1733, 2600
     job = truth.job_at(pool, mean, longest)
     edge_plan = PlanCache()(job, CostModel(job, truth.efficiencies(0)))
     chosen = OraclePolicy(truth, PlanCache())._best(pool, 0, mean, longest)
@@ -194,12 +198,12 @@ def test_the_oracle_is_not_held_to_the_plan_caches_longer_bucket_edge():
     assert got.step_s < truth.price(edge_plan, pool, 0, mean, longest).step_s
 
 
-def test_the_oracle_weighs_the_spread_plan_too():
+def test_the_plan_cache_gives_the_faster_of_packed_and_spread():
     """On 16 GPUs a plan spread over both nodes syncs its weights inside them and beats the
-    packed search's plan (14.50 against 14.58 s per step at 700 tokens: simulated); Nereus
-    runs such plans after churn, and the oracle, which only weighed packed plans, ran slower
-    steps than Nereus on most of the default run."""
+    packed search's plan at 700 tokens (simulated); the planner's best, and so the plan cache
+    the oracle and the static policy read, is the faster of the two."""
     from nereus.cost.model import CostModel
+    from nereus.plan.search import Planner
     from nereus.sim.plancache import PlanCache
     from nereus.sim.policies import OraclePolicy
 
@@ -211,7 +215,9 @@ def test_the_oracle_weighs_the_spread_plan_too():
     def step_s(plan):
         return truth.price(plan, pool, 0, mean, longest).step_s
 
-    packed, spread = PlanCache()(job, cost), PlanCache()(job, cost, True)
+    packed = Planner(job, cost=cost).best_placed()
+    spread = PlanCache()(job, cost, True)
     assert step_s(spread) < step_s(packed)
+    assert step_s(PlanCache()(job, cost)) == pytest.approx(step_s(spread))
     chosen = OraclePolicy(truth, PlanCache())._best(pool, 0, mean, longest)
     assert step_s(chosen) <= step_s(spread)

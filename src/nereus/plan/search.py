@@ -25,6 +25,9 @@ Placement then realizes the priced sync: training on the pool's fullest nodes, g
 the training GPUs first. The plan prices its sync from its GPU ids; that differs from the
 search's figure only where placement gave way (a preference that would cost a node-contained
 TP group) or with replicas spread over nodes (``spread``), which places by exposure instead.
+Where the packed plan's sync crosses nodes, ``Planner.best`` also searches the plans with
+replicas spread over nodes and returns the faster: spread training syncs inside the nodes, which
+the count model, with training packed, cannot price.
 """
 
 from __future__ import annotations
@@ -488,7 +491,38 @@ class Planner:
         rebuilt pruned within each layout (placement depends on the layout, so a candidate
         beaten by one of another layout may be the one that places). Raises
         :class:`InfeasibleError` when no combination places (or after ``MAX_REPLACEMENTS``
-        searches)."""
+        searches).
+
+        Without ``spread``, where the weight sync of that plan crosses nodes, the best plan
+        with replicas spread over nodes is returned where its step is shorter: the search
+        prices the sync with training packed on the pool's fullest nodes, and training spread
+        over the nodes generation uses keeps the sync inside them (on the 8B PPO example's 16
+        GPUs the spread plan's sync takes 0.015 s against 0.161 s, and its step is 0.31 %
+        shorter)."""
+        plan = self.best_placed()
+        if self.spread or not self._sync_crosses_nodes(plan):
+            return plan
+        try:
+            other = Planner(self.job, cost=self.cost, spread=True).best_placed()
+        except InfeasibleError:
+            return plan
+        return other if other.step_latency_s < plan.step_latency_s * (1 - 1e-9) else plan
+
+    def _sync_crosses_nodes(self, plan: Plan) -> bool:
+        """Whether ``plan``'s synchronous weight sync sends to generation GPUs on nodes without
+        training GPUs: only then can replicas spread over nodes make it cheaper (they put
+        training on every node generation uses), so only then is the spread plan searched."""
+        wf = self.job.workflow
+        pair = wf.weight_sync() if wf.execution is Execution.SYNC else None
+        if pair is None or not plan.terms.get("weight_sync") or not spans_nodes(self.job.pool):
+            return False
+        got = self.cost.placed_sync_receivers(plan.stage(pair[0]).replicas,
+                                              plan.stage(pair[1]).replicas)
+        return got is not None and got.off_node > 0
+
+    def best_placed(self) -> Plan:
+        """The best plan under this planner's own placement rule: packed (the search's sync
+        pricing) or, with ``spread``, replicas over nodes; ``best`` weighs both."""
         plan, bad = self._placed(self.search())
         if not bad:
             return plan

@@ -145,21 +145,18 @@ class OraclePolicy(Policy):
         plans of the bucket below are candidates too, kept when the truth says they fit this
         step, so the oracle is not held to a longer response than the step has (a controller
         plans for its recent longest plus 5 %, and could run what such an oracle never
-        tries). Each bucket's spread plan is a candidate beside its packed one: the search
-        prices the weight sync with training packed on the fullest nodes, and a plan spread
-        over nodes can sync inside them for less (the controller runs such plans after
-        churn)."""
+        tries). The planner's best is already the faster of the packed plan and the one
+        spread over nodes (which can sync its weights inside them for less)."""
         tr = self.truth
         eff = tr.efficiencies(step)
         cands: list[Plan] = []
         below = int(self.cache.ratio ** (bucket(longest, self.cache.ratio) - 1))  # bucket b-1
         for need in dict.fromkeys((longest, min(longest, max(1, below)))):
             job = tr.job_at(pool, min(mean, need), need)
-            for spread in (False, True):  # a spread plan can sync its weights inside nodes,
-                try:                      # cheaper than the packed search prices it
-                    cands.append(self.cache(job, CostModel(job, eff), spread))
-                except InfeasibleError:
-                    pass
+            try:
+                cands.append(self.cache(job, CostModel(job, eff)))
+            except InfeasibleError:
+                pass
         if self.plan is not None and set(self.plan.gpus()) <= set(pool):
             cands.append(self.plan)
         priced = [(tr.price(p, pool, step, mean, longest), p) for p in cands]
