@@ -270,3 +270,25 @@ def test_kv_projections_stop_shrinking_at_one_head_per_tp_rank():
     act = work.layer_activation_bytes(m, 2)
     assert act.per_rank(16.0) - act.per_rank(8.0) == pytest.approx(
         (act.split + act.kv) / 16 - (act.split + act.kv) / 8 + act.kv * (1 / 8 - 1 / 16))
+
+
+def test_decode_flops_count_attention_over_the_mean_context():
+    """The compute side of decode's roofline: a token's query attends over the prompt and half
+    the response in every layer, 4·ctx·q_dim FLOPs a layer, beside the GEMMs and the head."""
+    from nereus.cost import work
+    from nereus.spec.model import Head
+
+    job = parse_job({"model": "llama-3.1-8b", "gpus": 8, "algo": "ppo",
+                     "cluster": {"device": "a100-sxm-80gb"},
+                     "workload": {"prompt_len": 256, "response_len": 768,
+                                  "response_len_max": 768, "prompts_per_step": 512}})
+    cost = CostModel(job)
+    est = cost.estimate("actor_gen", Candidate(Layout(2, 1), 1, 512, 1))  # compute-bound
+    row = next(op for op in est.ops if op.name.startswith("decode GEMMs + attention"))
+    m, ctx = job.model, 256 + 768 / 2
+    per_token = ((work.gemm_flops_per_token_per_rank(m, 2.0)
+                  + work.attention_flops(m, 1.0, ctx, causal=False) / 2) * m.num_layers
+                 + work.head_flops_per_token(m, Head.LM) / 2)
+    # FLOPs per iteration over the sequences that run in it: a whole number of tokens' work
+    tokens = row.flops / per_token
+    assert tokens == pytest.approx(round(tokens), rel=1e-6) and tokens >= 1

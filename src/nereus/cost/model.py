@@ -628,15 +628,17 @@ class CostModel:
         kv_tok = self._kv_per_token(cols.tp, cols.pp)
         hbm = (cols.pp * self._streamed_numel(head, cols.tp, cols.pp) * w.param_bytes
                + active * ctx_len * kv_tok * (cols.pp / slots))
-        flops = active * (work.gemm_flops_per_token_per_rank(m, cols.tp) * m.num_layers
+        # each token's query attends over the mean context in every layer (heads split by tp)
+        attn = work.attention_flops(m, 1.0, ctx_len, causal=False) / cols.tp
+        flops = active * ((work.gemm_flops_per_token_per_rank(m, cols.tp) + attn) * m.num_layers
                           + work.head_flops_per_token(m, head) / cols.tp) / slots
         t_hbm = iters * hbm / dev.hbm_bw
         t_gemm = iters * flops / dev.peak_flops
         hbm_bound = t_hbm / self.eff[OpClass.DECODE] >= t_gemm / self.eff[OpClass.GEMM]
         rows.append(Row("decode", "weights + KV reads per iteration", OpClass.DECODE, iters,
                         zero, hbm, np.where(hbm_bound, t_hbm, 0.0)))
-        rows.append(Row("decode", "decode GEMMs per iteration", OpClass.GEMM, iters, flops, zero,
-                        np.where(hbm_bound, 0.0, t_gemm)))
+        rows.append(Row("decode", "decode GEMMs + attention per iteration", OpClass.GEMM, iters,
+                        flops, zero, np.where(hbm_bound, 0.0, t_gemm)))
         # every layer all-reduces twice per token: 2 x num_layers per iteration on the path
         rows += self._tp(st, cols, active / slots, 2.0 * one, iters * cols.pp, "decode", 0)
         rows += self._pp(cols, active / slots, iters * cols.pp, "decode")
