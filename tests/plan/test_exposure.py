@@ -70,3 +70,18 @@ def test_spread_changes_nothing_on_one_node(job):
     one = job.with_pool(GpuPool(job.cluster, tuple(range(8))))
     assert not Planner(one, spread=True).spread
     assert best_plan(one, spread=True).to_dict() == best_plan(one).to_dict()
+
+
+@pytest.mark.parametrize("gpus,execution", [(16, "sync"), (20, "sync"), (24, "async")])
+def test_a_spread_planner_given_the_packed_planners_prices_plans_alike(gpus, execution):
+    """``best`` hands the spread planner the candidates it already priced; filtering them by
+    the spread rule must give the plan the spread planner finds by pricing its own."""
+    from nereus.cost.model import CostModel
+
+    job = parse_job({"model": "llama-3.1-8b", "algo": "ppo", "execution": execution,
+                     "gpus": gpus, "workload": {"response_len": 2048}})
+    cost = CostModel(job)
+    own = Planner(job, cost=cost, spread=True).best_placed()
+    given = Planner(job, cost=cost, spread=True,
+                    evaluated=Planner(job, cost=cost).evaluated).best_placed()
+    assert given.to_dict() == own.to_dict()

@@ -126,15 +126,18 @@ def pareto_mask(cols: list[np.ndarray], block: int = 64) -> np.ndarray:
 
 def stage_options(cost: CostModel, stage: ModelStage, pool_size: int,
                   prune: bool = True, keep: Callable[[Candidate], bool] | None = None,
-                  by_layout: bool | None = None) -> tuple[StageOptions, Evaluation | None]:
+                  by_layout: bool | None = None, evaluated: Evaluation | None = None
+                  ) -> tuple[StageOptions, Evaluation | None]:
     """Every candidate priced in one pass, memory-pruned and (optionally) dominance-pruned.
 
     ``keep``: only candidates it accepts are considered (before pruning, so the pruning stays
     exact within them). ``by_layout``: compare candidates only with others of the same layout
     (TP x PP). By default this holds for the stages the weight sync couples (actor training and
     generation): their step cost also depends on the pair of layouts, so a candidate beaten by
-    one of another layout can still be part of the optimum. Returns the options and the full
-    evaluation (for "fits nowhere" messages).
+    one of another layout can still be part of the optimum. ``evaluated``: this stage's full
+    evaluation under ``cost`` from an earlier call without ``keep`` (a second planner of the
+    same job filters it instead of pricing every candidate again). Returns the options and the
+    full evaluation (for "fits nowhere" messages).
     """
     wf = cost.job.workflow
     sync = wf.weight_sync() or ()
@@ -148,18 +151,24 @@ def stage_options(cost: CostModel, stage: ModelStage, pool_size: int,
         cands = enumerate_candidates(cost, stage, pool_size, max_tp)
         return cands if keep is None else [c for c in cands if keep(c)]
 
-    cands = enumerate_kept()
-    ev = cost.evaluate(stage, cands) if cands else None
-    fits = ev is not None and bool(np.any(ev.peak <= memory_limit(cost)))
-    if not fits and cost.node_size < pool_size:
-        # TP stays inside a node where it can; here it cannot, so let TP span nodes
-        cands = enumerate_kept(max_tp=pool_size)
+    chosen: np.ndarray | None = None
+    if evaluated is not None:
+        ev: Evaluation | None = evaluated
+        chosen = np.array([keep is None or keep(c) for c in evaluated.candidates], dtype=bool)
+    else:
+        cands = enumerate_kept()
         ev = cost.evaluate(stage, cands) if cands else None
+        fits = ev is not None and bool(np.any(ev.peak <= memory_limit(cost)))
+        if not fits and cost.node_size < pool_size:
+            # TP stays inside a node where it can; here it cannot, so let TP span nodes
+            cands = enumerate_kept(max_tp=pool_size)
+            ev = cost.evaluate(stage, cands) if cands else None
     if ev is None:
         return StageOptions(stage, (), *(np.zeros(0),) * 4), None
     opts = StageOptions(stage, ev.candidates, np.array([c.gpus for c in ev.candidates]),
                         ev.latency, ev.resident, ev.transient)
-    opts = opts.subset(ev.peak <= memory_limit(cost))
+    fit = ev.peak <= memory_limit(cost)
+    opts = opts.subset(fit if chosen is None else fit & chosen)
     if prune and len(opts):
         opts = opts.subset(dominance_mask(opts, by_layout, by_gpus))
     return opts, ev

@@ -292,19 +292,25 @@ class Planner:
     """Builds stage options once and answers plan queries for one job and cost model."""
 
     def __init__(self, job: JobSpec, efficiencies: Efficiencies | None = None,
-                 cost: CostModel | None = None, spread: bool = False):
+                 cost: CostModel | None = None, spread: bool = False,
+                 evaluated: Mapping[str, Evaluation | None] | None = None):
         """``spread``: on a pool of several nodes, every model-stage keeps at least two
         replicas that each fit in a node and are placed on different nodes where the layouts
         allow, so losing one node leaves a copy of every stage's state (the controller asks
         for it when the pool churns; ``nereus.plan.exposure`` checks the placed plan). On a
-        single node it changes nothing."""
+        single node it changes nothing. ``evaluated``: every stage's candidates already priced
+        under ``cost`` by a planner of the same job (``best`` passes its own to the spread
+        planner it asks)."""
         self.job = job
         self.cost = cost or CostModel(job, efficiencies)
         self.limit = HEADROOM * self.cost.device.memory_bytes
         self.spread = spread and spans_nodes(job.pool)
         self.options: dict[str, StageOptions] = {}
+        self.evaluated: dict[str, Evaluation | None] = {}
         for st in job.workflow.stages:
-            opts, ev = stage_options(self.cost, st, job.pool.size, keep=self._keep())
+            opts, ev = stage_options(self.cost, st, job.pool.size, keep=self._keep(),
+                                     evaluated=(evaluated or {}).get(st.name))
+            self.evaluated[st.name] = ev
             if not len(opts):
                 if self.spread:
                     raise InfeasibleError(
@@ -503,7 +509,8 @@ class Planner:
         if self.spread or not self._sync_crosses_nodes(plan):
             return plan
         try:
-            other = Planner(self.job, cost=self.cost, spread=True).best_placed()
+            other = Planner(self.job, cost=self.cost, spread=True,
+                            evaluated=self.evaluated).best_placed()
         except InfeasibleError:
             return plan
         return other if other.step_latency_s < plan.step_latency_s * (1 - 1e-9) else plan
