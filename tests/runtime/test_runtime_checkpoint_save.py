@@ -1,6 +1,7 @@
 """Checkpoint failures: a save that fails halfway leaves the previous one of that tag intact; a
 restore that cannot keep what it would load counts no bytes."""
 
+import os
 from pathlib import Path
 
 import pytest
@@ -68,7 +69,7 @@ def test_a_crash_after_moving_the_old_copy_aside_without_a_new_one_puts_it_back(
     _copy(root, ".step-5.old-100", 5, "old")
     _copy(root, "step-4", 4, "four")
     ck = Checkpointer(root, timeout_s=10)
-    assert ck.latest() in (root / "step-5", root / "step-4")
+    assert ck.latest() == root / "step-5"  # the highest step, whatever the files' times
     assert (root / "step-5").is_dir() and not (root / ".step-5.old-100").exists()
     assert [p.name for p in (root / "step-5" / "actor_train").iterdir()] == ["old"]
 
@@ -108,3 +109,16 @@ def test_a_restore_onto_a_unit_the_worker_holds_is_refused_and_counts_no_bytes(t
         dcp_load(ctx, "v", spec, (1, 1), (0, 0), 0, path, rv.address, "again/", 0, 1, 30.0)
     assert ctx.memory.stats().held == 2 * one
     assert gather([ctx.units["v"]]).equal(gather([ctx.units["u"]]))
+
+
+def test_the_latest_checkpoint_is_the_highest_step_whatever_the_files_times(tmp_path) -> None:
+    """Step 9's marker written before step 10's, then both given the same time (a file system
+    with coarse timestamps), then step 9's touched last (a copy): step 10 is the latest."""
+    root = tmp_path / "ckpt"
+    _copy(root, "step-9", 9, "nine")
+    _copy(root, "step-10", 10, "ten")
+    for name, t in (("step-9", 2_000_000_000), ("step-10", 1_000_000_000)):
+        marker = root / name / "COMPLETE"
+        marker.touch()
+        os.utime(marker, (t, t))
+    assert Checkpointer(root, timeout_s=10).latest() == root / "step-10"

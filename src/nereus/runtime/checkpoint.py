@@ -203,10 +203,17 @@ class Checkpointer:
 
     def latest(self) -> Path | None:
         """The newest complete checkpoint, or None (a swap a crash interrupted is finished
-        first)."""
+        first). Tagged by step, the newest is the highest step: a file's time can tie (a
+        file system with coarse timestamps, two saves in one tick) or lie (a copied
+        directory). Other tags go by the time their checkpoint completed."""
         self._finish_swaps()
         done = [p for p in self.root.glob("step-*") if (p / COMPLETE).is_file()]
-        return max(done, key=lambda p: (p / COMPLETE).stat().st_mtime_ns) if done else None
+        if not done:
+            return None
+        tags = [p.name[len("step-"):] for p in done]
+        if all(t.isdigit() for t in tags):
+            return max(zip(tags, done), key=lambda tp: int(tp[0]))[1]
+        return max(done, key=lambda p: (p / COMPLETE).stat().st_mtime_ns)
 
     def restore(self, pool: WorkerPool, stage: str, units: Sequence[Emu], spec: StateSpec,
                 where: Path | None = None) -> float:
