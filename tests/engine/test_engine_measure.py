@@ -19,6 +19,7 @@ from nereus.spec.model import MODEL_PRESETS, Head
 
 
 def test_backward_of_a_timed_matmul_is_timed_too() -> None:
+    torch.manual_seed(0)
     rec = Recorder("cpu")
     x = torch.randn(64, 32, requires_grad=True)
     w = torch.randn(48, 32, requires_grad=True)
@@ -45,6 +46,8 @@ def test_nested_spans_count_once_and_decode_mode_maps_compute() -> None:
 
 def test_other_is_the_rest_of_the_wall_time() -> None:
     rec = Recorder("cpu")
+
+    torch.manual_seed(0)
 
     def work() -> int:
         with rec.span(OpClass.GEMM):

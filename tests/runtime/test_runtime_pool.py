@@ -71,12 +71,14 @@ def test_capacity_is_enforced_by_counting_held_bytes(pool: WorkerPool) -> None:
     one = arena_layout(spec, 1, 1, 0, 0).nbytes  # ~2.4 MB: one fits in 4 MiB, two do not
     assert one < CAPACITY < 2 * one
     assert ray.get(pool.submit(0, mv.place_seeded, "a", spec, (1, 1), (0, 0), 1)) == one
-    with pytest.raises(CapacityError):
-        ray.get(pool.submit(0, mv.place_seeded, "b", spec, (1, 1), (0, 0), 1))
-    mem = pool.memory()[0]
-    assert mem.held == one and mem.peak <= mem.capacity
-    assert ray.get(pool.submit(0, mv.held_units)) == {"a": one}
-    ray.get(pool.submit(0, mv.destroy_member, "a"))
+    try:
+        with pytest.raises(CapacityError):
+            ray.get(pool.submit(0, mv.place_seeded, "b", spec, (1, 1), (0, 0), 1))
+        mem = pool.memory()[0]
+        assert mem.held == one and mem.peak <= mem.capacity
+        assert ray.get(pool.submit(0, mv.held_units)) == {"a": one}
+    finally:  # the unit goes, a failing check included (later tests expect an empty worker)
+        ray.get(pool.submit(0, mv.destroy_member, "a"))
     assert pool.memory()[0].held == 0
 
 
@@ -121,10 +123,12 @@ def test_rendezvous_port_is_held_then_released() -> None:
 
 def test_pool_grows_and_shrinks_with_its_processes(pool: WorkerPool) -> None:
     pool.grow([4, 5])
-    assert pool.device_ids == (0, 1, 2, 3, 4, 5)
-    new = pids(pool)
-    assert ray.get(pool.submit(5, _whoami, 1, y=1))[0] == 5
-    pool.shrink([4, 5])
+    try:
+        assert pool.device_ids == (0, 1, 2, 3, 4, 5)
+        new = pids(pool)
+        assert ray.get(pool.submit(5, _whoami, 1, y=1))[0] == 5
+    finally:  # back to the module's four workers, a failing check included
+        pool.shrink([4, 5])
     assert pool.device_ids == (0, 1, 2, 3)
     assert gone([new[4], new[5]])
 
