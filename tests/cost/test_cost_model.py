@@ -292,3 +292,25 @@ def test_decode_flops_count_attention_over_the_mean_context():
     # FLOPs per iteration over the sequences that run in it: a whole number of tokens' work
     tokens = row.flops / per_token
     assert tokens == pytest.approx(round(tokens), rel=1e-6) and tokens >= 1
+
+
+def test_recomputation_reruns_the_layers_not_the_lm_head():
+    """Full recomputation adds one forward of the layers (the engine checkpoints each layer);
+    the LM head, whose input the loss keeps, still makes forward + 2x backward."""
+    from nereus.cost import work
+    from nereus.spec.model import Head
+
+    job = parse_job({"model": "llama-3.1-8b", "gpus": 8, "algo": "ppo"})
+    cost = CostModel(job)
+
+    def gemm_flops(rc: bool) -> float:
+        est = cost.estimate("actor_train", Candidate(Layout(2, 2), 1, 1, 32, rc))
+        return next(op.flops for op in est.ops
+                    if op.term == "compute" and op.name.startswith("GEMMs"))
+
+    m = job.model
+    tokens = float(job.workload.seq_len_mean)  # b = 1
+    body = tokens * work.gemm_flops_per_token_per_rank(m, 2.0) * m.num_layers / 2
+    head = tokens * work.head_flops_per_token(m, Head.LM) / 2
+    assert gemm_flops(False) == pytest.approx(3 * (body + head))
+    assert gemm_flops(True) == pytest.approx(4 * body + 3 * head)

@@ -453,10 +453,12 @@ class CostModel:
         """GEMM and attention of ``count`` micro-batches of ``tokens`` on the last block."""
         m, dev = self.job.model, self.device
         layers = m.num_layers / cols.pp
-        gemm = tokens * (work.gemm_flops_per_token_per_rank(m, cols.tp) * layers
-                         + work.head_flops_per_token(m, self._head(st)) / cols.tp)
+        body = tokens * work.gemm_flops_per_token_per_rank(m, cols.tp) * layers
+        head = tokens * work.head_flops_per_token(m, self._head(st)) / cols.tp
         attn = (tokens / seq) * work.attention_flops(m, seq, seq, causal=True) * layers
-        g1 = passes * gemm
+        # recomputation re-runs the layers (the engine checkpoints each one), not the head,
+        # whose input the loss keeps: the head makes at most fwd + 2x bwd passes
+        g1 = passes * body + np.minimum(passes, 3.0) * head
         a1 = passes * attn / cols.tp
         zero = np.zeros_like(tokens)
         return [Row(term, "GEMMs (layers + head)", OpClass.GEMM, count, g1, zero,
