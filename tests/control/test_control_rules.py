@@ -207,6 +207,18 @@ def test_urgent_path_waives_payback_and_minimizes_time_over_the_horizon():
     assert idx is None and not v[0].feasible
 
 
+def test_the_urgent_path_returns_the_option_it_scheduled_when_labels_repeat():
+    """Two placements of one target may share a label; the urgent path returned the first
+    option with the admitted verdict's label, so the controller adopted one plan and ran the
+    schedule of another."""
+    opts = [Option("near", Plan(()), 15.0), Option("near", Plan(()), 15.0)]
+    scheds = {id(opts[0]): _Sched(50.0), id(opts[1]): _Sched(5.0)}
+    idx, sched, v = select(opts, None, urgent=True, gamma=0.5, horizon_steps=1.0,
+                           schedule_of=lambda o: scheds[id(o)])
+    assert idx == 1 and sched is scheds[id(opts[1])]
+    assert [x.admitted for x in v] == [False, True]
+
+
 # ---------------------------------------------------------------- telemetry
 def test_telemetry_rejects_bad_fields_by_name():
     ok = Telemetry(3, 1000.0, 1500, (3, 1, 2), {"a": 1.0}, {"a": 10}, {"a": {"gemm": 0.5}})

@@ -152,7 +152,7 @@ def _urgent(options: Sequence[Option], current_step_s: float | None, horizon_ste
             schedule_of: Callable[[Option], Schedule], max_tries: int
             ) -> tuple[int | None, Schedule | None, tuple[Verdict, ...]]:
     verdicts: list[Verdict] = []
-    scored: list[tuple[float, int, Schedule]] = []
+    scored: list[tuple[float, int, Schedule, Option]] = []
     h = max(1.0, horizon_steps)
     ranked = sorted(options, key=lambda o: o.expected_s)
     for opt in ranked[:max_tries] + [o for o in ranked[max_tries:] if o.in_place]:
@@ -165,16 +165,16 @@ def _urgent(options: Sequence[Option], current_step_s: float | None, horizon_ste
         pb = payback_steps(sched.estimated_s, delta) if delta is not None else None
         verdicts.append(_verdict(opt, delta, sched.estimated_s, True, pb, False,
                                  "feasible (urgent: payback waived)"))
-        scored.append((sched.estimated_s + h * opt.expected_s, len(verdicts) - 1, sched))
+        scored.append((sched.estimated_s + h * opt.expected_s, len(verdicts) - 1, sched, opt))
     if not scored:
         return None, None, tuple(verdicts)
-    _, vi, sched = min(scored, key=lambda s: (s[0], s[1]))
+    _, vi, sched, chosen = min(scored, key=lambda s: (s[0], s[1]))
     v = verdicts[vi]
     verdicts[vi] = replace(v, admitted=True, why=f"admitted (urgent): L_tran + H·L_step = "
                            f"{v.l_tran_s + h * (v.step_s + v.risk_s):.4g} s is the least over "
                            f"H = {h:.3g}")
-    idx = next(i for i, o in enumerate(options) if o.label == v.label)
-    return idx, sched, tuple(verdicts)
+    # by identity: two options may share a label, and the plan must be the one scheduled
+    return _index(options, chosen), sched, tuple(verdicts)
 
 
 def _verdict(opt: Option, delta: float | None, l_tran_s: float, feasible: bool,

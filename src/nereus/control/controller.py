@@ -627,8 +627,8 @@ class Controller:
         with the cheapest feasible transition among those no slower than S* comes first, as
         the target; a slower one follows as a fallback (a slower target with a cheaper
         transition, which ``select`` tries only if S* is rejected)."""
-        nears = [option("best, placed near the current GPUs", p, p.step_latency_s)
-                 for p in placed_near(now, cost, best.plan, survivors)]
+        nears = [option(f"best, placed near the current GPUs ({k})", p, p.step_latency_s)
+                 for k, p in enumerate(placed_near(now, cost, best.plan, survivors), 1)]
         if not nears:
             return [best]
         slower = [o for o in nears if o.expected_s > best.expected_s * (1 + 1e-9)]
