@@ -719,3 +719,22 @@ def test_a_planned_restart_that_fails_eq2_keeps_the_plan(job, plans):
     rc = restart_cost(job, slow, after_failure=False).seconds
     assert rc / r.delta_l_s > r.gamma * r.horizon_steps  # the restart Eq. 2 turned down
     assert "restart=" not in d.log_line()
+
+
+def test_no_transition_is_planned_for_a_move_that_cannot_be_admitted(job, plans):
+    """Under γ = 0 an opportunistic move is never admitted, and a target no faster than the
+    current plan never is: the near placements of S* were still priced, up to four transition
+    plans thrown away at every such boundary."""
+    asked = []
+
+    def transition(j, s, t, e):
+        asked.append(t)
+        return _Sched(0.5)
+
+    here = _moved_to(plans["best8"], 8)
+    c = Controller(job, here, config=ControlConfig(gamma=0.0), transition=transition,
+                   planner=packed, on_log=lambda s: None)
+    c.on_boundary(_tel(job, here, 0, 2000))
+    d = c.on_boundary(_tel(job, here, 1, 2700))
+    assert d.action is Action.KEEP and "γ = 0" in d.reasons.verdicts[0].why
+    assert asked == []

@@ -78,7 +78,9 @@ def _delta(current_step_s: float | None, step_s: float) -> float | None:
     return None if current_step_s is None else current_step_s - step_s
 
 
-def _faster(current_step_s: float | None, step_s: float) -> bool:
+def faster(current_step_s: float | None, step_s: float) -> bool:
+    """Whether a plan of ``step_s`` beats the current one by more than rounding (None: the
+    current plan cannot run, so anything is faster)."""
     if current_step_s is None:
         return True
     return current_step_s - step_s > REL_EPS * max(1.0, current_step_s)
@@ -102,12 +104,12 @@ def select(options: Sequence[Option], current_step_s: float | None, *, urgent: b
 
     best = options[0]
     rest = sorted(options[1:], key=lambda o: o.expected_s)
-    order = [best] + [o for o in rest if _faster(current_step_s, o.expected_s)]
+    order = [best] + [o for o in rest if faster(current_step_s, o.expected_s)]
     best_l_tran: float | None = None
     tries = 0
     for i, opt in enumerate(order):
         delta = _delta(current_step_s, opt.expected_s)
-        if not _faster(current_step_s, opt.expected_s):
+        if not faster(current_step_s, opt.expected_s):
             verdicts.append(_verdict(opt, delta, math.nan, True, None, False,
                                      "not faster than the current plan"))
             continue

@@ -26,7 +26,14 @@ from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Protocol
 
-from nereus.control.admission import Option, Verdict, payback_steps, profitable, select
+from nereus.control.admission import (
+    Option,
+    Verdict,
+    faster,
+    payback_steps,
+    profitable,
+    select,
+)
 from nereus.control.horizon import DEFAULT_ALPHA, Horizons
 from nereus.control.monitor import (
     Monitor,
@@ -534,8 +541,14 @@ class Controller:
 
         options: list[Option] = []
         if best is not None:
-            options += self._nearest(option("best", best.plan, best.step_s), now, cost,
-                                     survivors, option, schedule_for)
+            s_star = option("best", best.plan, best.step_s)
+            # the near placements' transitions are priced up front only where S* may be moved
+            # to at all (select prices lazily, and gives up on a target that is not faster or
+            # under γ = 0)
+            may_move = urgent or (faster(cur_l, s_star.expected_s)
+                                  and not (cfg.admission and cfg.gamma <= 0))
+            options += self._nearest(s_star, now, cost, survivors, option,
+                                     schedule_for if may_move else None)
         star = options[0].plan if options else None  # S*, placed where its move is cheapest
         source_specs = rebatched(cost, survivors, every_stage=False)
         if best is not None:
@@ -622,18 +635,19 @@ class Controller:
 
     def _nearest(self, best: Option, now: JobSpec, cost: CostModel, survivors: Plan,
                  option: Callable[[str, Plan, float], Option],
-                 schedule_for: Callable[[Plan], Schedule]) -> list[Option]:
+                 schedule_for: Callable[[Plan], Schedule] | None) -> list[Option]:
         """S* and its placements near the surviving units (``placed_near``): the one of them
         with the cheapest feasible transition among those no slower than S* comes first, as
         the target; a slower one follows as a fallback (a slower target with a cheaper
-        transition, which ``select`` tries only if S* is rejected)."""
+        transition, which ``select`` tries only if S* is rejected). Without ``schedule_for``
+        (no move to S* can be admitted) nothing is priced and S* stays first."""
         nears = [option(f"best, placed near the current GPUs ({k})", p, p.step_latency_s)
                  for k, p in enumerate(placed_near(now, cost, best.plan, survivors), 1)]
         if not nears:
             return [best]
         slower = [o for o in nears if o.expected_s > best.expected_s * (1 + 1e-9)]
         same = [best] + [o for o in nears if o.expected_s <= best.expected_s * (1 + 1e-9)]
-        if len(same) > 1:
+        if len(same) > 1 and schedule_for is not None:
             def key(o: Option) -> tuple[bool, float]:
                 sched = schedule_for(o.plan)
                 return not sched.feasible, sched.estimated_s if sched.feasible else 0.0
