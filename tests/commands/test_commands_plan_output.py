@@ -180,7 +180,7 @@ def test_a_plan_close_to_the_best_says_by_how_much(tmp_path: Path) -> None:
     r = runner.invoke(app, ["plan", "--config", CONFIG, "--evaluate", str(packed)])
     assert r.exit_code == 0, r.output
     last = " ".join(r.stdout.split())
-    assert ("the best plan is 0.31 % faster per step than yours (46.988 s against 47.133 s, "
+    assert ("the best plan is 0.31 % faster per step than yours (46.988 s against 47.134 s, "
             "estimated)") in last, last
 
 
@@ -197,6 +197,8 @@ def test_a_plan_faster_than_the_best_found_is_said_to_be_and_why() -> None:
                            "(46.900 s against 47.000 s, estimated)")
     assert "its weight sync takes 0.010 s against 0.100 s" in text
     assert _comparison(best, yours, []).startswith("the best plan is 0.21 % faster")
+    assert _comparison(best, best, []) == \
+        "your plan is as fast as the best plan found (47.000 s per step, estimated)"
     assert _comparison(Plan((), 94.0), best, []) == \
         "best plan: 2.00x the speed of yours per step (estimated)"
 

@@ -238,21 +238,38 @@ def test_collectives_are_priced_from_the_one_alpha_beta_table(cm):
 def test_decode_streams_every_weight_but_the_input_embedding_once(model):
     """At tp=1 pp=1 a decode iteration reads the layers, the final norm and the LM head; of
     the input embedding only one row per sequence (untied 8B: 16.06 GB priced before, 15.01 GB
-    streamed). A tied model reads the shared matrix as its head."""
+    streamed). A tied model reads the shared matrix as its head. Counted on the sharding
+    format's shards (padded vocabulary included)."""
     from nereus.spec.model import Head
+    from nereus.spec.sharding import EMBED, max_shard_numel, shard_plan
 
     job = parse_job({"model": model, "gpus": 1, "algo": "ppo"})
     m = job.model
     one = np.array([1.0])
     got = float(CostModel(job)._streamed_numel(Head.LM, one, one)[0])
-    want = m.param_count(Head.LM) - (0 if m.tie_embeddings else m.embedding_params())
-    assert got == pytest.approx(want)
-    # pp=2: the last block (half the layers, the norm and the head) is the fullest
-    two = np.array([2.0])
-    got2 = float(CostModel(job)._streamed_numel(Head.LM, one, two)[0])
-    assert got2 == pytest.approx(m.num_layers / 2 * m.layer_params() + m.hidden_size
-                                 + m.embedding_params())
+    embed = sum(s.numel for s in shard_plan(m, Head.LM, 1, 1, 0, 0) if s.name == EMBED)
+    want = max_shard_numel(m, Head.LM, 1, 1) - (0 if m.tie_embeddings else embed)
+    assert got == want
+    # pp=2: the last block (half the layers, the norm and the head) is what streams
+    got2 = float(CostModel(job)._streamed_numel(Head.LM, one, np.array([2.0]))[0])
+    last = sum(s.numel for s in shard_plan(m, Head.LM, 1, 2, 0, 1))
+    assert got2 == last
 
+
+def test_decode_streams_replicated_kv_heads_past_tp_equal_kv_heads():
+    """The 70B model has 8 KV heads: at tp=16 each rank streams a whole KV head's K and V
+    projections, not half of one (a review found the stream 2 % short)."""
+    from nereus.cost import work
+    from nereus.spec.model import Head
+
+    job = parse_job({"model": "llama-3.3-70b", "gpus": 16, "algo": "ppo"})
+    m = job.model
+    cost = CostModel(job)
+    t16 = float(cost._streamed_numel(Head.LM, np.array([16.0]), np.array([1.0]))[0])
+    even = (m.num_layers * m.layer_params() + m.embedding_params()) / 16 + m.hidden_size
+    replicated = m.num_layers * m.hidden_size * 2 * m.kv_dim * (1 / 8 - 1 / 16)
+    assert t16 == pytest.approx(even + replicated, rel=2e-3)
+    assert work.kv_share(m, 16.0) == 1 / 8
 
 def test_kv_projections_stop_shrinking_at_one_head_per_tp_rank():
     """Past tp = KV heads each rank keeps a whole KV head (the sharding format replicates

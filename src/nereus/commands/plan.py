@@ -86,6 +86,8 @@ def _comparison(yours: Plan, best: Plan, problems: list[str]) -> str:
                    "cheaper links")
         return (f"your plan is {(best_s / yours_s - 1) * 100:.2f} % faster per step than the "
                 f"best plan found ({yours_s:.3f} s against {best_s:.3f} s, estimated){why}")
+    if yours_s <= best_s * (1 + 1e-9):
+        return f"your plan is as fast as the best plan found ({best_s:.3f} s per step, estimated)"
     if yours_s < best_s * 1.005:  # "1.00x" would hide it
         return (f"the best plan is {(yours_s / best_s - 1) * 100:.2f} % faster per step than "
                 f"yours ({best_s:.3f} s against {yours_s:.3f} s, estimated)")

@@ -133,8 +133,9 @@ def _load_job(path: Path, which: str) -> JobSpec:
 
 
 def jobs_from_specs(current: Path, target: Path, profile: Path | None
-                    ) -> tuple[JobSpec, Plan, Plan]:
-    """Plan both job specs; the transition's job spans both pools, with the target's workload."""
+                    ) -> tuple[JobSpec, Plan, Plan, Schedule | None]:
+    """Plan both job specs; the transition's job spans both pools, with the target's workload.
+    Also the schedule to the target where choosing its placement already planned it."""
     from nereus.plan.search import best_plan
 
     a, b = _load_job(current, "current"), _load_job(target, "target")
@@ -166,27 +167,28 @@ def jobs_from_specs(current: Path, target: Path, profile: Path | None
     cluster = max((a.cluster, b.cluster), key=lambda c: c.num_devices)
     pool = GpuPool(cluster, tuple(sorted(set(a.pool.ids) | set(b.pool.ids))))
     job = replace(b, cluster=cluster, pool=pool)
-    return job, cur, _nearest(job, b, cur, tgt, profile)
+    return job, cur, *_nearest(job, b, cur, tgt, profile)
 
 
 def _nearest(job: JobSpec, target_job: JobSpec, cur: Plan, tgt: Plan,
-             profile: Path | None) -> Plan:
+             profile: Path | None) -> tuple[Plan, Schedule | None]:
     """The target as the controller would take it: the search's placement, or one near the
     current plan's GPUs (``nereus.plan.near``) that is no slower per step and has the cheapest
-    feasible transition."""
+    feasible transition; with its schedule where it was planned to choose."""
     from nereus.plan.near import placed_near
 
     nears = [p for p in placed_near(target_job, _cost_model(target_job, profile), tgt, cur)
              if p.step_latency_s <= tgt.step_latency_s * (1 + 1e-9)]
     if not nears:
-        return tgt
+        return tgt, None
     eff = _efficiencies(job, profile)
+    planned = [(p, plan_transition(job, cur, p, eff)) for p in [tgt, *nears]]
 
-    def key(plan: Plan) -> tuple[bool, float]:
-        s = plan_transition(job, cur, plan, eff)
+    def key(ps: tuple[Plan, Schedule]) -> tuple[bool, float]:
+        s = ps[1]
         return not s.feasible, s.estimated_s if s.feasible else 0.0
 
-    return min([tgt, *nears], key=key)  # ties keep the search's placement
+    return min(planned, key=key)  # ties keep the search's placement
 
 
 def job_for_plans(gpu_ids: tuple[int, ...] | list[int], config: Path | None,
@@ -449,11 +451,13 @@ def register(app: typer.Typer) -> None:
             if given:
                 raise InputError(given[0], "job specs carry their own model, workflow and "
                                  "cluster", "with plan files only")
-            job, cur, tgt = jobs_from_specs(current, target, profile)
+            job, cur, tgt, planned = jobs_from_specs(current, target, profile)
         else:
             job, cur, tgt = plans_for_job(args, config, model, algo, execution, device,
                                           devices_per_node, profile)
-        schedule = plan_transition(job, cur, tgt, _efficiencies(job, profile))
+            planned = None
+        schedule = planned if planned is not None else \
+            plan_transition(job, cur, tgt, _efficiencies(job, profile))
         if as_json and not execute:
             out = {"source": "estimated", **schedule.to_json_dict()}
             if not schedule.feasible:  # a script reads why from the JSON, not only stderr

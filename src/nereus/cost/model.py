@@ -39,8 +39,8 @@ from nereus.cost.efficiency import Efficiencies
 from nereus.cost.estimate import HEADROOM, Estimate
 from nereus.cost.ops import Op, OpClass, comm_class
 from nereus.spec.job import JobSpec
-from nereus.spec.model import Head
-from nereus.spec.sharding import layout_problem, max_shard_numel
+from nereus.spec.model import Head, ModelSpec
+from nereus.spec.sharding import EMBED, LM_HEAD, layout_problem, max_shard_numel, shard_plan
 from nereus.spec.workflow import Execution, ModelStage, StageKind
 
 GiB = 1024**3
@@ -587,11 +587,14 @@ class CostModel:
 
     def _streamed_numel(self, head: Head, tp: Arr, pp: Arr) -> Arr:
         """Parameters a decode iteration streams from HBM on the fullest pipeline block of a
-        GPU: its layers, the final norm and the output head, which sit on the last block. The
-        input embedding is not streamed: a decode step gathers one row per sequence."""
-        m = self.job.model
-        head_read = m.embedding_params() if head is Head.LM else m.head_params(head)
-        return (m.num_layers / pp * m.layer_params() + head_read) / tp + m.hidden_size
+        GPU: the last block's shard as the sharding format lays it out (its layers, with KV
+        heads replicated past tp = KV heads, the final norm and the output head), without the
+        input embedding, of which a decode step gathers one row per sequence (a tied model
+        reads that matrix as its head)."""
+        tps, pps = np.broadcast_arrays(np.asarray(tp, dtype=float), np.asarray(pp, dtype=float))
+        out = np.array([_streamed(self.job.model, head, int(t), int(p))
+                        for t, p in zip(tps.ravel(), pps.ravel())], dtype=float)
+        return out.reshape(tps.shape)
 
     def _generate(self, st: ModelStage, cols: Columns, co: Arr) -> tuple[list[Row], dict[str, Arr]]:
         m, w, dev = self.job.model, self.job.workload, self.device
@@ -736,3 +739,15 @@ def least_overlap(t_tp: int, t_pp: int, g_tp: int, g_pp: int) -> float:
 def _shared(i: int, n: int, j: int, m: int) -> float:
     """Length of [i/n, (i+1)/n) ∩ [j/m, (j+1)/m)."""
     return max(0.0, min((i + 1) / n, (j + 1) / m) - max(i / n, j / m))
+
+
+@lru_cache(maxsize=1024)
+def _streamed(model: ModelSpec, head: Head, tp: int, pp: int) -> int:
+    """Elements of TP rank 0 of the last pipeline block that a decode iteration reads: all but
+    the input embedding, unless that matrix is also the LM head (tied, on the same block)."""
+    shards = shard_plan(model, head, tp, pp, 0, pp - 1)
+    embed = sum(s.numel for s in shards if s.name == EMBED)
+    rest = sum(s.numel for s in shards if s.name != EMBED)
+    reads_embed = (head is Head.LM and model.tie_embeddings
+                   and not any(s.name == LM_HEAD for s in shards))
+    return rest + (embed if reads_embed else 0)
