@@ -97,7 +97,21 @@ def test_near_placements_keep_candidates_groups_and_the_pool(config):
             if job.workflow.execution is Execution.ASYNC:
                 gen = {g for s in job.workflow.phase_stages(Phase.GENERATION)
                        for g in near.stage(s.name).gpus}
-                was = {g for s in job.workflow.phase_stages(Phase.GENERATION)
-                       for g in tgt.stage(s.name).gpus}
-                assert gen == was  # generation keeps the GPUs the plan split off for it
+                rest = {g for s in job.workflow.stages if s.phase is not Phase.GENERATION
+                        for g in near.stage(s.name).gpus}
+                assert gen.isdisjoint(rest)  # generation keeps GPUs of its own
     assert seen
+
+
+def test_asynchronous_generation_may_stay_on_the_gpus_it_holds():
+    """ReMax async on 16 GPUs from 512 to 2,048 tokens: the searched target swaps the GPUs of
+    generation and of the other phases (no order fits); with generation placed first near its
+    GPUs and the rest beside it, the same plan at the same speed is reachable."""
+    jobs = {n: _job("llama-3.1-8b-remax-async.yaml", 16, n) for n in (512, 2048)}
+    cur, tgt = best_plan(jobs[512]), best_plan(jobs[2048])
+    assert not plan_transition(jobs[2048], cur, tgt).feasible
+    nears = [p for p in placed_near(jobs[2048], CostModel(jobs[2048]), tgt, cur)
+             if p.step_latency_s == pytest.approx(tgt.step_latency_s, rel=1e-12)]
+    assert any(plan_transition(jobs[2048], cur, p).feasible for p in nears)
+    for near in nears:
+        _same_plan_but_placement(jobs[2048], near, tgt)

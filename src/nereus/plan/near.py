@@ -30,11 +30,13 @@ def placed_near(job: JobSpec, cost: CostModel, plan: Plan, current: Plan) -> lis
     """``plan``'s candidates placed on ``job``'s pool near ``current``'s GPUs and priced: the
     distinct placements that differ from ``plan``'s (none where the pool cannot hold them).
 
-    Up to four, which differ in what they let go first: the groups in the search's order
+    Up to four (eight in asynchronous execution), which differ in what they let go first: the groups in the search's order
     (largest chunks first) or the groups that hold the most state first; and, in synchronous
     execution with a weight sync, generation near its own current GPUs or on the training
-    stage's new GPUs first (the search's rule, which keeps the sync inside nodes). Which one is
-    cheaper to reach depends on what moves, so the caller prices their transitions.
+    stage's new GPUs first (the search's rule, which keeps the sync inside nodes); in
+    asynchronous execution, the pool split as the plan splits it, or generation first on the
+    GPUs it holds now. Which one is cheaper to reach depends on what moves, so the caller
+    prices their transitions.
     """
     wf = job.workflow
     pair = wf.weight_sync() if wf.execution is Execution.SYNC else None
@@ -42,22 +44,42 @@ def placed_near(job: JobSpec, cost: CostModel, plan: Plan, current: Plan) -> lis
     # what a stage saves by staying: the bytes its units hold now
     weight = {sp.stage: float(cost.resident_bytes(sp.stage, sp.layout) * len(sp.gpus))
               for sp in current.stages}
+    # asynchronous generation runs on GPUs of its own: as the plan split the pool, or on the
+    # GPUs generation holds now first (the other phases then share the rest)
+    splits = (False, True) if wf.execution is Execution.ASYNC else (False,)
     for nest in ((None, pair) if pair else (None,)):
         for by in (None, weight):
-            near = _placed(job, cost, plan, current, nest, by)
-            if near is not None and all(near.stages != p.stages for p in out):
-                out.append(near)
+            for resplit in splits:
+                near = _placed(job, cost, plan, current, nest, by, resplit)
+                if near is not None and all(near.stages != p.stages for p in out):
+                    out.append(near)
     return out
 
 
 def _placed(job: JobSpec, cost: CostModel, plan: Plan, current: Plan,
-            nest: tuple[str, str] | None, weight: dict[str, float] | None) -> Plan | None:
+            nest: tuple[str, str] | None, weight: dict[str, float] | None,
+            resplit: bool = False) -> Plan | None:
     """One placement near ``current``: ``nest`` puts generation on the training GPUs first;
-    ``weight`` places the groups that hold the most state first (else the largest chunks)."""
+    ``weight`` places the groups that hold the most state first (else the largest chunks);
+    ``resplit`` (asynchronous execution) places generation on the whole pool near its current
+    GPUs and the other phases on what it leaves."""
     wf = job.workflow
     prefer = {sp.stage: sp.gpus for sp in current.stages}
     pools = _phase_pools(job, plan)
     phases = list(wf.phases)
+    if resplit:
+        gen = [GroupAssignment(g, tuple(plan.stage(n).candidate for n in g)) for g in
+               _groups(plan, [s.name for s in wf.phase_stages(Phase.GENERATION)])]
+        try:
+            placed_gen = place_phase(job.pool, gen, prefer=prefer, weight=weight)
+        except ValueError:
+            return None
+        taken = {g for reps in placed_gen.values() for r in reps for g in r}
+        rest = tuple(g for g in job.pool.ids if g not in taken)
+        if not rest:
+            return None
+        pools = {p: GpuPool(job.cluster, tuple(sorted(taken))) if p is Phase.GENERATION
+                 else GpuPool(job.cluster, rest) for p in wf.phases}
     if nest is not None:  # training first, then generation on its GPUs
         train_phase = wf.stage(nest[0]).phase
         phases.sort(key=lambda p: p is not train_phase)
