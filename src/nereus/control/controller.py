@@ -641,8 +641,11 @@ class Controller:
         the target; a slower one follows as a fallback (a slower target with a cheaper
         transition, which ``select`` tries only if S* is rejected). Without ``schedule_for``
         (no move to S* can be admitted) nothing is priced and S* stays first."""
-        nears = [option(f"best, placed near the current GPUs ({k})", p, p.step_latency_s)
-                 for k, p in enumerate(placed_near(now, cost, best.plan, survivors), 1)]
+        # each priced as the hybrids are: only a placement that fits (memory, pool) is an option
+        priced = [reprice(now, cost, p) for p in placed_near(now, cost, best.plan, survivors)]
+        nears = [option(f"best, placed near the current GPUs ({k})", q.plan, q.step_s)
+                 for k, q in enumerate((q for q in priced if q.fits), 1)
+                 if q.plan is not None]
         if not nears:
             return [best]
         slower = [o for o in nears if o.expected_s > best.expected_s * (1 + 1e-9)]

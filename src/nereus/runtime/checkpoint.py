@@ -211,7 +211,7 @@ class Checkpointer:
         if not done:
             return None
         tags = [p.name[len("step-"):] for p in done]
-        if all(t.isdigit() for t in tags):
+        if all(t.isascii() and t.isdigit() for t in tags):
             return max(zip(tags, done), key=lambda tp: int(tp[0]))[1]
         return max(done, key=lambda p: (p / COMPLETE).stat().st_mtime_ns)
 

@@ -132,7 +132,7 @@ def _names_its_file(load: Callable[..., T_]) -> Callable[..., T_]:
             return load(path, *args, **kwargs)
         except InputError as e:
             name = Path(path).name
-            if name in str(e):
+            if name in e.problem:  # the message names the file already
                 raise
             head, _, rest = e.field.partition(" ")
             field = f"{head} ({name}) {rest}" if rest else f"{head} ({name})"
