@@ -269,7 +269,7 @@ def test_decode_streams_replicated_kv_heads_past_tp_equal_kv_heads():
     even = (m.num_layers * m.layer_params() + m.embedding_params()) / 16 + m.hidden_size
     replicated = m.num_layers * m.hidden_size * 2 * m.kv_dim * (1 / 8 - 1 / 16)
     assert t16 == pytest.approx(even + replicated, rel=2e-3)
-    assert work.kv_share(m, 16.0) == 1 / 8
+    assert work.kv_share(m.num_kv_heads, 16.0) == 1 / 8
 
 def test_kv_projections_stop_shrinking_at_one_head_per_tp_rank():
     """Past tp = KV heads each rank keeps a whole KV head (the sharding format replicates
@@ -278,7 +278,7 @@ def test_kv_projections_stop_shrinking_at_one_head_per_tp_rank():
     from nereus.spec.model import get_model
 
     m = get_model("llama-3.3-70b")  # 8 KV heads
-    full = work.gemm_flops_per_token(m)
+    full = 2.0 * work.layer_matmul_params(m)  # one token through one layer, whole
     assert float(work.gemm_flops_per_token_per_rank(m, 8.0)) == pytest.approx(full / 8)
     h = m.hidden_size
     replicated_kv = 2.0 * h * 2 * m.kv_dim * (1 / 8 - 1 / 16)  # K and V at tp=16: 1/8, not 1/16

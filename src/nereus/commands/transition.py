@@ -181,14 +181,11 @@ def _nearest(job: JobSpec, target_job: JobSpec, cur: Plan, tgt: Plan,
              if p.step_latency_s <= tgt.step_latency_s * (1 + 1e-9)]
     if not nears:
         return tgt, None
+    from nereus.control.admission import cheapest_to_reach
+
     eff = _efficiencies(job, profile)
     planned = [(p, plan_transition(job, cur, p, eff)) for p in [tgt, *nears]]
-
-    def key(ps: tuple[Plan, Schedule]) -> tuple[bool, float]:
-        s = ps[1]
-        return not s.feasible, s.estimated_s if s.feasible else 0.0
-
-    return min(planned, key=key)  # ties keep the search's placement
+    return cheapest_to_reach(planned, lambda ps: ps[1])
 
 
 def job_for_plans(gpu_ids: tuple[int, ...] | list[int], config: Path | None,

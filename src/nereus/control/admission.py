@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from typing import TypeVar
 
 from nereus.plan.types import Plan
 from nereus.transition.schedule import Schedule
@@ -76,6 +77,18 @@ def profitable(l_tran_s: float, delta_l_s: float, gamma: float, horizon_steps: f
 
 def _delta(current_step_s: float | None, step_s: float) -> float | None:
     return None if current_step_s is None else current_step_s - step_s
+
+
+T = TypeVar("T")
+
+
+def cheapest_to_reach(targets: Sequence[T], schedule_of: Callable[[T], Schedule]) -> T:
+    """Of equally fast targets, the one whose transition is cheapest: feasible before
+    infeasible, then the shortest L_tran; ties keep the earlier (the search's placement)."""
+    def key(t: T) -> tuple[bool, float]:
+        sched = schedule_of(t)
+        return not sched.feasible, sched.estimated_s if sched.feasible else 0.0
+    return min(targets, key=key)
 
 
 def faster(current_step_s: float | None, step_s: float) -> bool:

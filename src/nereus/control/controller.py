@@ -29,6 +29,7 @@ from typing import Protocol
 from nereus.control.admission import (
     Option,
     Verdict,
+    cheapest_to_reach,
     faster,
     payback_steps,
     profitable,
@@ -642,21 +643,17 @@ class Controller:
         transition, which ``select`` tries only if S* is rejected). Without ``schedule_for``
         (no move to S* can be admitted) nothing is priced and S* stays first."""
         # each priced as the hybrids are: only a placement that fits (memory, pool) is an option
-        priced = [reprice(now, cost, p) for p in placed_near(now, cost, best.plan, survivors)]
+        priced = [q for q in (reprice(now, cost, p)
+                              for p in placed_near(now, cost, best.plan, survivors)) if q.fits]
         nears = [option(f"best, placed near the current GPUs ({k})", q.plan, q.step_s)
-                 for k, q in enumerate((q for q in priced if q.fits), 1)
-                 if q.plan is not None]
-        if not nears:
-            return [best]
-        slower = [o for o in nears if o.expected_s > best.expected_s * (1 + 1e-9)]
-        same = [best] + [o for o in nears if o.expected_s <= best.expected_s * (1 + 1e-9)]
+                 for k, q in enumerate(priced, 1) if q.plan is not None]
+        limit = best.expected_s * (1 + 1e-9)
+        same = [best] + [o for o in nears if o.expected_s <= limit]
+        slower = [o for o in nears if o.expected_s > limit]
         if len(same) > 1 and schedule_for is not None:
-            def key(o: Option) -> tuple[bool, float]:
-                sched = schedule_for(o.plan)
-                return not sched.feasible, sched.estimated_s if sched.feasible else 0.0
-            first = min(same, key=key)  # ties keep S* as the search placed it
+            first = cheapest_to_reach(same, lambda o: schedule_for(o.plan))
             same = [first] + [o for o in same if o is not first]
-        return [same[0], *same[1:], *slower]
+        return same + slower
 
     def _restart_move(self, step: int, triggers: tuple[Trigger, ...], horizon: float,
                       cur_s: float, cur_risk: float, best: Option, now: JobSpec,

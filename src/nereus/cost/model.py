@@ -250,8 +250,8 @@ class CostModel:
         the GPU whose shards overlap least sets the time (``least_overlap``). When generation
         spans more GPUs than training, the extra ones hold no training shard and receive their
         whole shard, 1/(tp_g pp_g): over the node's fabric if they sit on a node with training
-        GPUs, over the network if not (``sync_receivers``). The receivers work in parallel, so the sync takes as long as its
-        slowest kind of receiver. The GPU counts come from candidates; given bare layouts, every
+        GPUs, over the network if not (``sync_receivers``). The receivers work in parallel, so
+        the sync takes as long as its slowest kind of receiver. The GPU counts come from candidates; given bare layouts, every
         generation GPU is taken to hold a training shard. A placed plan passes ``receivers``
         as its GPU ids have them (``placed_sync_receivers``).
 

@@ -24,15 +24,10 @@ def layer_matmul_params(m: ModelSpec) -> int:
     return m.hidden_size * (2 * m.q_dim + 2 * m.kv_dim) + 3 * m.hidden_size * m.intermediate_size
 
 
-def gemm_flops_per_token(m: ModelSpec) -> float:
-    """Forward GEMM FLOPs of one token through one layer."""
-    return 2.0 * layer_matmul_params(m)
-
-
-def kv_share(m: ModelSpec, tp: Arr) -> Arr:
-    """The share of the K and V projections one TP rank holds: 1/tp, or one whole KV head
-    where tp exceeds the KV heads (each rank then keeps a replica of its group's head)."""
-    return np.maximum(1.0 / tp, 1.0 / m.num_kv_heads)
+def kv_share(kv_heads: int, tp: Arr) -> Arr:
+    """The share of the K and V projections (and their activations) one TP rank holds: 1/tp,
+    or one whole KV head where tp exceeds the KV heads (each rank keeps its group's head)."""
+    return np.maximum(1.0 / tp, 1.0 / kv_heads)
 
 
 def gemm_flops_per_token_per_rank(m: ModelSpec, tp: Arr) -> Arr:
@@ -40,7 +35,7 @@ def gemm_flops_per_token_per_rank(m: ModelSpec, tp: Arr) -> Arr:
     the MLP split by tp, k and v by ``kv_share``."""
     h = m.hidden_size
     split = h * (2 * m.q_dim + 3 * m.intermediate_size)
-    return 2.0 * (split / tp + h * 2 * m.kv_dim * kv_share(m, tp))
+    return 2.0 * (split / tp + h * 2 * m.kv_dim * kv_share(m.num_kv_heads, tp))
 
 
 def attention_flops(m: ModelSpec, q_tokens: float, kv_tokens: float, causal: bool) -> float:
@@ -66,8 +61,7 @@ class ActivationBytes:
     kv_heads: int = 1
 
     def per_rank(self, tp: Arr) -> Arr:
-        return self.replicated + self.split / tp + self.kv * np.maximum(1.0 / tp,
-                                                                        1.0 / self.kv_heads)
+        return self.replicated + self.split / tp + self.kv * kv_share(self.kv_heads, tp)
 
 
 def layer_activation_bytes(m: ModelSpec, dtype_bytes: int) -> ActivationBytes:

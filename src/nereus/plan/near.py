@@ -39,7 +39,7 @@ def placed_near(job: JobSpec, cost: CostModel, plan: Plan, current: Plan) -> lis
     prices their transitions.
     """
     wf = job.workflow
-    pair = wf.weight_sync() if wf.execution is Execution.SYNC else None
+    pair = wf.colocated_sync()
     out: list[Plan] = []
     # what a stage saves by staying: the bytes its units hold now
     weight = {sp.stage: float(cost.resident_bytes(sp.stage, sp.layout) * len(sp.gpus))

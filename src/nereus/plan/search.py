@@ -520,7 +520,7 @@ class Planner:
         training GPUs: only then can replicas spread over nodes make it cheaper (they put
         training on every node generation uses), so only then is the spread plan searched."""
         wf = self.job.workflow
-        pair = wf.weight_sync() if wf.execution is Execution.SYNC else None
+        pair = wf.colocated_sync()
         if pair is None or not plan.terms.get("weight_sync") or not spans_nodes(self.job.pool):
             return False
         got = self.cost.placed_sync_receivers(plan.stage(pair[0]).replicas,
@@ -650,7 +650,7 @@ class Planner:
         # generation on the training GPUs first (``CostModel.sync_receivers``): training's
         # phase is placed first, preferring those nodes, and generation prefers training's
         # GPUs. Spread replicas go over nodes instead (their sync is priced as placed).
-        pair = wf.weight_sync() if wf.execution is Execution.SYNC else None
+        pair = wf.colocated_sync()
         nest = None if self.spread else pair
         prefer: dict[str, tuple[int, ...]] = {}
         phases = list(wf.phases)

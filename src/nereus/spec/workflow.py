@@ -120,6 +120,11 @@ class Workflow:
         trains = [s for s in self.stages if s.kind is StageKind.TRAIN and s.model == gens[0].model]
         return (trains[0].name, gens[0].name) if trains else None
 
+    def colocated_sync(self) -> tuple[str, str] | None:
+        """``weight_sync`` in synchronous execution, where generation takes turns with training
+        on the same GPUs; None in asynchronous execution (generation has GPUs of its own)."""
+        return self.weight_sync() if self.execution is Execution.SYNC else None
+
 
 _ACTOR = ModelRole("actor", Head.LM, trainable=True)
 _CRITIC = ModelRole("critic", Head.SCALAR, trainable=True)
