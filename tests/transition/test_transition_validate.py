@@ -253,6 +253,16 @@ def rebuilt(job, cur, tgt, s: Schedule, steps: list[tuple[Primitive, float]],
     return with_replayed_peaks(job, cur, tgt, replace(wrong, final=final))
 
 
+def _gen_moves_one_gpu():
+    """actor_gen moved from GPU 0 to GPU 1 on a tiny job: its valid schedule, to break."""
+    job = tiny_job(4)
+    cur = Plan((sp("actor_gen", 1, 1, [[0]]),))
+    tgt = Plan((sp("actor_gen", 1, 1, [[1]]),))
+    s = plan_transition(job, cur, tgt)
+    assert validate(job, cur, tgt, s) == []
+    return job, cur, tgt, s
+
+
 def forged(cls: type, **fields: object) -> Primitive:
     """A primitive built past its own checks, as a bug would."""
     bad = object.__new__(cls)
@@ -334,11 +344,7 @@ def test_an_id_created_twice_is_caught() -> None:
     """actor_gen moves from GPU 0 to GPU 1; a wrong schedule then makes a passing copy on
     GPU 2 named actor_gen/0, the id of the unit it destroyed (the runtime keys state by id),
     and destroys it again."""
-    job = tiny_job(4)
-    cur = Plan((sp("actor_gen", 1, 1, [[0]]),))
-    tgt = Plan((sp("actor_gen", 1, 1, [[1]]),))
-    s = plan_transition(job, cur, tgt)
-    assert validate(job, cur, tgt, s) == []
+    job, cur, tgt, s = _gen_moves_one_gpu()
     (moved,) = s.final["actor_gen"]
     again = Extend.of(moved, [2], "actor_gen/0")
     wrong = with_replayed_peaks(job, cur, tgt, appended(s, [(again, 0.01),
@@ -363,11 +369,7 @@ def test_one_unit_read_by_two_running_primitives_is_caught() -> None:
 def test_an_initial_unit_that_is_not_a_replica_of_the_current_plan_is_caught() -> None:
     """The schedule says it starts from actor_gen/0 on GPU 3 (the plan has it on GPU 0), or
     from an actor_gen/7 the plan does not have."""
-    job = tiny_job(4)
-    cur = Plan((sp("actor_gen", 1, 1, [[0]]),))
-    tgt = Plan((sp("actor_gen", 1, 1, [[1]]),))
-    s = plan_transition(job, cur, tgt)
-    assert validate(job, cur, tgt, s) == []
+    job, cur, tgt, s = _gen_moves_one_gpu()
     (u,) = s.initial["actor_gen"]
     for initial, name in (((replace(u, gpus=(3,)),), "actor_gen/0"),
                           ((u, replace(u, id="actor_gen/7")), "actor_gen/7")):
@@ -396,11 +398,7 @@ def test_a_final_unit_that_is_not_the_unit_on_its_replica_is_caught() -> None:
 
 
 def test_a_dependency_that_does_not_exist_is_caught() -> None:
-    job = tiny_job(4)
-    cur = Plan((sp("actor_gen", 1, 1, [[0]]),))
-    tgt = Plan((sp("actor_gen", 1, 1, [[1]]),))
-    s = plan_transition(job, cur, tgt)
-    assert validate(job, cur, tgt, s) == []
+    job, cur, tgt, s = _gen_moves_one_gpu()
     d = find(s, "Destroy")
     for bad in (len(s.primitives), -1):
         broken = replace(d, deps=d.deps + (bad,))
@@ -413,11 +411,7 @@ def test_a_dependency_that_does_not_exist_is_caught() -> None:
 def test_a_negative_start_or_duration_is_caught() -> None:
     """The Extend moved to start half a second before the transition does, or the Destroy
     ending before it starts."""
-    job = tiny_job(4)
-    cur = Plan((sp("actor_gen", 1, 1, [[0]]),))
-    tgt = Plan((sp("actor_gen", 1, 1, [[1]]),))
-    s = plan_transition(job, cur, tgt)
-    assert validate(job, cur, tgt, s) == []
+    job, cur, tgt, s = _gen_moves_one_gpu()
     early = shifted(s, find(s, "Extend").index, -0.5)
     d = find(s, "Destroy")
     backwards = replace(d, start_s=d.end_s, end_s=d.start_s)
