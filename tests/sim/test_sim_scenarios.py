@@ -133,30 +133,48 @@ def test_yaml_drift_factors_are_bounded(tmp_path):
 
 
 def _dying_worker(sim, sc, names, index, queue, logging_on):
-    """Stands in for ``_worker`` in a forked child: the process with static dies at once (as
-    on a segfault or the OOM killer), the other never reports."""
+    """Stands in for ``_worker`` in a forked child: the process with static dies (as on a
+    segfault or the OOM killer) once the other is ready; the other never reports, and writes
+    to the file named by ``NEREUS_TEST_MARK`` how it ended: "terminated" when the driver
+    stops it, "slept" when it was left to run out a sleep far longer than any poll."""
     import os
+    import signal
     import time
+    mark = os.environ["NEREUS_TEST_MARK"]
     if "static" in names:
+        for _ in range(1000):   # up to 10 s for the other to be ready
+            if os.path.exists(mark):
+                break
+            time.sleep(0.01)
         os._exit(3)
-    time.sleep(60)
+
+    def end(how):
+        with open(mark + ".tmp", "w") as f:
+            f.write(how)
+        os.replace(mark + ".tmp", mark)
+
+    signal.signal(signal.SIGTERM, lambda *_: (end("terminated"), os._exit(0)))
+    end("ready")
+    time.sleep(120)
+    end("slept")
+    os._exit(0)
 
 
-def test_a_dead_worker_process_is_an_error_not_a_hang(monkeypatch):
+def test_a_dead_worker_process_is_an_error_not_a_hang(monkeypatch, tmp_path):
     import multiprocessing as mp
-    import time
 
     import nereus.sim.scenarios as S
     if "fork" not in mp.get_all_start_methods():
         pytest.skip("worker processes need fork")
+    mark = tmp_path / "sleeper"
+    monkeypatch.setenv("NEREUS_TEST_MARK", str(mark))
     monkeypatch.setattr(S, "_worker", _dying_worker)
     monkeypatch.setattr(S, "WORKER_POLL_S", 0.05)
     sc = builtin("stationary", steps=3)
-    t0 = time.monotonic()
     with pytest.raises(RuntimeError, match=r"worker 1 \(static\) .*exit code 3"):
         S.run_scenario(sc, ["static", "oracle"], workers=2)
-    assert time.monotonic() - t0 < 30
-    assert mp.active_children() == []               # the sleeping worker was stopped too
+    assert mp.active_children() == []
+    assert mark.read_text() == "terminated"         # stopped by the driver, not waited for
 
 
 @pytest.mark.parametrize("line,field", [
