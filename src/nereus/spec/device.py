@@ -11,6 +11,7 @@ from dataclasses import dataclass, replace
 from nereus.errors import InputError
 
 GiB = 1024**3
+MiB = 1024**2
 GB = 1e9
 
 
@@ -35,22 +36,24 @@ class DeviceSpec:
 
 
 DEVICE_PRESETS: dict[str, DeviceSpec] = {
-    # NVIDIA H100 SXM5 80GB datasheet: 80 GB HBM3 (80 GiB physical), 989.4 TFLOP/s dense BF16,
+    # NVIDIA H100 SXM5 80GB datasheet: 80 GB HBM3, of which CUDA reports 81,559 MiB (nvidia-smi
+    # "81559MiB", torch total_memory 85,520,809,984 B), 989.4 TFLOP/s dense BF16,
     # 3.35 TB/s HBM, NVLink 4 900 GB/s total = 450 GB/s per direction; ConnectX-7 NDR 400 Gb/s
     # per GPU = 50 GB/s; PCIe Gen5 x16 64 GB/s per direction. Per-step latencies: nccl-tests
     # small-message all-reduce on 8 NVLink GPUs takes ~20-30 us for its 14 ring steps (~2 us a
     # step); across InfiniBand ~8 us a step. Assumptions until calibrated.
-    "h100-sxm-80gb": DeviceSpec("h100-sxm-80gb", 80 * GiB, 989.4e12, 3.35e12, 450 * GB, 50 * GB,
+    "h100-sxm-80gb": DeviceSpec("h100-sxm-80gb", 81559 * MiB, 989.4e12, 3.35e12, 450 * GB, 50 * GB,
                                 64 * GB, 2e-6, 8e-6, 8,
                                 "NVIDIA H100 datasheet; ConnectX-7 NDR; PCIe Gen5"),
-    # NVIDIA H200 SXM 141GB datasheet: 141 GB HBM3e (CUDA reports ~140 GiB), 989 TFLOP/s dense
-    # BF16, 4.8 TB/s, NVLink 4 900 GB/s total; same network and PCIe as H100 systems (DGX H200).
-    "h200-141gb": DeviceSpec("h200-141gb", 140 * GiB, 989.4e12, 4.8e12, 450 * GB, 50 * GB,
+    # NVIDIA H200 SXM 141GB datasheet: 141 GB HBM3e (nvidia-smi reports 143,771 MiB), 989 TFLOP/s
+    # dense BF16, 4.8 TB/s, NVLink 4 900 GB/s total; same network and PCIe as H100 systems
+    # (DGX H200).
+    "h200-141gb": DeviceSpec("h200-141gb", 143771 * MiB, 989.4e12, 4.8e12, 450 * GB, 50 * GB,
                              64 * GB, 2e-6, 8e-6, 8,
                              "NVIDIA H200 datasheet; DGX H200 network (ConnectX-7 NDR)"),
-    # NVIDIA A100 SXM4 80GB datasheet: 80 GB HBM2e, 312 TFLOP/s dense BF16, 2.039 TB/s,
-    # NVLink 3 600 GB/s total = 300 GB/s per direction; HDR 200 Gb/s per GPU = 25 GB/s (DGX A100);
-    # PCIe Gen4 x16 32 GB/s.
+    # NVIDIA A100 SXM4 80GB datasheet: 80 GB HBM2e (nvidia-smi reports 81,920 MiB = 80 GiB),
+    # 312 TFLOP/s dense BF16, 2.039 TB/s, NVLink 3 600 GB/s total = 300 GB/s per direction;
+    # HDR 200 Gb/s per GPU = 25 GB/s (DGX A100); PCIe Gen4 x16 32 GB/s.
     "a100-sxm-80gb": DeviceSpec("a100-sxm-80gb", 80 * GiB, 312e12, 2.039e12, 300 * GB, 25 * GB,
                                 32 * GB, 3e-6, 10e-6, 8,
                                 "NVIDIA A100 datasheet; DGX A100 HDR network; PCIe Gen4"),
