@@ -44,3 +44,12 @@ def test_a_usage_error_points_to_the_help_of_the_command_typed(args, where):
 def test_help_still_works():
     r = runner.invoke(app, ["plan", "--help"])
     assert r.exit_code == 0 and "Usage: nereus plan" in r.output
+
+
+def test_version_prints_the_installed_version():
+    from importlib.metadata import version
+
+    import nereus
+    r = runner.invoke(app, ["--version"])
+    assert r.exit_code == 0 and r.output.strip() == f"nereus {nereus.__version__}"
+    assert version("nereus") == nereus.__version__     # pyproject reads the same one

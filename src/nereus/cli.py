@@ -15,6 +15,7 @@ import typer
 import typer.core
 from typer.core import TyperGroup
 
+from nereus import __version__
 from nereus.commands import register
 from nereus.commands.common import EXIT_INPUT, err_console, plain_flags
 
@@ -82,8 +83,17 @@ app = typer.Typer(
 )
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"nereus {__version__}")
+        raise typer.Exit()
+
+
 @app.callback()
-def _root() -> None:
+def _root(
+    version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
+                                 help="Print the version and exit."),
+) -> None:
     """Nereus: keep an RL post-training job on its best TP/PP/DP plan while it runs."""
 
 
