@@ -153,3 +153,22 @@ def test_errors_building_the_simulator_are_one_line(tmp_path, pool, problem):
     assert r.exit_code == 2, r.output
     lines = [ln for ln in r.output.splitlines() if ln.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: ") and problem in lines[0], r.output
+
+
+@pytest.mark.parametrize("trace, text, problem", [
+    ("lengths", "step,response_len_mena,response_len_max\n0,500,700\n",
+     "lengths: trace.csv has an unknown column 'response_len_mena' in its header"),
+    ("availability", "time_s,gpus\n0,16\n300,8,12\n",
+     "availability row 3: 3 fields in trace.csv"),
+], ids=["misspelt-header", "stray-field"])
+def test_a_trace_file_with_a_column_it_does_not_read_is_one_line_and_exit_2(tmp_path, trace,
+                                                                             text, problem):
+    """It ran: the misspelt column was only reported as the one it replaced, and the stray
+    field dropped (``300,8,12`` read as 8 GPUs)."""
+    (tmp_path / "trace.csv").write_text(text)
+    (tmp_path / "run.yaml").write_text(_JOB + f"{trace}: {{csv: trace.csv}}\nsteps: 3\n")
+    r = _run("--config", str(tmp_path / "run.yaml"), "--policies", "static")
+    assert r.exit_code == 2, r.output
+    lines = [ln for ln in r.output.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith(f"error: {problem}"), r.output
+    assert "allowed:" in lines[0] and "Traceback" not in r.output

@@ -107,3 +107,22 @@ def test_waiting_on_a_pool_a_plan_fits_is_time_the_job_held_gpus():
     assert waits.paused_s == base.paused_s == 0.0
     assert waits.busy_s >= base.busy_s + sim.nominal[5]
     assert waits.tokens_per_s < base.tokens_per_s
+
+
+def test_a_pause_while_a_policy_waits_is_paused_as_for_every_policy():
+    """The pool empties half way through step 5, while one policy waits there for a plan: the
+    pause is the same for every policy (it is not the policy's doing). It was dropped with the
+    step's other pool changes: the waiting policy's run was 500 s shorter, none of it paused."""
+    sc = builtin("stationary", steps=8)
+    probe = Simulator(Truth(sc.job, sc.hidden, sc.drift, sc.noise, sc.seed), sc.lengths,
+                      sc.availability, sc.restart, sc.steps)
+    mid = sum(probe.nominal[:5]) + probe.nominal[5] / 2
+    av = Availability((0.0, mid, mid + 500.0), (tuple(range(16)), (), tuple(range(16))),
+                      "the pool empties for 500 s in step 5")
+    sim = Simulator(probe.truth, sc.lengths, av, sc.restart, sc.steps)
+    assert sim.events[5].changes == ((pytest.approx(0.5), 500.0, tuple(range(16))),)
+    res = sim.run([StaticPolicy(sim.truth, sc.lengths), _WaitsOnce(sim.truth, sc.lengths)])
+    base, waits = res.results["static"], res.results["waits-once"]
+    assert any(e.kind == "wait" and e.step == 5 and e.seconds == sim.nominal[5]
+               for e in waits.events)
+    assert waits.paused_s == base.paused_s == 500.0

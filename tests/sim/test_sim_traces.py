@@ -214,3 +214,68 @@ def test_node_churn_has_a_floor_on_hours():
     with pytest.raises(InputError, match=rf"^availability\.churn\.hours: .*{T.MIN_CHURN_HOURS:g}"):
         T.node_churn(2, 8, hours=1e-300)
     assert T.node_churn(2, 8, hours=T.MIN_CHURN_HOURS).changes() > 0
+
+
+_HEADERS = {"lengths": ("step,response_len_mean,response_len_max", "0,100,200"),
+            "availability": ("time_s,gpus", "0,16"),
+            "drift": ("start_step,end_step,op_class,factor", "0,10,gemm,0.5")}
+_LOADERS = {"lengths": T.load_lengths, "availability": T.load_availability,
+            "drift": T.load_drift}
+
+
+@pytest.mark.parametrize("what", list(_HEADERS))
+@pytest.mark.parametrize("extra, problem", [
+    ("note", r"t\.csv has an unknown column 'note' in its header"),
+    ("", r"column {n} of the header of t\.csv has no name"),
+    ("{first}", r"t\.csv names column '{first}' twice in its header"),
+], ids=["stray", "unnamed", "doubled"])
+def test_a_trace_header_names_exactly_its_columns(tmp_path, what, extra, problem):
+    """A stray column was read past (its values dropped unread), an unnamed one too, and of a
+    doubled one the last value counted."""
+    h, row = _HEADERS[what]
+    cols = h.split(",")
+    problem = problem.format(n=len(cols) + 1, first=cols[0])
+    p = tmp_path / "t.csv"
+    p.write_text(f"{h},{extra.format(first=cols[0])}\n{row},{row.split(',')[0]}\n")
+    with pytest.raises(InputError, match=rf"^{what}: {problem} \(allowed: {', '.join(cols)}\)$"
+                       ) as e:
+        _LOADERS[what](p)
+    assert "\n" not in str(e.value)
+
+
+def test_a_misspelt_column_is_named_beside_the_one_it_replaced(tmp_path):
+    """It was reported only as the column it replaced ('lacks column response_len_mean')."""
+    p = tmp_path / "lengths.csv"
+    p.write_text("step,response_len_mena,response_len_max\n0,100,200\n")
+    with pytest.raises(InputError, match=r"^lengths: lengths\.csv has an unknown column "
+                       r"'response_len_mena' in its header, and lacks column "
+                       r"'response_len_mean' \(allowed: step, response_len_mean, "
+                       r"response_len_max\)$"):
+        T.load_lengths(p)
+
+
+@pytest.mark.parametrize("what", list(_HEADERS))
+@pytest.mark.parametrize("more", [True, False], ids=["one-more", "one-fewer"])
+def test_a_trace_row_has_a_field_for_each_column(tmp_path, what, more):
+    """A row with a stray field had it dropped (``600,8,12``: 8 GPUs, not ids 8 and 12), and
+    in an availability trace a row short of its gpus field read as an empty pool."""
+    h, row = _HEADERS[what]
+    bad = row + ",7" if more else row.rsplit(",", 1)[0]
+    n = h.count(",") + 1 + (1 if more else -1)
+    p = tmp_path / "t.csv"
+    p.write_text(f"{h}\n{row}\n{bad}\n")
+    with pytest.raises(InputError, match=rf"^{what} row 3: {n} fields? in t\.csv, but its "
+                       rf"header has {h.count(',') + 1} columns \(allowed: a field for each "
+                       rf"of {h.replace(',', ', ')}") as e:
+        _LOADERS[what](p)
+    assert "\n" not in str(e.value)
+
+
+def test_comma_separated_device_ids_are_an_error_that_says_how_to_write_them(tmp_path):
+    p = tmp_path / "pool.csv"
+    p.write_text("time_s,gpus\n0,16\n600,8,12\n")
+    with pytest.raises(InputError, match=r"^availability row 3: 3 fields in pool\.csv.*"
+                                         r"separated by spaces, as in 0-7 12 13"):
+        T.load_availability(p)
+    p.write_text("time_s,gpus\n0,16\n600,\n1200,8 12\n")   # an empty field: no GPU
+    assert T.load_availability(p).pools == (tuple(range(16)), (), (8, 12))

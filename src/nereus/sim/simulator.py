@@ -351,9 +351,13 @@ class _Runner:
                 self._consumed()
                 if not self._apply(k, act, pool):
                     # the policy finds no plan for this pool (the truth has one: ``usable``):
-                    # it waits out the step's window holding the GPUs
+                    # it waits out the step's window holding the GPUs; a pause in that window
+                    # is paused time, as it is for every policy
                     self._pause(k, sim.nominal[k], f"no plan found for {len(pool)} GPUs",
                                 held=True)
+                    gaps = sum(gap for _, gap, _ in pending)
+                    if gaps > 0:
+                        self._pause(k, gaps, "the pool emptied while the job waited")
                     if pending:
                         pool = pending[-1][2]
                         pending = []

@@ -1,7 +1,9 @@
 """Traces that drive the simulator: response lengths per step, the GPU pool over time, and
 efficiency drift. Each has a seeded generator and a CSV format a user can supply.
 
-CSV formats (a header row, then one row per entry):
+CSV formats (a header row naming exactly these columns, in any order, then one row per entry
+with a field for each; an unknown, unnamed, doubled or missing column and a row with a field too
+many or too few are errors):
 - lengths: ``step,response_len_mean,response_len_max`` -- one row per RL step, steps 0..n-1;
 - availability: ``time_s,gpus`` -- the pool from ``time_s`` on; ``gpus`` is a count (the first
   that many device ids of the cluster) or device ids separated by spaces, ranges allowed
@@ -369,7 +371,8 @@ def save_availability(av: Availability, path: str | Path) -> None:
 def load_availability(path: str | Path, max_gpus: int | None = None) -> Availability:
     """The trace in a CSV file; ``max_gpus``: the cluster's device count, when known (ids
     and counts must stay below it)."""
-    rows = _read_csv(path, ["time_s", "gpus"], "availability")
+    rows = _read_csv(path, ["time_s", "gpus"], "availability",
+                     "; device ids separated by spaces, as in 0-7 12 13")
     times: list[float] = []
     pools = []
     for i, r in enumerate(rows):
@@ -518,13 +521,38 @@ def _op_class(name: str | None, fld: str) -> OpClass:
         raise InputError(fld, f"unknown op class {name!r}", [c.value for c in OpClass]) from None
 
 
-def _read_csv(path: str | Path, columns: list[str], what: str) -> list[dict[str, str]]:
+def _read_csv(path: str | Path, columns: list[str], what: str, note: str = ""
+              ) -> list[dict[str, str]]:
+    """The data rows of a trace CSV as {column: text}. Its header names exactly ``columns``
+    (in any order), each once, and every row has a field for each: a misspelt or stray column,
+    or a row with a field too many or too few, is an error naming the file and the header or
+    row (otherwise the column is dropped unread, or a row ``600,8,12`` reads as 8 GPUs).
+    ``note``: added to what a row allows."""
     p = Path(path)
     # UTF-8 only, and without the byte-order mark Excel writes (it would glue itself to the
     # first column's name)
-    reader = csv.DictReader(io.StringIO(read_text(p, what), newline=""))
-    header = [h.strip() for h in (reader.fieldnames or [])]
+    lines = [r for r in csv.reader(io.StringIO(read_text(p, what), newline="")) if r]
+    header = [h.strip() for h in lines[0]] if lines else []
     missing = [c for c in columns if c not in header]
+    unknown = [h for h in header if h not in columns]
+    lacks = f", and lacks column {missing[0]!r}" if missing else ""
+    if "" in unknown:
+        raise InputError(what, f"column {header.index('') + 1} of the header of {p.name} has "
+                         f"no name{lacks}", columns)
+    if unknown:
+        raise InputError(what, f"{p.name} has an unknown column {unknown[0]!r} in its "
+                         f"header{lacks}", columns)
+    twice = next((h for k, h in enumerate(header) if h in header[:k]), None)
+    if twice is not None:
+        raise InputError(what, f"{p.name} names column {twice!r} twice in its header", columns)
     if missing:
         raise InputError(what, f"{p.name} lacks column {missing[0]!r}", columns)
-    return [{k.strip(): (v or "").strip() for k, v in row.items() if k} for row in reader]
+    rows = []
+    for i, fields in enumerate(lines[1:]):
+        if len(fields) != len(header):
+            n = len(fields)
+            raise InputError(f"{what} row {i + 2}", f"{n} field{'s' if n != 1 else ''} in "
+                             f"{p.name}, but its header has {len(header)} columns",
+                             f"a field for each of {', '.join(header)}{note}")
+        rows.append({h: v.strip() for h, v in zip(header, fields)})
+    return rows
