@@ -1,3 +1,4 @@
+import itertools
 import random
 
 import pytest
@@ -77,7 +78,7 @@ def test_forgetting_tracks_drift(setup):
 
 
 def test_profile_round_trip_and_reuse(tmp_path, setup):
-    job, base, _ = setup
+    _job, _base, _ = setup
     cal = Calibrator(prior=Efficiencies(device="h100-sxm-80gb"))
     cal.observe_op(OpClass.GEMM, 1.0, 1.6)
     cal.observe_memory(StageKind.TRAIN, 100, 110)
@@ -95,7 +96,7 @@ def test_profile_round_trip_and_reuse(tmp_path, setup):
 
 
 def test_bad_measurements_are_rejected(setup):
-    job, base, _ = setup
+    _job, base, _ = setup
     e = base.estimate("actor_train", Candidate(Layout(4, 2), 2, 1, 64))
     with pytest.raises(InputError):
         Calibrator().observe_stage(e, 0.0)
@@ -123,10 +124,10 @@ def test_classes_only_noise_separates_stay_steady():
     """With the ridge floor, a class that moves with another is not refitted from noise at
     every step (the controller would read those swings as drift); without it, it swings."""
     steady = _near_collinear_run(Calibrator(), 120)[20:]
-    swings = [abs(b / a - 1) for a, b in zip(steady, steady[1:])]
+    swings = [abs(b / a - 1) for a, b in itertools.pairwise(steady)]
     assert max(swings) < 0.08
     loose = _near_collinear_run(Calibrator(ridge_floor=0.0), 120)[20:]
-    assert max(abs(b / a - 1) for a, b in zip(loose, loose[1:])) > 0.2
+    assert max(abs(b / a - 1) for a, b in itertools.pairwise(loose)) > 0.2
 
 
 @pytest.mark.parametrize("profile,field", [

@@ -2,15 +2,20 @@
 GPUs hold no training shard and receive their whole shard, on the node fabric when they share a
 node with training GPUs, over the network when not."""
 
+import itertools
+import math
+from fractions import Fraction
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nereus.cost.candidate import Candidate, Layout
-from nereus.cost.model import CostModel, SyncReceivers
+from nereus.cost.model import CostModel, SyncReceivers, least_overlap
 from nereus.cost.ops import OpClass
 from nereus.spec import parse_job
-from nereus.spec.model import Head
+from nereus.spec.model import MODEL_PRESETS, Head
+from nereus.spec.sharding import layer_range, layout_problem
 
 
 def _job(gpus, per_node=8, execution="sync", algo="ppo"):
@@ -119,18 +124,21 @@ def test_sync_grows_with_the_generation_gpus(lt, lg, t, g, h, pool):
     assert sum(rec) == lg.size * g2 and rec.colocated == min(train.gpus, lg.size * g2)
 
 
-def _brute_least_overlap(tt, pt, tg, pg):
-    """Per GPU k of a colocated sync, the weights both shards hold, from the element ranges of
-    a matrix of 16 x 16 blocks (layers x columns): the smallest over k."""
-    n = 16  # blocks per axis: every power of two up to 8 divides it
+def _brute_least_overlap(tt, pt, tg, pg, model=MODEL_PRESETS["llama-3.3-70b"], gpus=None):
+    """Per GPU k of a colocated sync, the weights both shards hold, counted element by element
+    on a matrix of layers x column blocks: rows split into pp blocks as the sharding format
+    splits layers (``layer_range``), columns into tp slices of lcm(tt, tg) blocks. The smallest
+    over the GPUs that hold both: the first ``gpus``, or a period of the rank mapping."""
+    cols, layers = math.lcm(tt, tg), model.num_layers
+    ts, gs = tt * pt, tg * pg
     least = None
-    for k in range(64):
-        t, g = k % (tt * pt), k % (tg * pg)
-        rows_t = range(t // tt * n // pt, (t // tt + 1) * n // pt)
-        cols_t = range(t % tt * n // tt, (t % tt + 1) * n // tt)
-        rows_g = range(g // tg * n // pg, (g // tg + 1) * n // pg)
-        cols_g = range(g % tg * n // tg, (g % tg + 1) * n // tg)
-        both = len(set(rows_t) & set(rows_g)) * len(set(cols_t) & set(cols_g)) / n ** 2
+    for k in range(math.lcm(ts, gs) if gpus is None else gpus):
+        t, g = k % ts, k % gs
+        rows_t, rows_g = layer_range(model, pt, t // tt), layer_range(model, pg, g // tg)
+        cols_t = range(t % tt * cols // tt, (t % tt + 1) * cols // tt)
+        cols_g = range(g % tg * cols // tg, (g % tg + 1) * cols // tg)
+        both = Fraction(len(set(rows_t) & set(rows_g)) * len(set(cols_t) & set(cols_g)),
+                        layers * cols)
         least = both if least is None else min(least, both)
     return least
 
@@ -138,12 +146,67 @@ def _brute_least_overlap(tt, pt, tg, pg):
 @pytest.mark.parametrize("tt,pt,tg,pg", [(a, b, c, d) for a in (1, 2, 4, 8) for b in (1, 2, 4)
                                          for c in (1, 2, 4, 8) for d in (1, 2, 4)])
 def test_the_sync_prices_the_gpu_whose_shards_overlap_least(tt, pt, tg, pg):
-    from nereus.cost.model import least_overlap
-
     got = least_overlap(tt, pt, tg, pg)
-    assert got == pytest.approx(_brute_least_overlap(tt, pt, tg, pg))
+    assert got == pytest.approx(float(_brute_least_overlap(tt, pt, tg, pg)), abs=1e-15)
     # never more than the nested overlap the formula used to assume
     assert got <= 1 / (max(tt, tg) * max(pt, pg)) + 1e-12
+
+
+def test_least_overlap_is_exact_for_every_pp_that_divides_the_layers():
+    """The reviewer suspected pp=3 over 32 layers, or layers that pp does not divide. Those
+    layouts never reach the sync: ``layout_problem`` refuses a pp that does not divide the
+    layers, and the planner enumerates powers of two (``plan.candidates``), so every block
+    is whole and equal. Against the element count, the formula is exact for the planner's pp
+    up to 16 over Llama-3.3-70B's 80 layers and for the pp a user layout may bring that are
+    not powers of two (5 and 10 over 80 layers and over Qwen3-14B's 40)."""
+    assert layout_problem(MODEL_PRESETS["llama-3.1-8b"], 1, 3) is not None
+    for name, pps in (("llama-3.3-70b", (1, 2, 4, 5, 8, 10, 16)), ("qwen3-14b", (1, 5, 8, 10))):
+        model = MODEL_PRESETS[name]
+        for tt, pt, tg, pg in itertools.product((1, 2, 4, 8), pps, (1, 2, 4, 8), pps):
+            if tt * pt > 64 or tg * pg > 64:
+                continue
+            want = _brute_least_overlap(tt, pt, tg, pg, model)
+            assert least_overlap(tt, pt, tg, pg) == pytest.approx(float(want), abs=1e-15), (
+                name, tt, pt, tg, pg)
+
+
+def test_only_the_gpus_that_hold_both_shards_set_the_overlap():
+    """Where the two stages' GPU counts end before a period of the rank mapping does, only
+    the first min(T, G) GPUs hold both shards. For power-of-two layouts (the planner's) their
+    least overlap is the period's, so the search's per-layout table stays exact; for pp = 5 it
+    is not."""
+    model = MODEL_PRESETS["llama-3.3-70b"]
+    for tt, pt, tg, pg in itertools.product((1, 2, 4, 8), (1, 2, 4, 8, 16), repeat=2):
+        for dt, dg in itertools.product((1, 2, 4), repeat=2):
+            both = min(tt * pt * dt, tg * pg * dg)
+            assert least_overlap(tt, pt, tg, pg, both) == least_overlap(tt, pt, tg, pg)
+            assert least_overlap(tt, pt, tg, pg, both) == pytest.approx(
+                float(_brute_least_overlap(tt, pt, tg, pg, model, both)), abs=1e-15)
+    for tt, pt, tg, pg in itertools.product((1, 4), (4, 5, 10), repeat=2):
+        for dt, dg in itertools.product((1, 2, 3), repeat=2):
+            both = min(tt * pt * dt, tg * pg * dg)
+            assert least_overlap(tt, pt, tg, pg, both) == pytest.approx(
+                float(_brute_least_overlap(tt, pt, tg, pg, model, both)), abs=1e-15)
+
+
+def test_a_pp5_training_layout_is_priced_by_the_gpus_that_generate():
+    """A user layout for Qwen3-14B (40 layers): training tp=4 pp=5 on 20 GPUs, generation tp=4
+    pp=4 on 16. GPU 15 trains layers 24-31 and generates layers 30-39, the same quarter of
+    each matrix: it holds 2 of its 10 layers and receives the rest, full/16 - full/80. It was priced
+    as a whole shard, full/16, because GPUs 16-19 pair training's last block with generation's
+    first in a period of the mapping -- but they hold no generation shard (25 % too dear)."""
+    job = parse_job({"model": "qwen3-14b", "algo": "grpo", "gpus": 32,
+                     "cluster": {"devices_per_node": 8}})
+    cost = CostModel(job)
+    train = Candidate(Layout(4, 5), 1, 1, cost.stage_batch("actor_train"))
+    gen = Candidate(Layout(4, 4), 1, cost.stage_batch("actor_gen"), 1)
+    assert cost.sync_receivers(train.gpus, gen.gpus) == SyncReceivers(16, 0, 0)
+    e = cost.weight_sync(train, gen)
+    (wire,) = [o for o in e.ops if o.cls in (OpClass.ALLGATHER_INTER, OpClass.ALLGATHER_INTRA)]
+    assert wire.bytes == pytest.approx(_full_bytes(job) * (1 / 16 - 1 / 80), rel=1e-12)
+    # bare layouts: every pairing of a period counts, as before
+    assert least_overlap(4, 5, 4, 4) == 0.0
+    assert cost.weight_sync(train.layout, gen.layout).latency_s > e.latency_s
 
 
 def test_training_tp2_pp2_into_generation_tp4_pp1_is_not_free_on_every_gpu():

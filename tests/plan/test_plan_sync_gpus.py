@@ -170,3 +170,31 @@ def test_placement_takes_the_preferred_gpus_first_and_then_their_nodes():
     assert place_phase(job.pool, gen, prefer=prefer)["actor_gen"] == \
         [(4, 5, 6, 7), (8, 9, 10, 11), (0, 1, 2, 3)]
     assert place_phase(job.pool, gen)["actor_gen"] == [(0, 1, 2, 3), (4, 5, 6, 7), (8, 9, 10, 11)]
+
+
+def test_a_plan_prices_its_sync_from_the_positions_its_gpus_hold():
+    """Training and generation both tp=4 on the same GPUs: laid in rank order each GPU trains
+    the TP slice it generates, and the sync moves nothing; with each training replica reversed
+    (a plan from a file, a kept order) GPU 3 trains slice 0 and generates slice 3, so every
+    GPU receives its whole shard. The plan was priced as if laid in rank order (0 s)."""
+    job = parse_job({"model": "llama-3.1-8b", "algo": "ppo", "gpus": 8,
+                     "cluster": {"devices_per_node": 8}})
+    lay = {"actor_gen": (4, 1, 2), "actor_train": (4, 1, 2), "critic_train": (4, 1, 2),
+           "reference_infer": (4, 1, 2), "reward_infer": (4, 1, 2), "critic_infer": (4, 1, 2)}
+    ordered = ((0, 1, 2, 3), (4, 5, 6, 7))
+    flipped = tuple(r[::-1] for r in ordered)
+    cost = CostModel(job)
+
+    def sync(train):
+        specs = {s: StageLayoutSpec(*v, ordered if s != "actor_train" else train)
+                 for s, v in lay.items()}
+        plan = evaluate_plan(job, specs, cost=cost)
+        return plan.terms["weight_sync"], weight_sync_estimate(
+            cost, plan.stage("actor_train"), plan.stage("actor_gen"))
+
+    same, _ = sync(ordered)
+    moved, est = sync(flipped)
+    assert same == 0.0
+    whole = cost.weight_sync_parts(Layout(4, 1), Layout(4, 1), overlap=0.0)[0]
+    assert moved == pytest.approx(whole.latency_s, rel=1e-12) and moved > 0
+    assert est.latency_s == moved

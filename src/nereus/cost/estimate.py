@@ -81,9 +81,9 @@ class Estimate:
     def explain(self) -> str:
         """Which term costs what: latency by term and op, memory by term."""
         lat = self.latency_s
-        lines = [f"{self.stage} [{self.candidate}]: {lat:.3f} s per step ({self.source}), "
-                 f"peak {self.peak_mem_bytes / GiB:.2f} GiB of {self.capacity_bytes / GiB:.2f} GiB"
-                 f" per GPU ({self.source})"]
+        lines = [(f"{self.stage} [{self.candidate}]: {lat:.3f} s per step ({self.source}), "
+                  f"peak {self.peak_mem_bytes / GiB:.2f} GiB of {self.capacity_bytes / GiB:.2f} "
+                  f"GiB per GPU ({self.source})")]
         terms = self.terms
         for term, secs in sorted(terms.items(), key=lambda kv: -kv[1]):
             share = secs / lat if lat else 0.0

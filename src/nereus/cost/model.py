@@ -40,7 +40,15 @@ from nereus.cost.estimate import HEADROOM, Estimate
 from nereus.cost.ops import Op, OpClass, comm_class
 from nereus.spec.job import JobSpec
 from nereus.spec.model import Head, ModelSpec
-from nereus.spec.sharding import EMBED, LM_HEAD, layout_problem, max_shard_numel, shard_plan
+from nereus.spec.sharding import (
+    EMBED,
+    LM_HEAD,
+    layout_problem,
+    logical_params,
+    max_shard_numel,
+    padded_vocab,
+    shard_plan,
+)
 from nereus.spec.workflow import Execution, ModelStage, StageKind
 
 GiB = 1024**3
@@ -60,6 +68,12 @@ ADAM_MOMENT_TRAFFIC = 16
 # one more fp32 tensor of their shape (softmax / log-probs, or their gradient), as Megatron's
 # vocab-parallel cross-entropy keeps them (counted by hand).
 LOGIT_BYTES = 8.0
+# Copies of one logical tensor a GPU holds while the weight sync gathers it (count): the sync
+# goes tensor by tensor, and a tensor's TP slices, once gathered, are concatenated into a new
+# tensor while they are still alive (verl's Megatron-to-vLLM resharding: ``per_tensor_generator``
+# in verl/utils/megatron_utils.py all-gathers into tp tensors, then ``torch.cat``; its FSDP path,
+# ``DTensor.full_tensor()`` per parameter in sharding_manager/fsdp_vllm.py, holds one).
+SYNC_GATHER_COPIES = 2
 
 Arr = np.ndarray
 
@@ -168,7 +182,9 @@ class CostModel:
         self.device = job.cluster.device
         self.node_size = min(job.cluster.devices_per_node, job.pool.largest_node_share())
         self._cache: dict[tuple[str, Candidate, int], Estimate] = {}
-        self._sync: dict[tuple[Layout, Layout], tuple[Estimate, Estimate, Estimate]] = {}
+        self._sync: dict[tuple[Layout, Layout, int | None, float | None],
+                         tuple[Estimate, Estimate, Estimate]] = {}
+        self._sync_fits: dict[tuple[Layout, Layout], bool] = {}
         self._nodes: tuple[tuple[int, ...], ...] | None = None
         self._room: tuple[int, ...] | None = None
 
@@ -240,20 +256,26 @@ class CostModel:
                         self._notes(ev.stage, ev.candidates[i], memory))
 
     def weight_sync(self, train: Layout | Candidate, gen: Layout | Candidate,
-                    receivers: SyncReceivers | None = None) -> Estimate:
+                    receivers: SyncReceivers | None = None, overlap: float | None = None
+                    ) -> Estimate:
         """Per-step resharding of the actor's weights from its training to its generation layout.
 
         Synchronous execution colocates the two stages (the phases take turns on the pool) with
         HybridFlow's rank mapping: the generation GPUs are the training GPUs first. A generation
         GPU that holds a training shard keeps their overlap and receives the rest of its
         1/(tp_g pp_g) of the weights, over the node's fabric when both layouts fit in a node;
-        the GPU whose shards overlap least sets the time (``least_overlap``). When generation
-        spans more GPUs than training, the extra ones hold no training shard and receive their
-        whole shard, 1/(tp_g pp_g): over the node's fabric if they sit on a node with training
-        GPUs, over the network if not (``sync_receivers``). The receivers work in parallel, so
-        the sync takes as long as its slowest kind of receiver. The GPU counts come from candidates; given bare layouts, every
-        generation GPU is taken to hold a training shard. A placed plan passes ``receivers``
-        as its GPU ids have them (``placed_sync_receivers``).
+        the GPU whose shards overlap least, of those that hold both, sets the time
+        (``least_overlap``). When generation spans more GPUs than training, the extra ones hold
+        no training shard and receive their whole shard, 1/(tp_g pp_g): over the node's fabric
+        if they sit on a node with training GPUs, over the network if not
+        (``sync_receivers``). The receivers work in parallel, so the sync takes as long as its
+        slowest kind of receiver. The GPU counts come from candidates; given bare layouts,
+        every generation GPU is taken to hold a training shard, and every pairing of a
+        training and a generation position that the rank mapping makes on some GPU counts. A
+        placed plan passes ``receivers`` as its GPU ids have them (``placed_sync_receivers``),
+        and ``overlap``, the least share its GPUs that hold both shards hold, as their positions
+        in the replicas have it (``placed_overlap``: a replica need not be laid in rank order).
+        The estimate's memory is the sync's fullest GPU (``weight_sync_memory``).
 
         Asynchronous execution runs generation on GPUs disjoint from training (``plan.validate``
         checks it), so nothing is local: each generation GPU receives its whole shard,
@@ -269,15 +291,15 @@ class CostModel:
         """
         lt, t = _layout_and_gpus(train)
         lg, g = _layout_and_gpus(gen)
-        parts = self.weight_sync_parts(lt, lg)
         if self.job.workflow.execution is Execution.ASYNC:
-            return parts[0]
+            return self.weight_sync_parts(lt, lg)[0]
         if receivers is not None:
             rec, g = receivers, sum(receivers)
         elif t is None or g is None:
-            return parts[0]
+            return self.weight_sync_parts(lt, lg)[0]
         else:
             rec = self.sync_receivers(t, g)
+        parts = self.weight_sync_parts(lt, lg, rec.colocated, overlap)
         present = [(n, e) for n, e in zip(rec, parts) if n > 0]
         worst = max(present, key=lambda ne: ne[1].latency_s)[1]  # first of equals
         if rec.colocated == g:
@@ -344,28 +366,95 @@ class CostModel:
             self._room = tuple(int(x) for x in np.cumsum([len(i) for i in self._fullest_nodes()]))
         return self._room
 
-    def weight_sync_parts(self, train: Layout, gen: Layout) -> tuple[Estimate, Estimate, Estimate]:
+    def weight_sync_parts(self, train: Layout, gen: Layout, colocated: int | None = None,
+                          overlap: float | None = None) -> tuple[Estimate, Estimate, Estimate]:
         """The weight sync as each kind of generation GPU sees it (``SyncReceivers`` order):
         holding a training shard, holding none on a node with training GPUs, holding none on
-        another node. Asynchronous execution: all three are the disjoint-GPU estimate."""
-        hit = self._sync.get((train, gen))
+        another node. Asynchronous execution: all three are the disjoint-GPU estimate.
+        ``colocated``: how many GPUs hold both shards (the first ones of the rank mapping;
+        None: every pairing the mapping makes, ``least_overlap``); ``overlap``, where given,
+        replaces the mapping's least overlap (``placed_overlap``). All three carry the memory
+        of the sync's fullest GPU (``weight_sync_memory``)."""
+        period = math.lcm(train.size, gen.size)
+        key = (train, gen, None if colocated is None or colocated >= period else colocated,
+               overlap)
+        hit = self._sync.get(key)
         if hit is None:
-            rows, need = self._sync_rows(train, [gen])
+            rows, need = self._sync_rows(train, [gen], key[2], overlap)
             dev = self.device
             name = f"weight_sync[{train}->{gen}]"
             cand = Candidate(gen, 1, 1, 1)
+            memory = self.weight_sync_memory(train, gen)
             parts = []
             for j in range(3):
                 if need[j] <= 0:
                     notes = ("generation shards already resident: no weight movement",)
-                    parts.append(Estimate(name, cand, (), self.eff, {}, 0, dev.memory_bytes,
+                    parts.append(Estimate(name, cand, (), self.eff, memory, 0, dev.memory_bytes,
                                           notes))
                     continue
                 ops = tuple(Op(r.cls_at(j), r.term, r.name, 1.0, 0.0, float(r.nbytes[j]),
                                float(r.ideal[j]), r.timed_at(j)) for r in rows if r.ideal[j] > 0)
-                parts.append(Estimate(name, cand, ops, self.eff, {}, 0, dev.memory_bytes))
-            hit = self._sync[(train, gen)] = (parts[0], parts[1], parts[2])
+                parts.append(Estimate(name, cand, ops, self.eff, memory, 0, dev.memory_bytes))
+            hit = self._sync[key] = (parts[0], parts[1], parts[2])
         return hit
+
+    def weight_sync_fits(self, train: Layout, gen: Layout) -> bool:
+        """Whether the fullest GPU of the weight sync from ``train`` into ``gen`` stays within
+        the memory headroom (``weight_sync_memory``; always in asynchronous execution)."""
+        key = (train, gen)
+        ok = self._sync_fits.get(key)
+        if ok is None:
+            held = sum(self.weight_sync_memory(train, gen).values())
+            ok = self._sync_fits[key] = held <= HEADROOM * self.device.memory_bytes
+        return ok
+
+    def weight_sync_memory(self, train: Layout, gen: Layout) -> dict[str, int]:
+        """Bytes on the fullest GPU of a synchronous (colocated) weight sync, by term; empty in
+        asynchronous execution, where generation has GPUs of its own, and without a sync.
+
+        The sync runs after the training phase and before generation. What a GPU holds then, as
+        verl's sharding managers run it (``FSDPVLLMShardingManager`` and
+        ``MegatronVLLMShardingManager.__enter__``):
+        - its training shard's parameters, which the sync reads (verl reloads them for it when
+          they were offloaded, and offloads them after);
+        - its generation shard, whole: the engine's weights are woken before the copy
+          (vLLM ``wake_up(tags=["weights"])``) and do not alias training memory ("Copy, not
+          share memory");
+        - where the layouts differ, one logical tensor (the largest, the vocabulary padded as
+          training's TP pads it) gathered ``SYNC_GATHER_COPIES`` times; where they are equal
+          each generation shard is a training shard, copied whole, and nothing is gathered;
+        - the workspace.
+        Not resident: gradients (freed after the last optimizer step: verl's
+        ``update_policy`` ends in ``zero_grad()``), the optimizer state (offloaded when the
+        training phase ends, before the sync: verl's ``update_actor``), the KV cache (allocated
+        once the weights are in: verl wakes it after the sync) and the other model-stages
+        (offloaded between phases). The sync therefore peaks neither with training (no
+        gradients or optimizer state) nor with generation (no KV cache), and can exceed both.
+
+        The fullest GPU holds the fullest training shard and the fullest generation shard (the
+        last pipeline block of each): the rank mapping pairs them on GPU lcm(sizes) - 1, and no
+        placement puts more on one GPU. Memory calibration scales each stage's parameters as it
+        scales that stage's peak.
+        """
+        wf = self.job.workflow
+        if wf.weight_sync() is None or wf.execution is Execution.ASYNC:
+            return {}
+        m, w = self.job.model, self.job.workload
+        scale = self.memory_scale
+        gathered = 0
+        if train != gen:
+            largest = max(p.numel for p in logical_params(m, Head.LM)
+                          if p.name not in (EMBED, LM_HEAD))
+            vocab = padded_vocab(m, train.tp) * m.hidden_size
+            gathered = SYNC_GATHER_COPIES * max(largest, vocab) * w.param_bytes
+        return {
+            "training parameters": int(max_shard_numel(m, Head.LM, train.tp, train.pp)
+                                       * w.param_bytes * scale.get(StageKind.TRAIN, 1.0)),
+            "generation weights": int(max_shard_numel(m, Head.LM, gen.tp, gen.pp)
+                                      * w.param_bytes * scale.get(StageKind.GENERATE, 1.0)),
+            "gather buffer": int(gathered),
+            "workspace": int(self._workspace()),
+        }
 
     def weight_sync_table(self, train: Layout, gens: Sequence[Layout]) -> Arr:
         """Seconds of ``weight_sync_parts(train, g)`` for many generation layouts at once:
@@ -377,10 +466,12 @@ class CostModel:
             latency = latency + r.ideal / r.eff(self.eff)
         return np.where(need > 0, latency, 0.0).reshape(len(gens), 3)
 
-    def _sync_rows(self, train: Layout, gens: Sequence[Layout]) -> tuple[list[Row], Arr]:
+    def _sync_rows(self, train: Layout, gens: Sequence[Layout], colocated: int | None = None,
+                   overlap: float | None = None) -> tuple[list[Row], Arr]:
         """Ops of the weight sync into one receiving GPU of each kind (``SyncReceivers`` order)
         per generation layout, flattened to 3 x len(gens) columns, and the bytes it needs.
-        Each receiver gathers its ``need`` from the training replica's GPUs."""
+        Each receiver gathers its ``need`` from the training replica's GPUs; ``colocated`` and
+        ``overlap`` as in ``weight_sync_parts``."""
         m, w = self.job.model, self.job.workload
         full = m.param_count(Head.LM) * w.param_bytes
         g_tp = _f([g.tp for g in gens])
@@ -392,8 +483,9 @@ class CostModel:
             need = np.stack([shard, shard, shard], axis=1)
             links = np.stack([intra, intra, intra], axis=1)
         else:
-            overlap = full * _f([least_overlap(train.tp, train.pp, g.tp, g.pp) for g in gens])
-            need = np.stack([np.maximum(0.0, shard - overlap), shard, shard], axis=1)
+            held = full * _f([least_overlap(train.tp, train.pp, g.tp, g.pp, colocated)
+                              if overlap is None else overlap for g in gens])
+            need = np.stack([np.maximum(0.0, shard - held), shard, shard], axis=1)
             links = np.stack([intra, intra, np.zeros_like(intra)], axis=1)
         need = need.ravel()
         if self.job.workflow.weight_sync() is None:
@@ -659,8 +751,8 @@ class CostModel:
     def _notes(self, st: ModelStage, c: Candidate, memory: Mapping[str, int]) -> tuple[str, ...]:
         w = self.job.workload
         if st.kind is StageKind.TRAIN:
-            notes = [f"1F1B pipeline: {c.grad_accum} micro-batches + {c.pp - 1} bubble slots per "
-                     f"update, {w.updates_per_step} updates per step"]
+            notes = [(f"1F1B pipeline: {c.grad_accum} micro-batches + {c.pp - 1} bubble slots "
+                      f"per update, {w.updates_per_step} updates per step")]
             if c.recompute:
                 notes.append("full activation recomputation: one extra forward per micro-batch")
             return tuple(notes)
@@ -668,8 +760,8 @@ class CostModel:
             return (f"forward pipeline: {c.grad_accum} micro-batches + {c.pp - 1} bubble slots",)
         kv_seq = self.kv_bytes_per_token(c.layout) * (w.prompt_len + w.response_len_max)
         batch = memory.get("kv cache", 0) // max(1, kv_seq)
-        notes = [f"decode batch {batch} of {c.micro_batch} sequences per replica "
-                 f"(KV cache {kv_seq / MiB:.1f} MiB per sequence per GPU)"]
+        notes = [(f"decode batch {batch} of {c.micro_batch} sequences per replica "
+                  f"(KV cache {kv_seq / MiB:.1f} MiB per sequence per GPU)")]
         if sum(memory.values()) > HEADROOM * self.device.memory_bytes:
             notes.append("one sequence's KV cache does not fit next to the weights")
         return tuple(notes)
@@ -713,9 +805,9 @@ _CLASSES = {k: (comm_class(k, True), comm_class(k, False)) for k in WIRE_FRACTIO
 
 
 @lru_cache(maxsize=4096)
-def least_overlap(t_tp: int, t_pp: int, g_tp: int, g_pp: int) -> float:
+def least_overlap(t_tp: int, t_pp: int, g_tp: int, g_pp: int, gpus: int | None = None) -> float:
     """The smallest share of the full weights that a generation GPU already holds as training
-    shard, over the GPUs of a colocated sync.
+    shard, over the GPUs of a colocated sync that hold both.
 
     Placement lays generation's replicas over the training GPUs in order, and both index a
     replica's GPUs ``pp_rank * tp + tp_rank``, so the k-th GPU holds training position
@@ -724,16 +816,40 @@ def least_overlap(t_tp: int, t_pp: int, g_tp: int, g_pp: int) -> float:
     overlap. Where the layouts nest rank by rank this is 1/(max tp · max pp); where they do not
     (training tp=2 pp=2 into generation tp=4 pp=1: GPU 1 trains the second half of each
     matrix and generates its second quarter), some GPUs hold nothing they need.
+
+    ``gpus``: only the first ``gpus`` GPUs hold both shards (min of the two stages' GPU
+    counts); None: every GPU of a period of the mapping, lcm of the two sizes. The two agree
+    for power-of-two sizes (the planner's), not for others: training tp=4 pp=5 on 20 GPUs
+    into generation tp=4 pp=4 on 16 pairs training's last block with generation's first only
+    on GPUs 16-19, which hold no generation shard.
     """
     t_size, g_size = t_tp * t_pp, g_tp * g_pp
+    period = t_size * g_size // math.gcd(t_size, g_size)
     least = 1.0
-    for k in range(t_size * g_size // math.gcd(t_size, g_size)):
+    for k in range(period if gpus is None else min(gpus, period)):
         tp_t, pp_t = k % t_size % t_tp, k % t_size // t_tp
         tp_g, pp_g = k % g_size % g_tp, k % g_size // g_tp
         layers = _shared(pp_t, t_pp, pp_g, g_pp)
         cols = _shared(tp_t, t_tp, tp_g, g_tp)
         least = min(least, layers * cols)
     return least
+
+
+def placed_overlap(train: Layout, train_replicas: Iterable[Sequence[int]], gen: Layout,
+                   gen_replicas: Iterable[Sequence[int]]) -> float:
+    """``least_overlap`` as placed: the smallest share of the full weights that a GPU holding
+    both a training and a generation shard holds of both, from each GPU's position
+    ``pp_rank * tp + tp_rank`` in its replica (1 where no GPU holds both). Equals
+    ``least_overlap`` where generation is laid over the training GPUs in rank order; a replica
+    kept in another order (``plan.near``) or a plan read from a file may pair other positions.
+    """
+    def at(replicas: Iterable[Sequence[int]], tp: int) -> dict[int, tuple[int, int]]:
+        return {x: (i % tp, i // tp) for r in replicas for i, x in enumerate(r)}
+
+    pt, pg = at(train_replicas, train.tp), at(gen_replicas, gen.tp)
+    return min((_shared(pt[x][1], train.pp, pg[x][1], gen.pp)
+                * _shared(pt[x][0], train.tp, pg[x][0], gen.tp) for x in pt.keys() & pg.keys()),
+               default=1.0)
 
 
 def _shared(i: int, n: int, j: int, m: int) -> float:

@@ -61,6 +61,9 @@ def brute_force_latency(job: JobSpec, cost: CostModel | None = None,
             choice = dict(zip(names, combo))
             if not _feasible(cost, choice, grouping, wf.phases, limit, pool, wf.execution, memo):
                 continue
+            if sync is not None and not cost.weight_sync_fits(choice[sync[0]].layout,
+                                                              choice[sync[1]].layout):
+                continue  # the GPUs the sync runs on cannot hold what it needs
             weight = {n: lat[(n, c)] for n, c in choice.items()}
             if sync is not None:
                 pair = (choice[sync[0]], choice[sync[1]])

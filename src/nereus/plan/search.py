@@ -350,7 +350,13 @@ class Planner:
             local: dict[object, list[Point]] = {}
             if wf.execution is Execution.SYNC and sync and lt is not None:
                 pricer = pricer or _SyncPrices(self.cost, self.options[sync[1]])
-                res = self._search_sync(opts, points, local, lt, best, pricer)
+                g = opts[sync[1]]
+                held = np.array([self.cost.weight_sync_fits(lt, c.layout) for c in g.candidates],
+                                dtype=bool)
+                if not held.all():  # the sync into these would not fit the GPUs it runs on
+                    opts[sync[1]] = g.subset(held)
+                res = self._search_sync(opts, points, local, lt, best, pricer,
+                                        None if held.all() else held)
             elif wf.execution is Execution.SYNC:
                 pts = {p: points(p, opts, local) for p in phases}
                 if any(not v for v in pts.values()):
@@ -369,10 +375,12 @@ class Planner:
         return best
 
     def _search_sync(self, opts: dict[str, StageOptions], points, local: dict[object, list[Point]],
-                     lt: Layout, bound: SearchResult | None, pricer: _SyncPrices
-                     ) -> SearchResult | None:
+                     lt: Layout, bound: SearchResult | None, pricer: _SyncPrices,
+                     held: np.ndarray | None = None) -> SearchResult | None:
         """Synchronous step with the training layout fixed to ``lt``: the phases add up, and the
         sync depends on the generation candidate and on the training stage's GPU count T.
+        ``held``: which of all generation candidates ``opts`` keeps (those whose sync from
+        ``lt`` fits memory; None: all).
 
         The training phase over all T gives a lower bound on the training term, and the fastest
         generation candidate with its sync priced at T one on the generation term; the training
@@ -397,10 +405,14 @@ class Planner:
         gen_memo: dict[bytes, list[Point]] = {}
         fits = g_opts.gpus <= self.job.pool.size
 
+        def sync_s(t: int) -> np.ndarray:
+            extra = pricer.extra(lt, t)
+            return extra if held is None else extra[held]
+
         def gen_best(t: int) -> Point | None:
             if Phase.GENERATION not in wf.phases:
                 return Point(0, 0.0, ())
-            extra = pricer.extra(lt, t)
+            extra = sync_s(t)
             key = extra.tobytes()
             v = gen_memo.get(key)
             if v is None:
@@ -427,7 +439,7 @@ class Planner:
         for t in counts:
             if t != t0:
                 # the generation stage's own latency bounds its phase's
-                gen = np.where(fits, g_opts.latency + pricer.extra(lt, t), math.inf)
+                gen = np.where(fits, g_opts.latency + sync_s(t), math.inf)
                 lower[t] = floor + (float(gen.min()) if len(gen) else math.inf)
         for t in sorted(lower, key=lambda t: (lower[t], t)):
             limit = min((r.latency for r in (bound, best) if r is not None), default=math.inf)

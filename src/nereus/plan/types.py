@@ -215,9 +215,14 @@ def idle_bytes(cost: CostModel, plan: Plan, stage: str) -> int:
 
 def weight_sync_estimate(cost: CostModel, train: StagePlan, gen: StagePlan) -> Estimate:
     """The weight sync from ``train`` to ``gen`` as placed: their GPU ids say which generation
-    GPUs hold a training shard (the candidates' counts where the stages have no GPU ids)."""
-    return cost.weight_sync(train.candidate, gen.candidate,
-                            cost.placed_sync_receivers(train.replicas, gen.replicas))
+    GPUs hold a training shard and which positions of the two each holds (the candidates'
+    counts where the stages have no GPU ids)."""
+    from nereus.cost.model import placed_overlap
+
+    receivers = cost.placed_sync_receivers(train.replicas, gen.replicas)
+    overlap = None if receivers is None else placed_overlap(train.layout, train.replicas,
+                                                           gen.layout, gen.replicas)
+    return cost.weight_sync(train.candidate, gen.candidate, receivers, overlap)
 
 
 def contiguous_replicas(start: int, ids: Iterable[int], cand: Candidate) -> tuple[tuple[int, ...], ...]:

@@ -90,4 +90,14 @@ def validate_plan(job: JobSpec, plan: Plan, cost: CostModel | None = None) -> li
                                     f"{idle / GiB:.1f} GiB of idle state beside it, over "
                                     f"{limit / GiB:.1f} GiB (estimated)")
                     break
+
+    # the colocated weight sync: training parameters and generation weights on one GPU at once
+    pair = wf.colocated_sync()
+    if pair is not None and pair[0] in names and pair[1] in names:
+        t, g = plan.stage(pair[0]), plan.stage(pair[1])
+        held = sum(cost.weight_sync_memory(t.layout, g.layout).values())
+        if held > limit:
+            problems.append(f"weight sync {pair[0]} -> {pair[1]}: its fullest GPU holds "
+                            f"{held / GiB:.1f} GiB (training parameters, generation weights, "
+                            f"gather buffer), over {limit / GiB:.1f} GiB (estimated)")
     return problems
