@@ -12,31 +12,41 @@ its stages hold in the current plan, keeps a replica's GPU order where it holds 
 as a current replica of the same layout, and prices the result. Its step can differ from the
 search's only through the weight sync (its receivers follow the GPU ids); the controller moves
 there when it is no slower and its transition is cheaper.
+
+A kept order need not be ascending, and two rules read more than a replica's set of GPUs: TP
+groups are runs of ``tp`` consecutive ids (kept only where they stay inside nodes as the
+placement's do), and the weight sync is priced with generation laid over the training GPUs
+rank by rank (``cost.model.least_overlap``). A training unit kept as [3, 2, 1, 0] beside
+generation laid [0, 1, 2, 3] (both tp=4) would train TP slice 0 on GPU 3 and generate slice 3
+there: priced 0 s, the sync would move each GPU's whole shard. Generation then follows the
+kept training order (``_synced``).
 """
 
 from __future__ import annotations
 
-from nereus.cost.model import CostModel
+from nereus.cost.model import CostModel, placed_overlap
 from nereus.errors import InputError
 from nereus.plan.evaluate import StageLayoutSpec, evaluate_plan
 from nereus.plan.placement import GroupAssignment, place_phase
 from nereus.plan.types import Plan, StagePlan
-from nereus.spec.cluster import GpuPool
+from nereus.spec.cluster import Cluster, GpuPool
 from nereus.spec.job import JobSpec
 from nereus.spec.workflow import Execution, Phase
+
+Replicas = tuple[tuple[int, ...], ...]  # a stage's GPU ids, one ordered tuple per replica
 
 
 def placed_near(job: JobSpec, cost: CostModel, plan: Plan, current: Plan) -> list[Plan]:
     """``plan``'s candidates placed on ``job``'s pool near ``current``'s GPUs and priced: the
     distinct placements that differ from ``plan``'s (none where the pool cannot hold them).
 
-    Up to four (eight in asynchronous execution), which differ in what they let go first: the groups in the search's order
-    (largest chunks first) or the groups that hold the most state first; and, in synchronous
-    execution with a weight sync, generation near its own current GPUs or on the training
-    stage's new GPUs first (the search's rule, which keeps the sync inside nodes); in
-    asynchronous execution, the pool split as the plan splits it, or generation first on the
-    GPUs it holds now. Which one is cheaper to reach depends on what moves, so the caller
-    prices their transitions.
+    Up to four (eight in asynchronous execution), which differ in what they let go first: the
+    groups in the search's order (largest chunks first) or the groups that hold the most state
+    first; and, in synchronous execution with a weight sync, generation near its own current
+    GPUs or on the training stage's new GPUs first (the search's rule, which keeps the sync
+    inside nodes); in asynchronous execution, the pool split as the plan splits it, or
+    generation first on the GPUs it holds now. Which one is cheaper to reach depends on what
+    moves, so the caller prices their transitions.
     """
     wf = job.workflow
     pair = wf.colocated_sync()
@@ -83,7 +93,8 @@ def _placed(job: JobSpec, cost: CostModel, plan: Plan, current: Plan,
     if nest is not None:  # training first, then generation on its GPUs
         train_phase = wf.stage(nest[0]).phase
         phases.sort(key=lambda p: p is not train_phase)
-    replicas: dict[str, tuple[tuple[int, ...], ...]] = {}
+    replicas: dict[str, Replicas] = {}
+    laid: dict[str, Replicas] = {}  # as placement ordered them
     for phase in phases:
         groups = [GroupAssignment(g, tuple(plan.stage(n).candidate for n in g))
                   for g in _groups(plan, [s.name for s in wf.phase_stages(phase)])]
@@ -92,9 +103,13 @@ def _placed(job: JobSpec, cost: CostModel, plan: Plan, current: Plan,
         except ValueError:
             return None
         for name, reps in placed.items():
-            replicas[name] = _kept_order(tuple(reps), current, plan.stage(name))
+            laid[name] = tuple(reps)
+            replicas[name] = _kept_order(laid[name], current, plan.stage(name), job.cluster)
         if nest is not None and nest[0] in placed:
             prefer[nest[1]] = tuple(g for r in replicas[nest[0]] for g in r)
+    pair = wf.colocated_sync()
+    if pair is not None:
+        replicas.update(_synced(pair, replicas, laid, plan, job.cluster))
     if all(replicas[sp.stage] == sp.replicas for sp in plan.stages):
         return None
     specs = {sp.stage: StageLayoutSpec(sp.tp, sp.pp, sp.dp, replicas[sp.stage],
@@ -132,14 +147,63 @@ def _phase_pools(job: JobSpec, plan: Plan) -> dict[Phase, GpuPool]:
     return pools
 
 
-def _kept_order(replicas: tuple[tuple[int, ...], ...], current: Plan,
-                target: StagePlan) -> tuple[tuple[int, ...], ...]:
+def _kept_order(replicas: Replicas, current: Plan, target: StagePlan,
+                cluster: Cluster) -> Replicas:
     """``replicas`` with each one that holds the same GPUs as a current replica of the same
-    layout in that replica's order, so the unit stays as it is."""
+    layout in that replica's order, so the unit stays as it is; not where that order has more
+    TP groups across nodes than the placed one (a current plan from a file may: the plan's
+    price and its validity take TP inside a node)."""
     if target.stage not in current.names:
         return replicas
     now = current.stage(target.stage)
     if now.layout != target.layout:
         return replicas
     by_set = {frozenset(r): r for r in now.replicas}
-    return tuple(by_set.get(frozenset(r), r) for r in replicas)
+    out = []
+    for r in replicas:
+        kept = by_set.get(frozenset(r), r)
+        spans = _off_node(kept, target.tp, cluster) > _off_node(r, target.tp, cluster)
+        out.append(r if spans else kept)
+    return tuple(out)
+
+
+def _off_node(replica: tuple[int, ...], tp: int, cluster: Cluster) -> int:
+    """TP groups of ``replica`` (runs of ``tp`` ids) that span nodes."""
+    return sum(not cluster.same_node(replica[i:i + tp]) for i in range(0, len(replica), tp))
+
+
+def _synced(pair: tuple[str, str], replicas: dict[str, Replicas], laid: dict[str, Replicas],
+            plan: Plan, cluster: Cluster) -> dict[str, Replicas]:
+    """The colocated weight sync's (training, generation) replicas, each generation GPU holding
+    as much of its training shard as placement's order gives, since the sync is priced so.
+
+    Where a kept order breaks that, the other stage is relabelled as the kept one was: the GPU
+    that held a position in placement's order hands it to the GPU that holds it now, so each
+    GPU pairs the same training and generation positions as placed. Generation follows a kept
+    training order first (training's unit holds θ and ω, generation's θ only, refreshed by the
+    sync every step), else training follows generation's; a relabelling that changes a stage's
+    GPUs or puts a TP group across nodes is not taken, and both stages go as placed."""
+    t, g = pair
+    lt, lg = plan.stage(t).layout, plan.stage(g).layout
+    want = placed_overlap(lt, laid[t], lg, laid[g])
+    if placed_overlap(lt, replicas[t], lg, replicas[g]) >= want:
+        return {}
+    for keep, move in ((t, g), (g, t)):
+        moved = _relabelled(laid[move], laid[keep], replicas[keep])
+        if sorted(x for r in moved for x in r) != sorted(x for r in laid[move] for x in r):
+            continue
+        tp = plan.stage(move).tp
+        if sum(_off_node(r, tp, cluster) for r in moved) > \
+                sum(_off_node(r, tp, cluster) for r in laid[move]):
+            continue
+        both = {keep: replicas[keep], move: moved}
+        if placed_overlap(lt, both[t], lg, both[g]) >= want:
+            return both
+    return {t: laid[t], g: laid[g]}
+
+
+def _relabelled(reps: Replicas, before: Replicas, after: Replicas) -> Replicas:
+    """``reps`` with each GPU that held a position of ``before`` swapped for the GPU that holds
+    that position in ``after`` (the same stage, its replicas reordered)."""
+    to = {a: b for ra, rb in zip(before, after) for a, b in zip(ra, rb)}
+    return tuple(tuple(to.get(x, x) for x in r) for r in reps)
