@@ -266,3 +266,25 @@ def test_control_config_rejects_bad_knobs_by_name():
         with pytest.raises(InputError) as e:
             ControlConfig(**kwargs)
         assert e.value.field == f"control.{next(iter(kwargs))}"
+
+
+def test_a_target_whose_weight_sync_does_not_fit_is_not_a_move_the_controller_can_make(
+        monkeypatch):
+    """``price``/``reprice`` (every target the controller weighs: S*, hybrids, near
+    placements, re-batched layouts) list the weight sync among what keeps a plan from running
+    when the GPUs cannot hold it, as the search and the validator refuse it."""
+    from nereus.control.targets import reprice
+    from nereus.cost.model import CostModel
+    from nereus.plan.search import best_plan
+    from nereus.spec import parse_job
+
+    job = parse_job({"model": "tiny-llama", "algo": "grpo", "gpus": 4,
+                     "cluster": {"device": "cpu", "devices_per_node": 2}})
+    plan = best_plan(job)
+    assert reprice(job, CostModel(job), plan).fits
+    real = CostModel.weight_sync_memory
+    monkeypatch.setattr(CostModel, "weight_sync_memory",
+                        lambda self, t, g: {**real(self, t, g), "gather buffer": 2**40})
+    got = reprice(job, CostModel(job), plan)
+    assert not got.fits
+    assert [p for p in got.problems if p.startswith("weight sync actor_train -> actor_gen: ")]

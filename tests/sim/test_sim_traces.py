@@ -279,3 +279,18 @@ def test_comma_separated_device_ids_are_an_error_that_says_how_to_write_them(tmp
         T.load_availability(p)
     p.write_text("time_s,gpus\n0,16\n600,\n1200,8 12\n")   # an empty field: no GPU
     assert T.load_availability(p).pools == (tuple(range(16)), (), (8, 12))
+
+
+def test_a_row_is_named_by_its_line_in_the_file_blank_lines_included(tmp_path):
+    """Blank lines are skipped, but a row keeps the number of the line it is on: with two
+    blank lines before it, the bad row on line 5 was reported as row 3."""
+    p = tmp_path / "pool.csv"
+    p.write_text("time_s,gpus\n0,8\n\n\n600,8,12\n")
+    with pytest.raises(InputError, match=r"^availability row 5: 3 fields"):
+        T.load_availability(p)
+    p.write_text("time_s,gpus\n0,8\n\n600,x\n")
+    with pytest.raises(InputError, match=r"^availability \(pool\.csv\) row 4\.gpus"):
+        T.load_availability(p)
+    p.write_text("step,response_len_mean,response_len_max\n\n0,10,20\n1,nan,20\n")
+    with pytest.raises(InputError, match=r"^lengths row 4\.response_len_mean"):
+        T.load_lengths(p)

@@ -54,3 +54,21 @@ def test_the_truth_prices_the_weight_sync_as_placed_on_each_pool():
         assert got[-1].sync_s == cost.weight_sync(t.candidate, g.candidate, rec).latency_s
     first, second = got
     assert second.sync_s > first.sync_s  # 1 of the 4 extra GPUs receives over the network
+
+
+def test_a_weight_sync_the_gpus_cannot_hold_does_not_fit_the_truth(monkeypatch):
+    """The simulated device runs out of memory during the sync, not only in a stage's peak."""
+    from nereus.cost.model import CostModel
+
+    job = parse_job(DEFAULT_JOB)
+    eff = Efficiencies(dict(HIDDEN_EFFICIENCY), job.cluster.device.name)
+    pool = tuple(range(16))
+    truth = Truth(job, eff, DriftTrace(), 0.0)
+    plan = best_plan(truth.job_at(pool, 1000, 1500), eff)
+    got = truth.price(plan, pool, 0, 1000, 1500)
+    assert truth.fits(got) and 0 < got.sync_peak_bytes < job.cluster.device.memory_bytes
+    real = CostModel.weight_sync_memory
+    monkeypatch.setattr(CostModel, "weight_sync_memory",
+                        lambda self, t, g: {**real(self, t, g), "gather buffer": 2**40})
+    over = Truth(job, eff, DriftTrace(), 0.0).price(plan, pool, 0, 1000, 1500)
+    assert over.peak_bytes == got.peak_bytes and not truth.fits(over)

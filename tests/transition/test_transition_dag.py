@@ -207,8 +207,8 @@ def test_offloaded_state_is_loaded_by_the_first_primitive_that_reads_it() -> Non
 def test_a_split_and_merge_too_big_for_a_gpu_go_through_host_memory() -> None:
     """The 8B actor's training state from (tp=2, pp=2) to (tp=4, pp=1) goes through (2, 1)
     units: the Split would hold a 26.2 GiB source shard and a 52.4 GiB new one on each GPU, and
-    the Merge the 52.4 GiB sub-shard and a 26.2 GiB new one, more than the 72 GiB an H100 may
-    hold even with nothing else on it (``nereus transition`` of the 8B PPO example from 16 to
+    the Merge the 52.4 GiB sub-shard and a 26.2 GiB new one, more than the 71.7 GiB an H100
+    may hold even with nothing else on it (``nereus transition`` of the 8B PPO example from 16 to
     24 GPUs). Staged through host memory each holds only the larger shard, so the move is
     feasible; it costs the host copies (out and in, at the host link's bandwidth)."""
     job = job8b(24)

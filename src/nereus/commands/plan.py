@@ -118,10 +118,11 @@ def cost_model(job: JobSpec, profile: Optional[Path]) -> CostModel:
 
 
 def sync_explain(cost: CostModel, plan: Plan, train: str, gen: str) -> str:
-    """The weight sync's breakdown. It is no model-stage: it has no micro-batches and holds no
-    memory of its own (the generation GPUs receive into ``gen``'s parameters, counted in that
-    stage's peak), so its header names the two layouts and its memory line says so, instead
-    of a candidate ``b=1 a=1``, a peak of 0.00 GiB and an empty memory section."""
+    """The weight sync's breakdown. It is no model-stage and has no micro-batches, so its
+    header names the two layouts instead of a candidate ``b=1 a=1``. Colocated, its memory is
+    what the fullest GPU holds during it (``CostModel.weight_sync_memory``); asynchronous, it
+    holds none of its own (the weights land in ``gen``'s parameters, counted in that stage's
+    peak) and its memory line says so, instead of a peak of 0.00 GiB and an empty section."""
     t, g = plan.stage(train), plan.stage(gen)
     # as placed: the GPU ids say which generation GPUs hold no training shard, as the plan's
     # own weight_sync term prices them

@@ -147,21 +147,21 @@ def _names_its_file(load: Callable[..., T_]) -> Callable[..., T_]:
 def load_lengths(path: str | Path) -> LengthTrace:
     rows = _read_csv(path, ["step", "response_len_mean", "response_len_max"], "lengths")
     mean, longest = [], []
-    for i, r in enumerate(rows):
+    for i, (line, r) in enumerate(rows):
         try:
             step = int(r["step"])
         except (TypeError, ValueError):
-            raise InputError(f"lengths row {i + 2}.step", f"{r['step']!r} in {Path(path).name} "
+            raise InputError(f"lengths row {line}.step", f"{r['step']!r} in {Path(path).name} "
                              "is not an integer") from None
-        m = _finite(r, "response_len_mean", "lengths", i, path)
-        x = _finite(r, "response_len_max", "lengths", i, path)
+        m = _finite(r, "response_len_mean", "lengths", line, path)
+        x = _finite(r, "response_len_max", "lengths", line, path)
         if step != i:
-            raise InputError(f"lengths row {i + 2}", f"step {step} out of order", f"{i}")
+            raise InputError(f"lengths row {line}", f"step {step} out of order", f"{i}")
         if x > MAX_TOKENS:
-            raise InputError(f"lengths row {i + 2}.response_len_max", f"{x:g} is above "
+            raise InputError(f"lengths row {line}.response_len_max", f"{x:g} is above "
                              f"{MAX_TOKENS}", f"up to {MAX_TOKENS}")
         if not 1 <= m <= x:
-            raise InputError(f"lengths row {i + 2}", f"response_len_mean {m:g} and "
+            raise InputError(f"lengths row {line}", f"response_len_mean {m:g} and "
                              f"response_len_max {x:g}", "1 <= mean <= max")
         mean.append(m)
         longest.append(math.ceil(x))  # a token count: a fractional max rounds up, never down
@@ -375,18 +375,19 @@ def load_availability(path: str | Path, max_gpus: int | None = None) -> Availabi
                      "; device ids separated by spaces, as in 0-7 12 13")
     times: list[float] = []
     pools = []
-    for i, r in enumerate(rows):
-        t = _finite(r, "time_s", "availability", i, path)
+    for line, r in rows:
+        t = _finite(r, "time_s", "availability", line, path)
         if times and t <= times[-1]:
-            raise InputError(f"availability row {i + 2}.time_s", f"{t:g} in "
+            raise InputError(f"availability row {line}.time_s", f"{t:g} in "
                              f"{Path(path).name} is not after the row before's {times[-1]:g}",
                              "increasing times")
         times.append(t)
-        pools.append(parse_ids(r["gpus"] or "", f"availability row {i + 2}.gpus", max_gpus))
+        pools.append(parse_ids(r["gpus"] or "", f"availability row {line}.gpus", max_gpus))
     if not times:
         raise InputError("availability", f"{path} has no rows")
     if times[0] != 0:
-        raise InputError("availability row 2", f"the first time is {times[0]:g}", "0")
+        raise InputError(f"availability row {rows[0][0]}", f"the first time is {times[0]:g}",
+                         "0")
     return _compress(times, pools, f"file {path}")
 
 
@@ -482,17 +483,17 @@ def save_drift(trace: DriftTrace, path: str | Path) -> None:
 def load_drift(path: str | Path) -> DriftTrace:
     rows = _read_csv(path, ["start_step", "end_step", "op_class", "factor"], "drift")
     out = []
-    for i, r in enumerate(rows):
+    for line, r in rows:
         try:
             a, b = int(r["start_step"]), int(r["end_step"])
         except (TypeError, ValueError):
-            raise InputError(f"drift row {i + 2}", "start_step, end_step must be integers"
+            raise InputError(f"drift row {line}", "start_step, end_step must be integers"
                              ) from None
-        f = _finite(r, "factor", "drift", i, path)
+        f = _finite(r, "factor", "drift", line, path)
         if not 0 <= a < b:
-            raise InputError(f"drift row {i + 2}", "needs 0 <= start_step < end_step")
-        _check_factor(f, f"drift row {i + 2}.factor")
-        out.append(DriftPeriod(a, b, _op_class(r["op_class"], f"drift row {i + 2}.op_class"), f))
+            raise InputError(f"drift row {line}", "needs 0 <= start_step < end_step")
+        _check_factor(f, f"drift row {line}.factor")
+        out.append(DriftPeriod(a, b, _op_class(r["op_class"], f"drift row {line}.op_class"), f))
     return DriftTrace(tuple(out), f"file {path}")
 
 
@@ -501,15 +502,16 @@ def _check_factor(factor: float, fld: str) -> None:
         raise InputError(fld, f"got {factor:g}", f"a finite number >= {MIN_DRIFT_FACTOR:g}")
 
 
-def _finite(row: dict[str, str], col: str, what: str, i: int, path: str | Path) -> float:
-    """Column ``col`` of data row ``i`` as a finite number (NaN would pass every comparison)."""
+def _finite(row: dict[str, str], col: str, what: str, line: int, path: str | Path) -> float:
+    """Column ``col`` of the row on ``line`` as a finite number (NaN would pass every
+    comparison)."""
     text = row.get(col, "")
     try:
         v = float(text)
     except (TypeError, ValueError):
         v = math.nan
     if not math.isfinite(v):
-        raise InputError(f"{what} row {i + 2}.{col}", f"{text!r} in {Path(path).name} is not a "
+        raise InputError(f"{what} row {line}.{col}", f"{text!r} in {Path(path).name} is not a "
                          "finite number")
     return v
 
@@ -522,8 +524,9 @@ def _op_class(name: str | None, fld: str) -> OpClass:
 
 
 def _read_csv(path: str | Path, columns: list[str], what: str, note: str = ""
-              ) -> list[dict[str, str]]:
-    """The data rows of a trace CSV as {column: text}. Its header names exactly ``columns``
+              ) -> list[tuple[int, dict[str, str]]]:
+    """The data rows of a trace CSV as (line number in the file, {column: text}); errors name
+    a row by its line, the header being line 1. Its header names exactly ``columns``
     (in any order), each once, and every row has a field for each: a misspelt or stray column,
     or a row with a field too many or too few, is an error naming the file and the header or
     row (otherwise the column is dropped unread, or a row ``600,8,12`` reads as 8 GPUs).
@@ -531,8 +534,9 @@ def _read_csv(path: str | Path, columns: list[str], what: str, note: str = ""
     p = Path(path)
     # UTF-8 only, and without the byte-order mark Excel writes (it would glue itself to the
     # first column's name)
-    lines = [r for r in csv.reader(io.StringIO(read_text(p, what), newline="")) if r]
-    header = [h.strip() for h in lines[0]] if lines else []
+    reader = csv.reader(io.StringIO(read_text(p, what), newline=""))
+    lines = [(reader.line_num, r) for r in reader if r]  # blank lines skipped, not renumbered
+    header = [h.strip() for h in lines[0][1]] if lines else []
     missing = [c for c in columns if c not in header]
     unknown = [h for h in header if h not in columns]
     lacks = f", and lacks column {missing[0]!r}" if missing else ""
@@ -548,11 +552,11 @@ def _read_csv(path: str | Path, columns: list[str], what: str, note: str = ""
     if missing:
         raise InputError(what, f"{p.name} lacks column {missing[0]!r}", columns)
     rows = []
-    for i, fields in enumerate(lines[1:]):
+    for line, fields in lines[1:]:
         if len(fields) != len(header):
             n = len(fields)
-            raise InputError(f"{what} row {i + 2}", f"{n} field{'s' if n != 1 else ''} in "
+            raise InputError(f"{what} row {line}", f"{n} field{'s' if n != 1 else ''} in "
                              f"{p.name}, but its header has {len(header)} columns",
                              f"a field for each of {', '.join(header)}{note}")
-        rows.append({h: v.strip() for h, v in zip(header, fields)})
+        rows.append((line, {h: v.strip() for h, v in zip(header, fields)}))
     return rows

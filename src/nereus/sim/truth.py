@@ -51,6 +51,7 @@ class Priced:
     stage_s: Mapping[str, float]
     peak_bytes: Mapping[str, int]
     sync_s: float
+    sync_peak_bytes: int = 0  # the fullest GPU while the weights sync (colocated execution)
 
 
 def pool_shape(job: JobSpec, pool: tuple[int, ...]) -> tuple[int, ...]:
@@ -114,14 +115,18 @@ class Truth:
         cost = self._model(eff, mean, longest, pool)
         p = reprice(cost.job, cost, plan).plan
         assert p is not None
+        pair = cost.job.workflow.colocated_sync()
+        held = 0 if pair is None else sum(cost.weight_sync_memory(
+            p.stage(pair[0]).layout, p.stage(pair[1]).layout).values())
         return Priced(p.step_latency_s, {s.stage: s.latency_s for s in p.stages},
                       {s.stage: s.peak_mem_bytes for s in p.stages},
-                      float(p.terms.get("weight_sync", 0.0)))
+                      float(p.terms.get("weight_sync", 0.0)), held)
 
     def fits(self, priced: Priced) -> bool:
-        """Whether every GPU holds its peak: the simulated device has all of its memory."""
+        """Whether every GPU holds its peak, the weight sync's included: the simulated device
+        has all of its memory."""
         cap = self.job.cluster.device.memory_bytes
-        return all(b <= cap for b in priced.peak_bytes.values())
+        return priced.sync_peak_bytes <= cap and all(b <= cap for b in priced.peak_bytes.values())
 
     # ---- noise ----
     def factor(self, step: int, what: str) -> float:
