@@ -223,6 +223,12 @@ _LOADERS = {"lengths": T.load_lengths, "availability": T.load_availability,
             "drift": T.load_drift}
 
 
+def _one_line_error(load, path, pattern: str) -> None:
+    with pytest.raises(InputError, match=pattern) as e:
+        load(path)
+    assert "\n" not in str(e.value)
+
+
 @pytest.mark.parametrize("what", list(_HEADERS))
 @pytest.mark.parametrize("extra, problem", [
     ("note", r"t\.csv has an unknown column 'note' in its header"),
@@ -237,10 +243,7 @@ def test_a_trace_header_names_exactly_its_columns(tmp_path, what, extra, problem
     problem = problem.format(n=len(cols) + 1, first=cols[0])
     p = tmp_path / "t.csv"
     p.write_text(f"{h},{extra.format(first=cols[0])}\n{row},{row.split(',')[0]}\n")
-    with pytest.raises(InputError, match=rf"^{what}: {problem} \(allowed: {', '.join(cols)}\)$"
-                       ) as e:
-        _LOADERS[what](p)
-    assert "\n" not in str(e.value)
+    _one_line_error(_LOADERS[what], p, rf"^{what}: {problem} \(allowed: {', '.join(cols)}\)$")
 
 
 def test_a_misspelt_column_is_named_beside_the_one_it_replaced(tmp_path):
@@ -264,11 +267,9 @@ def test_a_trace_row_has_a_field_for_each_column(tmp_path, what, more):
     n = h.count(",") + 1 + (1 if more else -1)
     p = tmp_path / "t.csv"
     p.write_text(f"{h}\n{row}\n{bad}\n")
-    with pytest.raises(InputError, match=rf"^{what} row 3: {n} fields? in t\.csv, but its "
-                       rf"header has {h.count(',') + 1} columns \(allowed: a field for each "
-                       rf"of {h.replace(',', ', ')}") as e:
-        _LOADERS[what](p)
-    assert "\n" not in str(e.value)
+    _one_line_error(_LOADERS[what], p, rf"^{what} row 3: {n} fields? in t\.csv, but its header "
+                    rf"has {h.count(',') + 1} columns \(allowed: a field for each of "
+                    rf"{h.replace(',', ', ')}")
 
 
 def test_comma_separated_device_ids_are_an_error_that_says_how_to_write_them(tmp_path):
