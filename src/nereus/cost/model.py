@@ -443,10 +443,8 @@ class CostModel:
         scale = self.memory_scale
         gathered = 0
         if train != gen:
-            largest = max(p.numel for p in logical_params(m, Head.LM)
-                          if p.name not in (EMBED, LM_HEAD))
             vocab = padded_vocab(m, train.tp) * m.hidden_size
-            gathered = SYNC_GATHER_COPIES * max(largest, vocab) * w.param_bytes
+            gathered = SYNC_GATHER_COPIES * max(_largest_block_tensor(m), vocab) * w.param_bytes
         return {
             "training parameters": int(max_shard_numel(m, Head.LM, train.tp, train.pp)
                                        * w.param_bytes * scale.get(StageKind.TRAIN, 1.0)),
@@ -855,6 +853,12 @@ def placed_overlap(train: Layout, train_replicas: Iterable[Sequence[int]], gen: 
 def _shared(i: int, n: int, j: int, m: int) -> float:
     """Length of [i/n, (i+1)/n) ∩ [j/m, (j+1)/m)."""
     return max(0.0, min((i + 1) / n, (j + 1) / m) - max(i / n, j / m))
+
+
+@lru_cache(maxsize=64)
+def _largest_block_tensor(model: ModelSpec) -> int:
+    """Elements of the largest logical tensor other than the embedding and the LM head."""
+    return max(p.numel for p in logical_params(model, Head.LM) if p.name not in (EMBED, LM_HEAD))
 
 
 @lru_cache(maxsize=1024)

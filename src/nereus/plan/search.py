@@ -269,6 +269,12 @@ class _SyncPrices:
         self._kinds: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self._extra: dict[tuple[Layout, int], np.ndarray] = {}
 
+    def held(self, lt: Layout) -> np.ndarray | None:
+        """Which generation candidates a GPU can hold the sync from ``lt`` into
+        (``CostModel.weight_sync_fits``, per generation layout); None: every one."""
+        ok = np.array([self.cost.weight_sync_fits(lt, lg) for lg in self.layouts], dtype=bool)
+        return None if ok.all() else ok[self.which]
+
     def extra(self, lt: Layout, t: int) -> np.ndarray:
         key = (lt, t)
         hit = self._extra.get(key)
@@ -350,13 +356,10 @@ class Planner:
             local: dict[object, list[Point]] = {}
             if wf.execution is Execution.SYNC and sync and lt is not None:
                 pricer = pricer or _SyncPrices(self.cost, self.options[sync[1]])
-                g = opts[sync[1]]
-                held = np.array([self.cost.weight_sync_fits(lt, c.layout) for c in g.candidates],
-                                dtype=bool)
-                if not held.all():  # the sync into these would not fit the GPUs it runs on
-                    opts[sync[1]] = g.subset(held)
-                res = self._search_sync(opts, points, local, lt, best, pricer,
-                                        None if held.all() else held)
+                held = pricer.held(lt)
+                if held is not None:  # the sync into the others would not fit their GPUs
+                    opts[sync[1]] = opts[sync[1]].subset(held)
+                res = self._search_sync(opts, points, local, lt, best, pricer, held)
             elif wf.execution is Execution.SYNC:
                 pts = {p: points(p, opts, local) for p in phases}
                 if any(not v for v in pts.values()):
