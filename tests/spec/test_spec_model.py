@@ -94,8 +94,12 @@ def test_mixture_of_experts_configs_are_refused(change):
 def test_qk_norm_only_for_dense_qwen3():
     cfg = get_model("llama-3.1-8b").to_hf_dict()
     assert ModelSpec.from_hf_dict({**cfg, "model_type": "qwen3"}, "q").qk_norm
-    assert not ModelSpec.from_hf_dict({**cfg, "model_type": "qwen3_next_dense"}, "q").qk_norm
+    assert not ModelSpec.from_hf_dict({**cfg, "model_type": "qwen2"}, "q").qk_norm
     assert not ModelSpec.from_hf_dict({**cfg, "model_type": "llama"}, "q").qk_norm
+    # a model_type outside the known families is refused, not read as Qwen3 or Llama
+    with pytest.raises(InputError) as e:
+        ModelSpec.from_hf_dict({**cfg, "model_type": "qwen3_next_dense"}, "q")
+    assert e.value.field == "model.config.model_type"
 
 
 @pytest.mark.parametrize("change,field", [

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
 from nereus.errors import InputError
 from nereus.files import read_json, validate
+from nereus.spec.workload import check_count
 
 
 class Head(str, Enum):
@@ -26,7 +27,8 @@ class Head(str, Enum):
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """Architecture of a Llama-style decoder (Llama 3, Qwen3 and tiny CPU models)."""
+    """Architecture of a Llama-style decoder (Llama, Mistral, Qwen2/3, Phi-3, Gemma 1/2: see
+    FAMILIES; and tiny CPU models)."""
 
     name: str
     hidden_size: int
@@ -120,8 +122,11 @@ class ModelSpec:
                     "num_attention_heads", "vocab_size")
         missing = [k for k in required if k not in cfg]
         if missing:
-            raise InputError("model", f"config.json lacks {', '.join(missing)}",
-                             "a Llama-style decoder config (LlamaForCausalLM, Qwen3ForCausalLM, ...)")
+            where = (" (a multimodal model: its decoder's fields sit under text_config)"
+                     if isinstance(cfg.get("text_config"), dict) else "")
+            raise InputError("model", f"config.json lacks {', '.join(missing)}{where}",
+                             "a Llama-style decoder config "
+                             "(LlamaForCausalLM, Qwen3ForCausalLM, ...)")
         model_type = cfg.get("model_type")
         experts = [k for k in MOE_KEYS if cfg.get(k)]
         if experts or (isinstance(model_type, str) and "moe" in model_type.lower()):
@@ -130,7 +135,14 @@ class ModelSpec:
                              "only dense decoders are supported",
                              "dense Llama-style decoders: LlamaForCausalLM, Qwen3ForCausalLM, ...")
         c = validate(_HfConfig, cfg, "model", prefix="model.config.")
-        if c.hidden_size % c.num_attention_heads and c.head_dim is None:
+        c.check_bounds()
+        family = FAMILIES.get(c.model_type or "llama")
+        if family is None:
+            raise InputError("model.config.model_type",
+                             f"{c.model_type!r} is not a Llama-style decoder Nereus can price",
+                             sorted(FAMILIES))
+        head_dim = c.head_dim or family.head_dim
+        if c.hidden_size % c.num_attention_heads and head_dim is None:
             raise InputError("model.config.num_attention_heads",
                              f"{c.num_attention_heads} does not divide hidden_size "
                              f"{c.hidden_size} and no head_dim is given")
@@ -138,6 +150,7 @@ class ModelSpec:
         if c.num_attention_heads % kv:
             raise InputError("model.config.num_key_value_heads",
                              f"{kv} does not divide num_attention_heads {c.num_attention_heads}")
+        tie = c.tie_word_embeddings
         return cls(
             name=name,
             hidden_size=c.hidden_size,
@@ -145,13 +158,13 @@ class ModelSpec:
             num_layers=c.num_hidden_layers,
             num_heads=c.num_attention_heads,
             num_kv_heads=kv,
-            head_dim=c.head_dim or c.hidden_size // c.num_attention_heads,
+            head_dim=head_dim or c.hidden_size // c.num_attention_heads,
             vocab_size=c.vocab_size,
-            tie_embeddings=c.tie_word_embeddings,
+            tie_embeddings=family.tie_word_embeddings if tie is None else tie,
             # Qwen3 (dense) normalizes q and k per head; "qwen3_moe" and the like are refused above
             qk_norm=c.model_type == "qwen3",
             rope_theta=c.rope_theta,
-            rms_norm_eps=c.rms_norm_eps,
+            rms_norm_eps=family.rms_norm_eps if c.rms_norm_eps is None else c.rms_norm_eps,
             max_position_embeddings=c.context_window(),
         )
 
@@ -184,10 +197,12 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
                               rope_theta=500_000.0, rms_norm_eps=1e-5),
     # Qwen/Qwen3-14B config.json; 14.8 B parameters (model card)
     "qwen3-14b": ModelSpec("qwen3-14b", 5120, 17408, 40, 40, 8, 128, 151936, qk_norm=True,
-                           rope_theta=1_000_000.0, rms_norm_eps=1e-6, max_position_embeddings=40960),
+                           rope_theta=1_000_000.0, rms_norm_eps=1e-6,
+                           max_position_embeddings=40960),
     # Qwen/Qwen3-32B config.json; 32.8 B parameters (model card)
     "qwen3-32b": ModelSpec("qwen3-32b", 5120, 25600, 64, 64, 8, 128, 151936, qk_norm=True,
-                           rope_theta=1_000_000.0, rms_norm_eps=1e-6, max_position_embeddings=40960),
+                           rope_theta=1_000_000.0, rms_norm_eps=1e-6,
+                           max_position_embeddings=40960),
     # meta-llama/Llama-3.3-70B-Instruct config.json; 70.6 B parameters (model card)
     "llama-3.3-70b": ModelSpec("llama-3.3-70b", 8192, 28672, 80, 64, 8, 128, 128256,
                                rope_theta=500_000.0, rms_norm_eps=1e-5),
@@ -214,6 +229,50 @@ def get_model(name_or_path: str) -> ModelSpec:
                      [*MODEL_PRESETS, "a path to a Hugging Face config.json"])
 
 
+@dataclass(frozen=True)
+class _Family:
+    """What ``transformers``' config class of one ``model_type`` assumes for a field that a
+    config.json leaves out (None: derived, head_dim = hidden_size / num_attention_heads)."""
+
+    tie_word_embeddings: bool = False
+    head_dim: int | None = None
+    rms_norm_eps: float = 1e-6
+
+
+# model_types whose decoder layer is the one ModelSpec counts: attention with q/k/v/o
+# projections, a gated MLP of three matrices (SwiGLU or GeGLU), RMSNorms. The parameter count is
+# within 0.01 % of the published total for each (tests/spec/test_hf_configs.py); what the
+# count leaves out is a few vectors: Qwen2's q/k/v biases, Gemma 2's two extra norms per layer.
+# Others (GPT-NeoX, Phi-1/2, StarCoder2, BERT, ...) have an ungated MLP or another layer and
+# would be priced up to a third too large, so they are refused rather than guessed.
+# A config without a model_type is read as Llama's.
+FAMILIES: dict[str, _Family] = {
+    "llama": _Family(),
+    "mistral": _Family(),
+    "qwen2": _Family(),
+    "qwen3": _Family(head_dim=128),
+    "phi3": _Family(rms_norm_eps=1e-5),
+    # Gemma ties the LM head to the embedding unless told otherwise, and its heads are 256 wide
+    "gemma": _Family(tie_word_embeddings=True, head_dim=256),
+    "gemma2": _Family(tie_word_embeddings=True, head_dim=256),
+}
+
+# Upper bounds on a config's sizes, far past every published dense decoder (Llama-3.1-405B:
+# 126 layers, hidden 16,384, MLP 53,248, 128 heads; Gemma: 262,144-token vocabulary): past them
+# a size is a typo, and the planner, which works per layer, would run for minutes, or the cost
+# model's float sums would overflow, instead of saying so.
+MAX_LAYERS = 1 << 10            # 1,024
+MAX_WIDTH = 1 << 20             # hidden_size, intermediate_size, head_dim: 1,048,576
+MAX_HEADS = 1 << 12             # 4,096
+MAX_VOCAB = 1 << 24             # 16,777,216
+MAX_CONTEXT = 1 << 30           # max_position_embeddings, before a rope_scaling factor
+MAX_ROPE_FACTOR = 1 << 10       # published ones: 4 (Qwen YaRN) to 32 (Llama 3.2)
+_BOUNDS = {"hidden_size": MAX_WIDTH, "intermediate_size": MAX_WIDTH, "head_dim": MAX_WIDTH,
+           "num_hidden_layers": MAX_LAYERS, "num_attention_heads": MAX_HEADS,
+           "num_key_value_heads": MAX_HEADS, "vocab_size": MAX_VOCAB,
+           "max_position_embeddings": MAX_CONTEXT}
+
+
 # keys of a mixture-of-experts config (Qwen-MoE, Mixtral, DeepSeek): priced as dense, such a
 # model would look like a small dense one
 MOE_KEYS = ("num_experts", "num_local_experts", "n_routed_experts")
@@ -226,28 +285,41 @@ class _RopeScaling(BaseModel):
 
     model_config = ConfigDict(extra="ignore", strict=True)
 
-    factor: _Finite | None = None
-    original_max_position_embeddings: StrictInt | None = Field(None, ge=1)
+    factor: _Finite | None = Field(None, le=MAX_ROPE_FACTOR)
+    original_max_position_embeddings: StrictInt | None = None
 
 
 class _HfConfig(BaseModel):
-    """The fields of a Hugging Face ``config.json`` that Nereus reads (others are ignored)."""
+    """The fields of a Hugging Face ``config.json`` that Nereus reads (others are ignored).
+    A field left out, or null, takes the default of the model_type's config class (FAMILIES)."""
 
     model_config = ConfigDict(extra="ignore", strict=True)
 
     model_type: str | None = None
-    hidden_size: StrictInt = Field(ge=1)
-    intermediate_size: StrictInt = Field(ge=1)
-    num_hidden_layers: StrictInt = Field(ge=1)
-    num_attention_heads: StrictInt = Field(ge=1)
-    num_key_value_heads: StrictInt | None = Field(None, ge=1)
-    head_dim: StrictInt | None = Field(None, ge=1)
-    vocab_size: StrictInt = Field(ge=1)
-    tie_word_embeddings: bool = False
-    rope_theta: _Finite = 10_000.0
-    rms_norm_eps: _Finite = 1e-6
-    max_position_embeddings: StrictInt | None = Field(None, ge=1)
+    # sizes: integers, in 1.._BOUNDS[field] (check_bounds)
+    hidden_size: StrictInt
+    intermediate_size: StrictInt
+    num_hidden_layers: StrictInt
+    num_attention_heads: StrictInt
+    num_key_value_heads: StrictInt | None = None
+    head_dim: StrictInt | None = None
+    vocab_size: StrictInt
+    tie_word_embeddings: bool | None = None
+    rope_theta: _Finite = 10_000.0  # every family's default
+    rms_norm_eps: _Finite | None = None
+    max_position_embeddings: StrictInt | None = None
     rope_scaling: _RopeScaling | None = None
+
+    def check_bounds(self) -> None:
+        """Every size in 1..its bound (_BOUNDS), or an InputError naming the field."""
+        for f, most in _BOUNDS.items():
+            v = getattr(self, f)
+            if v is not None:
+                check_count(f"model.config.{f}", v, most)
+        r = self.rope_scaling
+        if r is not None and r.original_max_position_embeddings is not None:
+            check_count("model.config.rope_scaling.original_max_position_embeddings",
+                        r.original_max_position_embeddings, MAX_CONTEXT)
 
     def context_window(self) -> int | None:
         """Tokens a sequence may hold: ``max_position_embeddings``, or the longer window a

@@ -1,0 +1,191 @@
+"""Real Hugging Face config.json files of common model families: a dense Llama-style decoder
+plans with the published parameter count; anything else is one InputError naming the field.
+
+The configs are the hub's files (fields that only tokenizers or generation read left out)."""
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from nereus.cli import app
+from nereus.errors import InputError
+from nereus.spec.model import ModelSpec
+
+LLAMA_2_7B = {
+    "architectures": ["LlamaForCausalLM"], "hidden_act": "silu", "hidden_size": 4096,
+    "intermediate_size": 11008, "max_position_embeddings": 4096, "model_type": "llama",
+    "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 32,
+    "pretraining_tp": 1, "rms_norm_eps": 1e-05, "rope_scaling": None,
+    "tie_word_embeddings": False, "torch_dtype": "float16", "vocab_size": 32000}
+MISTRAL_7B = {
+    "architectures": ["MistralForCausalLM"], "hidden_act": "silu", "hidden_size": 4096,
+    "intermediate_size": 14336, "max_position_embeddings": 32768, "model_type": "mistral",
+    "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 8,
+    "rms_norm_eps": 1e-05, "rope_theta": 10000.0, "sliding_window": 4096,
+    "tie_word_embeddings": False, "torch_dtype": "bfloat16", "vocab_size": 32000}
+QWEN2_5_7B = {
+    "architectures": ["Qwen2ForCausalLM"], "hidden_act": "silu", "hidden_size": 3584,
+    "intermediate_size": 18944, "max_position_embeddings": 131072, "max_window_layers": 28,
+    "model_type": "qwen2", "num_attention_heads": 28, "num_hidden_layers": 28,
+    "num_key_value_heads": 4, "rms_norm_eps": 1e-06, "rope_theta": 1000000.0,
+    "sliding_window": 131072, "tie_word_embeddings": False, "use_sliding_window": False,
+    "vocab_size": 152064}
+QWEN2_5_0_5B = {
+    "architectures": ["Qwen2ForCausalLM"], "hidden_act": "silu", "hidden_size": 896,
+    "intermediate_size": 4864, "max_position_embeddings": 32768, "max_window_layers": 24,
+    "model_type": "qwen2", "num_attention_heads": 14, "num_hidden_layers": 24,
+    "num_key_value_heads": 2, "rms_norm_eps": 1e-06, "rope_theta": 1000000.0,
+    "sliding_window": 32768, "tie_word_embeddings": True, "use_sliding_window": False,
+    "vocab_size": 151936}
+# google/gemma-2-9b: no tie_word_embeddings (Gemma2Config's default, True, ties the LM head)
+GEMMA_2_9B = {
+    "architectures": ["Gemma2ForCausalLM"], "attention_bias": False,
+    "attn_logit_softcapping": 50.0, "cache_implementation": "hybrid",
+    "final_logit_softcapping": 30.0, "head_dim": 256, "hidden_act": "gelu_pytorch_tanh",
+    "hidden_activation": "gelu_pytorch_tanh", "hidden_size": 3584, "intermediate_size": 14336,
+    "max_position_embeddings": 8192, "model_type": "gemma2", "num_attention_heads": 16,
+    "num_hidden_layers": 42, "num_key_value_heads": 8, "query_pre_attn_scalar": 256,
+    "rms_norm_eps": 1e-06, "rope_theta": 10000.0, "sliding_window": 4096,
+    "sliding_window_size": 4096, "torch_dtype": "float32", "vocab_size": 256000}
+PHI_3_MINI_4K = {
+    "architectures": ["Phi3ForCausalLM"], "attention_bias": False,
+    "auto_map": {"AutoConfig": "configuration_phi3.Phi3Config"}, "hidden_act": "silu",
+    "hidden_size": 3072, "intermediate_size": 8192, "max_position_embeddings": 4096,
+    "model_type": "phi3", "num_attention_heads": 32, "num_hidden_layers": 32,
+    "num_key_value_heads": 32, "original_max_position_embeddings": 4096,
+    "rms_norm_eps": 1e-05, "rope_scaling": None, "rope_theta": 10000.0, "sliding_window": 2047,
+    "tie_word_embeddings": False, "vocab_size": 32064}
+LLAMA_3_1_8B = {
+    "architectures": ["LlamaForCausalLM"], "attention_bias": False, "hidden_act": "silu",
+    "hidden_size": 4096, "intermediate_size": 14336, "max_position_embeddings": 131072,
+    "mlp_bias": False, "model_type": "llama", "num_attention_heads": 32,
+    "num_hidden_layers": 32, "num_key_value_heads": 8, "rms_norm_eps": 1e-05,
+    "rope_scaling": {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                     "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+    "rope_theta": 500000.0, "tie_word_embeddings": False, "vocab_size": 128256}
+# huggyllama/llama-7b: multi-head attention, no num_key_value_heads
+LLAMA_1_7B = {
+    "architectures": ["LlamaForCausalLM"], "hidden_act": "silu", "hidden_size": 4096,
+    "intermediate_size": 11008, "max_position_embeddings": 2048, "max_sequence_length": 2048,
+    "model_type": "llama", "num_attention_heads": 32, "num_hidden_layers": 32,
+    "rms_norm_eps": 1e-06, "tie_word_embeddings": False, "vocab_size": 32000}
+QWEN3_30B_A3B = {
+    "architectures": ["Qwen3MoeForCausalLM"], "decoder_sparse_step": 1, "head_dim": 128,
+    "hidden_size": 2048, "intermediate_size": 6144, "max_position_embeddings": 40960,
+    "mlp_only_layers": [], "model_type": "qwen3_moe", "moe_intermediate_size": 768,
+    "num_attention_heads": 32, "num_experts": 128, "num_experts_per_tok": 8,
+    "num_hidden_layers": 48, "num_key_value_heads": 4, "rms_norm_eps": 1e-06,
+    "rope_theta": 1000000.0, "tie_word_embeddings": False, "vocab_size": 151936}
+MIXTRAL_8X7B = {
+    "architectures": ["MixtralForCausalLM"], "hidden_size": 4096, "intermediate_size": 14336,
+    "max_position_embeddings": 32768, "model_type": "mixtral", "num_attention_heads": 32,
+    "num_experts_per_tok": 2, "num_hidden_layers": 32, "num_key_value_heads": 8,
+    "num_local_experts": 8, "rms_norm_eps": 1e-05, "rope_theta": 1000000.0,
+    "sliding_window": None, "tie_word_embeddings": False, "vocab_size": 32000}
+# EleutherAI/pythia-6.9b: an ungated MLP (two matrices), LayerNorm, partial rotary
+PYTHIA_6_9B = {
+    "architectures": ["GPTNeoXForCausalLM"], "hidden_act": "gelu", "hidden_size": 4096,
+    "intermediate_size": 16384, "layer_norm_eps": 1e-05, "max_position_embeddings": 2048,
+    "model_type": "gpt_neox", "num_attention_heads": 32, "num_hidden_layers": 32,
+    "rotary_pct": 0.25, "tie_word_embeddings": False, "use_parallel_residual": True,
+    "vocab_size": 50432}
+# microsoft/phi-2: an ungated MLP, LayerNorm with biases
+PHI_2 = {
+    "architectures": ["PhiForCausalLM"], "hidden_act": "gelu_new", "hidden_size": 2560,
+    "intermediate_size": 10240, "layer_norm_eps": 1e-05, "max_position_embeddings": 2048,
+    "model_type": "phi", "num_attention_heads": 32, "num_hidden_layers": 32,
+    "num_key_value_heads": 32, "partial_rotary_factor": 0.4, "rope_theta": 10000.0,
+    "tie_word_embeddings": False, "vocab_size": 51200}
+BERT_BASE = {
+    "architectures": ["BertForMaskedLM"], "hidden_act": "gelu", "hidden_size": 768,
+    "intermediate_size": 3072, "max_position_embeddings": 512, "model_type": "bert",
+    "num_attention_heads": 12, "num_hidden_layers": 12, "type_vocab_size": 2,
+    "vocab_size": 30522}
+
+# published totals (model cards; Qwen's "0.49B" is 494 M)
+PLANNED = {
+    "llama-2-7b": (LLAMA_2_7B, 6.74e9), "mistral-7b": (MISTRAL_7B, 7.24e9),
+    "qwen2.5-7b": (QWEN2_5_7B, 7.62e9), "qwen2.5-0.5b": (QWEN2_5_0_5B, 0.494e9),
+    "gemma-2-9b": (GEMMA_2_9B, 9.24e9), "phi-3-mini-4k": (PHI_3_MINI_4K, 3.82e9),
+    "llama-3.1-8b": (LLAMA_3_1_8B, 8.03e9), "llama-1-7b": (LLAMA_1_7B, 6.74e9),
+}
+
+
+def _write(tmp_path, cfg) -> str:
+    d = tmp_path / "model"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps(cfg) if isinstance(cfg, dict | list) else cfg)
+    return str(d)
+
+
+@pytest.mark.parametrize("name", PLANNED)
+def test_dense_families_count_the_published_parameters(tmp_path, name):
+    cfg, total = PLANNED[name]
+    m = ModelSpec.from_hf_config(_write(tmp_path, cfg))
+    assert abs(m.param_count() - total) / total < 0.005, (name, m.param_count())
+
+
+def test_fields_a_config_leaves_out_take_the_families_defaults():
+    assert ModelSpec.from_hf_dict(LLAMA_1_7B, "l").num_kv_heads == 32  # MHA
+    gemma = ModelSpec.from_hf_dict(GEMMA_2_9B, "g")
+    assert gemma.tie_embeddings and gemma.head_dim == 256 and gemma.q_dim != gemma.hidden_size
+    no_head_dim = {k: v for k, v in GEMMA_2_9B.items() if k != "head_dim"}
+    assert ModelSpec.from_hf_dict(no_head_dim, "g").head_dim == 256  # not 3584 / 16
+    assert not ModelSpec.from_hf_dict({**GEMMA_2_9B, "tie_word_embeddings": False}, "g") \
+        .tie_embeddings
+    assert ModelSpec.from_hf_dict({**GEMMA_2_9B, "tie_word_embeddings": None}, "g") \
+        .tie_embeddings
+    # Qwen3Config's head_dim is 128 whatever hidden_size / heads is (Qwen3-0.6B: 1024 / 16)
+    qwen3 = {"model_type": "qwen3", "hidden_size": 1024, "intermediate_size": 3072,
+             "num_hidden_layers": 28, "num_attention_heads": 16, "num_key_value_heads": 8,
+             "vocab_size": 151936, "tie_word_embeddings": True}
+    assert ModelSpec.from_hf_dict(qwen3, "q").head_dim == 128
+    phi3 = {k: v for k, v in PHI_3_MINI_4K.items() if k != "rms_norm_eps"}
+    assert ModelSpec.from_hf_dict(phi3, "p").rms_norm_eps == 1e-5
+    assert ModelSpec.from_hf_dict(LLAMA_3_1_8B, "l").max_position_embeddings == 131072
+
+
+@pytest.mark.parametrize("cfg,field,says", [
+    (QWEN3_30B_A3B, "model", "num_experts: 128"),
+    (MIXTRAL_8X7B, "model", "num_local_experts: 8"),
+    # priced as gated Llama layers these came out 31 % (Pythia), 30 % (Phi-2) too large
+    (PYTHIA_6_9B, "model.config.model_type", "'gpt_neox'"),
+    (PHI_2, "model.config.model_type", "'phi'"),
+    (BERT_BASE, "model.config.model_type", "'bert'"),
+    ({"model_type": "gemma3", "text_config": {"hidden_size": 2560}}, "model", "text_config"),
+    # sizes past every published model: the planner ran for minutes (layers) or overflowed
+    ({**LLAMA_2_7B, "num_hidden_layers": 10**6}, "model.config.num_hidden_layers", "1..1,024"),
+    ({**LLAMA_2_7B, "hidden_size": 10**400, "num_attention_heads": 1,
+      "num_key_value_heads": 1, "head_dim": 1}, "model.config.hidden_size", "401-digit"),
+    ({**LLAMA_2_7B, "vocab_size": 10**19}, "model.config.vocab_size", "1..16,777,216"),
+    ({**LLAMA_2_7B, "num_hidden_layers": -4}, "model.config.num_hidden_layers", "-4"),
+    ({**LLAMA_3_1_8B, "rope_scaling": {"factor": 1e308}}, "model.config.rope_scaling.factor",
+     "1024"),
+    ({**LLAMA_3_1_8B, "rope_scaling": {"factor": 2.0, "original_max_position_embeddings":
+                                       10**400}},
+     "model.config.rope_scaling.original_max_position_embeddings", "401-digit"),
+])
+def test_unsupported_or_broken_configs_are_one_line_input_errors(cfg, field, says):
+    with pytest.raises(InputError) as e:
+        ModelSpec.from_hf_dict(cfg, "bad")
+    assert e.value.field == field and says in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("cfg,says", [
+    (QWEN3_30B_A3B, "mixture-of-experts model (num_experts: 128)"),
+    (PYTHIA_6_9B, "model.config.model_type: 'gpt_neox'"),
+    ({**LLAMA_2_7B, "hidden_size": 10**400, "num_attention_heads": 1,
+      "num_key_value_heads": 1, "head_dim": 1}, "model.config.hidden_size"),
+    ({k: v for k, v in LLAMA_2_7B.items() if k != "hidden_size"}, "lacks hidden_size"),
+    ({**LLAMA_2_7B, "num_hidden_layers": "32"}, "model.config.num_hidden_layers: '32'"),
+    ("{'hidden_size': 4096,}", "is not valid JSON"),
+    (None, "no config.json"),
+])
+def test_nereus_plan_refuses_with_one_line_and_exit_2(tmp_path, cfg, says):
+    path = _write(tmp_path, cfg) if cfg is not None else str(tmp_path)
+    r = CliRunner().invoke(app, ["plan", "--model", path, "--gpus", "16", "--algo", "ppo",
+                                 "--json"])
+    assert r.exit_code == 2, r.output
+    assert "Traceback" not in r.output and r.stderr.count("\n") == 1, r.stderr
+    assert r.stderr.startswith("error: ") and says in r.stderr, r.stderr
