@@ -1,7 +1,10 @@
 """How fast the exact plan search replans, and whether it agrees with brute force.
 
 Each replan is cold: a new cost model prices every candidate of every model-stage for a new
-response length, then the search runs. Brute force enumerates every plan of small random
+response length, then the search runs. Beside its time, the peak memory one cold replan
+allocates on top of what the process already holds (Python objects and numpy arrays,
+``tracemalloc``; a replan of its own, since tracing slows it): what replanning adds to the
+controller's process on the head node. Brute force enumerates every plan of small random
 instances (tiny models, small pools, memory that binds).
 
     python benchmarks/plan_speed.py [--json] [--repeats 9] [--cases 40]
@@ -18,6 +21,7 @@ import math
 import random
 import statistics
 import time
+import tracemalloc
 from dataclasses import replace
 
 from nereus.cost.model import CostModel
@@ -40,6 +44,19 @@ def replan_ms(gpus: int, repeats: int) -> list[float]:
         Planner(job).best()
         times.append((time.perf_counter() - t0) * 1e3)
     return times
+
+
+def replan_peak_mib(gpus: int) -> float:
+    """MiB allocated at the peak of one cold replan (tracemalloc counts numpy's buffers too)."""
+    job = parse_job({"model": "llama-3.1-8b", "algo": "ppo", "gpus": gpus,
+                     "workload": {"response_len": 999}})
+    tracemalloc.start()
+    try:
+        Planner(job).best()
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    return peak / 2**20
 
 
 def random_small_job(rng: random.Random):
@@ -88,17 +105,19 @@ def main() -> None:
     ap.add_argument("--cases", type=int, default=40)
     args = ap.parse_args()
     Planner(parse_job({"model": "llama-3.1-8b", "gpus": 16}))  # imports and warm caches
-    medians = []
+    medians, peaks = [], []
     for g in GPU_COUNTS:
         t = replan_ms(g, args.repeats)
         medians.append(statistics.median(t))
+        peaks.append(replan_peak_mib(g))
         print(f"PPO llama-3.1-8b on {g:5d} GPUs: replan median {medians[-1]:7.1f} ms "
-              f"(min {min(t):.1f}, max {max(t):.1f}; {args.repeats} cold replans, measured)")
+              f"(min {min(t):.1f}, max {max(t):.1f}; {args.repeats} cold replans), peak "
+              f"memory {peaks[-1]:.1f} MiB (measured)")
     cases, agree = brute_force_cases(args.cases)
     print(f"brute force: {agree}/{cases} small random instances agree with the search")
     if args.json:
         print(json.dumps({"gpus": list(GPU_COUNTS), "median_ms": [round(m, 2) for m in medians],
-                          "bruteforce_cases": cases, "bruteforce_agree": agree,
+                          "peak_mib": [round(m, 1) for m in peaks], "bruteforce_cases": cases, "bruteforce_agree": agree,
                           "source": "measured"}))
 
 
