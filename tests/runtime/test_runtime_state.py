@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from nereus.cost.candidate import Layout
 from nereus.cost.state import emu_state_bytes
+from nereus.errors import InputError
 from nereus.runtime.loading import (
     load_safetensors,
     save_safetensors,
@@ -220,3 +221,24 @@ def test_save_and_load_safetensors_roundtrip(tmp_path) -> None:
     save_safetensors(ref, tmp_path / "ckpt")
     got = gather([load_safetensors(tmp_path / "ckpt", spec, 2, 1, t, 0) for t in range(2)])
     assert torch.equal(got.tensors[(PARAM, EMBED)], ref.tensors[(PARAM, EMBED)])
+
+
+def test_a_checkpoint_with_parameters_the_format_lacks_is_refused(tmp_path) -> None:
+    """Qwen2's q/k/v projections carry biases, which the sharding format has no place for:
+    read past, they were dropped from the state the runtime moves."""
+    import transformers
+
+    from nereus.spec.model import ModelSpec
+
+    hf_cfg = {"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"], "hidden_size": 64,
+              "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+              "num_key_value_heads": 2, "vocab_size": 256, "tie_word_embeddings": False,
+              "max_position_embeddings": 512}
+    torch.manual_seed(0)
+    transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**hf_cfg)).save_pretrained(
+        tmp_path, safe_serialization=True)
+    spec = StateSpec(ModelSpec.from_hf_dict(hf_cfg, "tiny-qwen2"))
+    with pytest.raises(InputError, match=r"^checkpoint: .* holds 6 tensor\(s\) that tiny-qwen2 "
+                                         r"has no place for, such as 'model\.layers\.0\.self_"
+                                         r"attn\.k_proj\.bias'"):
+        load_safetensors(tmp_path, spec, 1, 1, 0, 0)

@@ -162,6 +162,24 @@ def _checkpoint_files(path: Path) -> dict[str, Path]:
     return out
 
 
+def _check_nothing_dropped(path: str | Path, where: dict[str, Path], spec: StateSpec) -> None:
+    """Refuse a checkpoint with parameters the sharding format has no place for (Qwen2's
+    q/k/v biases, a fused qkv_proj): read past, they would be missing from the state the
+    runtime moves, and the model after a move would not be the model before. Rotary
+    ``inv_freq`` buffers (older checkpoints) and a tied head's copy of the embedding are no
+    parameters of their own."""
+    known = {p.name for p in logical_params(spec.model, spec.head)}
+    if spec.model.tie_embeddings:
+        known.add(LM_HEAD)
+    extra = sorted(n for n in where if n not in known and not n.endswith("rotary_emb.inv_freq"))
+    if extra:
+        raise InputError("checkpoint", f"{path} holds {len(extra)} tensor(s) that "
+                         f"{spec.model.name} has no place for, such as {extra[0]!r}: moved "
+                         f"without them, the model would change",
+                         f"the parameter names of transformers' "
+                         f"{spec.model.to_hf_dict()['architectures'][0]}")
+
+
 def load_safetensors(path: str | Path, spec: StateSpec, tp: int, pp: int, tp_rank: int,
                      pp_rank: int, seed: int = 0,
                      device: torch.device | str = "cpu") -> ShardedState:
@@ -173,6 +191,7 @@ def load_safetensors(path: str | Path, spec: StateSpec, tp: int, pp: int, tp_ran
     from safetensors import safe_open
 
     where = _checkpoint_files(Path(path))
+    _check_nothing_dropped(path, where, spec)
     meta = seeded_meta(seed, warm=False)
     state = ShardedState.empty(spec, tp, pp, tp_rank, pp_rank, meta, device)
     with ExitStack() as stack:
