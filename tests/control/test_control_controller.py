@@ -738,3 +738,68 @@ def test_no_transition_is_planned_for_a_move_that_cannot_be_admitted(job, plans)
     d = c.on_boundary(_tel(job, here, 1, 2700))
     assert d.action is Action.KEEP and "γ = 0" in d.reasons.verdicts[0].why
     assert asked == []
+
+
+def test_every_pool_change_counts_while_a_replan_waits_and_the_replan_answers_the_last(job,
+                                                                                      plans):
+    """GPUs 8-15 join while a transition runs (the replan waits), leave again, then join
+    again. Each change is a crossing of the pool (H from intervals 4 and 3), the loss one of
+    the losses alone, and the boundary after the GPUs left has nothing to answer: the gain
+    that waited was listed again there (and no crossing after it counted)."""
+    n8, n16 = tuple(range(8)), tuple(range(16))
+    start = job.with_pool(GpuPool(job.cluster, n8))
+    c = Controller(start, plans["best8"], transition=lambda j, s, t, e: _Sched(1e9),
+                   on_log=lambda s: None)
+    c.on_boundary(_tel(start, plans["best8"], 0, 2000, pool=n8))
+    d = c.on_boundary(replace(_tel(start, plans["best8"], 5, 2000, pool=n16),
+                              transition_running=True))
+    assert "deferred" in d.reasons.summary
+    assert [t.kind for t in d.reasons.triggers] == [TriggerKind.POOL_GAIN]
+    d = c.on_boundary(replace(_tel(start, plans["best8"], 9, 2000, pool=n8),
+                              transition_running=True))
+    assert d.action is Action.KEEP and d.reasons.triggers == () and c.pending == ()
+    d = c.on_boundary(_tel(start, plans["best8"], 12, 2000, pool=n16))
+    assert [t.kind for t in d.reasons.triggers] == [TriggerKind.POOL_GAIN]
+    assert c.horizons.of("pool") == pytest.approx(0.5 * 4 + 0.5 * 3)
+    assert d.reasons.horizon_steps == pytest.approx(3.5)
+    assert c.horizons.last_crossing["pool_loss"] == 9
+
+
+def test_a_kept_decision_reports_the_target_its_verdict_weighed(job, plans):
+    """S* placed near the current GPUs can be faster than the search's placement (its weight
+    sync stays inside nodes) and cheaper to reach; when Eq. 2 rejects it, the decision's
+    target latency was the search's placement while ΔL was the near one's."""
+    def moved(plan, shift):
+        return replace(plan, stages=tuple(replace(s, replicas=tuple(
+            tuple((g + shift) % 16 for g in r) for r in s.replicas)) for s in plan.stages))
+
+    def l_tran(job, cur, tgt, eff):  # a long move, longer the more stages change GPUs
+        return _Sched(1e8 * (1 + sum(sp.replicas != cur.stage(sp.stage).replicas
+                                     for sp in tgt.stages)))
+
+    here = moved(plans["best8"], 4)
+    c = Controller(job, here, transition=l_tran, planner=lambda j, cost, spread=False:
+                   packed(j, cost, spread), on_log=lambda s: None)
+    c.on_boundary(_tel(job, here, 0, 2000))
+    d = c.on_boundary(_tel(job, here, 1, 2700))
+    r = d.reasons
+    assert d.action is Action.KEEP and "near the current GPUs" in r.verdicts[0].label
+    assert r.target_step_s == r.verdicts[0].step_s
+    assert r.current_step_s - r.target_step_s == pytest.approx(r.delta_l_s, rel=1e-12)
+
+
+def test_op_class_times_alone_teach_the_calibrator(job, plans):
+    """A framework that times op classes but reports no stage wall times: the calibrator
+    learned nothing from it."""
+    p = plans["best16"]
+    w = job.workload.with_response_len(2000, 3000)
+    cost = CostModel(job.with_workload(w), Efficiencies({OpClass.GEMM: 0.5}))
+    ops = {}
+    for sp in reprice(job.with_workload(w), cost, p).plan.stages:
+        est = cost.estimate(sp.stage, sp.candidate)
+        ops[sp.stage] = {k.value: v for k, v in est.time_by_class().items() if v > 0}
+    c = Controller(job, p, on_log=lambda s: None)
+    for k in range(5):
+        c.on_boundary(Telemetry(k, 2000.0, 3000, job.pool.ids, op_time_s=ops))
+    assert c.steps_seen == 5 and c.calibrator.samples > 0
+    assert c.calibrator.efficiencies()[OpClass.GEMM] == pytest.approx(0.5, rel=1e-3)

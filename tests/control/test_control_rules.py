@@ -288,3 +288,11 @@ def test_a_target_whose_weight_sync_does_not_fit_is_not_a_move_the_controller_ca
     got = reprice(job, CostModel(job), plan)
     assert not got.fits
     assert [p for p in got.problems if p.startswith("weight sync actor_train -> actor_gen: ")]
+
+
+def test_a_drift_trigger_says_by_how_much_it_passed_its_threshold():
+    """A crossing at +30.4 % printed as '+30%, δ=30%', which reads as not past δ."""
+    m = Monitor({"response_len": 0.3})
+    m, _ = m.check({"response_len": 1000.0})
+    _, (t,) = m.check({"response_len": 1304.0})
+    assert t.describe() == "response_len 1304 vs ref 1000 (+30.4%, past δ=30%)"

@@ -185,7 +185,7 @@ def _nearest(job: JobSpec, target_job: JobSpec, cur: Plan, tgt: Plan,
 
     eff = _efficiencies(job, profile)
     planned = [(p, plan_transition(job, cur, p, eff)) for p in [tgt, *nears]]
-    return cheapest_to_reach(planned, lambda ps: ps[1])
+    return cheapest_to_reach(planned, lambda ps: ps[1], lambda ps: ps[0].step_latency_s)
 
 
 def job_for_plans(gpu_ids: tuple[int, ...] | list[int], config: Path | None,

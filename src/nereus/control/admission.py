@@ -82,12 +82,15 @@ def _delta(current_step_s: float | None, step_s: float) -> float | None:
 T = TypeVar("T")
 
 
-def cheapest_to_reach(targets: Sequence[T], schedule_of: Callable[[T], Schedule]) -> T:
-    """Of equally fast targets, the one whose transition is cheapest: feasible before
-    infeasible, then the shortest L_tran; ties keep the earlier (the search's placement)."""
-    def key(t: T) -> tuple[bool, float]:
+def cheapest_to_reach(targets: Sequence[T], schedule_of: Callable[[T], Schedule],
+                      step_of: Callable[[T], float] | None = None) -> T:
+    """Of targets no slower than the first, the one whose transition is cheapest: feasible
+    before infeasible, then the shortest L_tran, then (``step_of``) the shortest step; ties
+    keep the earlier (the search's placement)."""
+    def key(t: T) -> tuple[bool, float, float]:
         sched = schedule_of(t)
-        return not sched.feasible, sched.estimated_s if sched.feasible else 0.0
+        return (not sched.feasible, sched.estimated_s if sched.feasible else 0.0,
+                step_of(t) if step_of is not None else 0.0)
     return min(targets, key=key)
 
 

@@ -212,7 +212,8 @@ class Controller:
         self.planner = planner or default_planner
         self.transition = transition or plan_transition
         self.on_log = on_log or log.info
-        self.pool: tuple[int, ...] = job.pool.ids
+        self.pool: tuple[int, ...] = job.pool.ids  # the pool the plan was last chosen for
+        self._seen_pool: tuple[int, ...] = job.pool.ids  # at the last boundary
         self.monitor = Monitor({"response_len": self.config.delta_len,
                                 "eff.*": self.config.delta_eff})
         self.horizons = Horizons(self.config.horizon_alpha)
@@ -255,15 +256,17 @@ class Controller:
         """Calibrate from the step just measured; return each op class's share of its time.
 
         Memory is learned from every stage with a measured peak, timed or not: a framework may
-        measure a stage's memory in a profiled run whose times it does not report."""
+        measure a stage's memory in a profiled run whose times it does not report. Times are
+        learned from every stage with its wall time or with op-class times, or both."""
         self._recent_longest.append(tel.response_len_max)
-        if not tel.latency_s and not tel.peak_mem_bytes:
+        if not tel.latency_s and not tel.peak_mem_bytes and not tel.op_time_s:
             return {}
         ran = self._job(self.pool, tel.response_len_mean, tel.response_len_max, margin=False)
         cost = CostModel(ran, self.calibrator.efficiencies())
         time_by_class: dict[str, float] = {}
         for sp in self.plan.stages:
-            timed = sp.stage in tel.latency_s
+            ops = tel.op_times(sp.stage)
+            timed = sp.stage in tel.latency_s or bool(ops)
             if not timed and sp.stage not in tel.peak_mem_bytes:
                 continue
             est = cost.estimate(sp.stage, sp.candidate, idle_bytes(cost, self.plan, sp.stage))
@@ -273,13 +276,14 @@ class Controller:
                                                tel.peak_mem_bytes[sp.stage])
             if not timed:
                 continue
-            # per-class times where the framework gives them, and always the stage's wall time:
-            # it also holds work no op class times (Python, elementwise kernels)
-            self.calibrator.observe_timed(est, tel.op_times(sp.stage))
-            self.calibrator.observe_stage(est, tel.latency_s[sp.stage])
+            # per-class times where the framework gives them, and the stage's wall time where it
+            # does: it also holds work no op class times (Python, elementwise kernels)
+            self.calibrator.observe_timed(est, ops)
+            if sp.stage in tel.latency_s:
+                self.calibrator.observe_stage(est, tel.latency_s[sp.stage])
             for c, t in est.time_by_class().items():
                 time_by_class[c.value] = time_by_class.get(c.value, 0.0) + t
-        if not tel.latency_s:
+        if not time_by_class:
             return {}
         self.calibrator.next_step()
         self.steps_seen += 1
@@ -355,8 +359,13 @@ class Controller:
         cfg = self.config
         shares = self._learn(tel)
         step = tel.step
+        # H_pool learns from every change since the last boundary, also while a replan waits
+        # for a running transition (the pool may change again meanwhile); the replan answers
+        # the change since the pool it last planned for
+        self._count_pool_changes(pool_triggers(self._seen_pool, tel.pool, self.plan.gpus()),
+                                 step)
+        self._seen_pool = tel.pool
         triggers = pool_triggers(self.pool, tel.pool, self.plan.gpus())
-        self._count_crossings(triggers, step)  # every change of the pool, waits included
         if not tel.pool:
             self.pool = ()
             self.stopped = True
@@ -385,8 +394,12 @@ class Controller:
         if not cfg.admission and not triggers:
             triggers.append(Trigger(TriggerKind.ALWAYS, "always", False))
         fresh = {t.signal for t in triggers}
-        pending = tuple(t for t in self.pending if t.signal not in fresh) + tuple(triggers)
+        # a waiting pool change is measured anew each boundary (GPUs that came and went since
+        # are no change to answer)
+        pending = tuple(t for t in self.pending if t.signal not in fresh and t.kind not in (
+            TriggerKind.POOL_LOSS, TriggerKind.POOL_GAIN)) + tuple(triggers)
         if not pending:
+            self.pending = ()
             return self._log(Decision(Action.KEEP, self.plan, reasons=Reasons(
                 step, (), False, gamma=cfg.gamma)))
         lost_gpus = any(t.kind is TriggerKind.POOL_LOSS for t in triggers)
@@ -394,9 +407,10 @@ class Controller:
         # memory is then checked against), or at once when GPUs are lost
         if tel.transition_running and not lost_gpus:
             self.pending = pending
+            after = "; urgent once it ends" if any(t.urgent for t in pending) else ""
             return self._log(Decision(Action.KEEP, self.plan, reasons=Reasons(
                 step, pending, False, gamma=cfg.gamma,
-                summary="deferred: a transition is still running")))
+                summary=f"deferred: a transition is still running{after}")))
         self.pending = ()
         decision = self._replan(step, pending, urgent, now, cost, broken, survivors, lost)
         self._reset(tel, signals)
@@ -405,15 +419,21 @@ class Controller:
         return self._log(decision)
 
     def _count_crossings(self, triggers: Sequence[Trigger], step: int) -> None:
-        """H_x learns from every threshold crossing of x; a deferred trigger re-listed while a
-        transition runs crossed already."""
+        """H_x learns from every threshold crossing of a drifting x; a deferred trigger
+        re-listed while a transition runs crossed already (its reference waits for the
+        replan)."""
         waiting = {t.signal for t in self.pending if t.kind is not TriggerKind.ONWARD}
-        for sig in sorted({t.signal for t in triggers
-                           if t.kind in (TriggerKind.DRIFT, TriggerKind.POOL_LOSS,
-                                         TriggerKind.POOL_GAIN)} - waiting):
+        for sig in sorted({t.signal for t in triggers if t.kind is TriggerKind.DRIFT}
+                          - waiting):
             self.horizons = self.horizons.crossed(sig, step)
-        if any(t.kind is TriggerKind.POOL_LOSS for t in triggers) and "pool" not in waiting:
-            self.horizons = self.horizons.crossed(LOSS_SIGNAL, step)  # losses alone: the hazard
+
+    def _count_pool_changes(self, changes: Sequence[Trigger], step: int) -> None:
+        """A change of the pool since the last boundary is a crossing of "pool"; a loss also
+        one of the losses alone (the hazard ``_loss_risk_s`` prices)."""
+        if changes:
+            self.horizons = self.horizons.crossed("pool", step)
+        if any(t.kind is TriggerKind.POOL_LOSS for t in changes):
+            self.horizons = self.horizons.crossed(LOSS_SIGNAL, step)
 
     def _adopt(self, decision: Decision) -> None:
         if decision.action is Action.WAIT:
@@ -580,8 +600,9 @@ class Controller:
         if urgent and cfg.restart_moves and best is not None:
             # a planned restart into S* against the best feasible move, over the horizon
             h = max(1.0, horizon)
-            best_l = options[0].expected_s
-            rc = restart_cost(now, cfg.restart, step_s=best.step_s, after_failure=False)
+            s0 = options[0]  # S*, placed where its move is cheapest: what the restart runs
+            best_l = s0.expected_s
+            rc = restart_cost(now, cfg.restart, step_s=s0.step_s, after_failure=False)
             move_score = math.inf
             if idx is not None and sched is not None:
                 opt = options[idx]
@@ -593,12 +614,12 @@ class Controller:
                         move_score = min(move_score, sched.estimated_s + opt.expected_s
                                          + onward.estimated_s + (h - 1.0) * best_l)
             if rc.seconds + h * best_l < move_score and idx is not None:
-                r = Reasons(step, triggers, True, horizon, cfg.gamma, cur_s, best.step_s, None,
+                r = Reasons(step, triggers, True, horizon, cfg.gamma, cur_s, s0.step_s, None,
                             rc.seconds, None, rc.seconds, "planned checkpoint/restart", verdicts,
                             f"restart + H·L_step = {rc.seconds + h * best_l:.4g} s beats the "
                             f"best feasible move's {move_score:.4g} s over H = {h:.3g}",
-                            cur_risk, options[0].risk_s)
-                return Decision(Action.RESTART, best.plan, None, rc, r)
+                            cur_risk, s0.risk_s)
+                return Decision(Action.RESTART, s0.plan, None, rc, r)
         if idx is not None and sched is not None:
             opt = options[idx]
             v = next(v for v in verdicts if v.admitted)
@@ -626,8 +647,9 @@ class Controller:
                                  verdicts=verdicts)
         summary = (f"keep: best target {_short(first.why)}" if first else
                    f"keep: no target ({why_none})" if best is None else "keep")
+        # the target the verdicts speak of: S* placed where its move is cheapest
         r = Reasons(step, triggers, urgent, horizon, cfg.gamma, cur_s,
-                    best.step_s if best else None,
+                    options[0].step_s if options else None,
                     first.delta_l_s if first else None,
                     first.l_tran_s if first and math.isfinite(first.l_tran_s) else None,
                     first.payback_steps if first else None, None, "", verdicts, summary,
@@ -651,7 +673,8 @@ class Controller:
         same = [best] + [o for o in nears if o.expected_s <= limit]
         slower = [o for o in nears if o.expected_s > limit]
         if len(same) > 1 and schedule_for is not None:
-            first = cheapest_to_reach(same, lambda o: schedule_for(o.plan))
+            first = cheapest_to_reach(same, lambda o: schedule_for(o.plan),
+                                      lambda o: o.expected_s)
             same = [first] + [o for o in same if o is not first]
         return same + slower
 

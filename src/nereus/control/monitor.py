@@ -41,7 +41,7 @@ class Trigger:
         if self.kind is TriggerKind.DRIFT and self.reference:
             change = relative_change(self.value or 0.0, self.reference)
             return (f"{self.signal} {self.value:.4g} vs ref {self.reference:.4g} "
-                    f"({change:+.0%}, δ={self.threshold:.0%})")
+                    f"({change:+.1%}, past δ={self.threshold:.0%})")
         return f"{self.kind.value}{': ' + self.detail if self.detail else ''}"
 
 
