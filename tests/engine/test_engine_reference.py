@@ -245,3 +245,19 @@ def test_reward_scores_read_the_last_real_token() -> None:
     am = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0], [0, 1, 1, 0]])
     assert Output(values=values).scores(am).tolist() == [3.0, 5.0, 10.0]
     assert Output(values=values).scores(None).tolist() == [3.0, 7.0, 11.0]
+
+
+def test_the_engine_refuses_a_family_whose_layer_it_does_not_compute() -> None:
+    """A Gemma model has Llama's parameter names, so its state loads and moves; the engine's
+    SiLU MLP, plain norms and unscaled embedding would compute another function on it."""
+    from dataclasses import replace
+
+    from nereus.errors import InputError
+
+    spec = MODEL_PRESETS["tiny-llama"]
+    full = logical_state(spec, Head.LM, seed=12)
+    shards = shards_for(full, spec, Head.LM, 1, 1, 0, 0)
+    ParallelModel(spec, Head.LM, Position(), shards)
+    with pytest.raises(InputError, match=r"^model\.model_type: 'gemma' is planned .* Llama "
+                                         r"and Qwen3 decoders only"):
+        ParallelModel(replace(spec, model_type="gemma"), Head.LM, Position(), shards)

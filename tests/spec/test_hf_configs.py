@@ -189,3 +189,21 @@ def test_nereus_plan_refuses_with_one_line_and_exit_2(tmp_path, cfg, says):
     assert r.exit_code == 2, r.output
     assert "Traceback" not in r.output and r.stderr.count("\n") == 1, r.stderr
     assert r.stderr.startswith("error: ") and says in r.stderr, r.stderr
+
+
+def test_every_family_names_its_class_and_only_llama_and_qwen3_are_written_back():
+    """A Gemma config was read as a Llama one and written back as LlamaForCausalLM (silu, plain
+    norms): a checkpoint saved from it would load in transformers as another function."""
+    from nereus.spec.model import ARCHITECTURES, COMPUTED, FAMILIES
+
+    assert set(ARCHITECTURES) == set(FAMILIES) and COMPUTED <= set(FAMILIES)
+    gemma = ModelSpec.from_hf_dict(GEMMA_2_9B, "g")
+    assert gemma.model_type == "gemma2" and gemma.hf_class == "Gemma2ForCausalLM"
+    with pytest.raises(InputError, match=r"^model\.model_type: 'gemma2': no config\.json"):
+        gemma.to_hf_dict()
+    llama = ModelSpec.from_hf_dict(LLAMA_3_1_8B, "l")
+    assert ModelSpec.from_hf_dict(llama.to_hf_dict(), "l") == llama
+    from nereus.spec.model import MODEL_PRESETS
+    for name in ("tiny-qwen3", "qwen3-14b"):
+        m = MODEL_PRESETS[name]
+        assert m.model_type == "qwen3" and ModelSpec.from_hf_dict(m.to_hf_dict(), name) == m

@@ -21,7 +21,7 @@ from nereus.engine.layers import (TP, apply_rotary, attention, column_linear, ga
                                   vocab_logprob)
 from nereus.engine.measure import Recorder
 from nereus.errors import InputError
-from nereus.spec.model import Head, ModelSpec
+from nereus.spec.model import COMPUTED, Head, ModelSpec
 from nereus.spec.sharding import EMBED, FINAL_NORM, LM_HEAD, SCORE, Shard, layer_range, shard_plan
 
 
@@ -73,6 +73,10 @@ class ParallelModel:
     def __init__(self, spec: ModelSpec, head: Head, pos: Position,
                  shards: Mapping[str, torch.Tensor], groups: ParallelGroups | None = None,
                  recorder: Recorder | None = None) -> None:
+        if spec.model_type not in COMPUTED:
+            raise InputError("model.model_type", f"{spec.model_type!r} is planned and its state "
+                             "moved, but the engine computes Llama and Qwen3 decoders only",
+                             sorted(COMPUTED))
         self.spec, self.head, self.pos = spec, head, pos
         self.groups = groups or ParallelGroups()
         self.groups.check(pos)

@@ -177,7 +177,7 @@ def _check_nothing_dropped(path: str | Path, where: dict[str, Path], spec: State
                          f"{spec.model.name} has no place for, such as {extra[0]!r}: moved "
                          f"without them, the model would change",
                          f"the parameter names of transformers' "
-                         f"{spec.model.to_hf_dict()['architectures'][0]}")
+                         f"{spec.model.hf_class}")
 
 
 def load_safetensors(path: str | Path, spec: StateSpec, tp: int, pp: int, tp_rank: int,
@@ -206,7 +206,7 @@ def load_safetensors(path: str | Path, spec: StateSpec, tp: int, pp: int, tp_ran
             if name not in where:
                 raise InputError("checkpoint", f"{path} lacks tensor {name!r}",
                                  f"the parameter names of transformers' "
-                                 f"{spec.model.to_hf_dict()['architectures'][0]}")
+                                 f"{spec.model.hf_class}")
             f = where[name]
             if f not in handles:
                 handles[f] = stack.enter_context(safe_open(str(f), framework="pt"))

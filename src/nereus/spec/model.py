@@ -45,8 +45,13 @@ class ModelSpec:
     # context window in tokens (prompt + response); None where no published model sets one
     # (the tiny CPU models: RoPE has no hard limit, and the engine enforces none)
     max_position_embeddings: int | None = 131_072
+    # the Hugging Face model_type (FAMILIES); "": "qwen3" where qk_norm, else "llama". What the
+    # planner prices is the same for every family; the engine computes Llama and Qwen3 only
+    model_type: str = ""
 
     def __post_init__(self) -> None:
+        if not self.model_type:
+            object.__setattr__(self, "model_type", "qwen3" if self.qk_norm else "llama")
         for field in ("hidden_size", "intermediate_size", "num_layers", "num_heads",
                       "num_kv_heads", "head_dim", "vocab_size"):
             if getattr(self, field) < 1:
@@ -166,13 +171,26 @@ class ModelSpec:
             rope_theta=c.rope_theta,
             rms_norm_eps=family.rms_norm_eps if c.rms_norm_eps is None else c.rms_norm_eps,
             max_position_embeddings=c.context_window(),
+            model_type=c.model_type or "llama",
         )
 
+    @property
+    def hf_class(self) -> str:
+        """The ``transformers`` class of this model_type (its parameter names are the sharding
+        format's)."""
+        return ARCHITECTURES[self.model_type]
+
     def to_hf_dict(self) -> dict[str, Any]:
-        """The ``config.json`` fields ``transformers`` needs to build the same architecture."""
+        """The ``config.json`` fields ``transformers`` needs to build the same architecture:
+        Llama and Qwen3 only (another family's activation, norms and embedding scale are no
+        fields of a ModelSpec)."""
+        if self.model_type not in COMPUTED:
+            raise InputError("model.model_type", f"{self.model_type!r}: no config.json is "
+                             "written for it (its layer differs from Llama's beyond the sizes "
+                             "Nereus keeps)", sorted(COMPUTED))
         return {
-            "architectures": ["Qwen3ForCausalLM" if self.qk_norm else "LlamaForCausalLM"],
-            "model_type": "qwen3" if self.qk_norm else "llama",
+            "architectures": [self.hf_class],
+            "model_type": self.model_type,
             "hidden_size": self.hidden_size,
             "intermediate_size": self.intermediate_size,
             "num_hidden_layers": self.num_layers,
@@ -256,6 +274,17 @@ FAMILIES: dict[str, _Family] = {
     "gemma": _Family(tie_word_embeddings=True, head_dim=256),
     "gemma2": _Family(tie_word_embeddings=True, head_dim=256),
 }
+
+# the transformers class of each model_type in FAMILIES
+ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
+                 "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
+                 "phi3": "Phi3ForCausalLM", "gemma": "GemmaForCausalLM",
+                 "gemma2": "Gemma2ForCausalLM"}
+# the model_types the engine computes exactly (and ``to_hf_dict`` describes): the others are
+# planned and their state moved, but their layer is not Llama's (Gemma: GeGLU, a scaled
+# embedding, (1 + w) norms; Mistral: a sliding window; Qwen2: q/k/v biases; Phi-3: fused
+# projections)
+COMPUTED = frozenset({"llama", "qwen3"})
 
 # Upper bounds on a config's sizes, far past every published dense decoder (Llama-3.1-405B:
 # 126 layers, hidden 16,384, MLP 53,248, 128 heads; Gemma: 262,144-token vocabulary): past them
