@@ -803,3 +803,26 @@ def test_op_class_times_alone_teach_the_calibrator(job, plans):
         c.on_boundary(Telemetry(k, 2000.0, 3000, job.pool.ids, op_time_s=ops))
     assert c.steps_seen == 5 and c.calibrator.samples > 0
     assert c.calibrator.efficiencies()[OpClass.GEMM] == pytest.approx(0.5, rel=1e-3)
+
+
+def test_an_onward_replan_waits_through_pool_changes_while_a_transition_runs(job, plans):
+    """After an urgent move short of S*, the onward replan waits for the running transition;
+    GPUs joining and leaving meanwhile replaced it with a pool trigger that then vanished, so
+    S* was never priced again."""
+    from nereus.control.monitor import Trigger
+
+    n8, n16 = tuple(range(8)), tuple(range(16))
+    start = job.with_pool(GpuPool(job.cluster, n8))
+    c = Controller(start, plans["best8"], transition=lambda j, s, t, e: _Sched(1.0),
+                   on_log=lambda s: None)
+    c.on_boundary(_tel(start, plans["best8"], 0, 2000, pool=n8))
+    c.pending = (Trigger(TriggerKind.ONWARD, "pool", False, detail="after the urgent move"),)
+    for step, pool in ((1, n8), (2, n16), (3, n8)):
+        d = c.on_boundary(replace(_tel(start, plans["best8"], step, 2000, pool=pool),
+                                  transition_running=True))
+        assert "deferred" in d.reasons.summary
+        assert TriggerKind.ONWARD in [t.kind for t in c.pending]
+    d = c.on_boundary(_tel(start, plans["best8"], 4, 2000, pool=n8))
+    assert [t.kind for t in d.reasons.triggers] == [TriggerKind.ONWARD]
+    assert [v.label for v in d.reasons.verdicts] == ["best"]  # S* priced again
+    assert c.pending == ()

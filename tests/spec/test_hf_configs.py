@@ -207,3 +207,15 @@ def test_every_family_names_its_class_and_only_llama_and_qwen3_are_written_back(
     for name in ("tiny-qwen3", "qwen3-14b"):
         m = MODEL_PRESETS[name]
         assert m.model_type == "qwen3" and ModelSpec.from_hf_dict(m.to_hf_dict(), name) == m
+
+
+def test_a_model_spec_names_a_known_family_and_only_qwen3_norms_q_and_k():
+    from dataclasses import replace
+
+    from nereus.spec.model import MODEL_PRESETS
+    llama = MODEL_PRESETS["tiny-llama"]
+    with pytest.raises(InputError, match=r"^model\.model_type: unknown model_type 'gpt_neox'"):
+        replace(llama, model_type="gpt_neox")
+    with pytest.raises(InputError, match=r"^model\.qk_norm: True with model_type 'llama'"):
+        replace(llama, qk_norm=True)
+    assert replace(llama, qk_norm=True, model_type="qwen3").model_type == "qwen3"

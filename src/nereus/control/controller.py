@@ -396,8 +396,9 @@ class Controller:
         fresh = {t.signal for t in triggers}
         # a waiting pool change is measured anew each boundary (GPUs that came and went since
         # are no change to answer)
-        pending = tuple(t for t in self.pending if t.signal not in fresh and t.kind not in (
-            TriggerKind.POOL_LOSS, TriggerKind.POOL_GAIN)) + tuple(triggers)
+        pending = tuple(t for t in self.pending if t.kind is TriggerKind.ONWARD or (
+            t.signal not in fresh and t.kind not in (TriggerKind.POOL_LOSS,
+                                                     TriggerKind.POOL_GAIN))) + tuple(triggers)
         if not pending:
             self.pending = ()
             return self._log(Decision(Action.KEEP, self.plan, reasons=Reasons(
@@ -407,7 +408,8 @@ class Controller:
         # memory is then checked against), or at once when GPUs are lost
         if tel.transition_running and not lost_gpus:
             self.pending = pending
-            after = "; urgent once it ends" if any(t.urgent for t in pending) else ""
+            after = "; an urgent trigger waits with it" if any(t.urgent for t in pending) \
+                else ""
             return self._log(Decision(Action.KEEP, self.plan, reasons=Reasons(
                 step, pending, False, gamma=cfg.gamma,
                 summary=f"deferred: a transition is still running{after}")))

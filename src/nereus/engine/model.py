@@ -74,9 +74,8 @@ class ParallelModel:
                  shards: Mapping[str, torch.Tensor], groups: ParallelGroups | None = None,
                  recorder: Recorder | None = None) -> None:
         if spec.model_type not in COMPUTED:
-            raise InputError("model.model_type", f"{spec.model_type!r} is planned and its state "
-                             "moved, but the engine computes Llama and Qwen3 decoders only",
-                             sorted(COMPUTED))
+            raise InputError("model.model_type", f"{spec.model_type!r} is planned, but the "
+                             "engine computes Llama and Qwen3 decoders only", sorted(COMPUTED))
         self.spec, self.head, self.pos = spec, head, pos
         self.groups = groups or ParallelGroups()
         self.groups.check(pos)

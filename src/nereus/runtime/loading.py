@@ -176,8 +176,8 @@ def _check_nothing_dropped(path: str | Path, where: dict[str, Path], spec: State
         raise InputError("checkpoint", f"{path} holds {len(extra)} tensor(s) that "
                          f"{spec.model.name} has no place for, such as {extra[0]!r}: moved "
                          f"without them, the model would change",
-                         f"the parameter names of transformers' "
-                         f"{spec.model.hf_class}")
+                         "a Llama-style checkpoint without biases or fused projections "
+                         "(the sharding format's tensors: DESIGN.md)")
 
 
 def load_safetensors(path: str | Path, spec: StateSpec, tp: int, pp: int, tp_rank: int,
@@ -239,9 +239,10 @@ def save_safetensors(state: LogicalState, path: str | Path) -> Path:
     ``transformers``' Llama / Qwen3) with its ``config.json``, for tests and examples."""
     from safetensors.torch import save_file
 
+    config = state.spec.model.to_hf_dict()  # refuses a family it cannot describe, first
     out = Path(path)
     out.mkdir(parents=True, exist_ok=True)
     tensors = {name: t.contiguous() for (kind, name), t in state.tensors.items() if kind == PARAM}
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
-    (out / "config.json").write_text(json.dumps(state.spec.model.to_hf_dict(), indent=2))
+    (out / "config.json").write_text(json.dumps(config, indent=2))
     return out

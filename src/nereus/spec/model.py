@@ -26,6 +26,47 @@ class Head(str, Enum):
 
 
 @dataclass(frozen=True)
+class _Family:
+    """What ``transformers``' config class of one ``model_type`` assumes for a field that a
+    config.json leaves out (None: derived, head_dim = hidden_size / num_attention_heads)."""
+
+    tie_word_embeddings: bool = False
+    head_dim: int | None = None
+    rms_norm_eps: float = 1e-6
+
+
+# model_types whose decoder layer is the one ModelSpec counts: attention with q/k/v/o
+# projections, a gated MLP of three matrices (SwiGLU or GeGLU), RMSNorms. The parameter count is
+# within 0.06 % of the published total for each (tests/spec/test_hf_configs.py); what the
+# count leaves out is a few vectors: Qwen2's q/k/v biases, Gemma 2's two extra norms per layer.
+# Others (GPT-NeoX, Phi-1/2, StarCoder2, BERT, ...) have an ungated MLP or another layer and
+# would be priced up to a third too large, so they are refused rather than guessed.
+# A config without a model_type is read as Llama's.
+FAMILIES: dict[str, _Family] = {
+    "llama": _Family(),
+    "mistral": _Family(),
+    "qwen2": _Family(),
+    "qwen3": _Family(head_dim=128),
+    "phi3": _Family(rms_norm_eps=1e-5),
+    # Gemma ties the LM head to the embedding unless told otherwise, and its heads are 256 wide
+    "gemma": _Family(tie_word_embeddings=True, head_dim=256),
+    "gemma2": _Family(tie_word_embeddings=True, head_dim=256),
+}
+
+# the transformers class of each model_type in FAMILIES
+ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
+                 "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
+                 "phi3": "Phi3ForCausalLM", "gemma": "GemmaForCausalLM",
+                 "gemma2": "Gemma2ForCausalLM"}
+# the model_types the engine computes exactly (and ``to_hf_dict`` describes): the others are
+# planned, but their layer is not Llama's (Gemma: GeGLU, a scaled embedding, (1 + w) norms;
+# Mistral: a sliding window; Qwen2: q/k/v biases; Phi-3: fused projections). The runtime moves
+# the state of those whose tensors are the sharding format's (Mistral, Gemma) and refuses the
+# others' checkpoints (Qwen2's biases, Phi-3's fused projections)
+COMPUTED = frozenset({"llama", "qwen3"})
+
+
+@dataclass(frozen=True)
 class ModelSpec:
     """Architecture of a Llama-style decoder (Llama, Mistral, Qwen2/3, Phi-3, Gemma 1/2: see
     FAMILIES; and tiny CPU models)."""
@@ -52,6 +93,12 @@ class ModelSpec:
     def __post_init__(self) -> None:
         if not self.model_type:
             object.__setattr__(self, "model_type", "qwen3" if self.qk_norm else "llama")
+        if self.model_type not in FAMILIES:
+            raise InputError("model.model_type", f"unknown model_type {self.model_type!r}",
+                             sorted(FAMILIES))
+        if self.qk_norm != (self.model_type == "qwen3"):
+            raise InputError("model.qk_norm", f"{self.qk_norm} with model_type "
+                             f"{self.model_type!r}: only Qwen3 normalizes q and k per head")
         for field in ("hidden_size", "intermediate_size", "num_layers", "num_heads",
                       "num_kv_heads", "head_dim", "vocab_size"):
             if getattr(self, field) < 1:
@@ -247,44 +294,6 @@ def get_model(name_or_path: str) -> ModelSpec:
                      [*MODEL_PRESETS, "a path to a Hugging Face config.json"])
 
 
-@dataclass(frozen=True)
-class _Family:
-    """What ``transformers``' config class of one ``model_type`` assumes for a field that a
-    config.json leaves out (None: derived, head_dim = hidden_size / num_attention_heads)."""
-
-    tie_word_embeddings: bool = False
-    head_dim: int | None = None
-    rms_norm_eps: float = 1e-6
-
-
-# model_types whose decoder layer is the one ModelSpec counts: attention with q/k/v/o
-# projections, a gated MLP of three matrices (SwiGLU or GeGLU), RMSNorms. The parameter count is
-# within 0.01 % of the published total for each (tests/spec/test_hf_configs.py); what the
-# count leaves out is a few vectors: Qwen2's q/k/v biases, Gemma 2's two extra norms per layer.
-# Others (GPT-NeoX, Phi-1/2, StarCoder2, BERT, ...) have an ungated MLP or another layer and
-# would be priced up to a third too large, so they are refused rather than guessed.
-# A config without a model_type is read as Llama's.
-FAMILIES: dict[str, _Family] = {
-    "llama": _Family(),
-    "mistral": _Family(),
-    "qwen2": _Family(),
-    "qwen3": _Family(head_dim=128),
-    "phi3": _Family(rms_norm_eps=1e-5),
-    # Gemma ties the LM head to the embedding unless told otherwise, and its heads are 256 wide
-    "gemma": _Family(tie_word_embeddings=True, head_dim=256),
-    "gemma2": _Family(tie_word_embeddings=True, head_dim=256),
-}
-
-# the transformers class of each model_type in FAMILIES
-ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
-                 "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
-                 "phi3": "Phi3ForCausalLM", "gemma": "GemmaForCausalLM",
-                 "gemma2": "Gemma2ForCausalLM"}
-# the model_types the engine computes exactly (and ``to_hf_dict`` describes): the others are
-# planned and their state moved, but their layer is not Llama's (Gemma: GeGLU, a scaled
-# embedding, (1 + w) norms; Mistral: a sliding window; Qwen2: q/k/v biases; Phi-3: fused
-# projections)
-COMPUTED = frozenset({"llama", "qwen3"})
 
 # Upper bounds on a config's sizes, far past every published dense decoder (Llama-3.1-405B:
 # 126 layers, hidden 16,384, MLP 53,248, 128 heads; Gemma: 262,144-token vocabulary): past them
