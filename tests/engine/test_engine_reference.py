@@ -25,10 +25,10 @@ MODELS = ["tiny-llama", "tiny-qwen3"]
 def hf_model(spec: ModelSpec, full: dict[str, torch.Tensor], head: Head = Head.LM
              ) -> torch.nn.Module:
     cfg = transformers.AutoConfig.for_model(**spec.to_hf_dict())
-    if head is Head.SCALAR:
+    if head is Head.SCALAR:  # a critic as verl builds one: a token classifier, one label
         cfg.num_labels = 1
         cfg.pad_token_id = 0
-        m = transformers.AutoModelForSequenceClassification.from_config(cfg)
+        m = transformers.AutoModelForTokenClassification.from_config(cfg)
     else:
         m = transformers.AutoModelForCausalLM.from_config(cfg)
     m.load_state_dict(full, strict=False)
@@ -91,16 +91,18 @@ def test_left_padded_logprobs_equal_transformers(pads: list[int], s: int, name: 
     torch.testing.assert_close(out.logprobs[real], want_lp[real], atol=1e-5, rtol=0)
 
 
-def test_scalar_head_equals_sequence_classifier() -> None:
+def test_scalar_head_equals_token_classifier() -> None:
+    """Per-token values, score bias included, as transformers' token classifier gives them."""
     spec = MODEL_PRESETS["tiny-llama"]
     full = logical_state(spec, Head.SCALAR, seed=5)
     ref = hf_model(spec, full, Head.SCALAR)
-    b = Batch(batch(spec, 2, 9, seed=6).input_ids.clamp(min=1))  # no pad token: last is pooled
+    assert set(ref.state_dict()) == set(full)  # every tensor loaded, the bias too
+    b = Batch(batch(spec, 2, 9, seed=6).input_ids)
     out = engine(spec, full, Head.SCALAR).forward(b, micro_batch=2).result
     assert isinstance(out, Output) and out.values is not None
     with torch.no_grad():
-        want = ref(b.input_ids).logits[:, 0]
-    torch.testing.assert_close(out.values[:, -1], want, atol=1e-5, rtol=0)
+        want = ref(b.input_ids).logits[..., 0]
+    torch.testing.assert_close(out.values, want, atol=1e-5, rtol=0)
 
 
 @pytest.mark.parametrize("name", MODELS)

@@ -242,3 +242,31 @@ def test_a_checkpoint_with_parameters_the_format_lacks_is_refused(tmp_path) -> N
                                          r"has no place for, such as 'model\.layers\.0\.self_"
                                          r"attn\.k_proj\.bias'"):
         load_safetensors(tmp_path, spec, 1, 1, 0, 0)
+
+
+@pytest.mark.parametrize("cls_name,has_bias", [("LlamaForTokenClassification", True),
+                                               ("LlamaForSequenceClassification", False)])
+def test_a_critic_or_reward_checkpoint_loads_with_its_score_bias(tmp_path, cls_name: str,
+                                                                 has_bias: bool) -> None:
+    """verl builds its critic as a token classifier, whose score head has a bias (it was
+    refused, and before that dropped); a reward model's sequence classifier has none, which
+    is a bias of zero."""
+    import transformers
+
+    from nereus.spec.sharding import SCORE, SCORE_BIAS
+
+    spec = _spec("tiny-llama", head=Head.SCALAR, trainable=True)
+    cfg = transformers.AutoConfig.for_model(**spec.model.to_hf_dict())
+    cfg.num_labels, cfg.pad_token_id = 1, 0
+    torch.manual_seed(0)
+    hf = getattr(transformers, cls_name)(cfg)
+    if has_bias:
+        torch.nn.init.normal_(hf.score.bias)
+    hf.save_pretrained(tmp_path, safe_serialization=True)
+    want = hf.state_dict()
+    for tp, pp in [(1, 1), (2, 2)]:
+        got = gather([load_safetensors(tmp_path, spec, tp, pp, t, r)
+                      for r in range(pp) for t in range(tp)])
+        assert torch.equal(got.tensors[(PARAM, SCORE)], want["score.weight"])
+        bias = want["score.bias"] if has_bias else torch.zeros(1)
+        assert torch.equal(got.tensors[(PARAM, SCORE_BIAS)], bias)

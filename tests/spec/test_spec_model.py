@@ -17,8 +17,10 @@ def test_preset_parameter_counts_match_published_totals(name, total):
 
 
 def test_scalar_head_replaces_lm_head():
+    """The LM head (vocab x hidden) gives way to a score row (hidden) and its bias."""
     m = MODEL_PRESETS["llama-3.1-8b"]
-    assert m.param_count(Head.LM) - m.param_count(Head.SCALAR) == m.vocab_size * m.hidden_size - m.hidden_size
+    assert m.param_count(Head.LM) - m.param_count(Head.SCALAR) == \
+        m.vocab_size * m.hidden_size - (m.hidden_size + 1)
 
 
 def test_tied_embeddings_count_the_matrix_once():

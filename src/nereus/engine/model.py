@@ -22,7 +22,16 @@ from nereus.engine.layers import (TP, apply_rotary, attention, column_linear, ga
 from nereus.engine.measure import Recorder
 from nereus.errors import InputError
 from nereus.spec.model import COMPUTED, Head, ModelSpec
-from nereus.spec.sharding import EMBED, FINAL_NORM, LM_HEAD, SCORE, Shard, layer_range, shard_plan
+from nereus.spec.sharding import (
+    EMBED,
+    FINAL_NORM,
+    LM_HEAD,
+    SCORE,
+    SCORE_BIAS,
+    Shard,
+    layer_range,
+    shard_plan,
+)
 
 
 @dataclass
@@ -187,7 +196,8 @@ class ParallelModel:
 
     def values(self, h: torch.Tensor) -> torch.Tensor:
         """Scalar head (critic values, reward scores) per token: [b, s], fp32."""
-        return matmul(h, self.params[SCORE], self.rec).squeeze(-1).float()
+        return (matmul(h, self.params[SCORE], self.rec).squeeze(-1)
+                + self.params[SCORE_BIAS]).float()
 
     def full_logits(self, h: torch.Tensor) -> torch.Tensor:
         """Full-vocabulary logits [..., vocab] (sampling and checks; training never needs them)."""

@@ -27,7 +27,14 @@ from nereus.runtime.state import (
     StateSpec,
     derive_seed,
 )
-from nereus.spec.sharding import EMBED, LM_HEAD, LogicalParam, Shard, logical_params
+from nereus.spec.sharding import (
+    EMBED,
+    LM_HEAD,
+    SCORE_BIAS,
+    LogicalParam,
+    Shard,
+    logical_params,
+)
 
 WARM_STEPS = 7  # the seeded "warm" state looks like a run after this many optimizer updates
 
@@ -56,7 +63,10 @@ def seeded_value(spec: StateSpec, p: LogicalParam, kind: str, seed: int,
     if kind in (PARAM, MASTER):
         g = _gen(seed, f"{p.name}/param")
         base = torch.randn(p.shape, generator=g, dtype=torch.float32)
-        base = base.mul_(0.1).add_(1.0) if len(p.shape) == 1 else base.mul_(0.02)
+        if p.name == SCORE_BIAS:  # a bias: near 0 (a norm's weight is near 1)
+            base = base.mul_(0.1)
+        else:
+            base = base.mul_(0.1).add_(1.0) if len(p.shape) == 1 else base.mul_(0.02)
         return base.to(spec.dtype(kind))
     if not warm:
         return torch.zeros(p.shape, dtype=torch.float32)
@@ -203,6 +213,9 @@ def load_safetensors(path: str | Path, spec: StateSpec, tp: int, pp: int, tp_ran
                 name = EMBED
             if shard.name == LM_HEAD and shard.logical == EMBED:
                 name = EMBED  # the tied copy on the last pipeline block
+            if name == SCORE_BIAS and name not in where:
+                # ...ForSequenceClassification (a reward model) has no bias: the same function
+                return torch.zeros(shard.full_shape)
             if name not in where:
                 raise InputError("checkpoint", f"{path} lacks tensor {name!r}",
                                  f"the parameter names of transformers' "

@@ -138,7 +138,7 @@ class ModelSpec:
     def head_params(self, head: Head = Head.LM) -> int:
         """Parameters of the output head that are not shared with the embedding."""
         if head is Head.SCALAR:
-            return self.hidden_size  # value / score head: hidden -> 1
+            return self.hidden_size + 1  # value / score head: hidden -> 1, and its bias
         return 0 if self.tie_embeddings else self.vocab_size * self.hidden_size
 
     def param_count(self, head: Head = Head.LM) -> int:

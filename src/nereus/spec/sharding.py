@@ -28,6 +28,7 @@ EMBED = "model.embed_tokens.weight"
 FINAL_NORM = "model.norm.weight"
 LM_HEAD = "lm_head.weight"
 SCORE = "score.weight"
+SCORE_BIAS = "score.bias"  # the critic's (transformers' ...ForTokenClassification has one)
 
 
 @dataclass(frozen=True)
@@ -146,7 +147,8 @@ def logical_params(model: ModelSpec, head: Head = Head.LM) -> tuple[LogicalParam
         ]
     out.append(LogicalParam(FINAL_NORM, (h,), None, None))
     if head is Head.SCALAR:
-        out.append(LogicalParam(SCORE, (1, h), None, None))
+        out += [LogicalParam(SCORE, (1, h), None, None),
+                LogicalParam(SCORE_BIAS, (1,), None, None)]
     elif not model.tie_embeddings:
         out.append(LogicalParam(LM_HEAD, (model.vocab_size, h), 0, None))
     return tuple(out)
