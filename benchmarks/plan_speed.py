@@ -119,8 +119,10 @@ def main() -> None:
         print(f"PPO llama-3.1-8b on {g:5d} GPUs: replan median {medians[-1]:7.1f} ms "
               f"(min {min(t):.1f}, max {max(t):.1f}; CPU {cpu_medians[-1]:.1f} ms; "
               f"{args.repeats} cold replans), peak memory {peaks[-1]:.1f} MiB (measured)")
+    print(f"load average (1 min) before the replans: {load:.2f}")
     cases, agree = brute_force_cases(args.cases)
-    print(f"brute force: {agree}/{cases} small random instances agree with the search")
+    print(f"brute force: {agree}/{cases} small random instances agree with the search "
+          f"(exact step latencies, estimated by the cost model)")
     if args.json:
         print(json.dumps({"gpus": list(GPU_COUNTS), "median_ms": [round(m, 2) for m in medians],
                           "cpu_median_ms": [round(m, 2) for m in cpu_medians],

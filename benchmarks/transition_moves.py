@@ -73,7 +73,8 @@ def main() -> None:
             if args.verbose:
                 print(f"{a} -> {b}: {s.reason}")
                 print(f"  placed near the current GPUs: "
-                      f"{'none feasible' if cheapest is None else f'{cheapest:.3f} s'}")
+                      f"{'none feasible' if cheapest is None else f'{cheapest:.3f} s'} "
+                      f"(estimated)")
             continue
         feasible += 1
         staged += any(p.primitive.staged for p in s.primitives)

@@ -14,6 +14,7 @@ from nereus.cost.model import CostModel, least_overlap, placed_overlap
 from nereus.files import read_yaml
 from nereus.plan.evaluate import StageLayoutSpec, evaluate_plan
 from nereus.plan.near import placed_near
+from nereus.plan.placement import tp_groups_off_node
 from nereus.plan.search import best_plan
 from nereus.plan.types import Plan, StagePlan
 from nereus.plan.validate import validate_plan
@@ -55,8 +56,7 @@ def _placed_overlap(plan: Plan) -> float:
 
 
 def _tp_groups_off_node(job: JobSpec, plan: Plan) -> int:
-    return sum(not job.cluster.same_node(r[i:i + sp.tp]) for sp in plan.stages
-               for r in sp.replicas for i in range(0, len(r), sp.tp))
+    return sum(tp_groups_off_node(sp.replicas, sp.tp, job.cluster) for sp in plan.stages)
 
 
 def _agrees_with_sorted(job: JobSpec, cur: Plan, near: Plan) -> None:

@@ -157,33 +157,35 @@ def jobs_from_specs(current: Path, target: Path, profile: Path | None
         raise InputError("target.cluster.devices_per_node",
                          f"{b.cluster.devices_per_node} differs from the current "
                          f"{a.cluster.devices_per_node}", "the same node size in both")
-    plans = []
+    plans, costs = [], []
     for which, job, path in (("current", a, current), ("target", b, target)):
+        costs.append(_cost_model(job, profile))
         try:
-            plans.append(best_plan(job, cost=_cost_model(job, profile)))
+            plans.append(best_plan(job, cost=costs[-1]))
         except InfeasibleError as e:  # which of the two job specs fits nowhere
             raise InfeasibleError(f"{which} ({path.name}): {e}") from None
     cur, tgt = plans
     cluster = max((a.cluster, b.cluster), key=lambda c: c.num_devices)
     pool = GpuPool(cluster, tuple(sorted(set(a.pool.ids) | set(b.pool.ids))))
     job = replace(b, cluster=cluster, pool=pool)
-    return job, cur, *_nearest(job, b, cur, tgt, profile)
+    return job, cur, *_nearest(job, b, costs[1], cur, tgt, profile is not None)
 
 
-def _nearest(job: JobSpec, target_job: JobSpec, cur: Plan, tgt: Plan,
-             profile: Path | None) -> tuple[Plan, Schedule | None]:
+def _nearest(job: JobSpec, target_job: JobSpec, cost: CostModel, cur: Plan, tgt: Plan,
+             calibrated: bool) -> tuple[Plan, Schedule | None]:
     """The target as the controller would take it: the search's placement, or one near the
     current plan's GPUs (``nereus.plan.near``) that is no slower per step and has the cheapest
-    feasible transition; with its schedule where it was planned to choose."""
+    feasible transition; with its schedule where it was planned to choose. ``cost``: the
+    target's cost model (``calibrated``: its efficiencies come from a profile)."""
     from nereus.plan.near import placed_near
 
-    nears = [p for p in placed_near(target_job, _cost_model(target_job, profile), tgt, cur)
+    nears = [p for p in placed_near(target_job, cost, tgt, cur)
              if p.step_latency_s <= tgt.step_latency_s * (1 + 1e-9)]
     if not nears:
         return tgt, None
     from nereus.control.admission import cheapest_to_reach
 
-    eff = _efficiencies(job, profile)
+    eff = cost.eff if calibrated else None
     planned = [(p, plan_transition(job, cur, p, eff)) for p in [tgt, *nears]]
     return cheapest_to_reach(planned, lambda ps: ps[1], lambda ps: ps[0].step_latency_s)
 

@@ -83,14 +83,13 @@ T = TypeVar("T")
 
 
 def cheapest_to_reach(targets: Sequence[T], schedule_of: Callable[[T], Schedule],
-                      step_of: Callable[[T], float] | None = None) -> T:
+                      step_of: Callable[[T], float]) -> T:
     """Of targets no slower than the first, the one whose transition is cheapest: feasible
-    before infeasible, then the shortest L_tran, then (``step_of``) the shortest step; ties
-    keep the earlier (the search's placement)."""
+    before infeasible, then the shortest L_tran, then the shortest step; ties keep the earlier
+    (the search's placement)."""
     def key(t: T) -> tuple[bool, float, float]:
         sched = schedule_of(t)
-        return (not sched.feasible, sched.estimated_s if sched.feasible else 0.0,
-                step_of(t) if step_of is not None else 0.0)
+        return not sched.feasible, sched.estimated_s if sched.feasible else 0.0, step_of(t)
     return min(targets, key=key)
 
 

@@ -44,7 +44,7 @@ from nereus.control.monitor import (
     pool_triggers,
 )
 from nereus.control.restart import RestartCost, RestartParams, restart_cost
-from nereus.control.targets import Priced, hybrids, intact, price, rebatched, reprice
+from nereus.control.targets import Priced, hybrids, intact, price, problems, rebatched, reprice
 from nereus.control.telemetry import Telemetry
 from nereus.cost.calibrate import Calibrator
 from nereus.cost.efficiency import Efficiencies
@@ -666,11 +666,12 @@ class Controller:
         the target; a slower one follows as a fallback (a slower target with a cheaper
         transition, which ``select`` tries only if S* is rejected). Without ``schedule_for``
         (no move to S* can be admitted) nothing is priced and S* stays first."""
-        # each priced as the hybrids are: only a placement that fits (memory, pool) is an option
-        priced = [q for q in (reprice(now, cost, p)
-                              for p in placed_near(now, cost, best.plan, survivors)) if q.fits]
-        nears = [option(f"best, placed near the current GPUs ({k})", q.plan, q.step_s)
-                 for k, q in enumerate(priced, 1) if q.plan is not None]
+        # placed_near prices them with ``cost``; as for the hybrids, only a placement that
+        # fits (memory, pool) is an option
+        fit = [p for p in placed_near(now, cost, best.plan, survivors)
+               if not problems(now, cost, p)]
+        nears = [option(f"best, placed near the current GPUs ({k})", p, p.step_latency_s)
+                 for k, p in enumerate(fit, 1)]
         limit = best.expected_s * (1 + 1e-9)
         same = [best] + [o for o in nears if o.expected_s <= limit]
         slower = [o for o in nears if o.expected_s > limit]

@@ -150,7 +150,7 @@ def price(job: JobSpec, cost: CostModel, specs: Mapping[str, StageLayoutSpec]) -
         plan = evaluate_plan(job, specs, cost)
     except InputError as e:
         return Priced(None, (str(e),))
-    return Priced(plan, tuple(_problems(job, cost, plan)))
+    return Priced(plan, tuple(problems(job, cost, plan)))
 
 
 def reprice(job: JobSpec, cost: CostModel, plan: Plan) -> Priced:
@@ -177,10 +177,12 @@ def reprice(job: JobSpec, cost: CostModel, plan: Plan) -> Priced:
                                   if wf.stage(g[0]).phase is phase), default=0.0)
     terms["weight_sync"] = sync_s
     new = Plan(tuple(stages), step, "estimated", terms, plan.groups)
-    return Priced(new, tuple(_problems(job, cost, new)))
+    return Priced(new, tuple(problems(job, cost, new)))
 
 
-def _problems(job: JobSpec, cost: CostModel, plan: Plan) -> list[str]:
+def problems(job: JobSpec, cost: CostModel, plan: Plan) -> list[str]:
+    """What keeps a plan priced with ``cost`` from running: GPUs off the pool, memory (each
+    stage's peak, the weight sync's), asynchronous generation sharing GPUs."""
     problems: list[str] = []
     pool = set(job.pool.ids)
     limit = HEADROOM * job.cluster.device.memory_bytes
@@ -195,8 +197,8 @@ def _problems(job: JobSpec, cost: CostModel, plan: Plan) -> list[str]:
     pair = wf.colocated_sync()
     if pair is not None:
         t, g = plan.stage(pair[0]).layout, plan.stage(pair[1]).layout
-        if not cost.weight_sync_fits(t, g):
-            held = sum(cost.weight_sync_memory(t, g).values())
+        held = cost.weight_sync_peak_bytes(t, g)
+        if held > limit:
             problems.append(f"weight sync {pair[0]} -> {pair[1]}: {held / 2**30:.1f} GiB > "
                             f"{limit / 2**30:.1f} GiB per GPU (estimated)")
     if wf.execution is Execution.ASYNC:

@@ -184,7 +184,7 @@ class CostModel:
         self._cache: dict[tuple[str, Candidate, int], Estimate] = {}
         self._sync: dict[tuple[Layout, Layout, int | None, float | None],
                          tuple[Estimate, Estimate, Estimate]] = {}
-        self._sync_fits: dict[tuple[Layout, Layout], bool] = {}
+        self._sync_peak: dict[tuple[Layout, Layout], int] = {}
         self._nodes: tuple[tuple[int, ...], ...] | None = None
         self._room: tuple[int, ...] | None = None
 
@@ -398,15 +398,18 @@ class CostModel:
             hit = self._sync[key] = (parts[0], parts[1], parts[2])
         return hit
 
-    def weight_sync_fits(self, train: Layout, gen: Layout) -> bool:
-        """Whether the fullest GPU of the weight sync from ``train`` into ``gen`` stays within
-        the memory headroom (``weight_sync_memory``; always in asynchronous execution)."""
+    def weight_sync_peak_bytes(self, train: Layout, gen: Layout) -> int:
+        """Bytes on the fullest GPU of the weight sync from ``train`` into ``gen``
+        (``weight_sync_memory`` summed; 0 in asynchronous execution)."""
         key = (train, gen)
-        ok = self._sync_fits.get(key)
-        if ok is None:
-            held = sum(self.weight_sync_memory(train, gen).values())
-            ok = self._sync_fits[key] = held <= HEADROOM * self.device.memory_bytes
-        return ok
+        held = self._sync_peak.get(key)
+        if held is None:
+            held = self._sync_peak[key] = sum(self.weight_sync_memory(train, gen).values())
+        return held
+
+    def weight_sync_fits(self, train: Layout, gen: Layout) -> bool:
+        """Whether that fullest GPU stays within the memory headroom."""
+        return self.weight_sync_peak_bytes(train, gen) <= HEADROOM * self.device.memory_bytes
 
     def weight_sync_memory(self, train: Layout, gen: Layout) -> dict[str, int]:
         """Bytes on the fullest GPU of a synchronous (colocated) weight sync, by term; empty in
@@ -436,8 +439,7 @@ class CostModel:
         placement puts more on one GPU. Memory calibration scales each stage's parameters as it
         scales that stage's peak.
         """
-        wf = self.job.workflow
-        if wf.weight_sync() is None or wf.execution is Execution.ASYNC:
+        if self.job.workflow.colocated_sync() is None:
             return {}
         m, w = self.job.model, self.job.workload
         scale = self.memory_scale

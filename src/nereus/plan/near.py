@@ -27,7 +27,7 @@ from __future__ import annotations
 from nereus.cost.model import CostModel, placed_overlap
 from nereus.errors import InputError
 from nereus.plan.evaluate import StageLayoutSpec, evaluate_plan
-from nereus.plan.placement import GroupAssignment, place_phase
+from nereus.plan.placement import GroupAssignment, place_phase, tp_groups_off_node
 from nereus.plan.types import Plan, StagePlan
 from nereus.spec.cluster import Cluster, GpuPool
 from nereus.spec.job import JobSpec
@@ -162,14 +162,10 @@ def _kept_order(replicas: Replicas, current: Plan, target: StagePlan,
     out = []
     for r in replicas:
         kept = by_set.get(frozenset(r), r)
-        spans = _off_node(kept, target.tp, cluster) > _off_node(r, target.tp, cluster)
+        spans = tp_groups_off_node((kept,), target.tp, cluster) > \
+            tp_groups_off_node((r,), target.tp, cluster)
         out.append(r if spans else kept)
     return tuple(out)
-
-
-def _off_node(replica: tuple[int, ...], tp: int, cluster: Cluster) -> int:
-    """TP groups of ``replica`` (runs of ``tp`` ids) that span nodes."""
-    return sum(not cluster.same_node(replica[i:i + tp]) for i in range(0, len(replica), tp))
 
 
 def _synced(pair: tuple[str, str], replicas: dict[str, Replicas], laid: dict[str, Replicas],
@@ -193,8 +189,7 @@ def _synced(pair: tuple[str, str], replicas: dict[str, Replicas], laid: dict[str
         if sorted(x for r in moved for x in r) != sorted(x for r in laid[move] for x in r):
             continue
         tp = plan.stage(move).tp
-        if sum(_off_node(r, tp, cluster) for r in moved) > \
-                sum(_off_node(r, tp, cluster) for r in laid[move]):
+        if tp_groups_off_node(moved, tp, cluster) > tp_groups_off_node(laid[move], tp, cluster):
             continue
         both = {keep: replicas[keep], move: moved}
         if placed_overlap(lt, both[t], lg, both[g]) >= want:

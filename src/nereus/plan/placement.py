@@ -24,7 +24,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from nereus.cost.candidate import Candidate
-from nereus.spec.cluster import GpuPool
+from nereus.spec.cluster import Cluster, GpuPool
 
 
 @dataclass(frozen=True)
@@ -145,3 +145,8 @@ def place_phase(pool: GpuPool, groups: Sequence[GroupAssignment], spread: bool =
             size = cand.layout.size
             out[name] = [tuple(ids[r * size:(r + 1) * size]) for r in range(cand.dp)]
     return out
+
+
+def tp_groups_off_node(replicas: Sequence[Sequence[int]], tp: int, cluster: Cluster) -> int:
+    """How many TP groups of ``replicas`` (TP innermost) span nodes."""
+    return sum(not cluster.same_node(r[i:i + tp]) for r in replicas for i in range(0, len(r), tp))

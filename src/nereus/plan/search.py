@@ -47,9 +47,15 @@ from nereus.errors import InfeasibleError
 from nereus.plan.candidates import StageOptions, pareto_mask, stage_options
 from nereus.plan.exposure import spans_nodes
 from nereus.plan.overlap import critical_path, overlap_graph
-from nereus.plan.placement import GroupAssignment, place_phase, split_pool, unit_of
+from nereus.plan.placement import (
+    GroupAssignment,
+    place_phase,
+    split_pool,
+    tp_groups_off_node,
+    unit_of,
+)
 from nereus.plan.types import Plan, StagePlan, weight_sync_estimate
-from nereus.spec.cluster import Cluster, GpuPool
+from nereus.spec.cluster import GpuPool
 from nereus.spec.job import JobSpec
 from nereus.spec.workflow import Execution, ModelStage, Phase, StageKind
 
@@ -257,7 +263,7 @@ class SearchResult:
 class _SyncPrices:
     """Weight-sync seconds of every generation candidate under a training layout and GPU count
     (``CostModel.weight_sync`` of the two candidates, computed per generation layout and per
-    GPU count, once per search)."""
+    GPU count, once per search), for the candidates ``held(lt)`` keeps."""
 
     def __init__(self, cost: CostModel, gen: StageOptions):
         self.cost = cost
@@ -268,12 +274,16 @@ class _SyncPrices:
         self._price: dict[Layout, np.ndarray] = {}
         self._kinds: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self._extra: dict[tuple[Layout, int], np.ndarray] = {}
+        self._held: dict[Layout, np.ndarray | None] = {}
 
     def held(self, lt: Layout) -> np.ndarray | None:
         """Which generation candidates a GPU can hold the sync from ``lt`` into
         (``CostModel.weight_sync_fits``, per generation layout); None: every one."""
-        ok = np.array([self.cost.weight_sync_fits(lt, lg) for lg in self.layouts], dtype=bool)
-        return None if ok.all() else ok[self.which]
+        if lt not in self._held:
+            ok = np.array([self.cost.weight_sync_fits(lt, lg) for lg in self.layouts],
+                          dtype=bool)
+            self._held[lt] = None if ok.all() else ok[self.which]
+        return self._held[lt]
 
     def extra(self, lt: Layout, t: int) -> np.ndarray:
         key = (lt, t)
@@ -290,7 +300,9 @@ class _SyncPrices:
             kinds = self._kinds[t] = (rec[:, 1] > 0, rec[:, 2] > 0)
         on, off = kinds
         sync = np.where(on, np.maximum(price[:, 0], price[:, 1]), price[:, 0])
-        hit = self._extra[key] = np.where(off, np.maximum(sync, price[:, 2]), sync)
+        hit = np.where(off, np.maximum(sync, price[:, 2]), sync)
+        held = self.held(lt)
+        hit = self._extra[key] = hit if held is None else hit[held]
         return hit
 
 
@@ -359,7 +371,7 @@ class Planner:
                 held = pricer.held(lt)
                 if held is not None:  # the sync into the others would not fit their GPUs
                     opts[sync[1]] = opts[sync[1]].subset(held)
-                res = self._search_sync(opts, points, local, lt, best, pricer, held)
+                res = self._search_sync(opts, points, local, lt, best, pricer)
             elif wf.execution is Execution.SYNC:
                 pts = {p: points(p, opts, local) for p in phases}
                 if any(not v for v in pts.values()):
@@ -378,12 +390,12 @@ class Planner:
         return best
 
     def _search_sync(self, opts: dict[str, StageOptions], points, local: dict[object, list[Point]],
-                     lt: Layout, bound: SearchResult | None, pricer: _SyncPrices,
-                     held: np.ndarray | None = None) -> SearchResult | None:
+                     lt: Layout, bound: SearchResult | None, pricer: _SyncPrices
+                     ) -> SearchResult | None:
         """Synchronous step with the training layout fixed to ``lt``: the phases add up, and the
         sync depends on the generation candidate and on the training stage's GPU count T.
-        ``held``: which of all generation candidates ``opts`` keeps (those whose sync from
-        ``lt`` fits memory; None: all).
+        ``opts`` keeps the generation candidates whose sync from ``lt`` fits memory
+        (``pricer.held``), and ``pricer`` prices those.
 
         The training phase over all T gives a lower bound on the training term, and the fastest
         generation candidate with its sync priced at T one on the generation term; the training
@@ -408,14 +420,10 @@ class Planner:
         gen_memo: dict[bytes, list[Point]] = {}
         fits = g_opts.gpus <= self.job.pool.size
 
-        def sync_s(t: int) -> np.ndarray:
-            extra = pricer.extra(lt, t)
-            return extra if held is None else extra[held]
-
         def gen_best(t: int) -> Point | None:
             if Phase.GENERATION not in wf.phases:
                 return Point(0, 0.0, ())
-            extra = sync_s(t)
+            extra = pricer.extra(lt, t)
             key = extra.tobytes()
             v = gen_memo.get(key)
             if v is None:
@@ -442,7 +450,7 @@ class Planner:
         for t in counts:
             if t != t0:
                 # the generation stage's own latency bounds its phase's
-                gen = np.where(fits, g_opts.latency + sync_s(t), math.inf)
+                gen = np.where(fits, g_opts.latency + pricer.extra(lt, t), math.inf)
                 lower[t] = floor + (float(gen.min()) if len(gen) else math.inf)
         for t in sorted(lower, key=lambda t: (lower[t], t)):
             limit = min((r.latency for r in (bound, best) if r is not None), default=math.inf)
@@ -719,11 +727,6 @@ def _stage_gpus(point: Point, stage: str) -> int:
 def _shape(c: Candidate) -> tuple[Layout, int]:
     """What the placement of a candidate depends on."""
     return c.layout, c.dp
-
-
-def tp_groups_off_node(replicas: Sequence[Sequence[int]], tp: int, cluster: Cluster) -> int:
-    """How many TP groups of ``replicas`` (TP innermost) span nodes."""
-    return sum(not cluster.same_node(r[i:i + tp]) for r in replicas for i in range(0, len(r), tp))
 
 
 def spanning_stages(job: JobSpec, plan: Plan) -> list[str]:

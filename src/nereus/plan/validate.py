@@ -95,7 +95,7 @@ def validate_plan(job: JobSpec, plan: Plan, cost: CostModel | None = None) -> li
     pair = wf.colocated_sync()
     if pair is not None and pair[0] in names and pair[1] in names:
         t, g = plan.stage(pair[0]), plan.stage(pair[1])
-        held = sum(cost.weight_sync_memory(t.layout, g.layout).values())
+        held = cost.weight_sync_peak_bytes(t.layout, g.layout)
         if held > limit:
             problems.append(f"weight sync {pair[0]} -> {pair[1]}: its fullest GPU holds "
                             f"{held / GiB:.1f} GiB (training parameters, generation weights, "

@@ -116,8 +116,8 @@ class Truth:
         p = reprice(cost.job, cost, plan).plan
         assert p is not None
         pair = cost.job.workflow.colocated_sync()
-        held = 0 if pair is None else sum(cost.weight_sync_memory(
-            p.stage(pair[0]).layout, p.stage(pair[1]).layout).values())
+        held = 0 if pair is None else cost.weight_sync_peak_bytes(p.stage(pair[0]).layout,
+                                                                  p.stage(pair[1]).layout)
         return Priced(p.step_latency_s, {s.stage: s.latency_s for s in p.stages},
                       {s.stage: s.peak_mem_bytes for s in p.stages},
                       float(p.terms.get("weight_sync", 0.0)), held)
