@@ -28,7 +28,7 @@ from typing import Any
 
 from nereus.cost.model import CostModel
 from nereus.files import read_yaml
-from nereus.plan.near import placed_near
+from nereus.plan.near import placed_near_no_slower
 from nereus.plan.search import best_plan
 from nereus.plan.types import Plan
 from nereus.spec.job import JobSpec, parse_job
@@ -53,7 +53,8 @@ def main() -> None:
     args = ap.parse_args()
     base = read_yaml(CONFIG, "config")
     jobs = {(g, n): job_for(base, g, n) for g, n in itertools.product(POOLS, LENGTHS)}
-    plans: dict[tuple[int, int], Plan] = {k: best_plan(j) for k, j in jobs.items()}
+    costs = {k: CostModel(j) for k, j in jobs.items()}
+    plans: dict[tuple[int, int], Plan] = {k: best_plan(j, cost=costs[k]) for k, j in jobs.items()}
     job = job_for(base, max(POOLS), max(LENGTHS))
     feasible = staged = near_feasible = 0
     infeasible: list[dict[str, Any]] = []
@@ -62,9 +63,8 @@ def main() -> None:
     pairs = list(itertools.permutations(plans, 2))
     for a, b in pairs:
         s = plan_transition(job, plans[a], plans[b])
-        near = [plan_transition(job, plans[a], p) for p in placed_near(
-                    jobs[b], CostModel(jobs[b]), plans[b], plans[a])
-                if p.step_latency_s <= plans[b].step_latency_s * (1 + 1e-9)]
+        near = [plan_transition(job, plans[a], p)
+                for p in placed_near_no_slower(jobs[b], costs[b], plans[b], plans[a])]
         cheapest = min((x.estimated_s for x in [s, *near] if x.feasible), default=None)
         near_feasible += cheapest is not None
         if not s.feasible:

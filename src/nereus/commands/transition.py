@@ -177,10 +177,9 @@ def _nearest(job: JobSpec, target_job: JobSpec, cost: CostModel, cur: Plan, tgt:
     current plan's GPUs (``nereus.plan.near``) that is no slower per step and has the cheapest
     feasible transition; with its schedule where it was planned to choose. ``cost``: the
     target's cost model (``calibrated``: its efficiencies come from a profile)."""
-    from nereus.plan.near import placed_near
+    from nereus.plan.near import placed_near_no_slower
 
-    nears = [p for p in placed_near(target_job, cost, tgt, cur)
-             if p.step_latency_s <= tgt.step_latency_s * (1 + 1e-9)]
+    nears = placed_near_no_slower(target_job, cost, tgt, cur)
     if not nears:
         return tgt, None
     from nereus.control.admission import cheapest_to_reach

@@ -53,7 +53,7 @@ from nereus.cost.model import CostModel
 from nereus.cost.ops import OpClass
 from nereus.errors import InfeasibleError, InputError
 from nereus.plan.exposure import exposed_fraction, spans_nodes
-from nereus.plan.near import placed_near
+from nereus.plan.near import SAME_STEP, placed_near
 from nereus.plan.search import Planner
 from nereus.plan.types import Plan, idle_bytes
 from nereus.spec.cluster import GpuPool
@@ -672,7 +672,7 @@ class Controller:
                if not problems(now, cost, p)]
         nears = [option(f"best, placed near the current GPUs ({k})", p, p.step_latency_s)
                  for k, p in enumerate(fit, 1)]
-        limit = best.expected_s * (1 + 1e-9)
+        limit = best.expected_s * (1 + SAME_STEP)
         same = [best] + [o for o in nears if o.expected_s <= limit]
         slower = [o for o in nears if o.expected_s > limit]
         if len(same) > 1 and schedule_for is not None:

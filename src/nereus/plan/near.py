@@ -36,6 +36,18 @@ from nereus.spec.workflow import Execution, Phase
 Replicas = tuple[tuple[int, ...], ...]  # a stage's GPU ids, one ordered tuple per replica
 
 
+# relative: a placement whose step is within this of the target's is as fast (rounding)
+SAME_STEP = 1e-9
+
+
+def placed_near_no_slower(job: JobSpec, cost: CostModel, plan: Plan, current: Plan
+                          ) -> list[Plan]:
+    """``placed_near``'s placements whose step is no longer than ``plan``'s: the targets a
+    move may take instead of the search's placement at no cost per step."""
+    limit = plan.step_latency_s * (1 + SAME_STEP)
+    return [p for p in placed_near(job, cost, plan, current) if p.step_latency_s <= limit]
+
+
 def placed_near(job: JobSpec, cost: CostModel, plan: Plan, current: Plan) -> list[Plan]:
     """``plan``'s candidates placed on ``job``'s pool near ``current``'s GPUs and priced: the
     distinct placements that differ from ``plan``'s (none where the pool cannot hold them).
