@@ -3,6 +3,8 @@ logits, log-probs, values, one Adam step with clipping, and greedy generation.""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 import transformers
@@ -16,10 +18,19 @@ from nereus.engine.model import ParallelModel
 from nereus.engine.optim import AdamConfig, AdamState
 from nereus.engine.pipeline import Output, forward_pipeline, micro_inputs
 from nereus.engine.sampling import SamplingParams
+from nereus.errors import InputError
 from nereus.engine.stage import StageEngine
-from nereus.spec.model import MODEL_PRESETS, Head, ModelSpec
+from nereus.spec.model import MODEL_PRESETS, Head, ModelSpec, RopeScaling
 
 MODELS = ["tiny-llama", "tiny-qwen3"]
+# scaled RoPE on the tiny Llama; llama3 with an original window of 32 tokens, so its 16-wide
+# heads have wavelengths below (kept), inside (blended) and above (divided) the band
+SCALED = {"llama3": RopeScaling("llama3", 8.0, 1.0, 4.0, 32), "linear": RopeScaling("linear", 2.0)}
+
+
+def scaled(kind: str) -> ModelSpec:
+    return replace(MODEL_PRESETS["tiny-llama"], name=f"tiny-llama-{kind}",
+                   rope_scaling=SCALED[kind])
 
 
 def hf_model(spec: ModelSpec, full: dict[str, torch.Tensor], head: Head = Head.LM
@@ -53,9 +64,9 @@ def batch(spec: ModelSpec, n: int, s: int, seed: int, left_pad: list[int] | None
     return Batch(ids, am)
 
 
-@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("name", MODELS + [f"rope-{k}" for k in SCALED])
 def test_logits_equal_transformers(name: str) -> None:
-    spec = MODEL_PRESETS[name]
+    spec = scaled(name[5:]) if name.startswith("rope-") else MODEL_PRESETS[name]
     full = logical_state(spec, Head.LM, seed=1)
     ref = hf_model(spec, full)
     eng = engine(spec, full)
@@ -89,6 +100,29 @@ def test_left_padded_logprobs_equal_transformers(pads: list[int], s: int, name: 
     want_lp = torch.log_softmax(want[:, :-1], -1).gather(-1, b.input_ids[:, 1:, None])[..., 0]
     real = b.attention_mask[:, :-1].bool()   # positions whose own token is real
     torch.testing.assert_close(out.logprobs[real], want_lp[real], atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("kind", SCALED)
+def test_scaled_rope_changes_the_logits(kind: str) -> None:
+    """The scaled-RoPE checks above can fail: unscaled, the same weights give other logits."""
+    spec = scaled(kind)
+    full = logical_state(spec, Head.LM, seed=1)
+    ref = hf_model(spec, full)
+    plain = engine(replace(spec, rope_scaling=None), full).model
+    b = batch(spec, 3, 17, seed=2)
+    with torch.no_grad():
+        got = plain.full_logits(plain.stage_forward(b.input_ids, micro_inputs(plain, b)))
+        want = ref(b.input_ids).logits
+    assert (got - want).abs().max() > 1e-3
+
+
+def test_rope_variants_the_engine_does_not_compute_are_refused() -> None:
+    spec = replace(MODEL_PRESETS["tiny-llama"], rope_scaling=RopeScaling("yarn", 4.0, None, None,
+                                                                         32))
+    full = logical_state(spec, Head.LM, seed=1)
+    with pytest.raises(InputError) as e:
+        engine(spec, full)
+    assert e.value.field == "model.rope_scaling" and "yarn" in str(e.value)
 
 
 def test_scalar_head_equals_token_classifier() -> None:
@@ -142,9 +176,9 @@ def test_train_step_equals_torch_adam_with_clipping(name: str) -> None:
     assert all(not p.requires_grad and p.grad is None for p in got.values())
 
 
-@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("name", MODELS + ["rope-llama3"])
 def test_greedy_generation_equals_transformers(name: str) -> None:
-    spec = MODEL_PRESETS[name]
+    spec = scaled(name[5:]) if name.startswith("rope-") else MODEL_PRESETS[name]
     full = logical_state(spec, Head.LM, seed=10)
     ref = hf_model(spec, full)
     b = batch(spec, 4, 7, seed=11, left_pad=[2, 0, 4, 1])

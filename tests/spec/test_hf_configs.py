@@ -219,3 +219,40 @@ def test_a_model_spec_names_a_known_family_and_only_qwen3_norms_q_and_k():
     with pytest.raises(InputError, match=r"^model\.qk_norm: True with model_type 'llama'"):
         replace(llama, qk_norm=True)
     assert replace(llama, qk_norm=True, model_type="qwen3").model_type == "qwen3"
+
+
+def test_the_llama_3_1_config_reads_as_the_preset_with_its_rope_scaling():
+    from dataclasses import replace
+
+    from nereus.spec.model import LLAMA3_ROPE, MODEL_PRESETS
+
+    m = ModelSpec.from_hf_dict(LLAMA_3_1_8B, "llama-3.1-8b")
+    assert m.rope_scaling == LLAMA3_ROPE and m.rope_theta == 500_000.0
+    assert m == replace(MODEL_PRESETS["llama-3.1-8b"], name="llama-3.1-8b")
+
+
+@pytest.mark.parametrize("cfg", [LLAMA_3_1_8B, QWEN2_5_7B, MISTRAL_7B],
+                         ids=["llama-3.1-8b", "qwen2.5-7b", "mistral-7b"])
+def test_a_config_transformers_5_wrote_reads_as_the_older_one(cfg):
+    """transformers 5 writes rope_theta and the scaling into ``rope_parameters``."""
+    import transformers
+
+    old = ModelSpec.from_hf_dict(cfg, "m")
+    written = transformers.AutoConfig.for_model(**cfg).to_dict()
+    if "rope_parameters" in written:  # transformers >= 5
+        assert "rope_theta" not in written
+    new = ModelSpec.from_hf_dict(written, "m")
+    assert new == old and new.rope_theta == cfg["rope_theta"]
+
+
+@pytest.mark.parametrize("key", ["rope_scaling", "rope_parameters"])
+def test_a_llama3_scaling_without_its_band_names_the_field(key):
+    rope = {"rope_type": "llama3", "factor": 8.0, "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192}
+    with pytest.raises(InputError) as e:
+        ModelSpec.from_hf_dict({**LLAMA_3_1_8B, "rope_scaling": None, key: rope}, "l")
+    assert e.value.field == f"model.config.{key}.low_freq_factor"
+    rope |= {"low_freq_factor": 4.0}
+    with pytest.raises(InputError) as e:
+        ModelSpec.from_hf_dict({**LLAMA_3_1_8B, "rope_scaling": None, key: rope}, "l")
+    assert e.value.field == f"model.config.{key}.high_freq_factor"

@@ -9,6 +9,7 @@ recorder explicitly, so the same code runs at tp = 1 (group None) and under any 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,9 +21,11 @@ from nereus.cost.ops import OpClass
 from nereus.engine.comm import all_reduce, copy_to_tp, reduce_from_tp
 from nereus.engine.fused import apply_rotary, heads_linear, rms_norm, swiglu
 from nereus.engine.measure import Recorder
+from nereus.errors import InputError
+from nereus.spec.model import COMPUTED_ROPE, RopeScaling
 
 __all__ = ["TP", "apply_rotary", "attention", "column_linear", "gather_vocab",
-           "heads_row_linear", "mask_padding", "matmul", "rms_norm", "rotary_tables",
+           "heads_row_linear", "inverse_frequencies", "mask_padding", "matmul", "rms_norm", "rotary_tables",
            "row_linear", "swiglu", "vocab_embedding", "vocab_logprob"]
 
 
@@ -66,12 +69,35 @@ def heads_row_linear(o: torch.Tensor, w: torch.Tensor, tp: TP) -> torch.Tensor:
     return reduce_from_tp(heads_linear(o, w, tp.rec), tp.pg, tp.rec, tp.intra)
 
 
-def rotary_tables(positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype
+def inverse_frequencies(head_dim: int, theta: float, scaling: RopeScaling | None,
+                        device: torch.device | None = None) -> torch.Tensor:
+    """RoPE's inverse frequencies [head_dim / 2], fp32, as ``transformers`` computes them for
+    plain RoPE and its ``linear`` and ``llama3`` scalings (``COMPUTED_ROPE``)."""
+    inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64,
+                                        device=device).float() / head_dim))
+    if scaling is None:
+        return inv
+    if scaling.kind == "linear":
+        return inv / scaling.factor
+    if scaling.kind != "llama3":
+        raise InputError("model.rope_scaling", f"rope_type {scaling.kind!r} is not computed",
+                         sorted(COMPUTED_ROPE))
+    # llama3: short wavelengths kept, long ones divided by the factor, a linear blend in the
+    # band between (in 1 / wavelength) -- Meta's Llama 3.1 reference code
+    factor, low, high = scaling.factor, scaling.low_freq_factor, scaling.high_freq_factor
+    original = scaling.original_max_position_embeddings
+    wavelen = 2 * math.pi / inv
+    scaled = torch.where(wavelen > original / low, inv / factor, inv)
+    smooth = (original / wavelen - low) / (high - low)
+    blended = (1 - smooth) * scaled / factor + smooth * scaled
+    middle = (wavelen >= original / high) & (wavelen <= original / low)
+    return torch.where(middle, blended, scaled)
+
+
+def rotary_tables(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype
                   ) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin of shape [b, s, head_dim] for integer ``positions`` [b, s]."""
-    inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64,
-                                        device=positions.device).float() / head_dim))
-    ang = positions[..., None].float() * inv
+    ang = positions[..., None].float() * inv_freq
     emb = torch.cat((ang, ang), dim=-1)
     return emb.cos().to(dtype), emb.sin().to(dtype)
 

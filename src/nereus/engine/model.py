@@ -16,12 +16,12 @@ import torch.utils.checkpoint
 
 from nereus.engine.groups import ParallelGroups, Position
 from nereus.engine.layers import (TP, apply_rotary, attention, column_linear, gather_vocab,
-                                  heads_row_linear, mask_padding, matmul, rms_norm,
-                                  rotary_tables, row_linear, swiglu, vocab_embedding,
+                                  heads_row_linear, inverse_frequencies, mask_padding, matmul,
+                                  rms_norm, rotary_tables, row_linear, swiglu, vocab_embedding,
                                   vocab_logprob)
 from nereus.engine.measure import Recorder
 from nereus.errors import InputError
-from nereus.spec.model import COMPUTED, Head, ModelSpec
+from nereus.spec.model import COMPUTED, COMPUTED_ROPE, Head, ModelSpec
 from nereus.spec.sharding import (
     EMBED,
     FINAL_NORM,
@@ -85,6 +85,10 @@ class ParallelModel:
         if spec.model_type not in COMPUTED:
             raise InputError("model.model_type", f"{spec.model_type!r} is planned, but the "
                              "engine computes Llama and Qwen3 decoders only", sorted(COMPUTED))
+        rope = spec.rope_scaling
+        if rope is not None and rope.kind not in COMPUTED_ROPE:
+            raise InputError("model.rope_scaling", f"rope_type {rope.kind!r} is planned, but the "
+                             "engine computes these RoPE variants only", sorted(COMPUTED_ROPE))
         self.spec, self.head, self.pos = spec, head, pos
         self.groups = groups or ParallelGroups()
         self.groups.check(pos)
@@ -107,6 +111,7 @@ class ParallelModel:
         self.local_heads = spec.num_heads // pos.tp
         self.local_kv = max(1, spec.num_kv_heads // pos.tp)
         self.recompute = False  # keep only layer inputs; rerun each layer in backward
+        self.inv_freq = inverse_frequencies(spec.head_dim, spec.rope_theta, rope, self.device)
 
     # ------------------------------------------------------------------ inputs
     def inputs(self, positions: torch.Tensor, am: torch.Tensor | None, sq: int, sk: int) -> Inputs:
@@ -114,7 +119,7 @@ class ParallelModel:
 
         ``positions`` [b, sq] are the queries' position ids; ``am`` [b, sk] marks real keys.
         """
-        cos, sin = rotary_tables(positions, self.spec.head_dim, self.spec.rope_theta, self.dtype)
+        cos, sin = rotary_tables(positions, self.inv_freq, self.dtype)
         if am is not None and bool(am[:, :sk].all()):
             am = None
         mask = attention_mask(am, sq, sk)

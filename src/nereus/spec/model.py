@@ -65,6 +65,62 @@ ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
 # others' checkpoints (Qwen2's biases, Phi-3's fused projections)
 COMPUTED = frozenset({"llama", "qwen3"})
 
+# RoPE variants (``rope_type``) the engine computes: the base frequencies, divided by a factor
+# (linear), or by a factor that depends on each frequency's wavelength (Llama 3.1's llama3).
+# Others (yarn, dynamic, longrope) are planned (only their context window matters there) and
+# refused by the engine.
+COMPUTED_ROPE = frozenset({"default", "linear", "llama3"})
+
+
+@dataclass(frozen=True)
+class RopeScaling:
+    """A scaled RoPE: config.json's ``rope_scaling`` (``rope_parameters`` in transformers 5).
+
+    ``factor`` stretches the positions; llama3 keeps frequencies whose wavelength is under
+    ``original_max_position_embeddings / high_freq_factor``, divides those over
+    ``original / low_freq_factor`` by ``factor`` and blends in between (Llama 3.1 config.json:
+    8, 1, 4, 8192).
+    """
+
+    kind: str                                    # rope_type: linear, llama3, yarn, ...
+    factor: float | None = None
+    low_freq_factor: float | None = None
+    high_freq_factor: float | None = None
+    original_max_position_embeddings: int | None = None
+
+    def __post_init__(self) -> None:
+        bad = _rope_problem(self.kind, self.factor, self.low_freq_factor, self.high_freq_factor,
+                            self.original_max_position_embeddings)
+        if bad:
+            raise InputError(f"model.rope_scaling.{bad[0]}", bad[1])
+
+    def to_hf_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"rope_type": self.kind}
+        for f in ("factor", "low_freq_factor", "high_freq_factor",
+                  "original_max_position_embeddings"):
+            if getattr(self, f) is not None:
+                out[f] = getattr(self, f)
+        return out
+
+
+def _rope_problem(kind: str, factor: float | None, low: float | None, high: float | None,
+                  original: int | None) -> tuple[str, str] | None:
+    """(field, what is wrong) where the parameters do not describe the RoPE variant."""
+    if kind in ("linear", "llama3") and factor is None:
+        return "factor", f"rope_type {kind!r} needs a factor"
+    if kind == "llama3":
+        for f, v in (("low_freq_factor", low), ("high_freq_factor", high),
+                     ("original_max_position_embeddings", original)):
+            if v is None:
+                return f, "rope_type 'llama3' needs it"
+        if high <= low:  # type: ignore[operator]
+            return "high_freq_factor", f"{high} must exceed low_freq_factor={low}"
+    return None
+
+
+# Llama 3.1 / 3.2 / 3.3 config.json rope_scaling
+LLAMA3_ROPE = RopeScaling("llama3", 8.0, 1.0, 4.0, 8192)
+
 
 @dataclass(frozen=True)
 class ModelSpec:
@@ -89,6 +145,8 @@ class ModelSpec:
     # the Hugging Face model_type (FAMILIES); "": "qwen3" where qk_norm, else "llama". What the
     # planner prices is the same for every family; the engine computes Llama and Qwen3 only
     model_type: str = ""
+    # a scaled RoPE (None: plain RoPE at rope_theta); the engine computes COMPUTED_ROPE
+    rope_scaling: RopeScaling | None = None
 
     def __post_init__(self) -> None:
         if not self.model_type:
@@ -215,10 +273,11 @@ class ModelSpec:
             tie_embeddings=family.tie_word_embeddings if tie is None else tie,
             # Qwen3 (dense) normalizes q and k per head; "qwen3_moe" and the like are refused above
             qk_norm=c.model_type == "qwen3",
-            rope_theta=c.rope_theta,
+            rope_theta=c.theta(),
             rms_norm_eps=family.rms_norm_eps if c.rms_norm_eps is None else c.rms_norm_eps,
             max_position_embeddings=c.context_window(),
             model_type=c.model_type or "llama",
+            rope_scaling=c.scaling(),
         )
 
     @property
@@ -252,14 +311,15 @@ class ModelSpec:
             "attention_bias": False,
             "mlp_bias": False,
         } | ({} if self.max_position_embeddings is None
-             else {"max_position_embeddings": self.max_position_embeddings})
+             else {"max_position_embeddings": self.max_position_embeddings}) \
+          | ({} if self.rope_scaling is None else {"rope_scaling": self.rope_scaling.to_hf_dict()})
 
 
 # Presets: the fields of each model's published config.json on the Hugging Face hub.
 MODEL_PRESETS: dict[str, ModelSpec] = {
     # meta-llama/Llama-3.1-8B config.json; 8.03 B parameters (model card)
     "llama-3.1-8b": ModelSpec("llama-3.1-8b", 4096, 14336, 32, 32, 8, 128, 128256,
-                              rope_theta=500_000.0, rms_norm_eps=1e-5),
+                              rope_theta=500_000.0, rms_norm_eps=1e-5, rope_scaling=LLAMA3_ROPE),
     # Qwen/Qwen3-14B config.json; 14.8 B parameters (model card)
     "qwen3-14b": ModelSpec("qwen3-14b", 5120, 17408, 40, 40, 8, 128, 151936, qk_norm=True,
                            rope_theta=1_000_000.0, rms_norm_eps=1e-6,
@@ -270,7 +330,8 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
                            max_position_embeddings=40960),
     # meta-llama/Llama-3.3-70B-Instruct config.json; 70.6 B parameters (model card)
     "llama-3.3-70b": ModelSpec("llama-3.3-70b", 8192, 28672, 80, 64, 8, 128, 128256,
-                               rope_theta=500_000.0, rms_norm_eps=1e-5),
+                               rope_theta=500_000.0, rms_norm_eps=1e-5,
+                               rope_scaling=LLAMA3_ROPE),
     # Tiny models for CPU runs and tests (not published models).
     # No context window: planning tests price them at the big models' lengths.
     "tiny-llama": ModelSpec("tiny-llama", 64, 160, 4, 4, 2, 16, 256, rope_theta=10_000.0,
@@ -319,12 +380,22 @@ _Finite = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 
 
 class _RopeScaling(BaseModel):
-    """``rope_scaling``: how far a scaled RoPE stretches the window (other keys ignored)."""
+    """``rope_scaling`` (transformers 4) or ``rope_parameters`` (transformers 5, which also
+    holds ``rope_theta``): the RoPE variant and its parameters (other keys ignored)."""
 
     model_config = ConfigDict(extra="ignore", strict=True)
 
+    rope_type: str | None = None
+    type: str | None = None  # the older spelling of rope_type
+    rope_theta: _Finite | None = None
     factor: _Finite | None = Field(None, le=MAX_ROPE_FACTOR)
+    low_freq_factor: _Finite | None = None
+    high_freq_factor: _Finite | None = None
     original_max_position_embeddings: StrictInt | None = None
+
+    @property
+    def kind(self) -> str:
+        return self.rope_type or self.type or "default"
 
 
 class _HfConfig(BaseModel):
@@ -343,10 +414,32 @@ class _HfConfig(BaseModel):
     head_dim: StrictInt | None = None
     vocab_size: StrictInt
     tie_word_embeddings: bool | None = None
-    rope_theta: _Finite = 10_000.0  # every family's default
+    rope_theta: _Finite | None = None  # 10,000 in every family when left out
     rms_norm_eps: _Finite | None = None
     max_position_embeddings: StrictInt | None = None
     rope_scaling: _RopeScaling | None = None
+    rope_parameters: _RopeScaling | None = None  # transformers 5's name; wins where both are
+
+    def rope(self) -> _RopeScaling | None:
+        return self.rope_parameters or self.rope_scaling
+
+    def theta(self) -> float:
+        r = self.rope()
+        return (r.rope_theta if r is not None and r.rope_theta is not None else
+                self.rope_theta or 10_000.0)
+
+    def scaling(self) -> RopeScaling | None:
+        """The scaled RoPE, or None for plain RoPE (no scaling, or rope_type "default")."""
+        r = self.rope()
+        if r is None or r.kind == "default":
+            return None
+        fields = (r.kind, r.factor, r.low_freq_factor, r.high_freq_factor,
+                  r.original_max_position_embeddings)
+        bad = _rope_problem(*fields)
+        if bad:  # named by the key the file used
+            key = "rope_parameters" if self.rope_parameters is not None else "rope_scaling"
+            raise InputError(f"model.config.{key}.{bad[0]}", bad[1])
+        return RopeScaling(*fields)
 
     def check_bounds(self) -> None:
         """Every size in 1..its bound (_BOUNDS), or an InputError naming the field."""
@@ -354,16 +447,17 @@ class _HfConfig(BaseModel):
             v = getattr(self, f)
             if v is not None:
                 check_count(f"model.config.{f}", v, most)
-        r = self.rope_scaling
-        if r is not None and r.original_max_position_embeddings is not None:
-            check_count("model.config.rope_scaling.original_max_position_embeddings",
-                        r.original_max_position_embeddings, MAX_CONTEXT)
+        for key in ("rope_scaling", "rope_parameters"):
+            r = getattr(self, key)
+            if r is not None and r.original_max_position_embeddings is not None:
+                check_count(f"model.config.{key}.original_max_position_embeddings",
+                            r.original_max_position_embeddings, MAX_CONTEXT)
 
     def context_window(self) -> int | None:
         """Tokens a sequence may hold: ``max_position_embeddings``, or the longer window a
         ``rope_scaling`` factor stretches it to (YaRN on Qwen3: 32,768 x 4); None if unknown."""
         n = self.max_position_embeddings
-        r = self.rope_scaling
+        r = self.rope()
         if r is None or r.factor is None:
             return n
         base = r.original_max_position_embeddings or n
