@@ -44,15 +44,16 @@ ALL_LAYOUTS = [(tp, pp, dp) for tp in (1, 2, 4) for pp in (1, 2, 4) for dp in (1
 FAST = {  # representative: TP (replicated KV at tp=4), PP (tied copy), DP, all three
     "tiny-llama": [(4, 1, 1), (1, 2, 2), (2, 2, 2)],
     "tiny-qwen3": [(2, 1, 2), (1, 4, 1), (4, 2, 1)],
+    "tiny-qwen2": [(4, 2, 1)],  # q/k/v biases, on replicated KV heads
 }
 
 
 def cases() -> Iterator[Any]:
-    for name in ("tiny-llama", "tiny-qwen3"):
+    for name, fast in FAST.items():
         for lay in ALL_LAYOUTS:
             if layout_problem(MODEL_PRESETS[name], lay[0], lay[1]) or lay == (1, 1, 1):
                 continue
-            marks = () if lay in FAST[name] else (pytest.mark.slow,)
+            marks = () if lay in fast else (pytest.mark.slow,)
             yield pytest.param(name, lay, id=f"{name}-tp{lay[0]}pp{lay[1]}dp{lay[2]}",
                                marks=marks)
 
@@ -307,23 +308,25 @@ def test_transition_between_steps_keeps_the_losses(runtime: tuple[WorkerPool, Re
         drop_units(pool, emus)
 
 
+@pytest.mark.parametrize("name,tp", [("tiny-qwen3", 2), ("tiny-qwen2", 4)])
 def test_weights_from_a_transformers_checkpoint(runtime: tuple[WorkerPool, Rendezvous],
-                                                tmp_path: Any) -> None:
-    """A checkpoint ``transformers`` wrote (tied embeddings, a vocabulary that needs padding),
-    loaded by the runtime into a (tp=2, pp=2) unit, gives transformers' logits."""
+                                                tmp_path: Any, name: str, tp: int) -> None:
+    """A checkpoint ``transformers`` wrote (tied embeddings, a vocabulary that needs padding;
+    Qwen2's q/k/v biases, over replicated KV heads at tp=4), loaded by the runtime into a
+    (tp, pp=2) unit, gives transformers' logits."""
     import transformers
 
     from nereus.runtime.movement import place_safetensors
 
     pool, rv = runtime
-    spec = MODEL_PRESETS["tiny-qwen3"]
+    spec = MODEL_PRESETS[name]
     cfg = transformers.AutoConfig.for_model(**spec.to_hf_dict())
     torch.manual_seed(0)
     hf = transformers.AutoModelForCausalLM.from_config(cfg).float().eval()
     hf.save_pretrained(tmp_path, safe_serialization=True)
-    emus = layout_emus("reference_infer", 2, 2, 1, "hf", trainable=False)
+    emus = layout_emus("reference_infer", tp, 2, 1, "hf", trainable=False)
     sspec = StateSpec(spec, Head.LM, trainable=False)
-    pool.run({dev: (place_safetensors, (e.id, str(tmp_path), sspec, (2, 2), e.position(i)))
+    pool.run({dev: (place_safetensors, (e.id, str(tmp_path), sspec, (tp, 2), e.position(i)))
               for e in emus for i, dev in enumerate(e.gpus)})
     try:
         b = lm_batch(spec.vocab_size)

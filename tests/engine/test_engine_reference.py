@@ -22,7 +22,7 @@ from nereus.errors import InputError
 from nereus.engine.stage import StageEngine
 from nereus.spec.model import MODEL_PRESETS, Head, ModelSpec, RopeScaling
 
-MODELS = ["tiny-llama", "tiny-qwen3"]
+MODELS = ["tiny-llama", "tiny-qwen3", "tiny-qwen2"]
 # scaled RoPE on the tiny Llama; llama3 with an original window of 32 tokens, so its 16-wide
 # heads have wavelengths below (kept), inside (blended) and above (divided) the band
 SCALED = {"llama3": RopeScaling("llama3", 8.0, 1.0, 4.0, 32), "linear": RopeScaling("linear", 2.0)}
@@ -285,15 +285,17 @@ def test_reward_scores_read_the_last_real_token() -> None:
 
 def test_the_engine_refuses_a_family_whose_layer_it_does_not_compute() -> None:
     """A Gemma model has Llama's parameter names, so its state loads and moves; the engine's
-    SiLU MLP, plain norms and unscaled embedding would compute another function on it."""
-    from dataclasses import replace
-
-    from nereus.errors import InputError
-
+    SiLU MLP, plain norms and unscaled embedding would compute another function on it. A
+    sliding window (Mistral v0.1) is refused too: the engine attends to the whole sequence."""
     spec = MODEL_PRESETS["tiny-llama"]
     full = logical_state(spec, Head.LM, seed=12)
     shards = shards_for(full, spec, Head.LM, 1, 1, 0, 0)
     ParallelModel(spec, Head.LM, Position(), shards)
+    ParallelModel(replace(spec, model_type="mistral"), Head.LM, Position(), shards)
     with pytest.raises(InputError, match=r"^model\.model_type: 'gemma' is planned, but the "
-                                         r"engine computes Llama and Qwen3 decoders only"):
+                                         r"engine computes Llama's layer only"):
         ParallelModel(replace(spec, model_type="gemma"), Head.LM, Position(), shards)
+    with pytest.raises(InputError, match=r"^model\.sliding_window: 4096: the engine computes "
+                                         r"attention over the whole sequence only"):
+        ParallelModel(replace(spec, model_type="mistral", sliding_window=4096), Head.LM,
+                      Position(), shards)

@@ -224,24 +224,46 @@ def test_save_and_load_safetensors_roundtrip(tmp_path) -> None:
 
 
 def test_a_checkpoint_with_parameters_the_format_lacks_is_refused(tmp_path) -> None:
-    """Qwen2's q/k/v projections carry biases, which the sharding format has no place for:
-    read past, they were dropped from the state the runtime moves."""
+    """Phi-3 fuses q/k/v into qkv_proj and gate/up into gate_up_proj, which the sharding format
+    has no place for: read past, they would be dropped from the state the runtime moves."""
     import transformers
 
     from nereus.spec.model import ModelSpec
 
-    hf_cfg = {"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"], "hidden_size": 64,
+    hf_cfg = {"model_type": "phi3", "architectures": ["Phi3ForCausalLM"], "hidden_size": 64,
               "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
               "num_key_value_heads": 2, "vocab_size": 256, "tie_word_embeddings": False,
-              "max_position_embeddings": 512}
+              "max_position_embeddings": 512, "pad_token_id": 0}
     torch.manual_seed(0)
-    transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**hf_cfg)).save_pretrained(
+    transformers.Phi3ForCausalLM(transformers.Phi3Config(**hf_cfg)).save_pretrained(
         tmp_path, safe_serialization=True)
-    spec = StateSpec(ModelSpec.from_hf_dict(hf_cfg, "tiny-qwen2"))
-    with pytest.raises(InputError, match=r"^checkpoint: .* holds 6 tensor\(s\) that tiny-qwen2 "
-                                         r"has no place for, such as 'model\.layers\.0\.self_"
-                                         r"attn\.k_proj\.bias'"):
+    spec = StateSpec(ModelSpec.from_hf_dict(hf_cfg, "tiny-phi3"))
+    with pytest.raises(InputError, match=r"^checkpoint: .* holds 4 tensor\(s\) that tiny-phi3 "
+                                         r"has no place for, such as 'model\.layers\.0\.mlp\."
+                                         r"gate_up_proj\.weight'"):
         load_safetensors(tmp_path, spec, 1, 1, 0, 0)
+
+
+def test_qwen2_biases_load_with_their_heads(tmp_path) -> None:
+    """Qwen2's q/k/v biases are part of the state: each TP rank holds its heads' rows, and
+    with more ranks than KV heads each KV head's bias sits on the ranks that share it."""
+    import transformers
+
+    from nereus.spec.model import MODEL_PRESETS
+
+    m = MODEL_PRESETS["tiny-qwen2"]  # 4 heads, 2 KV heads, head_dim 16
+    torch.manual_seed(0)
+    hf = transformers.AutoModelForCausalLM.from_config(
+        transformers.AutoConfig.for_model(**m.to_hf_dict()))
+    hf.save_pretrained(tmp_path, safe_serialization=True)
+    want = hf.state_dict()
+    spec = StateSpec(m)
+    for t in range(4):
+        got = load_safetensors(tmp_path, spec, 4, 1, t, 0)
+        for proj, rows in (("q", slice(16 * t, 16 * (t + 1))),
+                           ("k", slice(16 * (t // 2), 16 * (t // 2 + 1)))):
+            name = f"model.layers.1.self_attn.{proj}_proj.bias"
+            assert torch.equal(got.tensor(PARAM, name), want[name][rows]), (t, proj)
 
 
 @pytest.mark.parametrize("cls_name,has_bias", [("LlamaForTokenClassification", True),

@@ -191,22 +191,51 @@ def test_nereus_plan_refuses_with_one_line_and_exit_2(tmp_path, cfg, says):
     assert r.stderr.startswith("error: ") and says in r.stderr, r.stderr
 
 
-def test_every_family_names_its_class_and_only_llama_and_qwen3_are_written_back():
+def test_every_family_names_its_class_and_only_computed_ones_are_written_back():
     """A Gemma config was read as a Llama one and written back as LlamaForCausalLM (silu, plain
     norms): a checkpoint saved from it would load in transformers as another function."""
-    from nereus.spec.model import ARCHITECTURES, COMPUTED, FAMILIES
+    from nereus.spec.model import ARCHITECTURES, COMPUTED, FAMILIES, MODEL_PRESETS
 
     assert set(ARCHITECTURES) == set(FAMILIES) and COMPUTED <= set(FAMILIES)
     gemma = ModelSpec.from_hf_dict(GEMMA_2_9B, "g")
     assert gemma.model_type == "gemma2" and gemma.hf_class == "Gemma2ForCausalLM"
     with pytest.raises(InputError, match=r"^model\.model_type: 'gemma2': no config\.json"):
         gemma.to_hf_dict()
-    llama = ModelSpec.from_hf_dict(LLAMA_3_1_8B, "l")
-    assert ModelSpec.from_hf_dict(llama.to_hf_dict(), "l") == llama
-    from nereus.spec.model import MODEL_PRESETS
-    for name in ("tiny-qwen3", "qwen3-14b"):
+    for cfg in (LLAMA_3_1_8B, QWEN2_5_7B, QWEN2_5_0_5B, MISTRAL_7B):
+        m = ModelSpec.from_hf_dict(cfg, "m")
+        assert ModelSpec.from_hf_dict(m.to_hf_dict(), "m") == m, cfg["model_type"]
+    for name in ("tiny-qwen3", "qwen3-14b", "tiny-qwen2"):
         m = MODEL_PRESETS[name]
-        assert m.model_type == "qwen3" and ModelSpec.from_hf_dict(m.to_hf_dict(), name) == m
+        assert ModelSpec.from_hf_dict(m.to_hf_dict(), name) == m
+
+
+def test_qwen2_counts_its_qkv_biases_to_the_parameter():
+    """Published totals (the hub's safetensors index): Qwen2.5-0.5B 494,032,768 and
+    Qwen2.5-7B 7,615,616,512 parameters, q/k/v biases included."""
+    for cfg, total in ((QWEN2_5_0_5B, 494_032_768), (QWEN2_5_7B, 7_615_616_512)):
+        m = ModelSpec.from_hf_dict(cfg, "q")
+        assert m.qkv_bias and m.param_count() == total
+    assert not ModelSpec.from_hf_dict(LLAMA_3_1_8B, "l").qkv_bias
+
+
+@pytest.mark.parametrize("cfg,window", [
+    (MISTRAL_7B, 4096),                                   # Mistral-7B-v0.1
+    ({**MISTRAL_7B, "sliding_window": None}, None),       # v0.3: null, no window
+    ({k: v for k, v in MISTRAL_7B.items() if k != "sliding_window"}, 4096),  # the default
+    (QWEN2_5_7B, None),                                   # use_sliding_window false
+    ({**QWEN2_5_7B, "use_sliding_window": True}, 131072),
+    (PHI_3_MINI_4K, 2047), (GEMMA_2_9B, 4096), (LLAMA_3_1_8B, None),
+], ids=["mistral-v0.1", "mistral-v0.3", "mistral-default", "qwen2.5", "qwen2.5-window", "phi3",
+        "gemma2", "llama"])
+def test_the_sliding_window_is_read_as_the_family_reads_it(cfg, window):
+    assert ModelSpec.from_hf_dict(cfg, "m").sliding_window == window
+
+
+@pytest.mark.parametrize("value", [0, "4096", 2 ** 40])
+def test_a_bad_sliding_window_names_the_field(value):
+    with pytest.raises(InputError) as e:
+        ModelSpec.from_hf_dict({**MISTRAL_7B, "sliding_window": value}, "m")
+    assert e.value.field == "model.config.sliding_window"
 
 
 def test_a_model_spec_names_a_known_family_and_only_qwen3_norms_q_and_k():

@@ -84,7 +84,10 @@ class ParallelModel:
                  recorder: Recorder | None = None) -> None:
         if spec.model_type not in COMPUTED:
             raise InputError("model.model_type", f"{spec.model_type!r} is planned, but the "
-                             "engine computes Llama and Qwen3 decoders only", sorted(COMPUTED))
+                             "engine computes Llama's layer only", sorted(COMPUTED))
+        if spec.sliding_window is not None:
+            raise InputError("model.sliding_window", f"{spec.sliding_window}: the engine "
+                             "computes attention over the whole sequence only")
         rope = spec.rope_scaling
         if rope is not None and rope.kind not in COMPUTED_ROPE:
             raise InputError("model.rope_scaling", f"rope_type {rope.kind!r} is planned, but the "
@@ -142,6 +145,10 @@ class ParallelModel:
         q, k, v = column_linear(x, [w[p + "self_attn.q_proj.weight"],
                                     w[p + "self_attn.k_proj.weight"],
                                     w[p + "self_attn.v_proj.weight"]], self.tp)
+        if spec.qkv_bias:  # each rank's bias rows are its heads'
+            q = q + w[p + "self_attn.q_proj.bias"]
+            k = k + w[p + "self_attn.k_proj.bias"]
+            v = v + w[p + "self_attn.v_proj.bias"]
         q = q.view(b, s, self.local_heads, hd)
         k = k.view(b, s, self.local_kv, hd)
         v = v.view(b, s, self.local_kv, hd)

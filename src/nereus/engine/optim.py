@@ -18,7 +18,7 @@ from nereus.cost.ops import OpClass
 from nereus.engine.measure import Recorder
 from nereus.errors import InputError
 from nereus.spec.model import ModelSpec
-from nereus.spec.sharding import Shard
+from nereus.spec.sharding import Shard, is_kv
 
 
 @dataclass(frozen=True)
@@ -76,10 +76,6 @@ def counts_once(shard: Shard, spec: ModelSpec, tp: int, tp_rank: int) -> bool:
     if is_kv(shard.name) and spec.num_kv_heads < tp:
         return tp_rank % (tp // spec.num_kv_heads) == 0
     return True
-
-
-def is_kv(name: str) -> bool:
-    return name.endswith(("self_attn.k_proj.weight", "self_attn.v_proj.weight"))
 
 
 def is_qk_norm(name: str) -> bool:

@@ -18,10 +18,10 @@ import torch
 from nereus.engine.batch import Batch
 from nereus.engine.comm import all_reduce, recv, send
 from nereus.engine.model import ParallelModel
-from nereus.engine.optim import AdamConfig, AdamState, adam_update, counts_once, is_kv, is_qk_norm
+from nereus.engine.optim import AdamConfig, AdamState, adam_update, counts_once, is_qk_norm
 from nereus.engine.pipeline import LossFn, train_pipeline
 from nereus.spec.model import Head
-from nereus.spec.sharding import EMBED, LM_HEAD
+from nereus.spec.sharding import EMBED, LM_HEAD, is_kv
 
 # Gradient bytes per DP all-reduce message (DDP's default bucket is 25 MiB).
 DP_BUCKET_BYTES = 32 * 1024**2

@@ -31,7 +31,7 @@ from nereus.runtime.comm import Rendezvous, StoreAddress
 from nereus.runtime.movement import META_BYTES, _meta_from, _meta_tensor
 from nereus.runtime.state import ShardedState, StateMeta, StateSpec
 from nereus.runtime.workers import WorkerContext, WorkerPool
-from nereus.spec.sharding import EMBED, LM_HEAD
+from nereus.spec.sharding import EMBED, LM_HEAD, is_kv
 from nereus.transition.emu import Emu
 
 _ASIDE = re.compile(r"\.step-(?P<tag>.+)\.(?P<kind>partial|old)-(?P<stamp>\d+)")
@@ -75,7 +75,7 @@ def _state_dict(st: ShardedState, base: int, for_load: bool) -> dict[str, Any]:
         shape = list(sh.full_shape)
         if sh.split_dim is None:
             m, placements = mesh([tp_group]), [Replicate()]
-        elif kv_rep and sh.logical.endswith(("k_proj.weight", "v_proj.weight")):
+        elif kv_rep and is_kv(sh.logical):
             rep = tp // model.num_kv_heads
             rows = [tp_group[h * rep:(h + 1) * rep] for h in range(model.num_kv_heads)]
             m, placements = mesh(rows), [Shard(sh.split_dim), Replicate()]

@@ -63,7 +63,7 @@ def seeded_value(spec: StateSpec, p: LogicalParam, kind: str, seed: int,
     if kind in (PARAM, MASTER):
         g = _gen(seed, f"{p.name}/param")
         base = torch.randn(p.shape, generator=g, dtype=torch.float32)
-        if p.name == SCORE_BIAS:  # a bias: near 0 (a norm's weight is near 1)
+        if p.name.endswith("bias"):  # near 0 (a norm's weight is near 1)
             base = base.mul_(0.1)
         else:
             base = base.mul_(0.1).add_(1.0) if len(p.shape) == 1 else base.mul_(0.02)
@@ -173,8 +173,8 @@ def _checkpoint_files(path: Path) -> dict[str, Path]:
 
 
 def _check_nothing_dropped(path: str | Path, where: dict[str, Path], spec: StateSpec) -> None:
-    """Refuse a checkpoint with parameters the sharding format has no place for (Qwen2's
-    q/k/v biases, a fused qkv_proj): read past, they would be missing from the state the
+    """Refuse a checkpoint with parameters the sharding format has no place for (Phi-3's
+    fused qkv_proj, an o_proj bias): read past, they would be missing from the state the
     runtime moves, and the model after a move would not be the model before. Rotary
     ``inv_freq`` buffers (older checkpoints) and a tied head's copy of the embedding are no
     parameters of their own."""
@@ -186,8 +186,8 @@ def _check_nothing_dropped(path: str | Path, where: dict[str, Path], spec: State
         raise InputError("checkpoint", f"{path} holds {len(extra)} tensor(s) that "
                          f"{spec.model.name} has no place for, such as {extra[0]!r}: moved "
                          f"without them, the model would change",
-                         "a Llama-style checkpoint without biases or fused projections "
-                         "(the sharding format's tensors: DESIGN.md)")
+                         "a Llama-style checkpoint without fused projections or biases "
+                         "besides Qwen2's q/k/v ones (the sharding format's tensors: DESIGN.md)")
 
 
 def load_safetensors(path: str | Path, spec: StateSpec, tp: int, pp: int, tp_rank: int,

@@ -33,24 +33,26 @@ class _Family:
     tie_word_embeddings: bool = False
     head_dim: int | None = None
     rms_norm_eps: float = 1e-6
+    sliding_window: int | None = None   # the window when config.json leaves the key out
+    window_opt_in: bool = False         # the window applies only with use_sliding_window
 
 
 # model_types whose decoder layer is the one ModelSpec counts: attention with q/k/v/o
 # projections, a gated MLP of three matrices (SwiGLU or GeGLU), RMSNorms. The parameter count is
 # within 0.06 % of the published total for each (tests/spec/test_hf_configs.py); what the
-# count leaves out is a few vectors: Qwen2's q/k/v biases, Gemma 2's two extra norms per layer.
+# count leaves out is a few vectors: Gemma 2's two extra norms per layer.
 # Others (GPT-NeoX, Phi-1/2, StarCoder2, BERT, ...) have an ungated MLP or another layer and
 # would be priced up to a third too large, so they are refused rather than guessed.
 # A config without a model_type is read as Llama's.
 FAMILIES: dict[str, _Family] = {
     "llama": _Family(),
-    "mistral": _Family(),
-    "qwen2": _Family(),
-    "qwen3": _Family(head_dim=128),
+    "mistral": _Family(sliding_window=4096),
+    "qwen2": _Family(sliding_window=4096, window_opt_in=True),
+    "qwen3": _Family(head_dim=128, sliding_window=4096, window_opt_in=True),
     "phi3": _Family(rms_norm_eps=1e-5),
     # Gemma ties the LM head to the embedding unless told otherwise, and its heads are 256 wide
     "gemma": _Family(tie_word_embeddings=True, head_dim=256),
-    "gemma2": _Family(tie_word_embeddings=True, head_dim=256),
+    "gemma2": _Family(tie_word_embeddings=True, head_dim=256, sliding_window=4096),
 }
 
 # the transformers class of each model_type in FAMILIES
@@ -58,12 +60,13 @@ ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
                  "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
                  "phi3": "Phi3ForCausalLM", "gemma": "GemmaForCausalLM",
                  "gemma2": "Gemma2ForCausalLM"}
-# the model_types the engine computes exactly (and ``to_hf_dict`` describes): the others are
-# planned, but their layer is not Llama's (Gemma: GeGLU, a scaled embedding, (1 + w) norms;
-# Mistral: a sliding window; Qwen2: q/k/v biases; Phi-3: fused projections). The runtime moves
-# the state of those whose tensors are the sharding format's (Mistral, Gemma) and refuses the
-# others' checkpoints (Qwen2's biases, Phi-3's fused projections)
-COMPUTED = frozenset({"llama", "qwen3"})
+# the model_types the engine computes exactly (and ``to_hf_dict`` describes): Llama's layer,
+# with Qwen2's q/k/v biases or Qwen3's q/k norms, and without a sliding window (the engine
+# refuses one: Mistral v0.1). The others are planned, but their layer is not Llama's (Gemma:
+# GeGLU, a scaled embedding, (1 + w) norms; Phi-3: fused projections). The runtime moves the
+# state of those whose tensors are the sharding format's (Gemma) and refuses the others'
+# checkpoints (Phi-3's fused projections)
+COMPUTED = frozenset({"llama", "mistral", "qwen2", "qwen3"})
 
 # RoPE variants (``rope_type``) the engine computes: the base frequencies, divided by a factor
 # (linear), or by a factor that depends on each frequency's wavelength (Llama 3.1's llama3).
@@ -147,6 +150,10 @@ class ModelSpec:
     model_type: str = ""
     # a scaled RoPE (None: plain RoPE at rope_theta); the engine computes COMPUTED_ROPE
     rope_scaling: RopeScaling | None = None
+    # tokens some layers' attention looks back at most (Mistral v0.1, Phi-3, Gemma 2; Qwen2/3
+    # where use_sliding_window); None: every layer sees the whole sequence. The planner counts
+    # the KV cache whole (an overcount past the window, so a safe one); the engine refuses it
+    sliding_window: int | None = None
 
     def __post_init__(self) -> None:
         if not self.model_type:
@@ -164,6 +171,8 @@ class ModelSpec:
         if self.num_heads % self.num_kv_heads:
             raise InputError("model.num_kv_heads",
                              f"{self.num_kv_heads} does not divide num_heads={self.num_heads}")
+        if self.sliding_window is not None and self.sliding_window < 1:
+            raise InputError("model.sliding_window", f"must be >= 1, got {self.sliding_window}")
         if self.max_position_embeddings is not None and self.max_position_embeddings < 1:
             raise InputError("model.max_position_embeddings",
                              f"must be >= 1, got {self.max_position_embeddings}")
@@ -177,12 +186,18 @@ class ModelSpec:
     def kv_dim(self) -> int:
         return self.num_kv_heads * self.head_dim
 
+    @property
+    def qkv_bias(self) -> bool:
+        """Whether q, k and v projections have biases (Qwen2's layer)."""
+        return self.model_type == "qwen2"
+
     def attention_params(self) -> int:
         qk_norm = 2 * self.head_dim if self.qk_norm else 0
+        bias = self.q_dim + 2 * self.kv_dim if self.qkv_bias else 0
         return (self.hidden_size * self.q_dim          # q_proj
                 + 2 * self.hidden_size * self.kv_dim   # k_proj, v_proj
                 + self.q_dim * self.hidden_size        # o_proj
-                + qk_norm)
+                + qk_norm + bias)
 
     def mlp_params(self) -> int:
         return 3 * self.hidden_size * self.intermediate_size  # gate, up, down
@@ -278,6 +293,7 @@ class ModelSpec:
             max_position_embeddings=c.context_window(),
             model_type=c.model_type or "llama",
             rope_scaling=c.scaling(),
+            sliding_window=c.window(family),
         )
 
     @property
@@ -288,8 +304,8 @@ class ModelSpec:
 
     def to_hf_dict(self) -> dict[str, Any]:
         """The ``config.json`` fields ``transformers`` needs to build the same architecture:
-        Llama and Qwen3 only (another family's activation, norms and embedding scale are no
-        fields of a ModelSpec)."""
+        the COMPUTED families only (another family's activation, norms and embedding scale are
+        no fields of a ModelSpec)."""
         if self.model_type not in COMPUTED:
             raise InputError("model.model_type", f"{self.model_type!r}: no config.json is "
                              "written for it (its layer differs from Llama's beyond the sizes "
@@ -312,7 +328,19 @@ class ModelSpec:
             "mlp_bias": False,
         } | ({} if self.max_position_embeddings is None
              else {"max_position_embeddings": self.max_position_embeddings}) \
-          | ({} if self.rope_scaling is None else {"rope_scaling": self.rope_scaling.to_hf_dict()})
+          | ({} if self.rope_scaling is None else {"rope_scaling": self.rope_scaling.to_hf_dict()}) \
+          | self._window_fields()
+
+    def _window_fields(self) -> dict[str, Any]:
+        """The sliding window as the family's config class reads it (Mistral's applies unless
+        null; Qwen's only with use_sliding_window)."""
+        family = FAMILIES[self.model_type]
+        if family.window_opt_in:
+            return {"use_sliding_window": self.sliding_window is not None,
+                    "sliding_window": self.sliding_window}
+        if family.sliding_window is not None or self.sliding_window is not None:
+            return {"sliding_window": self.sliding_window}
+        return {}
 
 
 # Presets: the fields of each model's published config.json on the Hugging Face hub.
@@ -339,6 +367,9 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
     "tiny-qwen3": ModelSpec("tiny-qwen3", 64, 128, 4, 8, 4, 8, 250, tie_embeddings=True,
                             qk_norm=True, rope_theta=10_000.0, rms_norm_eps=1e-6,
                             max_position_embeddings=None),
+    "tiny-qwen2": ModelSpec("tiny-qwen2", 64, 160, 4, 4, 2, 16, 256, tie_embeddings=True,
+                            rope_theta=10_000.0, rms_norm_eps=1e-6, max_position_embeddings=None,
+                            model_type="qwen2"),
     "small-llama": ModelSpec("small-llama", 256, 688, 8, 8, 4, 32, 2048, rope_theta=10_000.0,
                              max_position_embeddings=None),
 }
@@ -369,7 +400,7 @@ MAX_ROPE_FACTOR = 1 << 10       # published ones: 4 (Qwen YaRN) to 32 (Llama 3.2
 _BOUNDS = {"hidden_size": MAX_WIDTH, "intermediate_size": MAX_WIDTH, "head_dim": MAX_WIDTH,
            "num_hidden_layers": MAX_LAYERS, "num_attention_heads": MAX_HEADS,
            "num_key_value_heads": MAX_HEADS, "vocab_size": MAX_VOCAB,
-           "max_position_embeddings": MAX_CONTEXT}
+           "max_position_embeddings": MAX_CONTEXT, "sliding_window": MAX_CONTEXT}
 
 
 # keys of a mixture-of-experts config (Qwen-MoE, Mixtral, DeepSeek): priced as dense, such a
@@ -419,6 +450,17 @@ class _HfConfig(BaseModel):
     max_position_embeddings: StrictInt | None = None
     rope_scaling: _RopeScaling | None = None
     rope_parameters: _RopeScaling | None = None  # transformers 5's name; wins where both are
+    sliding_window: StrictInt | None = None
+    use_sliding_window: bool | None = None
+
+    def window(self, family: _Family) -> int | None:
+        """The sliding window as the family's config class reads it: a key left out takes the
+        family's default (Mistral's 4,096), null means none; Qwen's applies only when
+        use_sliding_window is true."""
+        if family.window_opt_in and not self.use_sliding_window:
+            return None
+        return (self.sliding_window if "sliding_window" in self.model_fields_set
+                else family.sliding_window)
 
     def rope(self) -> _RopeScaling | None:
         return self.rope_parameters or self.rope_scaling

@@ -7,6 +7,7 @@ Pure Python, so the planning layers can use it.
 - Layers are split into ``pp`` contiguous equal blocks; the embedding sits on the first block,
   the final norm and the output head on the last.
 - q/k/v, gate and up projections are split on dim 0 (attention by heads), o and down on dim 1;
+  q/k/v biases (Qwen2) follow their projection's rows;
   embedding and LM head by vocabulary rows (the vocabulary padded, see ``padded_vocab``); norms and
   the scalar head are replicated.
 - With fewer KV heads than tp, each KV head is replicated on ``tp // num_kv_heads`` ranks.
@@ -29,6 +30,16 @@ FINAL_NORM = "model.norm.weight"
 LM_HEAD = "lm_head.weight"
 SCORE = "score.weight"
 SCORE_BIAS = "score.bias"  # the critic's (transformers' ...ForTokenClassification has one)
+
+
+# the tensors of K and V heads: replicated on tp // num_kv_heads ranks when tp > num_kv_heads
+KV_TENSORS = ("self_attn.k_proj.weight", "self_attn.v_proj.weight", "self_attn.k_proj.bias",
+              "self_attn.v_proj.bias")
+
+
+def is_kv(name: str) -> bool:
+    """Whether ``name`` holds K or V heads (a projection or its bias)."""
+    return name.endswith(KV_TENSORS)
 
 
 @dataclass(frozen=True)
@@ -136,6 +147,10 @@ def logical_params(model: ModelSpec, head: Head = Head.LM) -> tuple[LogicalParam
             LogicalParam(p + "self_attn.v_proj.weight", (model.kv_dim, h), 0, i, hd),
             LogicalParam(p + "self_attn.o_proj.weight", (h, model.q_dim), 1, i, hd),
         ]
+        if model.qkv_bias:
+            out += [LogicalParam(p + "self_attn.q_proj.bias", (model.q_dim,), 0, i, hd),
+                    LogicalParam(p + "self_attn.k_proj.bias", (model.kv_dim,), 0, i, hd),
+                    LogicalParam(p + "self_attn.v_proj.bias", (model.kv_dim,), 0, i, hd)]
         if model.qk_norm:
             out += [LogicalParam(p + "self_attn.q_norm.weight", (hd,), None, i),
                     LogicalParam(p + "self_attn.k_norm.weight", (hd,), None, i)]
@@ -163,8 +178,7 @@ def _split(p: LogicalParam, model: ModelSpec, tp: int, tp_rank: int, name: str) 
         per = padded // tp
         start = tp_rank * per
         return Shard(name, p.name, p.shape, 0, start, start + per, full)
-    is_kv = p.name.endswith(("k_proj.weight", "v_proj.weight"))
-    if is_kv and model.num_kv_heads < tp:
+    if is_kv(p.name) and model.num_kv_heads < tp:
         kv_head = tp_rank // (tp // model.num_kv_heads)
         start = kv_head * model.head_dim
         return Shard(name, p.name, p.shape, p.split_dim, start, start + model.head_dim, full)
