@@ -33,6 +33,16 @@ def scaled(kind: str) -> ModelSpec:
                    rope_scaling=SCALED[kind])
 
 
+def spec_named(name: str) -> ModelSpec:
+    """A preset; ``rope-<kind>``: the tiny Llama with a scaled RoPE; ``mistral``: the tiny
+    Llama as a Mistral without a sliding window (Mistral v0.3: Llama's layer)."""
+    if name.startswith("rope-"):
+        return scaled(name[5:])
+    if name == "mistral":
+        return replace(MODEL_PRESETS["tiny-llama"], name="tiny-mistral", model_type="mistral")
+    return MODEL_PRESETS[name]
+
+
 def hf_model(spec: ModelSpec, full: dict[str, torch.Tensor], head: Head = Head.LM
              ) -> torch.nn.Module:
     cfg = transformers.AutoConfig.for_model(**spec.to_hf_dict())
@@ -64,9 +74,9 @@ def batch(spec: ModelSpec, n: int, s: int, seed: int, left_pad: list[int] | None
     return Batch(ids, am)
 
 
-@pytest.mark.parametrize("name", MODELS + [f"rope-{k}" for k in SCALED])
+@pytest.mark.parametrize("name", MODELS + [f"rope-{k}" for k in SCALED] + ["mistral"])
 def test_logits_equal_transformers(name: str) -> None:
-    spec = scaled(name[5:]) if name.startswith("rope-") else MODEL_PRESETS[name]
+    spec = spec_named(name)
     full = logical_state(spec, Head.LM, seed=1)
     ref = hf_model(spec, full)
     eng = engine(spec, full)
@@ -178,7 +188,7 @@ def test_train_step_equals_torch_adam_with_clipping(name: str) -> None:
 
 @pytest.mark.parametrize("name", MODELS + ["rope-llama3"])
 def test_greedy_generation_equals_transformers(name: str) -> None:
-    spec = scaled(name[5:]) if name.startswith("rope-") else MODEL_PRESETS[name]
+    spec = spec_named(name)
     full = logical_state(spec, Head.LM, seed=10)
     ref = hf_model(spec, full)
     b = batch(spec, 4, 7, seed=11, left_pad=[2, 0, 4, 1])
