@@ -421,3 +421,34 @@ def test_between_job_specs_the_target_is_placed_near_the_current_gpus(tmp_path: 
     assert out["feasible"] is True
     moved = {p["stage"] for p in out["primitives"] if p["op"] == "Extend"}
     assert not moved & {"reference_infer", "reward_infer", "critic_infer"}
+
+
+def test_job_specs_that_score_responses_differently_are_refused(tmp_path: Path) -> None:
+    """One job scores with a reward model, the other with a rule: the reward model's state
+    has nowhere to go, so the pair is refused, naming the field."""
+    ppo = Path("examples/llama-3.1-8b-ppo.yaml").read_text()
+    rule = tmp_path / "rule.yaml"
+    rule.write_text(ppo + "reward: rule\n")
+    r = runner.invoke(app, ["transition", "examples/llama-3.1-8b-ppo.yaml", str(rule)])
+    assert r.exit_code == 2, r.output
+    assert r.stderr.startswith("error: target.algo: the RL workflow differs"), r.stderr
+    assert "reward" in r.stderr
+
+
+def test_plan_files_of_a_rule_reward_job_move_with_reward_rule(tmp_path: Path) -> None:
+    """--reward rule builds the job the plans came from: no reward_infer stage to size."""
+    paths = []
+    for gpus in (2, 4):
+        r = runner.invoke(app, ["plan", *TINY, "--algo", "grpo", "--reward", "rule",
+                                "--responses-per-prompt", "4", "--gpus", str(gpus), "--json"])
+        assert r.exit_code == 0, r.output
+        assert "reward_infer" not in r.stdout
+        p = tmp_path / f"rule{gpus}.json"
+        p.write_text(r.stdout)
+        paths.append(str(p))
+    r = runner.invoke(app, ["transition", *paths, *TINY, "--algo", "grpo", "--reward", "rule",
+                            "--json"])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    assert out["feasible"] and {p["stage"] for p in out["primitives"]} <= {
+        "actor_gen", "reference_infer", "actor_train"}

@@ -290,3 +290,31 @@ def test_mini_batches_that_do_not_divide_say_which_do():
     assert e.value.allowed == "a divisor of 6: 1, 2, 3, 6"
     long = divisors_text(720720)
     assert long.startswith("a divisor of 720720: 1, 2, 3,") and long.endswith("(240 in all)")
+
+
+def test_a_rule_reward_drops_the_reward_model_and_its_stage():
+    """verl's function reward (RLVR: a verifier scores responses on the CPU) runs no reward
+    model: the job has no reward role and no reward_infer model-stage, and is faster for it."""
+    from nereus.cost.model import CostModel
+    from nereus.plan.search import Planner
+
+    base = {"model": "llama-3.1-8b", "gpus": 16, "algo": "grpo",
+            "workload": {"responses_per_prompt": 4}}
+    with_model, with_rule = parse_job(base), parse_job({**base, "reward": "rule"})
+    assert with_model.workflow.reward == "model" and with_rule.workflow.reward == "rule"
+    assert "reward_infer" in [s.name for s in with_model.workflow.stages]
+    assert [s.name for s in with_rule.workflow.stages] == ["actor_gen", "reference_infer",
+                                                          "actor_train"]
+    assert [m.name for m in with_rule.workflow.models] == ["actor", "reference"]
+    slow = Planner(with_model, cost=CostModel(with_model)).best().step_latency_s
+    fast = Planner(with_rule, cost=CostModel(with_rule)).best().step_latency_s
+    assert fast < slow
+    for algo in ("ppo", "remax"):
+        wf = get_workflow(algo, reward="rule")
+        assert all(s.model != "reward" for s in wf.stages)
+    with pytest.raises(InputError) as e:
+        parse_job({**base, "reward": "verifier"})
+    assert e.value.field == "reward" and "'model' or 'rule'" in str(e.value)
+    with pytest.raises(InputError) as e:
+        get_workflow("grpo", reward="verifier")
+    assert e.value.field == "reward"

@@ -25,6 +25,9 @@ JOB_HELP = {
     "model": f"model preset ({', '.join(MODEL_PRESETS)}) or path to a HF config.json",
     "algo": with_default("ppo, grpo or remax", _schema_default(JobConfig, "algo")),
     "execution": with_default("sync or async", _schema_default(JobConfig, "execution")),
+    "reward": with_default("what scores responses: model (a reward model as large as the "
+                           "actor) or rule (a verifier on the CPU, no model-stage)",
+                           _schema_default(JobConfig, "reward")),
     "gpus": "GPUs in the pool (needed without a --config that sets gpus)",
     "device": with_default(", ".join(DEVICE_PRESETS), _schema_default(ClusterConfig, "device")),
     "devices_per_node": with_default("devices per node",
@@ -52,7 +55,8 @@ JOB_HELP = {
 
 
 # The option that sets each job field from the command line.
-_OPTION_OF = {"model": "--model", "algo": "--algo", "execution": "--execution", "gpus": "--gpus",
+_OPTION_OF = {"model": "--model", "algo": "--algo", "execution": "--execution",
+              "reward": "--reward", "gpus": "--gpus",
               "cluster.device": "--device", "cluster.devices_per_node": "--devices-per-node",
               "workload.response_len": "--response-len",
               "workload.response_len_max": "--response-len-max",
@@ -74,7 +78,7 @@ def _as_option(e: InputError, typed: Mapping[str, object]) -> InputError:
 
 def job_from_options(config: Path | None = None, *, model: str | None = None,
                      algo: str | None = None, execution: str | None = None,
-                     gpus: int | None = None, device: str | None = None,
+                     reward: str | None = None, gpus: int | None = None, device: str | None = None,
                      devices_per_node: int | None = None,
                      response_len: int | None = None, response_len_max: int | None = None,
                      prompt_len: int | None = None, prompts: int | None = None,
@@ -100,7 +104,8 @@ def job_from_options(config: Path | None = None, *, model: str | None = None,
                          "a preset (llama-3.1-8b, qwen3-14b, ...) or a config.json path")
     if gpus is None and "gpus" not in data:
         raise InputError("--gpus", "needed without a config that sets gpus", "an integer >= 1")
-    for key, val in (("model", model), ("algo", algo), ("execution", execution), ("gpus", gpus)):
+    for key, val in (("model", model), ("algo", algo), ("execution", execution),
+                     ("reward", reward), ("gpus", gpus)):
         if val is not None:
             data[key] = val
     for section in ("cluster", "workload"):
@@ -123,7 +128,7 @@ def job_from_options(config: Path | None = None, *, model: str | None = None,
         workload.pop("response_len_max", None)
     if workload:
         data["workload"] = workload
-    given = {"model": model, "algo": algo, "execution": execution, "gpus": gpus,
+    given = {"model": model, "algo": algo, "execution": execution, "reward": reward, "gpus": gpus,
              "device": device, "devices_per_node": devices_per_node,
              "response_len": response_len, "response_len_max": response_len_max,
              "prompt_len": prompt_len, "prompts": prompts,

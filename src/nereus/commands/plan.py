@@ -178,6 +178,7 @@ def register(app: typer.Typer) -> None:
         model: Optional[str] = typer.Option(None, help=JOB_HELP["model"]),
         algo: Optional[str] = typer.Option(None, help=JOB_HELP["algo"]),
         execution: Optional[str] = typer.Option(None, help=JOB_HELP["execution"]),
+        reward: Optional[str] = typer.Option(None, help=JOB_HELP["reward"]),
         gpus: Optional[int] = typer.Option(None, help=JOB_HELP["gpus"]),
         device: Optional[str] = typer.Option(None, help=JOB_HELP["device"]),
         devices_per_node: Optional[int] = typer.Option(None, help=JOB_HELP["devices_per_node"]),
@@ -212,7 +213,8 @@ def register(app: typer.Typer) -> None:
                         "--frontier STAGE with --json or --spread")
         refuse_together("--json", as_json, "--explain", explain,
                         "--explain with the tables, or --json alone")
-        job = job_from_options(config, model=model, algo=algo, execution=execution, gpus=gpus,
+        job = job_from_options(config, model=model, algo=algo, execution=execution,
+                               reward=reward, gpus=gpus,
                                device=device, devices_per_node=devices_per_node,
                                response_len=response_len, response_len_max=response_len_max,
                                prompt_len=prompt_len, prompts=prompts,
@@ -235,7 +237,8 @@ def register(app: typer.Typer) -> None:
         console.print(f"[bold]{job.workflow.algo.upper()}[/] {job.model.name} on "
                       f"{job.pool.size} x {job.cluster.device.name} ({pool_nodes(job)}), "
                       f"response {job.workload.response_len_mean} tokens (max "
-                      f"{job.workload.response_len_max}), {job.workflow.execution.value}")
+                      f"{job.workload.response_len_max}), {job.workflow.execution.value}"
+                      + (", rule reward" if job.workflow.reward == "rule" else ""))
         if profile is not None:
             console.print(f"cost model calibrated with {profile.name}")
         console.print(plan_table(job, plan, "best plan"))

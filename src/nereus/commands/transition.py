@@ -147,9 +147,10 @@ def jobs_from_specs(current: Path, target: Path, profile: Path | None
     if a.model != b.model:
         raise InputError("target.model", f"{b.model.name} differs from the current "
                          f"{a.model.name}", "the same model in both job specs")
-    if (a.workflow.algo, a.workflow.execution) != (b.workflow.algo, b.workflow.execution):
+    if (a.workflow.algo, a.workflow.execution, a.workflow.reward) != \
+            (b.workflow.algo, b.workflow.execution, b.workflow.reward):
         raise InputError("target.algo", "the RL workflow differs between the job specs",
-                         "the same algo and execution in both")
+                         "the same algo, execution and reward in both")
     if a.cluster.device != b.cluster.device:
         raise InputError("target.cluster.device", "the device differs between the job specs",
                          "the same device in both")
@@ -191,7 +192,8 @@ def _nearest(job: JobSpec, target_job: JobSpec, cost: CostModel, cur: Plan, tgt:
 
 def job_for_plans(gpu_ids: tuple[int, ...] | list[int], config: Path | None,
                   model: str | None, algo: str | None, execution: str | None,
-                  device: str | None, devices_per_node: int | None) -> JobSpec:
+                  device: str | None, devices_per_node: int | None,
+                  reward: str | None = None) -> JobSpec:
     """The job whose state the plans move; its cluster holds every GPU the plan files use
     (``gpu_ids``)."""
     needed = max(gpu_ids, default=0) + 1
@@ -199,8 +201,9 @@ def job_for_plans(gpu_ids: tuple[int, ...] | list[int], config: Path | None,
     def build(path: Path | None, gpus: int | None) -> JobSpec:
         # the workload is read only for its dtypes here: GRPO's group size is checked where
         # the file sets it (a --config), not on a default the command has no option for
-        return job_from_options(path, model=model, algo=algo, execution=execution, gpus=gpus,
-                                device=device, devices_per_node=devices_per_node,
+        return job_from_options(path, model=model, algo=algo, execution=execution,
+                                reward=reward, gpus=gpus, device=device,
+                                devices_per_node=devices_per_node,
                                 check_groups=path is not None, derived=("gpus",))
 
     if config is None:
@@ -215,8 +218,8 @@ def _layout_gpus(specs: Mapping[str, StageLayoutSpec]) -> list[int]:
 
 def plans_for_job(args: tuple[PlanArg, PlanArg], config: Path | None, model: str | None,
                   algo: str | None, execution: str | None, device: str | None,
-                  devices_per_node: int | None, profile: Path | None
-                  ) -> tuple[JobSpec, Plan, Plan]:
+                  devices_per_node: int | None, profile: Path | None,
+                  reward: str | None = None) -> tuple[JobSpec, Plan, Plan]:
     """Plan files and layouts, and the job from --config or the options: every plan file
     checked against the job it records, every layout placed and priced under the job."""
     plans: dict[str, Plan] = {}
@@ -239,7 +242,7 @@ def plans_for_job(args: tuple[PlanArg, PlanArg], config: Path | None, model: str
         if max(used, default=0) >= MAX_DEVICES:
             raise InputError(where, f"GPU id {max(used)} is past the largest cluster",
                              f"GPU ids 0..{MAX_DEVICES - 1}")
-    job = job_for_plans(ids, config, model, algo, execution, device, devices_per_node)
+    job = job_for_plans(ids, config, model, algo, execution, device, devices_per_node, reward)
     for a in args:
         check_record(a.record, job, a.which, a.path)
     out: dict[str, Plan] = {}
@@ -410,6 +413,7 @@ def register(app: typer.Typer) -> None:
                                             "without --config)"),
         algo: Optional[str] = typer.Option(None, help=JOB_HELP["algo"]),
         execution: Optional[str] = typer.Option(None, help=JOB_HELP["execution"]),
+        reward: Optional[str] = typer.Option(None, help=JOB_HELP["reward"]),
         device: Optional[str] = typer.Option(None, help=JOB_HELP["device"]),
         devices_per_node: Optional[int] = typer.Option(None, help=JOB_HELP["devices_per_node"]),
         profile: Optional[Path] = typer.Option(None, help=JOB_HELP["profile"]),
@@ -443,7 +447,7 @@ def register(app: typer.Typer) -> None:
         if kinds[0] == "job":
             given = [name for name, v in (("--config", config), ("--model", model),
                                           ("--algo", algo), ("--execution", execution),
-                                          ("--device", device),
+                                          ("--reward", reward), ("--device", device),
                                           ("--devices-per-node", devices_per_node))
                      if v is not None]
             if given:
@@ -452,7 +456,7 @@ def register(app: typer.Typer) -> None:
             job, cur, tgt, planned = jobs_from_specs(current, target, profile)
         else:
             job, cur, tgt = plans_for_job(args, config, model, algo, execution, device,
-                                          devices_per_node, profile)
+                                          devices_per_node, profile, reward)
             planned = None
         schedule = planned if planned is not None else \
             plan_transition(job, cur, tgt, _efficiencies(job, profile))

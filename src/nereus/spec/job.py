@@ -94,6 +94,9 @@ class JobConfig(_Strict):
                        "a Hugging Face config.json")
     algo: Literal["ppo", "grpo", "remax"] = "ppo"
     execution: Literal["sync", "async"] = "sync"
+    # what scores the responses: a reward model as large as the actor (reward_infer), or a
+    # rule on the CPU (a verifier, exact match: verl's function reward), no model-stage
+    reward: Literal["model", "rule"] = "model"
     gpus: StrictInt | list[StrictInt] = Field(
         description=f"a pool size 1..{MAX_DEVICES:,}, or a list of distinct device ids "
                     f"0..{MAX_DEVICES - 1:,}")
@@ -150,7 +153,7 @@ def build_job(cfg: JobConfig) -> JobSpec:
     check_context(model, workload,
                   "workload.response_len_max" if w.response_len_max else "workload.response_len")
     return JobSpec(model, cluster, GpuPool(cluster, tuple(ids)),
-                   get_workflow(cfg.algo, cfg.execution), workload)
+                   get_workflow(cfg.algo, cfg.execution, cfg.reward), workload)
 
 
 def check_context(model: ModelSpec, workload: Workload,

@@ -356,6 +356,11 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
     "qwen3-32b": ModelSpec("qwen3-32b", 5120, 25600, 64, 64, 8, 128, 151936, qk_norm=True,
                            rope_theta=1_000_000.0, rms_norm_eps=1e-6,
                            max_position_embeddings=40960),
+    # Qwen/Qwen2.5-7B-Instruct config.json (q/k/v biases; 32,768 tokens without YaRN);
+    # 7.62 B parameters (model card)
+    "qwen2.5-7b-instruct": ModelSpec("qwen2.5-7b-instruct", 3584, 18944, 28, 28, 4, 128, 152064,
+                                     rope_theta=1_000_000.0, rms_norm_eps=1e-6,
+                                     max_position_embeddings=32768, model_type="qwen2"),
     # meta-llama/Llama-3.3-70B-Instruct config.json; 70.6 B parameters (model card)
     "llama-3.3-70b": ModelSpec("llama-3.3-70b", 8192, 28672, 80, 64, 8, 128, 128256,
                                rope_theta=500_000.0, rms_norm_eps=1e-5,

@@ -9,7 +9,7 @@ generation and the other phases run on disjoint GPUs.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 
 from nereus.errors import InputError
@@ -64,16 +64,24 @@ class ModelStage:
                              f"a {self.kind.value} stage runs in {expected.value}, not {self.phase.value}")
 
 
+# How responses are scored: by a reward model as large as the actor (a model-stage of its own),
+# or by a rule on the driver's CPU (a verifier, unit tests, exact match: RLVR, verl's function
+# reward), which takes no GPU and no model-stage.
+REWARDS = ("model", "rule")
+
+
 @dataclass(frozen=True)
 class Workflow:
     """``greedy_baseline``: ReMax's extra greedy rollout, one per prompt, run by the same
-    generation engine (as verl does) and scored by the reward model."""
+    generation engine (as verl does) and scored as the other responses are. ``reward``: one
+    of REWARDS."""
 
     algo: str
     models: tuple[ModelRole, ...]
     stages: tuple[ModelStage, ...]
     execution: Execution = Execution.SYNC
     greedy_baseline: bool = False
+    reward: str = "model"
 
     def __post_init__(self) -> None:
         names = {m.name for m in self.models}
@@ -85,6 +93,12 @@ class Workflow:
             if s.name in seen:
                 raise InputError("workflow.stages", f"duplicate model-stage {s.name!r}")
             seen.add(s.name)
+
+    def scored_by_rule(self) -> Workflow:
+        """This workflow with a rule in place of the reward model: no reward role, no stage."""
+        return replace(self, models=tuple(m for m in self.models if m.name != _REWARD.name),
+                       stages=tuple(s for s in self.stages if s.model != _REWARD.name),
+                       reward="rule")
 
     def model(self, name: str) -> ModelRole:
         for m in self.models:
@@ -160,7 +174,8 @@ def remax(execution: Execution = Execution.SYNC) -> Workflow:
 WORKFLOWS = {"ppo": ppo, "grpo": grpo, "remax": remax}
 
 
-def get_workflow(algo: str, execution: str | Execution = Execution.SYNC) -> Workflow:
+def get_workflow(algo: str, execution: str | Execution = Execution.SYNC,
+                 reward: str = "model") -> Workflow:
     key = algo.lower()
     if key not in WORKFLOWS:
         raise InputError("algo", f"unknown algorithm {algo!r}", WORKFLOWS)
@@ -169,4 +184,7 @@ def get_workflow(algo: str, execution: str | Execution = Execution.SYNC) -> Work
     except ValueError:
         raise InputError("execution", f"unknown execution mode {execution!r}",
                          [e.value for e in Execution]) from None
-    return WORKFLOWS[key](ex)
+    if reward not in REWARDS:
+        raise InputError("reward", f"unknown reward {reward!r}", REWARDS)
+    workflow = WORKFLOWS[key](ex)
+    return workflow if reward == "model" else workflow.scored_by_rule()
