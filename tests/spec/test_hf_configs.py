@@ -216,6 +216,13 @@ def test_qwen2_counts_its_qkv_biases_to_the_parameter():
         m = ModelSpec.from_hf_dict(cfg, "q")
         assert m.qkv_bias and m.param_count() == total
     assert not ModelSpec.from_hf_dict(LLAMA_3_1_8B, "l").qkv_bias
+    # the Instruct model's config.json differs from the base one in its window only
+    from dataclasses import replace
+
+    from nereus.spec.model import MODEL_PRESETS
+    instruct = {**QWEN2_5_7B, "max_position_embeddings": 32768}
+    assert replace(ModelSpec.from_hf_dict(instruct, "q"), name="qwen2.5-7b-instruct") == \
+        MODEL_PRESETS["qwen2.5-7b-instruct"]
 
 
 @pytest.mark.parametrize("cfg,window", [
