@@ -75,7 +75,7 @@ def inverse_frequencies(head_dim: int, theta: float, scaling: RopeScaling | None
     plain RoPE and its ``linear`` and ``llama3`` scalings (``COMPUTED_ROPE``)."""
     inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64,
                                         device=device).float() / head_dim))
-    if scaling is None:
+    if scaling is None or scaling.kind == "default":
         return inv
     if scaling.kind == "linear":
         return inv / scaling.factor

@@ -146,7 +146,7 @@ class ModelSpec:
     # (the tiny CPU models: RoPE has no hard limit, and the engine enforces none)
     max_position_embeddings: int | None = 131_072
     # the Hugging Face model_type (FAMILIES); "": "qwen3" where qk_norm, else "llama". What the
-    # planner prices is the same for every family; the engine computes Llama and Qwen3 only
+    # planner prices is the same for every family; the engine computes the COMPUTED ones
     model_type: str = ""
     # a scaled RoPE (None: plain RoPE at rope_theta); the engine computes COMPUTED_ROPE
     rope_scaling: RopeScaling | None = None
