@@ -102,6 +102,13 @@ class TransitionCost:
         self._gather = {intra: (comm_class("allgather", intra), self._bw[lk], self._lat[lk])
                         for intra, lk in ((True, Link.INTRA), (False, Link.INTER))}
         self._setup_s = self.setup_ideal_s / self._eff[OpClass.SETUP]
+        # what ``seconds`` reads per link kind (inside a node or not): (efficiency, bandwidth,
+        # latency) of an Extend's broadcast and of a Split's all-gather
+        self._bcast_s = {intra: (self._eff[c], bw, lat) for intra, (c, bw, lat)
+                         in self._bcast.items()}
+        self._gather_s = {intra: (self._eff[c], bw, lat) for intra, (c, bw, lat)
+                          in self._gather.items()}
+        self._copy_eff = self._eff[OpClass.COPY]
 
     def link(self, a: int, b: int) -> Link:
         return Link.INTRA if a // self._per_node == b // self._per_node else Link.INTER
@@ -131,19 +138,97 @@ class TransitionCost:
         raise TypeError(f"not a primitive: {p!r}")
 
     def seconds(self, p: Primitive) -> float:
-        """``duration(p).seconds`` without the breakdown: what a scheduler needs."""
+        """``duration(p).seconds`` without the breakdown: what a scheduler needs. The same
+        arithmetic as ``duration``, without building its terms: per link kind only the
+        largest bytes count (a transfer's time grows with its bytes)."""
         kind = type(p)
         if kind is Extend:
-            return self._comm_s(self._extend_terms(p))  # type: ignore[arg-type]
+            return self._extend_s(p)  # type: ignore[arg-type]
         if kind is Split:
-            t = self._comm_s(self._split_terms(p))  # type: ignore[arg-type]
+            t = self._split_s(p)  # type: ignore[arg-type]
             return t + self._host_s(p) if p.staged else t
         if kind is Merge:
-            t = LOCAL_OP_S + self._copy_ideal(p) / self._eff[OpClass.COPY]  # type: ignore[arg-type]
+            # LOCAL_OP_S + _copy_ideal(p) / eff[copy]
+            t = LOCAL_OP_S + 2 * max(self.sizes.of(p.output)) / self.device.hbm_bw \
+                / self._copy_eff  # type: ignore[union-attr]
             return t + self._host_s(p) if p.staged else t
         if kind is Destroy:
             return LOCAL_OP_S
         raise TypeError(f"not a primitive: {p!r}")
+
+    def _extend_s(self, p: Extend) -> float:
+        return self._setup_s + self._slowest(self._bcast_s, *self._extend_most(p), 1)
+
+    def _split_s(self, p: Split) -> float:
+        return self._setup_s + self._slowest(self._gather_s, *self._split_most(p))
+
+    def _extend_most(self, p: Extend) -> tuple[int, int]:
+        """One rank pair per position: per link kind (inside a node, across), the largest shard
+        (-1: no pair of that kind). It sets the kind's time: time grows with the bytes."""
+        pn = self._per_node
+        inside = across = -1
+        for a, b, x in zip(p.emu.gpus, p.targets, self.sizes.of(p.emu)):
+            if a // pn == b // pn:
+                if x > inside:
+                    inside = x
+            elif x > across:
+                across = x
+        return inside, across
+
+    def _split_most(self, p: Split) -> tuple[int, int, int]:
+        """The all-gather groups run side by side: per link kind of a group (all inside one
+        node, or not), the most one member receives (-1: no group of that kind); and the
+        latency hops of one all-gather (group size - 1)."""
+        emu = p.emu
+        recv = _gather_recv(self.sizes.of(emu), emu.layout, p.sub)
+        gpus, pn = emu.gpus, self._per_node
+        inside = across = -1
+        if min(gpus) // pn == max(gpus) // pn:  # one node: every group inside it
+            for _, r in recv:
+                if r > inside:
+                    inside = r
+        else:
+            for idx, r in recv:
+                node = gpus[idx[0]] // pn
+                for i in idx:
+                    if gpus[i] // pn != node:
+                        if r > across:
+                            across = r
+                        break
+                else:
+                    if r > inside:
+                        inside = r
+        return inside, across, len(recv[0][0]) - 1
+
+    @staticmethod
+    def _slowest(kinds: Mapping[bool, tuple[float, float, float]], inside: int, across: int,
+                 hops: int) -> float:
+        """The slowest link kind's seconds (``_comm_s`` without set-up): the most bytes over
+        its bandwidth plus ``hops`` latencies, over its efficiency (a link kind with no
+        bytes, -1, has no term)."""
+        comm = 0.0
+        if inside >= 0:
+            eff, bw, lat = kinds[True]
+            t = (inside / bw + hops * lat) / eff
+            if t > comm:
+                comm = t
+        if across >= 0:
+            eff, bw, lat = kinds[False]
+            t = (across / bw + hops * lat) / eff
+            if t > comm:
+                comm = t
+        return comm
+
+    @staticmethod
+    def _terms(kinds: Mapping[bool, tuple[OpClass, float, float]], inside: int, across: int,
+               hops: int) -> tuple[tuple[OpClass, float], ...]:
+        """Ideal seconds per link class: ``_slowest``'s terms at peak, kept for calibration."""
+        out = []
+        for most, intra in ((inside, True), (across, False)):
+            if most >= 0:
+                cls, bw, lat = kinds[intra]
+                out.append((cls, most / bw + hops * lat))
+        return tuple(out)
 
     def _copy_ideal(self, p: Merge) -> float:
         """A Merge's copy at peak: the GPU with the largest new shard reads and writes it once."""
@@ -165,43 +250,10 @@ class TransitionCost:
         return self._setup_s + comm
 
     def _split_terms(self, p: Split) -> tuple[tuple[OpClass, float], ...]:
-        """Ideal seconds per link class of a Split's all-gathers (groups run side by side)."""
-        emu = p.emu
-        recv = _gather_recv(self.sizes.of(emu), emu.layout, p.sub)
-        per_node = self._per_node
-        gpus = emu.gpus
-        k = len(recv[0][0])
-        if min(gpus) // per_node == max(gpus) // per_node:  # one node: every group inside it
-            cls, bw, lat = self._gather[True]
-            return ((cls, max(r for _, r in recv) / bw + (k - 1) * lat),)
-        ideal: dict[OpClass, float] = {}
-        for idx, r in recv:
-            node = gpus[idx[0]] // per_node
-            intra = all(gpus[i] // per_node == node for i in idx)
-            cls, bw, lat = self._gather[intra]
-            t = r / bw + (k - 1) * lat
-            if t > ideal.get(cls, -1.0):
-                ideal[cls] = t
-        return tuple(ideal.items())
+        return self._terms(self._gather, *self._split_most(p))
 
     def _extend_terms(self, p: Extend) -> tuple[tuple[OpClass, float], ...]:
-        """One rank pair per position: per link kind, the largest shard sets the time (the
-        time grows with the bytes, so the slowest pair is the one that sends the most)."""
-        s = self.sizes.of(p.emu)
-        pn = self._per_node
-        same = [a // pn == b // pn for a, b in zip(p.emu.gpus, p.targets)]
-        if all(same) or not any(same):  # every pair inside a node, or every one across
-            cls, bw, lat = self._bcast[same[0]]
-            return ((cls, max(s) / bw + lat),)
-        most = {True: -1, False: -1}
-        for b, intra in zip(s, same):
-            if b > most[intra]:
-                most[intra] = b
-        out = []
-        for intra in (same[0], not same[0]):
-            cls, bw, lat = self._bcast[intra]
-            out.append((cls, most[intra] / bw + lat))
-        return tuple(out)
+        return self._terms(self._bcast, *self._extend_most(p), 1)
 
 
 @lru_cache(maxsize=1024)

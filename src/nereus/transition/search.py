@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from operator import add
 
-from nereus.transition.bound import bound_from_paths, critical_paths
+from nereus.transition.bound import critical_paths
 from nereus.transition.global_dag import TransitionDag
 from nereus.transition.primitives import Destroy, Primitive
 
@@ -71,9 +71,10 @@ class _Problem:
     (its bytes before the transition plus every positive extra of every primitive on it fit
     capacity: no order of those primitives can exceed it) only matters for being busy, and it
     is busy exactly when every other such GPU touched by the same primitives is, so those GPUs
-    form one resource. A GPU where memory may bind is a resource of its own and its bytes are
-    tracked (``steps``: (resource, extra, net) per primitive). The passes are the same as on
-    single GPUs, only cheaper.
+    form one resource; if only one primitive touches them, they are no resource at all (nothing
+    else ever waits for them). A GPU where memory may bind is a resource of its own and its
+    bytes are tracked (``steps``: (resource, extra, net) per primitive). The passes are the
+    same as on single GPUs, only cheaper.
 
     Reversed: edges point back, each primitive turns its after-state into its before-state
     (so its extra is during - after), it starts from the final bytes, and the serial order runs
@@ -89,10 +90,14 @@ class _Problem:
         self.res, self.steps, self.initial, self.cap = res, steps, initial, cap
         self.prims = prims  # what the priority rules look at
         self.work = work    # (primitive, GPU) pairs: what a pass on single GPUs updates
+        self.tracked = any(steps)  # memory binds somewhere
+        # set by ``forward``: (head, tail) critical paths and the lower bound
+        self.paths: tuple[list[float], list[float]] | None = None
+        self.bound = 0.0
         # per tracked resource: the primitives touching it in serial order, positive extras
-        rem: list[list[tuple[int, int, int]]] = [[] for _ in initial]
+        rem: list[list[tuple[int, int, int]]] = [[] for _ in initial] if self.tracked else []
         pos_rem = [0] * len(initial)
-        if any(steps):
+        if self.tracked:
             for i in order:
                 for g, extra, net in steps[i]:
                     rem[g].append((i, extra, net))
@@ -102,6 +107,9 @@ class _Problem:
 
     @classmethod
     def forward(cls, dag: TransitionDag, dur: list[float]) -> _Problem:
+        """The DAG's problem, with its critical paths (``paths``) and lower bound (``bound``,
+        ``nereus.transition.bound.bound_from_paths``): each resource's share of the bound is
+        taken as the resource is made, from its primitives."""
         n = len(dag.primitives)
         succ: list[list[int]] = [[] for _ in range(n)]
         npred = [0] * n
@@ -110,15 +118,17 @@ class _Problem:
             npred[b] += 1
         order, memory, init, cap = list(dag.order), dag.memory, dag.initial_bytes, \
             dag.capacity_bytes
+        paths = head, tail = critical_paths(dur, succ, order)
         # GPU -> [sum of positive extras, then its primitives in order]: one dict look-up per
         # (primitive, GPU) pair, the loop that costs the most here
         touch: dict[int, list[int]] = {}
         for i in order:
             for g, step in memory[i].items():
-                seen = touch.get(g)
-                if seen is None:
-                    seen = touch[g] = [0]
-                seen.append(i)
+                if g in touch:
+                    seen = touch[g]
+                    seen.append(i)
+                else:
+                    seen = touch[g] = [0, i]
                 extra = step[1] - step[0]  # during - before (indexing a named tuple is cheaper
                 if extra > 0:              # than unpacking it)
                     seen[0] += extra
@@ -129,25 +139,55 @@ class _Problem:
         steps: list[list[tuple[int, int, int]]] = [[] for _ in range(n)]
         sigs: set[tuple[int, ...]] = set()
         initial: list[int] = []
+        # the bound: the longest critical path, and per resource the earliest head among its
+        # primitives, their seconds (added in index order, as bound_from_paths does) and the
+        # least tail
+        bound = 0.0
+        for v in map(add, map(add, head, dur), tail):
+            if v > bound:
+                bound = v
+        inf = math.inf
+        room = cap - max(max(init.values(), default=0), 0)  # extras that fit on any GPU
+        prev: list[int] | None = None
         for g, seen in touch.items():
-            b0 = init.get(g, 0)
-            if b0 + seen[0] > cap:  # memory may bind: a resource of its own
-                r = len(initial)
-                initial.append(b0)
+            extra = seen[0]
+            seen[0] = -1  # then the list is its primitives, behind the same mark everywhere
+            if extra > room and init.get(g, 0) + extra > cap:  # memory may bind: a resource
+                r = len(initial)                                # of its own
+                initial.append(init.get(g, 0))
                 for i in seen[1:]:
-                    res[i].append(r)
                     b, d, a = memory[i][g]
                     steps[i].append((r, d - b, a - b))
+            elif len(seen) == 2 or seen == prev:
+                # one primitive: nothing else ever waits for this GPU, and its share of the
+                # bound is that primitive's critical path; or the same primitives as the GPU
+                # before (often: GPUs of one unit come one after another)
                 continue
-            sig = tuple(seen)[1:]  # its primitives (cheaper than slicing the list first)
-            if sig not in sigs:
+            else:
+                prev = seen
+                sig = tuple(seen)
+                if sig in sigs:
+                    continue
                 sigs.add(sig)
                 r = len(initial)
                 initial.append(0)
-                for i in sig:
-                    res[i].append(r)
-        return cls(dur, succ, npred, order, res, steps, initial, cap, dag.primitives,
+            first = last = inf
+            load = 0.0
+            for i in sorted(seen)[1:]:  # the mark sorts first
+                res[i].append(r)
+                load += dur[i]
+                h, t = head[i], tail[i]
+                if h < first:
+                    first = h
+                if t < last:
+                    last = t
+            v = first + load + last
+            if v > bound:
+                bound = v
+        prob = cls(dur, succ, npred, order, res, steps, initial, cap, dag.primitives,
                    sum(map(len, memory)))
+        prob.paths, prob.bound = paths, bound
+        return prob
 
     def reversed(self) -> _Problem:
         n = len(self.dur)
@@ -227,30 +267,36 @@ class _Pass:
     about to need.
     """
 
-    def __init__(self, prob: _Problem, rank: list[int], reserve: bool):
+    def __init__(self, prob: _Problem, rank: list[int], reserve: bool,
+                 by: list[int] | None = None):
         n = self.n = len(prob.dur)
-        self.cap = prob.cap
+        self.prob = prob
         self.dur = prob.dur
         self.reserve = reserve
         self.succ = prob.succ
         self.waiting = list(prob.npred)
         self.rank = rank
+        self.by = by  # the primitives highest priority first, if known (the inverse of rank)
         self.res = prob.res
+        self.start = [0.0] * n
+        self.end = [0.0] * n
+        self.on = [-1] * len(prob.initial)       # busy resource -> running primitive
+        self.makespan = 0.0
+
+    def _track(self) -> None:
+        """The state of memory and reservations (``_run_free`` needs none of it)."""
+        prob = self.prob
+        self.cap = prob.cap
         self.steps = prob.steps
         self.usage = list(prob.initial)
         self.committed = list(prob.initial)
         self.rem = prob.rem                      # per GPU, in serial order (read only)
         self.pos_rem = list(prob.pos_rem)        # per GPU: positive extras not yet started
-        self.started = [False] * n
-        self.start = [0.0] * n
-        self.end = [0.0] * n
-        nres = len(prob.initial)
-        self.on = [-1] * nres                    # busy resource -> running primitive
-        self.on_settle = [0] * nres              # tracked, busy: net - extra of what runs
+        self.started = [False] * self.n
+        self.on_settle = [0] * len(prob.initial)  # tracked, busy: net - extra of what runs
         self.held: dict[int, tuple[float, int]] = {}  # resource -> (free at, reserving prim.)
         self.holds: dict[int, list[int]] = {}  # primitive -> resources it reserves
         self.hold_at: dict[int, float] = {}    # primitive -> when it expects to start
-        self.makespan = 0.0
 
     def guard_ok(self, i: int) -> bool:
         """Starting ``i`` now leaves the rest of the serial order feasible on its GPUs."""
@@ -331,11 +377,16 @@ class _Pass:
 
     def run(self) -> _Pass:
         """Event by event; a primitive that cannot start is looked at again only when a GPU it
-        waits for frees (or, blocked by memory, when anything on its GPUs ends)."""
-        return self._run_plain() if not self.reserve else self._run_general()
+        waits for frees (or, blocked by memory, when anything on its GPUs ends). Without
+        reservations and with memory binding nowhere (most transitions' one pass), the loop
+        that has nothing else to check (``_run_free``)."""
+        if self.reserve:
+            return self._run_general()
+        return self._run_plain() if self.prob.tracked else self._run_free()
 
     def _run_general(self) -> _Pass:
         """``run`` with or without reservations (without: what ``_run_plain`` inlines)."""
+        self._track()
         n, steps, started, res = self.n, self.steps, self.started, self.res
         key = self.rank.__getitem__
         waiting_on: dict[int, set[int]] = {}
@@ -415,12 +466,13 @@ class _Pass:
     def _run_plain(self) -> _Pass:
         """``run`` without reservations, the checks inlined: the probe's pass, the common
         path, does exactly what ``run`` would."""
+        self._track()
         n, steps, started, res, succ, waiting = self.n, self.steps, self.started, self.res, \
             self.succ, self.waiting
         on, usage, on_settle, committed, pos_rem = self.on, self.usage, self.on_settle, \
             self.committed, self.pos_rem
         start, end, dur, cap, rank = self.start, self.end, self.dur, self.cap, self.rank
-        by_rank = _rank_of(rank)  # the inverse permutation: by_rank[rank[i]] == i
+        by_rank = self.by or _rank_of(rank)  # the inverse permutation: by_rank[rank[i]] == i
         guard_ok = self.guard_ok
         push, pop = heapq.heappush, heapq.heappop
         # per resource: the primitives to look at again when it frees, as ranks (sorting
@@ -498,6 +550,58 @@ class _Pass:
         self.makespan = max(end, default=0.0)
         return self
 
+    def _run_free(self) -> _Pass:
+        """``_run_plain`` where memory binds nowhere (no tracked resource): a ready primitive
+        starts as soon as its resources are free. One that cannot start now cannot before
+        the last of its busy resources frees, so it is looked at again only then (if others
+        took its resources meanwhile, again when they free): it starts at the same time as
+        in ``_run_plain``, which looks at it whenever the first busy one frees."""
+        n, res, succ, waiting = self.n, self.res, self.succ, self.waiting
+        start, end, dur, rank = self.start, self.end, self.dur, self.rank
+        by_rank = self.by or _rank_of(rank)
+        push, pop = heapq.heappush, heapq.heappop
+        until = [0.0] * len(self.on)  # per resource: when what started on it last ends
+        # (free from then on: no ``on`` to clear when a primitive ends)
+        wake: dict[float, list[int]] = {}  # an end time -> what to look at again then (ranks)
+        running: list[tuple[float, int]] = []
+        cand = [rank[i] for i in range(n) if not waiting[i]]
+        t = 0.0
+        done = 0
+        while done < n:
+            cand.sort()
+            for k in cand:
+                i = by_rank[k]
+                rs = res[i]
+                free = t
+                for g in rs:
+                    if until[g] > free:
+                        free = until[g]
+                if free > t:  # busy: look again when the last of its resources frees
+                    w = wake.get(free)
+                    if w is None:
+                        wake[free] = [k]
+                    else:
+                        w.append(k)
+                    continue
+                start[i] = t
+                e = end[i] = t + dur[i]
+                push(running, (e, i))
+                for g in rs:
+                    until[g] = e
+            if not running:
+                raise RuntimeError("transition scheduler stalled (a cycle in the global DAG?)")
+            t = running[0][0]
+            cand = wake.pop(t, [])
+            while running and running[0][0] <= t:
+                i = pop(running)[1]
+                done += 1
+                for s in succ[i]:
+                    waiting[s] -= 1
+                    if not waiting[s]:
+                        cand.append(rank[s])
+        self.makespan = max(end, default=0.0)
+        return self
+
     def _start(self, i: int, t: float, running: list[tuple[float, int]]) -> None:
         self.started[i] = True
         self.start[i] = t
@@ -548,13 +652,14 @@ class _Search:
         return self._bwd
 
     def rule(self, name: str) -> list[int]:
-        """The ranks a priority rule gives, ties broken by the serial order."""
+        """The primitives in the order a priority rule gives (highest priority first), ties
+        broken by the serial order."""
         tail, prims = self.tail(), self.fwd.prims
         # stable sorts from the last key to the first, starting from the serial order: the
         # same order as one sort by (first key, ..., position in the serial order)
         if name == "wide":
             wide = [t * len(p.gpus) for t, p in zip(tail, prims)]  # tail x GPUs, largest first
-            return _rank_of(sorted(self.fwd.order, key=wide.__getitem__, reverse=True))
+            return sorted(self.fwd.order, key=wide.__getitem__, reverse=True)
         by = sorted(self.fwd.order, key=tail.__getitem__, reverse=True)  # longest tail first
         if name == "release":  # Destroys first
             by.sort(key=[type(p) is not Destroy for p in prims].__getitem__)
@@ -563,15 +668,20 @@ class _Search:
             by.sort(key=[rank[p.stage] for p in prims].__getitem__, reverse=name != "stage")
         elif name != "tail":
             raise ValueError(f"unknown priority rule {name!r}")
-        return _rank_of(by)
+        return by
 
-    def run(self, prob: _Problem, rank: list[int], reserve: bool) -> _Pass:
+    def run(self, prob: _Problem, rank: list[int], reserve: bool,
+            by: list[int] | None = None) -> _Pass:
         self.passes += 1
-        return _Pass(prob, rank, reserve).run()
+        return _Pass(prob, rank, reserve, by).run()
+
+    def run_rule(self, name: str, reserve: bool) -> _Pass:
+        by = self.rule(name)
+        return self.run(self.fwd, _rank_of(by), reserve, by)
 
     def best(self) -> _Pass:
         fwd, n, goal = self.fwd, self.n, self.goal
-        probe = self.run(fwd, self.rule(PROBE[0]), PROBE[1])
+        probe = self.run_rule(*PROBE)
         if probe.makespan <= goal:
             return probe
         rng = random.Random(n)  # deterministic: the same DAG always gets the same schedule
@@ -586,7 +696,7 @@ class _Search:
                     if (name, reserve) == PROBE:
                         run = probe
                     else:
-                        rank = self.rule(name)
+                        run = self.run_rule(name, reserve)
                 else:  # perturb the best order found so far (iterated local search)
                     assert best is not None
                     reserve = rng.random() < 0.5
@@ -637,10 +747,10 @@ def search(dag: TransitionDag, durations: Sequence[float]) -> Times:
     otherwise the best the search finds within its budget."""
     dur = list(durations)
     fwd = _Problem.forward(dag, dur)
-    paths = critical_paths(dur, fwd.succ, fwd.order)
-    bound = bound_from_paths(dur, paths, fwd.res, len(fwd.initial))
+    bound = fwd.bound
     s = _Search(fwd, bound * (1 + TOLERANCE), dag.changed)
-    if not any(fwd.rem):  # no memory chains: the priorities' tails are the critical paths
-        s.set_tail(list(map(add, dur, paths[1])))
+    if not fwd.tracked:  # no memory chains: the priorities' tails are the critical paths
+        assert fwd.paths is not None
+        s.set_tail(list(map(add, dur, fwd.paths[1])))
     best = s.best()
     return Times(tuple(best.start), tuple(best.end), best.makespan, bound, s.passes)

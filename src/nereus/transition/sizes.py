@@ -16,7 +16,7 @@ from nereus.spec.job import JobSpec
 from nereus.spec.model import Head, ModelSpec
 from nereus.spec.sharding import layout_problem
 from nereus.spec.workload import Workload
-from nereus.transition.emu import Emu
+from nereus.transition.emu import Emu, Holds
 
 
 @lru_cache(maxsize=1024)
@@ -41,9 +41,9 @@ class StateSizes:
     def __init__(self, job: JobSpec):
         self.job = job
         self._heads = {m.name: m.head for m in job.workflow.models}
-        # per (model, trainable, tp, pp): the shared cache hashes the whole model spec on
+        # per (model, held state, tp, pp): the shared cache hashes the whole model spec on
         # every call, which costs more than the lookup itself when a schedule asks thousands
-        self._of: dict[tuple[str, bool, int, int], tuple[int, ...]] = {}
+        self._of: dict[tuple[str, Holds, int, int], tuple[int, ...]] = {}
 
     def head(self, model: str) -> Head:
         return self._heads[model]
@@ -51,7 +51,7 @@ class StateSizes:
     def of(self, emu: Emu) -> tuple[int, ...]:
         """Bytes held by ``emu.gpus[i]``, for every i."""
         lay = emu.layout
-        key = (emu.model, emu.trainable, lay.tp, lay.pp)
+        key = (emu.model, emu.holds, lay.tp, lay.pp)  # holds: what decides trainable
         got = self._of.get(key)
         if got is None:
             got = self._of[key] = position_bytes(self.job.model, self._heads[emu.model],
