@@ -431,8 +431,8 @@ def test_job_specs_that_score_responses_differently_are_refused(tmp_path: Path) 
     rule.write_text(ppo + "reward: rule\n")
     r = runner.invoke(app, ["transition", "examples/llama-3.1-8b-ppo.yaml", str(rule)])
     assert r.exit_code == 2, r.output
-    assert r.stderr.startswith("error: target.algo: the RL workflow differs"), r.stderr
-    assert "reward" in r.stderr
+    assert r.stderr.startswith("error: target.reward: rule differs from the current model"), \
+        r.stderr
 
 
 def test_plan_files_of_a_rule_reward_job_move_with_reward_rule(tmp_path: Path) -> None:
@@ -446,9 +446,15 @@ def test_plan_files_of_a_rule_reward_job_move_with_reward_rule(tmp_path: Path) -
         p = tmp_path / f"rule{gpus}.json"
         p.write_text(r.stdout)
         paths.append(str(p))
+    assert json.loads(Path(paths[0]).read_text())["planned_for"]["reward"] == "rule"
     r = runner.invoke(app, ["transition", *paths, *TINY, "--algo", "grpo", "--reward", "rule",
                             "--json"])
     assert r.exit_code == 0, r.output
     out = json.loads(r.stdout)
     assert out["feasible"] and {p["stage"] for p in out["primitives"]} <= {
         "actor_gen", "reference_infer", "actor_train"}
+    # without --reward the job would score with a model: the record says how it was planned
+    r = runner.invoke(app, ["transition", *paths, *TINY, "--algo", "grpo"])
+    assert r.exit_code == 2, r.output
+    assert "(grpo, rule reward), not for tiny-llama on cpu (grpo) (reward differs)" in r.stderr
+    assert "--reward rule" in r.stderr

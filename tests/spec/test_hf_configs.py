@@ -230,12 +230,36 @@ def test_qwen2_counts_its_qkv_biases_to_the_parameter():
     ({**MISTRAL_7B, "sliding_window": None}, None),       # v0.3: null, no window
     ({k: v for k, v in MISTRAL_7B.items() if k != "sliding_window"}, 4096),  # the default
     (QWEN2_5_7B, None),                                   # use_sliding_window false
-    ({**QWEN2_5_7B, "use_sliding_window": True}, 131072),
+    # on, but from layer 28 of 28 (max_window_layers): no layer slides, as in transformers
+    ({**QWEN2_5_7B, "use_sliding_window": True}, None),
+    ({**QWEN2_5_7B, "use_sliding_window": True, "max_window_layers": 20}, 131072),
     (PHI_3_MINI_4K, 2047), (GEMMA_2_9B, 4096), (LLAMA_3_1_8B, None),
-], ids=["mistral-v0.1", "mistral-v0.3", "mistral-default", "qwen2.5", "qwen2.5-window", "phi3",
-        "gemma2", "llama"])
+    ({**LLAMA_3_1_8B, "sliding_window": 4096}, None),     # LlamaConfig has no such field
+], ids=["mistral-v0.1", "mistral-v0.3", "mistral-default", "qwen2.5", "qwen2.5-no-layer",
+        "qwen2.5-window", "phi3", "gemma2", "llama", "llama-ignores-it"])
 def test_the_sliding_window_is_read_as_the_family_reads_it(cfg, window):
+    import transformers
+
     assert ModelSpec.from_hf_dict(cfg, "m").sliding_window == window
+    hf = transformers.AutoConfig.for_model(**cfg)
+    slides = any(t == "sliding_attention" for t in getattr(hf, "layer_types", None) or ()) \
+        or (cfg["model_type"] in ("mistral", "phi3") and hf.sliding_window is not None)
+    assert slides == (window is not None)
+
+
+def test_a_config_with_both_rope_keys_is_read_as_transformers_reads_it():
+    """transformers takes rope_scaling over rope_parameters where a config has both."""
+    import transformers
+
+    cfg = {**LLAMA_3_1_8B, "rope_theta": None,
+           "rope_scaling": {"rope_type": "linear", "factor": 2.0},
+           "rope_parameters": {"rope_type": "default", "rope_theta": 1e6}}
+    cfg = {k: v for k, v in cfg.items() if v is not None}
+    m = ModelSpec.from_hf_dict(cfg, "m")
+    hf = transformers.AutoConfig.for_model(**cfg)
+    assert m.rope_scaling is not None and m.rope_scaling.kind == "linear"
+    assert hf.rope_parameters["rope_type"] == "linear"
+    assert m.rope_theta == hf.rope_parameters["rope_theta"] == 10_000.0
 
 
 @pytest.mark.parametrize("value", [0, "4096", 2 ** 40])

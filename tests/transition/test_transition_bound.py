@@ -178,6 +178,17 @@ def test_the_inlined_plain_pass_is_the_general_pass_without_reservations(
         plain = search_mod._Pass(prob, rank, reserve=False)._run_plain()
         general = search_mod._Pass(prob, rank, reserve=False)._run_general()
         assert plain.start == general.start and plain.makespan == general.makespan
-        if not prob.tracked:
+        if prob.free:
             free = search_mod._Pass(prob, rank, reserve=False)._run_free()
             assert free.start == plain.start and free.makespan == plain.makespan
+
+
+def test_a_primitive_that_takes_no_time_is_scheduled_as_run_schedules_it() -> None:
+    """``_run_free`` assumes every primitive takes time; with a zero duration the passes fall
+    back to ``_run_plain``, which orders what happens within one instant as ``run`` does."""
+    prob = search_mod._Problem([0.0, 1.0, 1.0], [[], [], []], [0, 0, 0], [0, 1, 2],
+                               [[0], [0, 1], [1]], [[], [], []], [0, 0], 1, (), 3)
+    assert not prob.free
+    plain = search_mod._Pass(prob, [0, 1, 2], reserve=False).run()
+    general = search_mod._Pass(prob, [0, 1, 2], reserve=False)._run_general()
+    assert plain.start == general.start == [0.0, 1.0, 0.0]

@@ -1,8 +1,8 @@
 """Plan files as the commands write and read them: the job a plan was made for, and the
 files ``nereus transition`` takes as a plan (a plan JSON, or a layout as ``--evaluate`` reads).
 
-``nereus plan --json`` records under ``planned_for`` the model, its architecture, the device
-and the algorithm it planned; a command that prices a plan for a job checks that record
+``nereus plan --json`` records under ``planned_for`` the model, its architecture, the device,
+the algorithm and what scores its responses (a reward model or a rule); a command that prices a plan for a job checks that record
 against the job (a plan of another model sizes no state of this one). The architecture is
 what identifies a model: a Hugging Face config.json is named after its folder, so two
 models can share a name and one model can have two. Files without a record, or whose record
@@ -20,8 +20,9 @@ from nereus.spec.job import JobSpec
 from nereus.spec.model import MODEL_PRESETS, ModelSpec
 
 RECORD_KEY = "planned_for"
-RECORD_FIELDS = ("model", "device", "algo", "architecture")
-CHECKED = ("model", "device", "algo")  # what the error names; the model by its architecture
+RECORD_FIELDS = ("model", "device", "algo", "reward", "architecture")
+# what the error names (the model by its architecture); a record without a reward predates it
+CHECKED = ("model", "device", "algo", "reward")
 
 
 def architecture(m: ModelSpec) -> str:
@@ -35,7 +36,8 @@ def architecture(m: ModelSpec) -> str:
 def planned_for(job: JobSpec) -> dict[str, str]:
     """What ``nereus plan --json`` records of the job it planned."""
     return {"model": job.model.name, "device": job.cluster.device.name,
-            "algo": job.workflow.algo, "architecture": architecture(job.model)}
+            "algo": job.workflow.algo, "reward": job.workflow.reward,
+            "architecture": architecture(job.model)}
 
 
 def with_record(plan_dict: dict[str, Any], job: JobSpec) -> dict[str, Any]:
@@ -63,8 +65,8 @@ def split_record(data: Any, field: str) -> tuple[Any, dict[str, str] | None]:
 
 
 def _described(rec: Mapping[str, str]) -> str:
-    model, device, algo = (rec.get(k, "?") for k in CHECKED)
-    return f"{model} on {device} ({algo})"
+    model, device, algo, reward = (rec.get(k, "?") for k in CHECKED)
+    return f"{model} on {device} ({algo}{', rule reward' if reward == 'rule' else ''})"
 
 
 def _model_differs(record: Mapping[str, str], mine: Mapping[str, str]) -> str | None:
@@ -85,7 +87,7 @@ def check_record(record: Mapping[str, str] | None, job: JobSpec, field: str,
     if record is None:
         return
     mine = planned_for(job)
-    differ = [k for k in ("device", "algo") if k in record and record[k] != mine[k]]
+    differ = [k for k in ("device", "algo", "reward") if k in record and record[k] != mine[k]]
     model = _model_differs(record, mine)
     if model is not None:
         differ.insert(0, model)

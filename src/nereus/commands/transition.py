@@ -147,10 +147,13 @@ def jobs_from_specs(current: Path, target: Path, profile: Path | None
     if a.model != b.model:
         raise InputError("target.model", f"{b.model.name} differs from the current "
                          f"{a.model.name}", "the same model in both job specs")
-    if (a.workflow.algo, a.workflow.execution, a.workflow.reward) != \
-            (b.workflow.algo, b.workflow.execution, b.workflow.reward):
+    if (a.workflow.algo, a.workflow.execution) != (b.workflow.algo, b.workflow.execution):
         raise InputError("target.algo", "the RL workflow differs between the job specs",
-                         "the same algo, execution and reward in both")
+                         "the same algo and execution in both")
+    if a.workflow.reward != b.workflow.reward:
+        raise InputError("target.reward", f"{b.workflow.reward} differs from the current "
+                         f"{a.workflow.reward}: the reward model's state would have nowhere "
+                         "to go, or come from nowhere", "the same reward in both")
     if a.cluster.device != b.cluster.device:
         raise InputError("target.cluster.device", "the device differs between the job specs",
                          "the same device in both")

@@ -80,8 +80,8 @@ def inverse_frequencies(head_dim: int, theta: float, scaling: RopeScaling | None
     if scaling.kind == "linear":
         return inv / scaling.factor
     if scaling.kind != "llama3":
-        raise InputError("model.rope_scaling", f"rope_type {scaling.kind!r} is not computed",
-                         sorted(COMPUTED_ROPE))
+        raise InputError("model.rope_scaling", f"rope_type {scaling.kind!r} is planned, but "
+                         "the engine computes these RoPE variants only", sorted(COMPUTED_ROPE))
     # llama3: short wavelengths kept, long ones divided by the factor, a linear blend in the
     # band between (in 1 / wavelength) -- Meta's Llama 3.1 reference code
     factor, low, high = scaling.factor, scaling.low_freq_factor, scaling.high_freq_factor

@@ -21,7 +21,7 @@ from nereus.engine.layers import (TP, apply_rotary, attention, column_linear, ga
                                   vocab_logprob)
 from nereus.engine.measure import Recorder
 from nereus.errors import InputError
-from nereus.spec.model import COMPUTED, COMPUTED_ROPE, Head, ModelSpec
+from nereus.spec.model import COMPUTED, Head, ModelSpec
 from nereus.spec.sharding import (
     EMBED,
     FINAL_NORM,
@@ -88,10 +88,6 @@ class ParallelModel:
         if spec.sliding_window is not None:
             raise InputError("model.sliding_window", f"{spec.sliding_window}: the engine "
                              "computes attention over the whole sequence only")
-        rope = spec.rope_scaling
-        if rope is not None and rope.kind not in COMPUTED_ROPE:
-            raise InputError("model.rope_scaling", f"rope_type {rope.kind!r} is planned, but the "
-                             "engine computes these RoPE variants only", sorted(COMPUTED_ROPE))
         self.spec, self.head, self.pos = spec, head, pos
         self.groups = groups or ParallelGroups()
         self.groups.check(pos)
@@ -114,7 +110,9 @@ class ParallelModel:
         self.local_heads = spec.num_heads // pos.tp
         self.local_kv = max(1, spec.num_kv_heads // pos.tp)
         self.recompute = False  # keep only layer inputs; rerun each layer in backward
-        self.inv_freq = inverse_frequencies(spec.head_dim, spec.rope_theta, rope, self.device)
+        # refuses a RoPE variant it does not compute
+        self.inv_freq = inverse_frequencies(spec.head_dim, spec.rope_theta, spec.rope_scaling,
+                                            self.device)
 
     # ------------------------------------------------------------------ inputs
     def inputs(self, positions: torch.Tensor, am: torch.Tensor | None, sq: int, sk: int) -> Inputs:

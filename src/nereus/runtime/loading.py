@@ -187,7 +187,7 @@ def _check_nothing_dropped(path: str | Path, where: dict[str, Path], spec: State
                          f"{spec.model.name} has no place for, such as {extra[0]!r}: moved "
                          f"without them, the model would change",
                          "a Llama-style checkpoint without fused projections or biases "
-                         "besides Qwen2's q/k/v ones (the sharding format's tensors: DESIGN.md)")
+                         "besides Qwen2's q/k/v ones (the tensors of nereus.spec.sharding)")
 
 
 def load_safetensors(path: str | Path, spec: StateSpec, tp: int, pp: int, tp_rank: int,

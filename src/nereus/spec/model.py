@@ -33,8 +33,12 @@ class _Family:
     tie_word_embeddings: bool = False
     head_dim: int | None = None
     rms_norm_eps: float = 1e-6
+    # sliding-window attention as the family's config class reads it: "none" (the class has
+    # no such field), "always" (it applies unless null) or "opt-in" (Qwen: only with
+    # use_sliding_window, and only to the layers from max_window_layers on)
+    window: str = "none"
     sliding_window: int | None = None   # the window when config.json leaves the key out
-    window_opt_in: bool = False         # the window applies only with use_sliding_window
+    max_window_layers: int = 28         # opt-in: the first sliding layer, when left out
 
 
 # model_types whose decoder layer is the one ModelSpec counts: attention with q/k/v/o
@@ -46,13 +50,14 @@ class _Family:
 # A config without a model_type is read as Llama's.
 FAMILIES: dict[str, _Family] = {
     "llama": _Family(),
-    "mistral": _Family(sliding_window=4096),
-    "qwen2": _Family(sliding_window=4096, window_opt_in=True),
-    "qwen3": _Family(head_dim=128, sliding_window=4096, window_opt_in=True),
-    "phi3": _Family(rms_norm_eps=1e-5),
+    "mistral": _Family(window="always", sliding_window=4096),
+    "qwen2": _Family(window="opt-in", sliding_window=4096),
+    "qwen3": _Family(head_dim=128, window="opt-in", sliding_window=4096),
+    "phi3": _Family(rms_norm_eps=1e-5, window="always"),
     # Gemma ties the LM head to the embedding unless told otherwise, and its heads are 256 wide
     "gemma": _Family(tie_word_embeddings=True, head_dim=256),
-    "gemma2": _Family(tie_word_embeddings=True, head_dim=256, sliding_window=4096),
+    "gemma2": _Family(tie_word_embeddings=True, head_dim=256, window="always",
+                      sliding_window=4096),
 }
 
 # the transformers class of each model_type in FAMILIES
@@ -333,12 +338,16 @@ class ModelSpec:
 
     def _window_fields(self) -> dict[str, Any]:
         """The sliding window as the family's config class reads it (Mistral's applies unless
-        null; Qwen's only with use_sliding_window)."""
+        null; Qwen's only with use_sliding_window). Which of a Qwen model's layers slide is not
+        kept, so such a model is not written."""
         family = FAMILIES[self.model_type]
-        if family.window_opt_in:
-            return {"use_sliding_window": self.sliding_window is not None,
-                    "sliding_window": self.sliding_window}
-        if family.sliding_window is not None or self.sliding_window is not None:
+        if family.window == "opt-in":
+            if self.sliding_window is not None:
+                raise InputError("model.sliding_window", f"{self.sliding_window}: no config.json "
+                                 "is written for a Qwen model whose later layers slide (which "
+                                 "layers is not kept)")
+            return {"use_sliding_window": False}
+        if family.window == "always":
             return {"sliding_window": self.sliding_window}
         return {}
 
@@ -454,21 +463,29 @@ class _HfConfig(BaseModel):
     rms_norm_eps: _Finite | None = None
     max_position_embeddings: StrictInt | None = None
     rope_scaling: _RopeScaling | None = None
-    rope_parameters: _RopeScaling | None = None  # transformers 5's name; wins where both are
+    # transformers 5's name; where a config has both, transformers takes rope_scaling
+    rope_parameters: _RopeScaling | None = None
     sliding_window: StrictInt | None = None
     use_sliding_window: bool | None = None
+    max_window_layers: StrictInt | None = Field(None, ge=0)
 
     def window(self, family: _Family) -> int | None:
-        """The sliding window as the family's config class reads it: a key left out takes the
-        family's default (Mistral's 4,096), null means none; Qwen's applies only when
-        use_sliding_window is true."""
-        if family.window_opt_in and not self.use_sliding_window:
+        """The sliding window as the family's config class reads it: none where the class has
+        no such field (Llama, Gemma); a key left out takes the family's default (Mistral's
+        4,096), null means none; Qwen's applies only with use_sliding_window, and then only if
+        some layer is at or past max_window_layers."""
+        if family.window == "none":
             return None
+        if family.window == "opt-in":
+            first = (family.max_window_layers if self.max_window_layers is None
+                     else self.max_window_layers)
+            if not self.use_sliding_window or first >= self.num_hidden_layers:
+                return None
         return (self.sliding_window if "sliding_window" in self.model_fields_set
                 else family.sliding_window)
 
     def rope(self) -> _RopeScaling | None:
-        return self.rope_parameters or self.rope_scaling
+        return self.rope_scaling or self.rope_parameters
 
     def theta(self) -> float:
         r = self.rope()
@@ -484,7 +501,7 @@ class _HfConfig(BaseModel):
                   r.original_max_position_embeddings)
         bad = _rope_problem(*fields)
         if bad:  # named by the key the file used
-            key = "rope_parameters" if self.rope_parameters is not None else "rope_scaling"
+            key = "rope_scaling" if self.rope_scaling is not None else "rope_parameters"
             raise InputError(f"model.config.{key}.{bad[0]}", bad[1])
         return RopeScaling(*fields)
 

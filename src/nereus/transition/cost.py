@@ -148,9 +148,7 @@ class TransitionCost:
             t = self._split_s(p)  # type: ignore[arg-type]
             return t + self._host_s(p) if p.staged else t
         if kind is Merge:
-            # LOCAL_OP_S + _copy_ideal(p) / eff[copy]
-            t = LOCAL_OP_S + 2 * max(self.sizes.of(p.output)) / self.device.hbm_bw \
-                / self._copy_eff  # type: ignore[union-attr]
+            t = LOCAL_OP_S + self._copy_ideal(p) / self._copy_eff  # type: ignore[arg-type]
             return t + self._host_s(p) if p.staged else t
         if kind is Destroy:
             return LOCAL_OP_S

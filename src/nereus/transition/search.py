@@ -91,6 +91,10 @@ class _Problem:
         self.prims = prims  # what the priority rules look at
         self.work = work    # (primitive, GPU) pairs: what a pass on single GPUs updates
         self.tracked = any(steps)  # memory binds somewhere
+        # ``_run_free`` may run its passes: memory binds nowhere, and no primitive takes no
+        # time (one that ends as it starts frees its GPUs within the same instant, which only
+        # ``_run_plain``'s order of looking handles as ``run`` does)
+        self.free = not self.tracked and min(dur, default=1.0) > 0
         # set by ``forward``: (head, tail) critical paths and the lower bound
         self.paths: tuple[list[float], list[float]] | None = None
         self.bound = 0.0
@@ -382,7 +386,7 @@ class _Pass:
         that has nothing else to check (``_run_free``)."""
         if self.reserve:
             return self._run_general()
-        return self._run_plain() if self.prob.tracked else self._run_free()
+        return self._run_free() if self.prob.free else self._run_plain()
 
     def _run_general(self) -> _Pass:
         """``run`` with or without reservations (without: what ``_run_plain`` inlines)."""
