@@ -76,7 +76,8 @@ def _held_ids(pool: WorkerPool) -> dict[int, list[str]]:
 CASES = [("tiny-llama", 0, 4, 6, None, False), ("tiny-qwen3", 1, 6, 4, None, False),
          ("tiny-llama", 4, 8, 5, 8.0, False), ("tiny-qwen3", 4, 8, 5, None, False),
          ("tiny-qwen3", 3, 4, 8, 6.0, False), ("tiny-llama", 3, 4, 8, None, True),
-         ("tiny-llama", 1, 6, 4, None, True)]
+         ("tiny-llama", 1, 6, 4, None, True),
+         ("tiny-qwen2", 2, 4, 8, None, False)]  # q/k/v biases move with their heads
 
 
 def _restore(pool: WorkerPool, devices: Sequence[int]) -> None:
@@ -441,11 +442,14 @@ def test_last_copy_lost_mid_transition_restores_from_the_checkpoint(pool: Worker
         _restore(pool, killed)
 
 
-@pytest.mark.parametrize("save,load", [((2, 2), [(1, 1), (1, 1)]), ((1, 1), [(4, 1), (1, 2)])])
-def test_checkpoint_restores_into_any_layout(pool: WorkerPool, tmp_path,
+@pytest.mark.parametrize("model,save,load", [
+    ("tiny-llama", (2, 2), [(1, 1), (1, 1)]), ("tiny-llama", (1, 1), [(4, 1), (1, 2)]),
+    # saved from replicated KV heads and their biases (tp 4 over 2 KV heads), loaded without
+    ("tiny-qwen2", (4, 1), [(2, 1), (1, 2)])])
+def test_checkpoint_restores_into_any_layout(pool: WorkerPool, tmp_path, model: str,
                                             save: tuple[int, int],
                                             load: list[tuple[int, int]]) -> None:
-    job = cpu_job("tiny-llama", 6)
+    job = cpu_job(model, 6)
     stage = "actor_train"
     _fit_pool(pool, range(6))
     specs = state_specs(job, "cpu")
