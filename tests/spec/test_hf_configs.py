@@ -316,3 +316,37 @@ def test_a_llama3_scaling_without_its_band_names_the_field(key):
     with pytest.raises(InputError) as e:
         ModelSpec.from_hf_dict({**LLAMA_3_1_8B, "rope_scaling": None, key: rope}, "l")
     assert e.value.field == f"model.config.{key}.high_freq_factor"
+
+
+def _hub_cache(root, repo_id: str, cfg: dict) -> None:
+    """A Hugging Face cache holding ``repo_id``'s config.json, laid out as huggingface_hub
+    lays it out (refs/main names the snapshot)."""
+    repo = root / f"models--{repo_id.replace('/', '--')}"
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text("0123abcd")
+    snap = repo / "snapshots" / "0123abcd"
+    snap.mkdir(parents=True)
+    (snap / "config.json").write_text(json.dumps(cfg))
+
+
+def test_a_hugging_face_id_is_read_from_the_local_cache(tmp_path, monkeypatch):
+    """verl names its model by hub id; the planner reads that model's cached config.json and
+    downloads nothing."""
+    import huggingface_hub.constants
+
+    from nereus.spec.model import get_model
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path))
+    _hub_cache(tmp_path, "Qwen/Qwen2.5-7B", QWEN2_5_7B)
+    m = get_model("Qwen/Qwen2.5-7B")
+    assert m.name == "Qwen2.5-7B" and m.param_count() == 7_615_616_512
+    with pytest.raises(InputError) as e:  # not cached: says how to fetch it
+        get_model("Qwen/Qwen2.5-72B")
+    assert e.value.field == "model"
+    assert "`hf download Qwen/Qwen2.5-72B config.json` first" in str(e.value)
+    r = CliRunner().invoke(app, ["plan", "--model", "Qwen/Qwen2.5-7B", "--gpus", "16"])
+    assert r.exit_code == 0, r.output
+    assert "Qwen2.5-7B on 16 x h100" in r.stdout
+    monkeypatch.setitem(__import__("sys").modules, "huggingface_hub", None)  # not installed
+    with pytest.raises(InputError, match="unknown model 'Qwen/Qwen2.5-7B'"):
+        get_model("Qwen/Qwen2.5-7B")

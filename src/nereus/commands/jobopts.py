@@ -22,7 +22,8 @@ def _schema_default(model: type[Any], name: str) -> object:
 # Help of the job options that plan and transition share; the defaults are the job schema's
 # (what applies when neither the option nor --config sets the field).
 JOB_HELP = {
-    "model": f"model preset ({', '.join(MODEL_PRESETS)}) or path to a HF config.json",
+    "model": f"model preset ({', '.join(MODEL_PRESETS)}), path to a HF config.json, or a HF "
+             "id (ORG/NAME) whose config.json is in the local Hugging Face cache",
     "algo": with_default("ppo, grpo or remax", _schema_default(JobConfig, "algo")),
     "execution": with_default("sync or async", _schema_default(JobConfig, "execution")),
     "reward": with_default("what scores responses: model (a reward model as large as the "

@@ -90,8 +90,9 @@ _YAML_FIELD = {"workload.response_len_mean": "workload.response_len"}
 
 
 class JobConfig(_Strict):
-    model: str = Field(description=f"a model preset ({', '.join(MODEL_PRESETS)}) or a path to "
-                       "a Hugging Face config.json")
+    model: str = Field(description=f"a model preset ({', '.join(MODEL_PRESETS)}), a path to "
+                       "a Hugging Face config.json, or a Hugging Face id (ORG/NAME) whose "
+                       "config.json is in the local cache")
     algo: Literal["ppo", "grpo", "remax"] = "ppo"
     execution: Literal["sync", "async"] = "sync"
     # what scores the responses: a reward model as large as the actor (reward_infer), or a

@@ -6,6 +6,7 @@ so the parameter count is computed here once and checked against the published t
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, replace
 from enum import Enum
 from pathlib import Path
@@ -390,15 +391,40 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
 
 
 def get_model(name_or_path: str) -> ModelSpec:
-    """A preset by name, or a model read from a ``config.json`` path."""
+    """A preset by name, a model read from a ``config.json`` path, or a Hugging Face id
+    (``Qwen/Qwen2.5-7B-Instruct``, as verl's ``model.path`` names one) whose config.json is in
+    the local Hugging Face cache. Nothing is downloaded: planning makes no network calls."""
     key = name_or_path.lower()
     if key in MODEL_PRESETS:
         return MODEL_PRESETS[key]
     if Path(name_or_path).exists():
         return ModelSpec.from_hf_config(name_or_path)
-    raise InputError("model", f"unknown model {name_or_path!r}",
-                     [*MODEL_PRESETS, "a path to a Hugging Face config.json"])
+    cached = hub_cached_config(name_or_path)
+    if cached is not None:
+        return ModelSpec.from_hf_config(cached, name_or_path.rsplit("/", 1)[-1])
+    hint = (f"; to read it from the hub, `hf download {name_or_path} config.json` first"
+            if _HUB_ID.fullmatch(name_or_path) else "")
+    raise InputError("model", f"unknown model {name_or_path!r}{hint}",
+                     [*MODEL_PRESETS, "a path to a Hugging Face config.json",
+                      "a Hugging Face id whose config.json is in the local cache"])
 
+
+# a Hugging Face model id: ORG/NAME of letters, digits and - _ . (huggingface_hub's rule)
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*")
+
+
+def hub_cached_config(repo_id: str) -> Path | None:
+    """The cached ``config.json`` of Hugging Face model ``repo_id`` (the newest snapshot the
+    cache's ``main`` ref names; ``HF_HUB_CACHE`` or ``HF_HOME`` move the cache), or None: not
+    an id, not cached, or ``huggingface_hub`` not installed (it comes with transformers)."""
+    if not _HUB_ID.fullmatch(repo_id):
+        return None
+    try:
+        from huggingface_hub import try_to_load_from_cache
+    except ImportError:
+        return None
+    got = try_to_load_from_cache(repo_id, "config.json")
+    return Path(got) if isinstance(got, str) else None
 
 
 # Upper bounds on a config's sizes, far past every published dense decoder (Llama-3.1-405B:
