@@ -296,3 +296,20 @@ def test_a_drift_trigger_says_by_how_much_it_passed_its_threshold():
     m, _ = m.check({"response_len": 1000.0})
     _, (t,) = m.check({"response_len": 1304.0})
     assert t.describe() == "response_len 1304 vs ref 1000 (+30.4%, past δ=30%)"
+
+
+def test_the_controller_and_select_refuse_an_unpriced_move_by_one_rule() -> None:
+    """What ``select`` refuses before pricing a transition is what the controller asks before
+    pricing the near placements' transitions: one rule, so the two cannot drift apart."""
+    from nereus.control.admission import GAMMA_ZERO, NOT_FASTER, unpriced_refusal
+
+    assert unpriced_refusal(10.0, 10.0, urgent=False, gamma=0.5) == NOT_FASTER
+    assert unpriced_refusal(10.0, 9.0, urgent=False, gamma=0.0) == GAMMA_ZERO
+    assert unpriced_refusal(10.0, 9.0, urgent=False, gamma=0.0, profitability=False) is None
+    assert unpriced_refusal(10.0, 9.0, urgent=False, gamma=0.5) is None
+    assert unpriced_refusal(10.0, 11.0, urgent=True, gamma=0.0) is None
+    assert unpriced_refusal(None, 11.0, urgent=False, gamma=0.5) is None  # current cannot run
+    opts = [Option("best", None, 9.0), Option("slower", None, 9.5)]  # type: ignore[arg-type]
+    _, _, verdicts = select(opts, 10.0, urgent=False, gamma=0.0, horizon_steps=10,
+                            schedule_of=lambda o: pytest.fail("priced under γ = 0"))
+    assert [v.why for v in verdicts] == [GAMMA_ZERO]

@@ -101,6 +101,26 @@ def faster(current_step_s: float | None, step_s: float) -> bool:
     return current_step_s - step_s > REL_EPS * max(1.0, current_step_s)
 
 
+NOT_FASTER = "not faster than the current plan"
+GAMMA_ZERO = "γ = 0 admits only urgent moves"
+
+
+def unpriced_refusal(current_step_s: float | None, step_s: float, *, urgent: bool,
+                     gamma: float, profitability: bool = True) -> str | None:
+    """Why a move to a target of ``step_s`` cannot be admitted whatever its transition costs
+    (None: it may be, once its transition is priced): outside the urgent path, a target no
+    faster than the current plan, or any target under γ = 0. ``select`` gives these reasons
+    before it prices anything; the controller asks first, so as not to price what it could not
+    take."""
+    if urgent:
+        return None
+    if not faster(current_step_s, step_s):
+        return NOT_FASTER
+    if profitability and gamma <= 0:
+        return GAMMA_ZERO
+    return None
+
+
 def select(options: Sequence[Option], current_step_s: float | None, *, urgent: bool,
            gamma: float, horizon_steps: float, schedule_of: Callable[[Option], Schedule],
            profitability: bool = True, max_tries: int = 8
@@ -124,14 +144,13 @@ def select(options: Sequence[Option], current_step_s: float | None, *, urgent: b
     tries = 0
     for i, opt in enumerate(order):
         delta = _delta(current_step_s, opt.expected_s)
-        if not faster(current_step_s, opt.expected_s):
-            verdicts.append(_verdict(opt, delta, math.nan, True, None, False,
-                                     "not faster than the current plan"))
+        refused = unpriced_refusal(current_step_s, opt.expected_s, urgent=False, gamma=gamma,
+                                   profitability=profitability)
+        if refused is not None:
+            verdicts.append(_verdict(opt, delta, math.nan, True, None, False, refused))
+            if refused == GAMMA_ZERO:
+                break  # and every later target alike
             continue
-        if profitability and gamma <= 0:
-            verdicts.append(_verdict(opt, delta, math.nan, True, None, False,
-                                     "γ = 0 admits only urgent moves"))
-            break
         if tries >= max_tries:
             break
         tries += 1

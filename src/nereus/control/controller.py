@@ -30,10 +30,10 @@ from nereus.control.admission import (
     Option,
     Verdict,
     cheapest_to_reach,
-    faster,
     payback_steps,
     profitable,
     select,
+    unpriced_refusal,
 )
 from nereus.control.horizon import DEFAULT_ALPHA, Horizons
 from nereus.control.monitor import (
@@ -568,8 +568,8 @@ class Controller:
             # the near placements' transitions are priced up front only where S* may be moved
             # to at all (select prices lazily, and gives up on a target that is not faster or
             # under γ = 0)
-            may_move = urgent or (faster(cur_l, s_star.expected_s)
-                                  and not (cfg.admission and cfg.gamma <= 0))
+            may_move = unpriced_refusal(cur_l, s_star.expected_s, urgent=urgent,
+                                        gamma=cfg.gamma, profitability=cfg.admission) is None
             options += self._nearest(s_star, now, cost, survivors, option,
                                      schedule_for if may_move else None)
         star = options[0].plan if options else None  # S*, placed where its move is cheapest
