@@ -58,6 +58,8 @@ def test_to_hf_dict_round_trips():
 def test_bad_models_name_the_field():
     with pytest.raises(InputError, match="model: unknown model"):
         get_model("llama-9b")
+    with pytest.raises(InputError, match="^model: empty"):  # not the working directory
+        get_model(" ")
     with pytest.raises(InputError, match="num_kv_heads"):
         ModelSpec("x", 64, 128, 2, 4, 3, 16, 100)
 

@@ -397,6 +397,9 @@ def get_model(name_or_path: str) -> ModelSpec:
     key = name_or_path.lower()
     if key in MODEL_PRESETS:
         return MODEL_PRESETS[key]
+    if not name_or_path.strip():  # Path("") is the working directory
+        raise InputError("model", "empty", [*MODEL_PRESETS, "a path to a Hugging Face "
+                                            "config.json", "a Hugging Face id (ORG/NAME)"])
     if Path(name_or_path).exists():
         return ModelSpec.from_hf_config(name_or_path)
     cached = hub_cached_config(name_or_path)
