@@ -331,3 +331,58 @@ def test_recomputation_reruns_the_layers_not_the_lm_head():
     head = tokens * work.head_flops_per_token(m, Head.LM) / 2
     assert gemm_flops(False) == pytest.approx(3 * (body + head))
     assert gemm_flops(True) == pytest.approx(4 * body + 3 * head)
+
+
+# Mistral-7B-v0.1's config.json: every layer attends within 4,096 tokens
+MISTRAL_7B_V01 = {
+    "model_type": "mistral", "hidden_size": 4096, "intermediate_size": 14336,
+    "max_position_embeddings": 32768, "num_attention_heads": 32, "num_hidden_layers": 32,
+    "num_key_value_heads": 8, "rms_norm_eps": 1e-05, "rope_theta": 10000.0,
+    "sliding_window": 4096, "vocab_size": 32000}
+
+
+def _windowed_pair(tmp_path, resp: int) -> tuple[CostModel, CostModel]:
+    import json
+    from dataclasses import replace
+
+    path = tmp_path / "mistral"
+    path.mkdir(exist_ok=True)
+    (path / "config.json").write_text(json.dumps(MISTRAL_7B_V01))
+    windowed = parse_job({"model": str(path), "gpus": 8, "workload": {
+        "response_len": resp, "prompt_len": 512, "prompts_per_step": 8}})
+    whole = replace(windowed, model=replace(windowed.model, sliding_window=None))
+    return CostModel(windowed), CostModel(whole)
+
+
+def test_a_sliding_window_caps_the_kv_cache_and_its_reads(tmp_path):
+    """Past the window a sliding layer keeps and reads only the window's keys and values:
+    Mistral v0.1 with 512 + 8,192 tokens holds 4,096 of them per layer, not 8,704; within the
+    window the estimate is the whole-attention one."""
+    c = Candidate(Layout(1, 1), 1, 8, 1)  # 8 sequences: every one fits, the batch is all of them
+    short = [cm.estimate("actor_gen", c) for cm in _windowed_pair(tmp_path, 2048)]
+    assert short[0].memory == short[1].memory and short[0].latency_s == short[1].latency_s
+    windowed, whole = (cm.estimate("actor_gen", c) for cm in _windowed_pair(tmp_path, 8192))
+    assert windowed.memory["kv cache"] == pytest.approx(
+        whole.memory["kv cache"] * 4096 / (512 + 8192), rel=1e-12)
+    assert windowed.terms["decode"] < whole.terms["decode"]
+    mib = [float(n.split("KV cache ")[1].split(" MiB")[0]) for e in (windowed, whole)
+           for n in e.notes if "KV cache" in n]
+    assert mib[0] == pytest.approx(mib[1] * 4096 / 8704, abs=0.1)
+
+
+def test_sliding_layers_per_pipeline_block():
+    """Gemma 2 slides every other layer from the first; Qwen from max_window_layers on."""
+    from dataclasses import replace
+
+    from nereus.spec.model import MODEL_PRESETS
+
+    base = MODEL_PRESETS["llama-3.1-8b"]
+    gemma = replace(base, num_layers=42, sliding_window=4096, window_every=2)
+    assert [gemma.sliding_layers(range(b * 21, (b + 1) * 21)) for b in range(2)] == [11, 10]
+    qwen = replace(base, num_layers=28, sliding_window=4096, window_from=20)
+    assert [qwen.sliding_layers(range(b * 14, (b + 1) * 14)) for b in range(2)] == [0, 8]
+    assert base.sliding_layers(range(32)) == 0
+    # the block that counts holds the most full-attention layers
+    cm = CostModel(replace(job(), model=gemma))
+    full, slide = cm._layer_kinds(np.array([1.0, 2.0, 3.0]))
+    assert full.tolist() == [21, 11, 7] and slide.tolist() == [21, 10, 7]

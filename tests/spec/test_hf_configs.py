@@ -240,11 +240,19 @@ def test_qwen2_counts_its_qkv_biases_to_the_parameter():
 def test_the_sliding_window_is_read_as_the_family_reads_it(cfg, window):
     import transformers
 
-    assert ModelSpec.from_hf_dict(cfg, "m").sliding_window == window
+    m = ModelSpec.from_hf_dict(cfg, "m")
+    assert m.sliding_window == window
     hf = transformers.AutoConfig.for_model(**cfg)
     slides = any(t == "sliding_attention" for t in getattr(hf, "layer_types", None) or ()) \
         or (cfg["model_type"] in ("mistral", "phi3") and hf.sliding_window is not None)
     assert slides == (window is not None)
+    # and the same layers slide as in transformers
+    kinds = getattr(hf, "layer_types", None) or (
+        ["sliding_attention" if window else "full_attention"] * cfg["num_hidden_layers"])
+    assert [m.sliding_layers(range(i, i + 1)) == 1 for i in range(cfg["num_hidden_layers"])] \
+        == [k == "sliding_attention" for k in kinds]
+    if m.model_type in ("mistral", "qwen2") and window is not None:  # written back as read
+        assert ModelSpec.from_hf_dict(m.to_hf_dict(), "m") == m
 
 
 def test_a_config_with_both_rope_keys_is_read_as_transformers_reads_it():

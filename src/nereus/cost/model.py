@@ -533,6 +533,45 @@ class CostModel:
         heads = np.maximum(1.0, np.floor(m.num_kv_heads / tp))
         return 2.0 * (m.num_layers / pp) * heads * m.head_dim * self.job.workload.param_bytes
 
+    def _kv_seq(self, tp: Arr, pp: Arr, seq: float, start: float | None = None) -> Arr:
+        """KV-cache bytes of one sequence of ``seq`` tokens on one GPU (its KV heads, its
+        pipeline block). A sliding layer keeps at most the window; the block that counts is
+        the one with the most full-attention layers (the fullest, and the slowest to read).
+        ``start``: the mean over contexts from ``start`` to ``2 seq - start`` tokens instead
+        (what a decode step reads on average while responses grow), exact where a window
+        caps part of that range."""
+        m = self.job.model
+        if m.sliding_window is None:
+            return self._kv_per_token(tp, pp) * seq
+        w = float(m.sliding_window)
+        if start is None:
+            capped = min(seq, w)
+        else:  # mean of min(x, w) for x uniform on [start, end]
+            end = 2.0 * seq - start
+            if w >= end:
+                capped = seq
+            elif w <= start or end <= start:
+                capped = min(w, seq)
+            else:
+                capped = ((w * w - start * start) / 2.0 + w * (end - w)) / (end - start)
+        full, slide = self._layer_kinds(pp)
+        heads = np.maximum(1.0, np.floor(m.num_kv_heads / tp))
+        per_layer = 2.0 * heads * m.head_dim * self.job.workload.param_bytes
+        return per_layer * (full * seq + slide * capped)
+
+    def _layer_kinds(self, pp: Arr) -> tuple[Arr, Arr]:
+        """Per pipeline depth: the full-attention and sliding layers of the block with the most
+        full-attention layers."""
+        m = self.job.model
+        pps = np.asarray(pp, dtype=float)
+        full, slide = np.empty_like(pps), np.empty_like(pps)
+        for depth in np.unique(pps):
+            per = m.num_layers // int(depth)
+            blocks = [m.sliding_layers(range(b * per, (b + 1) * per)) for b in range(int(depth))]
+            s = min(blocks)
+            full[pps == depth], slide[pps == depth] = per - s, s
+        return full, slide
+
     def _host(self, nbytes: Arr, name: str) -> list[Row]:
         """Offload / reload over the host link; none for a CPU slot (state lives in host RAM)."""
         if self.device.name == "cpu":
@@ -663,7 +702,7 @@ class CostModel:
         m, w, dev = self.job.model, self.job.workload, self.device
         n = cols.b * cols.a
         weights = cols.numel * w.param_bytes
-        kv_seq = self._kv_per_token(cols.tp, cols.pp) * (w.prompt_len + w.response_len_max)
+        kv_seq = self._kv_seq(cols.tp, cols.pp, w.prompt_len + w.response_len_max)
         chunk = np.minimum(PREFILL_CHUNK_TOKENS, n * w.prompt_len)
         ws = work.layer_forward_workspace_bytes(m, w.param_bytes)
         prefill_ws = ws.per_rank(cols.tp) * chunk
@@ -722,9 +761,12 @@ class CostModel:
         active = total / iters                    # mean running sequences per iteration
         slots = np.minimum(cols.pp, np.maximum(1.0, active))
         ctx_len = prompt + mean / 2.0             # mean context a decode step attends over
-        kv_tok = self._kv_per_token(cols.tp, cols.pp)
+        if m.sliding_window is None:
+            kv_read = active * ctx_len * self._kv_per_token(cols.tp, cols.pp)
+        else:  # sliding layers read at most the window
+            kv_read = active * self._kv_seq(cols.tp, cols.pp, ctx_len, start=float(prompt))
         hbm = (cols.pp * self._streamed_numel(head, cols.tp, cols.pp) * w.param_bytes
-               + active * ctx_len * kv_tok * (cols.pp / slots))
+               + kv_read * (cols.pp / slots))
         # each token's query attends over the mean context in every layer (heads split by tp)
         attn = work.attention_flops(m, 1.0, ctx_len, causal=False) / cols.tp
         flops = active * ((work.gemm_flops_per_token_per_rank(m, cols.tp) + attn) * m.num_layers
@@ -758,7 +800,7 @@ class CostModel:
             return tuple(notes)
         if st.kind is StageKind.FORWARD:
             return (f"forward pipeline: {c.grad_accum} micro-batches + {c.pp - 1} bubble slots",)
-        kv_seq = self.kv_bytes_per_token(c.layout) * (w.prompt_len + w.response_len_max)
+        kv_seq = int(self._kv_seq(_f(c.tp), _f(c.pp), w.prompt_len + w.response_len_max))
         batch = memory.get("kv cache", 0) // max(1, kv_seq)
         notes = [(f"decode batch {batch} of {c.micro_batch} sequences per replica "
                   f"(KV cache {kv_seq / MiB:.1f} MiB per sequence per GPU)")]

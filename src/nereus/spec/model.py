@@ -40,6 +40,7 @@ class _Family:
     window: str = "none"
     sliding_window: int | None = None   # the window when config.json leaves the key out
     max_window_layers: int = 28         # opt-in: the first sliding layer, when left out
+    window_every: int = 1               # 2: every other layer slides (Gemma 2), from layer 0
 
 
 # model_types whose decoder layer is the one ModelSpec counts: attention with q/k/v/o
@@ -58,7 +59,7 @@ FAMILIES: dict[str, _Family] = {
     # Gemma ties the LM head to the embedding unless told otherwise, and its heads are 256 wide
     "gemma": _Family(tie_word_embeddings=True, head_dim=256),
     "gemma2": _Family(tie_word_embeddings=True, head_dim=256, window="always",
-                      sliding_window=4096),
+                      sliding_window=4096, window_every=2),
 }
 
 # the transformers class of each model_type in FAMILIES
@@ -156,10 +157,14 @@ class ModelSpec:
     model_type: str = ""
     # a scaled RoPE (None: plain RoPE at rope_theta); the engine computes COMPUTED_ROPE
     rope_scaling: RopeScaling | None = None
-    # tokens some layers' attention looks back at most (Mistral v0.1, Phi-3, Gemma 2; Qwen2/3
-    # where use_sliding_window); None: every layer sees the whole sequence. The planner counts
-    # the KV cache whole (an overcount past the window, so a safe one); the engine refuses it
+    # tokens a sliding layer's attention looks back at most (Mistral v0.1, Phi-3, Gemma 2;
+    # Qwen2/3 where use_sliding_window); None: every layer sees the whole sequence. The sliding
+    # layers are window_from, window_from + window_every, ... (every layer from 0 for Mistral
+    # and Phi-3, every other one for Gemma 2, those from max_window_layers on for Qwen). The
+    # planner keeps their KV cache to the window; the engine refuses a window
     sliding_window: int | None = None
+    window_from: int = 0
+    window_every: int = 1
 
     def __post_init__(self) -> None:
         if not self.model_type:
@@ -179,6 +184,11 @@ class ModelSpec:
                              f"{self.num_kv_heads} does not divide num_heads={self.num_heads}")
         if self.sliding_window is not None and self.sliding_window < 1:
             raise InputError("model.sliding_window", f"must be >= 1, got {self.sliding_window}")
+        if self.window_from < 0 or self.window_every not in (1, 2):
+            raise InputError("model.window_every" if self.window_from >= 0 else
+                             "model.window_from", f"window_from={self.window_from}, "
+                             f"window_every={self.window_every}", "window_from >= 0, "
+                             "window_every 1 or 2")
         if self.max_position_embeddings is not None and self.max_position_embeddings < 1:
             raise InputError("model.max_position_embeddings",
                              f"must be >= 1, got {self.max_position_embeddings}")
@@ -225,6 +235,17 @@ class ModelSpec:
                 + self.hidden_size + self.head_params(head))
 
     # ---- per-token quantities the cost model uses ----
+    def sliding_layers(self, layers: range) -> int:
+        """How many of ``layers`` attend within the sliding window (0 without one)."""
+        if self.sliding_window is None:
+            return 0
+        first = max(layers.start, self.window_from)
+        if first >= layers.stop:
+            return 0
+        every = self.window_every
+        first += (self.window_from - first) % every  # the first sliding layer from there
+        return len(range(first, layers.stop, every))
+
     def kv_bytes_per_token(self, dtype_bytes: int = 2) -> int:
         """KV-cache bytes one token occupies across all layers (K and V)."""
         return 2 * self.num_layers * self.kv_dim * dtype_bytes
@@ -299,7 +320,7 @@ class ModelSpec:
             max_position_embeddings=c.context_window(),
             model_type=c.model_type or "llama",
             rope_scaling=c.scaling(),
-            sliding_window=c.window(family),
+            **c.window(family),
         )
 
     @property
@@ -339,16 +360,20 @@ class ModelSpec:
 
     def _window_fields(self) -> dict[str, Any]:
         """The sliding window as the family's config class reads it (Mistral's applies unless
-        null; Qwen's only with use_sliding_window). Which of a Qwen model's layers slide is not
-        kept, so such a model is not written."""
+        null to every layer; Qwen's only with use_sliding_window, from max_window_layers on)."""
         family = FAMILIES[self.model_type]
         if family.window == "opt-in":
-            if self.sliding_window is not None:
-                raise InputError("model.sliding_window", f"{self.sliding_window}: no config.json "
-                                 "is written for a Qwen model whose later layers slide (which "
-                                 "layers is not kept)")
-            return {"use_sliding_window": False}
+            if self.sliding_window is None:
+                return {"use_sliding_window": False}
+            return {"use_sliding_window": True, "sliding_window": self.sliding_window,
+                    "max_window_layers": self.window_from}
         if family.window == "always":
+            if self.sliding_window is not None and (self.window_from, self.window_every) != \
+                    (0, family.window_every):
+                raise InputError("model.window_from", f"{self.model_type} slides every "
+                                 f"{family.window_every} layer(s) from the first; window_from="
+                                 f"{self.window_from}, window_every={self.window_every} has no "
+                                 "config.json")
             return {"sliding_window": self.sliding_window}
         return {}
 
@@ -498,20 +523,26 @@ class _HfConfig(BaseModel):
     use_sliding_window: bool | None = None
     max_window_layers: StrictInt | None = Field(None, ge=0)
 
-    def window(self, family: _Family) -> int | None:
-        """The sliding window as the family's config class reads it: none where the class has
-        no such field (Llama, Gemma); a key left out takes the family's default (Mistral's
-        4,096), null means none; Qwen's applies only with use_sliding_window, and then only if
-        some layer is at or past max_window_layers."""
+    def window(self, family: _Family) -> dict[str, Any]:
+        """ModelSpec's sliding_window, window_from and window_every as the family's config
+        class reads them: no window where the class has no such field (Llama, Gemma); a key
+        left out takes the family's default (Mistral's 4,096), null means none; Qwen's applies
+        only with use_sliding_window, to the layers from max_window_layers on (none if that is
+        past the last); Gemma 2's to every other layer from the first."""
         if family.window == "none":
-            return None
+            return {}
+        first = 0
         if family.window == "opt-in":
             first = (family.max_window_layers if self.max_window_layers is None
                      else self.max_window_layers)
             if not self.use_sliding_window or first >= self.num_hidden_layers:
-                return None
-        return (self.sliding_window if "sliding_window" in self.model_fields_set
+                return {}
+        size = (self.sliding_window if "sliding_window" in self.model_fields_set
                 else family.sliding_window)
+        if size is None:
+            return {}
+        return {"sliding_window": size, "window_from": first,
+                "window_every": family.window_every}
 
     def rope(self) -> _RopeScaling | None:
         return self.rope_scaling or self.rope_parameters
