@@ -386,3 +386,23 @@ def test_sliding_layers_per_pipeline_block():
     cm = CostModel(replace(job(), model=gemma))
     full, slide = cm._layer_kinds(np.array([1.0, 2.0, 3.0]))
     assert full.tolist() == [21, 11, 7] and slide.tolist() == [21, 10, 7]
+
+
+def test_a_sliding_window_caps_attention_flops(tmp_path):
+    """Each query of a sliding layer sees at most the window: causal over s > w tokens,
+    w^2/2 + (s - w) w pairs instead of s^2/2; one decode query, w keys. Within the window,
+    or without one, the whole-attention count."""
+    from nereus.cost import work
+    from nereus.spec.model import MODEL_PRESETS
+
+    m = MODEL_PRESETS["llama-3.1-8b"]
+    q = m.q_dim
+    assert work.attention_flops(m, 8192, 8192, True, 4096) == 4.0 * q * (4096 ** 2 / 2 + 4096 ** 2)
+    assert work.attention_flops(m, 2048, 2048, True, 4096) == work.attention_flops(m, 2048, 2048,
+                                                                                   True)
+    assert work.attention_flops(m, 1, 6000, False, 4096) == 4.0 * q * 4096
+    c = Candidate(Layout(1, 1), 1, 1, 8)
+    windowed, whole = (cm.estimate("actor_train", c) for cm in _windowed_pair(tmp_path, 8192))
+    assert windowed.latency_s < whole.latency_s
+    short = [cm.estimate("actor_train", c) for cm in _windowed_pair(tmp_path, 2048)]
+    assert short[0].latency_s == short[1].latency_s

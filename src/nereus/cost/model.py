@@ -586,7 +586,13 @@ class CostModel:
         layers = m.num_layers / cols.pp
         body = tokens * work.gemm_flops_per_token_per_rank(m, cols.tp) * layers
         head = tokens * work.head_flops_per_token(m, self._head(st)) / cols.tp
-        attn = (tokens / seq) * work.attention_flops(m, seq, seq, causal=True) * layers
+        if m.sliding_window is None:
+            attn = (tokens / seq) * work.attention_flops(m, seq, seq, causal=True) * layers
+        else:  # the block with the most full-attention layers is the slowest
+            full, slide = self._layer_kinds(cols.pp)
+            attn = (tokens / seq) * (
+                work.attention_flops(m, seq, seq, causal=True) * full
+                + work.attention_flops(m, seq, seq, True, m.sliding_window) * slide)
         # recomputation re-runs the layers (the engine checkpoints each one), not the head,
         # whose input the loss keeps: the head makes at most fwd + 2x bwd passes
         g1 = passes * body + np.minimum(passes, 3.0) * head
@@ -744,8 +750,14 @@ class CostModel:
         fill = (chunks + cols.pp - 1) / chunks
         gemm = (p_tokens * work.gemm_flops_per_token_per_rank(m, cols.tp) * m.num_layers
                 / cols.pp * fill + n * work.head_flops_per_token(m, head) / cols.tp)
-        attn = (n * work.attention_flops(m, prompt, prompt, causal=True) * m.num_layers
-                / (cols.tp * cols.pp) * fill)
+        if m.sliding_window is None:
+            attn = (n * work.attention_flops(m, prompt, prompt, causal=True) * m.num_layers
+                    / (cols.tp * cols.pp) * fill)
+        else:  # a block's share of the chunks, on the block with the most full layers
+            full, slide = self._layer_kinds(cols.pp)
+            attn = n * (work.attention_flops(m, prompt, prompt, causal=True) * full
+                        + work.attention_flops(m, prompt, prompt, True, m.sliding_window)
+                        * slide) / cols.tp * fill
         rows = [Row("prefill", "prefill GEMMs", OpClass.GEMM, one, gemm, zero, gemm / dev.peak_flops),
                 Row("prefill", "prefill attention", OpClass.ATTENTION, one, attn, zero,
                     attn / dev.peak_flops)]
@@ -769,6 +781,10 @@ class CostModel:
                + kv_read * (cols.pp / slots))
         # each token's query attends over the mean context in every layer (heads split by tp)
         attn = work.attention_flops(m, 1.0, ctx_len, causal=False) / cols.tp
+        if m.sliding_window is not None:  # per layer, as many sliding as the model has
+            share = m.sliding_layers(range(m.num_layers)) / m.num_layers
+            attn = attn * (1 - share) + share * work.attention_flops(
+                m, 1.0, ctx_len, False, m.sliding_window) / cols.tp
         flops = active * ((work.gemm_flops_per_token_per_rank(m, cols.tp) + attn) * m.num_layers
                           + work.head_flops_per_token(m, head) / cols.tp) / slots
         t_hbm = iters * hbm / dev.hbm_bw

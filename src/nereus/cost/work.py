@@ -38,11 +38,19 @@ def gemm_flops_per_token_per_rank(m: ModelSpec, tp: Arr) -> Arr:
     return 2.0 * (split / tp + h * 2 * m.kv_dim * kv_share(m.num_kv_heads, tp))
 
 
-def attention_flops(m: ModelSpec, q_tokens: float, kv_tokens: float, causal: bool) -> float:
+def attention_flops(m: ModelSpec, q_tokens: float, kv_tokens: float, causal: bool,
+                    window: float | None = None) -> float:
     """Forward FLOPs of QK^T and AV for ``q_tokens`` queries over ``kv_tokens`` keys, one layer.
 
-    Causal self-attention over a sequence of s tokens does half the s x s work.
+    Causal self-attention over a sequence of s tokens does half the s x s work. ``window``: a
+    sliding layer's, each query sees at most that many keys (causal: w^2/2 + (s - w) w pairs
+    past the window; otherwise min(keys, w) per query).
     """
+    if window is not None and window < kv_tokens:
+        if causal:
+            return 4.0 * (window * window / 2 + (kv_tokens - window) * window) * m.q_dim \
+                * (q_tokens / kv_tokens)
+        return 4.0 * q_tokens * window * m.q_dim
     full = 4.0 * q_tokens * kv_tokens * m.q_dim
     return full / 2 if causal else full
 
