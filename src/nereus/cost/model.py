@@ -901,6 +901,14 @@ def placed_overlap(train: Layout, train_replicas: Iterable[Sequence[int]], gen: 
     ``least_overlap`` where generation is laid over the training GPUs in rank order; a replica
     kept in another order (``plan.near``) or a plan read from a file may pair other positions.
     """
+    # the controller reprices the plan it runs at every boundary: the same placements
+    return _placed_overlap(train, tuple(map(tuple, train_replicas)), gen,
+                           tuple(map(tuple, gen_replicas)))
+
+
+@lru_cache(maxsize=4096)
+def _placed_overlap(train: Layout, train_replicas: tuple[tuple[int, ...], ...], gen: Layout,
+                    gen_replicas: tuple[tuple[int, ...], ...]) -> float:
     def at(replicas: Iterable[Sequence[int]], tp: int) -> dict[int, tuple[int, int]]:
         return {x: (i % tp, i // tp) for r in replicas for i, x in enumerate(r)}
 
