@@ -406,3 +406,13 @@ def test_a_sliding_window_caps_attention_flops(tmp_path):
     assert windowed.latency_s < whole.latency_s
     short = [cm.estimate("actor_train", c) for cm in _windowed_pair(tmp_path, 2048)]
     assert short[0].latency_s == short[1].latency_s
+
+
+def test_a_decode_step_holds_the_mean_of_the_capped_context():
+    """Contexts from 512 to 8,704 tokens under a 4,096 window: min(x, 4096) averages 3,312."""
+    from nereus.cost.model import _within
+
+    assert _within(4096, 512 + 4096, 512.0) == 3312.0
+    assert _within(4096, 2000, 512.0) == 2000  # contexts 512..3,488: never past the window
+    assert _within(4096, 6000, 5000.0) == 4096  # always past it
+    assert _within(4096, 6000) == 4096 and _within(4096, 100) == 100

@@ -355,6 +355,54 @@ def test_a_hugging_face_id_is_read_from_the_local_cache(tmp_path, monkeypatch):
     r = CliRunner().invoke(app, ["plan", "--model", "Qwen/Qwen2.5-7B", "--gpus", "16"])
     assert r.exit_code == 0, r.output
     assert "Qwen2.5-7B on 16 x h100" in r.stdout
-    monkeypatch.setitem(__import__("sys").modules, "huggingface_hub", None)  # not installed
-    with pytest.raises(InputError, match="unknown model 'Qwen/Qwen2.5-7B'"):
-        get_model("Qwen/Qwen2.5-7B")
+    for bad in ("Org/a--b", "Org/a..b", "Org/name-", "Org/" + "x" * 97):  # hub's own rules
+        with pytest.raises(InputError, match="^model: unknown model"):
+            get_model(bad)
+
+
+@pytest.mark.parametrize("cfg,window,first,every", [
+    ({**GEMMA_2_9B, "layer_types": ["full_attention"] * 42}, None, 0, 1),
+    ({**QWEN2_5_7B, "use_sliding_window": True,
+      "layer_types": ["full_attention"] * 18 + ["sliding_attention"] * 10}, 131072, 18, 1),
+    ({**QWEN2_5_7B, "use_sliding_window": False,
+      "layer_types": ["sliding_attention"] * 28}, None, 0, 1),  # no window to slide in
+], ids=["gemma2-all-full", "qwen-last-10", "qwen-window-off"])
+def test_layer_types_in_config_json_are_taken_as_given(cfg, window, first, every):
+    import transformers
+
+    m = ModelSpec.from_hf_dict(cfg, "m")
+    assert (m.sliding_window, m.window_from if window else 0, m.window_every) == \
+        (window, first, every)
+    hf = transformers.AutoConfig.for_model(**cfg)
+    sliding = sum(t == "sliding_attention" for t in hf.layer_types) \
+        if hf.sliding_window is not None else 0
+    assert m.sliding_layers(range(cfg["num_hidden_layers"])) == sliding
+
+
+def test_layer_types_nereus_cannot_keep_are_refused():
+    types = ["sliding_attention", "full_attention", "full_attention"] * 14
+    with pytest.raises(InputError) as e:
+        ModelSpec.from_hf_dict({**GEMMA_2_9B, "layer_types": types}, "g")
+    assert e.value.field == "model.config.layer_types" and "not a pattern" in str(e.value)
+    with pytest.raises(InputError) as e:
+        ModelSpec.from_hf_dict({**GEMMA_2_9B, "layer_types": ["full_attention"]}, "g")
+    assert e.value.field == "model.config.layer_types" and "1 entries for 42" in str(e.value)
+
+
+def test_a_window_pattern_is_validated_and_written_back_only_as_its_family_writes_it():
+    from dataclasses import replace
+
+    from nereus.spec.model import MODEL_PRESETS
+
+    q = MODEL_PRESETS["qwen2.5-7b-instruct"]
+    with pytest.raises(InputError, match=r"^model\.window_every"):
+        replace(q, sliding_window=4096, window_every=3)
+    with pytest.raises(InputError, match=r"^model\.window_from"):
+        replace(q, sliding_window=4096, window_from=-1)
+    for bad, field in (({"window_every": 2, "window_from": 4}, "model.window_every"),
+                       ({"window_from": 40}, "model.window_from")):
+        with pytest.raises(InputError) as e:
+            replace(q, sliding_window=4096, **bad).to_hf_dict()
+        assert e.value.field == field
+    ok = replace(q, sliding_window=4096, window_from=20)
+    assert ModelSpec.from_hf_dict(ok.to_hf_dict(), ok.name) == ok

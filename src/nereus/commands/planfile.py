@@ -30,7 +30,9 @@ def architecture(m: ModelSpec) -> str:
     return (f"{m.num_layers} layers x {m.hidden_size}, ffn {m.intermediate_size}, "
             f"{m.num_heads}/{m.num_kv_heads} heads x {m.head_dim}, vocab {m.vocab_size}"
             + (", tied embeddings" if m.tie_embeddings else "")
-            + (", qk-norm" if m.qk_norm else ""))
+            + (", qk-norm" if m.qk_norm else "")
+            + (f", sliding window {m.sliding_window} (layers {m.window_from}+, every "
+               f"{m.window_every})" if m.sliding_window is not None else ""))
 
 
 def planned_for(job: JobSpec) -> dict[str, str]:

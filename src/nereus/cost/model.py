@@ -543,17 +543,7 @@ class CostModel:
         m = self.job.model
         if m.sliding_window is None:
             return self._kv_per_token(tp, pp) * seq
-        w = float(m.sliding_window)
-        if start is None:
-            capped = min(seq, w)
-        else:  # mean of min(x, w) for x uniform on [start, end]
-            end = 2.0 * seq - start
-            if w >= end:
-                capped = seq
-            elif w <= start or end <= start:
-                capped = min(w, seq)
-            else:
-                capped = ((w * w - start * start) / 2.0 + w * (end - w)) / (end - start)
+        capped = _within(m.sliding_window, seq, start)
         full, slide = self._layer_kinds(pp)
         heads = np.maximum(1.0, np.floor(m.num_kv_heads / tp))
         per_layer = 2.0 * heads * m.head_dim * self.job.workload.param_bytes
@@ -784,7 +774,7 @@ class CostModel:
         if m.sliding_window is not None:  # per layer, as many sliding as the model has
             share = m.sliding_layers(range(m.num_layers)) / m.num_layers
             attn = attn * (1 - share) + share * work.attention_flops(
-                m, 1.0, ctx_len, False, m.sliding_window) / cols.tp
+                m, 1.0, _within(m.sliding_window, ctx_len, float(prompt)), False) / cols.tp
         flops = active * ((work.gemm_flops_per_token_per_rank(m, cols.tp) + attn) * m.num_layers
                           + work.head_flops_per_token(m, head) / cols.tp) / slots
         t_hbm = iters * hbm / dev.hbm_bw
@@ -916,6 +906,21 @@ def _placed_overlap(train: Layout, train_replicas: tuple[tuple[int, ...], ...], 
     return min((_shared(pt[x][1], train.pp, pg[x][1], gen.pp)
                 * _shared(pt[x][0], train.tp, pg[x][0], gen.tp) for x in pt.keys() & pg.keys()),
                default=1.0)
+
+
+def _within(window: float, seq: float, start: float | None = None) -> float:
+    """Keys a sliding layer holds of a context of ``seq`` tokens: min(seq, window); with
+    ``start``, the mean of min(x, window) over contexts x uniform from ``start`` to
+    ``2 seq - start`` (a decode step's, while responses grow)."""
+    w = float(window)
+    if start is None:
+        return min(seq, w)
+    end = 2.0 * seq - start
+    if w >= end:
+        return seq
+    if w <= start or end <= start:
+        return min(w, seq)
+    return ((w * w - start * start) / 2.0 + w * (end - w)) / (end - start)
 
 
 def _shared(i: int, n: int, j: int, m: int) -> float:

@@ -41,6 +41,7 @@ class _Family:
     sliding_window: int | None = None   # the window when config.json leaves the key out
     max_window_layers: int = 28         # opt-in: the first sliding layer, when left out
     window_every: int = 1               # 2: every other layer slides (Gemma 2), from layer 0
+    layer_types: bool = False           # the class takes config.json's layer_types as given
 
 
 # model_types whose decoder layer is the one ModelSpec counts: attention with q/k/v/o
@@ -53,13 +54,13 @@ class _Family:
 FAMILIES: dict[str, _Family] = {
     "llama": _Family(),
     "mistral": _Family(window="always", sliding_window=4096),
-    "qwen2": _Family(window="opt-in", sliding_window=4096),
-    "qwen3": _Family(head_dim=128, window="opt-in", sliding_window=4096),
+    "qwen2": _Family(window="opt-in", sliding_window=4096, layer_types=True),
+    "qwen3": _Family(head_dim=128, window="opt-in", sliding_window=4096, layer_types=True),
     "phi3": _Family(rms_norm_eps=1e-5, window="always"),
     # Gemma ties the LM head to the embedding unless told otherwise, and its heads are 256 wide
     "gemma": _Family(tie_word_embeddings=True, head_dim=256),
     "gemma2": _Family(tie_word_embeddings=True, head_dim=256, window="always",
-                      sliding_window=4096, window_every=2),
+                      sliding_window=4096, window_every=2, layer_types=True),
 }
 
 # the transformers class of each model_type in FAMILIES
@@ -365,6 +366,11 @@ class ModelSpec:
         if family.window == "opt-in":
             if self.sliding_window is None:
                 return {"use_sliding_window": False}
+            if self.window_every != 1 or self.window_from >= self.num_layers:
+                raise InputError("model.window_every" if self.window_every != 1 else
+                                 "model.window_from", f"window_from={self.window_from}, "
+                                 f"window_every={self.window_every}: a Qwen config slides every "
+                                 "layer from max_window_layers to the last")
             return {"use_sliding_window": True, "sliding_window": self.sliding_window,
                     "max_window_layers": self.window_from}
         if family.window == "always":
@@ -438,20 +444,21 @@ def get_model(name_or_path: str) -> ModelSpec:
 
 
 # a Hugging Face model id: ORG/NAME of letters, digits and - _ . (huggingface_hub's rule)
-_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*")
+_HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*")
 
 
 def hub_cached_config(repo_id: str) -> Path | None:
     """The cached ``config.json`` of Hugging Face model ``repo_id`` (the newest snapshot the
     cache's ``main`` ref names; ``HF_HUB_CACHE`` or ``HF_HOME`` move the cache), or None: not
-    an id, not cached, or ``huggingface_hub`` not installed (it comes with transformers)."""
+    an id (huggingface_hub's own rules included), or not cached."""
     if not _HUB_ID.fullmatch(repo_id):
         return None
+    from huggingface_hub import try_to_load_from_cache  # imported here: planning rarely needs it
+
     try:
-        from huggingface_hub import try_to_load_from_cache
-    except ImportError:
+        got = try_to_load_from_cache(repo_id, "config.json")
+    except ValueError:  # HFValidationError: "a--b", "a..b", over 96 characters, ...
         return None
-    got = try_to_load_from_cache(repo_id, "config.json")
     return Path(got) if isinstance(got, str) else None
 
 
@@ -522,6 +529,7 @@ class _HfConfig(BaseModel):
     sliding_window: StrictInt | None = None
     use_sliding_window: bool | None = None
     max_window_layers: StrictInt | None = Field(None, ge=0)
+    layer_types: list[str] | None = None  # per layer: "sliding_attention" or another kind
 
     def window(self, family: _Family) -> dict[str, Any]:
         """ModelSpec's sliding_window, window_from and window_every as the family's config
@@ -531,18 +539,32 @@ class _HfConfig(BaseModel):
         past the last); Gemma 2's to every other layer from the first."""
         if family.window == "none":
             return {}
-        first = 0
-        if family.window == "opt-in":
-            first = (family.max_window_layers if self.max_window_layers is None
-                     else self.max_window_layers)
-            if not self.use_sliding_window or first >= self.num_hidden_layers:
-                return {}
+        if family.window == "opt-in" and not self.use_sliding_window:
+            return {}
         size = (self.sliding_window if "sliding_window" in self.model_fields_set
                 else family.sliding_window)
         if size is None:
             return {}
-        return {"sliding_window": size, "window_from": first,
-                "window_every": family.window_every}
+        layers = self.num_hidden_layers
+        if family.layer_types and self.layer_types is not None:  # as given, as the class does
+            if len(self.layer_types) != layers:
+                raise InputError("model.config.layer_types", f"{len(self.layer_types)} entries "
+                                 f"for {layers} layers", "one per layer")
+            sliding = [i for i, t in enumerate(self.layer_types) if t == "sliding_attention"]
+        elif family.window == "opt-in":
+            first = (family.max_window_layers if self.max_window_layers is None
+                     else self.max_window_layers)
+            sliding = list(range(first, layers))
+        else:
+            sliding = list(range(0, layers, family.window_every))
+        if not sliding:
+            return {}
+        for every in (1, 2):
+            if sliding == list(range(sliding[0], layers, every)):
+                return {"sliding_window": size, "window_from": sliding[0], "window_every": every}
+        raise InputError("model.config.layer_types", f"sliding layers {sliding[:6]}"
+                         f"{' ...' if len(sliding) > 6 else ''} are not a pattern Nereus keeps",
+                         "every layer, or every other one, from some layer to the last")
 
     def rope(self) -> _RopeScaling | None:
         return self.rope_scaling or self.rope_parameters
