@@ -187,6 +187,7 @@ class CostModel:
         self._sync_peak: dict[tuple[Layout, Layout], int] = {}
         self._nodes: tuple[tuple[int, ...], ...] | None = None
         self._room: tuple[int, ...] | None = None
+        self._kinds: dict[int, tuple[int, int]] = {}  # pp -> _layer_kinds of its blocks
 
     # ------------------------------------------------------------------ public API
     def stage_batch(self, stage: ModelStage | str) -> int:
@@ -545,8 +546,7 @@ class CostModel:
             return self._kv_per_token(tp, pp) * seq
         capped = _within(m.sliding_window, seq, start)
         full, slide = self._layer_kinds(pp)
-        heads = np.maximum(1.0, np.floor(m.num_kv_heads / tp))
-        per_layer = 2.0 * heads * m.head_dim * self.job.workload.param_bytes
+        per_layer = self._kv_per_token(tp, pp) * pp / m.num_layers  # one layer's, per token
         return per_layer * (full * seq + slide * capped)
 
     def _layer_kinds(self, pp: Arr) -> tuple[Arr, Arr]:
@@ -556,10 +556,12 @@ class CostModel:
         pps = np.asarray(pp, dtype=float)
         full, slide = np.empty_like(pps), np.empty_like(pps)
         for depth in np.unique(pps):
-            per = m.num_layers // int(depth)
-            blocks = [m.sliding_layers(range(b * per, (b + 1) * per)) for b in range(int(depth))]
-            s = min(blocks)
-            full[pps == depth], slide[pps == depth] = per - s, s
+            d = int(depth)
+            if d not in self._kinds:  # an estimate asks up to three times per depth
+                per = m.num_layers // d
+                s = min(m.sliding_layers(range(b * per, (b + 1) * per)) for b in range(d))
+                self._kinds[d] = (per - s, s)
+            full[pps == depth], slide[pps == depth] = self._kinds[d]
         return full, slide
 
     def _host(self, nbytes: Arr, name: str) -> list[Row]:
