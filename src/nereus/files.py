@@ -91,7 +91,11 @@ def read_yaml(path: str | Path, field: str) -> Any:
         raise InputError(field, f"{p} sets {e.key!r} twice (line {e.first}, then line "
                          f"{e.line})", "each key once per mapping") from None
     except yaml.YAMLError as e:
-        raise InputError(field, f"{p} is not valid YAML: {str(e).splitlines()[0]}") from None
+        # the first line says what; where is in the marks (PyYAML counts from 0)
+        mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
+        what = getattr(e, "problem", None) or str(e).splitlines()[0]
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        raise InputError(field, f"{p} is not valid YAML ({what}{at})") from None
 
 
 def validate(model: type[M], data: object, field: str = "config", prefix: str = "") -> M:

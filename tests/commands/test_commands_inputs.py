@@ -64,7 +64,7 @@ def test_options_that_would_be_ignored_are_refused(args: list[str], option: str)
 def test_a_job_yaml_given_to_simulate_says_it_is_not_a_scenario() -> None:
     err = one_line(["simulate", "--config", CONFIG])
     assert err.startswith("error: --config: llama-3.1-8b-ppo.yaml is a job file"), err
-    assert "examples/scenarios/" in err
+    assert "(allowed: a scenario YAML (nereus examples writes two" in err, err
 
 
 @pytest.mark.parametrize("option", ["--csv", "--plot"])
@@ -102,7 +102,7 @@ def test_a_value_of_the_wrong_type_reads_one_way_with_what_is_allowed(
 
 
 @pytest.mark.parametrize("args,option", [
-    (["plan", "--config", "{dir}"], "config"),
+    (["plan", "--config", "{dir}"], "--config"),
     (["simulate", "--csv", "{dir}"], "--csv"),
     (["simulate", "--plot", "{dir}"], "--plot"),
     (["transition", "{dir}", "{dir}", "--model", "tiny-llama"], "current"),
@@ -187,7 +187,7 @@ def test_a_key_given_twice_in_a_config_is_refused(tmp_path: Path, text: str, key
     cfg = tmp_path / "job.yaml"
     cfg.write_text(text)
     err = one_line(["plan", "--config", str(cfg)])
-    assert err.startswith("error: config: ") and f"{key!r}" in err and f"line {line}" in err, err
+    assert err.startswith("error: --config: ") and f"{key!r}" in err and f"line {line}" in err, err
     assert "(allowed: " in err
 
 
@@ -199,3 +199,16 @@ def test_yaml_merge_keys_are_not_duplicates(tmp_path: Path) -> None:
     f = tmp_path / "merge.yaml"
     f.write_text("base: &b {a: 1, b: 2}\nmore:\n  <<: *b\n  b: 3\n")
     assert read_yaml(f, "config") == {"base": {"a": 1, "b": 2}, "more": {"a": 1, "b": 3}}
+
+
+@pytest.mark.parametrize("text,where", [
+    ("model: llama-3.1-8b\ngpus: 16\n  algo: ppo\n", "line 3, column 7"),
+    ("model: llama-3.1-8b\ncluster: {device: cpu\n", "line 3, column 1"),
+])
+def test_a_yaml_syntax_error_says_where(tmp_path: Path, text: str, where: str) -> None:
+    """PyYAML's first line says what is wrong but not where: in a long config that was a hunt."""
+    cfg = tmp_path / "job.yaml"
+    cfg.write_text(text)
+    err = one_line(["plan", "--config", str(cfg)])
+    assert err.startswith("error: --config: ") and "is not valid YAML" in err, err
+    assert f"at {where})" in err, err

@@ -151,7 +151,7 @@ def test_evaluate_refuses_a_plan_made_for_another_job(tmp_path: Path) -> None:
                     "--gpus", "2")
     r = runner.invoke(app, ["plan", "--config", CONFIG, "--evaluate", str(tiny)])
     assert r.exit_code == 2, r.output
-    assert r.stderr.startswith("error: evaluate: tiny.json was planned for tiny-llama on cpu"), \
+    assert r.stderr.startswith("error: --evaluate: tiny.json was planned for tiny-llama on cpu"), \
         r.stderr
 
 

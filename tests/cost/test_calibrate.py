@@ -91,8 +91,9 @@ def test_profile_round_trip_and_reuse(tmp_path, setup):
     other = parse_job({"model": "qwen3-14b", "gpus": 16})
     est = CostModel(other, again.efficiencies()).estimate("actor_train", Candidate(Layout(4, 2), 2, 1, 64))
     assert est.efficiencies[OpClass.GEMM] == pytest.approx(1 / 1.6, rel=0.05)
-    with pytest.raises(InputError, match="profile.device"):
+    with pytest.raises(InputError, match="profile.device") as e:
         Calibrator.from_profile(path, "mi250x")
+    assert e.value.allowed == "a profile measured on mi250x, or a job on h100-sxm-80gb"
 
 
 def test_bad_measurements_are_rejected(setup):
@@ -172,6 +173,8 @@ def test_a_cpu_profile_may_beat_the_guessed_peaks(tmp_path):
     ('{"samples": -1}', "profile.samples"),
     ('{"version": 2}', "profile.version"),
     ('[1]', "profile"),
+    ('{}', "profile"),  # calibrates nothing: it was reported as a calibration
+    ('{"device": "h100-sxm-80gb", "efficiency": {}, "memory_scale": {}}', "profile"),
 ])
 def test_profiles_are_checked_strictly(tmp_path, profile, field):
     path = tmp_path / "p.json"

@@ -6,7 +6,7 @@ import importlib
 
 import typer
 
-COMMANDS = ("plan", "transition", "simulate", "run")
+COMMANDS = ("plan", "transition", "simulate", "examples", "run")
 
 
 def register(app: typer.Typer) -> None:

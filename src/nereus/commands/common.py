@@ -47,6 +47,11 @@ def fail(message: str, code: int = EXIT_INPUT) -> typer.Exit:
     return typer.Exit(code)
 
 
+# Options that name a file: an error about the file as a whole (missing, not YAML, not a
+# mapping) is raised naming the field, and the command line calls it by its option.
+FILE_OPTIONS = frozenset({"config", "evaluate", "profile"})
+
+
 def one_line_errors(fn: F) -> F:
     """Turn input errors, a job that fits nowhere included, into one line on stderr and exit 2;
     keep tracebacks for real bugs."""
@@ -56,6 +61,8 @@ def one_line_errors(fn: F) -> F:
         try:
             return fn(*args, **kwargs)
         except InputError as e:
+            if e.field in FILE_OPTIONS:  # the file as a whole: the option that named it
+                e = InputError(f"--{e.field}", e.problem, e.allowed)
             raise fail(str(e)) from None
         except InfeasibleError as e:
             raise fail(str(e)) from None

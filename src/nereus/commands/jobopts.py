@@ -49,8 +49,9 @@ JOB_HELP = {
     "ppo_mini_batches": with_default("optimizer updates per epoch; must divide prompts x "
                                      "responses per prompt",
                                      _schema_default(WorkloadConfig, "ppo_mini_batches")),
-    "profile": with_default("calibration profile JSON of the same device (python "
-                            "benchmarks/engine.py --profile OUT.json writes one)",
+    "profile": with_default("calibration profile JSON of the same device: efficiency per "
+                            "op class, memory_scale per stage kind (in a source checkout, "
+                            "python benchmarks/engine.py --profile OUT.json measures one)",
                             "built-in efficiencies per op class"),
 }
 

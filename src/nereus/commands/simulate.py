@@ -57,7 +57,7 @@ def _scenario_file(path: Path) -> Path:
     if isinstance(data, dict) and "job" not in data and "model" in data:
         raise InputError("--config", f"{path.name} is a job file (as nereus plan reads); a "
                          "scenario puts the job under job:, beside its traces",
-                         "a scenario YAML (see examples/scenarios/)")
+                         "a scenario YAML (nereus examples writes two, under scenarios/)")
     return path
 
 
@@ -174,7 +174,8 @@ def register(app: typer.Typer) -> None:
             help=with_default(f"built-in scenario: {', '.join(SCENARIOS)}", "default")),
         config: Optional[Path] = typer.Option(
             None, "--config", "-c",
-            help="scenario YAML: a job: section, trace files, truth (see examples/scenarios/)"),
+            help="scenario YAML: a job: section, trace files, truth (nereus examples writes "
+                 "two)"),
         steps: Optional[int] = typer.Option(
             None, metavar="N", help=with_default("simulate only the first N steps",
                                     "all of the scenario's; a larger N runs them all")),

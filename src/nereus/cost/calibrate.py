@@ -217,7 +217,11 @@ class Calibrator:
         p = validate(_ProfileFile, data, "profile", prefix="profile.")
         if p.device and p.device != device:
             raise InputError("profile.device", f"profile is for {p.device!r}, job runs on "
-                             f"{device!r}", [p.device])
+                             f"{device!r}", f"a profile measured on {device}, or a job on "
+                             f"{p.device}")
+        if not p.efficiency and not p.memory_scale:  # calibrates nothing: say so, not use it
+            raise InputError("profile", f"{path} holds no efficiency and no memory_scale entry",
+                             "efficiency per op class, memory_scale per stage kind")
         eff = Efficiencies.from_dict({"efficiency": p.efficiency, "device": device})
         if op_classes is not None:
             eff = Efficiencies({c: v for c, v in eff.values.items() if c in op_classes}, device)

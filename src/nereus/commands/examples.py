@@ -1,0 +1,86 @@
+"""``nereus examples``: copy the example job configs, verl layouts and simulation scenarios that
+ship with the package into a folder, to start a job's config from.
+
+An installed package has no ``examples/`` beside it (that folder is the source tree's), and the
+other commands' help points here. Files that already exist are left alone unless ``--force``.
+"""
+
+from __future__ import annotations
+
+from importlib import resources
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import typer
+
+from nereus.commands.common import Command, console, one_line_errors
+from nereus.errors import InputError
+
+if TYPE_CHECKING:
+    from importlib.resources.abc import Traversable
+
+SUFFIXES = (".yaml", ".csv")  # what an example is; anything else in the folder is not copied
+
+
+def shipped() -> dict[str, Traversable]:
+    """The examples in the package, by path relative to its examples folder."""
+    out: dict[str, Traversable] = {}
+
+    def walk(node: Traversable, rel: str) -> None:
+        for child in sorted(node.iterdir(), key=lambda c: c.name):
+            path = f"{rel}{child.name}"
+            if child.is_dir():
+                walk(child, path + "/")
+            elif child.name.endswith(SUFFIXES):
+                out[path] = child
+
+    walk(resources.files("nereus").joinpath("examples"), "")
+    return out
+
+
+def copy_examples(dest: Path, force: bool = False) -> list[Path]:
+    """Write every shipped example under ``dest`` (made if missing) and return the files
+    written. Refuses, before writing any, when one exists and ``force`` is off."""
+    if dest.exists() and not dest.is_dir():
+        raise InputError("DEST", f"{dest} is a file", "a folder, new or existing")
+    files = shipped()
+    if not files:  # a broken install: say so rather than copy nothing
+        raise InputError("DEST", "this installation of nereus ships no examples",
+                         "a reinstall of the package")
+    there = [rel for rel in files if (dest / rel).exists()]
+    if there and not force:
+        more = f" and {len(there) - 1} more" if len(there) > 1 else ""
+        raise InputError("DEST", f"{dest / there[0]}{more} already exist{'s' * (not more)}",
+                         "a new folder, or --force to overwrite")
+    written = []
+    for rel, src in files.items():
+        out = dest / rel
+        try:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_bytes(src.read_bytes())
+        except OSError as e:
+            raise InputError("DEST", f"cannot write {out}: {e.strerror or type(e).__name__}",
+                             "a folder you can write") from None
+        written.append(out)
+    return written
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("examples", cls=Command)
+    @one_line_errors
+    def examples_cmd(
+        dest: Path = typer.Argument(Path("nereus-examples"), metavar="DEST",
+                                    help="folder to copy them into (made if missing)"),
+        force: bool = typer.Option(False, "--force", help="overwrite files that exist"),
+    ) -> None:
+        """Copy the example job configs (nereus plan --config), verl layouts (--evaluate) and
+        simulation scenarios (nereus simulate --config) into DEST."""
+        written = copy_examples(dest, force)
+        console.print(f"wrote {len(written)} files under {dest}:", highlight=False)
+        for p in written:
+            console.print(f"  {p}", highlight=False, markup=False)
+        job = dest / "llama-3.1-8b-ppo.yaml"
+        scenario = dest / "scenarios" / "node-outage-8b.yaml"
+        console.print(f"try: nereus plan --config {job} --explain\n"
+                      f"     nereus simulate --config {scenario}", highlight=False,
+                      markup=False)

@@ -1,0 +1,59 @@
+"""``nereus examples``: the example configs ship in the package (an installed nereus has no
+source tree beside it), copy out whole, plan and simulate from where they land, and never
+overwrite a user's file unasked."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from nereus.cli import app
+from nereus.commands.examples import shipped
+
+runner = CliRunner()
+REPO_EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+def test_the_package_ships_every_example_of_the_source_tree() -> None:
+    in_tree = sorted(str(p.relative_to(REPO_EXAMPLES)) for p in REPO_EXAMPLES.rglob("*")
+                     if p.is_file() and p.suffix in (".yaml", ".csv"))
+    assert in_tree and sorted(shipped()) == in_tree
+
+
+def test_copied_examples_plan_and_simulate_from_where_they_land(tmp_path: Path) -> None:
+    dest = tmp_path / "mine"
+    r = runner.invoke(app, ["examples", str(dest)])
+    assert r.exit_code == 0, r.output
+    assert f"wrote {len(shipped())} files under {dest}" in r.stdout
+    r = runner.invoke(app, ["plan", "--config", str(dest / "qwen3-14b-grpo.yaml"), "--json"])
+    assert r.exit_code == 0, r.output
+    # a scenario's trace files are found beside it, wherever it was copied
+    r = runner.invoke(app, ["simulate", "--config", str(dest / "scenarios/file-traces-8b.yaml"),
+                            "--steps", "3", "--policies", "static", "--json"])
+    assert r.exit_code == 0, r.output
+
+
+def test_existing_files_are_kept_unless_forced(tmp_path: Path) -> None:
+    assert runner.invoke(app, ["examples", str(tmp_path)]).exit_code == 0
+    mine = tmp_path / "llama-3.1-8b-ppo.yaml"
+    mine.write_text("model: mine\n")
+    r = runner.invoke(app, ["examples", str(tmp_path)])
+    assert r.exit_code == 2 and r.stderr.count("\n") == 1, r.output
+    assert r.stderr.startswith("error: DEST: ") and "--force" in r.stderr, r.stderr
+    assert mine.read_text() == "model: mine\n"  # nothing written: the refusal comes first
+    assert runner.invoke(app, ["examples", str(tmp_path), "--force"]).exit_code == 0
+    assert mine.read_text() == (REPO_EXAMPLES / "llama-3.1-8b-ppo.yaml").read_text()
+
+
+def test_a_file_as_the_folder_is_refused(tmp_path: Path) -> None:
+    f = tmp_path / "f"
+    f.write_text("")
+    r = runner.invoke(app, ["examples", str(f)])
+    assert r.exit_code == 2 and r.stderr.startswith("error: DEST: "), r.output
+
+
+def test_python_dash_m_runs_the_cli() -> None:
+    r = subprocess.run([sys.executable, "-m", "nereus", "--version"], capture_output=True,
+                       text=True, timeout=120, check=False)
+    assert r.returncode == 0 and r.stdout.startswith("nereus "), r.stderr
