@@ -47,7 +47,16 @@ def read_json(path: str | Path, field: str) -> Any:
     try:
         return json.loads(text)
     except json.JSONDecodeError as e:
-        raise InputError(field, f"{p} is not valid JSON ({e.msg} at line {e.lineno})") from None
+        raise InputError(field, f"{p} is not valid JSON ({e.msg}: line {e.lineno}, column "
+                         f"{e.colno})") from None
+    except RecursionError:
+        raise _too_deep(p, field) from None
+
+
+def _too_deep(p: Path, field: str) -> InputError:
+    """Nesting past Python's recursion limit (``[[[[...``): no config is that deep."""
+    return InputError(field, f"{p} nests lists or mappings too deeply to read",
+                      "a few levels of nesting")
 
 
 _MERGE_TAG = "tag:yaml.org,2002:merge"
@@ -96,6 +105,8 @@ def read_yaml(path: str | Path, field: str) -> Any:
         what = getattr(e, "problem", None) or str(e).splitlines()[0]
         at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
         raise InputError(field, f"{p} is not valid YAML ({what}{at})") from None
+    except RecursionError:
+        raise _too_deep(p, field) from None
 
 
 def validate(model: type[M], data: object, field: str = "config", prefix: str = "") -> M:

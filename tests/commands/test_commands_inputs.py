@@ -212,3 +212,17 @@ def test_a_yaml_syntax_error_says_where(tmp_path: Path, text: str, where: str) -
     err = one_line(["plan", "--config", str(cfg)])
     assert err.startswith("error: --config: ") and "is not valid YAML" in err, err
     assert f"at {where})" in err, err
+
+
+@pytest.mark.parametrize("name,text,args", [
+    ("deep.json", "[" * 100_000, ["transition", "{f}", "{f}", "--model", "tiny-llama"]),
+    ("deep.yaml", "a:\n" + "".join(" " * k + "- \n" for k in range(1, 3000)),
+     ["plan", "--config", "{f}"]),
+])
+def test_nesting_too_deep_to_read_is_one_line(tmp_path: Path, name: str, text: str,
+                                              args: list[str]) -> None:
+    """Python's parsers recurse: a file nested thousands deep raised RecursionError, exit 1."""
+    f = tmp_path / name
+    f.write_text(text)
+    err = one_line([a.format(f=f) for a in args])
+    assert "nests lists or mappings too deeply to read" in err, err

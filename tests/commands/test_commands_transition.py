@@ -367,8 +367,9 @@ def test_execute_that_this_machine_cannot_hold_prints_only_the_error(
                             "--execute"])
     assert r.exit_code == 2, r.output
     assert r.stdout == ""
-    assert r.stderr.count("\n") == 1 and r.stderr.startswith("error: model: llama-3.1-8b: its "
-                                                             "state takes")
+    *notes, err = r.stderr.splitlines()  # the note: next.json's 32 GPUs grow the config's 16
+    assert err.startswith("error: model: llama-3.1-8b: its state takes"), r.stderr
+    assert all(n.startswith("note: the plans use GPU ids") for n in notes), r.stderr
 
 
 def test_execute_refuses_more_workers_than_the_cores_serve(
@@ -458,3 +459,17 @@ def test_plan_files_of_a_rule_reward_job_move_with_reward_rule(tmp_path: Path) -
     assert r.exit_code == 2, r.output
     assert "(grpo, rule reward), not for tiny-llama on cpu (grpo) (reward differs)" in r.stderr
     assert "--reward rule" in r.stderr
+
+
+def test_plans_past_the_configs_pool_grow_it_and_say_so(tiny_plans: tuple[str, str],
+                                                        tmp_path: Path) -> None:
+    """Plans made with --gpus past the config's count (the README's growing pool) are priced on
+    a cluster that holds them; that used to happen without a word, a typo'd id included."""
+    cfg = tmp_path / "tiny.yaml"
+    cfg.write_text("model: tiny-llama\ngpus: 2\ncluster: {device: cpu}\n")
+    r = runner.invoke(app, ["transition", *tiny_plans, "--config", str(cfg)])
+    assert r.exit_code == 0, r.output
+    assert r.stderr == "note: the plans use GPU ids up to 3; tiny.yaml's 2 GPUs are taken as 4\n"
+    assert r.stdout.startswith("tiny-llama, PPO on 4 x cpu "), r.stdout
+    r = runner.invoke(app, ["transition", tiny_plans[0], tiny_plans[0], "--config", str(cfg)])
+    assert r.exit_code == 0 and r.stderr == "", r.output

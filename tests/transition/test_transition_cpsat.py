@@ -60,3 +60,31 @@ def test_paper_examples_are_scheduled_optimally() -> None:
         assert res.optimal
         assert plan_transition(job, cur, tgt).estimated_s == pytest.approx(res.makespan_s,
                                                                            abs=1e-5)
+
+
+def test_a_transition_with_binding_memory_is_not_called_infeasible(tmp_path) -> None:
+    """verl's colocated layout of Llama-3.1-8B to the best plan, where memory binds: with raw
+    byte counts (1e10-1e11 per event) CP-SAT answered INFEASIBLE, although the list schedule
+    passes the validator. In KiB, rounded toward more memory, it proves the optimum."""
+    from pathlib import Path
+
+    from typer.testing import CliRunner
+
+    from nereus.cli import app
+    from nereus.commands.transition import _kind, plans_for_job
+
+    config = Path("examples/llama-3.1-8b-ppo.yaml")
+    best = tmp_path / "best.json"
+    r = CliRunner().invoke(app, ["plan", "--config", str(config), "--json"])
+    assert r.exit_code == 0, r.output
+    best.write_text(r.stdout)
+    args = (_kind(Path("examples/layouts/verl-colocated-8b.yaml"), "current"),
+            _kind(best, "target"))
+    job, cur, tgt = plans_for_job(args, config, None, None, None, None, None, None)
+    dag, cost = transition_dag(job, cur, tgt)
+    greedy = plan_transition(job, cur, tgt)
+    assert greedy.feasible and validate(job, cur, tgt, greedy) == []
+    res = solve(dag, cost, time_limit_s=60, workers=2)
+    assert res.status in ("OPTIMAL", "FEASIBLE"), res.status
+    assert validate(job, cur, tgt, as_schedule(dag, cost, res)) == []
+    assert res.makespan_s <= greedy.estimated_s + 1e-6 * len(dag.primitives)

@@ -438,3 +438,18 @@ def test_a_primitive_with_units_of_another_model_stage_is_caught() -> None:
                     {"actor_gen": (gen,), "reference_infer": (out,)})
     errs = validate(job, cur, tgt, wrong)
     assert any("(Extend): units of another model-stage" in e for e in errs), errs
+
+
+def test_a_primitive_shortened_with_its_recorded_duration_is_caught() -> None:
+    """The check compared each primitive's time with the duration the schedule itself carried:
+    an Extend made a thousand times faster, duration and end together, passed."""
+    job = job8b(32)
+    cur, tgt = example_a()
+    s = plan_transition(job, cur, tgt)
+    e = find(s, "Extend")
+    fast = e.duration.seconds / 1000
+    cheat = replace(e, end_s=e.start_s + fast, duration=Duration(fast))
+    errs = validate(job, cur, tgt, replace(s, primitives=tuple(
+        cheat if p is e else p for p in s.primitives)))
+    assert any(f"primitive {e.index} (Extend {e.stage}) lasts {fast:.6f} s in the schedule, its "
+               f"estimate is {e.duration.seconds:.6f} s" in x for x in errs), errs

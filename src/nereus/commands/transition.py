@@ -29,6 +29,7 @@ from nereus.commands.common import (
     EXIT_RUN_FAILED,
     FIGURE_FORMATS,
     console,
+    err_console,
     fail,
     one_line_errors,
     output_path,
@@ -212,7 +213,14 @@ def job_for_plans(gpu_ids: tuple[int, ...] | list[int], config: Path | None,
     if config is None:
         return build(None, needed)
     job = build(config, None)
-    return job if job.cluster.num_devices >= needed else build(config, needed)
+    if job.cluster.num_devices >= needed:
+        return job
+    # plans made with --gpus beyond the config's (the README's grow-the-pool example): the
+    # cluster grows to hold them, and the user hears of it (a typo'd id is grown to as well)
+    err_console.print(f"note: the plans use GPU ids up to {needed - 1}; {config.name}'s "
+                      f"{job.cluster.num_devices} GPUs are taken as {needed}", markup=False,
+                      highlight=False)
+    return build(config, needed)
 
 
 def _layout_gpus(specs: Mapping[str, StageLayoutSpec]) -> list[int]:
@@ -384,7 +392,8 @@ def measured_json(result: dict, schedule: Schedule | None = None,
 
 def print_schedule(job: JobSpec, schedule: Schedule, current: Plan, target: Plan) -> None:
     console.print(f"{job.model.name}, {job.workflow.algo.upper()} on "
-                  f"{job.cluster.device.name} ({job.cluster.devices_per_node} per node)")
+                  f"{job.cluster.num_devices} x {job.cluster.device.name} "
+                  f"({job.cluster.devices_per_node} per node)")
     console.print(stage_table(schedule, current, target, StateSizes(job)))
     if schedule.primitives:
         console.print(schedule_table(schedule))

@@ -20,6 +20,12 @@ from nereus.transition.primitives import Primitive
 from nereus.transition.schedule import Schedule, fixed_schedule
 
 TICKS_PER_S = 1_000_000  # durations in microseconds
+# Memory in KiB. With raw bytes (1e10-1e11 per event on 80 GB GPUs) CP-SAT 9.x declared a
+# transition INFEASIBLE whose list schedule the validator accepts (verl's colocated layout of
+# Llama-3.1-8B to its best plan); in KiB it proves the same makespan optimal. Every amount is
+# rounded so that the model is never looser than the bytes: what a GPU holds and what a
+# primitive adds or keeps up, capacity down (each error under 1 KiB per event).
+BYTES_PER_UNIT = 1024
 
 
 @dataclass(frozen=True)
@@ -63,9 +69,11 @@ def solve(dag: TransitionDag, cost: TransitionCost, *, time_limit_s: float = 10.
         times, changes = [], []
         for i in idx:
             st = dag.memory[i][g]
+            extra, net = _units_up(st.extra), _units_up(st.net)
             times += [start[i], end[i]]
-            changes += [st.extra, st.net - st.extra]
-        m.add_reservoir_constraint(times, changes, -base, cap - base)
+            changes += [extra, net - extra]
+        held = _units_up(base)
+        m.add_reservoir_constraint(times, changes, -held, cap // BYTES_PER_UNIT - held)
     makespan = m.new_int_var(0, horizon, "makespan")
     m.add_max_equality(makespan, end) if n else m.add(makespan == 0)
     m.minimize(makespan)
@@ -87,6 +95,11 @@ def solve(dag: TransitionDag, cost: TransitionCost, *, time_limit_s: float = 10.
     starts = tuple(solver.value(start[i]) / TICKS_PER_S for i in range(n))
     mk = max((s + d for s, d in zip(starts, dur_s)), default=0.0)
     return CpSatResult(name, mk, starts, wall, bound)
+
+
+def _units_up(nbytes: int) -> int:
+    """Bytes in ``BYTES_PER_UNIT``, rounded up (toward more memory held)."""
+    return -(-nbytes // BYTES_PER_UNIT)
 
 
 def _key(p: Primitive) -> tuple[str, tuple[str, ...], tuple[str, ...]]:

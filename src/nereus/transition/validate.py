@@ -10,7 +10,8 @@ primitives at once, no GPU is held by two concurrent model-stages, per-GPU memor
 capacity (counting, as the cost model's offload between phases has it, the units primitives
 make and the current units a Split, Merge or Extend reads), every model-stage keeps a complete
 copy of its state at every moment (every stage the plans change or the schedule touches), each
-primitive lasts its estimate, the schedule's own memory timeline and L_tran agree with the
+primitive lasts its estimate (priced again by the transition cost model, under the efficiencies
+the schedule names), the schedule's own memory timeline and L_tran agree with the
 replay, and the end state realizes the target plan.
 """
 
@@ -30,8 +31,10 @@ from nereus.spec.job import JobSpec
 from nereus.spec.model import Head, ModelSpec
 from nereus.spec.sharding import layout_problem, logical_params, shard_plan
 from nereus.spec.workflow import Execution, Phase, StageKind
+from nereus.transition.cost import TransitionCost
 from nereus.transition.emu import Emu, Holds
 from nereus.transition.schedule import Schedule, ScheduledPrimitive
+from nereus.transition.sizes import StateSizes
 
 EPS = 1e-9
 
@@ -187,10 +190,18 @@ def validate(job: JobSpec, current: Plan, target: Plan, schedule: Schedule) -> l
         errs.append("the transition DAG has a cycle")
     if any(p.end_s < p.start_s - EPS or p.start_s < -EPS for p in prims):
         errs.append("a primitive has a negative duration or start")
-    for p in prims:  # its time in the schedule is its estimate (an exact solver's ticks: 1 us)
-        if abs(p.seconds - p.duration.seconds) > 1e-6 + 1e-9 * p.duration.seconds:
+    # its time in the schedule is its estimate (an exact solver's ticks: 1 us), priced here
+    # again under the efficiencies the schedule names: a schedule that shortened a primitive
+    # and its recorded duration together is caught
+    cost = TransitionCost(job.cluster, StateSizes(job), schedule.efficiencies)
+    for p in prims:
+        try:
+            est = cost.seconds(p.primitive)
+        except TypeError:  # none of the four: the semantic checks below say what is wrong
+            continue
+        if abs(p.seconds - est) > 1e-6 + 1e-9 * est:
             errs.append(f"primitive {p.index} ({p.op} {p.stage}) lasts {p.seconds:.6f} s in the "
-                        f"schedule, its estimate is {p.duration.seconds:.6f} s")
+                        f"schedule, its estimate is {est:.6f} s")
 
     # what each primitive must produce, from the contract
     for p in prims:
