@@ -288,7 +288,10 @@ def stage_table(schedule: Schedule, current: Plan, target: Plan, sizes: StateSiz
 def schedule_table(schedule: Schedule) -> Table:
     t = Table(title="schedule (times estimated)", title_justify="left")
     for col in ("#", "op", "model-stage", "units", "GPUs", "start s", "end s", "after"):
-        t.add_column(col, justify="right" if col in ("#", "start s", "end s") else "left")
+        # long lists fold onto more lines rather than end in an ellipsis: a dependency cut
+        # off is a wrong schedule to whoever reads it
+        t.add_column(col, justify="right" if col in ("#", "start s", "end s") else "left",
+                     overflow="fold")
     for p in schedule.primitives:
         prim = p.primitive
         units = ", ".join(e.id for e in prim.inputs)
@@ -296,7 +299,7 @@ def schedule_table(schedule: Schedule) -> Table:
             units += " -> " + ", ".join(e.id for e in prim.outputs)
         t.add_row(str(p.index), op_label(p.op, prim.staged), p.stage, units,
                   format_gpus(p.gpus), f"{p.start_s:.4f}", f"{p.end_s:.4f}",
-                  ",".join(map(str, p.deps)) or "-")
+                  format_gpus(p.deps))  # runs of indices as a-b, like GPU ids
     return t
 
 
