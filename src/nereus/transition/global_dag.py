@@ -404,14 +404,14 @@ class _Replay:
                         rivals: Sequence[tuple[int, str]]) -> bool:
         desc = self._descendants(i)
         chosen: set[int] = set()
-        reasons: list[str] = []
+        stays: dict[str, list[int]] = {}  # rival stage -> GPUs it keeps
+        lacks: dict[int, int] = {}  # GPU -> bytes no Destroy frees
         p = self.prims[i]
         for g, other in rivals:
             ds = [d for d in self.destroys_on.get(g, []) if not self.done[d]
                   and self.prims[d].stage == other]
             if not ds or any(d in desc for d in ds):
-                reasons.append(f"GPU {g} stays with {other}, which runs concurrently with "
-                               f"{p.stage}")
+                stays.setdefault(other, []).append(g)
                 continue
             chosen.update(ds)
         for g, over in sorted(deficits.items()):
@@ -426,12 +426,13 @@ class _Replay:
                 chosen.add(d)
                 freed += self.mem[d][g].before
             if freed < over:
-                reasons.append(f"GPU {g} lacks {format_bytes(over - freed)}")
+                lacks[g] = over - freed
         added = False
         for d in sorted(chosen):
             added |= self._edge(d, i) and not self.done[d]
+        reasons = _stay_clauses(stays, p.stage) + _lack_clauses(lacks)
         if reasons:
-            self.why[i] = ", ".join(reasons)
+            self.why[i] = ", and ".join(reasons)
         return added
 
     def _reason(self, i: int) -> str:
@@ -449,3 +450,33 @@ class _Replay:
             f"{format_gpus(gpus_)}"
         return (f"{p.stage}: {what} is blocked ({why}; capacity {format_bytes(self.cap)} per "
                 f"GPU; held by {held}) and no Destroy that runs before it frees them")
+
+
+def _gpus(ids: Sequence[int]) -> str:
+    """'GPU 3' or 'GPUs 0-63,72': a set of GPUs, as runs in increasing order."""
+    ids = sorted(set(ids))
+    return ("GPU " if len(ids) == 1 else "GPUs ") + format_gpus(ids)
+
+
+def _stay_clauses(stays: Mapping[str, Sequence[int]], stage: str) -> list[str]:
+    """One clause per rival model-stage that keeps GPUs ``stage`` needs, GPUs grouped:
+    'GPUs 0-63 stay with actor_train, which runs concurrently with critic_train'."""
+    out = []
+    for other, gs in sorted(stays.items(), key=lambda kv: (min(kv[1]), kv[0])):
+        verb = "stays" if len(set(gs)) == 1 else "stay"
+        out.append(f"{_gpus(gs)} {verb} with {other}, which runs concurrently with {stage}")
+    return out
+
+
+def _lack_clauses(lacks: Mapping[int, int]) -> list[str]:
+    """The memory the GPUs lack, one clause for all of them: 'GPU 3 lacks 1.2 GiB', 'GPUs 8-15
+    each lack 1.2 GiB' or, when the amounts differ, 'GPUs 8-15 each lack up to 12.3 GiB'
+    (the largest; what each GPU lacks is at most that)."""
+    if not lacks:
+        return []
+    if len(lacks) == 1:
+        (g, b), = lacks.items()
+        return [f"GPU {g} lacks {format_bytes(b)}"]
+    amounts = {format_bytes(b) for b in lacks.values()}
+    most = format_bytes(max(lacks.values()))
+    return [f"{_gpus(list(lacks))} each lack {'' if len(amounts) == 1 else 'up to '}{most}"]
