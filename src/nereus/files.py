@@ -242,4 +242,29 @@ def validation_error(e: ValidationError, root: type[BaseModel]) -> InputError:
         if kind != "bool_type" and fi is not None and fi.description:
             allowed = fi.description
         return InputError(loc, problem, allowed)
+    if kind in _BOUNDS:
+        return InputError(loc, f"{_quoted(inp)} is not allowed",
+                          _range(_field_info(root, tuple(err["loc"])), err))
     return InputError(loc, str(err["msg"]).removeprefix("Value error, "))
+
+
+# pydantic's bound errors: the comparison and its key in the error's context
+_BOUNDS = {"greater_than_equal": (">=", "ge"), "greater_than": (">", "gt"),
+           "less_than_equal": ("<=", "le"), "less_than": ("<", "lt")}
+
+
+def _range(fi: FieldInfo | None, err: dict[str, Any]) -> str:
+    """What a bounded field allows: ``lo..hi`` where the field declares both inclusive
+    bounds, else the bound the value broke (``>= 1``)."""
+    lo = hi = None
+    for m in fi.metadata if fi is not None else ():
+        lo = getattr(m, "ge", lo)
+        hi = getattr(m, "le", hi)
+    if lo is not None and hi is not None:
+        return f"{_bound(lo)}..{_bound(hi)}"
+    op, key = _BOUNDS[err["type"]]
+    return f"{op} {_bound(err.get('ctx', {}).get(key))}"
+
+
+def _bound(v: object) -> str:
+    return f"{v:,}" if isinstance(v, int) and not isinstance(v, bool) else str(v)

@@ -473,3 +473,21 @@ def test_plans_past_the_configs_pool_grow_it_and_say_so(tiny_plans: tuple[str, s
     assert r.stdout.startswith("tiny-llama, PPO on 4 x cpu "), r.stdout
     r = runner.invoke(app, ["transition", tiny_plans[0], tiny_plans[0], "--config", str(cfg)])
     assert r.exit_code == 0 and r.stderr == "", r.output
+
+
+@pytest.mark.parametrize("field,value,says", [
+    ("tp", 0, "error: target.stages.0.tp: 0 is not allowed (allowed: >= 1)"),
+    ("gpus", [[70_000]], "error: target.stages.0.gpus.0.0: 70000 is not allowed (allowed: "
+                         "<= 65,535)"),
+])
+def test_a_value_out_of_bounds_in_a_plan_file_reads_like_every_other(
+        tiny_plans: tuple[str, str], tmp_path: Path, field: str, value: object,
+        says: str) -> None:
+    """pydantic's own 'Input should be greater than or equal to 1' came through, and a plan's
+    GPU ids were bounded at 1,048,576 where the cluster's are at 65,535."""
+    data = json.loads(Path(tiny_plans[0]).read_text())
+    data["stages"][0][field] = value
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(data))
+    r = runner.invoke(app, ["transition", tiny_plans[0], str(bad), *TINY])
+    assert r.exit_code == 2 and r.stderr == says + "\n", r.output

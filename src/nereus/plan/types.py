@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from nereus.cost.candidate import Candidate, Layout
 from nereus.errors import InputError
 from nereus.files import read_json, validate
+from nereus.spec.cluster import MAX_DEVICES
 
 if TYPE_CHECKING:
     from nereus.cost.estimate import Estimate
@@ -154,7 +155,7 @@ class Plan:
         return cls.from_dict(read_json(path, field), field)
 
 
-MAX_GPU_ID = 1 << 20  # a plan naming a GPU id above this is a typo, not a cluster
+MAX_GPU_ID = MAX_DEVICES - 1  # the largest cluster's last id: past it, a typo
 
 
 class _StageFile(BaseModel):
