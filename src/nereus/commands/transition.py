@@ -435,7 +435,9 @@ def register(app: typer.Typer) -> None:
         gantt_path: Optional[Path] = typer.Option(None, "--gantt", metavar="OUT.png",
                                                   help="draw a Gantt chart per GPU (.png, "
                                                   ".pdf or .svg)"),
-        as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
+        as_json: bool = typer.Option(False, "--json", help="print one JSON object: "
+                                     "estimated_s (null when infeasible, with a reason), "
+                                     "feasible, primitives (op, stage, gpus, start_s, end_s)"),
         execute: bool = typer.Option(False, "--execute", help="run the schedule on local "
                                      "workers on a seeded model (runtime layer): measured "
                                      "times beside the estimates, and the state after the "
