@@ -121,3 +121,103 @@ def test_a_bad_lengths_row_names_its_file_row_and_columns(tmp_path: Path) -> Non
     line = r.stderr.strip()
     assert "lengths.csv" in line and "row 3" in line and "response_len_max" in line
     assert len(line.splitlines()) == 1
+
+
+JOB = {"model": "llama-3.1-8b", "algo": "ppo", "gpus": 16,
+       "cluster": {"device": "h100-sxm-80gb", "devices_per_node": 8}}
+
+
+def _scenario(folder: Path, file: str = "s.yaml", **fields: object) -> Path:
+    """A scenario YAML of the 16-GPU job and ``fields`` (its name, traces...)."""
+    import yaml
+
+    cfg = folder / file
+    cfg.write_text(yaml.safe_dump({"job": JOB, **fields}))
+    return cfg
+
+
+def test_scenario_text_prints_as_written_not_as_rich_markup(tmp_path: Path) -> None:
+    """A description with "[/]" was a MarkupError traceback; a name "[red]run[/red]" printed
+    as "run"; notes lost their brackets too."""
+    cfg = _scenario(tmp_path, name="[red]run[/red]", description="pool from [/] scheduler log",
+                    notes={"availability": "see [bold]x"})
+    r = runner.invoke(app, ["simulate", "--config", str(cfg), "--steps", "2", "--policies",
+                            "static", "--notes"])
+    assert r.exit_code == 0, r.output
+    assert "[red]run[/red]: pool from [/] scheduler log -- 2 steps" in r.stdout
+    assert "[red]run[/red]: 2 steps (simulated)" in r.stdout  # the table's title
+    assert "see [bold]x" in r.stdout
+
+
+def test_a_dollar_in_the_scenario_or_file_name_is_drawn_as_written(tmp_path: Path,
+                                                                 titles: list[str]) -> None:
+    """matplotlib read "$x^{$" as a formula: a ParseSyntaxException after the run, exit 1,
+    the table lost."""
+    cfg = _scenario(tmp_path, "c_$y^{$.yaml", name="spot $x^{$")
+    out, rows = tmp_path / "d.png", tmp_path / "d.csv"
+    r = runner.invoke(app, ["simulate", "--config", str(cfg), "--steps", "2", "--policies",
+                            "static", "--plot", str(out), "--csv", str(rows)])
+    assert r.exit_code == 0, r.output
+    assert out.read_bytes()[:4] == b"\x89PNG" and rows.stat().st_size > 0
+    assert "--config c_$y^{$.yaml (scenario spot $x^{$)" in titles[0]
+
+
+@pytest.mark.parametrize("as_json", [False, True])
+def test_a_plot_that_cannot_be_saved_is_one_line_after_the_results(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, as_json: bool) -> None:
+    """A save failure other than OSError was a traceback, and the results were not printed
+    yet: the run was lost."""
+    import json
+
+    from matplotlib.figure import Figure
+
+    def fail(self: Figure, *args: object, **kwargs: object) -> None:
+        raise ValueError("cannot lay out the title\nsecond line")
+
+    monkeypatch.setattr(Figure, "savefig", fail)
+    rows = tmp_path / "d.csv"
+    r = runner.invoke(app, ["simulate", "--scenario", "stationary", "--steps", "2",
+                            "--policies", "static", "--csv", str(rows),
+                            "--plot", str(tmp_path / "d.png"), *(["--json"] if as_json else [])])
+    assert r.exit_code == 2, r.output
+    assert r.stderr.strip().splitlines() == [
+        f"error: --plot: cannot draw {tmp_path / 'd.png'}: cannot lay out the title"]
+    if as_json:
+        assert json.loads(r.stdout)["policies"]["static"]["tokens_per_s"] > 0
+    else:
+        assert "stationary: 2 steps (simulated)" in r.stdout
+        assert f"wrote per-step rows to {rows}" in r.stdout
+    assert rows.stat().st_size > 0
+
+
+@pytest.mark.parametrize("option,target", [("--csv", "lengths.csv"),
+                                           ("--csv", "sub/../pool.csv"),
+                                           ("--csv", "link.csv")])
+def test_an_output_that_is_an_input_of_the_scenario_is_refused(tmp_path: Path, option: str,
+                                                               target: str) -> None:
+    """--csv lengths.csv overwrote the scenario's lengths trace, silently."""
+    ex = ROOT / "examples" / "scenarios"
+    for name in ("lengths.csv", "pool.csv", "drift.csv"):
+        (tmp_path / name).write_text((ex / name).read_text())
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "link.csv").hardlink_to(tmp_path / "drift.csv")
+    cfg = tmp_path / "s.yaml"
+    cfg.write_text((ex / "file-traces-8b.yaml").read_text())
+    before = {p.name: p.read_bytes() for p in tmp_path.glob("*.csv")}
+    r = runner.invoke(app, ["simulate", "--config", str(cfg), "--steps", "2", "--policies",
+                            "static", option, str(tmp_path / target)])
+    assert r.exit_code == 2, r.output
+    line = r.stderr.strip()
+    assert line.startswith(f"error: {option}: ") and "overwrite" in line
+    assert len(line.splitlines()) == 1 and r.stdout == ""
+    assert {p.name: p.read_bytes() for p in tmp_path.glob("*.csv")} == before
+
+
+def test_churn_on_one_node_says_it_needs_two(tmp_path: Path) -> None:
+    """It said "min_nodes: leaves no node to take away (allowed: 1..0)"."""
+    cfg = _scenario(tmp_path, job={**JOB, "gpus": 8}, availability={"churn": {}})
+    r = runner.invoke(app, ["simulate", "--config", str(cfg), "--steps", "2"])
+    assert r.exit_code == 2, r.output
+    line = r.stderr.strip()
+    assert len(line.splitlines()) == 1 and "churn" in line and "at least 2" in line
+    assert "job.gpus" in line and "1..0" not in line

@@ -49,3 +49,26 @@ def test_a_csv_with_a_byte_order_mark_keeps_its_first_column(tmp_path):
     p = tmp_path / "len.csv"
     p.write_bytes(b"\xef\xbb\xbfstep,response_len_mean,response_len_max\n0,100,200\n")
     assert T.load_lengths(p).mean == (100.0,)
+
+
+@pytest.mark.parametrize("what,load,text", [
+    ("availability", T.load_availability, "time_s,gpus\n0,16\n600,8\n"),
+    ("lengths", T.load_lengths, "step,response_len_mean,response_len_max\n0,1,2\n1,1,2\n"),
+    ("drift", T.load_drift, "start_step,end_step,op_class,factor\n0,5,gemm,0.5\n1,2,gemm,.5\n"),
+])
+def test_csv_whitespace_lines_are_skipped_and_an_empty_file_says_so(tmp_path, what, load,
+                                                                    text):
+    """A trailing line of spaces (editors leave them) was a row with a field too few; an
+    empty file was reported as lacking its first column."""
+    from dataclasses import replace
+
+    p, clean = tmp_path / "t.csv", tmp_path / "clean.csv"
+    p.write_text(text + "   \n\t\n")
+    clean.write_text(text)
+    assert replace(load(p), source="") == replace(load(clean), source="")
+    says = rf"^{what}: t\.csv is empty \(allowed: a header naming "
+    for empty in ("", "  \n\n"):
+        p.write_text(empty)
+        with pytest.raises(InputError, match=says) as e:
+            load(p)
+        assert "lacks column" not in str(e.value)

@@ -79,6 +79,15 @@ def test_node_churn_changes_whole_nodes_more_than_ten_times_in_ten_hours():
         T.node_churn(2, 8, min_nodes=2)
 
 
+@pytest.mark.parametrize("min_nodes", [1, 2])
+def test_node_churn_on_one_node_says_it_needs_two_nodes(min_nodes):
+    """It said "min_nodes: leaves no node to take away (allowed: 1..0)": no min_nodes helps."""
+    with pytest.raises(InputError) as e:
+        T.node_churn(1, 8, min_nodes=min_nodes)
+    assert e.value.field == "availability.churn"
+    assert "at least 2 nodes" in e.value.problem and "job.gpus" in str(e.value.allowed)
+
+
 def test_drift_periods_scale_one_class_and_round_trip(tmp_path):
     d = T.congestion(1000, periods=3, seed=2)
     assert len({(p.start_step, p.end_step) for p in d.periods}) == 3

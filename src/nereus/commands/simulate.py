@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 from pathlib import Path
 from typing import Optional
 
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
 
 from nereus.commands.common import (
     Command,
@@ -61,6 +63,35 @@ def _scenario_file(path: Path) -> Path:
     return path
 
 
+def _input_files(config: Path) -> dict[str, Path]:
+    """The files a scenario YAML reads, by the field that names them: itself and its trace
+    CSVs (relative to its folder, as load_scenario reads them)."""
+    data = read_yaml(config, "--config")
+    out = {"--config": config}
+    for section in ("lengths", "availability", "drift"):
+        sub = data.get(section) if isinstance(data, dict) else None
+        if isinstance(sub, dict) and isinstance(sub.get("csv"), str):
+            out[f"{section}.csv"] = config.parent / sub["csv"]
+    return out
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return os.path.samefile(a, b)  # a hard link or another spelling of the path too
+    except OSError:  # one does not exist (an output not written yet)
+        return a.resolve() == b.resolve()
+
+
+def refuse_overwriting_inputs(outputs: dict[str, Path | None], inputs: dict[str, Path]) -> None:
+    """An output file that is one of the run's inputs would be overwritten by it, silently."""
+    for option, out in outputs.items():
+        for field, src in inputs.items():
+            if out is not None and _same_file(out, src):
+                raise InputError(option, f"{out} is the scenario's {field} ({src}): the run "
+                                 "would overwrite it", "a file that is none of the scenario's "
+                                 "inputs")
+
+
 def result_json(res: SimResult) -> dict[str, object]:
     """Scenario, source, and per policy every number the table prints (and the calibrator's
     error after 10 steps, where the policy has a calibrator; else null)."""
@@ -82,7 +113,8 @@ CALIB_STEP = 10
 
 def summary_table(sc: Scenario, res: SimResult) -> Table:
     base = res.results.get("static")
-    t = Table(title=f"{sc.name}: {sc.steps} steps (simulated)", title_justify="left")
+    # Text: a scenario's name is the user's, not Rich markup ("[red]run[/red]" prints as given)
+    t = Table(title=Text(f"{sc.name}: {sc.steps} steps (simulated)"), title_justify="left")
     for col in ("policy", "tokens/s", "vs static", "mean step s", "transitions",
                 "transition s", "restarts", "restart s", "lost s", "paused s",
                 "checkpoint s"):
@@ -153,7 +185,9 @@ def plot(res: SimResult, sc: Scenario, path: Path, label: str | None = None) -> 
     ax.set_yscale("log")
     ax.set_xlabel("RL step")
     ax.set_ylabel("step latency incl. transitions and restarts (s, simulated)")
-    ax.set_title(f"{label or run_label(sc, None)}: ^ transition, x restart (simulated)")
+    # no mathtext: a "$" in a scenario's or file's name is a dollar sign, not a formula
+    ax.set_title(f"{label or run_label(sc, None)}: ^ transition, x restart (simulated)",
+                 parse_math=False)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend()
     fig.tight_layout()
@@ -161,6 +195,10 @@ def plot(res: SimResult, sc: Scenario, path: Path, label: str | None = None) -> 
         fig.savefig(path, dpi=120)
     except OSError as e:
         raise InputError("--plot", f"cannot write {path}: {e.strerror}") from None
+    except ValueError as e:  # matplotlib's own (text it cannot lay out): one line
+        first = next((ln.strip() for ln in str(e).splitlines() if ln.strip()),
+                     type(e).__name__)
+        raise InputError("--plot", f"cannot draw {path}: {first}") from None
     finally:
         plt.close(fig)
 
@@ -216,6 +254,8 @@ def register(app: typer.Typer) -> None:
                 if given is not None:
                     raise InputError(opt, f"cannot be combined with --config ({where})")
             sc = load_scenario(_scenario_file(config))
+            refuse_overwriting_inputs({"--csv": csv_path, "--plot": plot_path},
+                                      _input_files(config))
         else:
             sc = builtin(scenario or "default", seed=seed or 0)
         sc = with_overrides(sc, steps=steps, gamma=gamma)
@@ -224,40 +264,48 @@ def register(app: typer.Typer) -> None:
         sim = simulator(sc)
         lines: list[tuple[str, str]] = []
         on_log = (lambda policy, line: lines.append((policy, line))) if log else None
-        if not as_json:
-            console.print(f"[bold]{sc.name}[/]: {sc.description} -- {sc.steps} steps, "
-                          f"policies {', '.join(names)} (simulated)")
+        if not as_json:  # the name and description are the user's text, not Rich markup
+            console.print(Text.assemble((sc.name, "bold"), f": {sc.description} -- {sc.steps} "
+                                        f"steps, policies {', '.join(names)} (simulated)"))
         with Progress(TextColumn("simulating"), BarColumn(), MofNCompleteColumn(),
                       TimeElapsedColumn(), console=err_console, transient=True,
                       disable=as_json) as bar:
             task = bar.add_task("steps", total=sc.steps)
             res = run_scenario(sc, names, lambda k: bar.update(task, completed=k), on_log,
                                sim=sim)
-        if csv_path is not None:
-            write_csv(res, csv_path)
-        if plot_path is not None:
-            plot(res, sc, plot_path, run_label(sc, config, seed, steps, gamma))
         if as_json:
             print(json.dumps(result_json(res)))
-            return
-        console.print(summary_table(sc, res))
-        nereus = res.results.get("nereus")
-        if nereus is not None and nereus.calib_error_at(CALIB_STEP) is not None:
-            console.print(f"Nereus calibrator: stage-latency error "
-                          f"{nereus.calib_error_at(CALIB_STEP):.1%} after {CALIB_STEP} steps "
-                          f"(simulated, vs the "
-                          f"hidden truth)")
-        if log:
-            for policy, line in lines:
-                if " keep [no trigger]" not in line and " keep [always]" not in line:
-                    console.print(f"{policy}: {line}", markup=False, highlight=False)
-        if notes:
-            t = Table(title="parameters and their sources", title_justify="left")
-            t.add_column("parameter", no_wrap=True)
-            t.add_column("source")
-            for k, v in sc.notes.items():
-                t.add_row(k, v)
-            console.print(t)
-        for path, what in ((csv_path, "per-step rows"), (plot_path, "plot")):
-            if path is not None:
-                console.print(f"wrote {what} to {path}")
+        else:
+            print_results(sc, res, lines, log, notes)
+        # the files after the results: one that cannot be saved costs no printed result
+        if csv_path is not None:
+            write_csv(res, csv_path)
+            if not as_json:
+                console.print(f"wrote per-step rows to {csv_path}", markup=False,
+                              highlight=False)
+        if plot_path is not None:
+            plot(res, sc, plot_path, run_label(sc, config, seed, steps, gamma))
+            if not as_json:
+                console.print(f"wrote plot to {plot_path}", markup=False, highlight=False)
+
+
+def print_results(sc: Scenario, res: SimResult, lines: list[tuple[str, str]], log: bool,
+                  notes: bool) -> None:
+    """The table, the calibrator's error, the decisions (--log) and the sources (--notes)."""
+    console.print(summary_table(sc, res))
+    nereus = res.results.get("nereus")
+    if nereus is not None and nereus.calib_error_at(CALIB_STEP) is not None:
+        console.print(f"Nereus calibrator: stage-latency error "
+                      f"{nereus.calib_error_at(CALIB_STEP):.1%} after {CALIB_STEP} steps "
+                      f"(simulated, vs the hidden truth)")
+    if log:
+        for policy, line in lines:
+            if " keep [no trigger]" not in line and " keep [always]" not in line:
+                console.print(f"{policy}: {line}", markup=False, highlight=False)
+    if notes:
+        t = Table(title="parameters and their sources", title_justify="left")
+        t.add_column("parameter", no_wrap=True)
+        t.add_column("source")
+        for k, v in sc.notes.items():
+            t.add_row(Text(k), Text(v))  # a scenario's notes: its text, not markup
+        console.print(t)

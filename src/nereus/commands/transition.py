@@ -217,10 +217,11 @@ def job_for_plans(gpu_ids: tuple[int, ...] | list[int], config: Path | None,
         return job
     # plans made with --gpus beyond the config's (the README's grow-the-pool example): the
     # cluster grows to hold them, and the user hears of it (a typo'd id is grown to as well)
+    grown = build(config, needed)  # a cluster that cannot grow says so, with no note first
     err_console.print(f"note: the plans use GPU ids up to {needed - 1}; {config.name}'s "
                       f"{job.cluster.num_devices} GPUs are taken as {needed}", markup=False,
                       highlight=False)
-    return build(config, needed)
+    return grown
 
 
 def _layout_gpus(specs: Mapping[str, StageLayoutSpec]) -> list[int]:

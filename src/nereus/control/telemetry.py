@@ -8,6 +8,7 @@ collectives give them, others give stage latencies only; the calibrator uses wha
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -37,13 +38,13 @@ class Telemetry:
     source: str = "measured"
 
     def __post_init__(self) -> None:
-        if not isinstance(self.step, int) or self.step < 0:
+        # bool is an int to Python: step=True would pass as step 1
+        if not _integer(self.step) or self.step < 0:
             raise InputError("telemetry.step", f"must be an integer >= 0, got {self.step!r}")
-        if not (math.isfinite(self.response_len_mean) and self.response_len_mean >= 1):
+        if not (_real(self.response_len_mean) and self.response_len_mean >= 1):
             raise InputError("telemetry.response_len_mean",
                              f"must be a number >= 1, got {self.response_len_mean!r}")
-        if not (isinstance(self.response_len_max, (int, float))
-                and math.isfinite(self.response_len_max)):
+        if not _real(self.response_len_max):
             raise InputError("telemetry.response_len_max",
                              f"must be a finite number of tokens, got {self.response_len_max!r}")
         if self.response_len_max < self.response_len_mean:
@@ -58,27 +59,46 @@ class Telemetry:
             raise InputError("telemetry.pool", f"negative GPU ids {[g for g in pool if g < 0]}",
                              "ids >= 0")
         object.__setattr__(self, "pool", pool)
+        for name in ("latency_s", "peak_mem_bytes", "op_time_s"):
+            if not isinstance(getattr(self, name), Mapping):
+                raise InputError(f"telemetry.{name}", f"must be a mapping by stage, got "
+                                 f"{getattr(self, name)!r}")
         for stage, v in self.latency_s.items():
-            if not (math.isfinite(v) and v > 0):
-                raise InputError(f"telemetry.latency_s.{stage}", f"must be > 0, got {v!r}")
+            if not (_real(v) and v > 0):
+                raise InputError(f"telemetry.latency_s.{stage}",
+                                 f"must be a number > 0, got {v!r}")
         for stage, b in self.peak_mem_bytes.items():
-            if not (isinstance(b, (int, float)) and math.isfinite(b) and b >= 0):
+            if not (_real(b) and b >= 0):
                 raise InputError(f"telemetry.peak_mem_bytes.{stage}",
                                  f"must be a finite number >= 0, got {b!r}")
         allowed = [c.value for c in OpClass]
         for stage, per in self.op_time_s.items():
+            if not isinstance(per, Mapping):
+                raise InputError(f"telemetry.op_time_s.{stage}",
+                                 f"must be a mapping by op class, got {per!r}")
             for cls, v in per.items():
                 if str(getattr(cls, "value", cls)) not in allowed:
                     raise InputError(f"telemetry.op_time_s.{stage}", f"unknown op class {cls!r}",
                                      allowed)
-                if not (math.isfinite(v) and v > 0):
+                if not (_real(v) and v > 0):
                     raise InputError(f"telemetry.op_time_s.{stage}.{cls}",
-                                     f"must be > 0, got {v!r}")
+                                     f"must be a number > 0, got {v!r}")
 
     def op_times(self, stage: str) -> dict[OpClass, float]:
         """Measured seconds per op class of one stage (empty when the framework gives none)."""
         return {OpClass(getattr(c, "value", c)): float(v)
                 for c, v in self.op_time_s.get(stage, {}).items()}
+
+
+def _integer(v: object) -> bool:
+    """An int, not a bool (which Python counts as one)."""
+    return isinstance(v, numbers.Integral) and not isinstance(v, bool)
+
+
+def _real(v: object) -> bool:
+    """A finite number, not a bool or a string (math.isfinite raises TypeError on those)."""
+    return (isinstance(v, numbers.Real) and not isinstance(v, bool)
+            and math.isfinite(v))
 
 
 def _gpu_id(g: object) -> int:

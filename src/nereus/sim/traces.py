@@ -284,6 +284,12 @@ def node_churn(num_nodes: int, devices_per_node: int, hours: float = 10.0, chang
     held node or, when fewer than ``num_nodes`` are held, gives one back, with equal odds
     (never below ``min_nodes``). Blocks repeat long enough for any run.
     """
+    if num_nodes < 2:  # before min_nodes: with one node no min_nodes is allowed (1..0)
+        raise InputError("availability.churn", f"whole-node churn needs at least 2 nodes; the "
+                         f"job has {num_nodes} node of {devices_per_node} GPUs",
+                         f"job.gpus a multiple of {devices_per_node} from "
+                         f"{2 * devices_per_node} (2 or more whole nodes), or another "
+                         "availability trace")
     if not 1 <= min_nodes <= num_nodes:
         raise InputError("availability.churn.min_nodes",
                          f"{min_nodes} is not allowed on {num_nodes} nodes",
@@ -535,8 +541,12 @@ def _read_csv(path: str | Path, columns: list[str], what: str, note: str = ""
     # UTF-8 only, and without the byte-order mark Excel writes (it would glue itself to the
     # first column's name)
     reader = csv.reader(io.StringIO(read_text(p, what), newline=""))
-    lines = [(reader.line_num, r) for r in reader if r]  # blank lines skipped, not renumbered
-    header = [h.strip() for h in lines[0][1]] if lines else []
+    # blank (or whitespace-only) lines skipped, not renumbered
+    lines = [(reader.line_num, r) for r in reader if r and not (len(r) == 1 and not r[0].strip())]
+    if not lines:  # not "lacks column ...": there is no header to lack it
+        raise InputError(what, f"{p.name} is empty", f"a header naming {', '.join(columns)}, "
+                         "then a row per entry")
+    header = [h.strip() for h in lines[0][1]]
     missing = [c for c in columns if c not in header]
     unknown = [h for h in header if h not in columns]
     lacks = f", and lacks column {missing[0]!r}" if missing else ""
