@@ -280,3 +280,90 @@ def test_the_default_scenario_says_its_pool_follows_the_trace_and_how_it_starts(
     assert "waited out" in sc.description
     cut = with_overrides(sc, steps=50)
     assert cut.description == sc.description  # the trace it describes is the same
+
+
+def _job(gpus: str, nodes: str = "") -> str:
+    return (f"job: {{model: llama-3.1-8b, algo: ppo, gpus: {gpus}, cluster: {{device: "
+            f"h100-sxm-80gb, devices_per_node: 8{nodes}}}}}\nsteps: 8\n")
+
+
+def test_a_spot_trace_gives_the_job_at_most_the_gpus_it_asked_for(tmp_path):
+    """The spot trace counts up to 16 instances: a 12-GPU job held 16 (the cluster's two
+    nodes), and the oracle ran on all 16. A list of ids gets those GPUs, not the first ones."""
+    p = tmp_path / "run.yaml"
+    p.write_text(_job("12") + "availability: {spot: {}}\n")
+    sc = load_scenario(p)
+    assert max(len(q) for q in sc.availability.pools) == 12
+    assert sc.availability.ids() == set(range(12))     # so no policy plans on more
+    p.write_text(_job("[0, 1, 2, 3, 8, 9, 10, 11]") + "availability: {spot: {}}\n")
+    sc = load_scenario(p)
+    assert sc.availability.ids() == {0, 1, 2, 3, 8, 9, 10, 11}
+    assert "onto the job's GPUs 0-3,8-11" in sc.availability.source
+
+
+@pytest.mark.parametrize("gpus,nodes", [("12", ""), ("8", ", nodes: 2"),
+                                        ("[0, 1, 2, 3, 8, 9, 10, 11]", "")])
+def test_whole_node_churn_needs_a_job_on_two_or_more_whole_nodes(tmp_path, gpus, nodes):
+    """Nodes leave whole: a job on part of a node, or on one node (even of a larger cluster,
+    whose other nodes it did not ask for), has no whole-node churn to follow."""
+    p = tmp_path / "run.yaml"
+    p.write_text(_job(gpus, nodes) + "availability: {churn: {}}\n")
+    with pytest.raises(InputError, match=r"^job\.gpus: whole-node churn needs whole nodes") as e:
+        load_scenario(p)
+    assert "\n" not in str(e.value) and "multiple of 8 from 16" in str(e.value)
+
+
+def test_whole_node_churn_moves_only_the_jobs_nodes(tmp_path):
+    """Churn ran over every node of the cluster: a 16-GPU job on a 4-node cluster held up to
+    32 GPUs. It now churns the job's own nodes, wherever they are."""
+    p = tmp_path / "run.yaml"
+    p.write_text(_job("16", ", nodes: 4") + "availability: {churn: {}}\n")
+    av = load_scenario(p).availability
+    assert av.ids() == set(range(16)) and av.changes() > 0
+    ids = [*range(8, 16), *range(24, 32)]
+    p.write_text(_job(str(ids), ", nodes: 4") + "availability: {churn: {}}\n")
+    av2 = load_scenario(p).availability
+    assert av2.ids() == set(ids) and av2.times == av.times
+    assert all(len(q) in (8, 16) and len({g // 8 for g in q}) == len(q) // 8
+               for q in av2.pools)
+
+
+def test_a_spot_trace_of_your_own_in_the_shipped_format(tmp_path):
+    """The issue asks for spot traces read in the format of the shipped one; only the shipped
+    file could be read. The same file given as a user's gives the same pool."""
+    import json
+
+    from nereus.sim.traces import SPOT_TRACE, spot_counts
+
+    counts, tick = spot_counts()
+    mine = tmp_path / "mine.json"
+    mine.write_text(json.dumps({"metadata": {"gap_seconds": tick}, "data": counts}))
+    p = tmp_path / "run.yaml"
+    p.write_text(_job("16") + "availability: {spot: {start_tick: 3372, file: mine.json}}\n")
+    sc = load_scenario(p)
+    p.write_text(_job("16") + "availability: {spot: {start_tick: 3372}}\n")
+    shipped = load_scenario(p)
+    assert (sc.availability.times, sc.availability.pools) == (shipped.availability.times,
+                                                              shipped.availability.pools)
+    assert "spot trace mine.json from tick 3372" in sc.availability.source
+    assert SPOT_TRACE in shipped.availability.source
+
+
+@pytest.mark.parametrize("data,field", [
+    ({"metadata": {"gap_seconds": 0}, "data": [1]}, "metadata.gap_seconds"),
+    ({"metadata": {}, "data": [1]}, "metadata.gap_seconds"),
+    ({"metadata": {"gap_seconds": 300}, "data": []}, "data"),
+    ({"metadata": {"gap_seconds": 300}, "data": [4, -1]}, "data.1"),
+    ({"metadata": {"gap_seconds": 300}, "data": [4, 2.5]}, "data.1"),
+    ([1, 2], "metadata.gap_seconds"),
+])
+def test_a_bad_spot_trace_file_names_its_field(tmp_path, data, field):
+    import json
+
+    (tmp_path / "bad.json").write_text(json.dumps(data))
+    p = tmp_path / "run.yaml"
+    p.write_text(_job("16") + "availability: {spot: {start_tick: 0, file: bad.json}}\n")
+    with pytest.raises(InputError) as e:
+        load_scenario(p)
+    assert e.value.field == f"availability.spot.file.{field}", e.value
+    assert "\n" not in str(e.value)

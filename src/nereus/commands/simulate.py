@@ -72,6 +72,9 @@ def _input_files(config: Path) -> dict[str, Path]:
         sub = data.get(section) if isinstance(data, dict) else None
         if isinstance(sub, dict) and isinstance(sub.get("csv"), str):
             out[f"{section}.csv"] = config.parent / sub["csv"]
+        spot = sub.get("spot") if isinstance(sub, dict) else None
+        if isinstance(spot, dict) and isinstance(spot.get("file"), str):
+            out[f"{section}.spot.file"] = config.parent / spot["file"]
     return out
 
 

@@ -12,7 +12,9 @@ YAML (paths relative to the file)::
     steps: 1000
     seed: 0
     lengths: {csv: lengths.csv}        # or {growth: {start: 500, end: 8000}} / {stationary: {}}
-    availability: {csv: pool.csv}      # or {spot: {start_tick: 3372}} / {churn: {}} / {constant: true}
+    availability: {csv: pool.csv}      # or {spot: {start_tick: 3372, file: my.json}} /
+                                       # {constant: true} /
+                                       # {churn: {}} (gpus: 2 or more whole nodes)
     drift: {csv: drift.csv}            # or {congestion: {periods: 3}}; optional
     hidden_efficiency: {gemm: 0.55}    # optional; the rest from the built-in truth
     noise: 0.01
@@ -59,11 +61,13 @@ from nereus.sim.traces import (
     load_drift,
     load_lengths,
     node_churn,
+    read_spot_trace,
     spot_counts,
     spot_window,
     stationary,
 )
 from nereus.sim.truth import MAX_NOISE, Truth
+from nereus.spec.cluster import format_gpus
 from nereus.spec.job import JobSpec, parse_job
 
 GB = 1e9
@@ -365,6 +369,9 @@ class _Lengths(_Strict):
 
 class _Spot(_Strict):
     start_tick: int | None = Field(None, ge=0)
+    # a trace of your own in the shipped one's format (skypilot-org/spot-traces' files),
+    # relative to the scenario file; without it, the real AWS trace that ships
+    file: str | None = None
 
 
 class _Churn(_Strict):
@@ -464,6 +471,16 @@ def _one(section: str, model: BaseModel) -> str:
     return set_[0]
 
 
+def _onto(av: Availability, ids: Sequence[int]) -> Availability:
+    """``av``'s i-th GPU (0..len(ids)-1; whole-node churn's in node order) as the job's i-th:
+    a generated trace holds the GPUs the job asked for, not the cluster's first ones."""
+    ids = tuple(sorted(ids))
+    if ids == tuple(range(len(ids))):
+        return av
+    return Availability(av.times, tuple(tuple(ids[g] for g in p) for p in av.pools),
+                        f"{av.source}; onto the job's GPUs {format_gpus(ids)}")
+
+
 def load_scenario(path: str | Path) -> Scenario:
     """A scenario from YAML; every value not in the file comes from the defaults above."""
     p = Path(path)
@@ -502,16 +519,26 @@ def load_scenario(path: str | Path) -> Scenario:
         avail = load_availability(base / str(cfg.availability.csv),
                                   max_gpus=job.cluster.num_devices)
     elif kind == "spot":
-        counts, _ = spot_counts()
         sp = cfg.availability.spot
+        spot_file = base / sp.file if sp and sp.file is not None else None
+        counts, _ = read_spot_trace(spot_file) if spot_file is not None else spot_counts()
         start = sp.start_tick if sp and sp.start_tick is not None else busiest_window(
             counts, SPOT_WINDOW_TICKS, SPOT_MIN_RUNNING)
-        avail = spot_window(start, max_gpus=job.cluster.num_devices)
+        # the job holds at most the GPUs it asked for, whatever else the cluster has
+        avail = _onto(spot_window(start, max_gpus=job.pool.size, path=spot_file), job.pool.ids)
     elif kind == "churn":
         c = cfg.availability.churn
         assert c is not None
-        avail = node_churn(job.cluster.num_nodes, job.cluster.devices_per_node, c.hours,
-                           c.changes, c.min_nodes, seed)
+        per, nodes = job.cluster.devices_per_node, job.pool.by_node()
+        # nodes leave and come back whole, and only the job's own do: a part of a node (or
+        # one node) has no whole-node churn to follow
+        if len(nodes) < 2 or any(len(g) != per for g in nodes.values()):
+            raise InputError("job.gpus", f"whole-node churn needs whole nodes of {per} GPUs, "
+                             f"at least 2; the job has {job.pool.size} GPUs on {len(nodes)} "
+                             f"node{'s' if len(nodes) != 1 else ''}",
+                             f"a multiple of {per} from {2 * per}, or ids of whole nodes")
+        avail = _onto(node_churn(len(nodes), per, c.hours, c.changes, c.min_nodes, seed),
+                      job.pool.ids)
     else:
         avail = constant(job.pool.ids)
     off = sorted(avail.ids() - set(range(job.cluster.num_devices)))

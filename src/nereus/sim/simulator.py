@@ -66,7 +66,7 @@ class StepRow:
     restart_s: float         # restarts before it
     lost_s: float            # work lost to failures (and waits holding GPUs) before it
     paused_s: float          # time without GPUs before it
-    pool_gpus: int
+    pool_gpus: int           # the pool when the step ended
     plan_gpus: int
     response_len_mean: float
     tokens: float
@@ -397,16 +397,20 @@ class _Runner:
                 continue
             self.t += step_s
             self.since_ckpt.append(k)
+            # changes that missed the plan still change the pool: the checkpoint is written by
+            # the nodes there when the step ends, the same for every policy (``pool`` moves
+            # only when a change hits this policy's plan); the policy hears of it next boundary
+            end_pool = pending[-1][2] if pending else pool
             ckpt_s = 0.0
             if (k + 1) % sim.restart.checkpoint_interval_steps == 0:
-                ckpt_s = checkpoint_write_s(sim.truth.job_at(pool, mean, longest), sim.restart)
+                ckpt_s = checkpoint_write_s(sim.truth.job_at(end_pool, mean, longest),
+                                            sim.restart)
                 self.t += ckpt_s
                 self.since_ckpt.clear()
-            end_pool = pending[-1][2] if pending else pool
             tokens = sim.truth.job.workload.sequences_per_step * mean
             self.rows.append(StepRow(self.p.name, k, self.t, step_s, self._acc["transition_s"],
                                      self._acc["restart_s"], self._acc["lost_s"],
-                                     self._acc["paused_s"], len(pool), len(self.plan.gpus()),
+                                     self._acc["paused_s"], len(end_pool), len(self.plan.gpus()),
                                      mean, tokens, calib, ckpt_s))
             for key in self._acc:
                 self._acc[key] = 0.0

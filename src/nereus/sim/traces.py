@@ -35,7 +35,7 @@ import numpy as np
 from nereus.cost.efficiency import Efficiencies, peak_bound
 from nereus.cost.ops import OpClass
 from nereus.errors import InputError
-from nereus.files import read_text
+from nereus.files import read_json, read_text
 
 T_ = TypeVar("T_")
 
@@ -241,21 +241,49 @@ def spot_counts(name: str = SPOT_TRACE) -> tuple[list[int], float]:
     return [int(n) for n in data["data"]], float(data["metadata"]["gap_seconds"])
 
 
-def spot_window(start_tick: int, name: str = SPOT_TRACE, max_gpus: int | None = None
-                ) -> Availability:
-    """The real spot trace from ``start_tick`` to its end (the pool holds the last value after).
+SPOT_FORMAT = '{"metadata": {"gap_seconds": s}, "data": [n, n, ...]}'
+
+
+def read_spot_trace(path: str | Path, field: str = "availability.spot.file"
+                    ) -> tuple[list[int], float]:
+    """Instance counts and tick length of a spot trace a user supplies, in the format of the
+    one shipped (``SPOT_FORMAT``: skypilot-org/spot-traces' files)."""
+    data = read_json(path, field)
+    meta = data.get("metadata") if isinstance(data, dict) else None
+    gap = meta.get("gap_seconds") if isinstance(meta, dict) else None
+    if isinstance(gap, bool) or not isinstance(gap, (int, float)) or not math.isfinite(gap) \
+            or gap <= 0:
+        raise InputError(f"{field}.metadata.gap_seconds", f"{Path(path).name}: {gap!r} is not "
+                         "a tick length", f"seconds > 0, in {SPOT_FORMAT}")
+    counts = data.get("data")
+    if not isinstance(counts, list) or not counts:
+        raise InputError(f"{field}.data", f"{Path(path).name}: no list of counts",
+                         SPOT_FORMAT)
+    for i, n in enumerate(counts):
+        if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= MAX_DEVICES:
+            raise InputError(f"{field}.data.{i}", f"{Path(path).name}: {n!r} is not an "
+                             "instance count", f"an integer 0..{MAX_DEVICES:,}")
+    return counts, float(gap)
+
+
+def spot_window(start_tick: int, name: str = SPOT_TRACE, max_gpus: int | None = None,
+                path: str | Path | None = None) -> Availability:
+    """A spot trace from ``start_tick`` to its end (the pool holds the last value after): the
+    real one shipped, or the user's file at ``path`` (``read_spot_trace``).
 
     Counts above ``max_gpus`` are clipped to it (a job never holds more than it asked for).
     """
-    counts, tick = spot_counts(name)
+    counts, tick = read_spot_trace(path) if path is not None else spot_counts(name)
     if not 0 <= start_tick < len(counts):
         raise InputError("availability.spot.start_tick", f"{start_tick} is outside the trace",
                          f"0..{len(counts) - 1}")
     window = counts[start_tick:]
     if max_gpus is not None:
         window = [min(n, max_gpus) for n in window]
-    return from_counts(window, tick, f"real AWS spot trace {name} from tick {start_tick} "
-                       f"({tick:g} s ticks); n instances -> GPU ids 0..n-1")
+    what = f"spot trace {Path(path).name}" if path is not None else \
+        f"real AWS spot trace {name}"
+    return from_counts(window, tick, f"{what} from tick {start_tick} ({tick:g} s ticks); n "
+                       "instances -> GPU ids 0..n-1")
 
 
 def busiest_window(counts: Sequence[int], ticks: int, min_running: float) -> int:
