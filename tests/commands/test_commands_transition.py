@@ -491,3 +491,17 @@ def test_a_value_out_of_bounds_in_a_plan_file_reads_like_every_other(
     bad.write_text(json.dumps(data))
     r = runner.invoke(app, ["transition", tiny_plans[0], str(bad), *TINY])
     assert r.exit_code == 2 and r.stderr == says + "\n", r.output
+
+
+def test_plan_files_without_a_job_offer_the_job_they_record(tiny_plans: tuple[str, str]
+                                                             ) -> None:
+    """`nereus transition a.json b.json` said only that --model is needed; the plans record
+    which model, device, algorithm and reward they were made for."""
+    r = runner.invoke(app, ["transition", *tiny_plans])
+    assert r.exit_code == 2, r.output
+    assert r.stderr == ("error: --model: needed without --config (allowed: --config the job's "
+                        "YAML, or --model tiny-llama --device cpu --algo ppo --reward model as "
+                        "tiny2.json records)\n"), r.stderr
+    r = runner.invoke(app, ["transition", *tiny_plans, "--model", "tiny-llama", "--device",
+                            "cpu"])
+    assert r.exit_code == 0, r.output
