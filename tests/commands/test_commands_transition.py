@@ -115,7 +115,7 @@ def _texts_outside_or_overlapping(fig) -> list[str]:  # type: ignore[no-untyped-
     return bad
 
 
-@pytest.mark.parametrize("case", ["tiny", "8b"])
+@pytest.mark.parametrize("case", ["tiny", "8b", "same"])
 def test_the_gantt_chart_cuts_no_label(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                        tiny_plans: tuple[str, str], case: str) -> None:
     """The memory panel's axis label ran off the figure's right edge, and on a short chart
@@ -124,6 +124,8 @@ def test_the_gantt_chart_cuts_no_label(tmp_path: Path, monkeypatch: pytest.Monke
 
     if case == "tiny":
         args = [*tiny_plans, *TINY]
+    elif case == "same":  # nothing to move: a figure that says so, not an empty chart
+        args = [tiny_plans[0], tiny_plans[0], *TINY]
     else:
         cfg = "examples/llama-3.1-8b-ppo.yaml"
         plans = []
@@ -135,9 +137,11 @@ def test_the_gantt_chart_cuts_no_label(tmp_path: Path, monkeypatch: pytest.Monke
         args = [*map(str, plans), "--config", cfg]
     problems: list[list[str]] = []
     save = Figure.savefig
+    texts: list[str] = []
 
     def check(self: Figure, *a: object, **k: object) -> None:
         problems.append(_texts_outside_or_overlapping(self))
+        texts.extend(t.get_text() for t in self.axes[0].texts)
         save(self, *a, **k)
 
     monkeypatch.setattr(Figure, "savefig", check)
@@ -146,6 +150,7 @@ def test_the_gantt_chart_cuts_no_label(tmp_path: Path, monkeypatch: pytest.Monke
     assert r.exit_code == 0, r.output
     assert out.read_bytes()[:4] == b"\x89PNG"
     assert problems == [[]]
+    assert ("no primitives: the plans are the same" in texts) == (case == "same")
 
 
 def test_execute_json_has_a_top_level_source_and_ray_is_asked_to_be_quiet(

@@ -4,6 +4,7 @@ edges (release before acquire, ownership, acyclicity, infeasibility reasons)."""
 from __future__ import annotations
 
 from dataclasses import replace
+from itertools import pairwise
 
 import networkx as nx
 import pytest
@@ -296,8 +297,34 @@ def test_a_move_whose_every_t_sub_is_too_big_goes_in_two_hops() -> None:
     assert merge in s.primitives[split].deps
 
 
+def _gantt_bars(fig) -> list[tuple[float, float, int, str, bool]]:  # type: ignore[no-untyped-def]
+    """(start, width, row, colour, hatched) of every bar the chart drew, whatever artists
+    carry them (one collection per hatch, not one patch per bar)."""
+    from matplotlib.colors import to_hex
+
+    from nereus.transition.gantt import BAR_GID, STAGED_GID
+
+    out = []
+    for c in fig.axes[0].collections:
+        if c.get_gid() not in (BAR_GID, STAGED_GID):
+            continue
+        colours = c.get_facecolor()
+        for k, path in enumerate(c.get_paths()):
+            xs, ys = path.vertices[:, 0], path.vertices[:, 1]
+            out.append((round(float(xs.min()), 9), float(xs.max() - xs.min()),
+                        round(float(ys.mean())), to_hex(colours[k % len(colours)]),
+                        bool(c.get_hatch())))
+    return out
+
+
+def _close(fig) -> None:  # type: ignore[no-untyped-def]
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+
+
 def test_the_gantt_chart_hatches_staged_primitives() -> None:
-    from nereus.transition.gantt import figure
+    from nereus.transition.gantt import COLORS, figure
 
     job = job8b(24)
     cur = Plan((sp("actor_train", 2, 2, [range(8, 12), range(12, 16)]),))
@@ -307,10 +334,64 @@ def test_the_gantt_chart_hatches_staged_primitives() -> None:
     fig = figure(s)
     try:
         ax = fig.axes[0]
-        hatched = sum(1 for b in ax.patches if b.get_hatch())
+        bars = _gantt_bars(fig)
+        hatched = sum(1 for b in bars if b[4])
         staged_bars = sum(len(p.gpus) for p in s.primitives if p.primitive.staged)
         assert hatched == staged_bars > 0
         assert "staged via host" in [t.get_text() for t in ax.get_legend().get_texts()]
+        # one bar per (primitive, GPU): where it starts, on which GPU's row, in its op's colour
+        rows = {int(t.get_text()): round(t.get_position()[1]) for t in ax.get_yticklabels()}
+        want = sorted((round(p.start_s, 9), rows[g], COLORS[p.op].lower(),
+                       bool(p.primitive.staged)) for p in s.primitives for g in p.gpus)
+        assert sorted(b[:1] + b[2:] for b in bars) == want
+        assert sorted(round(b[1], 6) for b in bars) == sorted(
+            round(max(p.seconds, s.estimated_s * 1e-3), 6) for p in s.primitives for _ in p.gpus)
     finally:
-        import matplotlib.pyplot as plt
-        plt.close(fig)
+        _close(fig)
+
+
+def test_the_gantt_chart_of_no_move_says_so() -> None:
+    """A plan to itself drew an empty chart whose time axis ran to 1e-9 s."""
+    from nereus.transition.gantt import SAME, figure
+
+    job = job8b(16)
+    plan = Plan((sp("actor_gen", 2, 2, [range(0, 4)]), sp("reward_infer", 1, 4, [range(4, 8)])))
+    s = plan_transition(job, plan, plan)
+    assert s.feasible and not s.primitives
+    fig = figure(s)
+    try:
+        ax = fig.axes[0]
+        assert SAME in [t.get_text() for t in ax.texts]
+        assert not _gantt_bars(fig)
+        assert ax.get_xlim()[1] >= 1.0  # seconds, not nanoseconds
+        assert "L_tran = 0.000 s" in ax.get_title(loc="left")
+    finally:
+        _close(fig)
+
+
+@pytest.mark.parametrize("gpus", [256, 1024])
+def test_a_large_pools_gpu_labels_do_not_overlap(gpus: int) -> None:
+    """The figure's height is capped: at 1024 GPUs every row's label overlapped its
+    neighbours'. Every k-th row is labelled there; at 256 still every row."""
+    from nereus.transition.gantt import figure
+
+    job = job8b(24)
+    cur = Plan((sp("actor_train", 2, 2, [range(8, 12), range(12, 16)]),))
+    tgt = Plan((sp("actor_train", 4, 1, [range(8, 12), range(12, 16), range(16, 20),
+                                         range(20, 24)]),))
+    s = plan_transition(job, cur, tgt)
+    s = replace(s, memory={g: s.memory.get(g, ((0.0, 0),)) for g in range(gpus)})
+    fig = figure(s)
+    try:
+        ax = fig.axes[0]
+        fig.canvas.draw()
+        labels = [t for t in ax.get_yticklabels() if t.get_text()]
+        step = gpus // len(labels)
+        assert [int(t.get_text()) for t in labels] == list(range(0, gpus, step))
+        assert step == 1 if gpus == 256 else step > 1 and "one row in" in ax.get_ylabel()
+        r = fig.canvas.get_renderer()
+        boxes = sorted((t.get_window_extent(r) for t in labels), key=lambda b: b.y0)
+        assert all(a.y1 <= b.y0 for a, b in pairwise(boxes))
+        assert len(_gantt_bars(fig)) == sum(len(p.gpus) for p in s.primitives)
+    finally:
+        _close(fig)
