@@ -67,7 +67,7 @@ def test_bad_evaluate_layouts(tmp_path, stage, change, field):
     ("stages: [{tp: 1, pp: 1, dp: 16}]\n", "evaluate.stages.0.name"),
     ("stages: {actor_gen: 3}\n", "evaluate.stages.actor_gen"),
     ("stages: {actor_gen: {tp: 2, dp: 8}}\nactor_train: {tp: 1}\n", "evaluate.actor_train"),
-    ("[1, 2]\n", "evaluate"),
+    ("[1, 2]\n", "--evaluate"),
     ("actor_gen: 5\n", "evaluate.actor_gen"),
     ("actor_gen:\n", "evaluate.actor_gen"),
 ])
@@ -205,7 +205,7 @@ def test_hf_config_folder_plans_and_its_window_is_checked(tmp_path):
     ('{"gemm": [1]}', "profile.gemm"),
     ('{"device": 5}', "profile.device"),
     ('{"device": "a100-sxm-80gb"}', "profile.device"),
-    ('[1]', "profile"),
+    ('[1]', "--profile"),
 ])
 def test_bad_profiles(tmp_path, profile, field):
     p = tmp_path / "profile.json"
