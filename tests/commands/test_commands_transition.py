@@ -510,3 +510,43 @@ def test_plan_files_without_a_job_offer_the_job_they_record(tiny_plans: tuple[st
     r = runner.invoke(app, ["transition", *tiny_plans, "--model", "tiny-llama", "--device",
                             "cpu"])
     assert r.exit_code == 0, r.output
+
+
+def test_execute_when_ray_cannot_start_is_a_failed_run(monkeypatch: pytest.MonkeyPatch,
+                                                       tiny_plans: tuple[str, str]) -> None:
+    """ray.init's own error (no temp folder) was a 70-line traceback and exit 1, the code
+    that means the state differs after the move."""
+    import ray
+
+    calls: list[str] = []
+
+    def no_ray(*args: object, **kwargs: object) -> None:
+        raise FileNotFoundError(2, "No such file or directory", "/proc/nope")
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", no_ray)
+    monkeypatch.setattr(ray, "shutdown", lambda: calls.append("shutdown"))
+    r = runner.invoke(app, ["transition", *tiny_plans, *TINY, "--execute"])
+    assert r.exit_code == 4, r.output
+    assert r.stderr == ("error: the transition did not run to its end (RayStartFailed): Ray "
+                        "could not start (FileNotFoundError: [Errno 2] No such file or "
+                        "directory: '/proc/nope')\n"), r.stderr
+    assert calls  # whatever Ray had begun is stopped
+
+
+def test_execute_refused_by_the_runtime_is_a_failed_run_not_bad_input(
+        monkeypatch: pytest.MonkeyPatch, tiny_plans: tuple[str, str]) -> None:
+    """The executor's memory check before a primitive raises InfeasibleError; the command
+    called it bad input (exit 2)."""
+    from nereus.errors import InfeasibleError
+    from nereus.runtime import demo
+
+    def refused(*args: object, **kwargs: object) -> None:
+        raise InfeasibleError("transition: Merge(actor_train) needs more memory than workers "
+                              "[0] have free (0: 10 > 5)")
+
+    monkeypatch.setattr(demo, "execute_transition", refused)
+    r = runner.invoke(app, ["transition", *tiny_plans, *TINY, "--execute"])
+    assert r.exit_code == 4, r.output
+    assert r.stderr.startswith("error: the transition did not run to its end "
+                               "(InfeasibleError): transition: Merge(actor_train)"), r.stderr

@@ -99,10 +99,12 @@ def execute_transition(job: JobSpec, current: Plan, target: Plan,
             diffs += verify_units(pool, [e], seeds[e.stage])
         return ExecutionCheck(schedule, report, not diffs, tuple(diffs), pool.kind)
     finally:
-        if pool is not None:
-            pool.shutdown()
-        if started_ray:
-            ray.shutdown()
+        try:
+            if pool is not None:
+                pool.shutdown()
+        finally:  # a pool that fails to shut down still leaves no Ray behind
+            if started_ray:
+                ray.shutdown()
 
 
 # A CPU worker is a Python process with torch and Ray loaded: about 190 MiB of its own memory
@@ -189,10 +191,20 @@ def cli_execute(job: JobSpec, current: Plan, target: Plan, schedule: Schedule | 
     own exception and traceback."""
     from ray.exceptions import RayError
 
+    from nereus.errors import InfeasibleError
+    from nereus.runtime.workers import RayStartFailed
+
+    schedule = schedule or plan_transition(job, current, target)
+    if not schedule.feasible:  # the command's exit 3, not a run that failed
+        raise InfeasibleError(f"transition: {schedule.reason}")
     try:
         check = execute_transition(job, current, target, schedule, seed=seed, kind=kind,
                                    address=address)
-    except (TransitionFailed, WorkerCallsFailed, CapacityError, GroupAborted, RayError) as e:
+    except (TransitionFailed, WorkerCallsFailed, CapacityError, GroupAborted, RayError,
+            RayStartFailed, InfeasibleError) as e:
+        # InfeasibleError here comes from the run (no placement for the workers in time, the
+        # executor's memory check before a primitive, a worker lacking a unit): a run that
+        # failed, exit 4, not input to fix (2)
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise RunFailed(f"the transition did not run to its end ({type(e).__name__}): "
                         f"{first}") from None

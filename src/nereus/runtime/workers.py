@@ -320,15 +320,29 @@ class _Slot:
     bundle: int
 
 
+class RayStartFailed(RuntimeError):
+    """Ray itself could not start or join a cluster (no temp folder, a dead address): no
+    worker ever ran."""
+
+
 def _init_ray(address: str | None, slots: int, slot_resource: str) -> None:
     if ray.is_initialized():
         return
-    if address is None:  # a local Ray: this machine offers the device slots (a RAY_ADDRESS
-        # in the environment would make ray.init join that cluster instead)
-        ray.init(address="local", include_dashboard=False, resources={slot_resource: slots},
-                 object_store_memory=512 * 1024**2)
-    else:
-        ray.init(address=address)
+    try:
+        if address is None:  # a local Ray: this machine offers the device slots (a
+            # RAY_ADDRESS in the environment would make ray.init join that cluster instead)
+            ray.init(address="local", include_dashboard=False,
+                     resources={slot_resource: slots}, object_store_memory=512 * 1024**2)
+        else:
+            ray.init(address=address)
+    except KeyboardInterrupt:
+        # interrupted while Ray's own agents start: stop them, or they outlive the command
+        ray.shutdown()
+        raise
+    except (OSError, ConnectionError, RuntimeError, ValueError) as e:
+        ray.shutdown()
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise RayStartFailed(f"Ray could not start ({type(e).__name__}: {first})") from e
 
 
 class WorkerPool:
