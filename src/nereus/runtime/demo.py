@@ -94,9 +94,9 @@ def execute_transition(job: JobSpec, current: Plan, target: Plan,
         place_units(pool, units, specs, seeds)
         report = Executor(pool, specs).run(schedule)
         final = [e for s, es in report.units.items() if s in changed for e in es]
-        diffs: list[str] = []
-        for e in final:
-            diffs += verify_units(pool, [e], seeds[e.stage])
+        # every worker holds exactly the target's units (only changed stages were placed),
+        # each at its position, equal to the seeded state bitwise
+        diffs = verify_units(pool, final, seeds, expected=final)
         return ExecutionCheck(schedule, report, not diffs, tuple(diffs), pool.kind)
     finally:
         try:

@@ -122,7 +122,8 @@ def seeded_shard(spec: StateSpec, tp: int, pp: int, tp_rank: int, pp_rank: int, 
 
 def seeded_difference(state: ShardedState, seed: int, warm: bool = True) -> str | None:
     """Where ``state`` differs from the seeded state of its position (bitwise), or None.
-    Compares one tensor at a time, so it needs no second arena."""
+    Compares one tensor at a time, so it needs no second arena. The position is the one the
+    arena claims: whether it is the one its GPU should hold is ``verify_seeded``'s check."""
     spec = state.spec
     if state.meta != seeded_meta(seed, warm):
         return "scalars differ"

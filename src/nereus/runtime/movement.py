@@ -424,11 +424,38 @@ def place_safetensors(ctx: WorkerContext, unit_id: str, path: str, spec: StateSp
     return n
 
 
-def verify_seeded(ctx: WorkerContext, unit_id: str, seed: int, warm: bool = True) -> str | None:
+def position_difference(unit_id: str, device_id: int, layout: tuple[int, int],
+                        position: tuple[int, int], found_layout: tuple[int, int],
+                        found_position: tuple[int, int]) -> str | None:
+    """Why a worker's arena is not the position its unit gives that GPU, or None. A seeded
+    check against the arena's own claim passes a shard on the wrong GPU (a Merge that swapped
+    positions), so the claim is compared with the unit's first."""
+    if (tuple(found_layout), tuple(found_position)) == (tuple(layout), tuple(position)):
+        return None
+    return (f"{unit_id} on GPU {device_id}: expected position {tuple(position)} of "
+            f"tp={layout[0]},pp={layout[1]}, found position {tuple(found_position)} of "
+            f"tp={found_layout[0]},pp={found_layout[1]}")
+
+
+def verify_seeded(ctx: WorkerContext, unit_id: str, seed: int, warm: bool = True,
+                  layout: tuple[int, int] | None = None,
+                  position: tuple[int, int] | None = None) -> str | None:
     """Compare this worker's shard bitwise with the seeded state it should hold; None if equal.
-    Lets a benchmark check a large state without gathering it in one process."""
+    Lets a benchmark check a large state without gathering it in one process. With ``layout``
+    and ``position`` (what the unit gives this GPU), the shard must be held and be that
+    position first."""
     from nereus.runtime.loading import seeded_difference
 
-    st = ctx.units[unit_id]
+    st = ctx.units.get(unit_id)
+    if st is None:
+        if layout is None or position is None:
+            raise KeyError(f"worker {ctx.device_id} holds no unit {unit_id}")
+        return (f"{unit_id} on GPU {ctx.device_id}: expected position {tuple(position)} of "
+                f"tp={layout[0]},pp={layout[1]}, found no such unit")
+    if layout is not None and position is not None:
+        wrong = position_difference(unit_id, ctx.device_id, layout, position,
+                                    (st.tp, st.pp), st.position)
+        if wrong is not None:
+            return wrong
     diff = seeded_difference(st, seed, warm)
     return None if diff is None else f"{unit_id} at {st.position} on {ctx.device_id}: {diff}"

@@ -7,13 +7,13 @@ to the driver, for tests and small models.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from pathlib import Path
 
 import ray
 
 from nereus.runtime import movement as mv
-from nereus.runtime.state import LogicalState, StateSpec, gather
+from nereus.runtime.state import LogicalState, StateMismatch, StateSpec, gather
 from nereus.runtime.workers import WorkerPool
 from nereus.transition.emu import Emu
 
@@ -53,14 +53,74 @@ def place_plan(pool: WorkerPool, job: object, plan: object, specs: Mapping[str, 
 
 
 def gather_unit(pool: WorkerPool, emu: Emu) -> LogicalState:
-    """The logical state one unit holds, assembled on the driver from every position."""
+    """The logical state one unit holds, assembled on the driver from every position. Each
+    GPU's shard must be the position ``emu`` gives that GPU (``StateMismatch`` if not):
+    ``gather`` alone accepts every position present, whichever GPU holds it."""
     refs = [pool.submit(g, mv.export_unit, emu.id) for g in emu.gpus]
-    return gather(ray.get(refs))
+    shards = ray.get(refs)
+    lay = (emu.layout.tp, emu.layout.pp)
+    for i, (g, st) in enumerate(zip(emu.gpus, shards)):
+        wrong = mv.position_difference(emu.id, g, lay, emu.position(i), (st.tp, st.pp),
+                                       st.position)
+        if wrong is not None:
+            raise StateMismatch(wrong)
+    return gather(shards)
 
 
-def verify_units(pool: WorkerPool, units: Iterable[Emu], seed: int, warm: bool = True
-                 ) -> list[str]:
-    """Check every position against the seeded state on its own worker (bitwise); returns the
-    differences found (empty when every unit equals the seeded state)."""
-    refs = [pool.submit(g, mv.verify_seeded, e.id, seed, warm) for e in units for g in e.gpus]
-    return [r for r in ray.get(refs) if r is not None]
+def verify_units(pool: WorkerPool, units: Iterable[Emu], seed: int | Mapping[str, int],
+                 warm: bool = True, *, expected: Iterable[Emu] | None = None) -> list[str]:
+    """Check every position on its own worker: the unit is held there as the layout and
+    position the unit gives that GPU, and equals the seeded state (``seed``: one for all, or
+    one per model-stage) bitwise. Then the units the workers hold (``held_differences``):
+    with ``expected``, the whole collection the workers should hold, every worker of the pool
+    holds exactly its units; without, each GPU of ``units`` holds no other unit of their
+    model-stages. Returns the differences found (empty when all is as it should be)."""
+    units = list(units)
+    refs = []
+    for e in units:
+        s = seed if isinstance(seed, int) else seed[e.stage]
+        lay = (e.layout.tp, e.layout.pp)
+        refs += [pool.submit(g, mv.verify_seeded, e.id, s, warm, lay, e.position(i))
+                 for i, g in enumerate(e.gpus)]
+    diffs = [r for r in ray.get(refs) if r is not None]
+    checked = {(g, e.id) for e in units for g in e.gpus}  # a missing one is reported above
+    if expected is None:
+        return diffs + held_differences(pool, units, complete=False, skip=checked)
+    return diffs + held_differences(pool, expected, complete=True, skip=checked)
+
+
+def held_differences(pool: WorkerPool, units: Iterable[Emu], complete: bool = True,
+                     skip: Collection[tuple[int, str]] = ()) -> list[str]:
+    """Units held where ``units`` places none, and units ``units`` places that are not held,
+    per worker. ``complete``: ``units`` is everything the workers should hold, so every
+    worker of the pool is compared with it (a Destroy that left its source behind shows).
+    Else only the GPUs of ``units``, and only units of their model-stages: a GPU holds one
+    replica of a model-stage, so another one there is left over (a Split's or Merge's
+    source). ``skip``: (GPU, unit id) pairs whose absence was reported already."""
+    units = list(units)
+    want: dict[int, set[str]] = {}
+    for e in units:
+        for g in e.gpus:
+            want.setdefault(g, set()).add(e.id)
+    devices = pool.device_ids if complete else tuple(sorted(want))
+    held = pool.run({g: (mv.held_units, ()) for g in devices})
+    stages = {e.stage for e in units}
+    out = []
+    for g in devices:
+        have = set(held[g])
+        if not complete:
+            have = {u for u in have if stage_of(u) in stages}
+        mine = want.get(g, set())
+        extra = sorted(have - mine)
+        missing = sorted(u for u in mine - have if (g, u) not in skip)
+        if extra:
+            out.append(f"GPU {g} holds unit(s) {extra} that the target does not place there"
+                       f" (expected {sorted(mine)})")
+        if missing:
+            out.append(f"GPU {g} lacks unit(s) {missing} that the target places there")
+    return out
+
+
+def stage_of(unit_id: str) -> str:
+    """The model-stage of a unit id (``"<stage>/<n>"``, ``nereus.transition.emu``)."""
+    return unit_id.rsplit("/", 1)[0]
