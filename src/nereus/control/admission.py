@@ -53,7 +53,7 @@ class Verdict:
     #                              current plan cannot run
     l_tran_s: float              # inf when the transition is infeasible
     feasible: bool
-    payback_steps: float | None  # L_tran / ΔL; None when ΔL <= 0 or unknown
+    payback_steps: float | None  # L_tran / ΔL; inf when ΔL <= 0 (nothing saved), None unknown
     admitted: bool
     why: str
     risk_s: float = 0.0          # the option's expected restart seconds per step
