@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from nereus.cli import app
@@ -19,6 +20,19 @@ def test_the_package_ships_every_example_of_the_source_tree() -> None:
     in_tree = sorted(str(p.relative_to(REPO_EXAMPLES)) for p in REPO_EXAMPLES.rglob("*")
                      if p.is_file() and p.suffix in (".yaml", ".csv"))
     assert in_tree and sorted(shipped()) == in_tree
+
+
+def test_the_wheel_takes_every_example() -> None:
+    """Under an editable install ``shipped()`` reads the source tree, so the test above holds
+    whatever the wheel takes: check pyproject's package-data covers every example file."""
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    root = REPO_EXAMPLES.resolve().parents[2]
+    data = tomllib.loads((root / "pyproject.toml").read_text())
+    globs = data["tool"]["setuptools"]["package-data"]["nereus"]
+    package = root / "src" / "nereus"
+    taken = {p for g in globs for p in package.glob(g) if p.is_file()}
+    examples = {p for p in (package / "examples").rglob("*") if p.is_file()}
+    assert examples and examples <= taken, sorted(map(str, examples - taken))
 
 
 def test_copied_examples_plan_and_simulate_from_where_they_land(tmp_path: Path) -> None:

@@ -213,6 +213,25 @@ def test_an_output_that_is_an_input_of_the_scenario_is_refused(tmp_path: Path, o
     assert {p.name: p.read_bytes() for p in tmp_path.glob("*.csv")} == before
 
 
+def test_an_output_that_is_the_scenarios_spot_trace_is_refused(tmp_path: Path) -> None:
+    """A spot trace of the user's own is an input too (here one named .csv, as --csv writes)."""
+    import json
+
+    from nereus.sim.traces import spot_counts
+
+    counts, tick = spot_counts()
+    spot = tmp_path / "spot.csv"
+    spot.write_text(json.dumps({"metadata": {"gap_seconds": tick}, "data": counts}))
+    before = spot.read_bytes()
+    cfg = _scenario(tmp_path, availability={"spot": {"file": "spot.csv", "start_tick": 3372}})
+    r = runner.invoke(app, ["simulate", "--config", str(cfg), "--steps", "2", "--policies",
+                            "static", "--csv", str(spot)])
+    assert r.exit_code == 2, r.output
+    assert r.stderr.startswith(f"error: --csv: {spot} is the scenario's "
+                               "availability.spot.file"), r.stderr
+    assert spot.read_bytes() == before
+
+
 def test_churn_on_one_node_says_it_needs_two(tmp_path: Path) -> None:
     """It said "min_nodes: leaves no node to take away (allowed: 1..0)"."""
     cfg = _scenario(tmp_path, job={**JOB, "gpus": 8}, availability={"churn": {}})

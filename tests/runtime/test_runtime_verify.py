@@ -90,7 +90,9 @@ def _run(pool: WorkerPool, cur: tuple, tgt: tuple, seed: int
 
 
 def _per_unit(pool: WorkerPool, final: list[Emu], seed: int) -> list[str]:
-    """What ``nereus transition --execute`` checks: one call per final unit."""
+    """One call per final unit, without ``expected``: each unit's positions, and no other unit
+    of its model-stage on its GPUs (``--execute`` also passes ``expected``: every worker's
+    whole set of units)."""
     return [d for e in final for d in verify_units(pool, [e], seed)]
 
 

@@ -65,7 +65,8 @@ def test_paper_examples_are_scheduled_optimally() -> None:
 def test_a_transition_with_binding_memory_is_not_called_infeasible(tmp_path) -> None:
     """verl's colocated layout of Llama-3.1-8B to the best plan, where memory binds: with raw
     byte counts (1e10-1e11 per event) CP-SAT answered INFEASIBLE, although the list schedule
-    passes the validator. In KiB, rounded toward more memory, it proves the optimum."""
+    passes the validator. In KiB, rounded toward more memory, it finds a schedule the validator
+    accepts, no longer than the list schedule (it proves 7.743 s optimal in about 3 s)."""
     from pathlib import Path
 
     from typer.testing import CliRunner

@@ -19,7 +19,7 @@ from nereus.errors import InputError
 if TYPE_CHECKING:
     from importlib.resources.abc import Traversable
 
-SUFFIXES = (".yaml", ".csv")  # what an example is; anything else in the folder is not copied
+SUFFIXES = (".yaml", ".csv", ".json")  # configs and traces; nothing else is an example
 
 
 def shipped() -> dict[str, Traversable]:

@@ -174,7 +174,8 @@ def register(app: typer.Typer) -> None:
     @app.command("plan", cls=Command)
     @one_line_errors
     def plan_cmd(
-        config: Optional[Path] = typer.Option(None, "--config", "-c", help="job YAML (nereus examples writes some)"),
+        config: Optional[Path] = typer.Option(None, "--config", "-c",
+                                              help="job YAML (nereus examples writes some)"),
         model: Optional[str] = typer.Option(None, help=JOB_HELP["model"]),
         algo: Optional[str] = typer.Option(None, help=JOB_HELP["algo"]),
         execution: Optional[str] = typer.Option(None, help=JOB_HELP["execution"]),

@@ -195,7 +195,7 @@ def cli_execute(job: JobSpec, current: Plan, target: Plan, schedule: Schedule | 
     from nereus.runtime.workers import RayStartFailed
 
     schedule = schedule or plan_transition(job, current, target)
-    if not schedule.feasible:  # the command's exit 3, not a run that failed
+    if not schedule.feasible:  # no run failed: the caller reports it (the command, with 3)
         raise InfeasibleError(f"transition: {schedule.reason}")
     try:
         check = execute_transition(job, current, target, schedule, seed=seed, kind=kind,

@@ -339,7 +339,7 @@ def _init_ray(address: str | None, slots: int, slot_resource: str) -> None:
         # interrupted while Ray's own agents start: stop them, or they outlive the command
         ray.shutdown()
         raise
-    except (OSError, ConnectionError, RuntimeError, ValueError) as e:
+    except (OSError, RuntimeError, ValueError) as e:  # ConnectionError is an OSError
         ray.shutdown()
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise RayStartFailed(f"Ray could not start ({type(e).__name__}: {first})") from e

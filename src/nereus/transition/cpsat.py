@@ -22,9 +22,10 @@ from nereus.transition.schedule import Schedule, fixed_schedule
 TICKS_PER_S = 1_000_000  # durations in microseconds
 # Memory in KiB. With raw bytes (1e10-1e11 per event on 80 GB GPUs) CP-SAT 9.x declared a
 # transition INFEASIBLE whose list schedule the validator accepts (verl's colocated layout of
-# Llama-3.1-8B to its best plan); in KiB it proves the same makespan optimal. Every amount is
-# rounded so that the model is never looser than the bytes: what a GPU holds and what a
-# primitive adds or keeps up, capacity down (each error under 1 KiB per event).
+# Llama-3.1-8B to its best plan); in KiB it proves the same makespan optimal. What a primitive
+# adds or keeps is rounded up and the room above what a GPU holds down, so a schedule the model
+# accepts fits in bytes (each error under 1 KiB per event). The model is that much tighter than
+# the bytes: a schedule within a few KiB of capacity fits the bytes and not the model.
 BYTES_PER_UNIT = 1024
 
 
@@ -72,8 +73,10 @@ def solve(dag: TransitionDag, cost: TransitionCost, *, time_limit_s: float = 10.
             extra, net = _units_up(st.extra), _units_up(st.net)
             times += [start[i], end[i]]
             changes += [extra, net - extra]
-        held = _units_up(base)
-        m.add_reservoir_constraint(times, changes, -held, cap // BYTES_PER_UNIT - held)
+        # the level counts from the bytes held before: it may rise to the room left, rounded
+        # down (never negative while what is held fits), and every change is rounded up
+        m.add_reservoir_constraint(times, changes, -(base // BYTES_PER_UNIT),
+                                   (cap - base) // BYTES_PER_UNIT)
     makespan = m.new_int_var(0, horizon, "makespan")
     m.add_max_equality(makespan, end) if n else m.add(makespan == 0)
     m.minimize(makespan)

@@ -183,8 +183,8 @@ def _replayed(prims: list[Primitive], edges: list[tuple[int, int, str]],
     if crowded:
         g = max(crowded, key=usage.__getitem__)
         here_ = sorted(n for n, k in present.get(g, {}).items() if k and n in changed)
-        gpus = ("GPU " if len(crowded) == 1 else "GPUs ") + format_gpus(crowded)
-        return (f"the changing model-stages' state does not fit on the GPUs at once: {gpus} "
+        return (f"the changing model-stages' state does not fit on the GPUs at once: "
+                f"{_gpus(crowded)} "
                 f"would hold up to {format_bytes(usage[g])} (GPU {g}: {', '.join(here_)}; "
                 f"capacity {format_bytes(capacity_bytes)} per GPU); try moving fewer "
                 "model-stages at a time")
