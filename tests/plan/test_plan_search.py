@@ -108,8 +108,12 @@ def test_validator_catches_broken_plans():
 def test_fits_nowhere_names_the_stage_and_its_smallest_footprint():
     job = parse_job({"model": "llama-3.3-70b", "gpus": 2})
     with pytest.raises(InfeasibleError, match=r"model-stage \w+ fits nowhere: its smallest "
-                                              r"footprint is .* GiB per GPU"):
+                                              r"footprint is .* GiB per GPU") as e:
         Planner(job)
+    # and how many GPUs it would take: 70.6 B parameters x 18 bytes (bf16 + fp32 master,
+    # gradient and two Adam moments) = 1,182.7 GiB over 71.7 GiB allowed per GPU
+    assert "its state alone, 1182.7 GiB, needs at least 17 GPUs per replica (gpus: 2 now" \
+        in str(e.value), e.value
 
 
 def test_tp_stays_inside_a_node():

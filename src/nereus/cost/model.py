@@ -496,6 +496,13 @@ class CostModel:
                            "weight_sync", "reshard actor weights (train->gen)", 1.0)
         return rows, need
 
+    def state_bytes(self, stage: ModelStage | str) -> int:
+        """Bytes of one replica's whole resident state (parameters, and for training their
+        gradients and optimizer moments), unsharded: what its GPUs share between them."""
+        st = self._stage(stage)
+        head = self.job.workflow.model(st.model).head
+        return max_shard_numel(self.job.model, head, 1, 1) * self._resident_per_param(st)
+
     def kv_bytes_per_token(self, layout: Layout) -> int:
         """KV-cache bytes one token takes on one GPU (its layers, its KV heads)."""
         return int(self._kv_per_token(_f(layout.tp), _f(layout.pp)))
