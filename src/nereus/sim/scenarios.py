@@ -521,11 +521,13 @@ def load_scenario(path: str | Path) -> Scenario:
     elif kind == "spot":
         sp = cfg.availability.spot
         spot_file = base / sp.file if sp and sp.file is not None else None
-        counts, _ = read_spot_trace(spot_file) if spot_file is not None else spot_counts()
+        trace = read_spot_trace(spot_file) if spot_file is not None else spot_counts()
+        counts = trace[0]
         start = sp.start_tick if sp and sp.start_tick is not None else busiest_window(
             counts, SPOT_WINDOW_TICKS, SPOT_MIN_RUNNING)
         # the job holds at most the GPUs it asked for, whatever else the cluster has
-        avail = _onto(spot_window(start, max_gpus=job.pool.size, path=spot_file), job.pool.ids)
+        avail = _onto(spot_window(start, max_gpus=job.pool.size, path=spot_file, trace=trace),
+                      job.pool.ids)
     elif kind == "churn":
         c = cfg.availability.churn
         assert c is not None

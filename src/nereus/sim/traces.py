@@ -267,13 +267,17 @@ def read_spot_trace(path: str | Path, field: str = "availability.spot.file"
 
 
 def spot_window(start_tick: int, name: str = SPOT_TRACE, max_gpus: int | None = None,
-                path: str | Path | None = None) -> Availability:
+                path: str | Path | None = None,
+                trace: tuple[Sequence[int], float] | None = None) -> Availability:
     """A spot trace from ``start_tick`` to its end (the pool holds the last value after): the
-    real one shipped, or the user's file at ``path`` (``read_spot_trace``).
+    real one shipped, or the user's file at ``path`` (``read_spot_trace``); ``trace``: its
+    counts and tick length, when the caller has read them already (to choose the window).
 
     Counts above ``max_gpus`` are clipped to it (a job never holds more than it asked for).
     """
-    counts, tick = read_spot_trace(path) if path is not None else spot_counts(name)
+    if trace is None:
+        trace = read_spot_trace(path) if path is not None else spot_counts(name)
+    counts, tick = list(trace[0]), trace[1]
     if not 0 <= start_tick < len(counts):
         raise InputError("availability.spot.start_tick", f"{start_tick} is outside the trace",
                          f"0..{len(counts) - 1}")
