@@ -112,8 +112,11 @@ def test_fits_nowhere_names_the_stage_and_its_smallest_footprint():
         Planner(job)
     # and how many GPUs it would take: 70.6 B parameters x 18 bytes (bf16 + fp32 master,
     # gradient and two Adam moments) = 1,182.7 GiB over 71.7 GiB allowed per GPU
-    assert "its state alone, 1182.7 GiB, needs at least 17 GPUs per replica (gpus: 2 now" \
-        in str(e.value), e.value
+    assert ("its state alone, 1182.7 GiB, needs at least 17 GPUs per replica, and the widest "
+            "layout on 2 GPUs spans 2 (estimated)") in str(e.value), e.value
+    # on 24 GPUs the widest layout spans 16 (tp x pp in powers of two), not 24
+    with pytest.raises(InfeasibleError, match="the widest layout on 24 GPUs spans 16"):
+        Planner(parse_job({"model": "llama-3.3-70b", "gpus": 24}))
 
 
 def test_tp_stays_inside_a_node():

@@ -245,15 +245,20 @@ def _fits_nowhere(cost: CostModel, stage: ModelStage, ev: Evaluation | None) -> 
             f"model-stage {stage.name} has no valid layout on {cost.job.pool.size} GPUs "
             f"(batch {cost.stage_batch(stage)} sequences, model {cost.job.model.name})")
     small = cost.estimate(stage, ev.candidates[int(np.argmin(ev.peak))])
-    # no ZeRO: a replica's GPUs share its state, so they are at least its bytes over the limit
+    # no ZeRO: a replica's GPUs share its state, so they are at least its bytes over the limit;
+    # said only where that is the reason: more than the widest layout the pool allows spans
+    # (70B on 24 GPUs needs 17, and tp x pp reaches 16 there, not 24)
     state = cost.state_bytes(stage)
+    need = math.ceil(state / limit)
+    widest = max(c.layout.tp * c.layout.pp for c in ev.candidates)
+    why = (f"; its state alone, {state / GiB:.1f} GiB, needs at least {need} GPUs per replica, "
+           f"and the widest layout on {cost.job.pool.size} GPUs spans {widest}"
+           if need > widest else "")
     return InfeasibleError(
         f"model-stage {stage.name} fits nowhere: its smallest footprint is "
         f"{small.peak_mem_bytes / GiB:.1f} GiB per GPU ({small.candidate}) vs "
         f"{limit / GiB:.1f} GiB allowed (90 % of {cost.device.memory_bytes / GiB:.0f} GiB "
-        f"on {cost.device.name}); its state alone, {state / GiB:.1f} GiB, needs at least "
-        f"{math.ceil(state / limit)} GPUs per replica (gpus: {cost.job.pool.size} now; "
-        "estimated)")
+        f"on {cost.device.name}){why} (estimated)")
 
 
 @dataclass(frozen=True)
