@@ -257,14 +257,19 @@ def register(app: typer.Typer) -> None:
         if not hit:
             return "node loss: any one node can go; every model-stage keeps a copy elsewhere"
         parts = _takes(hit)
-        if spread and best:  # --spread could not place a second copy of these off the node
+        if spread and best:
+            # --spread keeps layouts whose replicas can sit on different nodes; how the pool
+            # is split between groups of model-stages can still put them on one (asynchronous
+            # generation's own GPUs, most often): the search did not find such a placement,
+            # which is not to say none exists
             return (f"node loss: the last copy of a model-stage goes with a node ({parts}); "
-                    f"even with --spread no layout that fits keeps a copy of it on another node")
+                    f"--spread did not find a placement that keeps a copy of it on another "
+                    f"node (--evaluate scores one you write)")
         if spread:
             return (f"node loss: the last copy of a model-stage goes with a node ({parts}); "
                     f"the best plan below is placed with --spread")
         return (f"node loss: the last copy of a model-stage goes with a node ({parts}); "
-                f"--spread keeps a copy on another node")
+                f"--spread looks for a plan that keeps a copy on another node")
 
     def _explain(cost: CostModel, plan: Plan) -> None:
         for sp in plan.stages:
