@@ -505,7 +505,8 @@ def test_plan_files_without_a_job_offer_the_job_they_record(tiny_plans: tuple[st
     r = runner.invoke(app, ["transition", *tiny_plans])
     assert r.exit_code == 2, r.output
     assert r.stderr == ("error: --model: needed without --config (allowed: --config the job's "
-                        "YAML, or --model tiny-llama --device cpu --algo ppo --reward model as "
+                        "YAML, or --model tiny-llama --device cpu --algo ppo --reward model "
+                        "--execution sync as "
                         "tiny2.json records)\n"), r.stderr
     r = runner.invoke(app, ["transition", *tiny_plans, "--model", "tiny-llama", "--device",
                             "cpu"])

@@ -302,3 +302,27 @@ def test_spread_that_finds_no_spread_placement_does_not_claim_none_exists():
     # what the search gives today; a search that spreads it would change this line on purpose
     assert ("node 3 takes actor_gen); --spread did not find a placement that keeps a copy of "
             "it on another node") in text, text
+
+
+def test_async_step_latency_says_how_its_terms_make_it(tmp_path):
+    """Asynchronous: 'step latency 47.900 s: generation 41.935, inference 12.009, training
+    35.731, ...' summed to 89.8 s with no word of the overlap; and a plan made async was
+    re-scored under a synchronous job without a word (its record had no execution)."""
+    r = runner.invoke(app, ["plan", "--model", "llama-3.1-8b", "--gpus", "16", "--execution",
+                            "async"])
+    assert r.exit_code == 0, r.output
+    line = next(ln for ln in r.stdout.splitlines() if ln.startswith("step latency"))
+    assert "(estimated) = max(generation " in line and "(asynchronous)" in line, line
+    r = runner.invoke(app, ["plan", "--model", "llama-3.1-8b", "--gpus", "16", "--execution",
+                            "async", "--json"])
+    plan = json.loads(r.stdout)
+    assert plan["planned_for"]["execution"] == "async"
+    t = plan["terms"]
+    assert plan["step_latency_s"] == pytest.approx(
+        max(t["generation"], t["inference"] + t["training"]) + t["weight_sync"])
+    p = tmp_path / "async.json"
+    p.write_text(r.stdout)
+    r = runner.invoke(app, ["plan", "--model", "llama-3.1-8b", "--gpus", "16", "--evaluate",
+                            str(p)])
+    assert r.exit_code == 2 and "(execution differs)" in r.stderr, r.output
+    assert "--execution async" in r.stderr

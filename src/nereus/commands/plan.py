@@ -27,6 +27,7 @@ from nereus.plan.types import Plan, idle_bytes, weight_sync_estimate
 from nereus.plan.validate import validate_plan
 from nereus.spec.cluster import gpu_ranges
 from nereus.spec.job import JobSpec
+from nereus.spec.workflow import Execution
 
 GiB = 1024**3
 
@@ -63,8 +64,17 @@ def plan_table(job: JobSpec, plan: Plan, title: str) -> Table:
     return t
 
 
-def _summary(plan: Plan) -> str:
-    parts = ", ".join(f"{k} {v:.3f} s" for k, v in plan.terms.items())
+def _summary(plan: Plan, job: JobSpec) -> str:
+    """The step latency and how its terms make it: added one after another, or, asynchronous,
+    generation beside inference and training (the longer side) and then the weight sync."""
+    t = plan.terms
+    if job.workflow.execution is Execution.ASYNC and "generation" in t:
+        rest = " + ".join(f"{k} {t[k]:.3f}" for k in ("inference", "training") if k in t)
+        how = f"max(generation {t['generation']:.3f}, {rest or '0'})"
+        how += "".join(f" + {k} {v:.3f}" for k, v in t.items()
+                       if k not in ("generation", "inference", "training"))
+        return f"step latency {plan.step_latency_s:.3f} s (estimated) = {how} s (asynchronous)"
+    parts = ", ".join(f"{k} {v:.3f} s" for k, v in t.items())
     return f"step latency {plan.step_latency_s:.3f} s (estimated): {parts}"
 
 
@@ -243,7 +253,7 @@ def register(app: typer.Typer) -> None:
         if profile is not None:
             console.print(f"cost model calibrated with {profile.name}")
         console.print(plan_table(job, plan, "best plan"))
-        console.print(_summary(plan))
+        console.print(_summary(plan, job))
         console.print(_node_loss(job, plan, spread))
         if explain:
             _explain(cost, plan)
@@ -322,7 +332,7 @@ def register(app: typer.Typer) -> None:
             print(json.dumps(out))
             return
         console.print(plan_table(job, yours, f"your plan ({path.name})"))
-        console.print(_summary(yours))
+        console.print(_summary(yours, job))
         console.print(_node_loss(job, yours, spread, best=False))
         if problems:
             console.print(f"[red]does not fit[/]: {len(problems)} problem(s)")
@@ -332,7 +342,7 @@ def register(app: typer.Typer) -> None:
             console.print("[green]fits[/] (every GPU within 90 % of memory, estimated)")
         if best is not None:
             console.print(plan_table(job, best, "best plan" + (" (--spread)" if spread else "")))
-            console.print(_summary(best))
+            console.print(_summary(best, job))
             console.print(_node_loss(job, best, spread))
             console.print(_comparison(yours, best, problems))
         else:

@@ -2,7 +2,8 @@
 files ``nereus transition`` takes as a plan (a plan JSON, or a layout as ``--evaluate`` reads).
 
 ``nereus plan --json`` records under ``planned_for`` the model, its architecture, the device,
-the algorithm and what scores its responses (a reward model or a rule); a command that prices a plan for a job checks that record
+the algorithm, what scores its responses (a reward model or a rule) and whether generation runs
+asynchronously; a command that prices a plan for a job checks that record
 against the job (a plan of another model sizes no state of this one). The architecture is
 what identifies a model: a Hugging Face config.json is named after its folder, so two
 models can share a name and one model can have two. Files without a record, or whose record
@@ -20,9 +21,10 @@ from nereus.spec.job import JobSpec
 from nereus.spec.model import MODEL_PRESETS, ModelSpec
 
 RECORD_KEY = "planned_for"
-RECORD_FIELDS = ("model", "device", "algo", "reward", "architecture")
-# what the error names (the model by its architecture); a record without a reward predates it
-CHECKED = ("model", "device", "algo", "reward")
+RECORD_FIELDS = ("model", "device", "algo", "reward", "execution", "architecture")
+# what the error names (the model by its architecture); a record without a reward or an
+# execution predates it
+CHECKED = ("model", "device", "algo", "reward", "execution")
 
 
 def architecture(m: ModelSpec) -> str:
@@ -39,7 +41,7 @@ def planned_for(job: JobSpec) -> dict[str, str]:
     """What ``nereus plan --json`` records of the job it planned."""
     return {"model": job.model.name, "device": job.cluster.device.name,
             "algo": job.workflow.algo, "reward": job.workflow.reward,
-            "architecture": architecture(job.model)}
+            "execution": job.workflow.execution.value, "architecture": architecture(job.model)}
 
 
 def with_record(plan_dict: dict[str, Any], job: JobSpec) -> dict[str, Any]:
@@ -67,8 +69,9 @@ def split_record(data: Any, field: str) -> tuple[Any, dict[str, str] | None]:
 
 
 def _described(rec: Mapping[str, str]) -> str:
-    model, device, algo, reward = (rec.get(k, "?") for k in CHECKED)
-    return f"{model} on {device} ({algo}{', rule reward' if reward == 'rule' else ''})"
+    model, device, algo, reward, execution = (rec.get(k, "?") for k in CHECKED)
+    return (f"{model} on {device} ({algo}{', rule reward' if reward == 'rule' else ''}"
+            f"{', asynchronous' if execution == 'async' else ''})")
 
 
 def _model_differs(record: Mapping[str, str], mine: Mapping[str, str]) -> str | None:
@@ -89,7 +92,9 @@ def check_record(record: Mapping[str, str] | None, job: JobSpec, field: str,
     if record is None:
         return
     mine = planned_for(job)
-    differ = [k for k in ("device", "algo", "reward") if k in record and record[k] != mine[k]]
+    # execution: a plan's step latency adds its terms (sync) or overlaps generation (async)
+    differ = [k for k in ("device", "algo", "reward", "execution")
+              if k in record and record[k] != mine[k]]
     model = _model_differs(record, mine)
     if model is not None:
         differ.insert(0, model)
