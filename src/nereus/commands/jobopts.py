@@ -38,7 +38,8 @@ JOB_HELP = {
                                      + "), or the pool if smaller"),
     "response_len": with_default("mean response length (tokens)",
                                  _schema_default(WorkloadConfig, "response_len")),
-    "response_len_max": with_default("longest response (tokens)",
+    "response_len_max": with_default("longest response (tokens); --response-len alone also "
+                                     "replaces a config's response_len_max",
                                      "the mean response length"),
     "prompt_len": with_default("prompt length (tokens)",
                                _schema_default(WorkloadConfig, "prompt_len")),
