@@ -29,3 +29,9 @@ class InputError(ValueError):
 
 class InfeasibleError(RuntimeError):
     """The job cannot run under the given resources: says which part fits nowhere and why."""
+
+
+def first_line(e: BaseException) -> str:
+    """An exception's first non-blank line, or its type's name when it says nothing: what a
+    one-line error keeps of a library's multi-line message."""
+    return next((ln.strip() for ln in str(e).splitlines() if ln.strip()), type(e).__name__)

@@ -100,7 +100,7 @@ def check_record(record: Mapping[str, str] | None, job: JobSpec, field: str,
         differ.insert(0, model)
     if not differ:
         return
-    opts = " ".join(f"--{k} {option_value(k, record)}" for k in CHECKED if k in record)
+    opts = record_options(record)
     verb = "differs" if len(differ) == 1 else "differ"
     raise InputError(field, f"{path.name} was planned for {_described(record)}, not for "
                      f"{_described(mine)} ({' and '.join(differ)} {verb})",
@@ -108,7 +108,13 @@ def check_record(record: Mapping[str, str] | None, job: JobSpec, field: str,
                      f"job it was planned for")
 
 
-def option_value(key: str, record: Mapping[str, str]) -> str:
+def record_options(record: Mapping[str, str]) -> str:
+    """The options that price a plan with the job its record names (``--model X --device Y
+    ...``)."""
+    return " ".join(f"--{k} {_option_value(k, record)}" for k in CHECKED if k in record)
+
+
+def _option_value(key: str, record: Mapping[str, str]) -> str:
     """A recorded name as an option's value. A model is a preset only when its architecture
     is the preset's; otherwise it came from a config.json, named after its folder, which only
     its path finds again."""

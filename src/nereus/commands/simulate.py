@@ -25,7 +25,7 @@ from nereus.commands.common import (
     with_default,
     writable,
 )
-from nereus.errors import InputError
+from nereus.errors import InputError, first_line
 from nereus.files import read_yaml
 from nereus.sim.policies import POLICIES
 from nereus.sim.scenarios import (
@@ -61,21 +61,6 @@ def _scenario_file(path: Path) -> Path:
                          "scenario puts the job under job:, beside its traces",
                          "a scenario YAML (nereus examples writes two, under scenarios/)")
     return path
-
-
-def _input_files(config: Path) -> dict[str, Path]:
-    """The files a scenario YAML reads, by the field that names them: itself and its trace
-    CSVs (relative to its folder, as load_scenario reads them)."""
-    data = read_yaml(config, "--config")
-    out = {"--config": config}
-    for section in ("lengths", "availability", "drift"):
-        sub = data.get(section) if isinstance(data, dict) else None
-        if isinstance(sub, dict) and isinstance(sub.get("csv"), str):
-            out[f"{section}.csv"] = config.parent / sub["csv"]
-        spot = sub.get("spot") if isinstance(sub, dict) else None
-        if isinstance(spot, dict) and isinstance(spot.get("file"), str):
-            out[f"{section}.spot.file"] = config.parent / spot["file"]
-    return out
 
 
 def _same_file(a: Path, b: Path) -> bool:
@@ -199,9 +184,7 @@ def plot(res: SimResult, sc: Scenario, path: Path, label: str | None = None) -> 
     except OSError as e:
         raise InputError("--plot", f"cannot write {path}: {e.strerror}") from None
     except ValueError as e:  # matplotlib's own (text it cannot lay out): one line
-        first = next((ln.strip() for ln in str(e).splitlines() if ln.strip()),
-                     type(e).__name__)
-        raise InputError("--plot", f"cannot draw {path}: {first}") from None
+        raise InputError("--plot", f"cannot draw {path}: {first_line(e)}") from None
     finally:
         plt.close(fig)
 
@@ -258,7 +241,7 @@ def register(app: typer.Typer) -> None:
                     raise InputError(opt, f"cannot be combined with --config ({where})")
             sc = load_scenario(_scenario_file(config))
             refuse_overwriting_inputs({"--csv": csv_path, "--plot": plot_path},
-                                      _input_files(config))
+                                      {"--config": config, **sc.inputs})
         else:
             sc = builtin(scenario or "default", seed=seed or 0)
         sc = with_overrides(sc, steps=steps, gamma=gamma)

@@ -37,7 +37,7 @@ from nereus.commands.common import (
 )
 from nereus.commands.jobopts import JOB_HELP, job_from_options
 from nereus.commands.plan import layout_from_data, renamed_field
-from nereus.commands.planfile import CHECKED, check_record, option_value, split_record
+from nereus.commands.planfile import check_record, record_options, split_record
 from nereus.cost.efficiency import Efficiencies
 from nereus.cost.estimate import HEADROOM
 from nereus.cost.model import CostModel
@@ -257,10 +257,9 @@ def plans_for_job(args: tuple[PlanArg, PlanArg], config: Path | None, model: str
     recorded = next((a for a in args if a.record), None)
     if config is None and model is None and recorded is not None:
         # the plan says what it was made for: offer that, rather than only name the option
-        opts = " ".join(f"--{k} {option_value(k, recorded.record)}" for k in CHECKED
-                        if k in recorded.record)
         raise InputError("--model", "needed without --config", f"--config the job's YAML, or "
-                         f"{opts} as {recorded.path.name} records")
+                         f"{record_options(recorded.record)} as {recorded.path.name} "
+                         "records")
     job = job_for_plans(ids, config, model, algo, execution, device, devices_per_node, reward)
     for a in args:
         check_record(a.record, job, a.which, a.path)

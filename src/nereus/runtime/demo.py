@@ -16,14 +16,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from nereus.cost.efficiency import Efficiencies
-from nereus.errors import InputError
+from nereus.errors import InfeasibleError, InputError, first_line
 from nereus.plan.types import Plan
 from nereus.runtime.comm import GroupAborted
 from nereus.runtime.executor import ExecutionReport, Executor, state_specs
 from nereus.runtime.faults import TransitionFailed
 from nereus.runtime.memory import CapacityError
 from nereus.runtime.placement import place_units, verify_units
-from nereus.runtime.workers import WorkerCallsFailed, WorkerPool
+from nereus.runtime.workers import RayStartFailed, WorkerCallsFailed, WorkerPool
 from nereus.spec.device import GiB
 from nereus.spec.job import JobSpec
 from nereus.transition.emu import phi
@@ -73,8 +73,6 @@ def execute_transition(job: JobSpec, current: Plan, target: Plan,
 
     schedule = schedule or plan_transition(job, current, target, efficiencies)
     if not schedule.feasible:
-        from nereus.errors import InfeasibleError
-
         raise InfeasibleError(f"transition: {schedule.reason}")
     ids = sorted(set(current.gpus()) | set(target.gpus()))
     if kind == "cpu":
@@ -191,9 +189,6 @@ def cli_execute(job: JobSpec, current: Plan, target: Plan, schedule: Schedule | 
     own exception and traceback."""
     from ray.exceptions import RayError
 
-    from nereus.errors import InfeasibleError
-    from nereus.runtime.workers import RayStartFailed
-
     schedule = schedule or plan_transition(job, current, target)
     if not schedule.feasible:  # no run failed: the caller reports it (the command, with 3)
         raise InfeasibleError(f"transition: {schedule.reason}")
@@ -205,8 +200,7 @@ def cli_execute(job: JobSpec, current: Plan, target: Plan, schedule: Schedule | 
         # InfeasibleError here comes from the run (no placement for the workers in time, the
         # executor's memory check before a primitive, a worker lacking a unit): a run that
         # failed, exit 4, not input to fix (2)
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise RunFailed(f"the transition did not run to its end ({type(e).__name__}): "
-                        f"{first}") from None
+                        f"{first_line(e)}") from None
     echo(render(check, as_json).rstrip("\n"))
     return 0 if check.bitwise_equal else 1

@@ -15,7 +15,7 @@ import ray
 from nereus.runtime import movement as mv
 from nereus.runtime.state import LogicalState, StateMismatch, StateSpec, gather
 from nereus.runtime.workers import WorkerPool
-from nereus.transition.emu import Emu
+from nereus.transition.emu import Emu, stage_of
 
 
 def place_units(pool: WorkerPool, units: Iterable[Emu], specs: Mapping[str, StateSpec],
@@ -119,8 +119,3 @@ def held_differences(pool: WorkerPool, units: Iterable[Emu], complete: bool = Tr
         if missing:
             out.append(f"GPU {g} lacks unit(s) {missing} that the target places there")
     return out
-
-
-def stage_of(unit_id: str) -> str:
-    """The model-stage of a unit id (``"<stage>/<n>"``, ``nereus.transition.emu``)."""
-    return unit_id.rsplit("/", 1)[0]

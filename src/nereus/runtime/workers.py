@@ -32,7 +32,7 @@ import torch
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from nereus.errors import InfeasibleError, InputError
+from nereus.errors import InfeasibleError, InputError, first_line
 from nereus.runtime.comm import Group, node_ip
 from nereus.runtime.inventory import SLOT_RESOURCE, detect_inventory
 from nereus.runtime.memory import ArenaCache, ByteCounter, CapacityError, MemoryStats, block_bytes
@@ -341,8 +341,8 @@ def _init_ray(address: str | None, slots: int, slot_resource: str) -> None:
         raise
     except (OSError, RuntimeError, ValueError) as e:  # ConnectionError is an OSError
         ray.shutdown()
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise RayStartFailed(f"Ray could not start ({type(e).__name__}: {first})") from e
+        raise RayStartFailed(f"Ray could not start ({type(e).__name__}: {first_line(e)})") \
+            from e
 
 
 class WorkerPool:

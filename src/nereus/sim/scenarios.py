@@ -29,7 +29,7 @@ import multiprocessing as mp
 import os
 import traceback
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from queue import Empty
 from typing import Annotated, Any
@@ -123,6 +123,9 @@ class Scenario:
     # so that a shorter run meets every change of the pool at the step the whole run does;
     # None: ``lengths``
     clock: LengthTrace | None = None
+    # the trace files a scenario YAML read, by the field that named them (a command must not
+    # write its output over one)
+    inputs: Mapping[str, Path] = field(default_factory=dict)
 
 
 def _common_notes() -> dict[str, str]:
@@ -489,14 +492,19 @@ def load_scenario(path: str | Path) -> Scenario:
     try:
         job = parse_job(cfg.job)
     except InputError as e:     # the job is the file's ``job:`` section: name the field so
-        field = "job" if e.field == "config" else f"job.{e.field}"
-        raise InputError(field, e.problem, e.allowed) from None
+        where = "job" if e.field == "config" else f"job.{e.field}"
+        raise InputError(where, e.problem, e.allowed) from None
     base = p.parent
     seed = cfg.seed
+    inputs: dict[str, Path] = {}
+
+    def read(name: str, file: str) -> Path:
+        inputs[name] = base / file
+        return inputs[name]
 
     kind = _one("lengths", cfg.lengths)
     if kind == "csv":
-        lengths = load_lengths(base / str(cfg.lengths.csv))
+        lengths = load_lengths(read("lengths.csv", str(cfg.lengths.csv)))
     elif kind == "growth":
         g = cfg.lengths.growth
         assert g is not None
@@ -516,11 +524,12 @@ def load_scenario(path: str | Path) -> Scenario:
 
     kind = _one("availability", cfg.availability)
     if kind == "csv":
-        avail = load_availability(base / str(cfg.availability.csv),
+        avail = load_availability(read("availability.csv", str(cfg.availability.csv)),
                                   max_gpus=job.cluster.num_devices)
     elif kind == "spot":
         sp = cfg.availability.spot
-        spot_file = base / sp.file if sp and sp.file is not None else None
+        spot_file = read("availability.spot.file", sp.file) if sp and sp.file is not None \
+            else None
         trace = read_spot_trace(spot_file) if spot_file is not None else spot_counts()
         counts = trace[0]
         start = sp.start_tick if sp and sp.start_tick is not None else busiest_window(
@@ -552,7 +561,7 @@ def load_scenario(path: str | Path) -> Scenario:
     if cfg.drift is not None:
         kind = _one("drift", cfg.drift)
         if kind == "csv":
-            drift = load_drift(base / str(cfg.drift.csv)).head(steps)
+            drift = load_drift(read("drift.csv", str(cfg.drift.csv))).head(steps)
         else:
             c2 = cfg.drift.congestion
             assert c2 is not None
@@ -597,7 +606,7 @@ def load_scenario(path: str | Path) -> Scenario:
     notes.update(cfg.notes)
     return Scenario(cfg.name, cfg.description or f"from {p.name}", job, steps, lengths, avail,
                     drift, truth_eff, cfg.noise, restart,
-                    control, seed, notes)
+                    control, seed, notes, inputs=inputs)
 
 
 def with_overrides(sc: Scenario, *, steps: int | None = None, gamma: float | None = None

@@ -69,6 +69,11 @@ def emu_id(stage: str, n: int) -> str:
     return f"{stage}/{n}"
 
 
+def stage_of(unit_id: str) -> str:
+    """The model-stage of a unit id (``emu_id``'s ``"<stage>/<n>"``)."""
+    return unit_id.rsplit("/", 1)[0]
+
+
 def holds_for(job: JobSpec, stage: str) -> tuple[str, Holds]:
     """(model name, held state) of a model-stage: training stages hold θ and ω, others θ."""
     ms = job.workflow.stage(stage)
