@@ -64,7 +64,7 @@ def test_an_error_between_two_options_names_one_of_them(args: list[str], says: s
     ("workload: {response_len: 0}", [], "workload.response_len: 0 is not allowed"),
     ("cluster: {device: tpu}", [], "cluster.device: unknown device 'tpu'"),
     ("algo: dpo", [], "algo: 'dpo' is not allowed"),
-    ("workload: {ppo_mini_batches: 2}", ["--prompts", "3"],
+    ("workload: {prompts_per_step: 3, ppo_mini_batches: 2}", [],
      "workload.ppo_mini_batches: 2 does not divide"),
     ("workload: {response_len: 3000}", ["--response-len-max", "1000"],
      "--response-len-max: 1000 is below the mean 3000"),
@@ -76,6 +76,29 @@ def test_a_value_from_the_config_keeps_its_field_name(tmp_path: Path, text: str,
     cfg = config(tmp_path, f"model: llama-3.1-8b\ngpus: 16\n{text}\n")
     err = error(["plan", "--config", cfg, *args])
     assert err.startswith(f"error: {says}"), err
+
+
+@pytest.mark.parametrize("text,args,says", [
+    ("workload: {ppo_mini_batches: 2}", ["--prompts", "3"],
+     ("--prompts: 3 against the config's workload.ppo_mini_batches: 2 does not divide the 3 "
+      "sequences of a step (3 prompts x 1 response) (allowed: --ppo-mini-batches a divisor of "
+      "3: 1, 3, or another --prompts)")),
+    ("workload: {ppo_mini_batches: 4}", ["--prompts", "3", "--responses-per-prompt", "2"],
+     ("--prompts: --prompts 3 and --responses-per-prompt 2 against the config's "
+      "workload.ppo_mini_batches: 4 does not divide the 6 sequences")),
+    ("workload: {response_len: 3000}", ["--prompts", "3"],
+     "--prompts: 3 against the default workload.ppo_mini_batches: 4 does not divide"),
+    ("workload: {response_len: 3000, response_len_max: 1000}", ["--prompts", "4"],
+     "workload.response_len_max: 1000 is below the mean 3000"),
+])
+def test_an_option_that_breaks_a_config_value_is_named(tmp_path: Path, text: str,
+                                                       args: list[str], says: str) -> None:
+    """The user changed the option, not the config's field (or default) it now clashes with:
+    the error names the option and says which field it is checked against."""
+    cfg = config(tmp_path, f"model: llama-3.1-8b\ngpus: 16\n{text}\n")
+    err = error(["plan", "--config", cfg, *args])
+    assert err.startswith(f"error: {says}"), err
+    assert err.count("\n") == 1
 
 
 def test_the_gpus_transition_works_out_keep_the_field_name(tmp_path: Path) -> None:

@@ -124,8 +124,10 @@ def test_mini_batches_that_do_not_divide_the_batch_say_which_do() -> None:
     r = runner.invoke(app, ["plan", "--model", "llama-3.1-8b", "--gpus", "16", "--prompts", "7"])
     assert r.exit_code == 2, r.output
     assert r.stderr.count("\n") == 1
-    assert r.stderr.startswith("error: workload.ppo_mini_batches: 4 does not divide the 7 ")
-    assert "(allowed: a divisor of 7: 1, 7)" in r.stderr
+    assert r.stderr.startswith("error: --prompts: 7 against the default "
+                               "workload.ppo_mini_batches: 4 does not divide the 7 ")
+    assert "(allowed: --ppo-mini-batches a divisor of 7: 1, 7, or another --prompts)" \
+        in r.stderr
     # the option beside the other workload options sets it, and its errors name the option
     r = runner.invoke(app, ["plan", "--model", "llama-3.1-8b", "--gpus", "16", "--prompts", "7",
                             "--ppo-mini-batches", "7", "--json"])

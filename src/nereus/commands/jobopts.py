@@ -68,15 +68,38 @@ _OPTION_OF = {"model": "--model", "algo": "--algo", "execution": "--execution",
               "workload.ppo_mini_batches": "--ppo-mini-batches"}
 
 
-def _as_option(e: InputError, typed: Mapping[str, object]) -> InputError:
+# Fields whose check reads other fields too: when the user typed one of those options and not
+# the field's own, the option is what they changed, so the error names it.
+_ALSO_SET_BY = {"workload.ppo_mini_batches": ("--prompts", "--responses-per-prompt"),
+                "workload.responses_per_prompt": ("--prompts",)}
+
+
+def _param(option: str) -> str:
+    return option.removeprefix("--").replace("-", "_")
+
+
+def _as_option(e: InputError, typed: Mapping[str, object],
+               config: Mapping[str, Any] | None = None) -> InputError:
     """``e`` naming the option that set the field it names (``--gpus``, not ``gpus``), as a user
     typed it; a field the config file set, or a value the command worked out itself, keeps the
-    field's name. ``typed``: the values of the options the user gave, by parameter name
-    (``devices_per_node``)."""
+    field's name, unless an option the user typed made that value wrong (``--prompts 3``
+    against the config's ``ppo_mini_batches: 4``, or its default): then that option.
+    ``typed``: the values of the options the user gave, by parameter name
+    (``devices_per_node``); ``config``: the fields the config file gave."""
     option = _OPTION_OF.get(e.field)
-    if option is None or typed.get(option.removeprefix("--").replace("-", "_")) is None:
+    if option is not None and typed.get(_param(option)) is not None:
+        return InputError(option, e.problem, e.allowed)
+    changed = [o for o in _ALSO_SET_BY.get(e.field, ()) if typed.get(_param(o)) is not None]
+    if not changed:
         return e
-    return InputError(option, e.problem, e.allowed)
+    what = " and ".join(f"{o} {typed[_param(o)]}" for o in changed) if len(changed) > 1 \
+        else str(typed[_param(changed[0])])
+    section, _, name = e.field.partition(".")
+    given = name in ((config or {}).get(section) or {})
+    whose = f"the config's {e.field}" if given else f"the default {e.field}"
+    return InputError(changed[0], f"{what} against {whose}: {e.problem}",
+                      f"{option} {e.allowed}, or another {' / '.join(changed)}"
+                      if e.allowed and option else e.allowed)
 
 
 def job_from_options(config: Path | None = None, *, model: str | None = None,
@@ -105,6 +128,7 @@ def job_from_options(config: Path | None = None, *, model: str | None = None,
     elif model is None:
         raise InputError("--model", "needed without --config",
                          "a preset (llama-3.1-8b, qwen3-14b, ...) or a config.json path")
+    loaded_fields = {k: dict(v) if isinstance(v, dict) else v for k, v in data.items()}
     if gpus is None and "gpus" not in data:
         raise InputError("--gpus", "needed without a config that sets gpus", "an integer >= 1")
     for key, val in (("model", model), ("algo", algo), ("execution", execution),
@@ -140,7 +164,7 @@ def job_from_options(config: Path | None = None, *, model: str | None = None,
     try:
         job = parse_job(data)
     except InputError as e:
-        raise _as_option(e, typed) from None
+        raise _as_option(e, typed, loaded_fields) from None
     if check_groups:
         try:
             group_check(job)
