@@ -41,6 +41,13 @@ def test_heads_of_traces():
                       T.DriftPeriod(9, 12, OpClass.GEMM, 0.5)))
     assert d.head(5).periods == (T.DriftPeriod(2, 5, OpClass.GEMM, 0.5),)
     assert d.head(12) is d
+    # what a cut leaves out is said, not dropped quietly (a period past the run is more often
+    # a mistake in the file than a wish)
+    assert d.head(5).source.endswith("cut to its first 5 steps: 1 of 2 periods starts at or "
+                                     "after step 5 and is left out, 1 period cut to end at "
+                                     "step 5")
+    assert d.head(10).source.endswith("cut to its first 10 steps: 1 period cut to end at "
+                                      "step 10")
 
 
 def test_notes_name_where_each_value_came_from(tmp_path):

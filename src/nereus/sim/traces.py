@@ -480,7 +480,17 @@ class DriftTrace:
                      if p.start_step < steps)
         if kept == self.periods:
             return self
-        return DriftTrace(kept, f"{self.source}; cut to its first {steps} steps")
+        # say what went: a period that starts past the run is more likely a mistake in the
+        # file than a wish, and the table's note is where the user sees it
+        late = len(self.periods) - len(kept)
+        cut = sum(p.end_step > steps for p in self.periods if p.start_step < steps)
+        what = [f"{late} of {len(self.periods)} period{'s' if len(self.periods) != 1 else ''}"
+                f" {'start' if late != 1 else 'starts'} at or after step {steps} and "
+                f"{'are' if late != 1 else 'is'} left out"] if late else []
+        what += [f"{cut} period{'s' if cut != 1 else ''} cut to end at step {steps}"] if cut \
+            else []
+        return DriftTrace(kept, f"{self.source}; cut to its first {steps} steps: "
+                          + ", ".join(what))
 
 
 def congestion(steps: int, periods: int = 3, length: tuple[int, int] = (40, 120),
