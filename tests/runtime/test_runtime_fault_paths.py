@@ -1,17 +1,21 @@
 """Fault and refusal paths of the runtime, without Ray: ``recover``'s decisions (redundant
 copies of another layout, a last copy lost without a checkpoint) and the executor's refusals,
-its wait for memory a running primitive frees, and its stall detection.
+its wait for memory a running primitive frees, its stall detection, and its deadlines for calls
+that never return.
 
 The pool is a stub whose workers are plain objects: ``run`` applies the real worker-side
 functions the driver sends (``held_units``, ``_drop_all``, ``_rename``, ``_reset_peak``) to
-them, and ``submit`` plays an Extend's or a Destroy's effect on their units. The executor's
-``ray`` is replaced by ``_FakeRay`` (every call has ended by the time it is waited for), so no
-Ray session starts.
+them, and ``submit`` plays an Extend's or a Destroy's effect on their units (or a call that
+fails, or one that never returns). The ``ray`` of the executor and of the workers module is
+replaced by ``_FakeRay`` (every call has ended by the time it is waited for, except one that
+never returns), so no Ray session starts.
 """
 
 from __future__ import annotations
 
+import re
 import signal
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import cache
@@ -27,11 +31,13 @@ from nereus.errors import InfeasibleError
 from nereus.plan.types import Plan
 from nereus.runtime import executor as executor_module
 from nereus.runtime import movement as mv
+from nereus.runtime import workers as workers_module
 from nereus.runtime.executor import Executor, state_specs
 from nereus.runtime.faults import FaultReport, TransitionFailed, _current_plan, recover
 from nereus.runtime.memory import MemoryStats
 from nereus.runtime.movement import MoveResult
 from nereus.runtime.state import StateSpec, position_bytes
+from nereus.runtime.workers import WorkerCallsFailed, WorkerHung
 from nereus.spec.job import JobSpec
 from nereus.transition.emu import Emu, phi
 from nereus.transition.planner import plan_transition
@@ -95,22 +101,34 @@ class _Worker:
         self.units.update(moved)
         return True
 
+    def refuse_groups(self, prefixes: Sequence[str]) -> None:
+        pass  # the stub's calls hold no communicator to abort
+
+    def abort_groups(self, names: Sequence[str] | None) -> list[str]:
+        return []
+
 
 class _Ref:
-    """A finished call: its value, or the error it raised."""
+    """A finished call: its value, or the error it raised; or a call that never returns."""
 
-    def __init__(self, value: Any = None, error: BaseException | None = None):
+    def __init__(self, value: Any = None, error: BaseException | None = None,
+                 never: bool = False):
         self.value = value
         self.error = error
+        self.never = never
 
 
 class _FakeRay:
-    """``ray.get`` / ``ray.wait`` on ``_Ref``s."""
+    """``ray.get`` / ``ray.wait`` on ``_Ref``s. A wait for a call that never returns sleeps
+    out its timeout; without one it would wait for ever, and fails the test instead."""
+
+    exceptions = ray.exceptions
 
     @staticmethod
     def get(x: Any, timeout: float | None = None) -> Any:
         if isinstance(x, list):
             return [_FakeRay.get(r) for r in x]
+        assert not x.never, "a get of a call that never returns"
         if x.error is not None:
             raise x.error
         return x.value
@@ -118,17 +136,29 @@ class _FakeRay:
     @staticmethod
     def wait(refs: Sequence[_Ref], num_returns: int = 1, timeout: float | None = None
              ) -> tuple[list[_Ref], list[_Ref]]:
-        return list(refs[:num_returns]), list(refs[num_returns:])
+        ready = [r for r in refs if not r.never][:num_returns]
+        if len(ready) < num_returns:
+            if timeout is None:
+                raise _Overdue("an unbounded wait for a call that never returns")
+            time.sleep(timeout)
+        return ready, [r for r in refs if r not in ready]
 
 
 class _Pool:
     """The ``WorkerPool`` methods ``recover`` and ``Executor`` call. ``log`` records, in
     order, what reached the workers: ("shrink", ids), ("run", {device: (function, args)}),
-    ("submit", device, function), ("control", device, function)."""
+    ("submit", device, function), ("control", device, function), ("kill", ids). A primitive's
+    call on a worker of ``hang`` never returns; on one of ``fail`` it raises. A ``run`` call on
+    a worker of ``mute`` never returns: ``run`` raises as the real one does at its timeout."""
 
-    def __init__(self, devices: Sequence[int], capacity: int = 1 << 40):
+    def __init__(self, devices: Sequence[int], capacity: int = 1 << 40,
+                 hang: Sequence[int] = (), fail: Sequence[int] = (), mute: Sequence[int] = ()):
         self.workers = {d: _Worker(d, capacity) for d in devices}
         self.log: list[tuple[Any, ...]] = []
+        self.hang = set(hang)
+        self.fail = set(fail)
+        self.mute = set(mute)
+        self.killed: set[int] = set()
 
     def holding(self, units: Sequence[Emu], nbytes: int = 1) -> _Pool:
         """Every position of ``units`` held by its worker (``nbytes`` each)."""
@@ -153,10 +183,22 @@ class _Pool:
     def run(self, calls: Mapping[int, tuple[Any, tuple[Any, ...]]],
             timeout_s: float | None = None) -> dict[int, Any]:
         self.log.append(("run", {d: (fn.__name__, args) for d, (fn, args) in calls.items()}))
-        return {d: fn(self.workers[d], *args) for d, (fn, args) in calls.items()}
+        mute = sorted(self.mute.intersection(calls))
+        if mute and timeout_s is None:
+            raise _Overdue("an unbounded wait for a worker that never answers")
+        results = {d: fn(self.workers[d], *args) for d, (fn, args) in calls.items()
+                   if d not in mute}
+        if mute:
+            raise WorkerCallsFailed({d: WorkerHung(f"worker {d} did not answer within "
+                                                   f"{timeout_s} s") for d in mute}, results)
+        return results
 
     def alive(self, timeout_s: float = 10.0) -> dict[int, bool]:
-        return {d: True for d in self.workers}
+        return {d: d not in self.killed for d in self.workers}
+
+    def kill(self, device_ids: Sequence[int]) -> None:
+        self.log.append(("kill", sorted(device_ids)))
+        self.killed.update(device_ids)
 
     def submit_control(self, d: int, fn: Any, *args: Any) -> _Ref:
         self.log.append(("control", d, fn.__name__))
@@ -167,6 +209,10 @@ class _Pool:
 
     def submit(self, d: int, fn: Any, *args: Any) -> _Ref:
         self.log.append(("submit", d, fn.__name__))
+        if d in self.hang:
+            return _Ref(never=True)
+        if d in self.fail:
+            return _Ref(error=RuntimeError(f"{fn.__name__} failed on worker {d}"))
         w = self.workers[d]
         if fn is mv.extend_member:  # (group, source id or None, new id, spec, layout, pos)
             _, src, new, spec, layout, pos = args
@@ -217,9 +263,10 @@ class _Checkpointer:
 
 @pytest.fixture(autouse=True)
 def no_ray(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """The executor talks to ``_FakeRay``; a test that runs past 20 s fails instead of
-    hanging; Ray is never started."""
+    """The executor and the workers module talk to ``_FakeRay``; a test that runs past 20 s
+    fails instead of hanging; Ray is never started."""
     monkeypatch.setattr(executor_module, "ray", _FakeRay)
+    monkeypatch.setattr(workers_module, "ray", _FakeRay)
     old = signal.signal(signal.SIGALRM, _overdue)
     signal.setitimer(signal.ITIMER_REAL, 20.0)
     try:
@@ -519,3 +566,92 @@ def test_executor_reports_a_stall_after_progress_as_a_fault() -> None:
     assert [t.index for t in rep.timings] == [0] and not rep.failed and not rep.dead
     assert {e.id for e in rep.intact[STAGE]} == {"actor_train/0", "actor_train/1",
                                                  "actor_train/3"}
+
+
+# ---- Executor: calls that never return (a hung worker)
+
+TINY_S = 0.05  # the communicators' timeout and the grace: the stub's calls end at once or never
+
+
+def test_executor_gives_up_on_a_call_past_its_deadline_and_stops_its_worker() -> None:
+    """Worker 2 hangs in #1 (a Destroy: no communicator whose timeout would fail a peer).
+    Past the deadline the run stops with a cause that names #1 and worker 2; worker 2 is
+    stopped before anything else is asked of the workers, and reported dead and hung; every
+    unit elsewhere is intact, the Extend that ended included."""
+    u, to3, _, destroy, size = _three_tp1_units()
+    schedule = _schedule([(to3, ()), (destroy, ())], u, [u[0], u[1], to3.output])
+    pool = _Pool(range(4), hang=[2]).holding(u, size)
+    events, hook = _recorder()
+    ex = Executor(pool, _specs(), min_timeout_s=TINY_S, grace_s=TINY_S, on_event=hook)
+    with pytest.raises(TransitionFailed, match=r"2 hung: a call never returned") as info:
+        ex.run(schedule)
+    rep = info.value.report
+    due = f"within its {TINY_S:.6g} s timeout \\+ {TINY_S:g} s grace"
+    assert rep.cause is not None
+    assert re.fullmatch(f"WorkerHung: Destroy\\(actor_train\\) #1: worker 2 did not return "
+                        f"{due}", rep.cause), rep.cause
+    assert isinstance(info.value.__cause__, WorkerHung)
+    assert events == [("start", 0), ("start", 1), ("end", 0)]
+    assert rep.dead == rep.hung == frozenset({2})
+    assert list(rep.failed) == [1] and list(rep.failed[1]) == [2]
+    assert re.fullmatch(f"WorkerHung: Destroy\\(actor_train\\) #1 did not return on worker 2 "
+                        f"{due}", rep.failed[1][2]), rep.failed[1][2]
+    assert [t.index for t in rep.timings] == [0]
+    assert {e.id for e in rep.intact[STAGE]} == {"actor_train/0", "actor_train/1",
+                                                 "actor_train/3"}
+    assert [e.id for e in rep.lost] == ["actor_train/2"]
+    # stopped first; nothing is asked of it afterwards
+    after = pool.log[pool.log.index(("kill", [2])):]
+    assert [entry[0] for entry in after] == ["kill", "run"]
+    assert sorted(after[1][1]) == [0, 1, 3]
+    assert pool.held() == {0: ["actor_train/0"], 1: ["actor_train/1"], 2: ["actor_train/2"],
+                           3: ["actor_train/3"]}
+
+
+def test_executor_bounds_its_wait_for_running_calls_after_a_fault() -> None:
+    """The Extend fails on worker 3 while a Destroy runs on worker 2 and never returns: the
+    fault path aborts the Extend's communicators, waits for the Destroy until its deadline
+    only, then stops worker 2 as hung. The Extend's source stays intact; its copy does not."""
+    u, to3, _, destroy, size = _three_tp1_units()
+    schedule = _schedule([(to3, ()), (destroy, ())], u, [u[0], u[1], to3.output])
+    pool = _Pool(range(4), hang=[2], fail=[3]).holding(u, size)
+    ex = Executor(pool, _specs(), min_timeout_s=TINY_S, grace_s=TINY_S)
+    with pytest.raises(TransitionFailed) as info:
+        ex.run(schedule)
+    rep = info.value.report
+    assert rep.cause is None
+    assert rep.dead == rep.hung == frozenset({2})
+    assert rep.failed == {0: {3: "RuntimeError: extend_member failed on worker 3"},
+                          1: {2: rep.failed[1][2]}}
+    assert rep.failed[1][2].startswith("WorkerHung: Destroy(actor_train) #1 did not return "
+                                       "on worker 2")
+    assert sorted((d, fn) for kind, d, fn in _calls(pool, "control") if fn == "_abort_all") \
+        == [(0, "_abort_all"), (3, "_abort_all")]
+    assert _calls(pool, "kill") == [("kill", [2])]
+    assert {e.id for e in rep.intact[STAGE]} == {"actor_train/0", "actor_train/1"}
+    assert [e.id for e in rep.lost] == ["actor_train/2", "actor_train/3"]
+    assert rep.timings == ()
+
+
+def test_a_worker_whose_rename_never_returns_is_stopped_and_the_rest_renamed() -> None:
+    """Every primitive ended; worker 3's rename (of the Extend's copy to Φ(target)'s id) does
+    not return in time. The run fails with a report, bounded: worker 3 is stopped, not asked
+    again, and reported dead and hung; the units elsewhere are intact, the copy on 3 lost."""
+    u, to3, _, _, size = _three_tp1_units()
+    schedule = _schedule([(to3, ())], u[:2], [u[0], u[1], to3.output])
+    assert {a: b for a, b in schedule.renames().items() if a != b} == \
+        {"actor_train/3": "actor_train/2"}
+    pool = _Pool(range(4), mute=[3]).holding(u[:2], size)
+    ex = Executor(pool, _specs(), min_timeout_s=TINY_S, grace_s=TINY_S)
+    with pytest.raises(TransitionFailed, match="3 hung") as info:
+        ex.run(schedule)
+    rep = info.value.report
+    assert rep.cause == (f"WorkerCallsFailed: 1 worker call(s) failed; worker 3: WorkerHung: "
+                         f"worker 3 did not answer within {TINY_S} s")
+    assert rep.dead == rep.hung == frozenset({3})
+    assert [d for kind, calls in _calls(pool, "run") for d, (fn, _) in calls.items()
+            if fn == "_rename"] == [3]  # asked once
+    assert _calls(pool, "kill") == [("kill", [3])]
+    assert {e.id for e in rep.intact[STAGE]} == {"actor_train/0", "actor_train/1"}
+    assert [(e.id, e.gpus) for e in rep.lost] == [("actor_train/2", (3,))]
+    assert [t.index for t in rep.timings] == [0]

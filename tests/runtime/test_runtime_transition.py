@@ -1,4 +1,5 @@
-"""Transitions executed on real workers: bitwise state, capacity, faults, checkpoint restore.
+"""Transitions executed on real workers: bitwise state, capacity, faults (dead and hung
+workers), checkpoint restore.
 
 One Ray session for the module; the pool grows and shrinks with each case's plans.
 """
@@ -6,8 +7,10 @@ One Ray session for the module; the pool grows and shrinks with each case's plan
 from __future__ import annotations
 
 import random
+import signal
 import time
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import pytest
@@ -408,6 +411,115 @@ def test_survivors_of_a_fault_free_aborted_groups_at_their_next_call(pool: Worke
         assert not any(parked.values()), parked
     finally:
         _restore(pool, killed)
+
+
+class _Overdue(BaseException):
+    """The hang guard fired: the executor waited past any bound. Not an ``Exception``, so the
+    executor's fault path does not take it for a driver error."""
+
+
+@contextmanager
+def _hang_guard(seconds: float) -> Iterator[None]:
+    """Fail (instead of hanging the suite) when the block runs past ``seconds``; a generous
+    bound, not a measurement."""
+
+    def overdue(signum: int, frame: object) -> None:
+        raise _Overdue(f"still running after {seconds} s")
+
+    old = signal.signal(signal.SIGALRM, overdue)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+
+
+HANG_TIMEOUT_S = 2.0  # the communicators' timeout in the hang tests
+HANG_GRACE_S = 5.0    # short enough for a test; a healthy call here returns in well under it
+
+
+def _seize_lock(ctx: WorkerContext) -> None:
+    """Take the worker's state lock and never give it back: the worker stays alive (its
+    control threads answer) but a call that needs the lock, as a Destroy does, never returns."""
+    ctx._lock.acquire()
+
+
+def _stall(ctx: WorkerContext, seconds: float) -> None:
+    """Occupy the worker's call thread: the calls queued behind this one never start."""
+    time.sleep(seconds)
+
+
+def _held_by(pool: WorkerPool, devices: Sequence[int]) -> dict[int, list[str]]:
+    return {d: sorted(h) for d, h in pool.run({d: (mv.held_units, ()) for d in devices}).items()}
+
+
+def test_a_worker_hung_in_a_primitive_is_stopped_and_reported(pool: WorkerPool) -> None:
+    """Worker 3 hangs inside #0, the Destroy of actor_train/1 on 2-3 (no communicator, so no
+    peer's timeout notices). Past #0's deadline the run fails with a cause that names #0 and
+    worker 3; worker 3's process is stopped and reported dead and hung; the copy on 0-1 and
+    the Extend's new one on 4-5 are reported intact and are, bitwise."""
+    job = cpu_job("tiny-llama", 6)
+    stage = "actor_train"
+    _fit_pool(pool, range(6))
+    current = _one_stage_plan(job, stage, 2, 1, [[0, 1], [2, 3]])
+    schedule = plan_transition(job, current, _one_stage_plan(job, stage, 2, 1, [[0, 1], [4, 5]]))
+    assert [sp.op for sp in schedule.primitives] == ["Destroy", "Extend"]
+    specs = state_specs(job, "cpu")
+    seeds = stage_seeds(job, 21)
+    place_plan(pool, job, current, specs, seeds)
+    pid = pids(pool)[3]
+    ray.get(pool.submit_control(3, _seize_lock))
+    ex = Executor(pool, specs, min_timeout_s=HANG_TIMEOUT_S, grace_s=HANG_GRACE_S)
+    try:
+        with _hang_guard(120.0), pytest.raises(TransitionFailed, match="3 hung") as info:
+            ex.run(schedule)
+        rep = info.value.report
+        assert rep.cause is not None and rep.cause.startswith(
+            "WorkerHung: Destroy(actor_train) #0: worker 3 did not return within its"), \
+            rep.cause
+        assert rep.dead == rep.hung == frozenset({3})
+        assert list(rep.failed) == [0] and list(rep.failed[0]) == [3]
+        assert gone([pid])
+        assert [(u.id, u.gpus) for u in rep.intact[stage]] == [("actor_train/0", (0, 1)),
+                                                               ("actor_train/2", (4, 5))]
+        assert [u.id for u in rep.lost] == ["actor_train/1"]
+        assert [t.index for t in rep.timings] == [1]
+        assert _held_by(pool, [0, 1, 2, 4, 5]) == {
+            0: ["actor_train/0"], 1: ["actor_train/0"], 2: [], 4: ["actor_train/2"],
+            5: ["actor_train/2"]}
+        check_stages(pool, job, rep.intact, seeds)
+    finally:
+        _restore(pool, [3])
+
+
+def test_a_worker_hung_in_an_extend_is_stopped_after_its_peer_fails(pool: WorkerPool) -> None:
+    """Worker 5, a receiver of the Extend, is stuck in an earlier call, so its part never
+    starts. Its sender's join times out and the run takes the fault path, whose wait for
+    worker 5 ends at a deadline: worker 5 is stopped and reported dead and hung, the Extend
+    failed there, both replicas that were intact before are intact, and the half-made copy on
+    worker 4 is dropped."""
+    e = _extend_placed(pool, 22)
+    pid = pids(pool)[5]
+    pool.submit(5, _stall, 3600.0)
+    ex = Executor(pool, e.specs, min_timeout_s=HANG_TIMEOUT_S, grace_s=HANG_GRACE_S)
+    try:
+        with _hang_guard(120.0), pytest.raises(TransitionFailed, match="5 hung") as info:
+            ex.run(e.schedule)
+        rep = info.value.report
+        assert rep.dead == rep.hung == frozenset({5})
+        assert rep.failed[0][5].startswith(
+            "WorkerHung: Extend(actor_train) #0 did not return on worker 5 within"), rep.failed
+        assert gone([pid])
+        assert [(u.id, u.gpus) for u in rep.intact[e.stage]] == [("actor_train/0", (0, 1)),
+                                                                 ("actor_train/1", (2, 3))]
+        assert [u.id for u in rep.lost] == ["actor_train/2"]
+        assert _held_by(pool, [0, 1, 2, 3, 4]) == {
+            0: ["actor_train/0"], 1: ["actor_train/0"], 2: ["actor_train/1"],
+            3: ["actor_train/1"], 4: []}
+        check_stages(pool, e.job, rep.intact, e.seeds)
+    finally:
+        _restore(pool, [5])
 
 
 def test_last_copy_lost_mid_transition_restores_from_the_checkpoint(pool: WorkerPool,

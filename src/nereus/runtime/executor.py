@@ -17,11 +17,20 @@ intact units (``nereus.runtime.faults``). A worker that dies during the final re
 same path: the live workers finish the rename (each applies it once, so a swap of ids is never
 undone), and the report lists the final units under their new ids (under their old ones
 where no live worker could rename them). A worker that dies after the rename fails the
-transition only if it holds a final unit. An error in the driver itself once the first primitive has started (a failed launch, a memory
-check that no longer passes, an interrupt) takes the same path with every running
-communicator aborted, the error as the report's ``cause``: state has moved by then, and the
-caller needs to know what is intact. Before that, nothing has moved and the error is raised
-as it is.
+transition only if it holds a final unit. An error in the driver itself once the first
+primitive has started (a failed launch, a memory check that no longer passes, an interrupt)
+takes the same path with every running communicator aborted, the error as the report's
+``cause``: state has moved by then, and the caller needs to know what is intact. Before that,
+nothing has moved and the error is raised as it is.
+
+No wait on a worker is unbounded, since a worker may hang: alive, its control threads
+answering, but a call that never returns. Each primitive's calls are due by a deadline, its
+communicators' timeout plus ``grace_s`` from its start; a call still running then fails as
+hung (``WorkerHung``), and the run takes the fault path with a cause that names the primitive
+and its hung workers. There, an aborted call returns at once, so its deadline becomes
+``grace_s`` after the abort; calls still running at their deadline are given up on, and
+``reconcile`` stops their workers (``WorkerPool.kill``) and reports them dead and hung. Short
+calls (memory, listings, aborts, the rename) get ``grace_s`` each.
 """
 
 from __future__ import annotations
@@ -48,7 +57,14 @@ from nereus.runtime.primitives import (
     workers_of,
 )
 from nereus.runtime.state import StateSpec
-from nereus.runtime.workers import WorkerCallsFailed, WorkerPool, is_actor_death
+from nereus.runtime.workers import (
+    GRACE_S,
+    WorkerCallsFailed,
+    WorkerHung,
+    WorkerPool,
+    is_actor_death,
+    wait_each,
+)
 from nereus.transition.emu import Emu
 from nereus.transition.primitives import Primitive
 from nereus.transition.schedule import Schedule
@@ -100,11 +116,23 @@ class _Running:
     refs: dict[int, Any]
     groups: dict[str, GroupSpec]
     start: float
+    deadline: float  # time.monotonic() by which every call is due; later, a call is hung
+    due: str         # how the deadline came about, for the report
     results: dict[int, mv.MoveResult] = field(default_factory=dict)
     errors: dict[int, BaseException] = field(default_factory=dict)
 
     def pending(self) -> list[Any]:
         return [r for d, r in self.refs.items() if d not in self.results and d not in self.errors]
+
+    def late(self, now: float) -> list[int]:
+        """Workers whose calls are still running past the deadline."""
+        if now < self.deadline:
+            return []
+        return [d for d in self.refs if d not in self.results and d not in self.errors]
+
+    @property
+    def name(self) -> str:
+        return f"{self.prim.op}({self.prim.stage}) #{self.index}"
 
 
 def _reset_peak(ctx: Any) -> MemoryStats:
@@ -126,16 +154,19 @@ class Executor:
 
     ``min_timeout_s``: per-operation timeout of the transition's communicators (grown with the
     bytes an operation moves); a dead peer is noticed through Ray at once, this bounds how long
-    an aborted backend lingers. ``on_event(kind, index, primitive)`` is called with "start"
-    after a primitive's calls are submitted and "end" when it ends (tests use it to inject
-    faults).
+    an aborted backend lingers. ``grace_s``: how long past that timeout a primitive's call may
+    take before its worker is taken as hung (see the module docstring). ``on_event(kind,
+    index, primitive)`` is called with "start" after a primitive's calls are submitted and
+    "end" when it ends (tests use it to inject faults).
     """
 
     def __init__(self, pool: WorkerPool, specs: Mapping[str, StateSpec], *,
-                 min_timeout_s: float = 60.0, on_event: EventHook | None = None):
+                 min_timeout_s: float = 60.0, grace_s: float = GRACE_S,
+                 on_event: EventHook | None = None):
         self.pool = pool
         self.specs = dict(specs)
         self.min_timeout_s = min_timeout_s
+        self.grace_s = grace_s
         self.on_event = on_event
 
     def run(self, schedule: Schedule, rename: bool = True) -> ExecutionReport:
@@ -149,7 +180,8 @@ class Executor:
             raise InfeasibleError(f"transition: no worker for devices {missing}; grow the pool")
         units: dict[str, Emu] = {e.id: e for es in schedule.initial.values() for e in es}
         self._check_held(units, involved, prims)
-        stats = ray.get([self.pool.submit_control(d, _reset_peak) for d in involved])
+        stats = ray.get([self.pool.submit_control(d, _reset_peak) for d in involved],
+                        timeout=self.grace_s)
         held = {d: s.held for d, s in zip(involved, stats)}
         cap = {d: s.capacity for d, s in zip(involved, stats)}
 
@@ -178,15 +210,13 @@ class Executor:
                             f"transition: {p.op}({p.stage}) needs more memory than workers "
                             f"{short} have free (" + ", ".join(
                                 f"{g}: {need[g]} > {cap[g] - held[g]}" for g in short) + ")")
-                    need = need_bytes(p, spec, bucket)
-                    timeout = self.min_timeout_s + max(need.values(), default=0) / SLOW_BW
-                    refs, groups = launch(p, self.pool, rv, spec, f"t{i}", timeout, bucket)
-                    running[i] = _Running(i, p, refs, groups, time.perf_counter() - t0)
+                    running[i] = self._start(i, p, spec, bucket, rv, time.perf_counter() - t0)
                     busy.update(ws)
                     self._event("start", i, p)
                 if not running:
                     raise RuntimeError("executor stalled: primitives wait on unmet dependencies")
-                failed = self._collect(running, block=True)
+                self._collect(running)
+                hung = _give_up_late(running)
                 for i in [i for i, r in running.items() if not r.pending() and not r.errors]:
                     r = running.pop(i)
                     end = time.perf_counter() - t0
@@ -200,17 +230,17 @@ class Executor:
                     busy.difference_update(workers_of(r.prim))
                     done.add(i)
                     self._event("end", i, r.prim)
-                if failed:
-                    raise _Abort()
-        except _Abort:
+                if hung or any(r.errors for r in running.values()):
+                    raise _Abort(hung)
+        except _Abort as stop:
             # the rendezvous stays open until the aborts have landed: a member still joining
             # then fails as aborted, not with the store's connection error
-            report = self._fail(running, units, timings, t0)
-            raise TransitionFailed(report) from None
+            report = self._fail(running, units, timings, t0, cause=stop.cause)
+            raise TransitionFailed(report) from stop.cause
         except (Exception, KeyboardInterrupt) as e:
             if not done and not running:
                 raise  # nothing has moved
-            report = self._fail(running, units, timings, t0, cause=e)
+            report = self._fail(running, units, timings, t0, cause=e, abort_all=True)
             raise TransitionFailed(report) from e
         finally:
             rv.close()
@@ -234,21 +264,16 @@ class Executor:
         """Each worker's peak bytes during the transition. A worker that died after the
         rename is a fault only where it holds a final unit; one that holds none (an emptied
         source) is left out of the peaks, and the transition stands."""
-        refs = {d: self.pool.actor(d).memory.remote() for d in involved}
-        peaks: dict[int, int] = {}
-        gone: dict[int, BaseException] = {}
-        for d, ref in refs.items():
-            try:
-                peaks[d] = ray.get(ref).peak
-            except Exception as e:  # noqa: BLE001 - a worker that died since
-                gone[d] = e
+        stats, gone = wait_each({d: self.pool.actor(d).memory.remote() for d in involved},
+                                self.grace_s)  # a worker that died since, or is stuck
         if gone.keys() & {g for es in units.values() for e in es for g in e.gpus}:
             cause = gone[min(gone)]
+            hung = {d for d, e in gone.items() if isinstance(e, WorkerHung)}
             report = reconcile(self.pool, [e for es in units.values() for e in es],
-                               set(gone), {},
-                               _in_order(timings), cause)
+                               set(gone) - hung, {}, _in_order(timings), cause, hung,
+                               self.grace_s)
             raise TransitionFailed(report) from cause
-        return peaks
+        return {d: st.peak for d, st in stats.items()}
 
     def _rename(self, units: Mapping[str, Sequence[Emu]], mapping: Mapping[str, str],
                 token: str, device_ids: Iterable[int] | None = None) -> None:
@@ -265,7 +290,7 @@ class Executor:
             keep = set(device_ids)
             per = {g: m for g, m in per.items() if g in keep}
         if per:
-            self.pool.run({g: (_rename, (m, token)) for g, m in per.items()})
+            self.pool.run({g: (_rename, (m, token)) for g, m in per.items()}, self.grace_s)
 
     def _fail_renaming(self, units: Mapping[str, Sequence[Emu]], mapping: Mapping[str, str],
                        token: str, timings: Mapping[int, PrimitiveTiming],
@@ -273,27 +298,41 @@ class Executor:
         """Every primitive ended, then the rename failed, most likely because a worker died.
         The live workers finish the rename (a worker that did it already ignores the same
         ``token``), then each final unit is intact under its new id, or under its old one
-        where no worker renamed it (a live worker whose rename failed for another reason)."""
+        where no worker renamed it (a live worker whose rename failed for another reason).
+        A worker whose rename did not return in time is hung: it is not asked again."""
         alive = self.pool.alive(timeout_s=5.0)
         dead = {d for d, ok in alive.items() if not ok}
+        hung = cause.hung if isinstance(cause, WorkerCallsFailed) else set()
         try:
-            self._rename(units, mapping, token, [d for d, ok in alive.items() if ok])
+            self._rename(units, mapping, token,
+                         [d for d, ok in alive.items() if ok and d not in hung])
         except WorkerCallsFailed as e:
             dead |= e.dead
+            hung |= e.hung
         except Exception:  # noqa: BLE001 - reconcile reports whatever is left
             log.debug("finishing the rename failed", exc_info=True)
         final = [_renamed(e, mapping.get(e.id, e.id)) for es in units.values() for e in es]
         # a renamed unit may be held under either id; one whose id stays is a candidate once
         both = final + [e for es in units.values() for e in es
                         if mapping.get(e.id, e.id) != e.id]
-        rep = reconcile(self.pool, both, dead, {},
-                        _in_order(timings), cause)
+        rep = reconcile(self.pool, both, dead, {}, _in_order(timings), cause, hung,
+                        self.grace_s)
         # a unit is lost when it is intact under neither id; it is listed under its new one
         kept = {(e.stage, e.gpus) for es in rep.intact.values() for e in es}
         return replace(rep, lost=tuple(sorted((e for e in final if (e.stage, e.gpus) not in kept),
                                               key=lambda e: e.id)))
 
     # ---- helpers
+    def _start(self, i: int, p: Primitive, spec: StateSpec, bucket: int, rv: Rendezvous,
+               start: float) -> _Running:
+        """Submit primitive ``i``'s calls. Its communicators time out after ``timeout``; a
+        call that has not returned ``grace_s`` after that is hung."""
+        need = need_bytes(p, spec, bucket)
+        timeout = self.min_timeout_s + max(need.values(), default=0) / SLOW_BW
+        refs, groups = launch(p, self.pool, rv, spec, f"t{i}", timeout, bucket)
+        return _Running(i, p, refs, groups, start, time.monotonic() + timeout + self.grace_s,
+                        f"within its {timeout:.6g} s timeout + {self.grace_s:g} s grace")
+
     def _event(self, kind: str, i: int, p: Primitive) -> None:
         if self.on_event is not None:
             self.on_event(kind, i, p)
@@ -313,37 +352,40 @@ class Executor:
                     need.setdefault(g, set()).add(e.id)
         if not need:
             return
-        held = self.pool.run({g: (mv.held_units, ()) for g in need})
+        held = self.pool.run({g: (mv.held_units, ()) for g in need}, self.grace_s)
         for g, ids in need.items():
             lacking = ids - set(held[g])
             if lacking:
                 raise InfeasibleError(f"transition: worker {g} does not hold {sorted(lacking)}")
 
-    def _collect(self, running: Mapping[int, _Running], block: bool) -> bool:
-        """Fill results and errors of finished calls; True when any call failed."""
-        refs = [ref for r in running.values() for ref in r.pending()]
-        if not refs:
-            return any(r.errors for r in running.values())
-        ready, _ = ray.wait(refs, num_returns=1, timeout=None if block else 0)
+    def _collect(self, running: Mapping[int, _Running]) -> None:
+        """Wait until a call ends or the earliest deadline of a running primitive passes; fill
+        results and errors of the calls that ended."""
+        waiting = [r for r in running.values() if r.pending()]
+        if not waiting:
+            return
+        refs = [ref for r in waiting for ref in r.pending()]
+        until = min(r.deadline for r in waiting)
+        ready, _ = ray.wait(refs, num_returns=1, timeout=max(0.0, until - time.monotonic()))
         if ready:  # take everything else that is ready too
             more, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
             ready = list({*ready, *more})
         ready_set = set(ready)
-        for r in running.values():
+        for r in waiting:
             for d, ref in r.refs.items():
                 if ref in ready_set and d not in r.results and d not in r.errors:
                     try:
                         r.results[d] = ray.get(ref)
                     except Exception as e:  # noqa: BLE001 - a failed call is a fault
                         r.errors[d] = e
-        return any(r.errors for r in running.values())
 
     def _fail(self, running: dict[int, _Running], units: dict[str, Emu],
               timings: dict[int, PrimitiveTiming], t0: float,
-              cause: BaseException | None = None) -> FaultReport:
-        """Abort, wait, reconcile. ``cause``: a driver-side error; every running primitive's
-        communicators are aborted then (none of its workers failed, but its calls may wait
-        on peers that were never called)."""
+              cause: BaseException | None = None, abort_all: bool = False) -> FaultReport:
+        """Abort, wait (each call until its deadline), reconcile. ``cause``: what stopped the
+        run, for the report. ``abort_all``: a driver-side error; every running primitive's
+        communicators are aborted then (none of its workers failed, but its calls may wait on
+        peers that were never called)."""
         errors = {d: e for r in running.values() for d, e in r.errors.items()}
         dead = {d for d, e in errors.items() if is_actor_death(e)}
         involved = {d for r in running.values() for d in r.refs}
@@ -351,22 +393,14 @@ class Executor:
         alive = self.pool.alive(timeout_s=5.0)
         log.debug("liveness at %.3f s: %s", time.perf_counter() - t0, alive)
         dead |= {d for d in involved if not alive.get(d, False)}
-        bad = dead | set(errors)
-        for r in running.values():  # abort communicators that include a failed worker
-            if (cause is not None or bad.intersection(r.refs)) and r.groups:
-                for d in r.refs:
-                    if d not in dead:
-                        mine = [gs for gs in r.groups.values() if d in gs.members]
-                        try:  # by prefix too: the call may not have reached its join yet
-                            ray.get(self.pool.submit_control(
-                                d, _abort_all, [gs.name for gs in mine],
-                                [gs.prefix for gs in mine]), timeout=10)
-                        except Exception:  # noqa: BLE001 - it may have died meanwhile
-                            dead.add(d)
+        silent = self._abort(running, dead, dead | set(errors), abort_all)
         log.debug("aborted at %.3f s", time.perf_counter() - t0)
         while any(r.pending() for r in running.values()):
-            self._collect(running, block=True)
+            self._collect(running)
+            _give_up_late(running)
         log.debug("running primitives ended at %.3f s", time.perf_counter() - t0)
+        hung = silent | {d for r in running.values() for d, e in r.errors.items()
+                         if isinstance(e, WorkerHung)}
         failed: dict[int, dict[int, BaseException]] = {}
         candidates = dict(units)
         for i, r in running.items():
@@ -381,7 +415,47 @@ class Executor:
                 candidates.pop(e.id, None)
             candidates.update({e.id: e for e in r.prim.outputs})
         return reconcile(self.pool, candidates.values(), dead, failed,
-                         _in_order(timings), cause)
+                         _in_order(timings), cause, hung, self.grace_s)
+
+    def _abort(self, running: Mapping[int, _Running], dead: set[int], bad: set[int],
+               abort_all: bool) -> set[int]:
+        """Abort the communicators of the running primitives that include a ``bad`` worker (of
+        all, with ``abort_all``) on their members not ``dead``, by name and by instance (a
+        call may not have reached its join yet). An aborted call returns at once, so it is due
+        ``grace_s`` after the abort landed. Members that died meanwhile join ``dead``; returns
+        those that did not answer (hung)."""
+        chosen = [r for r in running.values()
+                  if r.groups and (abort_all or bad.intersection(r.refs))]
+        refs = {}
+        for r in chosen:
+            for d in r.refs:
+                if d not in dead:
+                    mine = [gs for gs in r.groups.values() if d in gs.members]
+                    refs[d] = self.pool.submit_control(d, _abort_all, [gs.name for gs in mine],
+                                                       [gs.prefix for gs in mine])
+        _, errors = wait_each(refs, self.grace_s)
+        silent = {d for d, e in errors.items() if isinstance(e, WorkerHung)}
+        dead |= set(errors) - silent  # it may have died meanwhile
+        for r in chosen:
+            r.deadline = time.monotonic() + self.grace_s
+            r.due = f"within {self.grace_s:g} s of its abort"
+        return silent
+
+
+def _give_up_late(running: Mapping[int, _Running]) -> WorkerHung | None:
+    """Calls still running past their primitive's deadline fail as hung (``WorkerHung``);
+    returns an error that names each such primitive and its hung workers, if any."""
+    now = time.monotonic()
+    named = []
+    for _, r in sorted(running.items()):
+        late = r.late(now)
+        for d in late:
+            r.errors[d] = WorkerHung(f"{r.name} did not return on worker {d} {r.due}")
+        if late:
+            who = ", ".join(map(str, late))
+            named.append(f"{r.name}: worker{'s' if len(late) > 1 else ''} {who} did not "
+                         f"return {r.due}")
+    return WorkerHung("; ".join(named)) if named else None
 
 
 def _in_order(timings: Mapping[int, PrimitiveTiming]) -> tuple[PrimitiveTiming, ...]:
@@ -390,7 +464,12 @@ def _in_order(timings: Mapping[int, PrimitiveTiming]) -> tuple[PrimitiveTiming, 
 
 
 class _Abort(Exception):
-    """Internal: leave the scheduling loop for the fault path."""
+    """Internal: leave the scheduling loop for the fault path; ``cause`` names calls that
+    hung (a worker's failure is in its primitive's errors)."""
+
+    def __init__(self, cause: BaseException | None = None):
+        super().__init__()
+        self.cause = cause
 
 
 def _renamed(e: Emu, new_id: str) -> Emu:

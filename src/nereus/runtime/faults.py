@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from nereus.runtime import movement as mv
+from nereus.runtime.workers import GRACE_S, WorkerCallsFailed
 from nereus.transition.emu import Emu
 
 if TYPE_CHECKING:
@@ -36,7 +37,7 @@ if TYPE_CHECKING:
 class FaultReport:
     """The state of the job after a failed transition."""
 
-    dead: frozenset[int]                               # workers whose actor died
+    dead: frozenset[int]                               # workers whose actor died (or hung)
     failed: Mapping[int, Mapping[int, str]]            # primitive index -> worker -> error
     intact: Mapping[str, tuple[Emu, ...]]              # model-stage -> complete units
     lost: tuple[Emu, ...]                              # units that are gone or incomplete
@@ -44,6 +45,7 @@ class FaultReport:
     dropped_bytes: Mapping[int, int] = field(default_factory=dict)  # orphan arenas freed
     tracebacks: Mapping[int, Mapping[int, str]] = field(default_factory=dict, repr=False)
     cause: str | None = None  # an error in the driver that stopped the run (no worker's)
+    hung: frozenset[int] = frozenset()  # of ``dead``: alive, but a call never returned; stopped
 
     def lost_stages(self, stages: Sequence[str]) -> tuple[str, ...]:
         """Model-stages (of ``stages``) with no intact unit left: their last copy is lost."""
@@ -51,6 +53,9 @@ class FaultReport:
 
     def describe(self) -> str:
         dead = ", ".join(map(str, sorted(self.dead))) or "none"
+        if self.hung:
+            dead += (" (" + ", ".join(map(str, sorted(self.hung))) + " hung: a call never "
+                     "returned, so the worker was stopped)")
         fails = "; ".join(f"#{i}: " + ", ".join(f"worker {d}: {e}" for d, e in errs.items())
                           for i, errs in sorted(self.failed.items()))
         keep = ", ".join(e.id for es in self.intact.values() for e in es) or "none"
@@ -81,20 +86,70 @@ def _drop_all(ctx: Any, ids: Sequence[str]) -> int:
 
 def reconcile(pool: WorkerPool, candidates: Iterable[Emu], dead: set[int],
               failed: Mapping[int, Mapping[int, BaseException]],
-              timings: tuple[PrimitiveTiming, ...] = (), cause: BaseException | None = None
-              ) -> FaultReport:
+              timings: tuple[PrimitiveTiming, ...] = (), cause: BaseException | None = None,
+              hung: Iterable[int] = (), timeout_s: float = GRACE_S) -> FaultReport:
     """Which of ``candidates`` are intact on the live workers; drop every other arena there.
-    ``cause``: the driver-side error that stopped the run, when no worker's call failed."""
-    live = [d for d in pool.device_ids if d not in dead]
+    ``cause``: the driver-side error that stopped the run, when no worker's call failed.
+    ``hung``: workers whose calls never returned; they are stopped first (any call to them
+    would queue behind the stuck one) and count as dead. Each call to a live worker here may
+    take ``timeout_s``: one that does not answer by then is hung too."""
+    candidates = list(candidates)
+    gone = _Gone(pool, set(dead), set())
+    gone.stop(set(hung))
     alive = pool.alive(timeout_s=5.0)
-    dead = set(dead) | {d for d in live if not alive.get(d, False)}
-    live = [d for d in live if d not in dead]
-    held: dict[int, set[str]] = {}
-    for d in live:
+    gone.dead |= {d for d in pool.device_ids if not alive.get(d, False)}
+    live = [d for d in pool.device_ids if d not in gone.dead]
+    listed = gone.ask({d: (mv.held_units, ()) for d in live}, timeout_s)
+    held = {d: set(ids) for d, ids in listed.items()}
+    intact, _ = _sort_out(candidates, held)
+    keep = {(g, e.id) for es in intact.values() for e in es for g in e.gpus}
+    orphans = {d: [u for u in ids if (d, u) not in keep] for d, ids in held.items()}
+    todo = {d: (_drop_all, (ids,)) for d, ids in orphans.items() if ids}
+    dropped = gone.ask(todo, timeout_s)
+    # a worker lost while dropping takes its units with it
+    intact, lost = _sort_out(candidates, {d: h for d, h in held.items() if d not in gone.dead})
+    return FaultReport(frozenset(gone.dead),
+                       {i: {d: _describe_error(e) for d, e in errs.items()}
+                        for i, errs in failed.items()},
+                       {s: tuple(sorted(es, key=lambda e: e.id)) for s, es in intact.items()},
+                       tuple(sorted(lost, key=lambda e: e.id)), timings, dropped,
+                       {i: {d: str(e)[-4000:] for d, e in errs.items()}
+                        for i, errs in failed.items()},
+                       None if cause is None else _describe_error(cause), frozenset(gone.hung))
+
+
+@dataclass
+class _Gone:
+    """The workers ``reconcile`` has given up on: dead, and (of them) hung ones it stopped."""
+
+    pool: WorkerPool
+    dead: set[int]
+    hung: set[int]
+
+    def stop(self, ids: set[int]) -> None:
+        if ids:
+            self.pool.kill(ids)
+        self.hung |= ids
+        self.dead |= ids
+
+    def ask(self, calls: Mapping[int, tuple[Callable[..., Any], tuple[Any, ...]]],
+            timeout_s: float) -> dict[int, Any]:
+        """Run ``calls``; the results of the workers that answered. A worker whose call
+        failed is given up on (died while we looked); one that did not answer is stopped."""
+        if not calls:
+            return {}
         try:
-            held[d] = set(pool.run({d: (mv.held_units, ())})[d])
-        except Exception:  # noqa: BLE001 - died while we looked
-            dead.add(d)
+            return self.pool.run(calls, timeout_s)
+        except WorkerCallsFailed as e:
+            self.stop(e.hung)
+            self.dead |= set(e.errors)
+            return e.results
+
+
+def _sort_out(candidates: Iterable[Emu], held: Mapping[int, set[str]]
+              ) -> tuple[dict[str, list[Emu]], list[Emu]]:
+    """(intact units by model-stage, the others): intact when every worker of a unit holds
+    it."""
     intact: dict[str, list[Emu]] = {}
     lost: list[Emu] = []
     for e in candidates:
@@ -102,20 +157,7 @@ def reconcile(pool: WorkerPool, candidates: Iterable[Emu], dead: set[int],
             intact.setdefault(e.stage, []).append(e)
         else:
             lost.append(e)
-    keep = {(g, e.id) for es in intact.values() for e in es for g in e.gpus}
-    orphans = {d: [u for u in ids if (d, u) not in keep] for d, ids in held.items()}
-    dropped = {}
-    todo = {d: (_drop_all, (ids,)) for d, ids in orphans.items() if ids}
-    if todo:
-        dropped = pool.run(todo)
-    return FaultReport(frozenset(dead),
-                       {i: {d: _describe_error(e) for d, e in errs.items()}
-                        for i, errs in failed.items()},
-                       {s: tuple(sorted(es, key=lambda e: e.id)) for s, es in intact.items()},
-                       tuple(sorted(lost, key=lambda e: e.id)), timings, dropped,
-                       {i: {d: str(e)[-4000:] for d, e in errs.items()}
-                        for i, errs in failed.items()},
-                       None if cause is None else _describe_error(cause))
+    return intact, lost
 
 
 @dataclass(frozen=True)
@@ -165,7 +207,8 @@ def recover(pool: WorkerPool, executor: Executor, job: JobSpec, report: FaultRep
 
     Dead workers leave the pool. Model-stages with an intact copy are moved by a replanned
     transition; those without one are restored from ``checkpointer``'s latest checkpoint into
-    their target layout (``RuntimeError`` when there is none).
+    their target layout (``RuntimeError`` when there is none). A worker call here that does
+    not return within ``GRACE_S`` fails it (``WorkerCallsFailed``) instead of hanging it.
     """
     from nereus.transition.emu import phi
     from nereus.transition.planner import plan_transition
@@ -188,12 +231,12 @@ def recover(pool: WorkerPool, executor: Executor, job: JobSpec, report: FaultRep
         for g in e.gpus:
             todo.setdefault(g, []).append(e.id)
     if todo:
-        pool.run({g: (_drop_all, (ids,)) for g, ids in todo.items()})
+        pool.run({g: (_drop_all, (ids,)) for g, ids in todo.items()}, GRACE_S)
     if renames:
         from nereus.runtime.executor import _rename
 
         token = f"recover-{uuid.uuid4().hex}"
-        pool.run({g: (_rename, (m, token)) for g, m in renames.items()})
+        pool.run({g: (_rename, (m, token)) for g, m in renames.items()}, GRACE_S)
     lost = report.lost_stages([s.stage for s in target.stages])
     if lost and checkpointer is None:
         raise RuntimeError(f"the last copy of {', '.join(lost)} is lost and no checkpoint "

@@ -41,6 +41,12 @@ from nereus.runtime.state import ShardedState, StateMeta, StateSpec, arena_layou
 DEFAULT_CPU_CAPACITY = int(0.9 * 2 * 1024**3)  # 90 % of the ``cpu`` device preset's 2 GiB
 NCCL_ERROR_HANDLING = "TORCH_NCCL_ASYNC_ERROR_HANDLING"
 GPU_HEADROOM = 0.9                               # contracts.md: capacity = 90 % of memory
+# How long past its expected end a worker call may take before its worker is taken as hung
+# (alive, but the call never returns) and stopped. A communicator raises by its own timeout,
+# and a short call (an abort, a listing of units) answers at once, so a live call has
+# returned by then; the grace covers Ray handing the result back on a loaded host. Generous,
+# since a worker taken as hung is killed and its units are lost.
+GRACE_S = 30.0
 
 
 class WorkerContext:
@@ -294,6 +300,11 @@ class Worker:
 RemoteWorker = ray.remote(concurrency_groups={"work": 1, "control": 4})(Worker)
 
 
+class WorkerHung(TimeoutError):
+    """A worker's call did not return by its deadline: the worker is alive but stuck, or
+    silent."""
+
+
 class WorkerCallsFailed(RuntimeError):
     """Some calls of a batch failed; ``errors`` by device id, ``results`` of the others."""
 
@@ -307,6 +318,11 @@ class WorkerCallsFailed(RuntimeError):
     @property
     def dead(self) -> set[int]:
         return {d for d, e in self.errors.items() if is_actor_death(e)}
+
+    @property
+    def hung(self) -> set[int]:
+        """Workers whose calls did not return in time."""
+        return {d for d, e in self.errors.items() if isinstance(e, WorkerHung)}
 
 
 def is_actor_death(e: BaseException) -> bool:
@@ -447,6 +463,15 @@ class WorkerPool:
             if not any(s.group.id == slot.group.id for s in self._slots.values()):
                 remove_placement_group(slot.group)
 
+    def kill(self, device_ids: Iterable[int]) -> None:
+        """Stop the actors of hung workers (alive, but a call of theirs never returns: every
+        later call would queue behind it). Their slots stay, as a crashed worker's do, until
+        ``shrink`` or ``replace``."""
+        for d in device_ids:
+            slot = self._slots.get(d)
+            if slot is not None:
+                ray.kill(slot.actor, no_restart=True)
+
     def replace(self, device_id: int) -> None:
         """Start a fresh worker in a dead worker's bundle (same device id, empty state)."""
         slot = self._slots[device_id]
@@ -508,37 +533,45 @@ class WorkerPool:
         return {d: ray.get(r) for d, r in refs.items()}
 
     def alive(self, timeout_s: float = 10.0) -> dict[int, bool]:
-        """Which workers answer; a dead actor (RayActorError) or a silent one is not alive."""
-        refs = {d: s.actor.info.remote() for d, s in self._slots.items()}
-        out = {}
-        for d, r in refs.items():
-            try:
-                ray.get(r, timeout=timeout_s)
-                out[d] = True
-            except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
-                out[d] = False
-        return out
+        """Which workers answer within ``timeout_s`` (all asked at once); a dead actor or a
+        silent one is not alive. A worker whose ``call`` is stuck still answers here (its
+        control threads do)."""
+        results, errors = wait_each({d: s.actor.info.remote() for d, s in self._slots.items()},
+                                    timeout_s)
+        other = [e for e in errors.values() if not (is_actor_death(e) or
+                                                     isinstance(e, WorkerHung))]
+        if other:
+            raise other[0]
+        return {d: d in results for d in self._slots}
 
 
 def _set_capacity(ctx: WorkerContext, capacity_bytes: int) -> None:
     ctx.memory.set_capacity(capacity_bytes)
 
 
-def wait_all(refs: Mapping[int, Any], timeout_s: float | None = None) -> dict[int, Any]:
-    """Wait for every ref; results by key, or ``WorkerCallsFailed`` with each error."""
+def wait_each(refs: Mapping[int, Any], timeout_s: float | None = None
+              ) -> tuple[dict[int, Any], dict[int, BaseException]]:
+    """Wait for every ref, ``timeout_s`` at most in all; (results, errors) by key, where a
+    call still running then has a ``WorkerHung`` error."""
     results: dict[int, Any] = {}
     errors: dict[int, BaseException] = {}
     if not refs:
-        return results
-    ready, pending = ray.wait(list(refs.values()), num_returns=len(refs), timeout=timeout_s)
+        return results, errors
+    _, pending = ray.wait(list(refs.values()), num_returns=len(refs), timeout=timeout_s)
     for d, r in refs.items():
         if r in pending:
-            errors[d] = TimeoutError(f"worker {d} did not answer within {timeout_s} s")
+            errors[d] = WorkerHung(f"worker {d} did not answer within {timeout_s} s")
             continue
         try:
             results[d] = ray.get(r)
-        except Exception as e:  # noqa: BLE001 - collected and re-raised below
+        except Exception as e:  # noqa: BLE001 - handed to the caller
             errors[d] = e
+    return results, errors
+
+
+def wait_all(refs: Mapping[int, Any], timeout_s: float | None = None) -> dict[int, Any]:
+    """Wait for every ref; results by key, or ``WorkerCallsFailed`` with each error."""
+    results, errors = wait_each(refs, timeout_s)
     if errors:
         raise WorkerCallsFailed(errors, results)
     return results
