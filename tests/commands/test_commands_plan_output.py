@@ -4,6 +4,7 @@ lines grouped by node, '1 node'."""
 import json
 from pathlib import Path
 
+import pytest
 import yaml
 from typer.testing import CliRunner
 
@@ -11,6 +12,7 @@ from nereus.cli import app
 
 runner = CliRunner()
 CONFIG = "examples/llama-3.1-8b-ppo.yaml"
+EXAMPLES = Path(__file__).resolve().parents[2] / "src" / "nereus" / "examples"
 STAGES = ("actor_gen", "reference_infer", "reward_infer", "critic_infer", "actor_train",
           "critic_train")
 
@@ -118,6 +120,80 @@ def test_plan_json_records_the_job_it_was_planned_for() -> None:
     r = runner.invoke(app, ["plan", "--config", CONFIG, "--evaluate",
                             "examples/layouts/verl-colocated-8b.yaml", "--json"])
     assert json.loads(r.stdout)["planned_for"]["model"] == "llama-3.1-8b"
+
+
+def _read_back(out: str, where: str = "current") -> object:
+    """The job a command's JSON records, read as nereus transition reads it."""
+    from nereus.commands.planfile import recorded_job, split_record
+
+    _, rec = split_record(json.loads(out), where)
+    return recorded_job(rec, where, Path("p.json"))
+
+
+def test_every_plan_json_records_the_whole_job() -> None:
+    """--json, --evaluate --json and --frontier --json: the record holds the job itself
+    (pool, cluster, workload), which reads back as the job planned."""
+    from nereus.spec.job import load_job
+
+    job = load_job(CONFIG)
+    for extra in ([], ["--evaluate", "examples/layouts/verl-colocated-8b.yaml"],
+                  ["--frontier", "actor_train"]):
+        r = runner.invoke(app, ["plan", "--config", CONFIG, *extra, "--json"])
+        assert r.exit_code == 0, r.output
+        assert _read_back(r.stdout) == job, extra
+    r = runner.invoke(app, ["plan", "--config", CONFIG, "--gpus", "24", "--response-len",
+                            "4096", "--json"])
+    rec = json.loads(r.stdout)["planned_for"]["job"]
+    assert (rec["gpus"], rec["workload"]["response_len"]) == (24, 4096)
+    assert rec["workload"]["response_len_max"] == 4096  # --response-len alone sets both
+
+
+@pytest.mark.parametrize("example", sorted(p.name for p in EXAMPLES.glob("*.yaml")))
+def test_the_recorded_job_of_every_example_reads_back_as_it(example: str) -> None:
+    from nereus.commands.planfile import with_record
+    from nereus.spec.job import load_job
+
+    path = EXAMPLES / example
+    job = load_job(path)
+    given = yaml.safe_load(path.read_text())["model"]
+    assert _read_back(json.dumps(with_record({}, job, given))) == job
+    assert _read_back(json.dumps(with_record({}, job))) == job  # a preset names itself
+
+
+def test_a_recorded_job_reads_back_with_its_config_json_pool_and_memory(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A model from a config.json (by a relative path, by its folder, by a Hugging Face id
+    in the local cache), a pool of listed GPU ids, another device memory: each reads back."""
+    import huggingface_hub.constants
+
+    from nereus.spec.job import load_job
+    from nereus.spec.model import MODEL_PRESETS
+
+    hf = json.dumps(MODEL_PRESETS["tiny-qwen3"].to_hf_dict())
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text(hf)
+    snap = tmp_path / "hub" / "models--Org--Tiny" / "snapshots" / "0123abcd"
+    snap.mkdir(parents=True)
+    (snap / "config.json").write_text(hf)
+    (tmp_path / "hub" / "models--Org--Tiny" / "refs").mkdir()
+    (tmp_path / "hub" / "models--Org--Tiny" / "refs" / "main").write_text("0123abcd")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.chdir(tmp_path)
+    for model in ("m/config.json", "m", "Org/Tiny"):
+        cfg = tmp_path / "job.yaml"
+        cfg.write_text(yaml.safe_dump({
+            "model": model, "gpus": [1, 2, 5], "algo": "grpo", "reward": "rule",
+            "cluster": {"device": "cpu", "devices_per_node": 4, "device_memory_gib": 1.5},
+            "workload": {"responses_per_prompt": 4, "optimizer": "sgd", "grad_dtype": "bf16",
+                         "master_weights": False, "response_len_max": 4096}}))
+        r = runner.invoke(app, ["plan", "--config", str(cfg), "--json"])
+        assert r.exit_code == 0, r.output
+        job = load_job(cfg)
+        recorded = json.loads(r.stdout)["planned_for"]["job"]["model"]
+        assert recorded == (model if model == "Org/Tiny" else str(tmp_path / model))
+        monkeypatch.chdir(tmp_path / "m")  # read back elsewhere: the path is absolute
+        assert _read_back(r.stdout) == job, model
+        monkeypatch.chdir(tmp_path)
 
 
 def test_mini_batches_that_do_not_divide_the_batch_say_which_do() -> None:

@@ -498,10 +498,24 @@ def test_a_value_out_of_bounds_in_a_plan_file_reads_like_every_other(
     assert r.exit_code == 2 and r.stderr == says + "\n", r.output
 
 
-def test_plan_files_without_a_job_offer_the_job_they_record(tiny_plans: tuple[str, str]
-                                                             ) -> None:
+def _without_job(path: str, tmp: Path) -> str:
+    """``path`` as a plan file written before the record held the whole job."""
+    data = json.loads(Path(path).read_text())
+    del data["planned_for"]["job"]
+    out = tmp / Path(path).name
+    out.write_text(json.dumps(data))
+    return str(out)
+
+
+def test_plan_files_without_a_job_offer_the_job_they_record(tiny_plans: tuple[str, str],
+                                                             tmp_path: Path) -> None:
     """`nereus transition a.json b.json` said only that --model is needed; the plans record
-    which model, device, algorithm and reward they were made for."""
+    which model, device, algorithm and reward they were made for. Files written before the
+    record held the whole job still need the job from the options, and say so as they did."""
+    old = tmp_path / "old"
+    old.mkdir()
+    new, tiny_plans = tiny_plans, (_without_job(tiny_plans[0], old),
+                                   _without_job(tiny_plans[1], old))
     r = runner.invoke(app, ["transition", *tiny_plans])
     assert r.exit_code == 2, r.output
     assert r.stderr == ("error: --model: needed without --config (allowed: --config the job's "
@@ -511,6 +525,10 @@ def test_plan_files_without_a_job_offer_the_job_they_record(tiny_plans: tuple[st
     r = runner.invoke(app, ["transition", *tiny_plans, "--model", "tiny-llama", "--device",
                             "cpu"])
     assert r.exit_code == 0, r.output
+    # one file with its job and one without: the job of one is not the other's
+    r = runner.invoke(app, ["transition", tiny_plans[0], new[1]])
+    assert r.exit_code == 2 and r.stderr.startswith("error: --model: needed without --config"), \
+        r.output
 
 
 def test_execute_when_ray_cannot_start_is_a_failed_run(monkeypatch: pytest.MonkeyPatch,
@@ -551,3 +569,149 @@ def test_execute_refused_by_the_runtime_is_a_failed_run_not_bad_input(
     assert r.exit_code == 4, r.output
     assert r.stderr.startswith("error: the transition did not run to its end "
                                "(InfeasibleError): transition: Merge(actor_train)"), r.stderr
+
+
+def test_plan_files_that_record_their_jobs_need_no_job_options(tmp_path: Path) -> None:
+    """`nereus transition a.json b.json` of two `nereus plan --json` files needed --config or
+    --model, though the files say what job they were planned for; now the job comes from
+    their records, and prices the move as --config does (whose note on the grown pool is on
+    stderr)."""
+    now, n24 = _plan_8b(tmp_path, "now.json"), _plan_8b(tmp_path, "n24.json", "--gpus", "24")
+    for extra in ([], ["--json"]):
+        r = runner.invoke(app, ["transition", str(now), str(n24), *extra])
+        assert r.exit_code == 0 and r.stderr == "", r.output
+        given = runner.invoke(app, ["transition", str(now), str(n24), *extra,
+                                    "--config", CONFIG_8B])
+        assert given.exit_code == 0, given.output
+        assert r.stdout == given.stdout
+    assert r.stdout.startswith('{"source": "estimated"') and '"feasible": true' in r.stdout
+    # longer responses: the target is taken with its own workload
+    long = _plan_8b(tmp_path, "long.json", "--gpus", "24", "--response-len", "4096")
+    r = runner.invoke(app, ["transition", str(now), str(long)])
+    assert r.exit_code == 0, r.output
+
+
+def test_a_layout_that_records_its_job_is_priced_under_it(tmp_path: Path) -> None:
+    import yaml
+
+    best = _plan_8b(tmp_path, "best.json")
+    layout = yaml.safe_load(Path("examples/layouts/verl-colocated-8b.yaml").read_text())
+    layout["planned_for"] = json.loads(best.read_text())["planned_for"]
+    lay = tmp_path / "layout.yaml"
+    lay.write_text(yaml.safe_dump(layout))
+    r = runner.invoke(app, ["transition", str(lay), str(best)])
+    assert r.exit_code == 0, r.output
+    given = runner.invoke(app, ["transition", str(lay), str(best), "--config", CONFIG_8B])
+    assert r.stdout == given.stdout
+
+
+def _tiny_config(tmp: Path, folder: str) -> Path:
+    from nereus.spec.model import MODEL_PRESETS
+
+    d = tmp / folder
+    d.mkdir(parents=True)
+    (d / "config.json").write_text(json.dumps(MODEL_PRESETS["tiny-llama"].to_hf_dict()))
+    return d / "config.json"
+
+
+def test_a_recorded_config_json_that_is_gone_is_one_line(tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch
+                                                        ) -> None:
+    """A model read from a config.json is recorded by its path, which another machine (or a
+    later day) may not have: the error names the file, the record and the path."""
+    cfg = _tiny_config(tmp_path, "models/hf")
+    monkeypatch.chdir(tmp_path)  # a relative path is recorded absolute
+    paths = []
+    for gpus in (2, 4):
+        r = runner.invoke(app, ["plan", "--model", "models/hf", "--device", "cpu", "--gpus",
+                                str(gpus), "--json"])
+        assert r.exit_code == 0, r.output
+        paths.append(tmp_path / f"p{gpus}.json")
+        paths[-1].write_text(r.stdout)
+    assert json.loads(r.stdout)["planned_for"]["job"]["model"] == str(tmp_path / "models/hf")
+    monkeypatch.chdir(tmp_path / "models")
+    r = runner.invoke(app, ["transition", *map(str, paths)])
+    assert r.exit_code == 0, r.output
+    given = runner.invoke(app, ["transition", *map(str, paths), "--model", str(cfg),
+                                "--device", "cpu"])
+    assert r.stdout == given.stdout
+    cfg.unlink()
+    r = runner.invoke(app, ["transition", *map(str, paths)])
+    assert r.exit_code == 2, r.output
+    gone = tmp_path / "models/hf/config.json"
+    assert r.stderr == (f"error: current.planned_for.job.model: p2.json was planned for the "
+                        f"model in {gone}, which is not on this machine (allowed: the "
+                        "config.json back at that path, or the job from --config or "
+                        "--model)\n"), r.stderr
+
+
+@pytest.mark.parametrize("other,field,says", [
+    (["--model", "tiny-qwen3"], "model", "tiny-qwen3 differs from the current tiny-llama"),
+    (["--execution", "async"], "execution",
+     "the RL workflow differs between the jobs the files record"),
+    (["--devices-per-node", "1"], "cluster.devices_per_node", "1 differs from the current 2"),
+])
+def test_recorded_jobs_no_transition_spans_are_refused_naming_the_field(
+        tmp_path: Path, other: list[str], field: str, says: str) -> None:
+    paths = []
+    for name, extra in (("a.json", TINY), ("b.json", [*TINY, *other])):
+        r = runner.invoke(app, ["plan", *extra, "--gpus", "2", "--json"])
+        assert r.exit_code == 0, r.output
+        paths.append(tmp_path / name)
+        paths[-1].write_text(r.stdout)
+    r = runner.invoke(app, ["transition", *map(str, paths)])
+    assert r.exit_code == 2, r.output
+    assert r.stderr.count("\n") == 1
+    assert r.stderr.startswith(f"error: target.planned_for.job.{field}: {says}"), r.stderr
+
+
+def test_recorded_jobs_of_other_state_dtypes_are_refused(tmp_path: Path) -> None:
+    """The transition moves the state as it is: fp32 parameters are another job's."""
+    paths = []
+    for dtype in ("bf16", "fp32"):
+        cfg = tmp_path / f"{dtype}.yaml"
+        cfg.write_text(f"model: tiny-llama\ngpus: 2\ncluster: {{device: cpu}}\n"
+                       f"workload: {{param_dtype: {dtype}}}\n")
+        r = runner.invoke(app, ["plan", "--config", str(cfg), "--json"])
+        assert r.exit_code == 0, r.output
+        paths.append(tmp_path / f"{dtype}.json")
+        paths[-1].write_text(r.stdout)
+    r = runner.invoke(app, ["transition", *map(str, paths)])
+    assert r.exit_code == 2, r.output
+    assert r.stderr.startswith("error: target.planned_for.job.workload.param_dtype: fp32 "
+                               "differs from the current bf16"), r.stderr
+
+
+def test_plan_files_of_differing_node_sizes_on_one_node_move(tiny_plans: tuple[str, str]
+                                                               ) -> None:
+    """Plans for 2 and for 4 GPUs record nodes of 2 and of 4 (the node size defaults to a
+    smaller pool): one node, partly in the pool, which the options price as one node of 4."""
+    for pair in (tiny_plans, tiny_plans[::-1]):
+        r = runner.invoke(app, ["transition", *pair])
+        assert r.exit_code == 0, r.output
+        given = runner.invoke(app, ["transition", *pair, *TINY])
+        assert r.stdout == given.stdout
+
+
+def test_options_still_override_the_recorded_jobs(tiny_plans: tuple[str, str]) -> None:
+    # the options' job is checked against the records, as for files without a job
+    r = runner.invoke(app, ["transition", *tiny_plans, "--model", "tiny-qwen3", "--device",
+                            "cpu"])
+    assert r.exit_code == 2 and "(model differs)" in r.stderr, r.output
+    # an option that builds no job alone: the records would have answered without it
+    r = runner.invoke(app, ["transition", *tiny_plans, "--algo", "ppo"])
+    assert r.exit_code == 2, r.output
+    assert r.stderr.endswith("as tiny2.json records, or no job options: both files record "
+                             "their jobs)\n"), r.stderr
+
+
+def test_a_plan_outside_the_pool_it_records_is_refused(tiny_plans: tuple[str, str],
+                                                       tmp_path: Path) -> None:
+    data = json.loads(Path(tiny_plans[1]).read_text())
+    data["planned_for"]["job"]["gpus"] = 2  # a hand-edited record: the plan uses GPUs 0-3
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(data))
+    r = runner.invoke(app, ["transition", tiny_plans[0], str(bad)])
+    assert r.exit_code == 2, r.output
+    assert r.stderr.startswith("error: target.stages: GPU ids 2-3 are outside the pool "
+                               "bad.json records (0-1)"), r.stderr

@@ -102,16 +102,23 @@ def _as_option(e: InputError, typed: Mapping[str, object],
                       if e.allowed and option else e.allowed)
 
 
-def job_from_options(config: Path | None = None, *, model: str | None = None,
-                     algo: str | None = None, execution: str | None = None,
-                     reward: str | None = None, gpus: int | None = None, device: str | None = None,
-                     devices_per_node: int | None = None,
-                     response_len: int | None = None, response_len_max: int | None = None,
-                     prompt_len: int | None = None, prompts: int | None = None,
-                     responses_per_prompt: int | None = None,
-                     ppo_mini_batches: int | None = None,
-                     check_groups: bool = True, derived: Collection[str] = ()) -> JobSpec:
-    """Options override the config's fields; without a config, ``model`` and ``gpus`` are needed.
+def job_from_options(config: Path | None = None, **options: Any) -> JobSpec:
+    """The job from a config and the options (:func:`job_and_fields_from_options`)."""
+    return job_and_fields_from_options(config, **options)[0]
+
+
+def job_and_fields_from_options(
+        config: Path | None = None, *, model: str | None = None, algo: str | None = None,
+        execution: str | None = None, reward: str | None = None, gpus: int | None = None,
+        device: str | None = None, devices_per_node: int | None = None,
+        response_len: int | None = None, response_len_max: int | None = None,
+        prompt_len: int | None = None, prompts: int | None = None,
+        responses_per_prompt: int | None = None, ppo_mini_batches: int | None = None,
+        check_groups: bool = True, derived: Collection[str] = ()
+) -> tuple[JobSpec, dict[str, Any]]:
+    """The job, and the job YAML's fields it was read from (the config's, with the options in
+    place: its ``model`` is the model as the user gave it, which the job does not keep).
+    Options override the config's fields; without a config, ``model`` and ``gpus`` are needed.
     ``check_groups``: refuse a GRPO job with one response per prompt (off where the command
     reads no workload: its default would be refused with no option to change it).
     ``derived``: parameters the command worked out itself rather than took from an option
@@ -177,4 +184,4 @@ def job_from_options(config: Path | None = None, *, model: str | None = None,
                              e.problem if given else f"{job.workflow.algo} needs several "
                              "responses per prompt to compare, and the default is 1",
                              f"{e.allowed}, e.g. --responses-per-prompt 8") from None
-    return job
+    return job, data

@@ -13,7 +13,7 @@ import typer
 from rich.table import Table
 
 from nereus.commands.common import Command, console, one_line_errors, refuse_together
-from nereus.commands.jobopts import JOB_HELP, job_from_options
+from nereus.commands.jobopts import JOB_HELP, job_and_fields_from_options
 from nereus.commands.planfile import check_record, split_record, with_record
 from nereus.cost.calibrate import Calibrator
 from nereus.cost.model import CostModel
@@ -23,7 +23,7 @@ from nereus.plan.candidates import frontier
 from nereus.plan.evaluate import StageLayoutSpec, evaluate_plan, layout_spec_from_data
 from nereus.plan.exposure import exposed_by_node, spans_nodes
 from nereus.plan.search import Planner
-from nereus.plan.types import Plan, idle_bytes, weight_sync_estimate
+from nereus.plan.types import Plan, stage_estimate, weight_sync_estimate
 from nereus.plan.validate import validate_plan
 from nereus.spec.cluster import gpu_ranges
 from nereus.spec.job import JobSpec
@@ -224,26 +224,26 @@ def register(app: typer.Typer) -> None:
                         "--frontier STAGE with --json or --spread")
         refuse_together("--json", as_json, "--explain", explain,
                         "--explain with the tables, or --json alone")
-        job = job_from_options(config, model=model, algo=algo, execution=execution,
-                               reward=reward, gpus=gpus,
-                               device=device, devices_per_node=devices_per_node,
-                               response_len=response_len, response_len_max=response_len_max,
-                               prompt_len=prompt_len, prompts=prompts,
-                               responses_per_prompt=responses_per_prompt,
-                               ppo_mini_batches=ppo_mini_batches)
+        job, fields = job_and_fields_from_options(
+            config, model=model, algo=algo, execution=execution, reward=reward, gpus=gpus,
+            device=device, devices_per_node=devices_per_node, response_len=response_len,
+            response_len_max=response_len_max, prompt_len=prompt_len, prompts=prompts,
+            responses_per_prompt=responses_per_prompt, ppo_mini_batches=ppo_mini_batches)
+        # the model as the user gave it: the record's job finds it again by that (a path)
+        given_model = str(fields["model"])
         if frontier_stage is not None:
             job.workflow.stage(frontier_stage, "--frontier")  # before any planning
         cost = cost_model(job, profile)
         if evaluate is not None:
-            _evaluate(job, cost, evaluate, explain, as_json, spread)
+            _evaluate(job, cost, evaluate, explain, as_json, spread, given_model)
             return
         planner = Planner(job, cost=cost, spread=spread)
         if frontier_stage is not None:
-            _frontier(job, planner, frontier_stage, as_json)
+            _frontier(job, planner, frontier_stage, as_json, given_model)
             return
         plan = planner.best()
-        if as_json:  # with the job it was planned for, which nereus transition checks
-            print(json.dumps(with_record(plan.to_dict(), job)))
+        if as_json:  # with the job it was planned for, which nereus transition checks and uses
+            print(json.dumps(with_record(plan.to_dict(), job, given_model)))
             return
         console.print(f"[bold]{job.workflow.algo.upper()}[/] {job.model.name} on "
                       f"{job.pool.size} x {job.cluster.device.name} ({pool_nodes(job)}), "
@@ -282,15 +282,15 @@ def register(app: typer.Typer) -> None:
                 f"--spread looks for a plan that keeps a copy on another node")
 
     def _explain(cost: CostModel, plan: Plan) -> None:
-        for sp in plan.stages:
-            console.print(cost.estimate(sp.stage, sp.candidate,
-                                        idle_bytes(cost, plan, sp.stage)).explain(),
+        for sp in plan.stages:  # as the plan priced it (on its GPU ids' links, where given)
+            console.print(stage_estimate(cost, plan, sp.stage).explain(),
                           markup=False, highlight=False)
         sync = cost.job.workflow.weight_sync()
         if sync:
             console.print(sync_explain(cost, plan, *sync), markup=False, highlight=False)
 
-    def _frontier(job: JobSpec, planner: Planner, stage: str, as_json: bool) -> None:
+    def _frontier(job: JobSpec, planner: Planner, stage: str, as_json: bool,
+                  given_model: str) -> None:
         job.workflow.stage(stage, "--frontier")  # raises a one-line error for an unknown stage
         f = frontier(planner.options[stage])
         order = sorted(range(len(f)), key=lambda i: (f.gpus[i], f.latency[i]))
@@ -301,7 +301,9 @@ def register(app: typer.Typer) -> None:
                  "latency_s": float(f.latency[i]),
                  "peak_mem_bytes": int(f.resident[i] + f.transient[i])} for i in order]
         if as_json:
-            print(json.dumps({"stage": stage, "source": "estimated", "frontier": rows}))
+            # the job too: a frontier's latencies and memory are this job's
+            print(json.dumps(with_record({"stage": stage, "source": "estimated",
+                                          "frontier": rows}, job, given_model)))
             return
         kept = " (--spread: two or more replicas, each inside a node)" if planner.spread else ""
         t = Table(title=f"{stage}: latency-GPU frontier{kept} (estimated)", title_justify="left")
@@ -314,7 +316,7 @@ def register(app: typer.Typer) -> None:
         console.print(t)
 
     def _evaluate(job: JobSpec, cost: CostModel, path: Path, explain: bool, as_json: bool,
-                  spread: bool) -> None:
+                  spread: bool, given_model: str) -> None:
         raw = read_yaml(path, "evaluate")
         check_record(split_record(raw, "evaluate")[1], job, "evaluate", path)
         yours = evaluate_plan(job, layout_from_data(raw), cost)
@@ -324,15 +326,18 @@ def register(app: typer.Typer) -> None:
         except InfeasibleError as e:  # the best plan is context; a job that fits nowhere still scores
             best, why = None, str(e)
         if as_json:
-            out = with_record(yours.to_dict(), job)
+            out = with_record(yours.to_dict(), job, given_model)
             out["fits"] = not problems
             out["problems"] = problems
+            out["notes"] = list(yours.notes)
             if best is not None:
                 out["best_step_latency_s"] = best.step_latency_s
             print(json.dumps(out))
             return
         console.print(plan_table(job, yours, f"your plan ({path.name})"))
         console.print(_summary(yours, job))
+        for note in yours.notes:  # where its GPU ids price it apart from sizes
+            console.print(f"note: {note}", markup=False, highlight=False)
         console.print(_node_loss(job, yours, spread, best=False))
         if problems:
             console.print(f"[red]does not fit[/]: {len(problems)} problem(s)")

@@ -8,6 +8,12 @@ against the job (a plan of another model sizes no state of this one). The archit
 what identifies a model: a Hugging Face config.json is named after its folder, so two
 models can share a name and one model can have two. Files without a record, or whose record
 predates the architecture (written before, or by hand), are checked on what they have.
+
+The record also holds the whole job under ``job``, as the job YAML writes it (pool, cluster,
+workload): ``nereus transition a.json b.json`` prices the move with the jobs the two files
+record, with no job options. A model read from a config.json is recorded by the file's
+absolute path, which another machine may not have; files written before ``job`` was recorded
+need the job from the options, as they always did.
 """
 
 from __future__ import annotations
@@ -17,11 +23,12 @@ from pathlib import Path
 from typing import Any
 
 from nereus.errors import InputError
-from nereus.spec.job import JobSpec
+from nereus.spec.job import JobSpec, job_config, parse_job
 from nereus.spec.model import MODEL_PRESETS, ModelSpec
 
 RECORD_KEY = "planned_for"
-RECORD_FIELDS = ("model", "device", "algo", "reward", "execution", "architecture")
+RECORD_FIELDS = ("model", "device", "algo", "reward", "execution", "architecture", "job")
+JOB_KEY = "job"  # the whole job, as the job YAML writes it
 # what the error names (the model by its architecture); a record without a reward or an
 # execution predates it
 CHECKED = ("model", "device", "algo", "reward", "execution")
@@ -38,20 +45,42 @@ def architecture(m: ModelSpec) -> str:
 
 
 def planned_for(job: JobSpec) -> dict[str, str]:
-    """What ``nereus plan --json`` records of the job it planned."""
+    """What ``nereus plan --json`` records of the job it planned, by name (the job itself is
+    :func:`with_record`'s to add: it needs to know where the model came from)."""
     return {"model": job.model.name, "device": job.cluster.device.name,
             "algo": job.workflow.algo, "reward": job.workflow.reward,
             "execution": job.workflow.execution.value, "architecture": architecture(job.model)}
 
 
-def with_record(plan_dict: dict[str, Any], job: JobSpec) -> dict[str, Any]:
-    """A plan's JSON with the job it was planned for."""
-    return {**plan_dict, RECORD_KEY: planned_for(job)}
+def model_source(given: str) -> str:
+    """The model as a record keeps it, from the ``model`` a user gave: a preset by its name;
+    a config.json path made absolute (it was read relative to the working directory, which
+    a later command may not share), its links kept: the model is named after the folder the
+    path names, and a Hugging Face snapshot's config.json links into a folder of blobs;
+    anything else (a Hugging Face id, read from the local cache) as given."""
+    if given.lower() in MODEL_PRESETS:
+        return given.lower()
+    path = Path(given)
+    return str(path.absolute()) if path.exists() else given
 
 
-def split_record(data: Any, field: str) -> tuple[Any, dict[str, str] | None]:
-    """``data`` without its ``planned_for`` record, and the record (None when it has none);
-    a record of the wrong shape is an InputError naming ``field.planned_for``."""
+def with_record(plan_dict: dict[str, Any], job: JobSpec,
+                model: str | None = None) -> dict[str, Any]:
+    """A plan's JSON with the job it was planned for. ``model``: the model as the user gave
+    it (:func:`model_source`); without it, the whole job is recorded only for a preset model,
+    the one kind the job itself names."""
+    record: dict[str, Any] = planned_for(job)
+    if model is not None:
+        record[JOB_KEY] = job_config(job, model_source(model))
+    elif MODEL_PRESETS.get(job.model.name) == job.model:
+        record[JOB_KEY] = job_config(job)
+    return {**plan_dict, RECORD_KEY: record}
+
+
+def split_record(data: Any, field: str) -> tuple[Any, dict[str, Any] | None]:
+    """``data`` without its ``planned_for`` record, and the record (None when it has none):
+    names as strings, the job (where recorded) a mapping, read by :func:`recorded_job`. A
+    record of the wrong shape is an InputError naming ``field.planned_for``."""
     if not isinstance(data, Mapping) or RECORD_KEY not in data:
         return data, None
     rec = data[RECORD_KEY]
@@ -62,19 +91,56 @@ def split_record(data: Any, field: str) -> tuple[Any, dict[str, str] | None]:
     for k, v in rec.items():
         if k not in RECORD_FIELDS:
             raise InputError(f"{where}.{k}", "unknown field", RECORD_FIELDS)
-        if not isinstance(v, str):
+        if k == JOB_KEY:
+            if not isinstance(v, Mapping):
+                raise InputError(f"{where}.{k}", "must be a mapping of job fields",
+                                 "a job as the job YAML writes it")
+        elif not isinstance(v, str):
             raise InputError(f"{where}.{k}", f"{v!r} is not a string", "a name")
     rest = {k: v for k, v in data.items() if k != RECORD_KEY}
-    return rest, {str(k): str(v) for k, v in rec.items()}
+    return rest, {str(k): v if k == JOB_KEY else str(v) for k, v in rec.items()}
 
 
-def _described(rec: Mapping[str, str]) -> str:
+def recorded_job(record: Mapping[str, Any] | None, field: str, path: Path) -> JobSpec | None:
+    """The job a plan file records (None for a file without one: written before the job was
+    recorded, or by hand). Its errors name the record's field (``target.planned_for.job.gpus``)
+    and the file; a model whose config.json is not on this machine says so in one line."""
+    if record is None or JOB_KEY not in record:
+        return None
+    data = record[JOB_KEY]
+    where = f"{field}.{RECORD_KEY}.{JOB_KEY}"
+    missing = _missing_config(data.get("model"))
+    if missing is not None:  # the model's errors would offer the presets: the file is missing
+        raise InputError(f"{where}.model", f"{path.name} was planned for the model in "
+                         f"{missing}, which is not on this machine",
+                         "the config.json back at that path, or the job from --config or "
+                         "--model")
+    try:
+        return parse_job(data)
+    except InputError as e:
+        name = where if e.field == "config" else f"{where}.{e.field}"
+        raise InputError(name, f"{path.name}: {e.problem}", e.allowed) from None
+
+
+def _missing_config(model: Any) -> Path | None:
+    """The config.json a recorded model names that is not there (None for a preset, an
+    id, or a config.json that is): a record names one by its absolute path, the file or its
+    folder."""
+    if not isinstance(model, str) or model.lower() in MODEL_PRESETS:
+        return None
+    p = Path(model)
+    if not p.is_absolute() or p.is_file() or (p / "config.json").is_file():
+        return None
+    return p if p.suffix.lower() == ".json" else p / "config.json"
+
+
+def _described(rec: Mapping[str, Any]) -> str:
     model, device, algo, reward, execution = (rec.get(k, "?") for k in CHECKED)
     return (f"{model} on {device} ({algo}{', rule reward' if reward == 'rule' else ''}"
             f"{', asynchronous' if execution == 'async' else ''})")
 
 
-def _model_differs(record: Mapping[str, str], mine: Mapping[str, str]) -> str | None:
+def _model_differs(record: Mapping[str, Any], mine: Mapping[str, str]) -> str | None:
     """How the recorded model differs from the job's (None when it does not): by
     architecture where the record has one, else by name."""
     if "architecture" in record:
@@ -84,7 +150,7 @@ def _model_differs(record: Mapping[str, str], mine: Mapping[str, str]) -> str | 
     return "model" if "model" in record and record["model"] != mine["model"] else None
 
 
-def check_record(record: Mapping[str, str] | None, job: JobSpec, field: str,
+def check_record(record: Mapping[str, Any] | None, job: JobSpec, field: str,
                  path: Path) -> None:
     """Refuse a plan recorded for another model, device or algorithm than ``job``: its state
     sizes, memory and stages are another job's, so its transition would be priced wrongly or
@@ -108,13 +174,13 @@ def check_record(record: Mapping[str, str] | None, job: JobSpec, field: str,
                      f"job it was planned for")
 
 
-def record_options(record: Mapping[str, str]) -> str:
+def record_options(record: Mapping[str, Any]) -> str:
     """The options that price a plan with the job its record names (``--model X --device Y
     ...``)."""
     return " ".join(f"--{k} {_option_value(k, record)}" for k in CHECKED if k in record)
 
 
-def _option_value(key: str, record: Mapping[str, str]) -> str:
+def _option_value(key: str, record: Mapping[str, Any]) -> str:
     """A recorded name as an option's value. A model is a preset only when its architecture
     is the preset's; otherwise it came from a config.json, named after its folder, which only
     its path finds again."""

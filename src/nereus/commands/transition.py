@@ -2,11 +2,13 @@
 
 Two plans, each a plan JSON (as ``nereus plan --json`` writes it) or a layout (tp/pp/dp per
 model-stage, as ``nereus plan --evaluate`` reads it: the layout a job runs today), with the
-job's model, device and workload from ``--config`` or the options; or two job YAML files (each
-planned with the planner; say a pool that grew, or responses that got longer). A plan JSON
-that records the job it was planned for must match that job. Prints the primitives per
-model-stage, the schedule, the estimated L_tran and, with ``--gantt``, a chart per GPU.
-Exit 3 with the reason when the transition is infeasible; 2 for bad input.
+job's model, device and workload from ``--config`` or the options, or, without them, from the
+jobs both files record (``planned_for.job``: each plan under its own job, the move under the
+target's, as between two job specs); or two job YAML files (each planned with the planner;
+say a pool that grew, or responses that got longer). A plan JSON that records the job it was
+planned for must match that job. Prints the primitives per model-stage, the schedule, the
+estimated L_tran and, with ``--gantt``, a chart per GPU. Exit 3 with the reason when the
+transition is infeasible; 2 for bad input.
 """
 
 from __future__ import annotations
@@ -37,7 +39,14 @@ from nereus.commands.common import (
 )
 from nereus.commands.jobopts import JOB_HELP, job_from_options
 from nereus.commands.plan import layout_from_data, renamed_field
-from nereus.commands.planfile import check_record, record_options, split_record
+from nereus.commands.planfile import (
+    JOB_KEY,
+    RECORD_KEY,
+    check_record,
+    record_options,
+    recorded_job,
+    split_record,
+)
 from nereus.cost.efficiency import Efficiencies
 from nereus.cost.estimate import HEADROOM
 from nereus.cost.model import CostModel
@@ -66,7 +75,7 @@ class PlanArg:
     path: Path
     kind: str
     data: Any = None
-    record: dict[str, str] | None = None  # the job a plan file was planned for
+    record: dict[str, Any] | None = None  # the job a plan file was planned for
 
 
 def _job_shaped(data: Any) -> bool:
@@ -145,23 +154,7 @@ def jobs_from_specs(current: Path, target: Path, profile: Path | None
             check_groups(job)
         except InputError as e:
             raise InputError(f"{which}.{e.field}", e.problem, e.allowed) from None
-    if a.model != b.model:
-        raise InputError("target.model", f"{b.model.name} differs from the current "
-                         f"{a.model.name}", "the same model in both job specs")
-    if (a.workflow.algo, a.workflow.execution) != (b.workflow.algo, b.workflow.execution):
-        raise InputError("target.algo", "the RL workflow differs between the job specs",
-                         "the same algo and execution in both")
-    if a.workflow.reward != b.workflow.reward:
-        raise InputError("target.reward", f"{b.workflow.reward} differs from the current "
-                         f"{a.workflow.reward}: the reward model's state would have nowhere "
-                         "to go, or come from nowhere", "the same reward in both")
-    if a.cluster.device != b.cluster.device:
-        raise InputError("target.cluster.device", "the device differs between the job specs",
-                         "the same device in both")
-    if a.cluster.devices_per_node != b.cluster.devices_per_node:
-        raise InputError("target.cluster.devices_per_node",
-                         f"{b.cluster.devices_per_node} differs from the current "
-                         f"{a.cluster.devices_per_node}", "the same node size in both")
+    check_spannable(a, b, "target", "job specs")
     plans, costs = [], []
     for which, job, path in (("current", a, current), ("target", b, target)):
         costs.append(_cost_model(job, profile))
@@ -170,10 +163,58 @@ def jobs_from_specs(current: Path, target: Path, profile: Path | None
         except InfeasibleError as e:  # which of the two job specs fits nowhere
             raise InfeasibleError(f"{which} ({path.name}): {e}") from None
     cur, tgt = plans
+    job = spanning_job(a, b)
+    return job, cur, *_nearest(job, b, costs[1], cur, tgt, profile is not None)
+
+
+# Workload fields that size the state a transition moves: it moves state of one shape and
+# casts nothing, so a job that changes one of them is another job, not another plan.
+STATE_FIELDS = ("param_dtype", "grad_dtype", "master_weights", "optimizer")
+
+
+def check_spannable(a: JobSpec, b: JobSpec, where: str, what: str) -> None:
+    """Refuse two jobs no transition spans: another model, workflow, reward, device, node
+    size, or state dtypes. ``where``: the target's field prefix its errors name
+    (``target``, ``target.planned_for.job``); ``what``: the two, as the errors call them."""
+    if a.model != b.model:
+        raise InputError(f"{where}.model", f"{b.model.name} differs from the current "
+                         f"{a.model.name}", f"the same model in both {what}")
+    if (a.workflow.algo, a.workflow.execution) != (b.workflow.algo, b.workflow.execution):
+        field = "algo" if a.workflow.algo != b.workflow.algo else "execution"
+        raise InputError(f"{where}.{field}", f"the RL workflow differs between the {what}",
+                         "the same algo and execution in both")
+    if a.workflow.reward != b.workflow.reward:
+        raise InputError(f"{where}.reward", f"{b.workflow.reward} differs from the current "
+                         f"{a.workflow.reward}: the reward model's state would have nowhere "
+                         "to go, or come from nowhere", "the same reward in both")
+    if a.cluster.device != b.cluster.device:
+        raise InputError(f"{where}.cluster.device", f"the device differs between the {what}",
+                         "the same device in both")
+    small = min((a.cluster, b.cluster), key=lambda c: c.devices_per_node)
+    # a job on one node smaller than the other's is that node with part of it in the pool
+    # (the node size defaults to a pool smaller than the device's node: plans for 2 and for 4
+    # GPUs say 2 and 4): the spanning cluster, the other's, places its GPUs alike, on node 0
+    if a.cluster.devices_per_node != b.cluster.devices_per_node and small.num_nodes > 1:
+        raise InputError(f"{where}.cluster.devices_per_node",
+                         f"{b.cluster.devices_per_node} differs from the current "
+                         f"{a.cluster.devices_per_node}", "the same node size in both")
+    for f in STATE_FIELDS:
+        mine, theirs = (getattr(j.workload, f) for j in (a, b))
+        if mine != theirs:
+            # an Optimizer by its name in the YAML
+            mine, theirs = (getattr(v, "value", v) for v in (mine, theirs))
+            raise InputError(f"{where}.workload.{f}", f"{theirs} differs from the current "
+                             f"{mine}: the transition moves the state as it is, and casts "
+                             "nothing", "the same in both")
+
+
+def spanning_job(a: JobSpec, b: JobSpec) -> JobSpec:
+    """The job a transition from ``a`` to ``b`` runs under: the target's, on a cluster and
+    pool that hold both jobs' GPUs (the state lies on ``a``'s and goes to ``b``'s). Of two
+    node sizes (:func:`check_spannable`), the larger cluster has the larger."""
     cluster = max((a.cluster, b.cluster), key=lambda c: c.num_devices)
     pool = GpuPool(cluster, tuple(sorted(set(a.pool.ids) | set(b.pool.ids))))
-    job = replace(b, cluster=cluster, pool=pool)
-    return job, cur, *_nearest(job, b, costs[1], cur, tgt, profile is not None)
+    return replace(b, cluster=cluster, pool=pool)
 
 
 def _nearest(job: JobSpec, target_job: JobSpec, cost: CostModel, cur: Plan, tgt: Plan,
@@ -256,10 +297,13 @@ def plans_for_job(args: tuple[PlanArg, PlanArg], config: Path | None, model: str
                              f"GPU ids 0..{MAX_DEVICES - 1}")
     recorded = next((a for a in args if a.record), None)
     if config is None and model is None and recorded is not None:
-        # the plan says what it was made for: offer that, rather than only name the option
+        # the plan says what it was made for: offer that, rather than only name the option;
+        # where both files record their jobs, an option alone (--algo) is what stops them
+        alone = (", or no job options: both files record their jobs"
+                 if all(a.record and JOB_KEY in a.record for a in args) else "")
         raise InputError("--model", "needed without --config", f"--config the job's YAML, or "
                          f"{record_options(recorded.record)} as {recorded.path.name} "
-                         "records")
+                         f"records{alone}")
     job = job_for_plans(ids, config, model, algo, execution, device, devices_per_node, reward)
     for a in args:
         check_record(a.record, job, a.which, a.path)
@@ -272,6 +316,43 @@ def plans_for_job(args: tuple[PlanArg, PlanArg], config: Path | None, model: str
             with renamed_field(a.which):
                 out[a.which] = evaluate_plan(job, layouts[a.which], _cost_model(job, profile))
     return job, out["current"], out["target"]
+
+
+def recorded_jobs(args: tuple[PlanArg, PlanArg]) -> tuple[JobSpec, JobSpec] | None:
+    """The jobs both files record (``planned_for.job``), or None unless both record one (a
+    file written before the job was recorded, or by hand, needs the job from the options)."""
+    if not all(a.record and JOB_KEY in a.record for a in args):
+        return None
+    cur, tgt = (recorded_job(a.record, a.which, a.path) for a in args)
+    assert cur is not None and tgt is not None
+    return cur, tgt
+
+
+def plans_for_recorded_jobs(args: tuple[PlanArg, PlanArg], jobs: tuple[JobSpec, JobSpec],
+                            profile: Path | None) -> tuple[JobSpec, Plan, Plan]:
+    """Plan files and layouts that record their jobs, with no job options: each is read (a
+    layout priced) under its own file's job, and the move between them runs under the job
+    that spans both, as between two job specs (:func:`spanning_job`)."""
+    check_spannable(*jobs, f"target.{RECORD_KEY}.{JOB_KEY}", "jobs the files record")
+    out: dict[str, Plan] = {}
+    for a, job in zip(args, jobs):
+        # a hand-edited record whose names say another job than its own job entry
+        check_record(a.record, job, a.which, a.path)
+        if a.kind == "layout":
+            with renamed_field(a.which):
+                out[a.which] = evaluate_plan(job, layout_from_data(a.data, a.which),
+                                             _cost_model(job, profile))
+            continue
+        plan = Plan.from_dict(a.data, a.which)
+        check_stages(job, plan, a.which)
+        outside = sorted(set(plan.gpus()) - set(job.pool.ids))
+        if outside:  # the pool it records is what the spanning cluster is built from
+            raise InputError(f"{a.which}.stages", f"GPU ids {format_gpus(outside)} are "
+                             f"outside the pool {a.path.name} records "
+                             f"({format_gpus(job.pool.ids)})",
+                             f"GPU ids of {a.which}.{RECORD_KEY}.{JOB_KEY}.gpus")
+        out[a.which] = plan
+    return spanning_job(*jobs), out["current"], out["target"]
 
 
 def stage_table(schedule: Schedule, current: Plan, target: Plan, sizes: StateSizes) -> Table:
@@ -430,7 +511,8 @@ def register(app: typer.Typer) -> None:
                                       "reads), or job .yaml"),
         config: Optional[Path] = typer.Option(None, "--config", "-c",
                                               help="job YAML sizing the state (plan files and "
-                                              "layouts)"),
+                                              "layouts); default: the jobs both plan files "
+                                              "record"),
         model: Optional[str] = typer.Option(None, help=JOB_HELP["model"] + " (plan files, "
                                             "without --config)"),
         algo: Optional[str] = typer.Option(None, help=JOB_HELP["algo"]),
@@ -451,6 +533,11 @@ def register(app: typer.Typer) -> None:
                                      "move checked bitwise"),
     ) -> None:
         """Plan the transition between two plans: primitives, schedule and L_tran.
+
+        The job comes from --config or --model and the options where given; else from the
+        jobs both plan files record (nereus plan --json writes them): each plan is taken
+        under its own file's job, the move under the target's, on the GPUs of both. Files
+        that record no job need the options.
 
         From two job specs, each is planned; the target is then placed near the current
         plan's GPUs where that is no slower per step and cheaper to reach, as the controller
@@ -479,8 +566,14 @@ def register(app: typer.Typer) -> None:
                                  "cluster", "with plan files only")
             job, cur, tgt, planned = jobs_from_specs(current, target, profile)
         else:
-            job, cur, tgt = plans_for_job(args, config, model, algo, execution, device,
-                                          devices_per_node, profile, reward)
+            options = (config, model, algo, execution, reward, device, devices_per_node)
+            # options given override the records, as they override a plan file's own job
+            jobs = recorded_jobs(args) if all(v is None for v in options) else None
+            if jobs is not None:
+                job, cur, tgt = plans_for_recorded_jobs(args, jobs, profile)
+            else:
+                job, cur, tgt = plans_for_job(args, config, model, algo, execution, device,
+                                              devices_per_node, profile, reward)
             planned = None
         schedule = planned if planned is not None else \
             plan_transition(job, cur, tgt, _efficiencies(job, profile))

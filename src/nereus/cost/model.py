@@ -77,6 +77,14 @@ SYNC_GATHER_COPIES = 2
 
 Arr = np.ndarray
 
+# what each ``Links`` kind names: its group, and the collective it prices
+LINK_KINDS = {"tp": ("TP group", "TP all-reduces"),
+              "pp": ("pipeline hop", "pp activation send/recv"),
+              "embed": ("first/last-block pair", "tied embedding grad all-reduce"),
+              "dp": ("DP group", "gradient all-reduce")}
+SYNC_SPANS = ("a training or generation replica spans nodes (its GPU ids): resharding priced "
+              "on the inter-node link")
+
 
 @dataclass(frozen=True)
 class Columns:
@@ -90,6 +98,7 @@ class Columns:
     recompute: Arr
     numel: Arr       # parameters on the fullest GPU of a replica
     resident: Arr    # bytes of state kept while idle inside the phase
+    links: Links | None = None  # where the GPU ids put each group; None: decided from sizes
 
     @property
     def size(self) -> Arr:
@@ -145,6 +154,7 @@ class Evaluation:
     latency: Arr
     efficiencies: Efficiencies
     notes: tuple[tuple[str, ...], ...] = field(default=())
+    links: Links | None = None
 
     @property
     def peak(self) -> Arr:
@@ -167,6 +177,31 @@ class SyncReceivers(NamedTuple):
     off_node: int    # hold none, on a node without: whole shard over the network
 
 
+@dataclass(frozen=True)
+class Links:
+    """Which collectives of a stage placed on given GPU ids cross nodes: for each kind of group,
+    one group whose GPUs sit on two or more nodes, empty where every group of that kind stays
+    inside a node (``CostModel.placed_links`` reads them off the ids), None where the kind is
+    left to sizes.
+
+    Without it the model decides from sizes (a TP group of at most a node's GPUs runs inside a
+    node, and so on), which is how the planner prices its own plans; GPU ids a user gives can
+    put a group of that size across two nodes, and its collectives then run on the network.
+    """
+
+    tp: tuple[int, ...] | None = None     # a TP group: its all-reduces
+    pp: tuple[int, ...] | None = None     # a pipeline hop (sender, receiver): activations
+    embed: tuple[int, ...] | None = None  # a TP rank's first- and last-block GPUs: tied
+    #                                       embedding gradient
+    dp: tuple[int, ...] | None = None     # one (tp, pp) position across the replicas:
+    #                                       gradient all-reduce
+
+    def spans(self) -> dict[str, tuple[int, ...]]:
+        """The kinds placed across nodes, each with one group that spans."""
+        kinds = {"tp": self.tp, "pp": self.pp, "embed": self.embed, "dp": self.dp}
+        return {k: v for k, v in kinds.items() if v}
+
+
 def _layout_and_gpus(x: Layout | Candidate) -> tuple[Layout, int | None]:
     return (x.layout, x.gpus) if isinstance(x, Candidate) else (x, None)
 
@@ -181,8 +216,8 @@ class CostModel:
         self.memory_scale = dict(memory_scale or {})
         self.device = job.cluster.device
         self.node_size = min(job.cluster.devices_per_node, job.pool.largest_node_share())
-        self._cache: dict[tuple[str, Candidate, int], Estimate] = {}
-        self._sync: dict[tuple[Layout, Layout, int | None, float | None],
+        self._cache: dict[tuple[str, Candidate, int, Links | None], Estimate] = {}
+        self._sync: dict[tuple[Layout, Layout, int | None, float | None, bool | None],
                          tuple[Estimate, Estimate, Estimate]] = {}
         self._sync_peak: dict[tuple[Layout, Layout], int] = {}
         self._nodes: tuple[tuple[int, ...], ...] | None = None
@@ -213,10 +248,12 @@ class CostModel:
         return int(numel * self._resident_per_param(st) * self.memory_scale.get(st.kind, 1.0))
 
     def evaluate(self, stage: ModelStage | str, cands: Sequence[Candidate],
-                 coresident_bytes: float | Arr = 0.0) -> Evaluation:
-        """Latency and memory of many candidates at once."""
+                 coresident_bytes: float | Arr = 0.0, links: Links | None = None) -> Evaluation:
+        """Latency and memory of many candidates at once. ``links``: the candidates run on the
+        GPU ids they were read from (``placed_links``; one layout and dp, so one placement), and
+        each collective is priced on the link those ids give it instead of by sizes."""
         st = self._stage(stage)
-        cols = self._columns(st, cands)
+        cols = self._columns(st, cands, links)
         co = np.broadcast_to(_f(coresident_bytes), cols.tp.shape).astype(float)
         if st.kind is StageKind.TRAIN:
             rows, memory = self._train(st, cols)
@@ -231,19 +268,19 @@ class CostModel:
         for r in rows:
             latency = latency + r.ideal / r.eff(self.eff)
         return Evaluation(st, tuple(cands), tuple(rows), memory, cols.resident * scale, latency,
-                          self.eff)
+                          self.eff, links=links)
 
     def estimate(self, stage: ModelStage | str, cand: Candidate,
-                 coresident_bytes: int = 0) -> Estimate:
-        """One candidate, with its op list for ``explain()``."""
+                 coresident_bytes: int = 0, links: Links | None = None) -> Estimate:
+        """One candidate, with its op list for ``explain()``; ``links`` as in ``evaluate``."""
         st = self._stage(stage)
         problem = layout_problem(self.job.model, cand.tp, cand.pp)
         if problem:
             raise ValueError(f"{st.name}: {problem}")
-        key = (st.name, cand, int(coresident_bytes))
+        key = (st.name, cand, int(coresident_bytes), links)
         hit = self._cache.get(key)
         if hit is None:
-            hit = self.to_estimate(self.evaluate(st, [cand], coresident_bytes), 0)
+            hit = self.to_estimate(self.evaluate(st, [cand], coresident_bytes, links), 0)
             self._cache[key] = hit
         return hit
 
@@ -252,13 +289,16 @@ class CostModel:
                        float(r.nbytes[i]), float(r.ideal[i]), r.timed_at(i))
                     for r in ev.rows if r.ideal[i] > 0)
         memory = {k: int(v[i]) for k, v in ev.memory.items()}
-        return Estimate(ev.stage.name, ev.candidates[i], ops, ev.efficiencies, memory,
-                        int(ev.resident[i]), self.device.memory_bytes,
-                        self._notes(ev.stage, ev.candidates[i], memory))
+        c = ev.candidates[i]
+        notes = self._notes(ev.stage, c, memory)
+        if ev.links is not None:
+            notes += self._link_notes(ev.stage, c, ev.links)
+        return Estimate(ev.stage.name, c, ops, ev.efficiencies, memory, int(ev.resident[i]),
+                        self.device.memory_bytes, notes)
 
     def weight_sync(self, train: Layout | Candidate, gen: Layout | Candidate,
-                    receivers: SyncReceivers | None = None, overlap: float | None = None
-                    ) -> Estimate:
+                    receivers: SyncReceivers | None = None, overlap: float | None = None,
+                    intra: bool | None = None) -> Estimate:
         """Per-step resharding of the actor's weights from its training to its generation layout.
 
         Synchronous execution colocates the two stages (the phases take turns on the pool) with
@@ -289,18 +329,22 @@ class CostModel:
         so that it runs as priced unless that would cost a node-contained TP group or the
         replicas are spread over nodes. Communicators for it are created once per pair, not
         per step.
+
+        ``intra``: whether the receivers that gather on a node's fabric do, as given GPU ids
+        place the replicas (``placed_sync_intra``); None decides it from the layouts' sizes,
+        as the planner's node-aligned placements have it.
         """
         lt, t = _layout_and_gpus(train)
         lg, g = _layout_and_gpus(gen)
         if self.job.workflow.execution is Execution.ASYNC:
-            return self.weight_sync_parts(lt, lg)[0]
+            return self.weight_sync_parts(lt, lg, intra=intra)[0]
         if receivers is not None:
             rec, g = receivers, sum(receivers)
         elif t is None or g is None:
-            return self.weight_sync_parts(lt, lg)[0]
+            return self.weight_sync_parts(lt, lg, intra=intra)[0]
         else:
             rec = self.sync_receivers(t, g)
-        parts = self.weight_sync_parts(lt, lg, rec.colocated, overlap)
+        parts = self.weight_sync_parts(lt, lg, rec.colocated, overlap, intra)
         present = [(n, e) for n, e in zip(rec, parts) if n > 0]
         worst = max(present, key=lambda ne: ne[1].latency_s)[1]  # first of equals
         if rec.colocated == g:
@@ -343,6 +387,35 @@ class CostModel:
         on_node = sum(1 for i in g - t if node(i) in nodes)
         return SyncReceivers(colocated, on_node, len(g) - colocated - on_node)
 
+    def placed_sync_intra(self, train: Iterable[Sequence[int]],
+                          gen: Iterable[Sequence[int]]) -> bool:
+        """Whether every training and every generation replica sits inside one node: what the
+        sizes stand for in the weight sync's node-fabric test (``_sync_rows``), read off
+        placed replicas (a receiver gathers from its training replica's GPUs)."""
+        same = self.job.cluster.same_node
+        return all(same(r) for r in train) and all(same(r) for r in gen)
+
+    def placed_links(self, layout: Layout, replicas: Iterable[Sequence[int]]) -> Links:
+        """``Links`` of a stage's replicas as placed. A replica's GPU at index
+        ``pp_rank * tp + tp_rank`` holds that position (``plan.types.StagePlan``, the order
+        ``contiguous_replicas`` and the runtime lay), so a TP group is a run of ``tp``
+        consecutive ids, a pipeline hop joins index i and i + tp (the same TP rank of
+        consecutive blocks), the tied embedding's gradient joins index t and
+        (pp - 1) tp + t, and a DP group is one index across the replicas."""
+        reps = [tuple(r) for r in replicas]
+        tp, size = layout.tp, layout.size
+        same = self.job.cluster.same_node
+
+        def first(groups: Iterable[tuple[int, ...]]) -> tuple[int, ...]:
+            return next((g for g in groups if not same(g)), ())
+
+        last = (layout.pp - 1) * tp
+        return Links(
+            tp=first(r[i:i + tp] for r in reps for i in range(0, size, tp)),
+            pp=first((r[i], r[i + tp]) for r in reps for i in range(size - tp)),
+            embed=first((r[i], r[last + i]) for r in reps for i in range(tp) if last),
+            dp=first(tuple(r[i] for r in reps) for i in range(size)))
+
     def training_nodes(self, train_gpus: int) -> tuple[int, ...]:
         """The GPU ids of the nodes ``sync_receivers`` has ``train_gpus`` training GPUs fill:
         the pool's fullest nodes, as few as hold them. Placement prefers them for the training
@@ -368,20 +441,22 @@ class CostModel:
         return self._room
 
     def weight_sync_parts(self, train: Layout, gen: Layout, colocated: int | None = None,
-                          overlap: float | None = None) -> tuple[Estimate, Estimate, Estimate]:
+                          overlap: float | None = None, intra: bool | None = None
+                          ) -> tuple[Estimate, Estimate, Estimate]:
         """The weight sync as each kind of generation GPU sees it (``SyncReceivers`` order):
         holding a training shard, holding none on a node with training GPUs, holding none on
         another node. Asynchronous execution: all three are the disjoint-GPU estimate.
         ``colocated``: how many GPUs hold both shards (the first ones of the rank mapping;
         None: every pairing the mapping makes, ``least_overlap``); ``overlap``, where given,
-        replaces the mapping's least overlap (``placed_overlap``). All three carry the memory
-        of the sync's fullest GPU (``weight_sync_memory``)."""
+        replaces the mapping's least overlap (``placed_overlap``); ``intra`` as in
+        ``weight_sync``. All three carry the memory of the sync's fullest GPU
+        (``weight_sync_memory``)."""
         period = math.lcm(train.size, gen.size)
         key = (train, gen, None if colocated is None or colocated >= period else colocated,
-               overlap)
+               overlap, intra)
         hit = self._sync.get(key)
         if hit is None:
-            rows, need = self._sync_rows(train, [gen], key[2], overlap)
+            rows, need = self._sync_rows(train, [gen], key[2], overlap, intra)
             dev = self.device
             name = f"weight_sync[{train}->{gen}]"
             cand = Candidate(gen, 1, 1, 1)
@@ -395,7 +470,10 @@ class CostModel:
                     continue
                 ops = tuple(Op(r.cls_at(j), r.term, r.name, 1.0, 0.0, float(r.nbytes[j]),
                                float(r.ideal[j]), r.timed_at(j)) for r in rows if r.ideal[j] > 0)
-                parts.append(Estimate(name, cand, ops, self.eff, memory, 0, dev.memory_bytes))
+                # off-node receivers use the network whatever the placement
+                spans = (SYNC_SPANS,) if intra is False and j < 2 else ()
+                parts.append(Estimate(name, cand, ops, self.eff, memory, 0, dev.memory_bytes,
+                                      spans))
             hit = self._sync[key] = (parts[0], parts[1], parts[2])
         return hit
 
@@ -468,17 +546,21 @@ class CostModel:
         return np.where(need > 0, latency, 0.0).reshape(len(gens), 3)
 
     def _sync_rows(self, train: Layout, gens: Sequence[Layout], colocated: int | None = None,
-                   overlap: float | None = None) -> tuple[list[Row], Arr]:
+                   overlap: float | None = None, intra_at: bool | None = None
+                   ) -> tuple[list[Row], Arr]:
         """Ops of the weight sync into one receiving GPU of each kind (``SyncReceivers`` order)
         per generation layout, flattened to 3 x len(gens) columns, and the bytes it needs.
-        Each receiver gathers its ``need`` from the training replica's GPUs; ``colocated`` and
-        ``overlap`` as in ``weight_sync_parts``."""
+        Each receiver gathers its ``need`` from the training replica's GPUs; ``colocated``,
+        ``overlap`` and ``intra_at`` (``intra``) as in ``weight_sync_parts``."""
         m, w = self.job.model, self.job.workload
         full = m.param_count(Head.LM) * w.param_bytes
         g_tp = _f([g.tp for g in gens])
         g_pp = _f([g.pp for g in gens])
         shard = full / (g_tp * g_pp)
-        intra = (g_tp * g_pp <= self.node_size) & (train.size <= self.node_size)
+        if intra_at is None:  # both replicas fit a node: the planner places each inside one
+            intra = (g_tp * g_pp <= self.node_size) & (train.size <= self.node_size)
+        else:
+            intra = np.full(len(gens), intra_at)
         if self.job.workflow.execution is Execution.ASYNC:
             intra = intra & (len(self.job.pool.by_node()) == 1)
             need = np.stack([shard, shard, shard], axis=1)
@@ -515,7 +597,8 @@ class CostModel:
         w = self.job.workload
         return w.trainable_state_bytes_per_param() if st.kind is StageKind.TRAIN else w.param_bytes
 
-    def _columns(self, st: ModelStage, cands: Sequence[Candidate]) -> Columns:
+    def _columns(self, st: ModelStage, cands: Sequence[Candidate],
+                 links: Links | None = None) -> Columns:
         head = self.job.workflow.model(st.model).head
         m = self.job.model
         by_layout: dict[Layout, int] = {}  # a few layouts among many candidates
@@ -528,7 +611,7 @@ class CostModel:
             rows.append((lay.tp, lay.pp, c.dp, c.micro_batch, c.grad_accum, c.recompute, numel))
         t = np.array(rows, dtype=float).reshape(len(rows), 7).T
         return Columns(tp=t[0], pp=t[1], dp=t[2], b=t[3], a=t[4], recompute=t[5] > 0,
-                       numel=t[6], resident=t[6] * self._resident_per_param(st))
+                       numel=t[6], resident=t[6] * self._resident_per_param(st), links=links)
 
     def _workspace(self) -> float:
         return float(CPU_WORKSPACE_BYTES if self.device.name == "cpu" else GPU_WORKSPACE_BYTES)
@@ -605,7 +688,7 @@ class CostModel:
     def _tp(self, st: ModelStage, cols: Columns, tokens: Arr, per_layer: Arr, count: Arr,
             term: str, loss_reductions: int) -> list[Row]:
         m, w = self.job.model, self.job.workload
-        intra = cols.tp <= self.node_size
+        intra = _intra(cols, "tp", cols.tp <= self.node_size)
         layers = m.num_layers / cols.pp
         rows = [*_collective("allreduce", cols.tp, tokens * m.hidden_size * w.param_bytes, intra,
                             self.device, term, "tp allreduce (attention out, mlp out)",
@@ -618,9 +701,10 @@ class CostModel:
     def _pp(self, cols: Columns, tokens: Arr, count: Arr, term: str) -> list[Row]:
         m, w = self.job.model, self.job.workload
         n = np.where(cols.pp > 1, 2.0, 1.0)
-        return _collective("p2p", n, tokens * m.hidden_size * w.param_bytes,
-                           cols.size <= self.node_size, self.device, term,
-                           "pp activation send/recv", count)
+        # the slowest hop paces the pipeline: a hop across nodes sets every hop's link
+        intra = _intra(cols, "pp", cols.size <= self.node_size)
+        return _collective("p2p", n, tokens * m.hidden_size * w.param_bytes, intra,
+                           self.device, term, "pp activation send/recv", count)
 
     # ---- training --------------------------------------------------------------
     def _train(self, st: ModelStage, cols: Columns) -> tuple[list[Row], dict[str, Arr]]:
@@ -638,12 +722,14 @@ class CostModel:
                              "tp_comm" if term == "compute" else term, loss_reductions=3)
             rows += self._pp(cols, tok_t, 2.0 * count, "pp_comm" if term == "compute" else term)
         rows += (_collective("allreduce", cols.dp, cols.numel * w.grad_bytes,
-                                cols.gpus <= self.node_size, dev, "dp_sync", "gradient allreduce",
+                                _intra(cols, "dp", cols.gpus <= self.node_size), dev, "dp_sync",
+                                "gradient allreduce",
                                 np.full_like(cols.tp, updates)))
         if m.tie_embeddings and self._head(st) is Head.LM:
             emb = m.vocab_size / cols.tp * m.hidden_size * w.grad_bytes
             rows += (_collective("allreduce", np.where(cols.pp > 1, 2.0, 1.0), emb,
-                                    cols.size <= self.node_size, dev, "dp_sync",
+                                    _intra(cols, "embed", cols.size <= self.node_size), dev,
+                                    "dp_sync",
                                     "tied embedding grad (first<->last block)",
                                     np.full_like(cols.tp, updates)))
         adam = w.optimizer.value == "adam"
@@ -822,6 +908,27 @@ class CostModel:
         if sum(memory.values()) > HEADROOM * self.device.memory_bytes:
             notes.append("one sequence's KV cache does not fit next to the weights")
         return tuple(notes)
+
+    def _link_notes(self, st: ModelStage, c: Candidate, links: Links) -> tuple[str, ...]:
+        """One line per kind of collective that the GPU ids put across nodes (where it runs)."""
+        return tuple(f"{LINK_KINDS[k][0]} {list(ids)} spans nodes (its GPU ids): "
+                     f"{LINK_KINDS[k][1]} priced on the inter-node link"
+                     for k, ids in links.spans().items() if self.link_used(st, c, k))
+
+    def link_used(self, stage: ModelStage | str, c: Candidate, kind: str) -> bool:
+        """Whether ``c`` runs ``kind``'s collective (a ``Links`` field) at all."""
+        st = self._stage(stage)
+        train = st.kind is StageKind.TRAIN
+        return {"tp": c.tp > 1, "pp": c.pp > 1, "dp": train and c.dp > 1,
+                "embed": (train and c.pp > 1 and self.job.model.tie_embeddings
+                          and self._head(st) is Head.LM)}[kind]
+
+
+def _intra(cols: Columns, kind: str, by_size: Arr) -> Arr | bool:
+    """Whether ``kind``'s groups run inside a node: as the candidates' ``Links`` place them,
+    else ``by_size`` (the test the planner's node-aligned placements make true)."""
+    placed = None if cols.links is None else getattr(cols.links, kind)
+    return by_size if placed is None else not placed
 
 
 def _collective(kind: str, n: Arr | float, nbytes: Arr | float, intra: Arr | bool, device,

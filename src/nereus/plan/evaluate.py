@@ -6,12 +6,20 @@ stage of a phase on the same GPUs from the start of the pool; asynchronous, gene
 start of the pool and the other stages on the GPUs generation leaves (they must be disjoint).
 Missing (b, a, recompute) take the fastest choice that fits. Stages of a phase whose GPUs overlap
 share them and run one after another.
+
+GPU ids a layout file gives are where the stage runs, and may put a TP group or a pipeline
+across nodes although its size fits one: such a stage's TP, pipeline and tied-embedding
+collectives, and the weight sync, are priced on the links its ids use
+(``StageLayoutSpec.as_placed``); its DP groups keep the planner's rule (``types.priced_links``).
+The plan notes each way its ids change the price (``Plan.notes``). Layouts built in code (the
+planner's plans placed again by ``plan.near``, the controller's targets) keep the search's
+pricing by sizes, so that they compare with the plans it prices.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from dataclasses import field as dc_field
 from pathlib import Path
 from typing import Annotated, Any
@@ -19,7 +27,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from nereus.cost.candidate import Candidate, Layout
-from nereus.cost.model import CostModel
+from nereus.cost.model import LINK_KINDS, CostModel, Links
 from nereus.errors import InputError
 from nereus.files import read_yaml, validate
 from nereus.plan.overlap import critical_path, overlap_graph
@@ -29,6 +37,7 @@ from nereus.plan.types import (
     Plan,
     StagePlan,
     contiguous_replicas,
+    priced_links,
     replica_problem,
     weight_sync_estimate,
 )
@@ -50,6 +59,9 @@ class StageLayoutSpec:
     # where the stage sits in the file (``evaluate.stages.3``): errors found while pricing it
     # name this path; empty for layouts built in code (then ``evaluate.<model-stage>``)
     where: str = dc_field(default="", compare=False)
+    # price each collective on the link ``gpus`` give it (a layout file's GPU ids: the user
+    # runs it there) rather than by sizes, as the planner's own placements are priced
+    as_placed: bool = False
 
 
 class _LayoutStage(BaseModel):
@@ -79,7 +91,8 @@ class _LayoutStage(BaseModel):
                                  "one list of tp x pp GPU ids per DP replica, no GPU twice")
             replicas = tuple(tuple(r) for r in self.gpus)
         return StageLayoutSpec(self.tp, self.pp, self.dp, replicas, self.micro_batch,
-                               self.grad_accum, self.recompute, field)
+                               self.grad_accum, self.recompute, field,
+                               as_placed=replicas is not None)
 
 
 def load_layout_spec(path: str | Path) -> dict[str, StageLayoutSpec]:
@@ -172,10 +185,11 @@ def _options(cost: CostModel, name: str, spec: StageLayoutSpec) -> list[Candidat
     return [Candidate(layout, spec.dp, b, a, bool(rc)) for b, a in shapes for rc in rcs]
 
 
-def _choose(cost: CostModel, name: str, options: list[Candidate], idle: int) -> Candidate:
+def _choose(cost: CostModel, name: str, options: list[Candidate], idle: int,
+            links: Links | None = None) -> Candidate:
     """The fastest option that fits beside ``idle`` bytes of the stages sharing its GPUs (the
-    fastest of all if none does: the plan then reports the overflow)."""
-    est = {c: cost.estimate(name, c, idle) for c in options}
+    fastest of all if none does: the plan then reports the overflow), on ``links``."""
+    est = {c: cost.estimate(name, c, idle, links) for c in options}
     fitting = [c for c in options if est[c].fits]
     return min(fitting or options, key=lambda c: est[c].latency_s)
 
@@ -229,12 +243,12 @@ def evaluate_plan(job: JobSpec, specs: Mapping[str, StageLayoutSpec],
         pending = [s.name for s in wf.phase_stages(phase)]
         while pending:
             grp = [pending.pop(0)]
-            gpus = set(g for r in replicas[grp[0]] for g in r)
+            gpus = {g for r in replicas[grp[0]] for g in r}
             changed = True
             while changed:
                 changed = False
                 for n in list(pending):
-                    mine = set(g for r in replicas[n] for g in r)
+                    mine = {g for r in replicas[n] for g in r}
                     if mine & gpus:
                         grp.append(n)
                         gpus |= mine
@@ -243,17 +257,32 @@ def evaluate_plan(job: JobSpec, specs: Mapping[str, StageLayoutSpec],
             groups.append(tuple(grp))
     stage_plans = []
     latency: dict[str, float] = {}
+    notes: list[str] = []
     for name in list(cands):
         grp = next(g for g in groups if name in g)
         idle = sum(cost.resident_bytes(o, cands[o].layout) for o in grp if o != name)
-        c = cands[name] = _choose(cost, name, opts[name], idle)
-        est = cost.estimate(name, c, idle)
+        placed = specs[name].as_placed and specs[name].gpus is not None
+        full = cost.placed_links(cands[name].layout, replicas[name]) if placed else None
+        links = None if full is None else priced_links(full)
+        c = cands[name] = _choose(cost, name, opts[name], idle, links)
+        est = cost.estimate(name, c, idle, links)
+        if full is not None and links is not None:
+            notes += _placed_notes(cost, name, c, idle, full, links)
         latency[name] = est.latency_s
-        stage_plans.append(StagePlan(name, c, replicas[name], est.latency_s, est.peak_mem_bytes))
+        stage_plans.append(StagePlan(name, c, replicas[name], est.latency_s, est.peak_mem_bytes,
+                                     as_placed=placed))
     sync = wf.weight_sync()
     by_name = {sp.stage: sp for sp in stage_plans}
-    sync_s = weight_sync_estimate(cost, by_name[sync[0]], by_name[sync[1]]).latency_s \
-        if sync else 0.0
+    sync_s = 0.0
+    if sync:
+        t, g = by_name[sync[0]], by_name[sync[1]]
+        sync_s = weight_sync_estimate(cost, t, g).latency_s
+        sized = weight_sync_estimate(cost, replace(t, as_placed=False),
+                                     replace(g, as_placed=False)).latency_s
+        if sync_s != sized:
+            notes.append(f"weight sync: priced on the links its GPU ids use (a training or "
+                         f"generation replica spans nodes): {sync_s:.3f} s, "
+                         f"{sync_s - sized:+.3f} s against pricing by sizes")
     step, _ = critical_path(overlap_graph(wf, groups, latency, sync_s))
     terms: dict[str, float] = {}
     for phase in wf.phases:
@@ -261,4 +290,29 @@ def evaluate_plan(job: JobSpec, specs: Mapping[str, StageLayoutSpec],
                                  if wf.stage(g[0]).phase is phase)
     terms["weight_sync"] = sync_s
     return Plan(tuple(stage_plans), step, "estimated", terms,
-                tuple(g for g in groups if len(g) > 1))
+                tuple(g for g in groups if len(g) > 1), tuple(notes))
+
+
+def _placed_notes(cost: CostModel, name: str, c: Candidate, idle: int, full: Links,
+                  links: Links) -> list[str]:
+    """What a stage's GPU ids change in its price: the links it is priced on (``links``), and
+    what its DP groups as placed (``full``) would change, which it is not priced on."""
+    est = cost.estimate(name, c, idle, links).latency_s
+    out = []
+    sized = cost.estimate(name, c, idle).latency_s
+    if est != sized:
+        spans = [f"{LINK_KINDS[k][0]} {list(ids)}" for k, ids in links.spans().items()
+                 if cost.link_used(name, c, k)]
+        across = f" ({', '.join(spans)} across nodes)" if spans else ""
+        out.append(f"{name}: priced on the links its GPU ids use{across}: {est:.3f} s, "
+                   f"{est - sized:+.3f} s against pricing by sizes")
+    dp = cost.estimate(name, c, idle, replace(links, dp=full.dp)).latency_s - est
+    if dp > 0:
+        out.append(f"{name}: DP group {list(full.dp or ())} spans nodes (its GPU ids), but its "
+                   f"gradient all-reduce is priced on the node fabric, as the planner prices "
+                   f"its own plans: {dp:.3f} s more over the network")
+    elif dp < 0:
+        out.append(f"{name}: its DP groups stay inside nodes (its GPU ids), but their gradient "
+                   f"all-reduce is priced on the network, as the planner prices its own plans: "
+                   f"{-dp:.3f} s less on the node fabric")
+    return out

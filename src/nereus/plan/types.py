@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
@@ -17,7 +17,7 @@ from nereus.spec.cluster import MAX_DEVICES
 
 if TYPE_CHECKING:
     from nereus.cost.estimate import Estimate
-    from nereus.cost.model import CostModel
+    from nereus.cost.model import CostModel, Links
 
 
 def replica_problem(replicas: Sequence[Sequence[int]], dp: int, size: int) -> str | None:
@@ -40,6 +40,11 @@ class StagePlan:
 
     Inside a replica, the GPU at index ``pp_rank * tp + tp_rank`` holds that (tp, pp) position,
     so a TP group is a run of consecutive ids.
+
+    ``as_placed``: its latency prices its collectives on the links its GPU ids give them
+    (``stage_links``), as for a layout a user gives with GPU ids; False: by sizes, as the
+    search prices the node-aligned placements it makes. Not in the JSON form: ``from_dict``
+    reads a plan back priced by sizes (``plan --evaluate`` prices a file's GPU ids as placed).
     """
 
     stage: str
@@ -47,6 +52,7 @@ class StagePlan:
     replicas: tuple[tuple[int, ...], ...]
     latency_s: float = 0.0
     peak_mem_bytes: int = 0
+    as_placed: bool = field(default=False, compare=False)
 
     def __post_init__(self) -> None:
         c = self.candidate
@@ -93,6 +99,10 @@ class Plan:
     ``groups`` lists the model-stages that share one GPU set inside their phase and so run one
     after another; stages of one phase in different groups run concurrently on disjoint GPUs.
     A stage in no group runs alone.
+
+    ``notes``: one line per way the plan's GPU ids make its price differ from pricing by sizes
+    (``evaluate_plan``); not in the JSON form, which ``nereus plan --evaluate --json`` extends
+    with them.
     """
 
     stages: tuple[StagePlan, ...]
@@ -100,6 +110,7 @@ class Plan:
     source: str = "estimated"
     terms: Mapping[str, float] = field(default_factory=dict)  # step latency by phase / sync
     groups: tuple[tuple[str, ...], ...] = ()
+    notes: tuple[str, ...] = field(default=(), compare=False)
 
     def __post_init__(self) -> None:
         names = [s.stage for s in self.stages]
@@ -201,6 +212,7 @@ class _PlanFile(BaseModel):
     groups: list[list[str]] = Field(default_factory=list)
     fits: bool | None = None
     problems: list[str] = Field(default_factory=list)
+    notes: list[str] = Field(default_factory=list)
     best_step_latency_s: float | None = None
 
 
@@ -214,16 +226,47 @@ def idle_bytes(cost: CostModel, plan: Plan, stage: str) -> int:
                    for o in plan.group_of(stage) if o != stage))
 
 
+def priced_links(placed: Links) -> Links:
+    """What of ``placed`` (``CostModel.placed_links``) a layout's estimate uses: TP, pipeline
+    and tied-embedding groups as placed, DP groups by sizes.
+
+    The planner prices its own plans by sizes, and its placements keep a replica inside a node
+    where its size fits one, but not its DP groups: the Llama-3.1-8B PPO example's best plan
+    trains 2 replicas of 4 GPUs on two nodes and prices their gradient all-reduce on the node
+    fabric. Pricing a user's DP groups as placed would set a layout apart from the same plan
+    as the planner prices it (the best plan printed beside it, or that plan read back), so
+    they keep the planner's rule and ``evaluate_plan`` notes what placing them would change.
+    """
+    return replace(placed, dp=None)
+
+
+def stage_links(cost: CostModel, sp: StagePlan) -> Links | None:
+    """The links ``sp``'s estimate uses where it is priced ``as_placed`` (``priced_links``);
+    None: the cost model decides from sizes."""
+    return priced_links(cost.placed_links(sp.layout, sp.replicas)) if sp.as_placed else None
+
+
+def stage_estimate(cost: CostModel, plan: Plan, stage: str) -> Estimate:
+    """``stage``'s estimate as ``plan`` priced it: beside its group's idle state, and on the
+    links its GPU ids give it where it is priced ``as_placed``."""
+    sp = plan.stage(stage)
+    return cost.estimate(stage, sp.candidate, idle_bytes(cost, plan, stage),
+                         stage_links(cost, sp))
+
+
 def weight_sync_estimate(cost: CostModel, train: StagePlan, gen: StagePlan) -> Estimate:
     """The weight sync from ``train`` to ``gen`` as placed: their GPU ids say which generation
     GPUs hold a training shard and which positions of the two each holds (the candidates'
-    counts where the stages have no GPU ids)."""
+    counts where the stages have no GPU ids); where either is priced ``as_placed``, they also
+    say whether its replicas sit inside nodes (``CostModel.placed_sync_intra``)."""
     from nereus.cost.model import placed_overlap
 
     receivers = cost.placed_sync_receivers(train.replicas, gen.replicas)
     overlap = None if receivers is None else placed_overlap(train.layout, train.replicas,
                                                            gen.layout, gen.replicas)
-    return cost.weight_sync(train.candidate, gen.candidate, receivers, overlap)
+    intra = (cost.placed_sync_intra(train.replicas, gen.replicas)
+             if train.as_placed or gen.as_placed else None)
+    return cost.weight_sync(train.candidate, gen.candidate, receivers, overlap, intra)
 
 
 def contiguous_replicas(start: int, ids: Iterable[int], cand: Candidate) -> tuple[tuple[int, ...], ...]:

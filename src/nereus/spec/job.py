@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationInfo, field_validator
 
@@ -202,3 +202,36 @@ def parse_job(data: object) -> JobSpec:
 def load_job(path: str | Path) -> JobSpec:
     """Read and validate a job YAML file."""
     return parse_job(read_yaml(path, "config"))
+
+
+def job_config(job: JobSpec, model: str | None = None) -> dict[str, Any]:
+    """``job`` as the job YAML writes it: ``parse_job`` of it gives ``job`` back. Every field
+    is written out, defaults too, so that a default changed later does not change the job read
+    back. ``model``: what finds the model again (a preset name, a config.json path or a
+    Hugging Face id); by default its preset's name. A ModelSpec does not know where it was
+    read from, so a model that is no preset needs it."""
+    if model is None:
+        if MODEL_PRESETS.get(job.model.name) != job.model:
+            raise ValueError(f"{job.model.name} is no preset: say where its config.json is")
+        model = job.model.name
+    device = job.cluster.device
+    cluster: dict[str, Any] = {"device": device.name, "nodes": job.cluster.num_nodes,
+                               "devices_per_node": job.cluster.devices_per_node}
+    if device.memory_bytes != get_device(device.name).memory_bytes:
+        # bytes / 2**30 and back is exact for any memory below 2**53 bytes
+        cluster["device_memory_gib"] = device.memory_bytes / GiB
+    ids = job.pool.ids
+    w = job.workload
+    return {
+        "model": model, "algo": job.workflow.algo, "execution": job.workflow.execution.value,
+        "reward": job.workflow.reward,
+        # a count where the pool is the first GPUs, as a job YAML usually says it
+        "gpus": len(ids) if ids == tuple(range(len(ids))) else list(ids),
+        "cluster": cluster,
+        "workload": {"prompts_per_step": w.prompts_per_step,
+                     "responses_per_prompt": w.responses_per_prompt,
+                     "prompt_len": w.prompt_len, "response_len": w.response_len_mean,
+                     "response_len_max": w.response_len_max,
+                     "ppo_mini_batches": w.ppo_mini_batches, "ppo_epochs": w.ppo_epochs,
+                     "param_dtype": w.param_dtype, "grad_dtype": w.grad_dtype,
+                     "master_weights": w.master_weights, "optimizer": w.optimizer.value}}
