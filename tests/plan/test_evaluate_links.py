@@ -57,66 +57,68 @@ def test_a_tp_group_across_nodes_is_priced_on_the_network():
     assert shifted.step_latency_s > aligned.step_latency_s
     # the estimate and --explain agree with the plan's table, and the plan says why
     assert es.latency_s == s.latency_s
-    assert any("TP group [6, 7, 8, 9] across nodes" in n for n in shifted.notes)
+    assert any("TP group [6, 7, 8, 9]" in n and "across nodes" in n for n in shifted.notes)
     assert any(n.startswith("weight sync:") for n in shifted.notes)
     assert aligned.notes == ()
 
 
-def test_a_layout_without_gpu_ids_prices_as_before():
-    """Without ids (and with ids where the default placement puts them) nothing changes."""
+def test_a_layout_without_gpu_ids_prices_as_by_sizes():
+    """Without ids (and with the ids the default placement gives) every group sits where
+    sizes put it: placed and sized prices agree, and there is nothing to note."""
     cost = CostModel(JOB)
     bare = evaluate_plan(JOB, _layout(None), cost)
-    assert bare.notes == () and not any(sp.as_placed for sp in bare.stages)
+    assert bare.notes == ()
     for sp in bare.stages:
         assert sp.latency_s == _sized(cost, bare, sp.stage)
     same = evaluate_plan(JOB, _layout(ALIGNED), cost)  # the ids the default gives
-    assert same.stage("actor_train").as_placed
     assert [sp.latency_s for sp in same.stages] == [sp.latency_s for sp in bare.stages]
     assert same.step_latency_s == bare.step_latency_s and same.terms == bare.terms
+    assert same.notes == ()
 
 
-def test_layouts_built_in_code_keep_pricing_by_sizes():
-    """The planner's plans placed again (``plan.near``, the controller's targets) give GPU ids
-    in code: they price as the search does, spanning or not."""
+def test_layouts_built_in_code_are_priced_on_their_ids_too():
+    """The controller's targets and ``plan.near`` place plans in code: one rule for every plan,
+    so they compare with the planner's plans and with what runs."""
     cost = CostModel(JOB)
     specs = _layout(None)
     specs["actor_train"] = StageLayoutSpec(4, 1, 4, tuple(map(tuple, SHIFTED)), 2)
     plan = evaluate_plan(JOB, specs, cost)
-    assert not plan.stage("actor_train").as_placed and plan.notes == ()
-    assert plan.stage("actor_train").latency_s == _sized(cost, plan, "actor_train")
+    sp = plan.stage("actor_train")
+    assert sp.latency_s == stage_estimate(cost, plan, "actor_train").latency_s
+    assert sp.latency_s > _sized(cost, plan, "actor_train") + 1.0
 
 
 @pytest.mark.parametrize("example", EXAMPLES)
-def test_the_planners_plans_price_exactly_as_before(example):
-    """The search prices by sizes (no ``Links``), and its plan read back as a layout file,
-    GPU ids and all, prices bit for bit the same."""
+def test_the_planners_plans_are_priced_as_placed_and_read_back_the_same(example):
+    """The planner prices the plan it assembles on its GPU ids, and that plan read back as a
+    layout file prices bit for bit the same."""
     job = load_job(f"examples/{example}")
     cost = CostModel(job)
     best = Planner(job, cost=cost).best()
-    assert best.notes == () and not any(sp.as_placed for sp in best.stages)
+    assert best.notes == ()
     for sp in best.stages:
-        assert sp.latency_s == _sized(cost, best, sp.stage)
+        assert sp.latency_s == stage_estimate(cost, best, sp.stage).latency_s
     again = evaluate_plan(job, layout_spec_from_data(best.to_dict()), cost)
-    assert all(sp.as_placed for sp in again.stages)
     assert again.step_latency_s == best.step_latency_s
     assert [sp.latency_s for sp in again.stages] == [sp.latency_s for sp in best.stages]
-    # the search sums a phase's stages in its own order: the last bit may differ
     assert again.terms == pytest.approx(best.terms, rel=1e-12)
 
 
-def test_dp_groups_across_nodes_keep_the_planners_price_and_say_so():
-    """The 8B PPO best plan trains two 4-GPU replicas on two nodes, priced (by sizes) on the
-    node fabric; read back, it keeps that price and notes what the network would add."""
+def test_spread_replicas_pay_for_their_gradient_all_reduce_over_the_network():
+    """The 8B PPO spread plan trains two 4-GPU replicas on two nodes. Sizes (8 GPUs, a node's
+    worth) would put their gradient all-reduce on the node fabric, which made that plan look
+    0.3 % faster than the packed one, and the planner chose it; priced where it sits it is
+    slower, and the packed plan is the best."""
     cost = CostModel(JOB)
+    spread = Planner(JOB, cost=cost, spread=True).best()
+    for sp in spread.stages:
+        if JOB.workflow.stage(sp.stage).kind is StageKind.TRAIN and sp.dp > 1:
+            assert not JOB.cluster.same_node([r[0] for r in sp.replicas])
+            est = stage_estimate(cost, spread, sp.stage)
+            assert sp.latency_s == est.latency_s > _sized(cost, spread, sp.stage)
     best = Planner(JOB, cost=cost).best()
-    again = evaluate_plan(JOB, layout_spec_from_data(best.to_dict()), cost)
-    assert again.step_latency_s == best.step_latency_s
-    spans = {sp.stage for sp in best.stages
-             if JOB.workflow.stage(sp.stage).kind is StageKind.TRAIN and sp.dp > 1
-             and not JOB.cluster.same_node([r[0] for r in sp.replicas])}
-    noted = {n.split(":")[0] for n in again.notes if "DP group" in n}
-    assert spans and noted == spans
-    assert all("more over the network" in n for n in again.notes if "DP group" in n)
+    assert best.step_latency_s < spread.step_latency_s
+    assert best != spread
 
 
 def test_evaluate_prints_and_writes_the_notes(tmp_path):

@@ -118,6 +118,10 @@ def test_async_search_prices_the_full_shard_sync_and_stays_exact():
     keep = ("actor_gen", "reference_infer", "actor_train")
     small = replace(small, workflow=replace(small.workflow, stages=tuple(
         s for s in small.workflow.stages if s.name in keep)))
-    best = Planner(small).best()
+    planner = Planner(small)
+    assert planner.search().latency == pytest.approx(brute_force_latency(small), rel=1e-9)
+    # the search prices by sizes; the placed plan pays for where its groups landed (here the
+    # rest of the pool spans both nodes, so training's DP all-reduce crosses them)
+    best = planner.best()
     assert best.terms["weight_sync"] > 0
-    assert best.step_latency_s == pytest.approx(brute_force_latency(small), rel=1e-9)
+    assert best.step_latency_s >= brute_force_latency(small) * (1 - 1e-9)

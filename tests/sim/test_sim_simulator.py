@@ -199,9 +199,9 @@ def test_the_oracle_is_not_held_to_the_plan_caches_longer_bucket_edge():
 
 
 def test_the_plan_cache_gives_the_faster_of_packed_and_spread():
-    """On 16 GPUs a plan spread over both nodes syncs its weights inside them and beats the
-    packed search's plan at 700 tokens (simulated); the planner's best, and so the plan cache
-    the oracle and the static policy read, is the faster of the two."""
+    """On 16 GPUs a plan spread over both nodes syncs its weights inside them but all-reduces
+    its training gradients across them; the planner's best, and so the plan cache the oracle
+    and the static policy read, is the faster of it and the packed plan (simulated)."""
     from nereus.cost.model import CostModel
     from nereus.plan.search import Planner
     from nereus.sim.plancache import PlanCache
@@ -217,10 +217,11 @@ def test_the_plan_cache_gives_the_faster_of_packed_and_spread():
 
     packed = Planner(job, cost=cost).best_placed()
     spread = PlanCache()(job, cost, True)
-    assert step_s(spread) < step_s(packed)
-    assert step_s(PlanCache()(job, cost)) == pytest.approx(step_s(spread))
+    assert step_s(spread) != pytest.approx(step_s(packed))
+    faster = min(step_s(spread), step_s(packed))
+    assert step_s(PlanCache()(job, cost)) == pytest.approx(faster)
     chosen = OraclePolicy(truth, PlanCache())._best(pool, 0, mean, longest)
-    assert step_s(chosen) <= step_s(spread)
+    assert step_s(chosen) <= faster * (1 + 1e-12)
 
 
 def test_a_change_that_misses_a_plan_still_changes_the_pool_and_the_checkpoint():

@@ -55,7 +55,7 @@ from nereus.errors import InfeasibleError, InputError
 from nereus.plan.exposure import exposed_fraction, spans_nodes
 from nereus.plan.near import SAME_STEP, placed_near
 from nereus.plan.search import Planner
-from nereus.plan.types import Plan, idle_bytes
+from nereus.plan.types import Plan, stage_estimate
 from nereus.spec.cluster import GpuPool
 from nereus.spec.job import JobSpec
 from nereus.transition.planner import plan_transition
@@ -269,7 +269,7 @@ class Controller:
             timed = sp.stage in tel.latency_s or bool(ops)
             if not timed and sp.stage not in tel.peak_mem_bytes:
                 continue
-            est = cost.estimate(sp.stage, sp.candidate, idle_bytes(cost, self.plan, sp.stage))
+            est = stage_estimate(cost, self.plan, sp.stage)
             if sp.stage in tel.peak_mem_bytes:
                 kind = self.job.workflow.stage(sp.stage).kind
                 self.calibrator.observe_memory(kind, est.peak_mem_bytes,

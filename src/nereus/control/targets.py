@@ -23,7 +23,7 @@ from nereus.cost.model import CostModel
 from nereus.errors import InputError
 from nereus.plan.evaluate import StageLayoutSpec, evaluate_plan
 from nereus.plan.overlap import critical_path, overlap_graph
-from nereus.plan.types import Plan, StagePlan, idle_bytes, weight_sync_estimate
+from nereus.plan.types import Plan, StagePlan, stage_estimate, weight_sync_estimate
 from nereus.spec.job import JobSpec
 from nereus.spec.workflow import Execution, Phase
 
@@ -160,7 +160,7 @@ def reprice(job: JobSpec, cost: CostModel, plan: Plan) -> Priced:
     stages: list[StagePlan] = []
     lat: dict[str, float] = {}
     for sp in plan.stages:
-        est = cost.estimate(sp.stage, sp.candidate, idle_bytes(cost, plan, sp.stage))
+        est = stage_estimate(cost, plan, sp.stage)
         lat[sp.stage] = est.latency_s
         stages.append(StagePlan(sp.stage, sp.candidate, sp.replicas, est.latency_s,
                                 est.peak_mem_bytes))

@@ -185,8 +185,9 @@ class Links:
     left to sizes.
 
     Without it the model decides from sizes (a TP group of at most a node's GPUs runs inside a
-    node, and so on), which is how the planner prices its own plans; GPU ids a user gives can
-    put a group of that size across two nodes, and its collectives then run on the network.
+    node, and so on), which is how the search prices candidates before they are placed; a
+    placed plan (the planner's, or GPU ids a user gives) is priced on its ids, which can put a
+    group of that size across two nodes, where its collectives run on the network.
     """
 
     tp: tuple[int, ...] | None = None     # a TP group: its all-reduces
@@ -217,6 +218,7 @@ class CostModel:
         self.device = job.cluster.device
         self.node_size = min(job.cluster.devices_per_node, job.pool.largest_node_share())
         self._cache: dict[tuple[str, Candidate, int, Links | None], Estimate] = {}
+        self._placed: dict[tuple[Layout, tuple[tuple[int, ...], ...]], Links] = {}
         self._sync: dict[tuple[Layout, Layout, int | None, float | None, bool | None],
                          tuple[Estimate, Estimate, Estimate]] = {}
         self._sync_peak: dict[tuple[Layout, Layout], int] = {}
@@ -402,7 +404,14 @@ class CostModel:
         consecutive ids, a pipeline hop joins index i and i + tp (the same TP rank of
         consecutive blocks), the tied embedding's gradient joins index t and
         (pp - 1) tp + t, and a DP group is one index across the replicas."""
-        reps = [tuple(r) for r in replicas]
+        reps = tuple(tuple(r) for r in replicas)
+        key = (layout, reps)
+        hit = self._placed.get(key)
+        if hit is None:  # every plan's stages are priced as placed, at every step of a run
+            hit = self._placed[key] = self._read_links(layout, reps)
+        return hit
+
+    def _read_links(self, layout: Layout, reps: tuple[tuple[int, ...], ...]) -> Links:
         tp, size = layout.tp, layout.size
         same = self.job.cluster.same_node
 

@@ -21,7 +21,7 @@ import numpy as np
 
 from nereus.cost.candidate import Candidate, Layout
 from nereus.cost.estimate import HEADROOM
-from nereus.cost.model import CostModel, Evaluation
+from nereus.cost.model import CostModel, Evaluation, Links
 from nereus.spec.workflow import Execution, ModelStage, StageKind
 from nereus.spec.workload import divisors
 
@@ -126,8 +126,8 @@ def pareto_mask(cols: list[np.ndarray], block: int = 64) -> np.ndarray:
 
 def stage_options(cost: CostModel, stage: ModelStage, pool_size: int,
                   prune: bool = True, keep: Callable[[Candidate], bool] | None = None,
-                  by_layout: bool | None = None, evaluated: Evaluation | None = None
-                  ) -> tuple[StageOptions, Evaluation | None]:
+                  by_layout: bool | None = None, evaluated: Evaluation | None = None,
+                  links: Links | None = None) -> tuple[StageOptions, Evaluation | None]:
     """Every candidate priced in one pass, memory-pruned and (optionally) dominance-pruned.
 
     ``keep``: only candidates it accepts are considered (before pruning, so the pruning stays
@@ -137,7 +137,8 @@ def stage_options(cost: CostModel, stage: ModelStage, pool_size: int,
     one of another layout can still be part of the optimum. ``evaluated``: this stage's full
     evaluation under ``cost`` from an earlier call without ``keep`` (a second planner of the
     same job filters it instead of pricing every candidate again). Returns the options and the
-    full evaluation (for "fits nowhere" messages).
+    full evaluation (for "fits nowhere" messages). ``links``: where every candidate's groups
+    will sit once placed (``CostModel.evaluate``), where sizes do not say it.
     """
     wf = cost.job.workflow
     sync = wf.weight_sync() or ()
@@ -157,12 +158,12 @@ def stage_options(cost: CostModel, stage: ModelStage, pool_size: int,
         chosen = np.array([keep is None or keep(c) for c in evaluated.candidates], dtype=bool)
     else:
         cands = enumerate_kept()
-        ev = cost.evaluate(stage, cands) if cands else None
+        ev = cost.evaluate(stage, cands, links=links) if cands else None
         fits = ev is not None and bool(np.any(ev.peak <= memory_limit(cost)))
         if not fits and cost.node_size < pool_size:
             # TP stays inside a node where it can; here it cannot, so let TP span nodes
             cands = enumerate_kept(max_tp=pool_size)
-            ev = cost.evaluate(stage, cands) if cands else None
+            ev = cost.evaluate(stage, cands, links=links) if cands else None
     if ev is None:
         return StageOptions(stage, (), *(np.zeros(0),) * 4), None
     opts = StageOptions(stage, ev.candidates, np.array([c.gpus for c in ev.candidates]),

@@ -7,19 +7,16 @@ start of the pool and the other stages on the GPUs generation leaves (they must 
 Missing (b, a, recompute) take the fastest choice that fits. Stages of a phase whose GPUs overlap
 share them and run one after another.
 
-GPU ids a layout file gives are where the stage runs, and may put a TP group or a pipeline
-across nodes although its size fits one: such a stage's TP, pipeline and tied-embedding
-collectives, and the weight sync, are priced on the links its ids use
-(``StageLayoutSpec.as_placed``); its DP groups keep the planner's rule (``types.priced_links``).
-The plan notes each way its ids change the price (``Plan.notes``). Layouts built in code (the
-planner's plans placed again by ``plan.near``, the controller's targets) keep the search's
-pricing by sizes, so that they compare with the plans it prices.
+Every stage is priced on the links its GPU ids give each collective, as the planner's plans
+are. GPU ids a layout file gives may put a TP group, a pipeline, a DP group or a replica across
+nodes although its size fits one; the plan notes each stage (and the weight sync) whose ids
+price it apart from a node-aligned placement of the same sizes (``Plan.notes``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from dataclasses import field as dc_field
 from pathlib import Path
 from typing import Annotated, Any
@@ -37,7 +34,6 @@ from nereus.plan.types import (
     Plan,
     StagePlan,
     contiguous_replicas,
-    priced_links,
     replica_problem,
     weight_sync_estimate,
 )
@@ -59,9 +55,6 @@ class StageLayoutSpec:
     # where the stage sits in the file (``evaluate.stages.3``): errors found while pricing it
     # name this path; empty for layouts built in code (then ``evaluate.<model-stage>``)
     where: str = dc_field(default="", compare=False)
-    # price each collective on the link ``gpus`` give it (a layout file's GPU ids: the user
-    # runs it there) rather than by sizes, as the planner's own placements are priced
-    as_placed: bool = False
 
 
 class _LayoutStage(BaseModel):
@@ -91,8 +84,7 @@ class _LayoutStage(BaseModel):
                                  "one list of tp x pp GPU ids per DP replica, no GPU twice")
             replicas = tuple(tuple(r) for r in self.gpus)
         return StageLayoutSpec(self.tp, self.pp, self.dp, replicas, self.micro_batch,
-                               self.grad_accum, self.recompute, field,
-                               as_placed=replicas is not None)
+                               self.grad_accum, self.recompute, field)
 
 
 def load_layout_spec(path: str | Path) -> dict[str, StageLayoutSpec]:
@@ -261,28 +253,24 @@ def evaluate_plan(job: JobSpec, specs: Mapping[str, StageLayoutSpec],
     for name in list(cands):
         grp = next(g for g in groups if name in g)
         idle = sum(cost.resident_bytes(o, cands[o].layout) for o in grp if o != name)
-        placed = specs[name].as_placed and specs[name].gpus is not None
-        full = cost.placed_links(cands[name].layout, replicas[name]) if placed else None
-        links = None if full is None else priced_links(full)
+        links = cost.placed_links(cands[name].layout, replicas[name])
         c = cands[name] = _choose(cost, name, opts[name], idle, links)
         est = cost.estimate(name, c, idle, links)
-        if full is not None and links is not None:
-            notes += _placed_notes(cost, name, c, idle, full, links)
+        if specs[name].gpus is not None:
+            notes += _placed_notes(cost, name, c, idle, links, est.latency_s)
         latency[name] = est.latency_s
-        stage_plans.append(StagePlan(name, c, replicas[name], est.latency_s, est.peak_mem_bytes,
-                                     as_placed=placed))
+        stage_plans.append(StagePlan(name, c, replicas[name], est.latency_s, est.peak_mem_bytes))
     sync = wf.weight_sync()
     by_name = {sp.stage: sp for sp in stage_plans}
     sync_s = 0.0
     if sync:
         t, g = by_name[sync[0]], by_name[sync[1]]
         sync_s = weight_sync_estimate(cost, t, g).latency_s
-        sized = weight_sync_estimate(cost, replace(t, as_placed=False),
-                                     replace(g, as_placed=False)).latency_s
-        if sync_s != sized:
+        sized = weight_sync_estimate(cost, t, g, by_sizes=True).latency_s
+        if sync_s != sized and (specs[sync[0]].gpus or specs[sync[1]].gpus):
             notes.append(f"weight sync: priced on the links its GPU ids use (a training or "
                          f"generation replica spans nodes): {sync_s:.3f} s, "
-                         f"{sync_s - sized:+.3f} s against pricing by sizes")
+                         f"{sync_s - sized:+.3f} s against node-aligned replicas")
     step, _ = critical_path(overlap_graph(wf, groups, latency, sync_s))
     terms: dict[str, float] = {}
     for phase in wf.phases:
@@ -293,26 +281,15 @@ def evaluate_plan(job: JobSpec, specs: Mapping[str, StageLayoutSpec],
                 tuple(g for g in groups if len(g) > 1), tuple(notes))
 
 
-def _placed_notes(cost: CostModel, name: str, c: Candidate, idle: int, full: Links,
-                  links: Links) -> list[str]:
-    """What a stage's GPU ids change in its price: the links it is priced on (``links``), and
-    what its DP groups as placed (``full``) would change, which it is not priced on."""
-    est = cost.estimate(name, c, idle, links).latency_s
-    out = []
+def _placed_notes(cost: CostModel, name: str, c: Candidate, idle: int, links: Links,
+                  est: float) -> list[str]:
+    """A stage whose GPU ids price it apart from the same sizes placed node-aligned: which
+    groups span nodes, and what that costs."""
     sized = cost.estimate(name, c, idle).latency_s
-    if est != sized:
-        spans = [f"{LINK_KINDS[k][0]} {list(ids)}" for k, ids in links.spans().items()
-                 if cost.link_used(name, c, k)]
-        across = f" ({', '.join(spans)} across nodes)" if spans else ""
-        out.append(f"{name}: priced on the links its GPU ids use{across}: {est:.3f} s, "
-                   f"{est - sized:+.3f} s against pricing by sizes")
-    dp = cost.estimate(name, c, idle, replace(links, dp=full.dp)).latency_s - est
-    if dp > 0:
-        out.append(f"{name}: DP group {list(full.dp or ())} spans nodes (its GPU ids), but its "
-                   f"gradient all-reduce is priced on the node fabric, as the planner prices "
-                   f"its own plans: {dp:.3f} s more over the network")
-    elif dp < 0:
-        out.append(f"{name}: its DP groups stay inside nodes (its GPU ids), but their gradient "
-                   f"all-reduce is priced on the network, as the planner prices its own plans: "
-                   f"{-dp:.3f} s less on the node fabric")
-    return out
+    if est == sized:
+        return []
+    spans = [f"{LINK_KINDS[k][0]} {list(ids)}" for k, ids in links.spans().items()
+             if cost.link_used(name, c, k)]
+    across = f" ({', '.join(spans)} across nodes)" if spans else ""
+    return [(f"{name}: priced on the links its GPU ids use{across}: {est:.3f} s, "
+             f"{est - sized:+.3f} s against node-aligned groups of its sizes")]

@@ -42,7 +42,7 @@ import numpy as np
 from nereus.cost.candidate import Candidate, Layout
 from nereus.cost.efficiency import Efficiencies
 from nereus.cost.estimate import HEADROOM
-from nereus.cost.model import CostModel, Evaluation
+from nereus.cost.model import CostModel, Evaluation, Links
 from nereus.errors import InfeasibleError
 from nereus.plan.candidates import StageOptions, pareto_mask, stage_options
 from nereus.plan.exposure import spans_nodes
@@ -334,9 +334,15 @@ class Planner:
         self.spread = spread and spans_nodes(job.pool)
         self.options: dict[str, StageOptions] = {}
         self.evaluated: dict[str, Evaluation | None] = {}
+        apart = self._apart()
         for st in job.workflow.stages:
+            # spread training replicas sit on different nodes: their gradient all-reduce runs
+            # on the network, which sizes would put inside a node (priced anew, not filtered
+            # from a packed planner's evaluation)
+            links = apart if st.kind is StageKind.TRAIN else None
             opts, ev = stage_options(self.cost, st, job.pool.size, keep=self._keep(),
-                                     evaluated=(evaluated or {}).get(st.name))
+                                     evaluated=None if links else (evaluated or {}).get(st.name),
+                                     links=links)
             self.evaluated[st.name] = ev
             if not len(opts):
                 if self.spread:
@@ -345,6 +351,15 @@ class Planner:
                         f"that fits on {job.pool.size} GPUs (estimated)")
                 raise _fits_nowhere(self.cost, st, ev)
             self.options[st.name] = opts
+
+    def _apart(self) -> Links | None:
+        """Under ``spread``: a DP group across two nodes (the first GPUs of the pool's first
+        two), for the search to price spread replicas' gradient all-reduce on the network;
+        TP groups and pipelines stay inside a replica's node, as sizes say."""
+        if not self.spread:
+            return None
+        nodes = list(self.job.pool.by_node().values())
+        return Links(dp=(nodes[0][0], nodes[1][0]))
 
     def _keep(self) -> Callable[[Candidate], bool] | None:
         """Under ``spread``, only candidates of two or more replicas that each fit in a node."""
@@ -606,7 +621,8 @@ class Planner:
         base = {}
         for st in wf.stages:
             opts, _ = stage_options(self.cost, st, self.job.pool.size, keep=self._keep(),
-                                    by_layout=True)
+                                    by_layout=True,
+                                    links=self._apart() if st.kind is StageKind.TRAIN else None)
             base[st.name] = opts
         heap: list[tuple[float, int, dict[str, StageOptions], SearchResult]] = []
         count = 0
@@ -703,9 +719,14 @@ class Planner:
                           for n, c in zip(gc.stages, gc.candidates)}
                 for name, cand in zip(gc.stages, gc.candidates):
                     co = sum(v for n, v in others.items() if n != name)
-                    est = self.cost.estimate(name, cand, co)
-                    stage_plans[name] = StagePlan(name, cand, tuple(placed[name]),
-                                                  est.latency_s, est.peak_mem_bytes)
+                    # priced where it was placed: the search's sizes assume every group of a
+                    # node's size inside one, which placement keeps for TP groups and
+                    # pipelines but not always for DP groups
+                    replicas = tuple(placed[name])
+                    est = self.cost.estimate(name, cand, co,
+                                             self.cost.placed_links(cand.layout, replicas))
+                    stage_plans[name] = StagePlan(name, cand, replicas, est.latency_s,
+                                                  est.peak_mem_bytes)
         ordered = tuple(stage_plans[s.name] for s in wf.stages)
         # groups in phase order, as the plan lists them, whatever order the phases were placed
         groups.sort(key=lambda g: wf.phases.index(wf.stage(g[0]).phase))
@@ -713,7 +734,10 @@ class Planner:
         # training GPUs, it differs from what the search's count model said
         sync_s = res.sync_s if pair is None else weight_sync_estimate(
             self.cost, stage_plans[pair[0]], stage_plans[pair[1]]).latency_s
-        terms = {p.value: res.phases[p].latency - res.phases[p].extra for p in wf.phases}
+        # each phase as placed: its groups run side by side, a group's stages one after another
+        lat = {name: sp.latency_s for name, sp in stage_plans.items()}
+        terms = {p.value: max(sum(lat[n] for n in gc.stages) for gc in res.phases[p].groups)
+                 for p in wf.phases}
         terms["weight_sync"] = sync_s
         singles = [(s.stage,) for s in ordered if not any(s.stage in g for g in groups)]
         graph = overlap_graph(wf, [*groups, *singles], {s.stage: s.latency_s for s in ordered},

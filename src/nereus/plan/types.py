@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
@@ -39,12 +39,8 @@ class StagePlan:
     """π_M: a model-stage's candidate and the ordered GPU ids of each DP replica.
 
     Inside a replica, the GPU at index ``pp_rank * tp + tp_rank`` holds that (tp, pp) position,
-    so a TP group is a run of consecutive ids.
-
-    ``as_placed``: its latency prices its collectives on the links its GPU ids give them
-    (``stage_links``), as for a layout a user gives with GPU ids; False: by sizes, as the
-    search prices the node-aligned placements it makes. Not in the JSON form: ``from_dict``
-    reads a plan back priced by sizes (``plan --evaluate`` prices a file's GPU ids as placed).
+    so a TP group is a run of consecutive ids. Its latency prices each collective on the
+    link these ids give it (``stage_estimate``).
     """
 
     stage: str
@@ -52,7 +48,6 @@ class StagePlan:
     replicas: tuple[tuple[int, ...], ...]
     latency_s: float = 0.0
     peak_mem_bytes: int = 0
-    as_placed: bool = field(default=False, compare=False)
 
     def __post_init__(self) -> None:
         c = self.candidate
@@ -226,46 +221,37 @@ def idle_bytes(cost: CostModel, plan: Plan, stage: str) -> int:
                    for o in plan.group_of(stage) if o != stage))
 
 
-def priced_links(placed: Links) -> Links:
-    """What of ``placed`` (``CostModel.placed_links``) a layout's estimate uses: TP, pipeline
-    and tied-embedding groups as placed, DP groups by sizes.
-
-    The planner prices its own plans by sizes, and its placements keep a replica inside a node
-    where its size fits one, but not its DP groups: the Llama-3.1-8B PPO example's best plan
-    trains 2 replicas of 4 GPUs on two nodes and prices their gradient all-reduce on the node
-    fabric. Pricing a user's DP groups as placed would set a layout apart from the same plan
-    as the planner prices it (the best plan printed beside it, or that plan read back), so
-    they keep the planner's rule and ``evaluate_plan`` notes what placing them would change.
-    """
-    return replace(placed, dp=None)
-
-
 def stage_links(cost: CostModel, sp: StagePlan) -> Links | None:
-    """The links ``sp``'s estimate uses where it is priced ``as_placed`` (``priced_links``);
-    None: the cost model decides from sizes."""
-    return priced_links(cost.placed_links(sp.layout, sp.replicas)) if sp.as_placed else None
+    """Where ``sp``'s GPU ids put each kind of its groups (``CostModel.placed_links``); None
+    for a stage without GPU ids (the cost model then decides from sizes)."""
+    return cost.placed_links(sp.layout, sp.replicas) if sp.replicas else None
 
 
 def stage_estimate(cost: CostModel, plan: Plan, stage: str) -> Estimate:
-    """``stage``'s estimate as ``plan`` priced it: beside its group's idle state, and on the
-    links its GPU ids give it where it is priced ``as_placed``."""
+    """``stage``'s estimate in ``plan``: beside its group's idle state, each collective on the
+    link its GPU ids give it. Every plan is priced so, the planner's own included: its
+    placements keep TP groups and pipelines inside nodes, where sizes would put them too, but
+    not always DP groups (the Llama-3.1-8B PPO example's spread plan trains two replicas of 4
+    GPUs on two nodes, whose gradient all-reduce runs on the network)."""
     sp = plan.stage(stage)
     return cost.estimate(stage, sp.candidate, idle_bytes(cost, plan, stage),
                          stage_links(cost, sp))
 
 
-def weight_sync_estimate(cost: CostModel, train: StagePlan, gen: StagePlan) -> Estimate:
+def weight_sync_estimate(cost: CostModel, train: StagePlan, gen: StagePlan,
+                         by_sizes: bool = False) -> Estimate:
     """The weight sync from ``train`` to ``gen`` as placed: their GPU ids say which generation
-    GPUs hold a training shard and which positions of the two each holds (the candidates'
-    counts where the stages have no GPU ids); where either is priced ``as_placed``, they also
-    say whether its replicas sit inside nodes (``CostModel.placed_sync_intra``)."""
+    GPUs hold a training shard, which positions of the two each holds, and whether their
+    replicas sit inside nodes (``CostModel.placed_sync_intra``); the candidates' counts and
+    sizes decide where the stages have no GPU ids. ``by_sizes``: whether replicas sit inside
+    nodes from their sizes, as if placed node-aligned (what a note compares with)."""
     from nereus.cost.model import placed_overlap
 
     receivers = cost.placed_sync_receivers(train.replicas, gen.replicas)
     overlap = None if receivers is None else placed_overlap(train.layout, train.replicas,
                                                            gen.layout, gen.replicas)
     intra = (cost.placed_sync_intra(train.replicas, gen.replicas)
-             if train.as_placed or gen.as_placed else None)
+             if train.replicas and gen.replicas and not by_sizes else None)
     return cost.weight_sync(train.candidate, gen.candidate, receivers, overlap, intra)
 
 

@@ -26,7 +26,7 @@ from nereus.cost.model import CostModel
 from nereus.cost.ops import OpClass
 from nereus.errors import InfeasibleError
 from nereus.plan.search import Planner
-from nereus.plan.types import Plan, idle_bytes
+from nereus.plan.types import Plan, stage_estimate
 from nereus.spec.job import JobSpec
 from nereus.spec.workflow import StageKind
 
@@ -100,7 +100,7 @@ def time_shares(cost: CostModel, plan: Plan) -> dict[OpClass, float]:
     """Each op class's share of the time of ``plan``'s model-stages under ``cost``."""
     by_class: dict[OpClass, float] = {}
     for sp in plan.stages:
-        est = cost.estimate(sp.stage, sp.candidate, idle_bytes(cost, plan, sp.stage))
+        est = stage_estimate(cost, plan, sp.stage)
         for c, t in est.time_by_class().items():
             by_class[c] = by_class.get(c, 0.0) + t
     total = sum(by_class.values()) or 1.0

@@ -38,7 +38,7 @@ from nereus.control.telemetry import Telemetry
 from nereus.cost.model import CostModel
 from nereus.errors import InfeasibleError, InputError
 from nereus.plan.search import best_plan
-from nereus.plan.types import Plan, idle_bytes
+from nereus.plan.types import Plan, stage_estimate
 from nereus.sim.policies import Act, Policy
 from nereus.sim.traces import Availability, LengthTrace
 from nereus.sim.truth import Truth, same_layouts
@@ -430,8 +430,7 @@ class _Runner:
         cost = CostModel(self.sim.truth.job_at(pool, mean, longest), eff)
         errs = []
         for sp in self.plan.stages:
-            pred = cost.estimate(sp.stage, sp.candidate,
-                                 idle_bytes(cost, self.plan, sp.stage)).latency_s
+            pred = stage_estimate(cost, self.plan, sp.stage).latency_s
             true = truth.stage_s[sp.stage]
             errs.append(abs(pred - true) / true)
         return float(sum(errs) / len(errs)) if errs else None
