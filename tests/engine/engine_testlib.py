@@ -1,4 +1,5 @@
-"""Helpers for the engine tests: a seeded logical state, its shards, and their reassembly.
+"""Helpers for the engine tests: a seeded logical state, its shards, and their reassembly;
+a replica's positions as threads over in-process gloo groups.
 
 These stand in for the runtime's ``ShardedState`` where a test needs shards in the driver
 process; they follow ``nereus.spec.sharding.shard_plan`` and nothing else.
@@ -6,8 +7,13 @@ process; they follow ``nereus.spec.sharding.shard_plan`` and nothing else.
 
 from __future__ import annotations
 
-import torch
+from collections.abc import Callable
+from typing import Any
 
+import torch
+import torch.distributed as dist
+
+from nereus.engine.groups import ParallelGroups, Position
 from nereus.spec.model import Head, ModelSpec
 from nereus.spec.sharding import Shard, logical_params, shard_plan
 
@@ -98,3 +104,124 @@ def gather_unit(pool, emu):
 
     parts = pool.run({dev: (export_unit, (emu.id,)) for dev in emu.gpus})
     return gather(list(parts.values()))
+
+
+# ---------------------------------------------------------------- in-process replicas
+class Tapped:
+    """A process group that calls ``tap(op)`` before each send, recv, allreduce and broadcast
+    it forwards (a test's hook into the order of a worker's calls)."""
+
+    def __init__(self, pg: Any, tap: Callable[[str], None]) -> None:
+        self._pg, self._tap = pg, tap
+
+    def send(self, *args: Any) -> Any:
+        self._tap("send")
+        return self._pg.send(*args)
+
+    def recv(self, *args: Any) -> Any:
+        self._tap("recv")
+        return self._pg.recv(*args)
+
+    def allreduce(self, *args: Any) -> Any:
+        self._tap("allreduce")
+        return self._pg.allreduce(*args)
+
+    def broadcast(self, *args: Any) -> Any:
+        self._tap("broadcast")
+        return self._pg.broadcast(*args)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._pg, name)
+
+
+class FirstCalls:
+    """A tap that records the first call of each kind: ``event(key)`` is set once a call of
+    ``key`` was made (before it is forwarded); as ``on_replica``'s tap the key is (group,
+    pp_rank, op), as ``Tapped``'s the op. "collective" stands for allreduce or broadcast."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self._lock = threading.Lock()
+        self._events: dict[Any, Any] = {}
+
+    def event(self, *key: Any) -> Any:
+        import threading
+
+        with self._lock:
+            return self._events.setdefault(key, threading.Event())
+
+    def __call__(self, *key: Any) -> None:
+        *where, op = key
+        if where and isinstance(where[-1], Position):   # on_replica's (group, pos, op)
+            where[-1] = where[-1].pp_rank
+        self.event(*where, op).set()
+        if op in ("allreduce", "broadcast"):
+            self.event(*where, "collective").set()
+
+
+def gloo_group(store: Any, prefix: str, rank: int, size: int, timeout_s: float = 30.0) -> Any:
+    """One member of an in-process gloo group (a HashStore rendezvous), None for size 1."""
+    import datetime
+
+    if size == 1:
+        return None
+    opts = dist.ProcessGroupGloo._Options()
+    opts._timeout = datetime.timedelta(seconds=timeout_s)
+    opts._devices = [dist.ProcessGroupGloo.create_device(hostname="127.0.0.1")]
+    return dist.ProcessGroupGloo(dist.PrefixStore(prefix, store), rank, size, opts)
+
+
+def in_threads(n: int, fn: Callable[[int], Any], timeout_s: float = 30.0) -> dict[int, Any]:
+    """``fn(i)`` for i < n, one daemon thread each; results by i. The lowest i's error is
+    raised; a thread still blocked after 3 x ``timeout_s`` (a gloo timeout) fails the test."""
+    import threading
+
+    results: dict[int, Any] = {}
+    errors: dict[int, BaseException] = {}
+
+    def run(i: int) -> None:
+        try:
+            results[i] = fn(i)
+        except BaseException as e:  # noqa: BLE001 - raised in the test's thread
+            errors[i] = e
+
+    threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=3 * timeout_s)
+    assert not any(t.is_alive() for t in threads), "a worker thread hung"
+    if errors:
+        raise errors[min(errors)]
+    return results
+
+
+def on_replica(spec: ModelSpec, head: Head, tp: int, pp: int,
+               fn: Callable[[Position, dict[str, torch.Tensor], ParallelGroups], Any],
+               seed: int = 1, tap: Callable[[str, Position, str], None] | None = None
+               ) -> dict[tuple[int, int], Any]:
+    """``fn(pos, shards, groups)`` on every position of one (tp, pp) replica of a seeded
+    ``spec``, one thread each over in-process gloo groups (the real collectives and
+    point-to-point calls, no worker processes); results by (pp_rank, tp_rank).
+    ``tap(group, pos, op)``: called before each call a position makes on its tp or pp group."""
+    store = dist.HashStore()
+    full = logical_state(spec, head, seed=seed)
+
+    def one(i: int) -> Any:
+        r, t = divmod(i, tp)
+        pos = Position(tp, pp, 1, t, r, 0)
+
+        def group(kind: str, prefix: str, rank: int, size: int) -> Any:
+            pg = gloo_group(store, prefix, rank, size)
+            if pg is None or tap is None:
+                return pg
+            return Tapped(pg, lambda op: tap(kind, pos, op))
+
+        groups = ParallelGroups(tp=group("tp", f"tp/{r}/", t, tp),
+                                pp=group("pp", f"pp/{t}/", r, pp),
+                                pp_grad=group("pp_grad", f"ppg/{t}/", r, pp))
+        return fn(pos, shards_for(full, spec, head, tp, pp, t, r), groups)
+
+    out = in_threads(tp * pp, one)
+    return {divmod(i, tp): v for i, v in out.items()}

@@ -138,7 +138,8 @@ def _reference(name: str) -> Ref:
     m = eng.model
     from nereus.engine.pipeline import micro_inputs
     with torch.no_grad():
-        logits = m.full_logits(m.stage_forward(b.input_ids, micro_inputs(m, b)))
+        # the ids the workers read: padded positions' ids are never read (Batch.tokens)
+        logits = m.full_logits(m.stage_forward(b.tokens(), micro_inputs(m, b)))
     lp = eng.forward(b, 2).result.logprobs  # type: ignore[union-attr]
     toks = eng.generate(prompts_of(b).rows(0, 8), SAMPLING, 4).result.tokens  # type: ignore
     res = eng.train_step(b, weighted_nll, 2).result

@@ -3,6 +3,7 @@ logits, log-probs, values, one Adam step with clipping, and greedy generation.""
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 import pytest
@@ -11,9 +12,10 @@ import transformers
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine_testlib import logical_state, shards_for
+from engine_testlib import logical_state, on_replica, shards_for
 from nereus.engine.batch import Batch
-from nereus.engine.groups import Position
+from nereus.engine.groups import ParallelGroups, Position
+from nereus.engine.losses import weighted_nll
 from nereus.engine.model import ParallelModel
 from nereus.engine.optim import AdamConfig, AdamState
 from nereus.engine.pipeline import Output, forward_pipeline, micro_inputs
@@ -110,6 +112,48 @@ def test_left_padded_logprobs_equal_transformers(pads: list[int], s: int, name: 
     want_lp = torch.log_softmax(want[:, :-1], -1).gather(-1, b.input_ids[:, 1:, None])[..., 0]
     real = b.attention_mask[:, :-1].bool()   # positions whose own token is real
     torch.testing.assert_close(out.logprobs[real], want_lp[real], atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_logprobs_at_a_temperature_equal_transformers(tp: int) -> None:
+    """Log-probs under the distribution a rollout was sampled from at T = 2, as verl computes
+    them (logits / T before the log-softmax), at tp = 1 and vocab-parallel at tp = 2; and a
+    training step on them: its loss and its gradient (norm) are those of torch on HF."""
+    spec = MODEL_PRESETS["tiny-qwen3"]     # vocabulary padded: the padding must stay at -inf
+    full = logical_state(spec, Head.LM, seed=18)
+    ref = hf_model(spec, full)    # eval mode (no dropout); gradients flow all the same
+    b = batch(spec, 4, 9, seed=19, left_pad=[0, 2, 0, 3])
+    w = torch.rand(4, 8, generator=torch.Generator().manual_seed(20)) / 32
+    w = w * b.attention_mask[:, :-1]
+    b = Batch(b.input_ids, b.attention_mask, {"weight": w})
+    logits = ref(b.input_ids, attention_mask=b.attention_mask, position_ids=b.positions()).logits
+    want = torch.log_softmax(logits[:, :-1] / 2.0, -1).gather(-1, b.input_ids[:, 1:, None])[..., 0]
+    loss = -(want * w).sum()
+    loss.backward()
+    norm = torch.nn.utils.clip_grad_norm_(ref.parameters(), math.inf)
+    real = b.attention_mask[:, :-1].bool()
+
+    def run(pos: Position, shards: dict[str, torch.Tensor], groups: ParallelGroups) -> object:
+        eng = StageEngine(spec, Head.LM, pos, shards, groups, AdamState.zeros(shards),
+                          AdamConfig(lr=1e-3))
+        out = eng.forward(b, 2, temperature=2.0).result
+        plain = eng.forward(b, 2).result
+        res = eng.train_step(b, weighted_nll, 2, temperature=2.0).result
+        return out, plain, res
+
+    out, plain, res = on_replica(spec, Head.LM, tp, 1, run, seed=18)[(0, 0)]
+    torch.testing.assert_close(out.logprobs[real], want[real].detach(), atol=1e-5, rtol=0)
+    assert not torch.allclose(plain.logprobs[real], out.logprobs[real])   # T = 1 differs
+    assert res.loss == pytest.approx(loss.item(), rel=1e-5)
+    assert res.grad_norm == pytest.approx(float(norm), rel=1e-5)
+
+
+@pytest.mark.parametrize("t", [0.0, -1.0, math.nan, math.inf])
+def test_logprobs_refuse_a_temperature_they_cannot_divide_by(t: float) -> None:
+    spec = MODEL_PRESETS["tiny-llama"]
+    eng = engine(spec, logical_state(spec, Head.LM, seed=1))
+    with pytest.raises(InputError, match="^temperature:"):
+        eng.forward(batch(spec, 2, 5, seed=1), 1, temperature=t)
 
 
 @pytest.mark.parametrize("kind", SCALED)

@@ -14,10 +14,12 @@ from nereus.errors import InputError
 class Batch:
     """``n`` sequences of length ``s``, left- or right-padded.
 
-    ``attention_mask`` [n, s] is 1 on real tokens (None: all real). ``extra`` holds per-sequence
-    tensors [n, ...] the caller's loss needs (advantages, old log-probs, response masks); they are
-    split with the rows. ``index`` [n] numbers the sequences in the global batch, so that what is
-    drawn per sequence (sampling noise) does not depend on which replica holds it.
+    ``attention_mask`` [n, s] is 1 on real tokens (None: all real); the id at a padded position
+    may be anything, a pad id of -1 included: the model never reads it (``tokens``). ``extra``
+    holds per-sequence tensors [n, ...] the caller's loss needs (advantages, old log-probs,
+    response masks); they are split with the rows. ``index`` [n] numbers the sequences in the
+    global batch, so that what is drawn per sequence (sampling noise) does not depend on which
+    replica holds it.
     """
 
     input_ids: torch.Tensor
@@ -54,8 +56,37 @@ class Batch:
                      {k: v[start:stop] for k, v in self.extra.items()},
                      None if self.index is None else self.index[start:stop])
 
+    def tokens(self) -> torch.Tensor:
+        """The ids the model reads [n, s]: ``input_ids`` with padded positions set to 0, so a pad
+        id is never read as a token (embedded, or picked as a target) and every layout computes
+        the same thing whatever it is. No real position attends to a padded key, so what a
+        padded position holds changes nothing a real one computes."""
+        if self.attention_mask is None:
+            return self.input_ids
+        return self.input_ids.masked_fill(~self.attention_mask.bool(), 0)
+
+    def check_tokens(self, vocab_size: int, field: str = "batch") -> None:
+        """Every real position's id in [0, ``vocab_size``), so every target too (a target is
+        the next position's id); InputError naming ``<field>.input_ids`` otherwise. At tp = 1
+        an id out of range fails inside the embedding, at tp > 1 no rank owns it and it
+        would embed as zeros: checked here so that every layout refuses it alike."""
+        ids = self.input_ids
+        if ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
+            raise InputError(f"{field}.input_ids", f"must be integer token ids, got {ids.dtype}")
+        bad = (ids < 0) | (ids >= vocab_size)
+        if self.attention_mask is not None:
+            bad &= self.attention_mask.bool()
+        if bool(bad.any()):
+            r, c = (int(x) for x in bad.nonzero()[0])
+            raise InputError(f"{field}.input_ids",
+                             f"token id {int(ids[r, c])} (sequence {r}, position {c}) is outside "
+                             f"the vocabulary of {vocab_size}",
+                             f"0..{vocab_size - 1} at real positions (attention_mask 1)")
+
     def split(self, micro_batch: int) -> list[Batch]:
         """Consecutive micro-batches of ``micro_batch`` sequences (the last one must be full)."""
+        if self.size == 0:
+            raise InputError("batch", "has no sequences", "at least one sequence")
         if micro_batch < 1 or self.size % micro_batch:
             raise InputError("micro_batch", f"{micro_batch} does not divide the {self.size} "
                              "sequences of this replica's batch")

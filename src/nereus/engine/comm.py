@@ -4,6 +4,20 @@ functions that put them at the edges of tensor-parallel regions (Megatron's f an
 Calls go to the ``ProcessGroup`` object itself (``pg.allreduce([t])``), not through the
 ``torch.distributed`` default world, so any subset of workers can compute together without a
 global ``init_process_group``. A group of ``None`` means that dimension has size 1.
+
+What is timed as a collective's op class is its transfer, not the wait for a peer to get there:
+a blocking receive posted before the sender has computed its message, or a collective that one
+member reaches late, would otherwise put the neighbour's compute (the pipeline bubble) under
+p2p or allreduce, and the calibrator would fit it as a slow link. Neither gloo nor NCCL says
+when the peer posted its side, so the waiting part is made visible by a one-element message
+first: a send is preceded by a "ready" message the receiver waits for (timed as ``WAIT``)
+before it waits for the data (timed as p2p); the sender posts both at once, so once the ready
+message is in, only the data's transfer is left. Where a collective's members arrive at
+different times (``wait_peers``), a one-element all-reduce first waits for all of them (timed
+as ``WAIT``). Every member makes these extra calls in the same order, as NCCL's in-order
+matching needs; each costs one message latency, small beside the waiting it keeps out of the
+link's efficiency. On gloo the receiving thread may wake after the data is in, so p2p can read
+somewhat low there; on NCCL both ends are timed on the stream.
 """
 
 from __future__ import annotations
@@ -16,12 +30,27 @@ import torch.distributed as dist
 from nereus.cost.ops import comm_class
 from nereus.engine.measure import Recorder
 
+# Tag bit of a p2p message's "ready" message (gloo matches by tag; NCCL by order). Data tags
+# stay below it.
+READY_TAG = 1 << 30
+
+
+def _await_peers(pg: Any, rec: Recorder, like: torch.Tensor) -> None:
+    """Return once every member of ``pg`` got here, the wait timed as ``WAIT``."""
+    flag = torch.zeros(1, dtype=torch.float32, device=like.device)
+    with rec.waiting():
+        pg.allreduce([flag]).wait()
+
 
 def all_reduce(t: torch.Tensor, pg: Any, rec: Recorder, intra: bool = True,
-               op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM) -> torch.Tensor:
-    """In-place all-reduce of a contiguous tensor."""
+               op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM, wait_peers: bool = False
+               ) -> torch.Tensor:
+    """In-place all-reduce of a contiguous tensor. ``wait_peers``: the members arrive at
+    different times (pipeline blocks at the end of a step); the wait is timed apart."""
     if pg is None or pg.size() == 1:
         return t
+    if wait_peers:
+        _await_peers(pg, rec, t)
     opts = dist.AllreduceOptions()
     opts.reduceOp = op
     with rec.span(comm_class("allreduce", intra)):
@@ -40,11 +69,14 @@ def all_gather(t: torch.Tensor, pg: Any, rec: Recorder, intra: bool = True) -> l
     return out
 
 
-def broadcast(t: torch.Tensor, root: int, pg: Any, rec: Recorder, intra: bool = True
-              ) -> torch.Tensor:
-    """In-place broadcast from group rank ``root``."""
+def broadcast(t: torch.Tensor, root: int, pg: Any, rec: Recorder, intra: bool = True,
+              wait_peers: bool = False) -> torch.Tensor:
+    """In-place broadcast from group rank ``root``. ``wait_peers``: the members arrive at
+    different times (the root samples while the others wait); the wait is timed apart."""
     if pg is None or pg.size() == 1:
         return t
+    if wait_peers:
+        _await_peers(pg, rec, t)
     opts = dist.BroadcastOptions()
     opts.rootRank = root
     opts.rootTensor = 0
@@ -53,17 +85,45 @@ def broadcast(t: torch.Tensor, root: int, pg: Any, rec: Recorder, intra: bool = 
     return t
 
 
-def send(t: torch.Tensor, dst: int, pg: Any, tag: int) -> Any:
-    """Start sending ``t`` to group rank ``dst``; returns the work to wait on before reuse.
-    Not timed: sends are asynchronous; the receiver's wait carries the transfer time."""
-    return pg.send([t.contiguous()], dst, tag)
+def _ready_tag(tag: int) -> int:
+    if not 0 <= tag < READY_TAG:
+        raise ValueError(f"point-to-point tag {tag} outside [0, {READY_TAG})")
+    return tag | READY_TAG
+
+
+class Sent:
+    """The works of one message's two sends (ready, data) and the tensors they read."""
+
+    def __init__(self, works: tuple[Any, ...], tensors: tuple[torch.Tensor, ...]) -> None:
+        self.works, self.tensors = works, tensors
+
+    def wait(self) -> None:
+        for w in self.works:
+            w.wait()
+
+
+def send(t: torch.Tensor, dst: int, pg: Any, tag: int) -> Sent:
+    """Start sending ``t`` to group rank ``dst``, its ready message first; returns the work to
+    wait on before the tensors go. Not timed: sends are asynchronous; the receiver times the
+    transfer."""
+    ready = torch.zeros(1, dtype=t.dtype, device=t.device)
+    data = t.contiguous()
+    return Sent((pg.send([ready], dst, _ready_tag(tag)), pg.send([data], dst, tag)),
+                (ready, data))
 
 
 def recv(t: torch.Tensor, src: int, pg: Any, rec: Recorder, tag: int, intra: bool = True
          ) -> torch.Tensor:
-    """Receive into ``t`` from group rank ``src`` (blocking; the wait is timed as p2p)."""
+    """Receive into ``t`` from group rank ``src`` (blocking): the wait for the sender's ready
+    message is timed as ``WAIT``, the data's transfer after it as p2p. Both receives are
+    posted first, so the data can flow right behind the ready message."""
+    ready = torch.empty(1, dtype=t.dtype, device=t.device)
+    with rec.waiting():
+        first = pg.recv([ready], src, _ready_tag(tag))
+        data = pg.recv([t], src, tag)
+        first.wait()
     with rec.span(comm_class("p2p", intra)):
-        pg.recv([t], src, tag).wait()
+        data.wait()
     return t
 
 

@@ -78,7 +78,7 @@ class Generator:
         done = torch.zeros(b, dtype=torch.bool, device=m.device)
         lengths = torch.zeros(b, dtype=torch.long, device=m.device)
         stops = torch.tensor(sp.stop_tokens, dtype=torch.long, device=m.device)
-        x: torch.Tensor = prompts.input_ids
+        x: torch.Tensor = prompts.tokens()
         q_pos = positions
         try:
             for step in range(sp.max_new_tokens):
@@ -92,10 +92,13 @@ class Generator:
                     assert h is not None
                     logits = m.full_logits(h[:, -1])
                     tok = sample(logits, index, step, sp)
-                tok = broadcast(tok, pos.pp - 1, m.groups.pp, m.rec, m.groups.pp_intra)
+                # the other blocks wait here for the last block's forward and sampling
+                tok = broadcast(tok, pos.pp - 1, m.groups.pp, m.rec, m.groups.pp_intra,
+                                wait_peers=True)
                 # the last block sent the tokens after its forward, so every block has received
                 # this step's hidden states: the send of this block is done
                 links.finish()
+                drawn = tok
                 tok = torch.where(done, torch.full_like(tok, sp.pad_token), tok)
                 out[:, step] = tok
                 lengths += (~done).long()
@@ -103,7 +106,9 @@ class Generator:
                     done |= torch.isin(tok, stops)
                 if bool(done.all()):
                     break
-                x = tok[:, None]
+                # a finished row goes on with the token it drew, never with the pad token
+                # (which need not be a token id, e.g. -1): its outputs are dropped anyway
+                x = drawn[:, None]
                 last_pos = last_pos + 1
                 q_pos = last_pos[:, None]
         finally:

@@ -138,41 +138,50 @@ def mask_padding(logits: torch.Tensor, valid: int) -> torch.Tensor:
 
 
 class _VocabParallelLogProb(torch.autograd.Function):
-    """log softmax(logits)[target] with logits split by vocabulary over TP ranks.
+    """log softmax(logits / T)[target] with logits split by vocabulary over TP ranks.
 
     Three reductions over TP replace gathering the logits: the max, the sum of exponentials and
-    the target's logit (the last two in one all-reduce). Backward is local:
-    d logp / d logits = onehot(target) - softmax.
+    the target's logit (the last two in one all-reduce). The temperature enters as a factor
+    ``inv_t`` = 1 / T of the shifted logits (a positive factor keeps the max where it is), so
+    no scaled copy of the logits is made. Backward is local:
+    d logp / d logits = (onehot(target) - softmax(logits / T)) / T.
     """
 
     @staticmethod
-    def forward(ctx: Any, logits: torch.Tensor, target: torch.Tensor, start: int, tp: TP
-                ) -> torch.Tensor:
-        n, vl = logits.shape
+    def forward(ctx: Any, logits: torch.Tensor, target: torch.Tensor, start: int, tp: TP,
+                inv_t: float) -> torch.Tensor:
+        vl = logits.shape[1]
         m = logits.max(dim=-1).values
         all_reduce(m, tp.pg, tp.rec, tp.intra, dist.ReduceOp.MAX)
         local = target - start
         inside = (local >= 0) & (local < vl)
         idx = local.clamp(0, vl - 1)
         picked = torch.where(inside, logits.gather(1, idx[:, None]).squeeze(1) - m, 0.0)
-        exp = (logits - m[:, None]).exp_()   # one [n, V/tp] buffer beside the logits
+        exp = logits - m[:, None]   # one [n, V/tp] buffer beside the logits
+        if inv_t != 1.0:
+            exp.mul_(inv_t)
+            picked = picked * inv_t
+        exp.exp_()
         sums = torch.stack((exp.sum(dim=-1), picked), dim=1)
         all_reduce(sums, tp.pg, tp.rec, tp.intra)
         ctx.save_for_backward(exp.div_(sums[:, :1]), idx, inside)
+        ctx.inv_t = inv_t
         return sums[:, 1] - sums[:, 0].log()
 
     @staticmethod
     def backward(ctx: Any, g: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         prob, idx, inside = ctx.saved_tensors
+        g = g * ctx.inv_t if ctx.inv_t != 1.0 else g
         grad = prob * (-g[:, None])
         grad.scatter_add_(1, idx[:, None], (g * inside)[:, None])
-        return grad, None, None, None
+        return grad, None, None, None, None
 
 
-def vocab_logprob(logits: torch.Tensor, target: torch.Tensor, start: int, tp: TP
-                  ) -> torch.Tensor:
-    """Log-probability of ``target`` [n] under local logits [n, V/tp] (padding masked), fp32."""
-    return _VocabParallelLogProb.apply(logits.float(), target, start, tp)
+def vocab_logprob(logits: torch.Tensor, target: torch.Tensor, start: int, tp: TP,
+                  temperature: float = 1.0) -> torch.Tensor:
+    """Log-probability of ``target`` [n] under local logits [n, V/tp] (padding masked) divided
+    by ``temperature``, fp32."""
+    return _VocabParallelLogProb.apply(logits.float(), target, start, tp, 1.0 / temperature)
 
 
 def gather_vocab(logits: torch.Tensor, vocab: int, tp: TP) -> torch.Tensor:

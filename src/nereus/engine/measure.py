@@ -4,7 +4,13 @@ The calibrator learns one efficiency per op class (``nereus.cost.ops``), so the 
 work by the same classes: every matmul (forward in a span, backward through hooks on its autograd
 node) is ``gemm``, attention ``attention``, decode iterations ``decode``, the Adam update
 ``optimizer``, each collective its kind on its link. Whatever falls outside a span (norms, rotary,
-softmax of the loss, Python) is reported as ``other``.
+softmax of the loss, Python) is reported as ``other``. Time spent blocked on a peer (a pipeline
+block waiting for its neighbour's compute, the bubble, the skew before a collective whose members
+arrive at different times) is ``wait``: like ``other`` it is no op class, so it never reaches
+the calibrator, which would read it as a slow link (``nereus.engine.comm``). Spans do not
+overlap in what they count: a span opened inside an open backward span (the forward that
+activation recompute reruns inside a layer's first backward node) is taken out of it, so the
+classes add up to the time the spans cover.
 
 Time: ``time.perf_counter`` on CPU; CUDA events on a GPU, read once at the end of the stage so
 timing does not serialize the stream. Memory: on CUDA the caching allocator's peak
@@ -30,6 +36,7 @@ import torch
 from nereus.cost.ops import OpClass
 
 OTHER = "other"  # wall time outside every op-class span
+WAIT = "wait"    # blocked on a peer (pipeline bubble, collective skew): not an op class either
 T = TypeVar("T")
 
 
@@ -41,41 +48,91 @@ def _now(device: torch.device) -> Any:
     return time.perf_counter()
 
 
+class _Frame:
+    """An open span: its name (None for a recompute region, which counts as no class), where
+    it began, and whether it is a forward span (a span inside one is not counted apart)."""
+
+    __slots__ = ("forward", "name", "parent", "start")
+
+    def __init__(self, name: str | None, start: Any, forward: bool, parent: _Frame | None
+                 ) -> None:
+        self.name, self.start, self.forward, self.parent = name, start, forward, parent
+
+
 class Recorder:
     """Accumulates wall time per op class on one worker (not thread-safe; one per worker).
 
     ``decode`` mode maps compute classes (gemm, attention) to ``decode``: a decode iteration
     reads every weight and the KV cache for one token per sequence, which the cost model prices
     as one memory-bound op class.
+
+    Spans nest in two ways. A forward span inside another forward span counts under the outer
+    one only (one kernel, one class). Any other span opened while a span is open is counted
+    under its own class and taken out of the open one: a backward node's span is open from its
+    pre-hook to its hook, and when activation recompute reruns a layer's forward inside it
+    (``recomputing``), that forward's spans would otherwise count twice, once as their own
+    class and once as the backward node's.
     """
 
     def __init__(self, device: torch.device | str = "cpu", enabled: bool = True) -> None:
         self.device = torch.device(device)
         self.enabled = enabled
         self.decode = False
-        self._spans: list[tuple[str, Any, Any]] = []
-        self._open: dict[int, tuple[str, Any]] = {}
-        self._depth = 0
+        # (name, start, end, sign): a closed span (+1), or a nested span taken out of its
+        # enclosing one (-1); differences are taken at the end (CUDA events)
+        self._spans: list[tuple[str, Any, Any, int]] = []
+        self._stack: list[_Frame] = []          # open spans, innermost last
+        self._open: dict[int, _Frame] = {}      # open backward spans by autograd node
 
     def _cls(self, cls: OpClass) -> str:
         if self.decode and cls in (OpClass.GEMM, OpClass.ATTENTION):
             return OpClass.DECODE.value
         return cls.value
 
+    def _push(self, name: str | None, forward: bool) -> _Frame:
+        f = _Frame(name, _now(self.device), forward, self._stack[-1] if self._stack else None)
+        self._stack.append(f)
+        return f
+
+    def _pop(self, f: _Frame) -> None:
+        end = _now(self.device)
+        if self._stack and self._stack[-1] is f:
+            self._stack.pop()
+        elif f in self._stack:
+            self._stack.remove(f)
+        if f.name is not None:
+            self._spans.append((f.name, f.start, end, 1))
+        if f.parent is not None and f.parent.name is not None:
+            self._spans.append((f.parent.name, f.start, end, -1))
+
+    def _inside_forward(self) -> bool:
+        return bool(self._stack) and self._stack[-1].forward
+
     @contextmanager
-    def span(self, cls: OpClass) -> Iterator[None]:
-        """Time the enclosed work as ``cls``; a span inside another span is not counted twice."""
-        if not self.enabled or self._depth:
+    def _frame(self, name: str | None, forward: bool) -> Iterator[None]:
+        if not self.enabled or self._inside_forward():
             yield
             return
-        name = self._cls(cls)
-        self._depth += 1
-        start = _now(self.device)
+        f = self._push(name, forward)
         try:
             yield
         finally:
-            self._depth -= 1
-            self._spans.append((name, start, _now(self.device)))
+            self._pop(f)
+
+    def span(self, cls: OpClass) -> Any:
+        """Time the enclosed work as ``cls``; a span inside a forward span is not counted
+        twice (see the class docstring for spans inside backward spans)."""
+        return self._frame(self._cls(cls), forward=True)
+
+    def waiting(self) -> Any:
+        """Time the enclosed wait for a peer as ``WAIT`` (no op class)."""
+        return self._frame(WAIT, forward=True)
+
+    def recomputing(self) -> Any:
+        """A region that reruns forward work inside a backward span (activation recompute):
+        its time leaves the enclosing span; its own spans count as their classes and the rest
+        of it as ``other``, as in a forward pass."""
+        return self._frame(None, forward=False)
 
     def time_backward(self, out: torch.Tensor, cls: OpClass) -> torch.Tensor:
         """Time the backward of the autograd node that produced ``out`` as ``cls``."""
@@ -86,29 +143,32 @@ class Recorder:
         key = id(node)
 
         def pre(_grad_outputs: Any) -> None:
-            self._open[key] = (name, _now(self.device))
+            self._open[key] = self._push(name, forward=False)
 
         def post(_grad_inputs: Any, _grad_outputs: Any) -> None:
             opened = self._open.pop(key, None)
             if opened is not None:
-                self._spans.append((opened[0], opened[1], _now(self.device)))
+                self._pop(opened)
 
         node.register_prehook(pre)
         node.register_hook(post)
         return out
 
     def totals(self) -> dict[str, float]:
-        """Seconds per op class since the last reset (synchronizes a CUDA device)."""
+        """Seconds per op class (and ``WAIT``) since the last reset (synchronizes a CUDA
+        device)."""
         if self.device.type == "cuda" and self._spans:
             torch.cuda.synchronize(self.device)
         out: dict[str, float] = {}
-        for name, start, end in self._spans:
+        for name, start, end, sign in self._spans:
             dt = start.elapsed_time(end) / 1e3 if self.device.type == "cuda" else end - start
-            out[name] = out.get(name, 0.0) + dt
-        return out
+            out[name] = out.get(name, 0.0) + sign * dt
+        # a class whose time was all taken out of it ends at 0 up to rounding, never below
+        return {name: max(0.0, secs) for name, secs in out.items()}
 
     def reset(self) -> None:
         self._spans.clear()
+        self._stack.clear()
         self._open.clear()
 
 
@@ -133,9 +193,19 @@ class StageMeasurement:
     cost model's calibrator consume.
 
     ``wall_s`` is the slowest worker's wall time (the stage ends when its last worker does);
-    ``op_s`` per class is the largest over workers (the critical replica's share of each class);
     ``peak_mem_bytes`` the largest over workers. ``profiled``: a CPU memory run, whose times
     include the profiler's overhead.
+
+    ``op_s`` per class is the largest over workers: the time the worker busiest with that
+    class spent in it. Across replicas and TP ranks, which do the same work, that is its
+    slowest copy. Pipeline blocks do different work (the first embeds, the last runs the head
+    and the loss, a middle block receives in both directions), so the maxima of different
+    classes may come from different blocks: each class reads the block that does the most of
+    it (one efficiency per class is fitted from them), and the classes need not add up to
+    ``wall_s`` or to any one worker's time. What makes blocks differ in wall time but is no
+    work of theirs, waiting for a neighbour (the bubble, a late peer), is ``WAIT`` and in no
+    class, so no block's idle time is read as a slow class. ``OTHER`` and ``WAIT`` are maxima
+    too; the telemetry keeps op classes only.
     """
 
     stage: str

@@ -8,7 +8,9 @@ training step updates the very tensors a transition later moves. Layers come fro
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -71,6 +73,14 @@ def attention_mask(am: torch.Tensor | None, sq: int, sk: int) -> torch.Tensor | 
     mask = causal[None, None] & am[:, None, None, :sk].bool()
     mask = mask | (kpos[None, :] == qpos[:, None])[None, None]
     return mask.expand(b, 1, sq, sk)
+
+
+def check_temperature(temperature: float) -> None:
+    """The temperature of log-probs: finite and > 0 (0, greedy sampling, has no log-probs)."""
+    if (isinstance(temperature, bool) or not isinstance(temperature, (int, float))
+            or not math.isfinite(temperature) or temperature <= 0):
+        raise InputError("temperature", f"log-probs need a finite temperature > 0, got "
+                         f"{temperature!r}")
 
 
 class ParallelModel:
@@ -176,7 +186,10 @@ class ParallelModel:
         checkpoint = self.recompute and cache is None and torch.is_grad_enabled()
         for i in self.layers:
             if checkpoint:
-                h = torch.utils.checkpoint.checkpoint(self.layer, i, h, inp, use_reentrant=False)
+                # the rerun happens inside the backward span of the layer's first backward
+                # node: the recorder takes it out of that span and counts it as a forward
+                h = torch.utils.checkpoint.checkpoint(self.layer, i, h, inp, use_reentrant=False,
+                                                      context_fn=self._recompute_contexts)
             else:
                 h = self.layer(i, h, inp, cache)
         if cache is not None:
@@ -184,6 +197,11 @@ class ParallelModel:
         if self.pos.last:
             h = rms_norm(h, self.params[FINAL_NORM], self.spec.rms_norm_eps)
         return h
+
+    def _recompute_contexts(self) -> tuple[AbstractContextManager[None],
+                                           AbstractContextManager[None]]:
+        """Contexts of a checkpointed layer's forward and of its rerun in backward."""
+        return nullcontext(), self.rec.recomputing()
 
     # ------------------------------------------------------------------ heads (last block)
     def _head_weight(self) -> tuple[torch.Tensor, Shard]:
@@ -195,13 +213,18 @@ class ParallelModel:
         w, s = self._head_weight()
         return mask_padding(column_linear(h, [w], self.tp)[0], s.valid_len)
 
-    def logprobs(self, h: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-        """log p(ids[:, t+1] | ids[:, :t+1]) for t < s - 1: [b, s - 1], fp32, vocab-parallel."""
+    def logprobs(self, h: torch.Tensor, ids: torch.Tensor, temperature: float = 1.0
+                 ) -> torch.Tensor:
+        """log p(ids[:, t+1] | ids[:, :t+1]) for t < s - 1: [b, s - 1], fp32, vocab-parallel,
+        under the distribution sampled at ``temperature``: softmax(logits / temperature), as
+        RL frameworks score a rollout drawn at that temperature (verl divides the logits by it
+        in its actor and reference log-probs)."""
+        check_temperature(temperature)
         b, s, _ = h.shape
         logits = self.local_logits(h[:, :-1])
         _, shard = self._head_weight()
         lp = vocab_logprob(logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1),
-                           shard.start, self.tp)
+                           shard.start, self.tp, temperature)
         return lp.view(b, s - 1)
 
     def values(self, h: torch.Tensor) -> torch.Tensor:

@@ -34,14 +34,23 @@ class AdamConfig:
     max_grad_norm: float | None = 1.0
 
     def __post_init__(self) -> None:
-        if not self.lr > 0:
-            raise InputError("adam.lr", f"must be > 0, got {self.lr}")
+        # what torch.optim.AdamW accepts, and finite (an infinite lr or eps, which torch lets
+        # through for lr, turns every parameter into inf or nan on the first step)
+        for name in ("lr", "eps", "weight_decay"):
+            v = getattr(self, name)
+            if not _is_real(v) or not 0 <= v < math.inf:
+                raise InputError(f"adam.{name}", f"must be finite and >= 0, got {v!r}")
         for name in ("beta1", "beta2"):
-            if not 0 <= getattr(self, name) < 1:
-                raise InputError(f"adam.{name}", f"must be in [0, 1), got {getattr(self, name)}")
+            v = getattr(self, name)
+            if not _is_real(v) or not 0 <= v < 1:
+                raise InputError(f"adam.{name}", f"must be in [0, 1), got {v!r}")
         if self.max_grad_norm is not None and not self.max_grad_norm > 0:
             raise InputError("adam.max_grad_norm", f"must be > 0 or None, got "
                              f"{self.max_grad_norm}")
+
+
+def _is_real(x: object) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
 
 
 @dataclass

@@ -115,12 +115,14 @@ def micro_inputs(model: ParallelModel, mb: Batch) -> Inputs:
     return model.inputs(mb.positions(), mb.attention_mask, s, s)
 
 
-def head_output(model: ParallelModel, h: torch.Tensor, mb: Batch) -> Output:
+def head_output(model: ParallelModel, h: torch.Tensor, mb: Batch, temperature: float = 1.0
+                ) -> Output:
+    """Log-probs at ``temperature`` (LM head) or values (scalar head) of a micro-batch."""
     from nereus.spec.model import Head
 
     if model.head is Head.SCALAR:
         return Output(values=model.values(h))
-    return Output(logprobs=model.logprobs(h, mb.input_ids))
+    return Output(logprobs=model.logprobs(h, mb.tokens(), temperature))
 
 
 def forward_step(model: ParallelModel, links: PipeLinks, x: torch.Tensor | None, inp: Inputs,
@@ -140,8 +142,10 @@ def forward_step(model: ParallelModel, links: PipeLinks, x: torch.Tensor | None,
     return None
 
 
-def forward_pipeline(model: ParallelModel, micros: list[Batch]) -> list[Output] | None:
-    """Inference over micro-batches (GPipe forward, streaming): outputs on the last block.
+def forward_pipeline(model: ParallelModel, micros: list[Batch], temperature: float = 1.0
+                     ) -> list[Output] | None:
+    """Inference over micro-batches (GPipe forward, streaming): outputs on the last block,
+    log-probs at ``temperature`` (``ParallelModel.logprobs``).
 
     A block waits for its send of micro-batch i - 1 after sending micro-batch i: the next block
     takes i - 1 without waiting on this one (the last block waits on no send), so at most two
@@ -151,19 +155,20 @@ def forward_pipeline(model: ParallelModel, micros: list[Batch]) -> list[Output] 
     with torch.no_grad():
         for i, mb in enumerate(micros):
             shape = model.hidden_shape(mb.size, mb.seq_len)
-            h = forward_step(model, links, mb.input_ids, micro_inputs(model, mb), shape,
+            h = forward_step(model, links, mb.tokens(), micro_inputs(model, mb), shape,
                              _tag(i, _FWD))
             links.settle(_tag(i - 1, _FWD))
             if h is not None:
-                outs.append(head_output(model, h, mb))
+                outs.append(head_output(model, h, mb, temperature))
     links.finish()
     return outs if model.pos.last else None
 
 
-def train_pipeline(model: ParallelModel, micros: list[Batch], loss_fn: LossFn
-                   ) -> list[torch.Tensor]:
+def train_pipeline(model: ParallelModel, micros: list[Batch], loss_fn: LossFn,
+                   temperature: float = 1.0) -> list[torch.Tensor]:
     """Forward and backward of every micro-batch under 1F1B; gradients accumulate in the
     parameters' ``.grad`` (or their hooks). Returns the detached losses on the last block.
+    ``loss_fn`` sees log-probs at ``temperature``.
 
     Sends are settled as soon as the receiver has provably taken them: the activation of
     micro-batch i once its gradient came back (the next block received the activation before
@@ -180,14 +185,14 @@ def train_pipeline(model: ParallelModel, micros: list[Batch], loss_fn: LossFn
         mb = micros[i]
         shape = model.hidden_shape(mb.size, mb.seq_len)
         if pos.first:
-            x, inp_t = mb.input_ids, None
+            x, inp_t = mb.tokens(), None
         else:
             inp_t = links.recv(shape, pos.pp_rank - 1, _tag(i, _FWD)).requires_grad_()
             x = inp_t
             links.settle(_tag(i - prev_warmup - 1, _BWD))
         h = model.stage_forward(x, micro_inputs(model, mb))
         if pos.last:
-            loss = loss_fn(head_output(model, h, mb), mb)
+            loss = loss_fn(head_output(model, h, mb, temperature), mb)
             if loss.dim() != 0:
                 raise ValueError(f"loss_fn must return a scalar, got shape {tuple(loss.shape)}")
             losses.append(loss.detach())

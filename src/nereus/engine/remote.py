@@ -50,7 +50,8 @@ def _backend(ctx: Any, name: str | None) -> Any:
 
 def attach(ctx: Any, key: str, unit_id: str, pos: Position, names: GroupNames,
            adam: AdamConfig | None) -> int:
-    """Build this worker's engine over unit ``unit_id``; returns the unit's bytes."""
+    """Build this worker's engine over unit ``unit_id``; returns the model's vocabulary size
+    (the driver checks token ids against it before it hands a batch to any worker)."""
     from nereus.runtime.state import MASTER
 
     st = ctx.units[unit_id]
@@ -68,7 +69,7 @@ def attach(ctx: Any, key: str, unit_id: str, pos: Position, names: GroupNames,
     eng = StageEngine(spec.model, spec.head, pos, st.params, groups, state, adam,
                       resident_bytes=lambda: ctx.memory.stats().held)
     ctx.scratch[key] = _Attached(eng, unit_id)
-    return int(st.nbytes)
+    return int(spec.model.vocab_size)
 
 
 def detach(ctx: Any, key: str) -> None:
@@ -81,11 +82,12 @@ def _reports(eng: StageEngine) -> bool:
 
 
 def train(ctx: Any, key: str, batch: Batch, loss_fn: LossFn, micro_batch: int,
-          adam: AdamConfig | None = None, track_memory: bool | None = None, recompute: bool = False
-          ) -> tuple[Any, WorkerMeasurement]:
+          adam: AdamConfig | None = None, track_memory: bool | None = None,
+          recompute: bool = False, temperature: float = 1.0) -> tuple[Any, WorkerMeasurement]:
     att: _Attached = ctx.scratch[key]
     eng = att.engine
-    out = eng.train_step(batch, loss_fn, micro_batch, adam, track_memory, recompute)
+    out = eng.train_step(batch, loss_fn, micro_batch, adam, track_memory, recompute,
+                         temperature)
     st = ctx.units[att.unit_id]
     assert eng.adam_state is not None
     st.meta = replace(st.meta, adam_step=eng.adam_state.step,
@@ -93,10 +95,10 @@ def train(ctx: Any, key: str, batch: Batch, loss_fn: LossFn, micro_batch: int,
     return (out.result if _reports(eng) else None), out.measurement
 
 
-def forward(ctx: Any, key: str, batch: Batch, micro_batch: int, track_memory: bool | None = None
-            ) -> tuple[Any, WorkerMeasurement]:
+def forward(ctx: Any, key: str, batch: Batch, micro_batch: int, track_memory: bool | None = None,
+            temperature: float = 1.0) -> tuple[Any, WorkerMeasurement]:
     eng = ctx.scratch[key].engine
-    out = eng.forward(batch, micro_batch, track_memory)
+    out = eng.forward(batch, micro_batch, track_memory, temperature)
     return (out.result.cpu() if _reports(eng) else None), out.measurement
 
 
@@ -118,7 +120,7 @@ def full_logits(ctx: Any, key: str, batch: Batch) -> Any:
     b = batch.to(m.device)
     links = PipeLinks(m)
     with torch.no_grad():
-        h = forward_step(m, links, b.input_ids, micro_inputs(m, b),
+        h = forward_step(m, links, b.tokens(), micro_inputs(m, b),
                          m.hidden_shape(b.size, b.seq_len), tag=0)
         links.finish()
         if h is None:

@@ -22,6 +22,7 @@ from nereus.engine.batch import Batch, replica_rows
 from nereus.engine.generate import GenerationResult
 from nereus.engine.groups import Position
 from nereus.engine.measure import StageMeasurement, WorkerMeasurement
+from nereus.engine.model import check_temperature
 from nereus.engine.optim import AdamConfig
 from nereus.engine.pipeline import LossFn, Output
 from nereus.engine.sampling import SamplingParams
@@ -97,11 +98,16 @@ class StageRunner:
         try:  # a failure partway (a member that never joined) closes what was opened
             if self.groups:
                 self.setup_s = open_groups(pool, self.groups, rv)
-            pool.run({p.device: (remote.attach, (self.key, p.unit_id, p.pos, p.names, adam))
-                      for p in self.places}, timeout_s)
+            vocab = pool.run({p.device: (remote.attach, (self.key, p.unit_id, p.pos, p.names,
+                                                         adam))
+                              for p in self.places}, timeout_s)
         except BaseException as e:
             self._close_after(e)
             raise
+        # token ids are checked here, before any worker starts: a replica refusing its rows on
+        # the worker would leave the others waiting in the DP all-reduce
+        sizes = {v for v in vocab.values() if isinstance(v, int)}
+        self.vocab_size: int | None = sizes.pop() if len(sizes) == 1 else None
 
     def _members(self) -> dict[str, tuple[int, ...]]:
         """Each group's device ids in group-rank order."""
@@ -176,9 +182,16 @@ class StageRunner:
             self._close_after(exc)
 
     # ---------------------------------------------------------------- operations
-    def _rows(self, batch: Batch, micro_batch: int | None = None) -> list[Batch]:
-        """Each replica's rows, checked here so bad input fails before any worker starts."""
+    def _rows(self, batch: Batch, micro_batch: int | None = None, field: str = "batch",
+              temperature: float = 1.0) -> list[Batch]:
+        """Each replica's rows, checked here so bad input fails before any worker starts (a
+        worker that refuses its rows would leave the others in a collective)."""
         per = batch.size // self.dp
+        if batch.size == 0:
+            raise InputError(field, "has no sequences", "at least one sequence")
+        if self.vocab_size is not None:
+            batch.check_tokens(self.vocab_size, field)
+        check_temperature(temperature)
         if batch.size % self.dp:
             raise InputError("batch", f"{batch.size} sequences do not split over dp={self.dp}",
                              f"a multiple of {self.dp}")
@@ -212,24 +225,29 @@ class StageRunner:
 
     def train_step(self, batch: Batch, loss_fn: LossFn, micro_batch: int,
                    adam: AdamConfig | None = None, track_memory: bool | None = None,
-                   recompute: bool = False) -> tuple[TrainResult, StageMeasurement]:
+                   recompute: bool = False, temperature: float = 1.0
+                   ) -> tuple[TrainResult, StageMeasurement]:
         """One optimizer update over the global ``batch`` (see ``nereus.engine.train`` for
-        the loss convention); ``recompute`` reruns each layer's forward in backward."""
-        results, workers = self._run(remote.train, self._rows(batch, micro_batch), loss_fn,
-                                     micro_batch, adam, track_memory, recompute)
+        the loss convention); ``recompute`` reruns each layer's forward in backward;
+        ``loss_fn`` sees log-probs at ``temperature``."""
+        rows = self._rows(batch, micro_batch, temperature=temperature)
+        results, workers = self._run(remote.train, rows, loss_fn, micro_batch, adam,
+                                     track_memory, recompute, temperature)
         res: TrainResult = results[0]
         return res, self._measurement("train", workers, batch, micro_batch, batch.num_tokens())
 
-    def forward(self, batch: Batch, micro_batch: int, track_memory: bool | None = None
-                ) -> tuple[Output, StageMeasurement]:
-        results, workers = self._run(remote.forward, self._rows(batch, micro_batch),
-                                     micro_batch, track_memory)
+    def forward(self, batch: Batch, micro_batch: int, track_memory: bool | None = None,
+                temperature: float = 1.0) -> tuple[Output, StageMeasurement]:
+        """Log-probs at ``temperature`` (LM head) or values (scalar head) of ``batch``."""
+        rows = self._rows(batch, micro_batch, temperature=temperature)
+        results, workers = self._run(remote.forward, rows, micro_batch, track_memory,
+                                     temperature)
         return Output.cat(results), self._measurement("forward", workers, batch, micro_batch,
                                                       batch.num_tokens())
 
     def generate(self, prompts: Batch, sampling: SamplingParams, micro_batch: int | None = None,
                  track_memory: bool | None = None) -> tuple[GenerationResult, StageMeasurement]:
-        rows = self._rows(prompts, micro_batch)
+        rows = self._rows(prompts, micro_batch, field="prompts")
         mb = micro_batch or rows[0].size
         results, workers = self._run(remote.generate, rows, sampling, mb, track_memory)
         res = GenerationResult.cat(results)

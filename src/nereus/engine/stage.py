@@ -17,7 +17,7 @@ from nereus.engine.batch import Batch
 from nereus.engine.generate import GenerationResult, Generator
 from nereus.engine.groups import ParallelGroups, Position
 from nereus.engine.measure import Recorder, WorkerMeasurement, measured, tensor_bytes
-from nereus.engine.model import ParallelModel
+from nereus.engine.model import ParallelModel, check_temperature
 from nereus.engine.optim import AdamConfig, AdamState
 from nereus.engine.pipeline import LossFn, Output, forward_pipeline
 from nereus.engine.sampling import SamplingParams
@@ -26,9 +26,22 @@ from nereus.errors import InputError
 from nereus.spec.model import Head, ModelSpec
 
 
-def forward(model: ParallelModel, batch: Batch, micro_batch: int) -> Output | None:
-    """Log-probs (LM head) or values (scalar head) of whole sequences, on the last block."""
-    outs = forward_pipeline(model, batch.to(model.device).split(micro_batch))
+def check_batch(model: ParallelModel, batch: Batch, field: str = "batch",
+                temperature: float = 1.0) -> None:
+    """What no worker may start on: no sequences, a real token id outside the vocabulary (a
+    target too: the next position's id), a temperature log-probs cannot take."""
+    if batch.size == 0:
+        raise InputError(field, "has no sequences", "at least one sequence")
+    batch.check_tokens(model.spec.vocab_size, field)
+    check_temperature(temperature)
+
+
+def forward(model: ParallelModel, batch: Batch, micro_batch: int, temperature: float = 1.0
+            ) -> Output | None:
+    """Log-probs at ``temperature`` (LM head) or values (scalar head) of whole sequences, on
+    the last block."""
+    check_batch(model, batch, "batch", temperature)
+    outs = forward_pipeline(model, batch.to(model.device).split(micro_batch), temperature)
     return Output.cat(outs) if outs is not None else None
 
 
@@ -91,20 +104,27 @@ class StageEngine:
     # ---------------------------------------------------------------- operations
     def train_step(self, batch: Batch, loss_fn: LossFn, micro_batch: int,
                    adam: AdamConfig | None = None, track_memory: bool | None = None,
-                   recompute: bool = False) -> Measured:
+                   recompute: bool = False, temperature: float = 1.0) -> Measured:
+        """One update; ``temperature``: that of the log-probs ``loss_fn`` sees."""
         if self.adam_state is None:
             raise InputError("train_step", "this worker holds no optimizer state (a forward or "
                              "generation stage holds parameters only)")
+        check_batch(self.model, batch, "batch", temperature)
         step = TrainStep(self.model, self.adam_state, adam or self.adam, micro_batch, recompute)
-        res, meas = self._measure(lambda: step(batch, loss_fn), track_memory)
+        res, meas = self._measure(lambda: step(batch, loss_fn, temperature), track_memory)
         return Measured(res, meas)
 
-    def forward(self, batch: Batch, micro_batch: int, track_memory: bool | None = None) -> Measured:
-        res, meas = self._measure(lambda: forward(self.model, batch, micro_batch), track_memory)
+    def forward(self, batch: Batch, micro_batch: int, track_memory: bool | None = None,
+                temperature: float = 1.0) -> Measured:
+        """Log-probs at ``temperature`` (LM head) or values (scalar head)."""
+        check_batch(self.model, batch, "batch", temperature)
+        res, meas = self._measure(lambda: forward(self.model, batch, micro_batch, temperature),
+                                  track_memory)
         return Measured(res, meas)
 
     def generate(self, prompts: Batch, sampling: SamplingParams, micro_batch: int | None = None,
                  track_memory: bool | None = None) -> Measured:
+        check_batch(self.model, prompts, "prompts")
         gen = Generator(self.model)
         res, meas = self._measure(lambda: gen.generate(prompts, sampling, micro_batch),
                                   track_memory)

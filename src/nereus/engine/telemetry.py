@@ -2,8 +2,9 @@
 
 A step may run a model-stage several times (one training update per PPO mini-batch); its
 latency is the sum of those runs, its peak memory the largest, its op-class times the sums.
-The engine's ``other`` bucket (time outside every op class) is not an op class and stays out of
-``op_time_s``; it is still inside the stage latency. A profiled run (the CPU memory run) gives
+The engine's ``other`` bucket (time outside every op class) and its ``wait`` bucket (time blocked
+on a peer: the pipeline bubble, a late member of a collective) are not op classes and stay out
+of ``op_time_s``; they are still inside the stage latency. A profiled run (the CPU memory run) gives
 its peak memory only: the profiler inflates its times.
 """
 

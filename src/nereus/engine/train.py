@@ -51,13 +51,15 @@ class TrainStep:
         self._flat = torch.zeros(0)
 
     # ---------------------------------------------------------------- public
-    def __call__(self, batch: Batch, loss_fn: LossFn) -> TrainResult:
+    def __call__(self, batch: Batch, loss_fn: LossFn, temperature: float = 1.0) -> TrainResult:
+        """One update; ``loss_fn`` sees log-probs at ``temperature``
+        (``ParallelModel.logprobs``)."""
         m = self.model
         micros = batch.to(m.device).split(self.micro_batch)
         hooks = self._enable_grads()
         m.recompute = self.recompute
         try:
-            losses = train_pipeline(m, micros, loss_fn)
+            losses = train_pipeline(m, micros, loss_fn, temperature)
             grads = self._grads()
             self._sync_tp(grads)
             self._sync_dp(grads)
@@ -66,11 +68,13 @@ class TrainStep:
             coef = 1.0
             if self.cfg.max_grad_norm is not None:
                 coef = min(1.0, self.cfg.max_grad_norm / (norm + 1e-6))
+            # everything that can still fail comes before the update: a failed step leaves
+            # the parameters and the optimizer state as they were
+            loss = self._loss(losses) if m.pos.last else None
             adam_update(m.params, grads, self.state, self.cfg, coef, m.rec)
         finally:
             m.recompute = False
             self._disable_grads(hooks)
-        loss = self._loss(losses) if m.pos.last else None
         return TrainResult(loss, norm, coef, len(micros), self.state.step)
 
     # ---------------------------------------------------------------- gradients
@@ -183,7 +187,8 @@ class TrainStep:
             if counts_once(m.plan[name], m.spec, m.pos.tp, m.pos.tp_rank):
                 sq += torch.linalg.vector_norm(g).double() ** 2
         all_reduce(sq, m.tp.pg, m.rec, m.tp.intra)
-        all_reduce(sq, m.groups.pp, m.rec, m.groups.pp_intra)
+        # the blocks get here at different times (the first block ends 1F1B's drain last)
+        all_reduce(sq, m.groups.pp, m.rec, m.groups.pp_intra, wait_peers=True)
         return float(sq.sqrt())
 
     def _loss(self, losses: list[torch.Tensor]) -> float:
