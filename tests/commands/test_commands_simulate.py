@@ -80,6 +80,45 @@ def test_json_and_csv_carry_what_the_table_prints(tmp_path: Path) -> None:
     assert "checkpoint s" in r.stdout
 
 
+def test_json_and_csv_name_the_run_they_come_from(tmp_path: Path) -> None:
+    """--gamma, --steps and --seed reached only the plot's title: --json of --gamma 0.1
+    --steps 3 read as the defaults' did, and the CSV's rows named no scenario."""
+    import csv
+    import json
+
+    def run(*args: str) -> tuple[dict, list[dict[str, str]]]:
+        rows = tmp_path / "rows.csv"
+        r = runner.invoke(app, ["simulate", "--scenario", "stationary", "--policies", "static",
+                                "--csv", str(rows), "--json", *args])
+        assert r.exit_code == 0, r.output
+        with open(rows) as f:
+            return json.loads(r.stdout), list(csv.DictReader(f))
+
+    out, rows = run("--steps", "3", "--gamma", "0.1", "--seed", "2")
+    assert out["run"] == {"scenario": "stationary", "steps": 3, "seed": 2, "gamma": 0.1,
+                          "policies": ["static"], "command": "nereus simulate --scenario "
+                          "stationary --seed 2 --steps 3 --gamma 0.1"}
+    assert out["scenario"] == "stationary" and out["source"] == "simulated"
+    assert {k for k in out["policies"]["static"]} >= {"tokens_per_s", "transitions",
+                                                      "transition_s", "restarts"}
+    assert [(g["scenario"], g["seed"], g["gamma"], g["policy"], g["step"]) for g in rows] == \
+        [("stationary", "2", "0.1", "static", str(k)) for k in range(3)]
+    default, rows = run("--steps", "2")
+    assert default["run"]["gamma"] == 0.5 and default["run"]["seed"] == 0
+    assert default["run"]["steps"] == 2 and default["run"] != out["run"]
+    assert {(g["seed"], g["gamma"]) for g in rows} == {("0", "0.5")}
+
+
+def test_the_table_says_what_mean_step_adds_up() -> None:
+    """mean step s counts checkpoint writes (and transitions, restarts, lost work): the table
+    says so rather than leave it to be read as the step alone."""
+    r = runner.invoke(app, ["simulate", "--scenario", "stationary", "--steps", "2",
+                            "--policies", "static"])
+    assert r.exit_code == 0, r.output
+    assert "mean step s: the step plus its transitions, restarts, lost work and checkpoint " \
+        "writes (pauses excepted)" in " ".join(r.stdout.split())
+
+
 @pytest.mark.parametrize("example", sorted((ROOT / "examples" / "scenarios").glob("*.yaml")),
                          ids=lambda p: p.stem)
 def test_every_example_scenario_runs(example: Path) -> None:
@@ -92,11 +131,42 @@ def test_every_example_scenario_runs(example: Path) -> None:
     assert out["source"] == "simulated" and set(out["policies"]) == {"static", "nereus"}
 
 
+def test_the_file_traces_example_meets_every_trace_it_names() -> None:
+    """The shipped example's run ended at 2,456 s, before its pool's loss at 1 h, and its
+    drift slowed allreduce.inter, which no step of its plans uses: the four policies came out
+    equal. Its pool now changes inside the run, its drift slows what the plan runs, and the
+    policies differ."""
+    import json
+
+    from nereus.plan.search import best_plan
+    from nereus.sim.scenarios import load_scenario, simulator
+
+    cfg = ROOT / "examples" / "scenarios" / "file-traces-8b.yaml"
+    sc = load_scenario(cfg)
+    sim = simulator(sc)
+    met = [(k, len(ch[-1])) for k, e in enumerate(sim.events) for ch in e.changes]
+    # the loss and the return, both inside the run (near its steps 20 and 38)
+    assert [n for _, n in met] == [8, 16] and 15 < met[0][0] < met[1][0] < 45, met
+    (period, *_), truth = sc.drift.periods, sim.truth
+    k, full = period.start_step, tuple(range(16))
+    mean, longest = sc.lengths.mean[k], sc.lengths.longest[k]
+    plan = best_plan(truth.job_at(full, mean, longest), truth.hidden)
+    slow = truth.price(plan, full, k, mean, longest).step_s
+    usual = truth.price(plan, full, k - 1, mean, longest).step_s  # same lengths, no drift
+    assert slow > 1.05 * usual, (slow, usual)
+    r = runner.invoke(app, ["simulate", "--config", str(cfg), "--policies", "static,nereus",
+                            "--json"])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)["policies"]
+    assert out["static"]["restarts"] == 1 and out["nereus"]["transitions"] >= 1
+    assert out["nereus"]["tokens_per_s"] > 1.1 * out["static"]["tokens_per_s"]
+
+
 def test_steps_beyond_a_lengths_file_are_refused_naming_steps(tmp_path: Path) -> None:
     import yaml
 
     data = yaml.safe_load((ROOT / "examples" / "scenarios" / "file-traces-8b.yaml").read_text())
-    for name in ("lengths.csv", "pool.csv", "drift.csv"):
+    for name in ("lengths.csv", "file-traces-pool.csv", "drift.csv"):
         (tmp_path / name).write_text((ROOT / "examples" / "scenarios" / name).read_text())
     data["steps"] = 200  # the file has 60
     cfg = tmp_path / "s.yaml"
@@ -110,7 +180,7 @@ def test_a_bad_lengths_row_names_its_file_row_and_columns(tmp_path: Path) -> Non
     import yaml
 
     data = yaml.safe_load((ROOT / "examples" / "scenarios" / "file-traces-8b.yaml").read_text())
-    for name in ("pool.csv", "drift.csv"):
+    for name in ("file-traces-pool.csv", "drift.csv"):
         (tmp_path / name).write_text((ROOT / "examples" / "scenarios" / name).read_text())
     (tmp_path / "lengths.csv").write_text("step,response_len_mean,response_len_max\n"
                                           "0,500,700\n1,600,500\n")
@@ -191,13 +261,13 @@ def test_a_plot_that_cannot_be_saved_is_one_line_after_the_results(
 
 
 @pytest.mark.parametrize("option,target", [("--csv", "lengths.csv"),
-                                           ("--csv", "sub/../pool.csv"),
+                                           ("--csv", "sub/../file-traces-pool.csv"),
                                            ("--csv", "link.csv")])
 def test_an_output_that_is_an_input_of_the_scenario_is_refused(tmp_path: Path, option: str,
                                                                target: str) -> None:
     """--csv lengths.csv overwrote the scenario's lengths trace, silently."""
     ex = ROOT / "examples" / "scenarios"
-    for name in ("lengths.csv", "pool.csv", "drift.csv"):
+    for name in ("lengths.csv", "file-traces-pool.csv", "drift.csv"):
         (tmp_path / name).write_text((ex / name).read_text())
     (tmp_path / "sub").mkdir()
     (tmp_path / "link.csv").hardlink_to(tmp_path / "drift.csv")

@@ -59,6 +59,16 @@ def test_pool_loss_is_urgent_only_when_the_plan_used_a_lost_gpu():
     assert pool_triggers(range(16), range(16), used) == []
 
 
+def test_pool_trigger_names_lost_gpus_as_runs_not_a_first_to_last_span():
+    # regression: {0,1,2,11..15} read "lost GPUs 0..15 (8)", naming GPUs 3-10 still in the pool
+    t = pool_triggers(range(16), range(3, 11), range(16))
+    assert t[0].detail == "lost GPUs 0-2,11-15 (8), the plan used 0-2,11-15 (8)"
+    t = pool_triggers(range(16), [i for i in range(16) if i not in (0, 15)], [4])
+    assert t[0].detail == "lost GPUs 0,15 (2), none used by the plan"
+    t = pool_triggers(range(8), [*range(8), 9, 12, 13], [])
+    assert t[0].detail == "gained GPUs 9,12-13 (3)"
+
+
 def test_memory_trigger_names_the_worst_stage():
     assert memory_trigger({"a": 10, "b": 20}, 20) is None
     t = memory_trigger({"a": 30, "b": 25}, 20)

@@ -76,6 +76,29 @@ def test_notes_name_where_each_value_came_from(tmp_path):
     assert n["noise"].startswith("assumption")
 
 
+def test_checkpoint_note_names_the_jobs_own_models(tmp_path):
+    # regression: the note named a critic for every job, GRPO's (no critic) too
+    note = builtin("stationary", steps=5).notes["restart.checkpoint_bytes"]
+    assert note.startswith("computed: θ and ω (fp32 master + Adam moments) of the actor and "
+                           "critic, θ of the reference and reward, read at a restart")
+    assert "writes the actor's and critic's alone" in note
+    p = tmp_path / "grpo.yaml"
+    p.write_text("job: {model: llama-3.1-8b, algo: grpo, gpus: 16, cluster: "
+                 "{devices_per_node: 8}, workload: {responses_per_prompt: 4, "
+                 "prompts_per_step: 128}}\nsteps: 3\n")
+    note = load_scenario(p).notes["restart.checkpoint_bytes"]
+    assert "critic" not in note
+    assert note.startswith("computed: θ and ω (fp32 master + Adam moments) of the actor, θ of "
+                           "the reference and reward, read at a restart")
+    assert "writes the actor's alone" in note
+    # ω as the workload has it: no master copy of fp32 θ, no moments without Adam
+    p.write_text("job: {model: llama-3.1-8b, algo: remax, gpus: 16, cluster: "
+                 "{devices_per_node: 8}, workload: {param_dtype: fp32, optimizer: sgd}}\n"
+                 "steps: 3\n")
+    assert load_scenario(p).notes["restart.checkpoint_bytes"].startswith(
+        "computed: θ and ω (none) of the actor, θ of the reference and reward")
+
+
 def test_builtin_gamma_override_is_noted():
     sc = with_overrides(builtin("stationary", steps=5), gamma=0.2)
     assert sc.notes["control.gamma"] == "--gamma on the command line (0.2)"
@@ -354,6 +377,26 @@ def test_a_spot_trace_of_your_own_in_the_shipped_format(tmp_path):
                                                               shipped.availability.pools)
     assert "spot trace mine.json from tick 3372" in sc.availability.source
     assert SPOT_TRACE in shipped.availability.source
+
+
+def test_a_spot_file_shorter_than_the_window_replays_whole(tmp_path):
+    """Regression: a 10-tick file without start_tick failed ("no 360-tick window runs 80% of
+    the time"); it is replayed from its first tick, and one that can't be says what to set."""
+    import json
+
+    (tmp_path / "short.json").write_text(json.dumps(
+        {"metadata": {"gap_seconds": 300}, "data": [16, 16, 8, 16, 16, 8, 16, 16, 16, 16]}))
+    p = tmp_path / "run.yaml"
+    p.write_text(_job("16") + "availability: {spot: {file: short.json}}\n")
+    av = load_scenario(p).availability
+    assert [len(q) for q in av.pools] == [16, 8, 16, 8, 16]
+    assert av.times == (0.0, 600.0, 900.0, 1500.0, 1800.0)
+    assert "from tick 0" in av.source
+    (tmp_path / "short.json").write_text(json.dumps(
+        {"metadata": {"gap_seconds": 300}, "data": [0, 16, 16]}))
+    with pytest.raises(InputError) as e:
+        load_scenario(p)
+    assert e.value.field == "availability.spot.start_tick" and "0..2" in str(e.value)
 
 
 @pytest.mark.parametrize("data,field", [

@@ -59,9 +59,13 @@ def test_every_policy_pays_the_same_periodic_checkpoint_writes(stationary):
 
 def test_result_json_has_the_issue_shape(stationary):
     from nereus.commands.simulate import result_json
-    _, res = stationary
-    out = result_json(res)
-    assert set(out) == {"scenario", "source", "policies"} and out["source"] == "simulated"
+    sc, res = stationary
+    out = result_json(res, sc)
+    assert set(out) == {"scenario", "source", "run", "policies"}
+    assert out["source"] == "simulated" and out["scenario"] == "stationary"
+    assert out["run"] == {"scenario": "stationary", "steps": 120, "seed": 0, "gamma": 0.5,
+                          "policies": ["static", "replan_always", "nereus", "oracle"],
+                          "command": "nereus simulate --scenario stationary"}
     assert set(out["policies"]) == {"static", "replan_always", "nereus", "oracle"}
     for v in out["policies"].values():
         assert {"tokens_per_s", "transitions", "transition_s", "restarts"} <= set(v)

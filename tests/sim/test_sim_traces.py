@@ -65,6 +65,24 @@ def test_the_shipped_spot_trace_loads_from_the_package():
         T.spot_window(10**6)
 
 
+def test_a_spot_trace_shorter_than_the_window_is_one_window_from_its_start():
+    # regression: 10 ticks, all with GPUs, failed with "no 360-tick window runs 80% of the
+    # time" -- the whole trace is the only window there is
+    short = [16, 16, 8, 16, 16, 8, 16, 16, 16, 16]
+    assert T.busiest_window(short, SPOT_WINDOW_TICKS, SPOT_MIN_RUNNING) == 0
+    # a long trace still picks its busiest qualifying window
+    assert T.busiest_window([0, 4, 4, 4, 2, 4, 2, 4], 4, 0.8) == 3
+    # no qualifying window: the error names the field to set and its range
+    with pytest.raises(InputError) as e:
+        T.busiest_window([0, 16, 0, 0], SPOT_WINDOW_TICKS, SPOT_MIN_RUNNING)
+    assert str(e.value) == ("availability.spot.start_tick: the 4-tick trace does not start "
+                            "with GPUs and hold them in 80% of its ticks, so no start can be "
+                            "chosen for you (allowed: a start tick 0..3 of your choice)")
+    with pytest.raises(InputError, match=r"^availability.spot.start_tick: no 2-tick window of "
+                       r"the 4-tick trace starts with GPUs"):
+        T.busiest_window([0, 16, 0, 0], 2, 1.0)
+
+
 def test_node_churn_changes_whole_nodes_more_than_ten_times_in_ten_hours():
     for seed in range(5):
         av = T.node_churn(2, 8, hours=10, changes=12, min_nodes=1, seed=seed)

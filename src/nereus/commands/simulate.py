@@ -80,11 +80,21 @@ def refuse_overwriting_inputs(outputs: dict[str, Path | None], inputs: dict[str,
                                  "inputs")
 
 
-def result_json(res: SimResult) -> dict[str, object]:
-    """Scenario, source, and per policy every number the table prints (and the calibrator's
-    error after 10 steps, where the policy has a calibrator; else null)."""
-    return {"scenario": res.scenario, "source": "simulated",
+def result_json(res: SimResult, sc: Scenario, command: str | None = None
+                ) -> dict[str, object]:
+    """Scenario, source, the run (``run_json``), and per policy every number the table prints
+    (and the calibrator's error after 10 steps, where the policy has a calibrator; else
+    null). ``mean_step_s``: see ``PolicyResult.mean_step_s`` (checkpoint writes included)."""
+    return {"scenario": res.scenario, "source": "simulated", "run": run_json(res, sc, command),
             "policies": {n: policy_json(r) for n, r in res.results.items()}}
+
+
+def run_json(res: SimResult, sc: Scenario, command: str | None = None) -> dict[str, object]:
+    """What was simulated, as run (after --steps and --gamma): two runs of one scenario with
+    other steps, seed or γ print different objects, not only different numbers."""
+    return {"scenario": sc.name, "steps": sc.steps, "seed": sc.seed,
+            "gamma": sc.control.gamma, "policies": list(res.results),
+            "command": command or run_label(sc, None)}
 
 
 def policy_json(r: PolicyResult) -> dict[str, object]:
@@ -99,10 +109,16 @@ def policy_json(r: PolicyResult) -> dict[str, object]:
 CALIB_STEP = 10
 
 
+# what "mean step s" adds up (PolicyResult.mean_step_s): more than the step, so say it
+MEAN_STEP = ("mean step s: the step plus its transitions, restarts, lost work and checkpoint "
+             "writes (pauses excepted)")
+
+
 def summary_table(sc: Scenario, res: SimResult) -> Table:
     base = res.results.get("static")
     # Text: a scenario's name is the user's, not Rich markup ("[red]run[/red]" prints as given)
-    t = Table(title=Text(f"{sc.name}: {sc.steps} steps (simulated)"), title_justify="left")
+    t = Table(title=Text(f"{sc.name}: {sc.steps} steps (simulated)"), title_justify="left",
+              caption=MEAN_STEP, caption_justify="left")
     for col in ("policy", "tokens/s", "vs static", "mean step s", "transitions",
                 "transition s", "restarts", "restart s", "lost s", "paused s",
                 "checkpoint s"):
@@ -116,19 +132,22 @@ def summary_table(sc: Scenario, res: SimResult) -> Table:
     return t
 
 
-def write_csv(res: SimResult, path: Path) -> None:
-    """Per-step rows of every policy; the ``source`` column says the numbers are simulated."""
+def write_csv(res: SimResult, path: Path, sc: Scenario) -> None:
+    """Per-step rows of every policy, each naming its scenario, seed and γ (a file read on its
+    own, or rows of two runs put together, still say which run they are); the ``source``
+    column says the numbers are simulated."""
     fields = ["policy", "step", "end_s", "step_s", "transition_s", "restart_s", "lost_s",
               "paused_s", "checkpoint_s", "pool_gpus", "plan_gpus", "response_len_mean",
               "tokens", "calib_error"]
+    run = [sc.name, sc.seed, sc.control.gamma]
     try:
         with open(path, "w", newline="") as f:
             w = csv.writer(f)
-            w.writerow([*fields, "source"])
+            w.writerow(["scenario", "seed", "gamma", *fields, "source"])
             for r in res.results.values():
                 for row in r.rows:
-                    w.writerow([*(getattr(row, k) if getattr(row, k) is not None else ""
-                                  for k in fields), "simulated"])
+                    w.writerow([*run, *(getattr(row, k) if getattr(row, k) is not None else ""
+                                        for k in fields), "simulated"])
     except OSError as e:
         raise InputError("--csv", f"cannot write {path}: {e.strerror}") from None
 
@@ -259,18 +278,19 @@ def register(app: typer.Typer) -> None:
             task = bar.add_task("steps", total=sc.steps)
             res = run_scenario(sc, names, lambda k: bar.update(task, completed=k), on_log,
                                sim=sim)
+        label = run_label(sc, config, seed, steps, gamma)
         if as_json:
-            print(json.dumps(result_json(res)))
+            print(json.dumps(result_json(res, sc, label)))
         else:
             print_results(sc, res, lines, log, notes)
         # the files after the results: one that cannot be saved costs no printed result
         if csv_path is not None:
-            write_csv(res, csv_path)
+            write_csv(res, csv_path, sc)
             if not as_json:
                 console.print(f"wrote per-step rows to {csv_path}", markup=False,
                               highlight=False)
         if plot_path is not None:
-            plot(res, sc, plot_path, run_label(sc, config, seed, steps, gamma))
+            plot(res, sc, plot_path, label)
             if not as_json:
                 console.print(f"wrote plot to {plot_path}", markup=False, highlight=False)
 

@@ -14,6 +14,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from enum import Enum
 
+from nereus.spec.cluster import gpu_ranges
+
 
 class TriggerKind(str, Enum):
     POOL_LOSS = "pool_loss"   # GPUs left the pool
@@ -121,6 +123,6 @@ class Monitor:
 
 
 def _ids(ids: list[int]) -> str:
-    if len(ids) <= 6:
-        return ",".join(map(str, ids))
-    return f"{ids[0]}..{ids[-1]} ({len(ids)})"
+    # Runs, as the rest of the project writes GPU sets ("0-2,11-15 (8)"): a first..last span
+    # would name GPUs that are still in the pool. The count saves adding up the runs.
+    return gpu_ranges(ids) if len(ids) == 1 else f"{gpu_ranges(ids)} ({len(ids)})"

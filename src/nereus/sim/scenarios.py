@@ -69,6 +69,7 @@ from nereus.sim.traces import (
 from nereus.sim.truth import MAX_NOISE, Truth
 from nereus.spec.cluster import format_gpus
 from nereus.spec.job import JobSpec, parse_job
+from nereus.spec.workload import Optimizer
 
 GB = 1e9
 
@@ -128,7 +129,7 @@ class Scenario:
     inputs: Mapping[str, Path] = field(default_factory=dict)
 
 
-def _common_notes() -> dict[str, str]:
+def _common_notes(job: JobSpec) -> dict[str, str]:
     notes = {
         "job": "paper §3.2: Llama-3.1-8B PPO on 16 GPUs; assumption: H100 SXM 80GB in 2 "
                "nodes of 8 (NVLink inside, 400 Gb/s per GPU between), synchronous, and the "
@@ -194,10 +195,7 @@ def _common_notes() -> dict[str, str]:
     }
     for k, v in RESTART_SOURCES.items():
         notes[f"restart.{k}"] = v
-    notes["restart.checkpoint_bytes"] = ("computed: θ and ω (fp32 master + Adam moments) of "
-                                         "the actor and critic, θ of reference and reward, "
-                                         "read at a restart; a planned restart first writes "
-                                         "the actor's and critic's alone")
+    notes["restart.checkpoint_bytes"] = checkpoint_note(job)
     notes["restart.checkpoint_writes"] = ("assumption: every policy (the oracle too) writes "
                                           "a checkpoint every checkpoint_interval_steps steps "
                                           "and waits for it: the bytes a planned restart "
@@ -205,6 +203,27 @@ def _common_notes() -> dict[str, str]:
                                           "nodes (nereus.control.restart.checkpoint_write_s); "
                                           "simulated")
     return notes
+
+
+def checkpoint_note(job: JobSpec) -> str:
+    """Where ``restart.checkpoint_bytes`` comes from, for ``job``'s own workflow: what
+    nereus.control.restart counts (θ and ω of each trained model, θ of each frozen one)."""
+    def names(ms: Sequence[str]) -> str:
+        return "the " + (ms[0] if len(ms) == 1 else ", ".join(ms[:-1]) + " and " + ms[-1])
+
+    w = job.workload
+    # ω as the workload counts it (optimizer_state_bytes_per_param): a master copy only
+    # when θ is kept below fp32, moments only for Adam
+    omega = [part for part, on in (("fp32 master", w.master_weights and w.param_bytes < 4),
+                                   ("Adam moments", w.optimizer is Optimizer.ADAM)) if on]
+    trained = [m.name for m in job.workflow.models if m.trainable]
+    frozen = [m.name for m in job.workflow.models if not m.trainable]
+    read = f"θ and ω ({' + '.join(omega) or 'none'}) of {names(trained)}"
+    if frozen:
+        read += f", θ of {names(frozen)}"
+    saved = names([m + "'s" for m in trained])
+    return (f"computed: {read}, read at a restart; a planned restart first writes {saved} "
+            "alone (frozen weights never change)")
 
 
 def default_job() -> JobSpec:
@@ -240,7 +259,7 @@ def scenario_default(seed: int = 0, steps: int = 1000) -> Scenario:
     avail = spot_window(start, max_gpus=16)
     most = max(len(p) for p in avail.pools)
     begins = pool_start(avail)
-    notes = _common_notes()
+    notes = _common_notes(job)
     notes.update({
         "job": f"paper §3.2: Llama-3.1-8B PPO on 16 GPUs; assumption: a cluster of 16 H100 "
                f"SXM 80GB in 2 nodes of 8 (NVLink inside, 400 Gb/s per GPU between), "
@@ -272,7 +291,7 @@ def scenario_default(seed: int = 0, steps: int = 1000) -> Scenario:
 def scenario_stationary(seed: int = 0, steps: int = 300) -> Scenario:
     """Only noise: constant length, pool and efficiencies. Nereus should never move."""
     job = default_job()
-    notes = _common_notes()
+    notes = _common_notes(job)
     notes.update({"lengths": "assumption: 2,000 tokens with 5 % log-normal noise, longest = "
                              f"1.5x mean; {steps} steps",
                   "availability": "constant: 16 GPUs", "drift": "none"})
@@ -285,7 +304,7 @@ def scenario_stationary(seed: int = 0, steps: int = 300) -> Scenario:
 def scenario_churn(seed: int = 0, steps: int = 1000) -> Scenario:
     """Responses grow while whole nodes leave and come back (a generated spot trace)."""
     job = default_job()
-    notes = _common_notes()
+    notes = _common_notes(job)
     notes.update({
         "lengths": _growth_note(steps),
         "availability": "generated (seeded): whole 8-GPU nodes of the job's 2 leave and come "
@@ -308,7 +327,7 @@ NVLINK_CLASSES = ("allreduce.intra", "allgather.intra", "broadcast.intra", "p2p.
 def scenario_drift(seed: int = 0, steps: int = 1000) -> Scenario:
     """Responses grow on a fixed pool with periods in which the NVLink collectives slow down."""
     job = default_job()
-    notes = _common_notes()
+    notes = _common_notes(job)
     notes.update({
         "lengths": _growth_note(steps),
         "availability": "constant: 16 GPUs",
@@ -371,6 +390,8 @@ class _Lengths(_Strict):
 
 
 class _Spot(_Strict):
+    # without it, the busiest SPOT_WINDOW_TICKS window that holds GPUs SPOT_MIN_RUNNING of
+    # the time; a trace shorter than the window replays whole, from tick 0 (busiest_window)
     start_tick: int | None = Field(None, ge=0)
     # a trace of your own in the shipped one's format (skypilot-org/spot-traces' files),
     # relative to the scenario file; without it, the real AWS trace that ships
@@ -589,7 +610,7 @@ def load_scenario(path: str | Path) -> Scenario:
                             length_margin=c3.length_margin, length_window=c3.length_window,
                             warmup_steps=c3.warmup_steps,
                             horizon_alpha=c3.horizon_alpha, restart=restart)
-    notes = _common_notes()
+    notes = _common_notes(job)
     notes.update({"job": f"from {p.name}", "lengths": lengths.source,
                   "availability": avail.source, "drift": drift.source})
     here = f"from {p.name}"

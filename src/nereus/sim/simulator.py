@@ -102,7 +102,9 @@ class PolicyResult:
 
     @property
     def mean_step_s(self) -> float:
-        """Mean step latency including transitions, restarts and lost work (not pauses)."""
+        """Mean wall-clock time per step, pauses excepted: the step itself plus the
+        transitions, restarts, lost work (waits holding GPUs included) and periodic checkpoint
+        writes around it (``busy_s`` over the steps)."""
         return self.busy_s / len(self.rows) if self.rows else 0.0
 
     @property

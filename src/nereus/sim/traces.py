@@ -22,6 +22,7 @@ import bisect
 import csv
 import functools
 import io
+import itertools
 import json
 import math
 from collections.abc import Callable, Iterable, Sequence
@@ -290,20 +291,32 @@ def spot_window(start_tick: int, name: str = SPOT_TRACE, max_gpus: int | None = 
                        "instances -> GPU ids 0..n-1")
 
 
-def busiest_window(counts: Sequence[int], ticks: int, min_running: float) -> int:
+def busiest_window(counts: Sequence[int], ticks: int, min_running: float,
+                   field: str = "availability.spot.start_tick") -> int:
     """Start tick of the ``ticks``-long window with the most changes among those that start
-    with GPUs and hold GPUs in at least ``min_running`` of their ticks (earliest on ties)."""
+    with GPUs and hold GPUs in at least ``min_running`` of their ticks (earliest on ties).
+
+    A trace shorter than ``ticks`` is one window, the whole trace (start tick 0): the window's
+    length only stands for a run's, and a short file of one's own is what one means to replay
+    (``spot_window`` holds its last count after it ends). ``field``: what to set instead when
+    no window qualifies.
+    """
+    ticks = max(1, min(ticks, len(counts)))
     best, best_start = -1, 0
-    for s in range(0, len(counts) - ticks + 1):
+    for s in range(len(counts) - ticks + 1):
         seg = counts[s:s + ticks]
         if seg[0] == 0 or sum(1 for n in seg if n > 0) < min_running * ticks:
             continue
-        ch = sum(1 for a, b in zip(seg, seg[1:]) if a != b)
+        ch = sum(1 for a, b in itertools.pairwise(seg) if a != b)
         if ch > best:
             best, best_start = ch, s
     if best < 0:
-        raise InputError("availability", f"no {ticks}-tick window runs {min_running:.0%} of "
-                         f"the time")
+        n, share = len(counts), f"{min_running:.0%}"
+        problem = (f"the {n}-tick trace does not start with GPUs and hold them in {share} of "
+                   "its ticks" if ticks == n else f"no {ticks}-tick window of the {n}-tick "
+                   f"trace starts with GPUs and holds them in {share} of its ticks")
+        raise InputError(field, f"{problem}, so no start can be chosen for you",
+                         f"a start tick 0..{n - 1} of your choice")
     return best_start
 
 
