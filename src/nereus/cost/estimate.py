@@ -15,6 +15,9 @@ from nereus.cost.efficiency import Efficiencies
 from nereus.cost.ops import Op, OpClass
 
 HEADROOM = 0.90  # memory feasibility: predicted peak within 90 % of capacity (DESIGN.md)
+# The term of a pipeline's idle slots ((pp - 1) micro-batch slots per step): priced as work,
+# measured as waiting
+BUBBLE = "bubble"
 GiB = 1024**3
 
 
@@ -68,9 +71,13 @@ class Estimate:
 
     def ideal_by_timed_class(self) -> dict[OpClass, dict[OpClass, float]]:
         """For each class a framework times (gemm, allreduce.intra, ...), the ideal seconds per
-        priced class inside it (an all-reduce's bandwidth and latency parts)."""
+        priced class inside it (an all-reduce's bandwidth and latency parts). The pipeline's
+        bubble is left out: its rows price a block's idle slots as the work of the slowest
+        one, and a block files that time as waiting, under no class (``engine.measure``)."""
         out: dict[OpClass, dict[OpClass, float]] = {}
         for op in self.ops:
+            if op.term == BUBBLE:
+                continue
             part = out.setdefault(op.timed_class, {})
             part[op.cls] = part.get(op.cls, 0.0) + op.ideal_s
         return out

@@ -36,7 +36,7 @@ from nereus.cost import work
 from nereus.cost.candidate import Candidate, Layout
 from nereus.cost.comm import STEPS, WIRE_FRACTION
 from nereus.cost.efficiency import Efficiencies
-from nereus.cost.estimate import HEADROOM, Estimate
+from nereus.cost.estimate import BUBBLE, HEADROOM, Estimate
 from nereus.cost.ops import Op, OpClass, comm_class
 from nereus.spec.job import JobSpec
 from nereus.spec.model import Head, ModelSpec
@@ -725,7 +725,7 @@ class CostModel:
         passes = np.where(rc, 4.0, 3.0)          # fwd + 2x bwd (+ fwd again when recomputing)
         ar_per_layer = np.where(rc, 6.0, 4.0)   # 2 per fwd, 2 per bwd
         rows: list[Row] = []
-        for term, count in (("compute", updates * cols.a), ("bubble", updates * (cols.pp - 1))):
+        for term, count in (("compute", updates * cols.a), (BUBBLE, updates * (cols.pp - 1))):
             rows += self._compute(st, cols, tok_t, seq_t, passes, count, term)
             rows += self._tp(st, cols, tok_t, ar_per_layer, count,
                              "tp_comm" if term == "compute" else term, loss_reductions=3)
@@ -778,7 +778,7 @@ class CostModel:
         tok_t, tok_m = cols.b * seq_t, cols.b * seq_m
         one = np.ones_like(cols.tp)
         rows: list[Row] = []
-        for term, count in (("compute", cols.a), ("bubble", cols.pp - 1)):
+        for term, count in (("compute", cols.a), (BUBBLE, cols.pp - 1)):
             rows += self._compute(st, cols, tok_t, seq_t, one, count, term)
             rows += self._tp(st, cols, tok_t, 2.0 * one, count,
                              "tp_comm" if term == "compute" else term, loss_reductions=2)
