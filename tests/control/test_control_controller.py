@@ -12,6 +12,7 @@ from nereus.control.restart import RestartParams, checkpoint_bytes, restart_cost
 from nereus.control.targets import intact, reprice
 from nereus.control.telemetry import Telemetry
 from nereus.cost.efficiency import Efficiencies
+from nereus.cost.estimate import BUBBLE
 from nereus.cost.model import CostModel
 from nereus.cost.ops import OpClass
 from nereus.plan.search import Planner, best_plan
@@ -799,7 +800,11 @@ def test_op_class_times_alone_teach_the_calibrator(job, plans):
     ops = {}
     for sp in reprice(job.with_workload(w), cost, p).plan.stages:
         est = cost.estimate(sp.stage, sp.candidate)
-        ops[sp.stage] = {k.value: v for k, v in est.time_by_class().items() if v > 0}
+        timed: dict[str, float] = {}
+        for op in est.ops:  # a block's timers file its work, not the pipeline's idle slots
+            if op.term != BUBBLE and op.ideal_s > 0:
+                timed[op.cls.value] = timed.get(op.cls.value, 0.0) + op.ideal_s / cost.eff[op.cls]
+        ops[sp.stage] = timed
     c = Controller(job, p, on_log=lambda s: None)
     for k in range(5):
         c.on_boundary(Telemetry(k, 2000.0, 3000, job.pool.ids, op_time_s=ops))
