@@ -833,3 +833,139 @@ def test_an_onward_replan_waits_through_pool_changes_while_a_transition_runs(job
     assert [t.kind for t in d.reasons.triggers] == [TriggerKind.ONWARD]
     assert [v.label for v in d.reasons.verdicts] == ["best"]  # S* priced again
     assert c.pending == ()
+
+
+def test_an_out_of_memory_failure_restarts_onto_a_plan_for_the_crashed_length(job, plans):
+    """The failure's telemetry is the step that crashed: its longest response enters the
+    window memory is planned for, so the restart's plan holds it (it used to be the step
+    before, and the restart crashed again on the same step)."""
+    p = plans["best16"]
+    c = Controller(job, p, on_log=lambda s: None)
+    c.on_boundary(_tel(job, p, 0, 2000))
+    at = job.with_workload(job.workload.with_response_len(2000, 16000))
+    assert not reprice(at, c._cost(at), p).fits               # the plan that ran cannot hold it
+    d = c.on_failure(Telemetry(1, 2000.0, 16000, job.pool.ids), out_of_memory=True)
+    assert d.action is Action.RESTART and d.restart is not None and d.restart.lost_s > 0
+    assert reprice(at, c._cost(at), d.plan).fits
+
+
+def test_an_out_of_memory_failure_the_estimate_missed_raises_the_memory_scale(job, plans):
+    """A crash at a length the plan was estimated to hold: the stages with no measured peak
+    needed at least the whole device, so the calibrator's memory scale grows."""
+    p = plans["best16"]
+    c = Controller(job, p, on_log=lambda s: None)
+    c.on_boundary(_tel(job, p, 0, 2000))
+    before = c.calibrator.memory_scale()
+    c.on_failure(Telemetry(1, 2000.0, 3000, job.pool.ids), out_of_memory=True)
+    after = c.calibrator.memory_scale()
+    assert any(after[k] > before.get(k, 1.0) for k in after)
+
+
+def _split_plan(reference_gpus=range(8)):
+    """The default job on 16 GPUs with actor_gen alone on node 1 (GPUs 8-15); every other
+    model-stage on node 0 (reference_infer where asked)."""
+    from nereus.control.targets import price
+    from nereus.plan.evaluate import StageLayoutSpec as S
+    from nereus.sim.scenarios import default_job
+    job = default_job()
+
+    def reps(ids, n):
+        ids = list(ids)
+        return tuple(tuple(ids[i:i + n]) for i in range(0, len(ids), n))
+
+    ref = list(reference_gpus)
+    specs = {"actor_gen": S(4, 1, 2, reps(range(8, 16), 4)),
+             "reference_infer": S(1, 2, len(ref) // 2, reps(ref, 2)),
+             "reward_infer": S(1, 8, 1, reps(range(8), 8)),
+             "critic_infer": S(1, 8, 1, reps(range(8), 8)),
+             "actor_train": S(2, 2, 1, reps(range(4), 4)),
+             "critic_train": S(1, 4, 1, reps(range(4, 8), 4))}
+    priced = price(job, CostModel(job), specs)
+    assert priced.plan is not None
+    return job, priced.plan
+
+
+def test_losing_every_generation_replica_rebuilds_it_from_training_instead_of_restarting():
+    """A generation EMU holds a copy of the actor's θ, which actor_train still holds: losing
+    every actor_gen replica is a move that rebuilds it by a weight sync (priced in L_tran),
+    not a checkpoint/restart with redone steps."""
+    from nereus.control.targets import survive
+    job, p = _split_plan()
+    node0 = tuple(range(8))
+    survivors, lost, rebuilt = survive(p, node0, job.workflow)
+    assert survivors is not None and lost == () and rebuilt == ("actor_gen",)
+    assert intact(p, node0)[0] is None                    # per model-stage it was "lost"
+    c = Controller(job, p, on_log=lambda s: None)
+    d = c.on_boundary(Telemetry(0, 500.0, 750, node0))
+    assert d.action is Action.MOVE, d.log_line()
+    assert d.schedule is not None and d.schedule.feasible
+    assert "rebuild actor_gen" in d.schedule.reason
+    assert d.reasons.l_tran_s == d.schedule.estimated_s and d.reasons.l_tran_s > 0
+
+
+def test_frozen_weights_are_read_again_and_trained_state_alone_is_a_last_copy():
+    """Frozen weights (reference) come back from storage, priced at the read bandwidth of the
+    stage's nodes; losing the only actor_train replica loses θ and ω: a restart."""
+    from nereus.control.restart import GB
+    from nereus.control.targets import fill, rebuild_s, survive
+    job, p = _split_plan(reference_gpus=range(8, 16))
+    node0 = tuple(range(8))
+    survivors, lost, rebuilt = survive(p, node0, job.workflow)
+    assert lost == () and set(rebuilt) == {"actor_gen", "reference_infer"}
+    assert {sp.stage for sp in fill(survivors, p).stages} == {sp.stage for sp in p.stages}
+    ref_bytes = job.model.param_count(job.workflow.model("reference").head) \
+        * job.workload.param_bytes
+    assert rebuild_s(job, CostModel(job), p, ("reference_infer",), 2 * GB) == \
+        pytest.approx(ref_bytes / (2 * GB))                 # its GPUs are one node
+    gone = set(p.stage("actor_train").gpus)
+    survivors, lost, _ = survive(p, [g for g in range(16) if g not in gone], job.workflow)
+    assert survivors is None and lost == ("actor_train",)
+    c = Controller(job, p, on_log=lambda s: None)
+    d = c.on_boundary(Telemetry(0, 500.0, 750, tuple(g for g in range(16) if g not in gone)))
+    assert d.action is Action.RESTART and d.restart.lost_s > 0
+
+
+def test_a_boundary_after_the_pool_emptied_learns_nothing_and_restarts():
+    """Telemetry with measured times after an empty pool: the controller holds no running
+    plan (its pool is empty), so it learns nothing instead of building a job on no GPUs
+    (``InputError: gpus: the GPU pool is empty``)."""
+    from nereus.sim.scenarios import default_job
+    job = default_job()
+    c = Controller(job, on_log=lambda s: None)
+    full = tuple(range(16))
+    lat = {sp.stage: 5.0 for sp in c.plan.stages}
+    c.on_boundary(Telemetry(0, 500, 750, full, latency_s=lat))
+    assert c.on_boundary(Telemetry(1, 500, 750, (), latency_s=lat)).action is Action.WAIT
+    samples = c.calibrator.samples
+    d = c.on_boundary(Telemetry(2, 500, 750, full, latency_s=lat))
+    assert d.action is Action.RESTART and c.calibrator.samples == samples
+
+
+@pytest.mark.parametrize("field, value, says", [
+    ("length_margin", math.nan, "must be a finite number"),
+    ("length_margin", math.inf, "must be a finite number"),
+    ("gamma", math.nan, "must be a finite number"),
+    ("horizon_alpha", math.inf, "must be a finite number"),
+    ("warmup_steps", math.nan, "must be an integer >= 0"),
+    ("warmup_steps", 2.0, "must be an integer >= 0"),
+    ("max_tries", 2.5, "must be an integer >= 1"),
+    ("length_window", True, "must be an integer >= 1"),
+])
+def test_control_config_refuses_non_finite_and_non_integer_values(field, value, says):
+    from nereus.errors import InputError
+    with pytest.raises(InputError, match=f"^control.{field}: {says}"):
+        ControlConfig(**{field: value})
+
+
+@pytest.mark.parametrize("field, value, says", [
+    ("startup_s", math.inf, "must be a finite number"),
+    ("startup_s", -1.0, "must be >= 0"),
+    ("storage_read_bw_per_node", math.inf, "must be a finite number"),
+    ("storage_write_bw_per_node", 0.0, "must be > 0"),
+    ("checkpoint_interval_steps", 2.5, "must be an integer >= 1"),
+])
+def test_restart_params_refuse_non_finite_values_and_say_the_right_bound(field, value, says):
+    from nereus.errors import InputError
+    with pytest.raises(InputError, match=f"^restart.{field}: {says}"):
+        RestartParams(**{field: value})
+    assert RestartParams(startup_s=0.0).startup_s == 0.0

@@ -258,3 +258,54 @@ def test_a_change_that_misses_a_plan_still_changes_the_pool_and_the_checkpoint()
         assert row.pool_gpus == 8, name
         assert row.checkpoint_s == pytest.approx(write_s), name
         assert r.checkpoint_s == pytest.approx(res.results["static"].checkpoint_s), name
+
+
+def _spike(steps: int, at: int, longest: int, name: str = "spike"):
+    """The stationary scenario with one step's longest response raised to ``longest``."""
+    sc = builtin("stationary", steps=steps)
+    lt = sc.lengths.head(steps)
+    spiked = tuple(longest if k == at else x for k, x in enumerate(lt.longest))
+    return replace(sc, lengths=T.LengthTrace(lt.mean, spiked, "test: one long response"),
+                   name=name, steps=steps)
+
+
+def test_an_out_of_memory_crash_restarts_onto_a_plan_that_holds_the_crashed_step():
+    """One response of 16,000 tokens at step 12: the controller heard of the step before the
+    crash (2,000-token responses) and restarted onto a plan for those, which crashed again on
+    the same step 10,000 times and then raised RuntimeError. It now hears of the crashed step's
+    lengths, and restarts once onto a plan that holds them."""
+    from nereus.sim.policies import make_policies
+    sc = _spike(16, 12, 16000)
+    sim = simulator(sc)
+    pols = make_policies(["nereus", "replan_always"], sim.truth, sc.lengths, sc.control)
+    res = sim.run(pols, sc.name)
+    for name, r in res.results.items():
+        ooms = [e for e in r.events if e.kind == "oom"]
+        assert [e.step for e in ooms] == [12], name
+        assert len(r.rows) == sc.steps, name
+        assert r.restarts == 1, name
+
+
+def test_a_step_no_plan_holds_stops_the_run_with_an_input_error(monkeypatch):
+    """A policy whose every plan runs out of memory on one step stops the run after a few
+    tries with an error naming the step and its longest response (the CLI's exit 2), not
+    after 10,000 restarts with a RuntimeError."""
+    from nereus.errors import InputError
+    from nereus.sim import simulator as S
+    from nereus.sim.policies import make_policies
+    sc = _spike(16, 12, 16000)
+    sim = simulator(sc)
+    pols = make_policies(["nereus"], sim.truth, sc.lengths, sc.control)
+    at = {"step": -1}
+    real_fits, real_advance = sim.truth.fits, S._Runner.advance
+
+    def advance(self, k):
+        at["step"] = k
+        return real_advance(self, k)
+
+    monkeypatch.setattr(S._Runner, "advance", advance)
+    # the truth's memory: every plan runs out on step 12
+    monkeypatch.setattr(sim.truth, "fits", lambda priced: at["step"] != 12 and real_fits(priced))
+    with pytest.raises(InputError, match=r"step 12: nereus ran out of memory 5 times in a row "
+                                         r"on this step \(longest response 16000 tokens"):
+        sim.run(pols, sc.name)

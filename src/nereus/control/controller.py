@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import math
+import numbers
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -44,7 +45,17 @@ from nereus.control.monitor import (
     pool_triggers,
 )
 from nereus.control.restart import RestartCost, RestartParams, restart_cost
-from nereus.control.targets import Priced, hybrids, intact, price, problems, rebatched, reprice
+from nereus.control.targets import (
+    Priced,
+    fill,
+    hybrids,
+    price,
+    problems,
+    rebatched,
+    rebuild_s,
+    reprice,
+    survive,
+)
 from nereus.control.telemetry import Telemetry
 from nereus.cost.calibrate import Calibrator
 from nereus.cost.efficiency import Efficiencies
@@ -105,6 +116,15 @@ class ControlConfig:
     restart: RestartParams = field(default_factory=RestartParams)
 
     def __post_init__(self) -> None:
+        for f in ("gamma", "delta_len", "delta_eff", "length_margin", "eff_z", "eff_min_share",
+                  "horizon_alpha"):
+            v = getattr(self, f)
+            if not _finite(v):
+                raise InputError(f"control.{f}", f"must be a finite number, got {v!r}")
+        for f, least in (("length_window", 1), ("max_tries", 1), ("warmup_steps", 0)):
+            v = getattr(self, f)
+            if not (_whole(v) and v >= least):
+                raise InputError(f"control.{f}", f"must be an integer >= {least}, got {v!r}")
         if not 0.0 <= self.gamma <= 1.0:
             raise InputError("control.gamma", f"must be in [0, 1], got {self.gamma}")
         for f in ("delta_len", "delta_eff"):
@@ -112,20 +132,24 @@ class ControlConfig:
                 raise InputError(f"control.{f}", f"must be > 0, got {getattr(self, f)}")
         if self.length_margin < 0:
             raise InputError("control.length_margin", f"must be >= 0, got {self.length_margin}")
-        if self.length_window < 1:
-            raise InputError("control.length_window", f"must be >= 1, got {self.length_window}")
         if not self.eff_z > 0:
             raise InputError("control.eff_z", f"must be > 0, got {self.eff_z}")
-        if self.max_tries < 1:
-            raise InputError("control.max_tries", f"must be >= 1, got {self.max_tries}")
-        if self.warmup_steps < 0:
-            raise InputError("control.warmup_steps", f"must be >= 0, got {self.warmup_steps}")
         if not 0.0 <= self.eff_min_share <= 1.0:
             raise InputError("control.eff_min_share",
                              f"must be in [0, 1], got {self.eff_min_share}")
         if not 0.0 < self.horizon_alpha <= 1.0:
             raise InputError("control.horizon_alpha",
                              f"must be in (0, 1], got {self.horizon_alpha}")
+
+
+def _finite(v: object) -> bool:
+    """A finite real number, not a bool or a string."""
+    return isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _whole(v: object) -> bool:
+    """An integer, not a bool (an integral float such as 20.0 is not one either)."""
+    return isinstance(v, numbers.Integral) and not isinstance(v, bool)
 
 
 class Action(str, Enum):
@@ -261,6 +285,10 @@ class Controller:
         self._recent_longest.append(tel.response_len_max)
         if not tel.latency_s and not tel.peak_mem_bytes and not tel.op_time_s:
             return {}
+        if not self.pool or self.stopped:
+            # no plan runs (the pool emptied, or the job stopped and waits for a restart):
+            # these figures measure no plan on the controller's pool; nothing to learn
+            return {}
         ran = self._job(self.pool, tel.response_len_mean, tel.response_len_max, margin=False)
         cost = CostModel(ran, self.calibrator.efficiencies())
         time_by_class: dict[str, float] = {}
@@ -356,8 +384,10 @@ class Controller:
 
     # ------------------------------------------------------------------ the boundary
     def on_boundary(self, tel: Telemetry) -> Decision:
+        return self._boundary(tel, self._learn(tel))
+
+    def _boundary(self, tel: Telemetry, shares: Mapping[str, float]) -> Decision:
         cfg = self.config
-        shares = self._learn(tel)
         step = tel.step
         # H_pool learns from every change since the last boundary, also while a replan waits
         # for a running transition (the pool may change again meanwhile); the replan answers
@@ -377,8 +407,8 @@ class Controller:
         cost = self._cost(now)
         if self.stopped:
             return self._log(self._resume(step, tuple(triggers), now, cost, tel))
-        survivors, lost = intact(self.plan, tel.pool)
-        whole = survivors is not None and all(
+        survivors, lost, rebuilt = survive(self.plan, tel.pool, self.job.workflow)
+        whole = survivors is not None and not rebuilt and all(
             len(a.replicas) == len(b.replicas) for a, b in zip(survivors.stages, self.plan.stages))
         broken = not whole
         if whole:
@@ -414,7 +444,8 @@ class Controller:
                 step, pending, False, gamma=cfg.gamma,
                 summary=f"deferred: a transition is still running{after}")))
         self.pending = ()
-        decision = self._replan(step, pending, urgent, now, cost, broken, survivors, lost)
+        decision = self._replan(step, pending, urgent, now, cost, broken, survivors, lost,
+                                rebuilt)
         self._reset(tel, signals)
         self.pool = tel.pool
         self._adopt(decision)
@@ -445,10 +476,36 @@ class Controller:
             self.stopped = False
             self._mem_bound = None
 
-    def on_failure(self, tel: Telemetry) -> Decision:
-        """The job crashed (out of memory, a lost process): restart from the checkpoint."""
+    def on_failure(self, tel: Telemetry, out_of_memory: bool = False) -> Decision:
+        """The job crashed (out of memory, a lost process): restart from the checkpoint.
+
+        ``tel`` describes the step that crashed: its lengths, and the peaks of the stages that
+        measured one. Its longest response enters the window memory is planned for, so the
+        restart's plan holds it. ``out_of_memory``: where the plan that crashed was estimated
+        to hold that response, the estimate was short; each of its stages with no measured
+        peak is learned to need at least the whole device there (a lower bound: the stage
+        that ran out measured none), so the restart plans for more memory."""
+        shares = self._learn(tel)  # the plan ran until it crashed
+        if out_of_memory and not self.stopped and self.pool and tel.pool:
+            self._learn_oom(tel)
         self.stopped = True
-        return self.on_boundary(tel)
+        return self._boundary(tel, shares)
+
+    def _learn_oom(self, tel: Telemetry) -> None:
+        """Memory evidence from an out-of-memory crash of ``self.plan`` at ``tel``'s lengths."""
+        ran = self._job(self.pool or tel.pool, tel.response_len_mean, tel.response_len_max,
+                        margin=False)
+        cap = ran.cluster.device.memory_bytes
+        scaled = reprice(ran, self._cost(ran), self.plan).plan
+        if scaled is None or any(sp.peak_mem_bytes > HEADROOM * cap for sp in scaled.stages):
+            return  # the estimate saw it coming: the longest response alone is the evidence
+        raw = CostModel(ran, self.calibrator.efficiencies())
+        for sp in self.plan.stages:
+            if sp.stage in tel.peak_mem_bytes:
+                continue
+            est = stage_estimate(raw, self.plan, sp.stage).peak_mem_bytes
+            if 0 < est < cap:
+                self.calibrator.observe_memory(self.job.workflow.stage(sp.stage).kind, est, cap)
 
     def _resume(self, step: int, triggers: tuple[Trigger, ...], now: JobSpec, cost: CostModel,
                 tel: Telemetry) -> Decision:
@@ -524,7 +581,7 @@ class Controller:
 
     def _replan(self, step: int, triggers: tuple[Trigger, ...], urgent: bool, now: JobSpec,
                 cost: CostModel, broken: bool, survivors: Plan | None,
-                lost: tuple[str, ...]) -> Decision:
+                lost: tuple[str, ...], rebuilt: tuple[str, ...] = ()) -> Decision:
         cfg = self.config
         # the smallest H_x over every trigger: a memory violation is driven by the lengths
         signals = ["response_len" if t.kind is TriggerKind.MEMORY else t.signal
@@ -536,16 +593,24 @@ class Controller:
                        current_risk_s=cur_risk)
         best, why_none, note = self._best(now, cost)
         return _noted(self._decide(step, triggers, urgent, now, cost, survivors, lost, horizon,
-                                   cur_s, base, best, why_none), best, note)
+                                   cur_s, base, best, why_none, rebuilt), best, note)
 
     def _decide(self, step: int, triggers: tuple[Trigger, ...], urgent: bool, now: JobSpec,
                 cost: CostModel, survivors: Plan | None, lost: tuple[str, ...], horizon: float,
-                cur_s: float | None, base: Reasons, best: Priced | None, why_none: str
-                ) -> Decision:
+                cur_s: float | None, base: Reasons, best: Priced | None, why_none: str,
+                rebuilt: tuple[str, ...] = ()) -> Decision:
         cfg = self.config
-        if survivors is None:  # the last copy of some model-stage's state is gone
+        if survivors is None:  # the last copy of some model's state is gone
             return self._restart(base, now, best, why_none, after_failure=True,
                                  why=f"last copy of {', '.join(lost)} lost with the GPUs")
+        partial = survivors
+        if rebuilt:
+            # every replica of a derived copy (a trained model's generation or inference) or
+            # of a frozen model is gone: the move rebuilds it where its target puts it
+            if best is None:
+                return self._restart(base, now, best, why_none, after_failure=False,
+                                     why=f"no plan to rebuild {', '.join(rebuilt)} on")
+            survivors = fill(partial, best.plan)
 
         def option(label: str, plan: Plan, step_s: float) -> Option:
             return Option(label, plan, step_s, self._loss_risk_s(now, plan, step_s))
@@ -559,7 +624,15 @@ class Controller:
         def schedule_for(plan: Plan) -> Schedule:
             got = schedules.get(id(plan))
             if got is None:
-                got = schedules[id(plan)] = self.transition(transition_job, survivors, plan, eff)
+                got = self.transition(transition_job, fill(partial, plan), plan, eff)
+                if rebuilt and got.feasible:
+                    extra = rebuild_s(now, cost, plan, rebuilt,
+                                      cfg.restart.storage_read_bw_per_node)
+                    why = (f"rebuild {', '.join(rebuilt)} (weight sync or storage read): "
+                           f"{extra:.3g} s")
+                    got = replace(got, estimated_s=got.estimated_s + extra,
+                                  reason="; ".join(r for r in (got.reason, why) if r))
+                schedules[id(plan)] = got
             return got
 
         options: list[Option] = []

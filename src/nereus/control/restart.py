@@ -21,6 +21,8 @@ gives them. Scenarios may override them and must say where their values come fro
 
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass
 
 from nereus.errors import InputError
@@ -41,11 +43,17 @@ class RestartParams:
     def __post_init__(self) -> None:
         for f in ("startup_s", "storage_read_bw_per_node", "storage_write_bw_per_node"):
             v = getattr(self, f)
-            if not v >= 0 or (f != "startup_s" and v == 0):
+            real = isinstance(v, numbers.Real) and not isinstance(v, bool)
+            if not (real and math.isfinite(v)):
+                raise InputError(f"restart.{f}", f"must be a finite number, got {v!r}")
+            if f == "startup_s" and v < 0:
+                raise InputError(f"restart.{f}", f"must be >= 0, got {v!r}")
+            if f != "startup_s" and v <= 0:
                 raise InputError(f"restart.{f}", f"must be > 0, got {v!r}")
-        if self.checkpoint_interval_steps < 1:
+        n = self.checkpoint_interval_steps
+        if not (isinstance(n, numbers.Integral) and not isinstance(n, bool) and n >= 1):
             raise InputError("restart.checkpoint_interval_steps",
-                             f"must be >= 1, got {self.checkpoint_interval_steps}")
+                             f"must be an integer >= 1, got {n!r}")
 
 
 RESTART_SOURCES: dict[str, str] = {

@@ -222,7 +222,7 @@ class ControllerPolicy(Policy):
 
     def failed(self, tel: Telemetry, upcoming: tuple[int, float, int]) -> Act:
         assert self.controller is not None
-        return self._act(self.controller.on_failure(tel))
+        return self._act(self.controller.on_failure(tel, out_of_memory=True))
 
     def efficiencies(self) -> Efficiencies | None:
         return self.controller.calibrator.efficiencies() if self.controller else None

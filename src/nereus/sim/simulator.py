@@ -33,7 +33,7 @@ import numpy as np
 
 from nereus.control.controller import Action
 from nereus.control.restart import RestartParams, checkpoint_write_s, restart_cost
-from nereus.control.targets import intact
+from nereus.control.targets import fill, rebuild_s, survive
 from nereus.control.telemetry import Telemetry
 from nereus.cost.model import CostModel
 from nereus.errors import InfeasibleError, InputError
@@ -45,6 +45,7 @@ from nereus.sim.truth import Truth, same_layouts
 from nereus.spec.cluster import format_gpus
 
 OOM_LOST_FRACTION = 0.5  # assumption: an out-of-memory crash loses half a step on average
+OOM_TRIES = 5  # out-of-memory crashes of one step before the run stops: no plan fits it
 
 
 @dataclass(frozen=True)
@@ -238,7 +239,7 @@ class _Runner:
     def _consumed(self) -> None:
         """The policy has learned from the last step; later boundaries repeat no measurement."""
         t = self.tel
-        if t is not None and t.latency_s:
+        if t is not None and (t.latency_s or t.peak_mem_bytes):
             self.tel = Telemetry(t.step, t.response_len_mean, t.response_len_max, t.pool,
                                  source=t.source)
 
@@ -287,8 +288,19 @@ class _Runner:
         return sum(self.sim.truth.run_step(plan, pool, j, *self.sim.lengths.at(j))[0]
                    for j in self.since_ckpt)
 
+    def _rebuild_s(self, k: int, plan: Plan, pool: tuple[int, ...],
+                   rebuilt: tuple[str, ...]) -> float:
+        """Seconds to rebuild the copies of ``rebuilt`` on ``plan`` under the true efficiencies
+        (the controller's formula, ``rebuild_s``) times the step's transition noise."""
+        sim = self.sim
+        job = sim.truth.job_at(pool, *sim.lengths.at(k))
+        cost = CostModel(job, sim.truth.efficiencies(k))
+        return rebuild_s(job, cost, plan, rebuilt, sim.restart.storage_read_bw_per_node) \
+            * sim.truth.factor(k, "rebuild")
+
     def _apply(self, k: int, act: Act, pool: tuple[int, ...]) -> bool:
         """Carry out a decision; False when the job cannot run (no plan fits the pool)."""
+        sim = self.sim
         if act.kind is Action.WAIT:
             return False
         if act.kind is Action.RESTART:
@@ -301,8 +313,11 @@ class _Runner:
                 self.events.append(Event(k, self.t, "move", 0.0, "free (oracle)"))
                 self.plan = act.plan
             else:
-                source, lost = intact(self.plan, pool) if self.plan else (None, ("all",))
-                sched = self.sim.truth.transition(source, act.plan, pool, k) if source else None
+                source, lost, rebuilt = survive(self.plan, pool, sim.truth.job.workflow) \
+                    if self.plan else (None, ("all",), ())
+                if source is not None:
+                    source = fill(source, act.plan)
+                sched = sim.truth.transition(source, act.plan, pool, k) if source else None
                 if sched is None or not sched.feasible:
                     # the state cannot move as planned: the job fails and restarts
                     why = sched.reason if sched is not None else f"lost {', '.join(lost)}"
@@ -311,7 +326,11 @@ class _Runner:
                     self.events[-1] = Event(k, self.t, "restart", self.events[-1].seconds,
                                             f"transition failed: {why}")
                     return True
-                secs = sched.estimated_s * self.sim.truth.factor(k, "transition")
+                secs = sched.estimated_s * sim.truth.factor(k, "transition")
+                if rebuilt:
+                    # copies left with no replica rebuilt from the state that holds them: a
+                    # weight sync from training, frozen weights read from storage
+                    secs += self._rebuild_s(k, act.plan, pool, rebuilt)
                 self._acc["transition_s"] += secs
                 self.t += secs
                 d = act.decision
@@ -344,6 +363,7 @@ class _Runner:
                 raise InputError("scenario", f"no plan fits the {len(pool)} GPUs of the start")
             decide = False
         failed = False
+        ooms = 0  # out-of-memory crashes of this step
         idle = 0  # waits in a row on a pool that does not change
         for _ in range(10_000):
             if decide:
@@ -380,6 +400,18 @@ class _Runner:
                 self._acc["lost_s"] += lost
                 self.t += lost
                 self.events.append(Event(k, self.t, "oom", lost, "a stage ran out of memory"))
+                ooms += 1
+                if ooms >= OOM_TRIES:
+                    raise InputError(
+                        f"step {k}", f"{self.p.name} ran out of memory {ooms} times in a row "
+                        f"on this step (longest response {longest} tokens, {len(pool)} GPUs): "
+                        "no plan it finds fits it", "shorter responses or more GPUs")
+                # the policy hears of the step that crashed: its lengths, and the peaks of the
+                # stages that held theirs (the stage that ran out measured none)
+                cap = sim.truth.job.cluster.device.memory_bytes
+                self.tel = Telemetry(k, mean, longest, pool, {},
+                                     {s: b for s, b in priced.peak_bytes.items() if b <= cap},
+                                     source="simulated")
                 failed = True
                 continue
             used = set(self.plan.gpus())
