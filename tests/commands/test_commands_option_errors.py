@@ -84,8 +84,14 @@ def test_a_value_from_the_config_keeps_its_field_name(tmp_path: Path, text: str,
       "sequences of a step (3 prompts x 1 response) (allowed: --ppo-mini-batches a divisor of "
       "3: 1, 3, or another --prompts)")),
     ("workload: {ppo_mini_batches: 4}", ["--prompts", "3", "--responses-per-prompt", "2"],
-     ("--prompts: --prompts 3 and --responses-per-prompt 2 against the config's "
+     ("--prompts: 3 (with --responses-per-prompt 2) against the config's "
       "workload.ppo_mini_batches: 4 does not divide the 6 sequences")),
+    ("workload: {response_len: 2048}", ["--prompt-len", "130000"],
+     ("--prompt-len: 130000 against the config's workload.response_len: prompt 130000 + "
+      "longest response 2048")),
+    ("workload: {response_len: 60000}", ["--model", "qwen3-14b"],
+     ("--model: qwen3-14b against the config's workload.response_len: prompt 512 + longest "
+      "response 60000 = 60512 tokens exceed qwen3-14b's context window")),
     ("workload: {response_len: 3000}", ["--prompts", "3"],
      "--prompts: 3 against the default workload.ppo_mini_batches: 4 does not divide"),
     ("workload: {response_len: 3000, response_len_max: 1000}", ["--prompts", "4"],

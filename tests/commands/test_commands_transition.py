@@ -682,6 +682,22 @@ def test_recorded_jobs_of_other_state_dtypes_are_refused(tmp_path: Path) -> None
                                "differs from the current bf16"), r.stderr
 
 
+def test_recorded_jobs_that_differ_in_gradient_dtype_move(tmp_path: Path) -> None:
+    """Gradients are no state at a step boundary: a job that keeps them in another dtype holds
+    the same state, and the transition between the two plans is priced."""
+    paths = []
+    for dtype in ("bf16", "fp32"):
+        cfg = tmp_path / f"{dtype}.yaml"
+        cfg.write_text(f"model: tiny-llama\ngpus: 2\ncluster: {{device: cpu}}\n"
+                       f"workload: {{grad_dtype: {dtype}}}\n")
+        r = runner.invoke(app, ["plan", "--config", str(cfg), "--json"])
+        assert r.exit_code == 0, r.output
+        paths.append(tmp_path / f"{dtype}.json")
+        paths[-1].write_text(r.stdout)
+    r = runner.invoke(app, ["transition", *map(str, paths)])
+    assert r.exit_code == 0, r.output
+
+
 def test_plan_files_of_differing_node_sizes_on_one_node_move(tiny_plans: tuple[str, str]
                                                                ) -> None:
     """Plans for 2 and for 4 GPUs record nodes of 2 and of 4 (the node size defaults to a

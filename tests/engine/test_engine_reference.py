@@ -156,6 +156,17 @@ def test_logprobs_refuse_a_temperature_they_cannot_divide_by(t: float) -> None:
         eng.forward(batch(spec, 2, 5, seed=1), 1, temperature=t)
 
 
+def test_logprobs_take_a_numpy_temperature() -> None:
+    """As sampling does: a temperature read from a numpy array is a number."""
+    import numpy as np
+
+    spec = MODEL_PRESETS["tiny-llama"]
+    eng = engine(spec, logical_state(spec, Head.LM, seed=1))
+    b = batch(spec, 2, 5, seed=1)
+    got = eng.forward(b, 1, temperature=np.float32(2.0)).result.logprobs
+    torch.testing.assert_close(got, eng.forward(b, 1, temperature=2.0).result.logprobs)
+
+
 @pytest.mark.parametrize("kind", SCALED)
 def test_scaled_rope_changes_the_logits(kind: str) -> None:
     """The scaled-RoPE checks above can fail: unscaled, the same weights give other logits."""

@@ -71,7 +71,10 @@ _OPTION_OF = {"model": "--model", "algo": "--algo", "execution": "--execution",
 # Fields whose check reads other fields too: when the user typed one of those options and not
 # the field's own, the option is what they changed, so the error names it.
 _ALSO_SET_BY = {"workload.ppo_mini_batches": ("--prompts", "--responses-per-prompt"),
-                "workload.responses_per_prompt": ("--prompts",)}
+                "workload.responses_per_prompt": ("--prompts",),
+                # the context window: prompt + longest response within the model's
+                "workload.response_len": ("--prompt-len", "--model"),
+                "workload.response_len_max": ("--prompt-len", "--model")}
 
 
 def _param(option: str) -> str:
@@ -92,8 +95,8 @@ def _as_option(e: InputError, typed: Mapping[str, object],
     changed = [o for o in _ALSO_SET_BY.get(e.field, ()) if typed.get(_param(o)) is not None]
     if not changed:
         return e
-    what = " and ".join(f"{o} {typed[_param(o)]}" for o in changed) if len(changed) > 1 \
-        else str(typed[_param(changed[0])])
+    what = str(typed[_param(changed[0])]) + "".join(
+        f" (with {o} {typed[_param(o)]})" for o in changed[1:])
     section, _, name = e.field.partition(".")
     given = name in ((config or {}).get(section) or {})
     whose = f"the config's {e.field}" if given else f"the default {e.field}"

@@ -169,7 +169,9 @@ def jobs_from_specs(current: Path, target: Path, profile: Path | None
 
 # Workload fields that size the state a transition moves: it moves state of one shape and
 # casts nothing, so a job that changes one of them is another job, not another plan.
-STATE_FIELDS = ("param_dtype", "grad_dtype", "master_weights", "optimizer")
+# what the state a transition moves is made of (gradients are none of it: at a step boundary
+# there are none, and nothing in the transition sizes them)
+STATE_FIELDS = ("param_dtype", "master_weights", "optimizer")
 
 
 def check_spannable(a: JobSpec, b: JobSpec, where: str, what: str) -> None:

@@ -9,6 +9,7 @@ training step updates the very tensors a transition later moves. Layers come fro
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Mapping
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
@@ -77,7 +78,7 @@ def attention_mask(am: torch.Tensor | None, sq: int, sk: int) -> torch.Tensor | 
 
 def check_temperature(temperature: float) -> None:
     """The temperature of log-probs: finite and > 0 (0, greedy sampling, has no log-probs)."""
-    if (isinstance(temperature, bool) or not isinstance(temperature, (int, float))
+    if (isinstance(temperature, bool) or not isinstance(temperature, numbers.Real)
             or not math.isfinite(temperature) or temperature <= 0):
         raise InputError("temperature", f"log-probs need a finite temperature > 0, got "
                          f"{temperature!r}")
