@@ -539,8 +539,9 @@ class Planner:
         placed (the candidates of the stages whose placement it decides) is excluded by
         splitting the options into disjoint parts -- the first stage without its candidate, or
         it fixed and the second without its candidate, and so on -- and each part is searched
-        again; the fastest part is expanded next. The first placeable plan is the fastest
-        placeable one. Where the options were dominance-pruned across layouts they are first
+        again; the fastest part is expanded next. The first placeable plan placed at the
+        price the search gave it is the fastest placeable one; one placed dearer is split off
+        the same way and the search goes on (``MAX_REPRICED``). Where the options were dominance-pruned across layouts they are first
         rebuilt pruned within each layout (placement depends on the layout, so a candidate
         beaten by one of another layout may be the one that places). Raises
         :class:`InfeasibleError` when no combination places (or after ``MAX_REPLACEMENTS``
@@ -577,8 +578,9 @@ class Planner:
     def best_placed(self) -> Plan:
         """The best plan under this planner's own placement rule: packed (the search's sync
         pricing) or, with ``spread``, replicas over nodes; ``best`` weighs both."""
-        plan, bad = self._placed(self.search())
-        if not bad:
+        res = self.search()
+        plan, bad = self._placed(res)
+        if not bad and plan.step_latency_s <= res.latency * (1 + PRICE_TOLERANCE):
             return plan
         saved = self.options
         try:
@@ -640,15 +642,29 @@ class Planner:
             heapq.heappush(heap, (res.latency, count, opts, res))
 
         push(base)
-        searches = 0
+        searches = repriced = 0
+        best: Plan | None = None  # the fastest placeable plan as placed, so far
         while heap:
-            _, _, opts, res = heapq.heappop(heap)
+            bound, _, opts, res = heapq.heappop(heap)
+            if best is not None and bound >= best.step_latency_s * (1 - PRICE_TOLERANCE):
+                break  # every combination left is searched at least as slow as it
             self.options = opts
             plan, bad = self._placed(res)
             if not bad:
-                return plan
+                if best is None or plan.step_latency_s < best.step_latency_s:
+                    best = plan
+                if plan.step_latency_s <= res.latency * (1 + PRICE_TOLERANCE) \
+                        or repriced >= MAX_REPRICED:
+                    break
+                # placed dearer than searched (a DP group or a pipeline of a node's size
+                # across two nodes): a combination searched slower may place faster, so this
+                # one is split off like one that did not place, every stage taking part
+                repriced += 1
+                bad = [st.name for st in wf.stages]
             searches += 1
             if searches > MAX_REPLACEMENTS:
+                if best is not None:
+                    break
                 raise InfeasibleError(
                     f"no placeable plan found within {MAX_REPLACEMENTS} searches: the fastest "
                     f"plans need TP groups across nodes of the pool (estimated)")
@@ -674,6 +690,8 @@ class Planner:
                 child[name] = o.subset(~same)
                 push(child)
                 fixed[name] = o.subset(same)
+        if best is not None:
+            return best
         raise InfeasibleError(
             f"no plan fits {self.job.pool.size} GPUs of {self.cost.device.name} with every TP "
             f"group inside a node of the pool (estimated)")
@@ -747,6 +765,13 @@ class Planner:
 
 
 MAX_REPLACEMENTS = 2000  # plans that failed placement before the search gives up
+# A placed plan may cost more than the search priced it (its groups as placed cross nodes where
+# sizes said they would not): the search then goes on for a combination that places faster,
+# up to this many such plans, and keeps the fastest as placed. The search's price bounds
+# what is left (placement adds cost, except a spread plan's sync, which the count model may
+# over-price), so it stops as soon as nothing left can beat the best.
+MAX_REPRICED = 50
+PRICE_TOLERANCE = 1e-9  # relative: a placed plan "at" its searched price
 
 
 def _stage_gpus(point: Point, stage: str) -> int:
