@@ -840,25 +840,30 @@ class CostModel:
         p_tokens = n * prompt
         chunks = np.maximum(1.0, np.ceil(p_tokens / PREFILL_CHUNK_TOKENS))
         # on the critical path: each block's share of a chunk, (chunks + pp - 1) times (the
-        # pipeline fills and drains; with one chunk the blocks run in turn)
-        fill = (chunks + cols.pp - 1) / chunks
-        gemm = (p_tokens * work.gemm_flops_per_token_per_rank(m, cols.tp) * m.num_layers
-                / cols.pp * fill + n * work.head_flops_per_token(m, head) / cols.tp)
+        # pipeline fills and drains; with one chunk the blocks run in turn). A block works
+        # ``chunks`` of those turns and waits the other pp - 1 (the fill's bubble, which its
+        # timers file as waiting, not work)
+        fill = (cols.pp - 1) / chunks
+        body = (p_tokens * work.gemm_flops_per_token_per_rank(m, cols.tp) * m.num_layers
+                / cols.pp)
+        gemm = body + n * work.head_flops_per_token(m, head) / cols.tp
         if m.sliding_window is None:
             attn = (n * work.attention_flops(m, prompt, prompt, causal=True) * m.num_layers
-                    / (cols.tp * cols.pp) * fill)
+                    / (cols.tp * cols.pp))
         else:  # a block's share of the chunks, on the block with the most full layers
             full, slide = self._layer_kinds(cols.pp)
             attn = n * (work.attention_flops(m, prompt, prompt, causal=True) * full
                         + work.attention_flops(m, prompt, prompt, True, m.sliding_window)
-                        * slide) / cols.tp * fill
-        rows = [Row("prefill", "prefill GEMMs", OpClass.GEMM, one, gemm, zero, gemm / dev.peak_flops),
-                Row("prefill", "prefill attention", OpClass.ATTENTION, one, attn, zero,
-                    attn / dev.peak_flops)]
+                        * slide) / cols.tp
+        rows = []
+        for term, g, a in (("prefill", gemm, attn), (BUBBLE, body * fill, attn * fill)):
+            rows += [Row(term, "prefill GEMMs", OpClass.GEMM, one, g, zero, g / dev.peak_flops),
+                     Row(term, "prefill attention", OpClass.ATTENTION, one, a, zero,
+                         a / dev.peak_flops)]
         # each of those block turns all-reduces twice per layer of the block, like its GEMMs
-        rows += self._tp(st, cols, p_tokens / chunks, 2.0 * one, chunks + cols.pp - 1,
-                         "prefill", 0)
-        rows += self._pp(cols, p_tokens / chunks, chunks + cols.pp - 1, "prefill")
+        for term, turns in (("prefill", chunks), (BUBBLE, cols.pp - 1.0)):
+            rows += self._tp(st, cols, p_tokens / chunks, 2.0 * one, turns, term, 0)
+            rows += self._pp(cols, p_tokens / chunks, turns, term)
 
         # decode: iterations of the running batch; a token crosses all pp blocks in turn, and
         # with pp micro-batches in flight each block reads its weights once per micro-batch
