@@ -149,11 +149,14 @@ class _Pool:
     order, what reached the workers: ("shrink", ids), ("run", {device: (function, args)}),
     ("submit", device, function), ("control", device, function), ("kill", ids). A primitive's
     call on a worker of ``hang`` never returns; on one of ``fail`` it raises. A ``run`` call on
-    a worker of ``mute`` never returns: ``run`` raises as the real one does at its timeout."""
+    a worker of ``mute`` never returns: ``run`` raises as the real one does at its timeout. A
+    worker of ``silent`` never answers ``memory()``."""
 
     def __init__(self, devices: Sequence[int], capacity: int = 1 << 40,
-                 hang: Sequence[int] = (), fail: Sequence[int] = (), mute: Sequence[int] = ()):
+                 hang: Sequence[int] = (), fail: Sequence[int] = (), mute: Sequence[int] = (),
+                 silent: Sequence[int] = ()):
         self.workers = {d: _Worker(d, capacity) for d in devices}
+        self.silent = set(silent)  # their memory() never answers
         self.log: list[tuple[Any, ...]] = []
         self.hang = set(hang)
         self.fail = set(fail)
@@ -226,6 +229,8 @@ class _Pool:
 
     def actor(self, d: int) -> Any:
         w = self.workers[d]
+        if d in self.silent:
+            return SimpleNamespace(memory=SimpleNamespace(remote=lambda: _Ref(never=True)))
         return SimpleNamespace(memory=SimpleNamespace(remote=lambda: _Ref(w.stats())))
 
 
@@ -631,6 +636,19 @@ def test_executor_bounds_its_wait_for_running_calls_after_a_fault() -> None:
     assert {e.id for e in rep.intact[STAGE]} == {"actor_train/0", "actor_train/1"}
     assert [e.id for e in rep.lost] == ["actor_train/2", "actor_train/3"]
     assert rep.timings == ()
+
+
+def test_a_stuck_worker_that_holds_nothing_after_the_move_is_stopped() -> None:
+    """The Destroy emptied worker 2, which then does not answer for its peak: the transition
+    stands (it holds no unit of the target) and the stuck worker is stopped, so the next call
+    to it fails at once rather than queueing behind the stuck one."""
+    u, _, _, destroy, size = _three_tp1_units()
+    schedule = _schedule([(destroy, ())], u, u[:2])
+    pool = _Pool(range(4), silent=[2]).holding(u, size)
+    report = Executor(pool, _specs(), min_timeout_s=TINY_S, grace_s=TINY_S).run(schedule)
+    assert {e.id for e in report.units[STAGE]} == {"actor_train/0", "actor_train/1"}
+    assert 2 not in report.peak_bytes
+    assert _calls(pool, "kill") == [("kill", [2])]
 
 
 def test_a_worker_whose_rename_never_returns_is_stopped_and_the_rest_renamed() -> None:

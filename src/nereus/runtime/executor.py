@@ -263,16 +263,22 @@ class Executor:
                timings: Mapping[int, PrimitiveTiming]) -> dict[int, int]:
         """Each worker's peak bytes during the transition. A worker that died after the
         rename is a fault only where it holds a final unit; one that holds none (an emptied
-        source) is left out of the peaks, and the transition stands."""
+        source) is left out of the peaks, and the transition stands; one such worker that is
+        stuck rather than dead is stopped, so that the next call to it fails at once as a
+        dead worker's does instead of queueing behind the stuck one."""
         stats, gone = wait_each({d: self.pool.actor(d).memory.remote() for d in involved},
                                 self.grace_s)  # a worker that died since, or is stuck
+        hung = {d for d, e in gone.items() if isinstance(e, WorkerHung)}
         if gone.keys() & {g for es in units.values() for e in es for g in e.gpus}:
             cause = gone[min(gone)]
-            hung = {d for d, e in gone.items() if isinstance(e, WorkerHung)}
             report = reconcile(self.pool, [e for es in units.values() for e in es],
                                set(gone) - hung, {}, _in_order(timings), cause, hung,
                                self.grace_s)
             raise TransitionFailed(report) from cause
+        if hung:
+            log.warning("workers %s hold no unit of the new plan and did not answer within "
+                        "%.0f s: stopped", sorted(hung), self.grace_s)
+            self.pool.kill(hung)
         return {d: st.peak for d, st in stats.items()}
 
     def _rename(self, units: Mapping[str, Sequence[Emu]], mapping: Mapping[str, str],
