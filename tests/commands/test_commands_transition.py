@@ -665,18 +665,23 @@ def test_recorded_jobs_no_transition_spans_are_refused_naming_the_field(
     assert r.stderr.startswith(f"error: target.planned_for.job.{field}: {says}"), r.stderr
 
 
-def test_recorded_jobs_of_other_state_dtypes_are_refused(tmp_path: Path) -> None:
-    """The transition moves the state as it is: fp32 parameters are another job's."""
+def _dtype_plans(tmp_path: Path, field: str) -> list[str]:
+    """Plan files of two tiny jobs whose workloads differ in ``field`` (bf16, then fp32)."""
     paths = []
     for dtype in ("bf16", "fp32"):
         cfg = tmp_path / f"{dtype}.yaml"
         cfg.write_text(f"model: tiny-llama\ngpus: 2\ncluster: {{device: cpu}}\n"
-                       f"workload: {{param_dtype: {dtype}}}\n")
+                       f"workload: {{{field}: {dtype}}}\n")
         r = runner.invoke(app, ["plan", "--config", str(cfg), "--json"])
         assert r.exit_code == 0, r.output
         paths.append(tmp_path / f"{dtype}.json")
         paths[-1].write_text(r.stdout)
-    r = runner.invoke(app, ["transition", *map(str, paths)])
+    return [str(p) for p in paths]
+
+
+def test_recorded_jobs_of_other_state_dtypes_are_refused(tmp_path: Path) -> None:
+    """The transition moves the state as it is: fp32 parameters are another job's."""
+    r = runner.invoke(app, ["transition", *_dtype_plans(tmp_path, "param_dtype")])
     assert r.exit_code == 2, r.output
     assert r.stderr.startswith("error: target.planned_for.job.workload.param_dtype: fp32 "
                                "differs from the current bf16"), r.stderr
@@ -685,16 +690,7 @@ def test_recorded_jobs_of_other_state_dtypes_are_refused(tmp_path: Path) -> None
 def test_recorded_jobs_that_differ_in_gradient_dtype_move(tmp_path: Path) -> None:
     """Gradients are no state at a step boundary: a job that keeps them in another dtype holds
     the same state, and the transition between the two plans is priced."""
-    paths = []
-    for dtype in ("bf16", "fp32"):
-        cfg = tmp_path / f"{dtype}.yaml"
-        cfg.write_text(f"model: tiny-llama\ngpus: 2\ncluster: {{device: cpu}}\n"
-                       f"workload: {{grad_dtype: {dtype}}}\n")
-        r = runner.invoke(app, ["plan", "--config", str(cfg), "--json"])
-        assert r.exit_code == 0, r.output
-        paths.append(tmp_path / f"{dtype}.json")
-        paths[-1].write_text(r.stdout)
-    r = runner.invoke(app, ["transition", *map(str, paths)])
+    r = runner.invoke(app, ["transition", *_dtype_plans(tmp_path, "grad_dtype")])
     assert r.exit_code == 0, r.output
 
 

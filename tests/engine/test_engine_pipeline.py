@@ -15,7 +15,7 @@ import torch.distributed as dist
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine_testlib import logical_state, shards_for
+from engine_testlib import in_threads, logical_state, shards_for
 from nereus.engine import generate as generate_mod
 from nereus.engine import pipeline as pipeline_mod
 from nereus.engine.batch import Batch
@@ -111,8 +111,6 @@ def _on_blocks(pp: int, fn: Callable[[ParallelModel], Any], spec: Any = SPEC) ->
     PP communicators the runtime gives it (activations, gradients), recorded in ``P2P``."""
     store = dist.HashStore()
     full = logical_state(spec, Head.LM, seed=1)
-    results: dict[int, Any] = {}
-    errors: dict[int, BaseException] = {}
     P2P.clear()
 
     def group(prefix: str, r: int) -> Any:
@@ -122,24 +120,13 @@ def _on_blocks(pp: int, fn: Callable[[ParallelModel], Any], spec: Any = SPEC) ->
         pg = dist.ProcessGroupGloo(dist.PrefixStore(prefix, store), r, pp, opts)
         return _Recorded(pg, P2P.setdefault((prefix, r), []))
 
-    def block(r: int) -> None:
-        try:
-            groups = ParallelGroups(pp=group("pp/", r), pp_grad=group("ppg/", r))
-            shards = shards_for(full, spec, Head.LM, 1, pp, 0, r)
-            model = ParallelModel(spec, Head.LM, Position(pp=pp, pp_rank=r), shards, groups)
-            results[r] = fn(model)
-        except BaseException as e:  # noqa: BLE001 - raised in the test's thread
-            errors[r] = e
+    def block(r: int) -> Any:
+        groups = ParallelGroups(pp=group("pp/", r), pp_grad=group("ppg/", r))
+        shards = shards_for(full, spec, Head.LM, 1, pp, 0, r)
+        return fn(ParallelModel(spec, Head.LM, Position(pp=pp, pp_rank=r), shards, groups))
 
-    threads = [threading.Thread(target=block, args=(r,), daemon=True) for r in range(pp)]
-    for t in threads:
-        t.start()
-    for t in threads:   # a hung block ends by the gloo timeout; daemon threads never block exit
-        t.join(timeout=3 * GLOO_TIMEOUT_S)
-    assert not any(t.is_alive() for t in threads), "a pipeline block hung"
-    if errors:
-        raise errors[min(errors)]
-    return results
+    # a hung block ends by the gloo timeout; daemon threads never block exit
+    return in_threads(pp, block, GLOO_TIMEOUT_S)
 
 
 @pytest.fixture
