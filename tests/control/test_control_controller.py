@@ -861,9 +861,9 @@ def test_an_out_of_memory_failure_the_estimate_missed_raises_the_memory_scale(jo
     assert any(after[k] > before.get(k, 1.0) for k in after)
 
 
-def _split_plan(reference_gpus=range(8)):
-    """The default job on 16 GPUs with actor_gen alone on node 1 (GPUs 8-15); every other
-    model-stage on node 0 (reference_infer where asked)."""
+def _split_plan(reference_gpus=range(8), gen_gpus=range(8, 16)):
+    """The default job on 16 GPUs with actor_gen alone on node 1 (GPUs 8-15, or where asked);
+    every other model-stage on node 0 (reference_infer where asked)."""
     from nereus.control.targets import price
     from nereus.plan.evaluate import StageLayoutSpec as S
     from nereus.sim.scenarios import default_job
@@ -874,7 +874,7 @@ def _split_plan(reference_gpus=range(8)):
         return tuple(tuple(ids[i:i + n]) for i in range(0, len(ids), n))
 
     ref = list(reference_gpus)
-    specs = {"actor_gen": S(4, 1, 2, reps(range(8, 16), 4)),
+    specs = {"actor_gen": S(4, 1, 2, reps(gen_gpus, 4)),
              "reference_infer": S(1, 2, len(ref) // 2, reps(ref, 2)),
              "reward_infer": S(1, 8, 1, reps(range(8), 8)),
              "critic_infer": S(1, 8, 1, reps(range(8), 8)),
@@ -885,41 +885,48 @@ def _split_plan(reference_gpus=range(8)):
     return job, priced.plan
 
 
-def test_losing_every_generation_replica_rebuilds_it_from_training_instead_of_restarting():
-    """A generation EMU holds a copy of the actor's θ, which actor_train still holds: losing
-    every actor_gen replica is a move that rebuilds it by a weight sync (priced in L_tran),
-    not a checkpoint/restart with redone steps."""
+def test_losing_every_generation_replica_is_a_restart_while_training_holds_theta():
+    """A generation EMU holds a copy of the actor's θ that only actor_train could give it
+    again, and the runtime has no copy between model-stages (restoring actor_gen from the
+    checkpoint would hand it an older θ than training's): losing every actor_gen replica is a
+    checkpoint/restart, as the runtime's recovery would need."""
     from nereus.control.targets import survive
     job, p = _split_plan()
     node0 = tuple(range(8))
     survivors, lost, rebuilt = survive(p, node0, job.workflow)
-    assert survivors is not None and lost == () and rebuilt == ("actor_gen",)
-    assert intact(p, node0)[0] is None                    # per model-stage it was "lost"
+    assert survivors is None and lost == ("actor_gen",) and rebuilt == ()
+    c = Controller(job, p, on_log=lambda s: None)
+    d = c.on_boundary(Telemetry(0, 500.0, 750, node0))
+    assert d.action is Action.RESTART, d.log_line()
+
+
+def test_frozen_weights_are_read_again_and_trained_state_is_a_last_copy():
+    """Frozen weights (reference) come back from storage, priced at the read bandwidth of the
+    stage's nodes, in a move; losing the only actor_train replica loses θ and ω: a restart."""
+    from nereus.control.restart import GB
+    from nereus.control.targets import fill, rebuild_s, survive
+    job, p = _split_plan(reference_gpus=range(8, 16), gen_gpus=range(8))
+    node0 = tuple(range(8))
+    survivors, lost, rebuilt = survive(p, node0, job.workflow)
+    assert lost == () and rebuilt == ("reference_infer",)
+    assert {sp.stage for sp in fill(survivors, p).stages} == {sp.stage for sp in p.stages}
+    ref_bytes = job.model.param_count(job.workflow.model("reference").head) \
+        * job.workload.param_bytes
+    assert rebuild_s(job, p, ("reference_infer",), 2 * GB) == \
+        pytest.approx(ref_bytes / (2 * GB))                 # its GPUs are one node
     c = Controller(job, p, on_log=lambda s: None)
     d = c.on_boundary(Telemetry(0, 500.0, 750, node0))
     assert d.action is Action.MOVE, d.log_line()
     assert d.schedule is not None and d.schedule.feasible
-    assert "rebuild actor_gen" in d.schedule.reason
+    assert "read the weights of reference_infer again" in d.schedule.reason
     assert d.reasons.l_tran_s == d.schedule.estimated_s and d.reasons.l_tran_s > 0
-
-
-def test_frozen_weights_are_read_again_and_trained_state_alone_is_a_last_copy():
-    """Frozen weights (reference) come back from storage, priced at the read bandwidth of the
-    stage's nodes; losing the only actor_train replica loses θ and ω: a restart."""
-    from nereus.control.restart import GB
-    from nereus.control.targets import fill, rebuild_s, survive
-    job, p = _split_plan(reference_gpus=range(8, 16))
-    node0 = tuple(range(8))
-    survivors, lost, rebuilt = survive(p, node0, job.workflow)
-    assert lost == () and set(rebuilt) == {"actor_gen", "reference_infer"}
-    assert {sp.stage for sp in fill(survivors, p).stages} == {sp.stage for sp in p.stages}
-    ref_bytes = job.model.param_count(job.workflow.model("reference").head) \
-        * job.workload.param_bytes
-    assert rebuild_s(job, CostModel(job), p, ("reference_infer",), 2 * GB) == \
-        pytest.approx(ref_bytes / (2 * GB))                 # its GPUs are one node
+    # and the node-loss risk the controller prices agrees: node 1 takes no last copy
+    from nereus.plan.exposure import exposed_by_node
+    assert exposed_by_node(p, job.cluster)[1] == ("reference_infer",)
+    assert exposed_by_node(p, job.cluster, job.workflow)[1] == ()
     gone = set(p.stage("actor_train").gpus)
     survivors, lost, _ = survive(p, [g for g in range(16) if g not in gone], job.workflow)
-    assert survivors is None and lost == ("actor_train",)
+    assert survivors is None and "actor_train" in lost
     c = Controller(job, p, on_log=lambda s: None)
     d = c.on_boundary(Telemetry(0, 500.0, 750, tuple(g for g in range(16) if g not in gone)))
     assert d.action is Action.RESTART and d.restart.lost_s > 0

@@ -263,8 +263,12 @@ def register(app: typer.Typer) -> None:
         (it placed ``plan`` if ``best``, else ``plan`` is the user's and the best follows)."""
         if not spans_nodes(job.pool):
             return "node loss: the pool is one node"
-        hit = {n: s for n, s in exposed_by_node(plan, job.cluster).items() if s}
+        hit = {n: s for n, s in exposed_by_node(plan, job.cluster, job.workflow).items() if s}
         if not hit:
+            if any(exposed_by_node(plan, job.cluster).values()):
+                return ("node loss: any one node can go without a restart; every trained "
+                        "model keeps a copy elsewhere (a frozen model's weights are read "
+                        "again)")
             return "node loss: any one node can go; every model-stage keeps a copy elsewhere"
         parts = _takes(hit)
         if spread and best:

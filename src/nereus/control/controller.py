@@ -573,7 +573,7 @@ class Controller:
         if not self.config.spread_on_churn or plan is None \
                 or LOSS_SIGNAL not in self.horizons.ema or not spans_nodes(now.pool):
             return 0.0
-        share = exposed_fraction(plan, now.cluster)
+        share = exposed_fraction(plan, now.cluster, now.workflow)
         if share <= 0.0:
             return 0.0
         rc = restart_cost(now, self.config.restart, step_s=step_s, after_failure=True)
@@ -605,8 +605,8 @@ class Controller:
                                  why=f"last copy of {', '.join(lost)} lost with the GPUs")
         partial = survivors
         if rebuilt:
-            # every replica of a derived copy (a trained model's generation or inference) or
-            # of a frozen model is gone: the move rebuilds it where its target puts it
+            # every replica of a frozen model's stage is gone: the move reads its weights
+            # again where its target puts it
             if best is None:
                 return self._restart(base, now, best, why_none, after_failure=False,
                                      why=f"no plan to rebuild {', '.join(rebuilt)} on")
@@ -626,9 +626,8 @@ class Controller:
             if got is None:
                 got = self.transition(transition_job, fill(partial, plan), plan, eff)
                 if rebuilt and got.feasible:
-                    extra = rebuild_s(now, cost, plan, rebuilt,
-                                      cfg.restart.storage_read_bw_per_node)
-                    why = (f"rebuild {', '.join(rebuilt)} (weight sync or storage read): "
+                    extra = rebuild_s(now, plan, rebuilt, cfg.restart.storage_read_bw_per_node)
+                    why = (f"read the weights of {', '.join(rebuilt)} again from storage: "
                            f"{extra:.3g} s")
                     got = replace(got, estimated_s=got.estimated_s + extra,
                                   reason="; ".join(r for r in (got.reason, why) if r))

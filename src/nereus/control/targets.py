@@ -2,8 +2,9 @@
 and the current layout re-batched.
 
 - ``intact``: the current plan without the replicas that lost a GPU (the units a transition can
-  start from); ``survive`` says, per model, whether a model-stage with no replica left has
-  lost its last copy (a restart) or holds a copy that is rebuilt (``fill``, ``rebuild_s``).
+  start from); ``survive`` says whether a model-stage with no replica left has lost its last
+  copy (a restart) or is a frozen model's, whose weights are read again (``fill``,
+  ``rebuild_s``).
 - ``hybrids``: the best target S* with some of the current plan kept -- whole phases (each phase
   uses the pool afresh, so mixing phases keeps every phase valid) or single model-stages. They
   are the "slightly slower targets with cheaper transitions" of §4.3.
@@ -74,34 +75,26 @@ def survive(plan: Plan, pool: Iterable[int], workflow: Workflow
             ) -> tuple[Plan | None, tuple[str, ...], tuple[str, ...]]:
     """(the surviving replicas, the model-stages whose state is gone, those to rebuild).
 
-    The last copy is decided per model, not per model-stage: a trainable model's state (θ
-    and ω) lives in its training stage; its generation and inference stages hold copies of θ
-    that a weight sync from training rebuilds. A frozen model's weights are read again from
-    where the job first read them. So a model-stage left with no replica is lost only when
-    it is the training stage of its model (or, for a model that is never trained here, the
-    model has no stage left); otherwise it is rebuilt. The plan returned lacks the stages to
-    rebuild (``fill`` completes it with a target's entries); None when some state is gone.
+    A frozen model's weights never change, so a model-stage of one left with no replica is
+    rebuilt: its weights are read again from storage (the runtime restores them from the
+    checkpoint, where they are the same). A trainable model's stage left with no replica is
+    lost, its derived copies (generation, inference) included: they hold the θ of the last
+    step, which only its training stage could give them again, and the runtime has no such
+    copy between model-stages (restoring one from the checkpoint would hand generation an
+    older θ than training's), so that loss is a restart from the checkpoint. The plan returned
+    lacks the stages to rebuild (``fill`` completes it with a target's entries); None when
+    some state is gone.
     """
     alive = set(pool)
-    empty = {sp.stage for sp in plan.stages if not any(set(r) <= alive for r in sp.replicas)}
-    lost: list[str] = []
-    rebuilt: list[str] = []
-    for name in [sp.stage for sp in plan.stages if sp.stage in empty]:
-        st = workflow.stage(name)
-        if not workflow.model(st.model).trainable:
-            rebuilt.append(name)
-            continue
-        trains = [s.name for s in workflow.stages
-                  if s.model == st.model and s.kind is StageKind.TRAIN]
-        held = [n for n in (trains or [s.name for s in workflow.stages if s.model == st.model])
-                if n not in empty]
-        (rebuilt if held and name not in trains else lost).append(name)
+    empty = [sp.stage for sp in plan.stages if not any(set(r) <= alive for r in sp.replicas)]
+    frozen = [n for n in empty if not workflow.model(workflow.stage(n).model).trainable]
+    lost = tuple(n for n in empty if n not in frozen)
     if lost:
-        return None, tuple(lost), tuple(rebuilt)
-    kept = Plan(tuple(sp for sp in plan.stages if sp.stage not in rebuilt), plan.step_latency_s,
+        return None, lost, tuple(frozen)
+    kept = Plan(tuple(sp for sp in plan.stages if sp.stage not in frozen), plan.step_latency_s,
                 plan.source, dict(plan.terms), plan.groups)
     survivors, _ = intact(kept, alive)
-    return survivors, (), tuple(rebuilt)
+    return survivors, (), tuple(frozen)
 
 
 def fill(survivors: Plan, target: Plan) -> Plan:
@@ -116,25 +109,17 @@ def fill(survivors: Plan, target: Plan) -> Plan:
                 survivors.groups)
 
 
-def rebuild_s(job: JobSpec, cost: CostModel, target: Plan, rebuilt: Iterable[str],
+def rebuild_s(job: JobSpec, target: Plan, rebuilt: Iterable[str],
               read_bw_per_node: float) -> float:
-    """Seconds to rebuild the copies of ``rebuilt`` on their GPUs in ``target``, one after the
-    other: a derived copy of a trained model's θ by a weight sync from its training stage as
-    ``target`` places it (``weight_sync_estimate``); a frozen model's θ read from storage at
-    ``read_bw_per_node`` on each node of the stage (as a restart's load reads it)."""
+    """Seconds to read the weights of the frozen models' stages ``rebuilt`` again, one after
+    the other, onto their GPUs in ``target``: the stage's θ at ``read_bw_per_node`` on each
+    node it uses (as a restart's load reads it)."""
     wf = job.workflow
     total = 0.0
     for name in rebuilt:
-        st = wf.stage(name)
-        role = wf.model(st.model)
-        sp = target.stage(name)
-        train = next((s.name for s in wf.stages if s.model == st.model
-                      and s.kind is StageKind.TRAIN), None)
-        if role.trainable and train is not None:
-            total += weight_sync_estimate(cost, target.stage(train), sp).latency_s
-            continue
+        role = wf.model(wf.stage(name).model)
         nbytes = job.model.param_count(role.head) * job.workload.param_bytes
-        nodes = max(1, len({job.cluster.node_of(g) for g in sp.gpus}))
+        nodes = max(1, len({job.cluster.node_of(g) for g in target.stage(name).gpus}))
         total += nbytes / (read_bw_per_node * nodes)
     return total
 

@@ -2,8 +2,9 @@
 
 Spot reclaims and scheduler preemptions take whole machines. A model-stage whose replicas all
 touch one node has no surviving copy when that node goes: the controller cannot move its state
-and the job restarts from the last checkpoint (``nereus.control.targets.intact`` is the same
-rule applied after the fact). A stage with replicas on different nodes keeps a copy, and the
+and the job restarts from the last checkpoint (``nereus.control.targets.survive`` is the same
+rule applied after the fact), unless the stage is a frozen model's, whose weights are read
+again. A stage with replicas on different nodes keeps a copy, and the
 controller moves on from the survivors with a transition.
 """
 
@@ -13,6 +14,7 @@ from collections.abc import Mapping
 
 from nereus.plan.types import Plan
 from nereus.spec.cluster import Cluster, GpuPool
+from nereus.spec.workflow import Workflow
 
 
 def spans_nodes(pool: GpuPool) -> bool:
@@ -21,22 +23,28 @@ def spans_nodes(pool: GpuPool) -> bool:
     return len(pool.by_node()) > 1
 
 
-def exposed_by_node(plan: Plan, cluster: Cluster) -> Mapping[int, tuple[str, ...]]:
+def exposed_by_node(plan: Plan, cluster: Cluster,
+                    workflow: Workflow | None = None) -> Mapping[int, tuple[str, ...]]:
     """Node -> the model-stages whose every replica has a GPU on it, for each node the plan
-    uses (an empty tuple where losing the node leaves a copy of everything)."""
+    uses (an empty tuple where losing the node leaves a copy of everything). With the job's
+    ``workflow``, a frozen model's stages are left out: losing them costs a read of their
+    weights, not a restart (``nereus.control.targets.survive``)."""
+    frozen = set() if workflow is None else {
+        s.name for s in workflow.stages if not workflow.model(s.model).trainable}
     nodes = sorted({cluster.node_of(g) for g in plan.gpus()})
     out: dict[int, tuple[str, ...]] = {}
     for n in nodes:
         out[n] = tuple(sp.stage for sp in plan.stages
-                       if sp.replicas and all(any(cluster.node_of(g) == n for g in r)
-                                              for r in sp.replicas))
+                       if sp.replicas and sp.stage not in frozen
+                       and all(any(cluster.node_of(g) == n for g in r) for r in sp.replicas))
     return out
 
 
-def exposed_fraction(plan: Plan, cluster: Cluster) -> float:
+def exposed_fraction(plan: Plan, cluster: Cluster, workflow: Workflow | None = None) -> float:
     """The share of the plan's nodes whose loss alone loses the last copy of some model-stage
-    (0: any one node can go; 1: every node is a single point of failure)."""
-    by_node = exposed_by_node(plan, cluster)
+    (0: any one node can go; 1: every node is a single point of failure); ``workflow`` as in
+    ``exposed_by_node``."""
+    by_node = exposed_by_node(plan, cluster, workflow)
     if not by_node:
         return 0.0
     return sum(1 for v in by_node.values() if v) / len(by_node)

@@ -290,12 +290,11 @@ class _Runner:
 
     def _rebuild_s(self, k: int, plan: Plan, pool: tuple[int, ...],
                    rebuilt: tuple[str, ...]) -> float:
-        """Seconds to rebuild the copies of ``rebuilt`` on ``plan`` under the true efficiencies
-        (the controller's formula, ``rebuild_s``) times the step's transition noise."""
+        """Seconds to read the frozen weights of ``rebuilt`` again onto ``plan`` (the
+        controller's formula, ``rebuild_s``) times the step's noise on it."""
         sim = self.sim
         job = sim.truth.job_at(pool, *sim.lengths.at(k))
-        cost = CostModel(job, sim.truth.efficiencies(k))
-        return rebuild_s(job, cost, plan, rebuilt, sim.restart.storage_read_bw_per_node) \
+        return rebuild_s(job, plan, rebuilt, sim.restart.storage_read_bw_per_node) \
             * sim.truth.factor(k, "rebuild")
 
     def _apply(self, k: int, act: Act, pool: tuple[int, ...]) -> bool:
@@ -328,8 +327,7 @@ class _Runner:
                     return True
                 secs = sched.estimated_s * sim.truth.factor(k, "transition")
                 if rebuilt:
-                    # copies left with no replica rebuilt from the state that holds them: a
-                    # weight sync from training, frozen weights read from storage
+                    # a frozen model's stage left with no replica: its weights read again
                     secs += self._rebuild_s(k, act.plan, pool, rebuilt)
                 self._acc["transition_s"] += secs
                 self.t += secs
