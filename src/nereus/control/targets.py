@@ -27,7 +27,7 @@ from nereus.plan.evaluate import StageLayoutSpec, evaluate_plan
 from nereus.plan.overlap import critical_path, overlap_graph
 from nereus.plan.types import Plan, StagePlan, stage_estimate, weight_sync_estimate
 from nereus.spec.job import JobSpec
-from nereus.spec.workflow import Execution, Phase, StageKind, Workflow
+from nereus.spec.workflow import Execution, Phase, Workflow
 
 Specs = dict[str, StageLayoutSpec]
 
