@@ -54,7 +54,7 @@ from nereus.plan.placement import (
     tp_groups_off_node,
     unit_of,
 )
-from nereus.plan.types import Plan, StagePlan, weight_sync_estimate
+from nereus.plan.types import Plan, StagePlan, idle_bytes, weight_sync_estimate
 from nereus.spec.cluster import GpuPool
 from nereus.spec.job import JobSpec
 from nereus.spec.workflow import Execution, ModelStage, Phase, StageKind
@@ -658,9 +658,10 @@ class Planner:
                     break
                 # placed dearer than searched (a DP group or a pipeline of a node's size
                 # across two nodes): a combination searched slower may place faster, so this
-                # one is split off like one that did not place, every stage taking part
+                # one is split off like one that did not place, the stages placed dearer
+                # first (every stage where none is, the sync having risen)
                 repriced += 1
-                bad = [st.name for st in wf.stages]
+                bad = self._dearer(plan) or [st.name for st in wf.stages]
             searches += 1
             if searches > MAX_REPLACEMENTS:
                 if best is not None:
@@ -695,6 +696,14 @@ class Planner:
         raise InfeasibleError(
             f"no plan fits {self.job.pool.size} GPUs of {self.cost.device.name} with every TP "
             f"group inside a node of the pool (estimated)")
+
+    def _dearer(self, plan: Plan) -> list[str]:
+        """The model-stages ``plan`` prices above their search price: on the links their GPU
+        ids give them, where sizes said a node's fabric."""
+        return [sp.stage for sp in plan.stages
+                if sp.latency_s > self.cost.estimate(
+                    sp.stage, sp.candidate, idle_bytes(self.cost, plan, sp.stage)).latency_s
+                * (1 + PRICE_TOLERANCE)]
 
     def assemble(self, res: SearchResult) -> Plan:
         wf = self.job.workflow
