@@ -856,9 +856,18 @@ def test_an_out_of_memory_failure_the_estimate_missed_raises_the_memory_scale(jo
     c = Controller(job, p, on_log=lambda s: None)
     c.on_boundary(_tel(job, p, 0, 2000))
     before = c.calibrator.memory_scale()
+    counted = c.calibrator.memory_samples()
+    logs: list[str] = []
+    c.on_log = logs.append
     c.on_failure(Telemetry(1, 2000.0, 3000, job.pool.ids), out_of_memory=True)
     after = c.calibrator.memory_scale()
     assert any(after[k] > before.get(k, 1.0) for k in after)
+    # one sample per kind, from its fullest stage: three inference stages are not three
+    # samples (which stage ran out is unknown; the fullest needs the least scaling)
+    grown = {k: n - counted.get(k, 0) for k, n in c.calibrator.memory_samples().items()}
+    assert grown and set(grown.values()) == {1}
+    assert "restarting after out of memory at step 1 (longest response 3000 tokens)" \
+        in logs[-1]
 
 
 def _split_plan(reference_gpus=range(8), gen_gpus=range(8, 16)):

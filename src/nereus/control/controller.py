@@ -69,6 +69,7 @@ from nereus.plan.search import Planner
 from nereus.plan.types import Plan, stage_estimate
 from nereus.spec.cluster import GpuPool
 from nereus.spec.job import JobSpec
+from nereus.spec.workflow import StageKind
 from nereus.transition.planner import plan_transition
 from nereus.transition.schedule import Schedule
 
@@ -244,6 +245,7 @@ class Controller:
         self.pending: tuple[Trigger, ...] = ()
         self.steps_seen = 0
         self.stopped = False  # after a wait: the state on the GPUs is gone until a restart
+        self._crash = ""      # why the job stopped, where it crashed (``on_failure``)
         self._recent_longest: deque[int] = deque(maxlen=self.config.length_window)
         self._mem_bound: tuple[object, float, float, Trigger | None] | None = None
         # this boundary's job at the longest response itself (no margin), and (pool, need) once
@@ -489,6 +491,10 @@ class Controller:
         if out_of_memory and not self.stopped and self.pool and tel.pool:
             self._learn_oom(tel)
         self.stopped = True
+        # what the restart's log line says it restarts after
+        self._crash = (f"out of memory at step {tel.step} (longest response "
+                       f"{tel.response_len_max} tokens)" if out_of_memory
+                       else f"a crash at step {tel.step}")
         return self._boundary(tel, shares)
 
     def _learn_oom(self, tel: Telemetry) -> None:
@@ -500,20 +506,29 @@ class Controller:
         if scaled is None or any(sp.peak_mem_bytes > HEADROOM * cap for sp in scaled.stages):
             return  # the estimate saw it coming: the longest response alone is the evidence
         raw = CostModel(ran, self.calibrator.efficiencies())
+        # one sample per kind of stage, from its fullest stage without a measured peak: which
+        # stage ran out is unknown, and the fullest needs the least scaling to fill the device
+        fullest: dict[StageKind, int] = {}
         for sp in self.plan.stages:
             if sp.stage in tel.peak_mem_bytes:
                 continue
             est = stage_estimate(raw, self.plan, sp.stage).peak_mem_bytes
-            if 0 < est < cap:
-                self.calibrator.observe_memory(self.job.workflow.stage(sp.stage).kind, est, cap)
+            kind = self.job.workflow.stage(sp.stage).kind
+            if 0 < est < cap and est > fullest.get(kind, 0):
+                fullest[kind] = est
+        for kind, est in fullest.items():
+            self.calibrator.observe_memory(kind, est, cap)
 
     def _resume(self, step: int, triggers: tuple[Trigger, ...], now: JobSpec, cost: CostModel,
                 tel: Telemetry) -> Decision:
         """GPUs are back after a wait: restart from the checkpoint on the best plan."""
         base = Reasons(step, triggers, True, None, self.config.gamma)
         best, why_none, note = self._best(now, cost)
+        why = f"restarting after {self._crash}" if self._crash else \
+            "restarting after the job stopped"
+        self._crash = ""
         decision = _noted(self._restart(base, now, best, why_none, after_failure=True,
-                                        why="restarting after the job stopped"), best, note)
+                                        why=why), best, note)
         self._reset(tel, {})
         self.pending = ()  # replanned now: what waited from before the stop is answered
         self.pool = tel.pool

@@ -141,6 +141,10 @@ class Calibrator:
         self.efficiencies()
         return dict(self._spread)
 
+    def memory_samples(self) -> dict[StageKind, int]:
+        """How many memory observations of each kind of stage the scale averages."""
+        return {k: len(v) for k, v in self._memory.items() if v}
+
     def memory_scale(self) -> dict[StageKind, float]:
         """Measured over estimated peak memory per stage kind (the mean of the last 20),
         within the bounds a profile may hold."""
