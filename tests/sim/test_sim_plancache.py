@@ -69,3 +69,19 @@ def test_another_length_bucket_searches_again(setup):
     before = cache.searches
     cache(longer, CostModel(longer, eff))
     assert cache.searches == before + 1
+
+
+def test_the_spread_plan_a_packed_search_weighed_answers_the_spread_question():
+    """The packed search of the 16-GPU job weighs the spread plan on the way (its sync
+    crosses nodes); the controller then asks for the spread plan itself, where the packed one
+    is exposed to node loss. That answer is kept, not searched again, and it is the plan a
+    spread search gives."""
+    job = builtin("default", steps=10).job
+    cost = CostModel(job, Efficiencies(BASE, device=job.cluster.device.name))
+    cache = PlanCache()
+    cache(job, cost)
+    searched = cache.searches
+    spread = cache(job, cost, True)
+    assert cache.searches == searched and cache.hits == 1
+    fresh = PlanCache()
+    assert spread == fresh(job, cost, True) and fresh.searches == 1

@@ -331,6 +331,9 @@ class Planner:
         self.job = job
         self.cost = cost or CostModel(job, efficiencies)
         self.limit = HEADROOM * self.cost.device.memory_bytes
+        # what a ``spread`` planner's ``best`` gives, where ``best`` searched it on the way
+        # (an InfeasibleError where it found none); None where it did not
+        self.spread_plan: Plan | InfeasibleError | None = None
         self.spread = spread and spans_nodes(job.pool)
         self.options: dict[str, StageOptions] = {}
         self.evaluated: dict[str, Evaluation | None] = {}
@@ -559,8 +562,10 @@ class Planner:
         try:
             other = Planner(self.job, cost=self.cost, spread=True,
                             evaluated=self.evaluated).best_placed()
-        except InfeasibleError:
+        except InfeasibleError as e:
+            self.spread_plan = e
             return plan
+        self.spread_plan = other
         return other if other.step_latency_s < plan.step_latency_s * (1 - 1e-9) else plan
 
     def _sync_crosses_nodes(self, plan: Plan) -> bool:

@@ -61,6 +61,10 @@ class PlanCache:
         self.searches = 0
         self.hits = 0
 
+    @staticmethod
+    def _entry(eff: Efficiencies, hit: Plan | InfeasibleError, cost: CostModel) -> _Entry:
+        return (eff, hit, None if isinstance(hit, InfeasibleError) else time_shares(cost, hit))
+
     def _close(self, entry: _Entry, b: Efficiencies) -> bool:
         a, shares = entry[0], entry[2]
         for c in set(a.values) | set(b.values):
@@ -81,12 +85,18 @@ class PlanCache:
             rep = job.with_workload(w.with_response_len(mean, edge(bx, self.ratio)))
             rep_cost = CostModel(rep, cost.eff, cost.memory_scale)
             self.searches += 1
+            planner = Planner(rep, cost=rep_cost, spread=spread)
             try:
-                hit = Planner(rep, cost=rep_cost, spread=spread).best()
+                hit = planner.best()
             except InfeasibleError as e:
                 hit = e
-            entries.append((cost.eff, hit, None if isinstance(hit, InfeasibleError)
-                            else time_shares(rep_cost, hit)))
+            entries.append(self._entry(cost.eff, hit, rep_cost))
+            alt = planner.spread_plan
+            if alt is not None and not spread:
+                # the spread plan the packed search weighed: the answer to the same question
+                # with spread, which the controller asks next where the plan is exposed
+                self._plans.setdefault(key[:-1] + (True,), []).append(
+                    self._entry(cost.eff, alt, rep_cost))
         else:
             self.hits += 1
         if isinstance(hit, InfeasibleError):
