@@ -647,7 +647,7 @@ def test_a_stuck_worker_that_holds_nothing_after_the_move_is_stopped() -> None:
     pool = _Pool(range(4), silent=[2]).holding(u, size)
     report = Executor(pool, _specs(), min_timeout_s=TINY_S, grace_s=TINY_S).run(schedule)
     assert {e.id for e in report.units[STAGE]} == {"actor_train/0", "actor_train/1"}
-    assert 2 not in report.peak_bytes
+    assert 2 not in report.peak_bytes and report.stopped == (2,)
     assert _calls(pool, "kill") == [("kill", [2])]
 
 

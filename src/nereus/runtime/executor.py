@@ -85,6 +85,9 @@ class ExecutionReport:
     capacity_bytes: Mapping[int, int]
     estimated_s: float
     source: str = "measured"
+    # workers that held no unit of the target and did not answer afterwards: stopped (their
+    # slots stay, as a dead worker's do, until the caller shrinks or replaces them)
+    stopped: tuple[int, ...] = ()
 
     def measured_seconds(self) -> dict[int, float]:
         """Measured seconds of each primitive, by schedule index."""
@@ -255,17 +258,19 @@ class Executor:
             raise TransitionFailed(report) from e
         final_units = {s: tuple(_renamed(e, mapping.get(e.id, e.id)) for e in es)
                        for s, es in final_units.items()}
+        peaks, stopped = self._peaks(involved, final_units, timings)
         return ExecutionReport(
-            tuple(timings[i] for i in range(len(prims))), wall, final_units,
-            self._peaks(involved, final_units, timings), cap, schedule.estimated_s)
+            tuple(timings[i] for i in range(len(prims))), wall, final_units, peaks, cap,
+            schedule.estimated_s, stopped=stopped)
 
     def _peaks(self, involved: Sequence[int], units: Mapping[str, Sequence[Emu]],
-               timings: Mapping[int, PrimitiveTiming]) -> dict[int, int]:
+               timings: Mapping[int, PrimitiveTiming]) -> tuple[dict[int, int], tuple[int, ...]]:
         """Each worker's peak bytes during the transition. A worker that died after the
         rename is a fault only where it holds a final unit; one that holds none (an emptied
         source) is left out of the peaks, and the transition stands; one such worker that is
         stuck rather than dead is stopped, so that the next call to it fails at once as a
-        dead worker's does instead of queueing behind the stuck one."""
+        dead worker's does instead of queueing behind the stuck one (the report lists it).
+        Returns the peaks and the workers stopped."""
         stats, gone = wait_each({d: self.pool.actor(d).memory.remote() for d in involved},
                                 self.grace_s)  # a worker that died since, or is stuck
         hung = {d for d, e in gone.items() if isinstance(e, WorkerHung)}
@@ -279,7 +284,7 @@ class Executor:
             log.warning("workers %s hold no unit of the new plan and did not answer within "
                         "%.0f s: stopped", sorted(hung), self.grace_s)
             self.pool.kill(hung)
-        return {d: st.peak for d, st in stats.items()}
+        return {d: st.peak for d, st in stats.items()}, tuple(sorted(hung))
 
     def _rename(self, units: Mapping[str, Sequence[Emu]], mapping: Mapping[str, str],
                 token: str, device_ids: Iterable[int] | None = None) -> None:
