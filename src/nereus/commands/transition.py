@@ -168,9 +168,8 @@ def jobs_from_specs(current: Path, target: Path, profile: Path | None
 
 
 # Workload fields that size the state a transition moves: it moves state of one shape and
-# casts nothing, so a job that changes one of them is another job, not another plan.
-# what the state a transition moves is made of (gradients are none of it: at a step boundary
-# there are none, and nothing in the transition sizes them)
+# casts nothing, so a job that changes one of them is another job, not another plan
+# (gradients are no state: at a step boundary there are none, and no transition sizes them).
 STATE_FIELDS = ("param_dtype", "master_weights", "optimizer")
 
 

@@ -56,7 +56,7 @@ from nereus.control.targets import (
     reprice,
     survive,
 )
-from nereus.control.telemetry import Telemetry
+from nereus.control.telemetry import Telemetry, is_finite_real, is_integer
 from nereus.cost.calibrate import Calibrator
 from nereus.cost.efficiency import Efficiencies
 from nereus.cost.estimate import HEADROOM
@@ -120,11 +120,11 @@ class ControlConfig:
         for f in ("gamma", "delta_len", "delta_eff", "length_margin", "eff_z", "eff_min_share",
                   "horizon_alpha"):
             v = getattr(self, f)
-            if not _finite(v):
+            if not is_finite_real(v):
                 raise InputError(f"control.{f}", f"must be a finite number, got {v!r}")
         for f, least in (("length_window", 1), ("max_tries", 1), ("warmup_steps", 0)):
             v = getattr(self, f)
-            if not (_whole(v) and v >= least):
+            if not (is_integer(v) and v >= least):
                 raise InputError(f"control.{f}", f"must be an integer >= {least}, got {v!r}")
         if not 0.0 <= self.gamma <= 1.0:
             raise InputError("control.gamma", f"must be in [0, 1], got {self.gamma}")
@@ -141,16 +141,6 @@ class ControlConfig:
         if not 0.0 < self.horizon_alpha <= 1.0:
             raise InputError("control.horizon_alpha",
                              f"must be in (0, 1], got {self.horizon_alpha}")
-
-
-def _finite(v: object) -> bool:
-    """A finite real number, not a bool or a string."""
-    return isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v)
-
-
-def _whole(v: object) -> bool:
-    """An integer, not a bool (an integral float such as 20.0 is not one either)."""
-    return isinstance(v, numbers.Integral) and not isinstance(v, bool)
 
 
 class Action(str, Enum):
@@ -643,7 +633,7 @@ class Controller:
                 if rebuilt and got.feasible:
                     extra = rebuild_s(now, plan, rebuilt, cfg.restart.storage_read_bw_per_node)
                     why = (f"read the weights of {', '.join(rebuilt)} again from storage: "
-                           f"{extra:.3g} s")
+                           f"{extra:.3g} s (estimated)")
                     got = replace(got, estimated_s=got.estimated_s + extra,
                                   reason="; ".join(r for r in (got.reason, why) if r))
                 schedules[id(plan)] = got

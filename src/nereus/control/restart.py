@@ -25,6 +25,7 @@ import math
 import numbers
 from dataclasses import dataclass
 
+from nereus.control.telemetry import is_finite_real, is_integer
 from nereus.errors import InputError
 from nereus.spec.job import JobSpec
 
@@ -43,15 +44,14 @@ class RestartParams:
     def __post_init__(self) -> None:
         for f in ("startup_s", "storage_read_bw_per_node", "storage_write_bw_per_node"):
             v = getattr(self, f)
-            real = isinstance(v, numbers.Real) and not isinstance(v, bool)
-            if not (real and math.isfinite(v)):
+            if not is_finite_real(v):
                 raise InputError(f"restart.{f}", f"must be a finite number, got {v!r}")
             if f == "startup_s" and v < 0:
                 raise InputError(f"restart.{f}", f"must be >= 0, got {v!r}")
             if f != "startup_s" and v <= 0:
                 raise InputError(f"restart.{f}", f"must be > 0, got {v!r}")
         n = self.checkpoint_interval_steps
-        if not (isinstance(n, numbers.Integral) and not isinstance(n, bool) and n >= 1):
+        if not (is_integer(n) and n >= 1):
             raise InputError("restart.checkpoint_interval_steps",
                              f"must be an integer >= 1, got {n!r}")
 

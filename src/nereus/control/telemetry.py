@@ -39,12 +39,12 @@ class Telemetry:
 
     def __post_init__(self) -> None:
         # bool is an int to Python: step=True would pass as step 1
-        if not _integer(self.step) or self.step < 0:
+        if not is_integer(self.step) or self.step < 0:
             raise InputError("telemetry.step", f"must be an integer >= 0, got {self.step!r}")
-        if not (_real(self.response_len_mean) and self.response_len_mean >= 1):
+        if not (is_finite_real(self.response_len_mean) and self.response_len_mean >= 1):
             raise InputError("telemetry.response_len_mean",
                              f"must be a number >= 1, got {self.response_len_mean!r}")
-        if not _real(self.response_len_max):
+        if not is_finite_real(self.response_len_max):
             raise InputError("telemetry.response_len_max",
                              f"must be a finite number of tokens, got {self.response_len_max!r}")
         if self.response_len_max < self.response_len_mean:
@@ -64,11 +64,11 @@ class Telemetry:
                 raise InputError(f"telemetry.{name}", f"must be a mapping by stage, got "
                                  f"{getattr(self, name)!r}")
         for stage, v in self.latency_s.items():
-            if not (_real(v) and v > 0):
+            if not (is_finite_real(v) and v > 0):
                 raise InputError(f"telemetry.latency_s.{stage}",
                                  f"must be a number > 0, got {v!r}")
         for stage, b in self.peak_mem_bytes.items():
-            if not (_real(b) and b >= 0):
+            if not (is_finite_real(b) and b >= 0):
                 raise InputError(f"telemetry.peak_mem_bytes.{stage}",
                                  f"must be a finite number >= 0, got {b!r}")
         allowed = [c.value for c in OpClass]
@@ -80,7 +80,7 @@ class Telemetry:
                 if str(getattr(cls, "value", cls)) not in allowed:
                     raise InputError(f"telemetry.op_time_s.{stage}", f"unknown op class {cls!r}",
                                      allowed)
-                if not (_real(v) and v > 0):
+                if not (is_finite_real(v) and v > 0):
                     raise InputError(f"telemetry.op_time_s.{stage}.{cls}",
                                      f"must be a number > 0, got {v!r}")
 
@@ -90,12 +90,12 @@ class Telemetry:
                 for c, v in self.op_time_s.get(stage, {}).items()}
 
 
-def _integer(v: object) -> bool:
+def is_integer(v: object) -> bool:
     """An int, not a bool (which Python counts as one)."""
     return isinstance(v, numbers.Integral) and not isinstance(v, bool)
 
 
-def _real(v: object) -> bool:
+def is_finite_real(v: object) -> bool:
     """A finite number, not a bool or a string (math.isfinite raises TypeError on those)."""
     return (isinstance(v, numbers.Real) and not isinstance(v, bool)
             and math.isfinite(v))

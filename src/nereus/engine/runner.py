@@ -22,10 +22,10 @@ from nereus.engine.batch import Batch, replica_rows
 from nereus.engine.generate import GenerationResult
 from nereus.engine.groups import Position
 from nereus.engine.measure import StageMeasurement, WorkerMeasurement
-from nereus.engine.model import check_temperature
 from nereus.engine.optim import AdamConfig
 from nereus.engine.pipeline import LossFn, Output
 from nereus.engine.sampling import SamplingParams
+from nereus.engine.stage import check_batch
 from nereus.engine.train import TrainResult
 from nereus.errors import InputError
 from nereus.runtime.comm import Rendezvous, close_groups, open_groups
@@ -187,11 +187,7 @@ class StageRunner:
         """Each replica's rows, checked here so bad input fails before any worker starts (a
         worker that refuses its rows would leave the others in a collective)."""
         per = batch.size // self.dp
-        if batch.size == 0:
-            raise InputError(field, "has no sequences", "at least one sequence")
-        if self.vocab_size is not None:
-            batch.check_tokens(self.vocab_size, field)
-        check_temperature(temperature)
+        check_batch(self.vocab_size, batch, field, temperature)
         if batch.size % self.dp:
             raise InputError("batch", f"{batch.size} sequences do not split over dp={self.dp}",
                              f"a multiple of {self.dp}")

@@ -26,13 +26,16 @@ from nereus.errors import InputError
 from nereus.spec.model import Head, ModelSpec
 
 
-def check_batch(model: ParallelModel, batch: Batch, field: str = "batch",
+def check_batch(vocab_size: int | None, batch: Batch, field: str = "batch",
                 temperature: float = 1.0) -> None:
     """What no worker may start on: no sequences, a real token id outside the vocabulary (a
-    target too: the next position's id), a temperature log-probs cannot take."""
+    target too: the next position's id; not checked where ``vocab_size`` is unknown), a
+    temperature log-probs cannot take. The driver (``StageRunner``) and a stage engine both
+    call it."""
     if batch.size == 0:
         raise InputError(field, "has no sequences", "at least one sequence")
-    batch.check_tokens(model.spec.vocab_size, field)
+    if vocab_size is not None:
+        batch.check_tokens(vocab_size, field)
     check_temperature(temperature)
 
 
@@ -40,7 +43,7 @@ def forward(model: ParallelModel, batch: Batch, micro_batch: int, temperature: f
             ) -> Output | None:
     """Log-probs at ``temperature`` (LM head) or values (scalar head) of whole sequences, on
     the last block."""
-    check_batch(model, batch, "batch", temperature)
+    check_batch(model.spec.vocab_size, batch, "batch", temperature)
     outs = forward_pipeline(model, batch.to(model.device).split(micro_batch), temperature)
     return Output.cat(outs) if outs is not None else None
 
@@ -109,22 +112,22 @@ class StageEngine:
         if self.adam_state is None:
             raise InputError("train_step", "this worker holds no optimizer state (a forward or "
                              "generation stage holds parameters only)")
-        check_batch(self.model, batch, "batch", temperature)
+        check_batch(self.model.spec.vocab_size, batch, "batch", temperature)
         step = TrainStep(self.model, self.adam_state, adam or self.adam, micro_batch, recompute)
         res, meas = self._measure(lambda: step(batch, loss_fn, temperature), track_memory)
         return Measured(res, meas)
 
     def forward(self, batch: Batch, micro_batch: int, track_memory: bool | None = None,
                 temperature: float = 1.0) -> Measured:
-        """Log-probs at ``temperature`` (LM head) or values (scalar head)."""
-        check_batch(self.model, batch, "batch", temperature)
+        """Log-probs at ``temperature`` (LM head) or values (scalar head); ``forward``
+        checks the batch."""
         res, meas = self._measure(lambda: forward(self.model, batch, micro_batch, temperature),
                                   track_memory)
         return Measured(res, meas)
 
     def generate(self, prompts: Batch, sampling: SamplingParams, micro_batch: int | None = None,
                  track_memory: bool | None = None) -> Measured:
-        check_batch(self.model, prompts, "prompts")
+        check_batch(self.model.spec.vocab_size, prompts, "prompts")
         gen = Generator(self.model)
         res, meas = self._measure(lambda: gen.generate(prompts, sampling, micro_batch),
                                   track_memory)

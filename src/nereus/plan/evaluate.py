@@ -266,11 +266,14 @@ def evaluate_plan(job: JobSpec, specs: Mapping[str, StageLayoutSpec],
     if sync:
         t, g = by_name[sync[0]], by_name[sync[1]]
         sync_s = weight_sync_estimate(cost, t, g).latency_s
-        sized = weight_sync_estimate(cost, t, g, by_sizes=True).latency_s
-        if sync_s != sized and (specs[sync[0]].gpus or specs[sync[1]].gpus):
+        # only ids a layout gives can price the sync apart from node-aligned replicas
+        given = specs[sync[0]].gpus or specs[sync[1]].gpus
+        sized = weight_sync_estimate(cost, t, g, by_sizes=True).latency_s if given else sync_s
+        if sync_s != sized:
             notes.append(f"weight sync: priced on the links its GPU ids use (a training or "
                          f"generation replica spans nodes): {sync_s:.3f} s, "
-                         f"{sync_s - sized:+.3f} s against node-aligned replicas")
+                         f"{sync_s - sized:+.3f} s against node-aligned replicas "
+                         f"(estimated)")
     step, _ = critical_path(overlap_graph(wf, groups, latency, sync_s))
     terms: dict[str, float] = {}
     for phase in wf.phases:
@@ -292,4 +295,4 @@ def _placed_notes(cost: CostModel, name: str, c: Candidate, idle: int, links: Li
              if cost.link_used(name, c, k)]
     across = f" ({', '.join(spans)} across nodes)" if spans else ""
     return [(f"{name}: priced on the links its GPU ids use{across}: {est:.3f} s, "
-             f"{est - sized:+.3f} s against node-aligned groups of its sizes")]
+             f"{est - sized:+.3f} s against node-aligned groups of its sizes (estimated)")]

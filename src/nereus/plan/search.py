@@ -772,8 +772,7 @@ class Planner:
                  for p in wf.phases}
         terms["weight_sync"] = sync_s
         singles = [(s.stage,) for s in ordered if not any(s.stage in g for g in groups)]
-        graph = overlap_graph(wf, [*groups, *singles], {s.stage: s.latency_s for s in ordered},
-                              sync_s)
+        graph = overlap_graph(wf, [*groups, *singles], lat, sync_s)
         step, _ = critical_path(graph)
         return Plan(ordered, step, "estimated", terms, tuple(groups))
 
