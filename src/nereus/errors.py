@@ -5,6 +5,8 @@ The CLI turns an :class:`InputError` into one line on stderr and exit code 2, wi
 
 from __future__ import annotations
 
+import math
+import numbers
 from collections.abc import Iterable
 
 
@@ -35,3 +37,14 @@ def first_line(e: BaseException) -> str:
     """An exception's first non-blank line, or its type's name when it says nothing: what a
     one-line error keeps of a library's multi-line message."""
     return next((ln.strip() for ln in str(e).splitlines() if ln.strip()), type(e).__name__)
+
+
+def is_integer(v: object) -> bool:
+    """An integer (numpy's too), not a bool (which Python counts as one)."""
+    return isinstance(v, numbers.Integral) and not isinstance(v, bool)
+
+
+def is_finite_real(v: object) -> bool:
+    """A finite number (numpy's too), not a bool or a string (``math.isfinite`` raises
+    TypeError on those)."""
+    return isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from engine_testlib import logical_state, on_replica, shards_for
@@ -195,11 +196,21 @@ def test_sampling_accepts_the_edges() -> None:
     ("lr", -1e-3), ("lr", math.inf), ("lr", math.nan),
     ("eps", -1.0), ("eps", math.nan), ("eps", math.inf),
     ("weight_decay", -0.5), ("weight_decay", math.inf), ("weight_decay", math.nan),
-    ("beta1", 1.0), ("beta1", math.nan), ("beta2", -0.1), ("beta2", math.inf)])
+    ("beta1", 1.0), ("beta1", math.nan), ("beta2", -0.1), ("beta2", math.inf),
+    ("lr", "1e-3"), ("beta1", True), ("max_grad_norm", 0.0), ("max_grad_norm", math.inf),
+    ("max_grad_norm", "1.0")])
 def test_adam_parameters_are_checked_as_torch_checks_them_and_finite(field: str,
                                                                        value: float) -> None:
     with pytest.raises(InputError, match=rf"^adam\.{field}:"):
         AdamConfig(**{field: value})
+
+
+def test_numpy_numbers_are_numbers_to_adam_and_sampling() -> None:
+    """Values read from an array (a sweep, a config loaded with numpy) pass like Python's."""
+    cfg = AdamConfig(lr=np.float32(1e-3), beta1=np.float64(0.9), max_grad_norm=np.float64(1.0))
+    assert cfg.lr == np.float32(1e-3)
+    SamplingParams(max_new_tokens=np.int64(4), temperature=np.float32(0.7), top_p=np.float64(1),
+                   seed=np.int32(3), pad_token=np.int64(-1), stop_tokens=(np.int16(2),))
 
 
 def test_adam_accepts_what_torch_accepts_at_the_edges() -> None:

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import logging
 import math
-import numbers
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -56,13 +55,13 @@ from nereus.control.targets import (
     reprice,
     survive,
 )
-from nereus.control.telemetry import Telemetry, is_finite_real, is_integer
+from nereus.control.telemetry import Telemetry
 from nereus.cost.calibrate import Calibrator
 from nereus.cost.efficiency import Efficiencies
 from nereus.cost.estimate import HEADROOM
 from nereus.cost.model import CostModel
 from nereus.cost.ops import OpClass
-from nereus.errors import InfeasibleError, InputError
+from nereus.errors import InfeasibleError, InputError, is_finite_real, is_integer
 from nereus.plan.exposure import exposed_fraction, spans_nodes
 from nereus.plan.near import SAME_STEP, placed_near
 from nereus.plan.search import Planner

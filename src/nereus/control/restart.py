@@ -21,12 +21,9 @@ gives them. Scenarios may override them and must say where their values come fro
 
 from __future__ import annotations
 
-import math
-import numbers
 from dataclasses import dataclass
 
-from nereus.control.telemetry import is_finite_real, is_integer
-from nereus.errors import InputError
+from nereus.errors import InputError, is_finite_real, is_integer
 from nereus.spec.job import JobSpec
 
 GB = 1e9

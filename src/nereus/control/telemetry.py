@@ -7,13 +7,11 @@ collectives give them, others give stage latencies only; the calibrator uses wha
 
 from __future__ import annotations
 
-import math
-import numbers
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from nereus.cost.ops import OpClass
-from nereus.errors import InputError
+from nereus.errors import InputError, is_finite_real, is_integer
 
 
 @dataclass(frozen=True)
@@ -88,17 +86,6 @@ class Telemetry:
         """Measured seconds per op class of one stage (empty when the framework gives none)."""
         return {OpClass(getattr(c, "value", c)): float(v)
                 for c, v in self.op_time_s.get(stage, {}).items()}
-
-
-def is_integer(v: object) -> bool:
-    """An int, not a bool (which Python counts as one)."""
-    return isinstance(v, numbers.Integral) and not isinstance(v, bool)
-
-
-def is_finite_real(v: object) -> bool:
-    """A finite number, not a bool or a string (math.isfinite raises TypeError on those)."""
-    return (isinstance(v, numbers.Real) and not isinstance(v, bool)
-            and math.isfinite(v))
 
 
 def _gpu_id(g: object) -> int:

@@ -16,7 +16,7 @@ import torch
 
 from nereus.cost.ops import OpClass
 from nereus.engine.measure import Recorder
-from nereus.errors import InputError
+from nereus.errors import InputError, is_finite_real
 from nereus.spec.model import ModelSpec
 from nereus.spec.sharding import Shard, is_kv
 
@@ -38,19 +38,16 @@ class AdamConfig:
         # through for lr, turns every parameter into inf or nan on the first step)
         for name in ("lr", "eps", "weight_decay"):
             v = getattr(self, name)
-            if not _is_real(v) or not 0 <= v < math.inf:
+            if not is_finite_real(v) or v < 0:
                 raise InputError(f"adam.{name}", f"must be finite and >= 0, got {v!r}")
         for name in ("beta1", "beta2"):
             v = getattr(self, name)
-            if not _is_real(v) or not 0 <= v < 1:
+            if not is_finite_real(v) or not 0 <= v < 1:
                 raise InputError(f"adam.{name}", f"must be in [0, 1), got {v!r}")
-        if self.max_grad_norm is not None and not self.max_grad_norm > 0:
-            raise InputError("adam.max_grad_norm", f"must be > 0 or None, got "
-                             f"{self.max_grad_norm}")
-
-
-def _is_real(x: object) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool)
+        v = self.max_grad_norm
+        if v is not None and not (is_finite_real(v) and v > 0):
+            raise InputError("adam.max_grad_norm", f"must be finite and > 0, or None (no "
+                             f"clipping), got {v!r}")
 
 
 @dataclass

@@ -10,14 +10,12 @@ a CDF boundary).
 from __future__ import annotations
 
 import hashlib
-import math
 import struct
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
-from nereus.errors import InputError
+from nereus.errors import InputError, is_finite_real, is_integer
 
 
 @dataclass(frozen=True)
@@ -34,31 +32,23 @@ class SamplingParams:
     pad_token: int = 0
 
     def __post_init__(self) -> None:
-        if not _is_int(self.max_new_tokens) or self.max_new_tokens < 1:
+        if not is_integer(self.max_new_tokens) or self.max_new_tokens < 1:
             raise InputError("sampling.max_new_tokens",
                              f"must be an integer >= 1, got {self.max_new_tokens!r}")
-        if not _is_real(self.temperature) or not 0 <= self.temperature < math.inf:
+        if not is_finite_real(self.temperature) or self.temperature < 0:
             raise InputError("sampling.temperature", f"must be finite and >= 0 (0: greedy), got "
                              f"{self.temperature!r}")
-        if not _is_real(self.top_p) or not 0 < self.top_p <= 1:
+        if not is_finite_real(self.top_p) or not 0 < self.top_p <= 1:
             raise InputError("sampling.top_p", f"must be in (0, 1], got {self.top_p!r}")
         # the noise hashes the seed as a signed 64-bit integer (``uniform``)
-        if not _is_int(self.seed) or not -2**63 <= self.seed < 2**63:
+        if not is_integer(self.seed) or not -2**63 <= self.seed < 2**63:
             raise InputError("sampling.seed", f"must be an integer that fits in 64 bits, got "
                              f"{self.seed!r}", f"{-2**63}..{2**63 - 1}")
-        if not _is_int(self.pad_token):   # it fills a tensor of token ids
+        if not is_integer(self.pad_token):   # it fills a tensor of token ids
             raise InputError("sampling.pad_token", f"must be an integer, got {self.pad_token!r}")
-        if not all(_is_int(t) and t >= 0 for t in self.stop_tokens):
+        if not all(is_integer(t) and t >= 0 for t in self.stop_tokens):
             raise InputError("sampling.stop_tokens", f"must be token ids (integers >= 0), got "
                              f"{self.stop_tokens!r}")
-
-
-def _is_int(x: object) -> bool:
-    return isinstance(x, (int, np.integer)) and not isinstance(x, bool)
-
-
-def _is_real(x: object) -> bool:
-    return isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, bool)
 
 
 def uniform(seed: int, index: int, step: int) -> float:
