@@ -46,6 +46,7 @@ from nereus.transition.schedule import Schedule
 
 STAGE = "actor_train"
 REF = "reference_infer"
+GEN = "actor_gen"
 
 
 # ---- stubs: workers, pool, Ray, executor, checkpointer
@@ -254,12 +255,20 @@ class _StubExecutor:
 
 
 class _Checkpointer:
-    def __init__(self, latest: str | None):
+    """Records restores; its latest checkpoint holds ``stages`` (all when None)."""
+
+    root = "ckpt"
+
+    def __init__(self, latest: str | None, stages: Sequence[str] | None = None):
         self._latest = latest
+        self._stages = stages
         self.restored: list[tuple[str, tuple[Emu, ...], Any, str]] = []
 
     def latest(self) -> str | None:
         return self._latest
+
+    def holds(self, where: str, stage: str) -> bool:
+        return where == self._latest and (self._stages is None or stage in self._stages)
 
     def restore(self, pool: Any, stage: str, emus: Sequence[Emu], spec: Any, where: str
                 ) -> None:
@@ -377,8 +386,8 @@ def test_recovery_refuses_a_lost_last_copy_without_a_checkpointer() -> None:
     ex = _StubExecutor(pool, _specs())
     with pytest.raises(RuntimeError) as info:
         recover(pool, ex, job, report, lambda ids: target)
-    assert str(info.value) == ("the last copy of reference_infer is lost and no checkpoint "
-                               "is configured")
+    assert str(info.value) == ("cannot restore reference_infer (no copy survived): no "
+                               "checkpoint is configured")
     assert ex.schedules == []  # refused before any transition
     assert pool.log == [("shrink", [2])]
     assert pool.held()[0] == ["actor_train/0"]
@@ -390,9 +399,10 @@ def test_recovery_refuses_a_lost_last_copy_when_no_checkpoint_was_saved() -> Non
     with pytest.raises(RuntimeError) as info:
         recover(pool, _StubExecutor(pool, _specs()), job, report,
                 lambda ids: target, ck)
-    assert str(info.value) == ("the last copy of reference_infer is lost and no checkpoint "
-                               "was saved")
+    assert str(info.value) == ("cannot restore reference_infer (no copy survived): no "
+                               "checkpoint was saved under ckpt")
     assert ck.restored == []
+    assert pool.log == [("shrink", [2])]  # refused before anything was dropped or moved
 
 
 def test_recovery_restores_a_lost_last_copy_into_its_target_layout() -> None:
@@ -407,6 +417,54 @@ def test_recovery_restores_a_lost_last_copy_into_its_target_layout() -> None:
     assert ck.restored == [(REF, want, "ref spec", "ckpt/step-3")]
     assert rec.restored == (REF,) and rec.checkpoint == "ckpt/step-3"
     assert rec.units[REF] == want and rec.transition is None
+    assert not rec.rolled_back  # a frozen model's weights: the intact actor stays
+
+
+def _actor_train_lost() -> tuple[JobSpec, _Pool, FaultReport, Plan, tuple[Emu, ...]]:
+    """actor_train's only unit was on workers 2-3, which died; actor_gen (the same trained
+    model's generation copy, on 0) and reference_infer (frozen, on 1) are intact."""
+    job = _job()
+    gen = _units(job, GEN, 1, 1, [[0]])
+    ref = _units(job, REF, 1, 1, [[1]])
+    train = _units(job, STAGE, 2, 1, [[2, 3]])
+    pool = _Pool(range(6)).holding(gen + ref)
+    report = FaultReport(frozenset({2, 3}), {}, {GEN: gen, REF: ref}, train)
+    target = plan_of(job, {GEN: (1, 1, [[0]]), REF: (1, 1, [[1]]),
+                           STAGE: (2, 1, [[4, 5]])})
+    return job, pool, report, target, gen
+
+
+def test_losing_a_trained_models_last_copy_rolls_every_trained_stage_back() -> None:
+    """actor_gen survived, but it holds a newer θ than the checkpoint actor_train comes back
+    from: generation would sample with a policy training has not got. So the job rolls back:
+    actor_gen's intact unit is dropped and both actor stages are restored from the same
+    checkpoint; the frozen reference keeps its unit."""
+    job, pool, report, target, gen = _actor_train_lost()
+    ck = _Checkpointer(latest="ckpt/step-3")
+    rec = recover(pool, _StubExecutor(pool, _specs()), job, report, lambda ids: target, ck)
+    want = phi(job, target)
+    assert [(s, u) for s, u, _, _ in ck.restored] == [(GEN, want[GEN]), (STAGE, want[STAGE])]
+    assert rec.rolled_back and rec.restored == (GEN, STAGE)
+    assert rec.destroyed == tuple(e.id for e in gen)
+    assert pool.held()[0] == [] and pool.held()[1] == [REF + "/0"]
+    assert rec.units[GEN] == want[GEN] and rec.units[STAGE] == want[STAGE]
+
+
+def test_a_rollback_is_refused_before_anything_moves_when_the_checkpoint_lacks_a_stage(
+) -> None:
+    """The checkpoint holds actor_train but not actor_gen: rolling back would leave
+    generation without θ, so nothing is dropped (actor_gen's newer copy stays) and the error
+    names the missing stage."""
+    job, pool, report, target, _ = _actor_train_lost()
+    ck = _Checkpointer(latest="ckpt/step-3", stages=[STAGE, REF])
+    with pytest.raises(RuntimeError) as info:
+        recover(pool, _StubExecutor(pool, _specs()), job, report, lambda ids: target, ck)
+    assert str(info.value) == (
+        "cannot restore actor_gen, actor_train (a trained model's last copy is lost, so every "
+        "trained model's stage rolls back to the checkpoint): the checkpoint ckpt/step-3 "
+        "holds no actor_gen")
+    assert ck.restored == [] and pool.log == [("shrink", [2, 3])]
+    assert pool.held()[0] == [GEN + "/0"]
 
 
 # ---- Executor: refusals before anything moves

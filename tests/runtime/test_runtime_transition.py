@@ -33,8 +33,9 @@ from nereus.plan.types import Plan
 from nereus.runtime import movement as mv
 from nereus.runtime.checkpoint import Checkpointer
 from nereus.runtime.executor import Executor, state_specs
-from nereus.runtime.faults import TransitionFailed, recover
-from nereus.runtime.placement import place_plan
+from nereus.runtime.faults import TransitionFailed, reconcile, recover
+from nereus.runtime.loading import seeded_logical
+from nereus.runtime.placement import gather_unit, place_plan
 from nereus.runtime.primitives import PrimitiveTiming
 from nereus.runtime.state import StateSpec
 from nereus.runtime.workers import WorkerContext, WorkerPool
@@ -552,6 +553,47 @@ def test_last_copy_lost_mid_transition_restores_from_the_checkpoint(pool: Worker
         check_stages(pool, job, rec.units, seeds)
     finally:
         _restore(pool, killed)
+
+
+def _step_on(ctx: WorkerContext, unit_id: str) -> None:
+    """Stand-in for the steps since the checkpoint: every parameter of the unit moves."""
+    for t in ctx.units[unit_id].params.values():
+        t.add_(1.0)
+
+
+def test_losing_training_rolls_generation_back_to_the_checkpoint(pool: WorkerPool,
+                                                                 tmp_path) -> None:
+    """After the checkpoint actor_gen's θ moved on (the steps since); then worker 0, half of
+    actor_train's only unit, dies. Restoring actor_train alone would pair its checkpointed θ
+    with generation's newer one, so recovery restores both actor stages from the checkpoint:
+    every unit equals the checkpointed (seeded) state again, and the frozen reference model
+    keeps its unit where it was."""
+    job = cpu_job("tiny-qwen3", 6)
+    _fit_pool(pool, range(6))
+    current = plan_of(job, {"actor_gen": (1, 1, [[4]]), "reference_infer": (1, 1, [[5]]),
+                            "actor_train": (2, 1, [[0, 1]])})
+    target = plan_of(job, {"actor_gen": (1, 1, [[4]]), "reference_infer": (1, 1, [[5]]),
+                           "actor_train": (2, 1, [[2, 3]])})
+    specs = state_specs(job, "cpu")
+    seeds = stage_seeds(job, 14)
+    units = place_plan(pool, job, current, specs, seeds)
+    ck = Checkpointer(tmp_path / "ckpt")
+    ck.save(pool, units, tag=1)
+    (gen,) = units["actor_gen"]
+    pool.run({4: (_step_on, (gen.id,))})
+    assert gather_unit(pool, gen).first_difference(
+        seeded_logical(specs["actor_gen"], seeds["actor_gen"])) is not None
+    ray.kill(pool.actor(0), no_restart=True)
+    try:
+        rep = reconcile(pool, [e for es in units.values() for e in es], {0}, {})
+        assert rep.lost_stages(["actor_gen", "actor_train"]) == ("actor_train",)
+        rec = recover(pool, Executor(pool, specs, min_timeout_s=5.0), job, rep,
+                      lambda ids: target, ck)
+        assert rec.rolled_back and rec.restored == ("actor_gen", "actor_train")
+        assert rec.units["reference_infer"] == units["reference_infer"]
+        check_stages(pool, job, rec.units, seeds)
+    finally:
+        _restore(pool, [0])
 
 
 @pytest.mark.parametrize("model,save,load", [

@@ -215,11 +215,15 @@ class Checkpointer:
             return max(zip(tags, done), key=lambda tp: int(tp[0]))[1]
         return max(done, key=lambda p: (p / COMPLETE).stat().st_mtime_ns)
 
+    def holds(self, where: Path, stage: str) -> bool:
+        """Whether the checkpoint ``where`` has ``stage``'s state."""
+        return (where / stage).is_dir()
+
     def restore(self, pool: WorkerPool, stage: str, units: Sequence[Emu], spec: StateSpec,
                 where: Path | None = None) -> float:
         """Load ``stage`` into ``units`` (any layout, any number of replicas); seconds taken."""
         where = where or self.latest()
-        if where is None or not (where / stage).is_dir():
+        if where is None or not self.holds(where, stage):
             raise FileNotFoundError(f"no checkpoint of {stage} under {self.root}")
         t0 = time.perf_counter()
         world = sum(len(e.gpus) for e in units)

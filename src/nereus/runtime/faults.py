@@ -11,6 +11,15 @@ layout (others are redundant copies and are destroyed), forms the plan they real
 transition layer for a schedule to the target plan of the surviving pool, runs it, and restores
 the model-stages that lost every copy from the latest checkpoint (torch.distributed.checkpoint)
 straight into their target layout.
+
+Which stages a checkpoint may restore follows from what changes between steps. A frozen model's
+weights never do, so its lost stage is read back and nothing else moves. A trained model's
+state moves every step, and the checkpoint holds an older step: restoring one of its stages
+alone would pair an older θ with the newer state of its other stages (generation sampling with
+a policy training has moved past, or an actor a step ahead of its critic). So when a trained
+model's stage loses its last copy, the job rolls back: every stage of every trained model is
+restored from the checkpoint, intact copies included, and the steps since are redone (a
+restart, which is how the controller prices that loss, ``nereus.control.targets.survive``).
 """
 
 from __future__ import annotations
@@ -18,6 +27,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from nereus.runtime import movement as mv
@@ -170,6 +180,9 @@ class Recovery:
     restored: tuple[str, ...]                       # model-stages restored from a checkpoint
     checkpoint: str | None                          # where they came from
     units: Mapping[str, tuple[Emu, ...]]
+    # a trained model's stage lost its last copy: every trained model's stage was restored
+    # from ``checkpoint``, and the steps since it was saved must be redone
+    rolled_back: bool = False
 
 
 def _current_plan(job: JobSpec, intact: Mapping[str, tuple[Emu, ...]], target: Plan
@@ -207,19 +220,27 @@ def recover(pool: WorkerPool, executor: Executor, job: JobSpec, report: FaultRep
 
     Dead workers leave the pool. Model-stages with an intact copy are moved by a replanned
     transition; those without one are restored from ``checkpointer``'s latest checkpoint into
-    their target layout (``RuntimeError`` when there is none). A worker call here that does
-    not return within ``GRACE_S`` fails it (``WorkerCallsFailed``) instead of hanging it.
+    their target layout, and where one of them belongs to a trained model, so is every stage
+    of every trained model (``rolled_back``; see the module's docstring). Whether the
+    checkpoint holds what must be restored is checked before anything is dropped or moved
+    (``RuntimeError`` when it does not). A worker call here that does not return within
+    ``GRACE_S`` fails it (``WorkerCallsFailed``) instead of hanging it.
     """
+    from nereus.spec.cluster import GpuPool
     from nereus.transition.emu import phi
     from nereus.transition.planner import plan_transition
 
     pool.shrink(report.dead)
     target = target_for(pool.device_ids)
-    current, extra = _current_plan(job, report.intact, target)
+    restore, rolled_back = _to_restore(job, report, [s.stage for s in target.stages])
+    where = _checkpoint_of(restore, checkpointer, rolled_back)
+    kept_intact = {s: es for s, es in report.intact.items() if s not in restore}
+    current, extra = _current_plan(job, kept_intact, target)
+    extra += [e for s in restore for e in report.intact.get(s, ())]  # rolled back: replaced
     renames: dict[int, dict[str, str]] = {}
     # Units of the kept layout are renamed to the ids Φ(current) gives them.
     phi_current = phi(job, current)
-    kept = {s: [e for e in report.intact.get(s, ()) if e not in extra] for s in phi_current}
+    kept = {s: [e for e in kept_intact.get(s, ()) if e not in extra] for s in phi_current}
     for s, es in kept.items():
         for e in sorted(es, key=lambda u: u.id):
             want = next(u for u in phi_current[s] if u.gpus == e.gpus and u.layout == e.layout)
@@ -237,27 +258,50 @@ def recover(pool: WorkerPool, executor: Executor, job: JobSpec, report: FaultRep
 
         token = f"recover-{uuid.uuid4().hex}"
         pool.run({g: (_rename, (m, token)) for g, m in renames.items()}, GRACE_S)
-    lost = report.lost_stages([s.stage for s in target.stages])
-    if lost and checkpointer is None:
-        raise RuntimeError(f"the last copy of {', '.join(lost)} is lost and no checkpoint "
-                           "is configured")
-    from nereus.spec.cluster import GpuPool
-
     schedule = plan_transition(job.with_pool(GpuPool(job.cluster, pool.device_ids)), current,
                                target)
     run = executor.run(schedule) if schedule.primitives else None
     units = dict(run.units) if run else dict(phi(job, target))
-    restored: tuple[str, ...] = ()
-    where = None
-    if lost:
-        assert checkpointer is not None
-        where = checkpointer.latest()
-        if where is None:
-            raise RuntimeError(f"the last copy of {', '.join(lost)} is lost and no "
-                               "checkpoint was saved")
+    if restore:
+        assert checkpointer is not None and where is not None
         phi_target = phi(job, target)
-        for s in lost:
+        for s in restore:
             checkpointer.restore(pool, s, phi_target[s], executor.specs[s], where)
             units[s] = phi_target[s]
-        restored = tuple(lost)
-    return Recovery(target, tuple(e.id for e in extra), run, restored, where, units)
+    return Recovery(target, tuple(e.id for e in extra), run, restore,
+                    None if where is None else str(where), units, rolled_back)
+
+
+def _to_restore(job: JobSpec, report: FaultReport, stages: Sequence[str]
+                ) -> tuple[tuple[str, ...], bool]:
+    """(the model-stages to restore from the checkpoint, whether the job rolls back): the
+    stages with no intact copy, and where one of them is a trained model's, every trained
+    model's stage as well."""
+    wf = job.workflow
+    lost = report.lost_stages(stages)
+    trained = [s for s in stages if wf.model(wf.stage(s).model).trainable]
+    if not any(s in trained for s in lost):
+        return lost, False
+    return tuple(s for s in stages if s in lost or s in trained), True
+
+
+def _checkpoint_of(restore: Sequence[str], checkpointer: Checkpointer | None,
+                   rolled_back: bool) -> Path | None:
+    """The checkpoint to restore ``restore`` from (None when nothing is restored); a
+    ``RuntimeError`` naming what is missing when there is no such checkpoint."""
+    if not restore:
+        return None
+    why = ("a trained model's last copy is lost, so every trained model's stage rolls back "
+           "to the checkpoint" if rolled_back else "no copy survived")
+    names = ", ".join(restore)
+    if checkpointer is None:
+        raise RuntimeError(f"cannot restore {names} ({why}): no checkpoint is configured")
+    where = checkpointer.latest()
+    if where is None:
+        raise RuntimeError(f"cannot restore {names} ({why}): no checkpoint was saved under "
+                           f"{checkpointer.root}")
+    missing = [s for s in restore if not checkpointer.holds(where, s)]
+    if missing:
+        raise RuntimeError(f"cannot restore {names} ({why}): the checkpoint {where} holds no "
+                           f"{', '.join(missing)}")
+    return where
