@@ -308,15 +308,20 @@ def plans_for_job(args: tuple[PlanArg, PlanArg], config: Path | None, model: str
     job = job_for_plans(ids, config, model, algo, execution, device, devices_per_node, reward)
     for a in args:
         check_record(a.record, job, a.which, a.path)
-    out: dict[str, Plan] = {}
-    for a in args:
-        if a.kind == "plan":
-            out[a.which] = plans[a.which]
-            check_stages(job, out[a.which], a.which)
-        else:
-            with renamed_field(a.which):
-                out[a.which] = evaluate_plan(job, layouts[a.which], _cost_model(job, profile))
+    out = {a.which: _plan_under(a, job, profile) for a in args}
     return job, out["current"], out["target"]
+
+
+def _plan_under(a: PlanArg, job: JobSpec, profile: Path | None) -> Plan:
+    """``a`` under ``job``: a plan file with its stages checked against the job, or a layout
+    placed and priced."""
+    if a.kind == "layout":
+        with renamed_field(a.which):
+            return evaluate_plan(job, layout_from_data(a.data, a.which),
+                                 _cost_model(job, profile))
+    plan = Plan.from_dict(a.data, a.which)
+    check_stages(job, plan, a.which)
+    return plan
 
 
 def recorded_jobs(args: tuple[PlanArg, PlanArg]) -> tuple[JobSpec, JobSpec] | None:
@@ -339,15 +344,9 @@ def plans_for_recorded_jobs(args: tuple[PlanArg, PlanArg], jobs: tuple[JobSpec, 
     for a, job in zip(args, jobs):
         # a hand-edited record whose names say another job than its own job entry
         check_record(a.record, job, a.which, a.path)
-        if a.kind == "layout":
-            with renamed_field(a.which):
-                out[a.which] = evaluate_plan(job, layout_from_data(a.data, a.which),
-                                             _cost_model(job, profile))
-            continue
-        plan = Plan.from_dict(a.data, a.which)
-        check_stages(job, plan, a.which)
+        plan = _plan_under(a, job, profile)
         outside = sorted(set(plan.gpus()) - set(job.pool.ids))
-        if outside:  # the pool it records is what the spanning cluster is built from
+        if a.kind == "plan" and outside:  # the spanning cluster is built from the pools
             raise InputError(f"{a.which}.stages", f"GPU ids {format_gpus(outside)} are "
                              f"outside the pool {a.path.name} records "
                              f"({format_gpus(job.pool.ids)})",
