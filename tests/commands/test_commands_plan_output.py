@@ -233,6 +233,14 @@ def test_evaluate_refuses_a_plan_made_for_another_job(tmp_path: Path) -> None:
         r.stderr
 
 
+def test_evaluate_given_the_job_file_says_so() -> None:
+    """It read the job as a layout: 'evaluate.model: must be a mapping of fields'."""
+    r = runner.invoke(app, ["plan", "--config", CONFIG, "--evaluate", CONFIG])
+    assert r.exit_code == 2, r.output
+    assert r.stderr.startswith("error: --evaluate: llama-3.1-8b-ppo.yaml is a job file (as "
+                               "--config reads), not a plan (allowed: a plan JSON"), r.stderr
+
+
 def test_evaluate_refuses_gpu_ids_outside_the_pool(tmp_path: Path) -> None:
     """GPUs 100-107 on a 16-GPU pool were placed, priced and said to fit."""
     plan = json.loads(_written(tmp_path, "p.json", "--config", CONFIG).read_text())

@@ -717,6 +717,18 @@ def test_options_still_override_the_recorded_jobs(tiny_plans: tuple[str, str]) -
                              "their jobs)\n"), r.stderr
 
 
+def test_a_plan_file_without_its_stages_says_they_are_missing(
+        tiny_plans: tuple[str, str], tmp_path: Path) -> None:
+    """It was read as a layout whose model-stage 'step_latency_s' was no mapping."""
+    data = json.loads(Path(tiny_plans[1]).read_text())
+    del data["stages"]
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(data))
+    r = runner.invoke(app, ["transition", tiny_plans[0], str(bad)])
+    assert r.exit_code == 2, r.output
+    assert r.stderr == "error: target.stages: required field is missing\n", r.stderr
+
+
 def test_a_plan_outside_the_pool_it_records_is_refused(tiny_plans: tuple[str, str],
                                                        tmp_path: Path) -> None:
     data = json.loads(Path(tiny_plans[1]).read_text())

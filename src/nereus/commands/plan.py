@@ -14,7 +14,7 @@ from rich.table import Table
 
 from nereus.commands.common import Command, console, one_line_errors, refuse_together
 from nereus.commands.jobopts import JOB_HELP, job_and_fields_from_options
-from nereus.commands.planfile import check_record, split_record, with_record
+from nereus.commands.planfile import check_record, job_shaped, split_record, with_record
 from nereus.cost.calibrate import Calibrator
 from nereus.cost.model import CostModel
 from nereus.errors import InfeasibleError, InputError
@@ -322,6 +322,11 @@ def register(app: typer.Typer) -> None:
     def _evaluate(job: JobSpec, cost: CostModel, path: Path, explain: bool, as_json: bool,
                   spread: bool, given_model: str) -> None:
         raw = read_yaml(path, "evaluate")
+        if job_shaped(split_record(raw, "evaluate")[0]):  # --evaluate given the --config
+            raise InputError("--evaluate", f"{path.name} is a job file (as --config reads), "
+                             "not a plan", "a plan JSON (nereus plan --json) or a layout YAML "
+                             "of tp, pp, dp and gpus per model-stage (nereus examples writes "
+                             "two, under layouts/)")
         check_record(split_record(raw, "evaluate")[1], job, "evaluate", path)
         yours = evaluate_plan(job, layout_from_data(raw), cost)
         problems = validate_plan(job, yours, cost)

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from nereus.errors import InputError
-from nereus.spec.job import JobSpec, job_config, parse_job
+from nereus.spec.job import JobConfig, JobSpec, job_config, parse_job
 from nereus.spec.model import MODEL_PRESETS, ModelSpec
 
 RECORD_KEY = "planned_for"
@@ -62,6 +62,15 @@ def model_source(given: str) -> str:
         return given.lower()
     path = Path(given)
     return str(path.absolute()) if path.exists() else given
+
+
+# top-level fields of a plan JSON besides its stages (``Plan.to_dict``)
+PLAN_FIELDS = ("step_latency_s", "source", "terms", "groups")
+
+
+def job_shaped(data: Any) -> bool:
+    """Whether ``data`` has a job YAML's fields (model, gpus, ...): a job file, not a plan."""
+    return isinstance(data, Mapping) and any(k in JobConfig.model_fields for k in data)
 
 
 def with_record(plan_dict: dict[str, Any], job: JobSpec,

@@ -41,8 +41,10 @@ from nereus.commands.jobopts import JOB_HELP, job_from_options
 from nereus.commands.plan import layout_from_data, renamed_field
 from nereus.commands.planfile import (
     JOB_KEY,
+    PLAN_FIELDS,
     RECORD_KEY,
     check_record,
+    job_shaped,
     record_options,
     recorded_job,
     split_record,
@@ -55,7 +57,7 @@ from nereus.files import read_json, read_yaml
 from nereus.plan.evaluate import StageLayoutSpec, evaluate_plan
 from nereus.plan.types import Plan
 from nereus.spec.cluster import MAX_DEVICES, GpuPool, format_gpus
-from nereus.spec.job import JobConfig, JobSpec, check_groups, load_job
+from nereus.spec.job import JobSpec, check_groups, load_job
 from nereus.transition.planner import plan_transition
 from nereus.transition.schedule import Schedule
 from nereus.transition.sizes import StateSizes, format_bytes
@@ -78,10 +80,6 @@ class PlanArg:
     record: dict[str, Any] | None = None  # the job a plan file was planned for
 
 
-def _job_shaped(data: Any) -> bool:
-    return isinstance(data, Mapping) and any(k in JobConfig.model_fields for k in data)
-
-
 def _kind(path: Path, field: str) -> PlanArg:
     """What ``path`` holds, from its suffix and its fields: a .json with ``stages`` is a plan;
     a .yaml with job fields (model, gpus, ...) is a job; a mapping of model-stages (at the
@@ -98,12 +96,13 @@ def _kind(path: Path, field: str) -> PlanArg:
     raw = read_json(path, field) if suffix in PLAN_SUFFIXES else read_yaml(path, field)
     data, record = split_record(raw, field)
     if suffix in PLAN_SUFFIXES:
-        # a plan JSON lists its stages; anything else that is no mapping of model-stages is
-        # read as a plan, whose errors say what a plan file needs
+        # a plan JSON lists its stages; anything else that is no mapping of model-stages (a
+        # plan that lost its stages included) is read as a plan, whose errors say what a plan
+        # file needs
         is_layout = (isinstance(data, Mapping) and "stages" not in data and data
-                     and not _job_shaped(data))
+                     and not job_shaped(data) and not any(k in data for k in PLAN_FIELDS))
         return PlanArg(field, path, "layout" if is_layout else "plan", data, record)
-    if not isinstance(data, Mapping) or _job_shaped(data) or not data:
+    if not isinstance(data, Mapping) or job_shaped(data) or not data:
         return PlanArg(field, path, "job")  # load_job says what is wrong with it
     return PlanArg(field, path, "layout", data, record)
 
@@ -125,7 +124,9 @@ def _cost_model(job: JobSpec, profile: Path | None) -> CostModel:
 
 def check_stages(job: JobSpec, plan: Plan, which: str) -> None:
     """Every model-stage a plan file lists must be one of the job's workflow (a plan of
-    another algorithm, or the wrong --algo); named after the plan file's field."""
+    another algorithm, or the wrong --algo); named after the plan file's field. Its layout is
+    checked where the transition layer shards it; its micro_batch, grad_accum and recompute
+    are not read: they change no state, so the move is the same whatever they say."""
     names = [s.name for s in job.workflow.stages]
     for i, sp in enumerate(plan.stages):
         if sp.stage not in names:
