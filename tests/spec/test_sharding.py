@@ -7,8 +7,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from nereus.errors import InputError
 from nereus.spec import MODEL_PRESETS, Head
-from nereus.spec.sharding import LM_HEAD, layout_problem, logical_params, padded_vocab, shard_plan
+from nereus.spec.sharding import (
+    LM_HEAD,
+    check_layout,
+    layout_problem,
+    layout_sizes,
+    logical_params,
+    padded_vocab,
+    shard_plan,
+)
 
 MODELS = ["tiny-llama", "tiny-qwen3"]
 
@@ -75,3 +84,18 @@ def test_max_shard_numel_is_the_fullest_position(model):
         for tp, pp in layouts(model):
             full = max(shard_numel(m, head, tp, pp, t, r) for t in range(tp) for r in range(pp))
             assert max_shard_numel(m, head, tp, pp) == full
+
+
+@pytest.mark.parametrize("model", ["tiny-llama", "qwen3-14b", "llama-3.3-70b"])
+def test_the_sizes_an_error_allows_are_exactly_those_that_shard(model):
+    """Every tp and pp listed shards the model, and no other size up to the heads and layers
+    does (qwen3-14b's 40 heads stop tp at 8; 70B's 80 layers allow pp = 5)."""
+    m = MODEL_PRESETS[model]
+    tps, pps = (part.split(" in ")[1].split(", ") for part in layout_sizes(m).split("; "))
+    assert [int(t) for t in tps] == [t for t in range(1, m.num_heads + 1)
+                                     if layout_problem(m, t, 1) is None]
+    assert [int(p) for p in pps] == [p for p in range(1, m.num_layers + 1)
+                                     if layout_problem(m, 1, p) is None]
+    with pytest.raises(InputError) as info:
+        check_layout(m, 3, 1)
+    assert info.value.allowed == layout_sizes(m)

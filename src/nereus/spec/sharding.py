@@ -122,10 +122,19 @@ def layout_problem(model: ModelSpec, tp: int, pp: int) -> str | None:
     return None
 
 
+def layout_sizes(model: ModelSpec) -> str:
+    """The tp and pp sizes that shard ``model``, for an error's allowed part: every tp that
+    meets ``layout_problem``'s rules (at pp = 1; they do not depend on pp) and every divisor
+    of the layer count."""
+    tps = [t for t in range(1, model.num_heads + 1) if layout_problem(model, t, 1) is None]
+    pps = [p for p in range(1, model.num_layers + 1) if model.num_layers % p == 0]
+    return f"tp in {', '.join(map(str, tps))}; pp in {', '.join(map(str, pps))}"
+
+
 def check_layout(model: ModelSpec, tp: int, pp: int) -> None:
     problem = layout_problem(model, tp, pp)
     if problem:
-        raise InputError("layout", f"{model.name}: {problem}")
+        raise InputError("layout", f"{model.name}: {problem}", layout_sizes(model))
 
 
 def layer_range(model: ModelSpec, pp: int, pp_rank: int) -> range:
