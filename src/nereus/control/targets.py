@@ -24,7 +24,7 @@ from nereus.cost.estimate import HEADROOM
 from nereus.cost.model import CostModel
 from nereus.errors import InputError
 from nereus.plan.evaluate import StageLayoutSpec, evaluate_plan
-from nereus.plan.overlap import critical_path, overlap_graph
+from nereus.plan.overlap import step_latency
 from nereus.plan.types import Plan, StagePlan, stage_estimate, weight_sync_estimate
 from nereus.spec.job import JobSpec
 from nereus.spec.workflow import Execution, Phase, Workflow
@@ -225,7 +225,7 @@ def reprice(job: JobSpec, cost: CostModel, plan: Plan) -> Priced:
         if sync else 0.0
     groups = [*plan.groups, *[(s.stage,) for s in plan.stages
                               if not any(s.stage in g for g in plan.groups)]]
-    step, _ = critical_path(overlap_graph(wf, groups, lat, sync_s))
+    step = step_latency(wf, groups, lat, sync_s)
     terms: dict[str, float] = {}
     for phase in wf.phases:
         terms[phase.value] = max((sum(lat[n] for n in g) for g in groups

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from nereus.cost.candidate import Candidate
 from nereus.cost.efficiency import Efficiencies
@@ -45,8 +46,9 @@ class Estimate:
             out[k] = out.get(k, 0.0) + v
         return out
 
-    @property
+    @cached_property
     def latency_s(self) -> float:
+        """Computed once: planners and controllers read it many times per estimate."""
         return sum(self.terms.values())
 
     @property

@@ -203,6 +203,67 @@ class Links:
         return {k: v for k, v in kinds.items() if v}
 
 
+class _Ideal(NamedTuple):
+    """What ``CostModel.evaluate`` computes before it applies the efficiencies: the op rows
+    (ideal seconds), memory by term (scaled, without the co-resident bytes) and resident
+    bytes, aligned with the candidates. Shared between evaluations: never written to."""
+
+    rows: tuple[Row, ...]
+    memory: Mapping[str, Arr]
+    resident: Arr
+
+
+class _IdealMemo:
+    """``_Ideal`` by (job, memory scale, stage, candidates, which links cross nodes, and for
+    generation the co-resident bytes and the two efficiencies its rows read), least recently
+    used first out past ``limit`` candidates in all.
+
+    A run prices the same candidates at the same lengths under different efficiencies again
+    and again: the simulator's truth prices a step's plan, and the controller learns from that
+    step with the same plan and lengths; a plan search re-run at a length bucket's edge because
+    the calibrated efficiencies moved evaluates every candidate as the last one did. Only the
+    efficiencies differ, and they enter ``evaluate`` after the rows are built (the latency is
+    sum(ideal / eff) over rows), so the rows and memory are reused as they are and every
+    figure stays exactly what a fresh evaluation gives. The key holds everything else the
+    rows read: the job (model, cluster, pool, workflow, workload lengths), the memory scale,
+    and of ``Links`` only whether each kind of group crosses nodes (``_intra``), not which
+    GPU ids it names (those reach the estimate's notes, which are built per call).
+    """
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self.size = 0
+        self._items: dict[tuple[object, ...], tuple[_Ideal, int]] = {}
+
+    def get(self, key: tuple[object, ...]) -> _Ideal | None:
+        got = self._items.pop(key, None)
+        if got is None:
+            return None
+        self._items[key] = got  # most recently used last
+        return got[0]
+
+    def put(self, key: tuple[object, ...], value: _Ideal, n: int) -> None:
+        self._items[key] = (value, n)
+        self.size += n
+        while self.size > self.limit and len(self._items) > 1:
+            old = next(iter(self._items))
+            self.size -= self._items.pop(old)[1]
+
+
+# Candidates whose rows ``_IDEAL`` keeps (a few kB each): two searches' worth on the 8B PPO
+# example (about 20,000 candidates each), and the few plans a controller prices per step.
+_IDEAL = _IdealMemo(limit=50_000)
+
+
+def _link_kinds(links: Links | None) -> tuple[bool | None, ...] | None:
+    """What the rows read of ``links``: per kind, whether its group crosses nodes (None: left
+    to sizes)."""
+    if links is None:
+        return None
+    return tuple(None if v is None else bool(v) for v in (links.tp, links.pp, links.embed,
+                                                           links.dp))
+
+
 def _layout_and_gpus(x: Layout | Candidate) -> tuple[Layout, int | None]:
     return (x.layout, x.gpus) if isinstance(x, Candidate) else (x, None)
 
@@ -253,24 +314,41 @@ class CostModel:
                  coresident_bytes: float | Arr = 0.0, links: Links | None = None) -> Evaluation:
         """Latency and memory of many candidates at once. ``links``: the candidates run on the
         GPU ids they were read from (``placed_links``; one layout and dp, so one placement), and
-        each collective is priced on the link those ids give it instead of by sizes."""
+        each collective is priced on the link those ids give it instead of by sizes.
+
+        The ops and memory come from ``_IDEAL`` where a cost model of the same job priced the
+        same candidates before (see ``_IdealMemo``); only the efficiencies are applied here."""
         st = self._stage(stage)
-        cols = self._columns(st, cands, links)
-        co = np.broadcast_to(_f(coresident_bytes), cols.tp.shape).astype(float)
-        if st.kind is StageKind.TRAIN:
-            rows, memory = self._train(st, cols)
-        elif st.kind is StageKind.FORWARD:
-            rows, memory = self._forward(st, cols)
-        else:
-            rows, memory = self._generate(st, cols, co)
-        scale = self.memory_scale.get(st.kind, 1.0)
-        memory = {k: v * scale for k, v in memory.items()}
+        cands = tuple(cands)
+        co = np.broadcast_to(_f(coresident_bytes), (len(cands),)).astype(float)
+        generate = st.kind is StageKind.GENERATE
+        key = (self.job, tuple(sorted((k.value, v) for k, v in self.memory_scale.items())),
+               st.name, cands,
+               _link_kinds(links),
+               # generation rows read the co-resident bytes (its KV cache takes what they leave)
+               # and two efficiencies (whether a decode iteration is bound by HBM or GEMMs)
+               (co.tobytes(), self.eff[OpClass.DECODE], self.eff[OpClass.GEMM]) if generate
+               else None)
+        hit = _IDEAL.get(key)
+        if hit is None:
+            cols = self._columns(st, cands, links)
+            if st.kind is StageKind.TRAIN:
+                rows, memory = self._train(st, cols)
+            elif st.kind is StageKind.FORWARD:
+                rows, memory = self._forward(st, cols)
+            else:
+                rows, memory = self._generate(st, cols, co)
+            scale = self.memory_scale.get(st.kind, 1.0)
+            hit = _Ideal(tuple(rows), {k: v * scale for k, v in memory.items()},
+                         cols.resident * scale)
+            _IDEAL.put(key, hit, len(cands))
+        memory = dict(hit.memory)
         memory["co-resident idle state"] = co
         latency = np.zeros(len(cands))
-        for r in rows:
+        for r in hit.rows:
             latency = latency + r.ideal / r.eff(self.eff)
-        return Evaluation(st, tuple(cands), tuple(rows), memory, cols.resident * scale, latency,
-                          self.eff, links=links)
+        return Evaluation(st, cands, hit.rows, memory, hit.resident, latency, self.eff,
+                          links=links)
 
     def estimate(self, stage: ModelStage | str, cand: Candidate,
                  coresident_bytes: int = 0, links: Links | None = None) -> Estimate:
@@ -279,12 +357,26 @@ class CostModel:
         problem = layout_problem(self.job.model, cand.tp, cand.pp)
         if problem:
             raise ValueError(f"{st.name}: {problem}")
+        if links is not None and self._as_sized(cand, links):
+            # the same rows and notes as without: share the estimate (a placed plan's notes
+            # compare each stage with its node-aligned price, ``plan.evaluate``)
+            links = None
         key = (st.name, cand, int(coresident_bytes), links)
         hit = self._cache.get(key)
         if hit is None:
             hit = self.to_estimate(self.evaluate(st, [cand], coresident_bytes, links), 0)
             self._cache[key] = hit
         return hit
+
+    def _as_sized(self, c: Candidate, links: Links) -> bool:
+        """Whether ``links`` put every group of ``c`` inside a node, as its sizes would
+        (``_intra``'s tests): then its estimate on them is the one without them, the same ops
+        and, no group spanning nodes, no link notes."""
+        n = self.node_size
+        return not links.spans() and (links.tp is None or c.tp <= n) \
+            and (links.pp is None or c.layout.size <= n) \
+            and (links.embed is None or c.layout.size <= n) \
+            and (links.dp is None or c.gpus <= n)
 
     def to_estimate(self, ev: Evaluation, i: int) -> Estimate:
         ops = tuple(Op(r.cls_at(i), r.term, r.name, float(r.count[i]), float(r.flops[i]),
@@ -529,20 +621,11 @@ class CostModel:
         """
         if self.job.workflow.colocated_sync() is None:
             return {}
-        m, w = self.job.model, self.job.workload
         scale = self.memory_scale
-        gathered = 0
-        if train != gen:
-            vocab = padded_vocab(m, train.tp) * m.hidden_size
-            gathered = SYNC_GATHER_COPIES * max(_largest_block_tensor(m), vocab) * w.param_bytes
-        return {
-            "training parameters": int(max_shard_numel(m, Head.LM, train.tp, train.pp)
-                                       * w.param_bytes * scale.get(StageKind.TRAIN, 1.0)),
-            "generation weights": int(max_shard_numel(m, Head.LM, gen.tp, gen.pp)
-                                      * w.param_bytes * scale.get(StageKind.GENERATE, 1.0)),
-            "gather buffer": int(gathered),
-            "workspace": int(self._workspace()),
-        }
+        return dict(_sync_memory(self.job.model, self.job.workload.param_bytes,
+                                 scale.get(StageKind.TRAIN, 1.0),
+                                 scale.get(StageKind.GENERATE, 1.0), train, gen,
+                                 self._workspace()))
 
     def weight_sync_table(self, train: Layout, gens: Sequence[Layout]) -> Arr:
         """Seconds of ``weight_sync_parts(train, g)`` for many generation layouts at once:
@@ -1056,6 +1139,23 @@ def _within(window: float, seq: float, start: float | None = None) -> float:
 def _shared(i: int, n: int, j: int, m: int) -> float:
     """Length of [i/n, (i+1)/n) ∩ [j/m, (j+1)/m)."""
     return max(0.0, min((i + 1) / n, (j + 1) / m) - max(i / n, j / m))
+
+
+@lru_cache(maxsize=4096)
+def _sync_memory(m: ModelSpec, param_bytes: int, train_scale: float, gen_scale: float,
+                 train: Layout, gen: Layout, workspace: float) -> tuple[tuple[str, int], ...]:
+    """``CostModel.weight_sync_memory`` from what it reads: every plan search asks it of every
+    pair of layouts (``weight_sync_fits``), under a new cost model of the same job."""
+    gathered = 0
+    if train != gen:
+        vocab = padded_vocab(m, train.tp) * m.hidden_size
+        gathered = SYNC_GATHER_COPIES * max(_largest_block_tensor(m), vocab) * param_bytes
+    return (("training parameters", int(max_shard_numel(m, Head.LM, train.tp, train.pp)
+                                        * param_bytes * train_scale)),
+            ("generation weights", int(max_shard_numel(m, Head.LM, gen.tp, gen.pp)
+                                       * param_bytes * gen_scale)),
+            ("gather buffer", int(gathered)),
+            ("workspace", int(workspace)))
 
 
 @lru_cache(maxsize=64)

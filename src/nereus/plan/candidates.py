@@ -16,12 +16,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
 from nereus.cost.candidate import Candidate, Layout
 from nereus.cost.estimate import HEADROOM
 from nereus.cost.model import CostModel, Evaluation, Links
+from nereus.spec.model import ModelSpec
+from nereus.spec.sharding import layout_problem
 from nereus.spec.workflow import Execution, ModelStage, StageKind
 from nereus.spec.workload import divisors
 
@@ -43,18 +46,26 @@ def powers_of_two(limit: int) -> list[int]:
 def enumerate_candidates(cost: CostModel, stage: ModelStage, pool_size: int,
                          max_tp: int | None = None) -> list[Candidate]:
     """Every valid candidate of ``stage`` on at most ``pool_size`` devices."""
-    model = cost.job.model
     node = cost.node_size if max_tp is None else max_tp
-    batch = cost.stage_batch(stage)
     # TP groups of each degree that fit inside the pool's nodes (nodes may be partly in the
     # pool): a candidate needs dp x pp of them, unless TP is allowed to span nodes
-    per_node = [len(ids) for ids in cost.job.pool.by_node().values()]
+    per_node = tuple(len(ids) for ids in cost.job.pool.by_node().values())
+    return list(_enumerate(cost.job.model, stage, cost.stage_batch(stage), per_node, node,
+                           pool_size, max_tp is None))
+
+
+@lru_cache(maxsize=1024)
+def _enumerate(model: ModelSpec, stage: ModelStage, batch: int, per_node: tuple[int, ...],
+               node: int, pool_size: int, in_nodes: bool) -> tuple[Candidate, ...]:
+    """``enumerate_candidates`` from what it reads of the job: every search enumerates each
+    stage again (a controller's replans, under new efficiencies or lengths that leave the
+    batch and the pool as they were). ``in_nodes``: TP groups stay inside nodes."""
     out: list[Candidate] = []
     for tp in powers_of_two(min(node, pool_size)):
-        groups = sum(n // tp for n in per_node) if max_tp is None else pool_size // tp
+        groups = sum(n // tp for n in per_node) if in_nodes else pool_size // tp
         for pp in powers_of_two(min(model.num_layers, pool_size // tp)):
             layout = Layout(tp, pp)
-            if cost.layout_problem(stage, layout):
+            if layout_problem(model, tp, pp):
                 continue
             for dp in divisors(batch):
                 if dp * layout.size > pool_size or dp * pp > groups:
@@ -70,7 +81,7 @@ def enumerate_candidates(cost: CostModel, stage: ModelStage, pool_size: int,
                     out.append(Candidate(layout, dp, b, a))
                     if stage.kind is StageKind.TRAIN:
                         out.append(Candidate(layout, dp, b, a, recompute=True))
-    return out
+    return tuple(out)
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ interval between weight syncs is the critical path.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from functools import lru_cache
 
 import networkx as nx
 
@@ -77,3 +78,29 @@ def critical_path(g: nx.DiGraph) -> tuple[float, list[str]]:
         path.append(n)
         n = best[n][1]
     return best[END][0], [x for x in reversed(path) if not x.startswith("<")]
+
+
+def step_latency(workflow: Workflow, groups: Sequence[Sequence[str]],
+                 latency: Mapping[str, float], sync_s: float) -> float:
+    """``critical_path(overlap_graph(...))[0]`` without building the graph: every plan is
+    priced so, at every step of a simulated run, and the graph depends on the groups alone.
+    Its nodes are visited in the graph's topological order once per (workflow, groups), and
+    each step sums the same weights along the same longest path, so the value is the same
+    float."""
+    value: dict[str, float] = {}
+    for node, weight, preds in _sweep(workflow, tuple(tuple(g) for g in groups)):
+        w = 0.0 if weight is None else float(sync_s) if weight == SYNC \
+            else float(latency[weight])
+        value[node] = max(value[p] for p in preds) + w if preds else w
+    return value[END]
+
+
+@lru_cache(maxsize=256)
+def _sweep(workflow: Workflow, groups: tuple[tuple[str, ...], ...]
+           ) -> tuple[tuple[str, str | None, tuple[str, ...]], ...]:
+    """The overlap graph's nodes in topological order, each with what weighs it (a stage's
+    name, ``SYNC``, or None for a weightless node) and its predecessors."""
+    stages = {n for grp in groups for n in grp}
+    g = overlap_graph(workflow, groups, dict.fromkeys(stages, 0.0), 0.0)
+    return tuple((n, n if n in stages else SYNC if n == SYNC else None,
+                  tuple(g.predecessors(n))) for n in nx.topological_sort(g))

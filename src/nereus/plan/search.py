@@ -46,7 +46,7 @@ from nereus.cost.model import CostModel, Evaluation, Links
 from nereus.errors import InfeasibleError
 from nereus.plan.candidates import StageOptions, pareto_mask, stage_options
 from nereus.plan.exposure import spans_nodes
-from nereus.plan.overlap import critical_path, overlap_graph
+from nereus.plan.overlap import step_latency
 from nereus.plan.placement import (
     GroupAssignment,
     place_phase,
@@ -379,11 +379,20 @@ class Planner:
         phases = {p: wf.phase_stages(p) for p in wf.phases}
         varying = frozenset(sync) if sync else frozenset()
         stable: dict[object, list[Point]] = {}  # groups whose options never change
+        # phases without a varying stage: their points are the same under every training
+        # layout (the inference phase of a synchronous step), so they are combined once
+        settled: dict[Phase, list[Point]] = {}
 
         def points(phase: Phase, opts: Mapping[str, StageOptions], local: dict[object, list[Point]],
                    extra: Mapping[str, np.ndarray] | None = None) -> list[Point]:
-            return phase_points(opts, phases[phase], self.limit, budget, extra, local, stable,
-                                varying)
+            fixed = extra is None and not varying.intersection(s.name for s in phases[phase])
+            if fixed and phase in settled:
+                return settled[phase]
+            got = phase_points(opts, phases[phase], self.limit, budget, extra, local, stable,
+                               varying)
+            if fixed:
+                settled[phase] = got
+            return got
 
         best: SearchResult | None = None
         pricer: _SyncPrices | None = None
@@ -772,8 +781,7 @@ class Planner:
                  for p in wf.phases}
         terms["weight_sync"] = sync_s
         singles = [(s.stage,) for s in ordered if not any(s.stage in g for g in groups)]
-        graph = overlap_graph(wf, [*groups, *singles], lat, sync_s)
-        step, _ = critical_path(graph)
+        step = step_latency(wf, [*groups, *singles], lat, sync_s)
         return Plan(ordered, step, "estimated", terms, tuple(groups))
 
 

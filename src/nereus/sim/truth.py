@@ -24,7 +24,7 @@ from nereus.cost.efficiency import Efficiencies
 from nereus.cost.model import CostModel
 from nereus.control.targets import reprice
 from nereus.errors import InputError
-from nereus.plan.overlap import critical_path, overlap_graph
+from nereus.plan.overlap import step_latency
 from nereus.plan.types import Plan
 from nereus.sim.traces import DriftTrace
 from nereus.spec.cluster import GpuPool
@@ -146,7 +146,7 @@ class Truth:
         groups = [*plan.groups, *[(s.stage,) for s in plan.stages
                                   if not any(s.stage in g for g in plan.groups)]]
         sync_s = p.sync_s * self.factor(step, "weight_sync") if sync else 0.0
-        step_s, _ = critical_path(overlap_graph(self.job.workflow, groups, stage, sync_s))
+        step_s = step_latency(self.job.workflow, groups, stage, sync_s)
         return step_s, stage, p
 
     def transition(self, source: Plan, target: Plan, pool: tuple[int, ...], step: int
