@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
+import stat
 from pathlib import Path
 from typing import Any, TypeVar, get_args
 
@@ -21,24 +23,76 @@ from nereus.errors import InputError
 M = TypeVar("M", bound=BaseModel)
 
 
-def _existing(path: str | Path, field: str) -> Path:
-    p = Path(path)
-    if p.is_dir():
-        raise InputError(field, f"{path} is a directory", "a file")
-    if not p.is_file():
+def os_reason(e: OSError) -> str:
+    """What the operating system said, as the rest of a one-line error reads: 'permission
+    denied', not 'Permission denied' or '[Errno 13] ...'."""
+    why = e.strerror or type(e).__name__
+    return why[:1].lower() + why[1:]
+
+
+# what a path that is neither a file nor a folder is, by its mode (``stat.S_IFMT``)
+_NOT_REGULAR = {stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device",
+                stat.S_IFIFO: "a named pipe", stat.S_IFSOCK: "a socket"}
+
+
+def path_stat(path: str | Path, field: str, writing: bool = False) -> os.stat_result | None:
+    """``os.stat(path)``, None where nothing is there (a dangling link included); any other
+    failure (a folder on the way that cannot be entered, a link loop, a name too long) is an
+    InputError naming ``field``, that says it cannot be read (or, ``writing`` an output,
+    written). ``Path.exists()`` and ``is_dir()`` raise PermissionError for a path inside a
+    folder the user cannot enter: a traceback, not an answer."""
+    try:
+        return os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except OSError as e:
+        if writing:
+            raise InputError(field, f"cannot write {path}: {os_reason(e)}",
+                             "a file in a folder you can write") from None
+        raise InputError(field, f"cannot read {path}: {os_reason(e)}",
+                         "a readable file") from None
+
+
+def exists(path: str | Path, field: str) -> bool:
+    """Whether anything is at ``path``; a path that cannot be looked at is an InputError
+    (:func:`path_stat`), not False and not a traceback."""
+    return path_stat(path, field) is not None
+
+
+def is_dir(path: str | Path, field: str, writing: bool = False) -> bool:
+    """Whether ``path`` is a folder; as :func:`path_stat` for a path that cannot be looked
+    at."""
+    st = path_stat(path, field, writing)
+    return st is not None and stat.S_ISDIR(st.st_mode)
+
+
+def existing_file(path: str | Path, field: str, allowed: str = "a file") -> Path:
+    """``path``, a regular file; else an InputError naming ``field`` that says what is there
+    instead (nothing, a folder, a device or a pipe: ``/dev/zero`` would be read forever, and
+    a named pipe blocks until something writes to it)."""
+    st = path_stat(path, field)
+    if st is None:
         raise InputError(field, f"no file at {path}")
-    return p
+    if stat.S_ISDIR(st.st_mode):
+        raise InputError(field, f"{path} is a directory", allowed)
+    if not stat.S_ISREG(st.st_mode):
+        what = _NOT_REGULAR.get(stat.S_IFMT(st.st_mode), "another kind")
+        raise InputError(field, f"{path} is not a regular file ({what})", allowed)
+    return Path(path)
 
 
 def read_text(path: str | Path, field: str) -> str:
     """The file's text as UTF-8, without a leading byte-order mark (as Excel and some Windows
-    editors write); bytes that are not UTF-8 are an InputError, not a traceback."""
-    p = _existing(path, field)
+    editors write); bytes that are not UTF-8, or a file that cannot be read, are an
+    InputError, not a traceback."""
+    p = existing_file(path, field)
     try:
         return p.read_text(encoding="utf-8-sig")
     except UnicodeDecodeError as e:
         raise InputError(field, f"{p} is not UTF-8 text (byte 0x{e.object[e.start]:02x} at "
                          f"offset {e.start})", "UTF-8 text") from None
+    except OSError as e:  # no read permission, or a file gone or changed since the check
+        raise InputError(field, f"cannot read {p}: {os_reason(e)}", "a readable file") from None
 
 
 def read_json(path: str | Path, field: str) -> Any:

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import functools
+import inspect
+import os
+import re
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -12,8 +15,10 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 from typer.core import TyperCommand
+from typer.models import ArgumentInfo, OptionInfo
 
 from nereus.errors import InfeasibleError, InputError
+from nereus.files import is_dir, os_reason
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -35,11 +40,37 @@ def plain_flags(params: list[Any]) -> list[Any]:
     return params
 
 
+def reflowed(text: str) -> str:
+    """A docstring's paragraphs as one line each, for the help to wrap at the terminal's
+    width: typer keeps the line breaks of every paragraph but the first, and a docstring
+    wrapped at 92 columns then renders ragged at 80 (a word or two on every other line). A
+    paragraph that starts with ``\\b`` keeps its lines, as in click."""
+    paragraphs = inspect.cleandoc(text).split("\n\n")
+    return "\n\n".join(p if p.startswith("\b") else " ".join(p.split())
+                       for p in paragraphs)
+
+
+# a required argument in the usage line: newer typers write ``{CURRENT}`` (and
+# ``{CURRENT}...`` for several)
+_REQUIRED_PIECE = re.compile(r"\{([^{}]+)\}(\.\.\.)?")
+
+
 class Command(TyperCommand):
-    """Every ``nereus`` command: help without a type beside its flags (:func:`plain_flags`)."""
+    """Every ``nereus`` command: help without a type beside its flags (:func:`plain_flags`),
+    paragraphs that wrap at the terminal's width (:func:`reflowed`), and a usage line that
+    names a required argument as click does (``CURRENT TARGET``), not in braces, which read
+    as a set to pick from."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if self.help:
+            self.help = reflowed(self.help)
 
     def get_params(self, ctx: Any) -> list[Any]:
         return plain_flags(super().get_params(ctx))
+
+    def collect_usage_pieces(self, ctx: Any) -> list[str]:
+        return [_REQUIRED_PIECE.sub(r"\1\2", p) for p in super().collect_usage_pieces(ctx)]
 
 
 def fail(message: str, code: int = EXIT_INPUT) -> typer.Exit:
@@ -64,12 +95,42 @@ def one_line_errors(fn: F) -> F:
             if e.field in FILE_OPTIONS:  # the file as a whole: the option that named it
                 e = InputError(f"--{e.field}", e.problem, e.allowed)
             raise fail(str(e)) from None
+        except OSError as e:
+            # a file the user named that the system refuses (a folder on the way they cannot
+            # enter) where a check looked at it without nereus.files: still the user's input
+            field = _naming(fn, kwargs, e)
+            if field is None:
+                raise  # a file of nereus's own: a bug
+            raise fail(str(InputError(field, f"cannot read {e.filename}: {os_reason(e)}",
+                                      "a readable file"))) from None
         except InfeasibleError as e:
             raise fail(str(e)) from None
         except KeyboardInterrupt:
             raise fail("interrupted", 130) from None
 
     return wrapper  # type: ignore[return-value]
+
+
+def _naming(fn: Callable[..., Any], kwargs: Mapping[str, Any], e: OSError) -> str | None:
+    """The option (``--config``) or argument (``current``) whose value is the path an
+    OSError is about, or a folder it lies in (``--model DIR``); None if no input names it."""
+    if not isinstance(e.filename, (str, bytes, os.PathLike)):
+        return None
+    bad = Path(os.path.abspath(os.fsdecode(e.filename)))
+    params = inspect.signature(fn).parameters
+    for name, value in kwargs.items():
+        if not isinstance(value, (str, Path)) or str(value).strip() in ("", "."):
+            continue  # not a path, or the working folder, in which every relative path lies
+        given = Path(os.path.abspath(value))
+        if bad != given and given not in bad.parents:
+            continue
+        info = params[name].default if name in params else None
+        if isinstance(info, ArgumentInfo):
+            return name
+        decls = info.param_decls if isinstance(info, OptionInfo) else None
+        longs = [d for d in decls or () if d.startswith("--")]
+        return longs[0] if longs else "--" + name.replace("_", "-")
+    return None
 
 
 def with_default(text: str, default: object) -> str:
@@ -95,13 +156,14 @@ def output_path(path: Path | None, field: str, suffixes: tuple[str, ...]) -> Pat
     folder, not a folder itself (a typo should not cost a finished run)."""
     if path is None:
         return None
-    if path.is_dir():  # before the suffix: a directory has none, and that is not the problem
+    # before the suffix: a directory has none, and that is not the problem
+    if is_dir(path, field, writing=True):
         raise InputError(field, f"{path} is a directory",
                          f"a file path ending in {' or '.join(suffixes)}")
     if path.suffix.lower() not in suffixes:
         raise InputError(field, f"unsupported file type {path.suffix or '(none)'!r}", suffixes)
     parent = path.parent if str(path.parent) else Path(".")
-    if not parent.is_dir():
+    if not is_dir(parent, field, writing=True):
         raise InputError(field, f"no folder {parent} to write {path.name} in")
     return path
 

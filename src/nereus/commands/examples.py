@@ -69,18 +69,26 @@ def register(app: typer.Typer) -> None:
     @app.command("examples", cls=Command)
     @one_line_errors
     def examples_cmd(
-        dest: Path = typer.Argument(Path("nereus-examples"), metavar="DEST",
-                                    help="folder to copy them into (made if missing)"),
+        # text, not a Path: Path("") is the working folder, and ``nereus examples ""`` (an
+        # unset shell variable) copied every example into it
+        dest: str = typer.Argument("nereus-examples", metavar="DEST", show_default=True,
+                                   help="folder to copy them into (made if missing)"),
         force: bool = typer.Option(False, "--force", help="overwrite files that exist"),
     ) -> None:
         """Copy the example job configs (nereus plan --config), verl layouts (--evaluate) and
         simulation scenarios (nereus simulate --config) into DEST."""
-        written = copy_examples(dest, force)
-        console.print(f"wrote {len(written)} files under {dest}:", highlight=False)
+        if not dest.strip():
+            raise InputError("DEST", "empty", "a folder path, new or existing; . for the "
+                             "working folder")
+        folder = Path(dest)
+        written = copy_examples(folder, force)
+        files = "file" if len(written) == 1 else "files"
+        console.print(f"wrote {len(written)} {files} under {folder}:", highlight=False,
+                      markup=False)
         for p in written:
             console.print(f"  {p}", highlight=False, markup=False)
-        job = dest / "llama-3.1-8b-ppo.yaml"
-        scenario = dest / "scenarios" / "node-outage-8b.yaml"
+        job = folder / "llama-3.1-8b-ppo.yaml"
+        scenario = folder / "scenarios" / "node-outage-8b.yaml"
         console.print(f"try: nereus plan --config {job} --explain\n"
                       f"     nereus simulate --config {scenario}", highlight=False,
                       markup=False)

@@ -184,7 +184,9 @@ def register(app: typer.Typer) -> None:
     @app.command("plan", cls=Command)
     @one_line_errors
     def plan_cmd(
-        config: Optional[Path] = typer.Option(None, "--config", "-c",
+        # readable=False on every file: nereus.files says why one cannot be read, in one
+        # line naming the option, where typer would say only that it "is not readable"
+        config: Optional[Path] = typer.Option(None, "--config", "-c", readable=False,
                                               help="job YAML (nereus examples writes some)"),
         model: Optional[str] = typer.Option(None, help=JOB_HELP["model"]),
         algo: Optional[str] = typer.Option(None, help=JOB_HELP["algo"]),
@@ -203,10 +205,13 @@ def register(app: typer.Typer) -> None:
         explain: bool = typer.Option(False, "--explain", help="break every estimate down by term"),
         frontier_stage: Optional[str] = typer.Option(None, "--frontier", metavar="STAGE",
                                                      help="list STAGE's latency-GPU frontier"),
-        evaluate: Optional[Path] = typer.Option(None, "--evaluate", metavar="PLAN",
-                                                help="score your plan (plan JSON or YAML of "
-                                                "tp/pp/dp per model-stage) beside the best"),
-        profile: Optional[Path] = typer.Option(None, help=JOB_HELP["profile"]),
+        evaluate: Optional[Path] = typer.Option(
+            None, "--evaluate", metavar="PLAN", readable=False,
+            help="score your plan beside the best: a plan JSON (plan --json) or a YAML "
+                 "mapping each model-stage to tp, pp and dp, and optionally gpus (one list "
+                 "of tp x pp GPU ids per DP replica), micro_batch, grad_accum and recompute "
+                 "(nereus examples writes two, under layouts/)"),
+        profile: Optional[Path] = typer.Option(None, readable=False, help=JOB_HELP["profile"]),
         spread: bool = typer.Option(False, "--spread",
                                     help="keep two or more replicas of every model-stage on "
                                     "different nodes, so losing any one node (a spot "

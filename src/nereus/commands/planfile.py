@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from nereus.errors import InputError
+from nereus.files import exists, is_dir
 from nereus.spec.job import JobConfig, JobSpec, job_config, parse_job
 from nereus.spec.model import MODEL_PRESETS, ModelSpec
 
@@ -61,7 +62,7 @@ def model_source(given: str) -> str:
     if given.lower() in MODEL_PRESETS:
         return given.lower()
     path = Path(given)
-    return str(path.absolute()) if path.exists() else given
+    return str(path.absolute()) if exists(path, "--model") else given
 
 
 # top-level fields of a plan JSON besides its stages (``Plan.to_dict``)
@@ -118,7 +119,7 @@ def recorded_job(record: Mapping[str, Any] | None, field: str, path: Path) -> Jo
         return None
     data = record[JOB_KEY]
     where = f"{field}.{RECORD_KEY}.{JOB_KEY}"
-    missing = _missing_config(data.get("model"))
+    missing = _missing_config(data.get("model"), f"{where}.model")
     if missing is not None:  # the model's errors would offer the presets: the file is missing
         raise InputError(f"{where}.model", f"{path.name} was planned for the model in "
                          f"{missing}, which is not on this machine",
@@ -131,14 +132,15 @@ def recorded_job(record: Mapping[str, Any] | None, field: str, path: Path) -> Jo
         raise InputError(name, f"{path.name}: {e.problem}", e.allowed) from None
 
 
-def _missing_config(model: Any) -> Path | None:
+def _missing_config(model: Any, field: str) -> Path | None:
     """The config.json a recorded model names that is not there (None for a preset, an
     id, or a config.json that is): a record names one by its absolute path, the file or its
-    folder."""
+    folder. One that cannot be looked at is an InputError naming ``field``."""
     if not isinstance(model, str) or model.lower() in MODEL_PRESETS:
         return None
     p = Path(model)
-    if not p.is_absolute() or p.is_file() or (p / "config.json").is_file():
+    if not p.is_absolute() or exists(p, field) and (not is_dir(p, field)
+                                                   or exists(p / "config.json", field)):
         return None
     return p if p.suffix.lower() == ".json" else p / "config.json"
 

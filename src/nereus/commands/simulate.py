@@ -215,8 +215,9 @@ def register(app: typer.Typer) -> None:
         scenario: Optional[str] = typer.Option(
             None, "--scenario", "-s",
             help=with_default(f"built-in scenario: {', '.join(SCENARIOS)}", "default")),
+        # readable=False on every file: nereus.files says why one cannot be read, in one line
         config: Optional[Path] = typer.Option(
-            None, "--config", "-c",
+            None, "--config", "-c", readable=False,
             help="scenario YAML: a job: section, trace files, truth (nereus examples writes "
                  "two)"),
         steps: Optional[int] = typer.Option(
@@ -230,11 +231,12 @@ def register(app: typer.Typer) -> None:
                                     "the scenario's; 0.5 in the built-in ones")),
         policies: str = typer.Option(",".join(POLICIES), help="policies to compare, "
                                      "comma-separated"),
-        plot_path: Optional[Path] = typer.Option(None, "--plot", metavar="OUT.png",
-                                                 help="draw step latency over steps (.png, "
-                                                 ".pdf or .svg)"),
-        csv_path: Optional[Path] = typer.Option(None, "--csv", metavar="OUT.csv",
-                                                help="write per-step rows of every policy"),
+        plot_path: Optional[Path] = typer.Option(
+            None, "--plot", metavar="OUT.png", readable=False,
+            help="draw step latency over steps (.png, .pdf or .svg)"),
+        csv_path: Optional[Path] = typer.Option(
+            None, "--csv", metavar="OUT.csv", readable=False,
+            help="write per-step rows of every policy"),
         as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
         notes: bool = typer.Option(False, "--notes", help="list every parameter's source"),
         log: bool = typer.Option(False, "--log", help="print the controllers' decisions"),

@@ -53,7 +53,7 @@ from nereus.cost.efficiency import Efficiencies
 from nereus.cost.estimate import HEADROOM
 from nereus.cost.model import CostModel
 from nereus.errors import InfeasibleError, InputError
-from nereus.files import read_json, read_yaml
+from nereus.files import existing_file, read_json, read_yaml
 from nereus.plan.evaluate import StageLayoutSpec, evaluate_plan
 from nereus.plan.types import Plan
 from nereus.spec.cluster import MAX_DEVICES, GpuPool, format_gpus
@@ -84,10 +84,7 @@ def _kind(path: Path, field: str) -> PlanArg:
     """What ``path`` holds, from its suffix and its fields: a .json with ``stages`` is a plan;
     a .yaml with job fields (model, gpus, ...) is a job; a mapping of model-stages (at the
     top or under ``stages``) is a layout."""
-    if path.is_dir():
-        raise InputError(field, f"{path} is a directory", "a plan .json, a layout or a job .yaml")
-    if not path.is_file():
-        raise InputError(field, f"no file at {path}")
+    existing_file(path, field, "a plan .json, a layout or a job .yaml")
     suffix = path.suffix.lower()
     if suffix not in PLAN_SUFFIXES + JOB_SUFFIXES:
         raise InputError(field, f"{path.name}: unknown file type",
@@ -504,13 +501,15 @@ def register(app: typer.Typer) -> None:
     @app.command("transition", cls=Command)
     @one_line_errors
     def transition_cmd(
-        current: Path = typer.Argument(..., metavar="CURRENT",
+        # readable=False on every file: nereus.files says why one cannot be read, in one
+        # line naming it, where typer would say only that it "is not readable"
+        current: Path = typer.Argument(..., metavar="CURRENT", readable=False,
                                        help="current plan .json, layout (as plan --evaluate "
                                        "reads), or job .yaml"),
-        target: Path = typer.Argument(..., metavar="TARGET",
+        target: Path = typer.Argument(..., metavar="TARGET", readable=False,
                                       help="target plan .json, layout (as plan --evaluate "
                                       "reads), or job .yaml"),
-        config: Optional[Path] = typer.Option(None, "--config", "-c",
+        config: Optional[Path] = typer.Option(None, "--config", "-c", readable=False,
                                               help="job YAML sizing the state (plan files and "
                                               "layouts); default: the jobs both plan files "
                                               "record"),
@@ -521,13 +520,18 @@ def register(app: typer.Typer) -> None:
         reward: Optional[str] = typer.Option(None, help=JOB_HELP["reward"]),
         device: Optional[str] = typer.Option(None, help=JOB_HELP["device"]),
         devices_per_node: Optional[int] = typer.Option(None, help=JOB_HELP["devices_per_node"]),
-        profile: Optional[Path] = typer.Option(None, help=JOB_HELP["profile"]),
+        profile: Optional[Path] = typer.Option(None, readable=False, help=JOB_HELP["profile"]),
         gantt_path: Optional[Path] = typer.Option(None, "--gantt", metavar="OUT.png",
+                                                  readable=False,
                                                   help="draw a Gantt chart per GPU (.png, "
                                                   ".pdf or .svg)"),
-        as_json: bool = typer.Option(False, "--json", help="print one JSON object: "
-                                     "estimated_s (null when infeasible, with a reason), "
-                                     "feasible, primitives (op, stage, gpus, start_s, end_s)"),
+        as_json: bool = typer.Option(False, "--json", help="print one JSON object: source "
+                                     "(estimated), estimated_s (null when infeasible, with "
+                                     "a reason), feasible, primitives (op, stage, gpus, "
+                                     "start_s, end_s, staged), loads_on_first_read (true: "
+                                     "the memory peaks count each unit from the first "
+                                     "primitive that reads it; false: from the start); with "
+                                     "--execute, the measured run instead"),
         execute: bool = typer.Option(False, "--execute", help="run the schedule on local "
                                      "workers on a seeded model (runtime layer): measured "
                                      "times beside the estimates, and the state after the "

@@ -15,7 +15,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
 from nereus.errors import InputError
-from nereus.files import read_json, validate
+from nereus.files import exists, is_dir, read_json, validate
 from nereus.spec.workload import check_count
 
 
@@ -259,9 +259,9 @@ class ModelSpec:
     def from_hf_config(cls, path: str | Path, name: str | None = None) -> ModelSpec:
         """Read a Hugging Face ``config.json`` (path to the file or to the model folder)."""
         p = Path(path)
-        if p.is_dir():
+        if is_dir(p, "model"):
             p = p / "config.json"
-        if not p.is_file():
+        if not exists(p, "model"):
             raise InputError("model", f"no config.json at {path}",
                              "a preset name or a path to a Hugging Face config.json or its folder")
         cfg = read_json(p, "model")
@@ -431,7 +431,7 @@ def get_model(name_or_path: str) -> ModelSpec:
     if not name_or_path.strip():  # Path("") is the working directory
         raise InputError("model", "empty", [*MODEL_PRESETS, "a path to a Hugging Face "
                                             "config.json", "a Hugging Face id (ORG/NAME)"])
-    if Path(name_or_path).exists():
+    if exists(name_or_path, "model"):
         return ModelSpec.from_hf_config(name_or_path)
     cached = hub_cached_config(name_or_path)
     if cached is not None:

@@ -1,0 +1,349 @@
+"""Files a user names that cannot be read or written (a folder they cannot enter, a file
+without read permission, a device or a pipe): one line naming the option or field and what
+is allowed, exit 2, never a traceback; and the helpers in ``nereus.files`` and
+``nereus.commands.common`` that say so."""
+
+from __future__ import annotations
+
+import errno
+import io
+import os
+import shutil
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from nereus.cli import app
+from nereus.commands.common import Command, one_line_errors, output_path
+from nereus.errors import InputError
+from nereus.files import existing_file, is_dir, path_stat, read_text
+
+runner = CliRunner()
+REPO = Path(__file__).resolve().parents[2]
+CONFIG = REPO / "examples" / "llama-3.1-8b-ppo.yaml"
+LAYOUT = REPO / "examples" / "layouts" / "verl-colocated-8b.yaml"
+SCENARIOS = REPO / "examples" / "scenarios"
+TINY = ["--model", "tiny-llama", "--device", "cpu"]
+HF_CONFIG = ('{"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, '
+             '"num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, '
+             '"vocab_size": 256, "max_position_embeddings": 1024}')
+
+
+def one_line(args: list[str]) -> str:
+    r = runner.invoke(app, args)
+    assert r.exit_code == 2, (args, r.output)
+    assert "Traceback" not in r.output and not isinstance(r.exception, OSError), r.output
+    assert r.stderr.count("\n") == 1 and r.stderr.startswith("error: "), r.stderr
+    return r.stderr.rstrip("\n")
+
+
+def _denied(path: object) -> PermissionError:
+    return PermissionError(errno.EACCES, "Permission denied", os.fsdecode(path))
+
+
+class Deny:
+    """Make paths unreadable the way the system does for a user that is not root: a folder
+    that cannot be entered (nothing inside it can be looked at or opened) or a file without
+    read permission (it can be looked at, not opened; ``os.access`` says no). As root, whom
+    no permission stops, the same errors come from patched ``os.stat``, ``open`` and
+    ``os.access``; as anyone else, from ``chmod``."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.mp = monkeypatch
+        self.folders: list[Path] = []
+        self.files: list[Path] = []
+        self.chmodded: list[tuple[Path, int]] = []
+        self.root = os.geteuid() == 0
+        if self.root:
+            self._patch()
+
+    def folder(self, p: Path) -> Path:
+        if self.root:
+            self.folders.append(p.resolve())
+        else:
+            self._lock(p, 0o000)
+        return p
+
+    def file(self, p: Path) -> Path:
+        if self.root:
+            self.files.append(p.resolve())
+        else:
+            self._lock(p, 0o000)
+        return p
+
+    def _lock(self, p: Path, mode: int) -> None:
+        self.chmodded.append((p, p.stat().st_mode))
+        p.chmod(mode)
+
+    def restore(self) -> None:
+        for p, mode in reversed(self.chmodded):
+            p.chmod(mode)
+
+    def _inside(self, path: object) -> bool:
+        if isinstance(path, int):
+            return False
+        p = Path(os.path.abspath(os.fsdecode(path)))  # type: ignore[arg-type]
+        return any(f in p.parents for f in self.folders)
+
+    def _unreadable(self, path: object) -> bool:
+        if isinstance(path, int):
+            return False
+        p = Path(os.path.abspath(os.fsdecode(path)))  # type: ignore[arg-type]
+        return self._inside(path) or p in self.files
+
+    def _patch(self) -> None:
+        real_stat, real_open, real_access = os.stat, io.open, os.access
+
+        def stat(path: object, *args: object, **kwargs: object) -> os.stat_result:
+            if self._inside(path):
+                raise _denied(path)
+            return real_stat(path, *args, **kwargs)  # type: ignore[arg-type]
+
+        def opener(file: object, mode: str = "r", *args: object, **kwargs: object) -> object:
+            if self._unreadable(file):
+                raise _denied(file)
+            return real_open(file, mode, *args, **kwargs)  # type: ignore[call-overload]
+
+        def access(path: object, mode: int, *args: object, **kwargs: object) -> bool:
+            if self._unreadable(path):
+                return False
+            return real_access(path, mode, *args, **kwargs)  # type: ignore[arg-type]
+
+        self.mp.setattr(os, "stat", stat)
+        self.mp.setattr(io, "open", opener)
+        self.mp.setattr("builtins.open", opener)
+        self.mp.setattr(os, "access", access)
+
+
+@pytest.fixture()
+def deny(monkeypatch: pytest.MonkeyPatch) -> Iterator[Deny]:
+    d = Deny(monkeypatch)
+    yield d
+    d.restore()
+
+
+@pytest.fixture()
+def plan_json(tmp_path: Path) -> Path:
+    r = runner.invoke(app, ["plan", *TINY, "--gpus", "2", "--json"])
+    assert r.exit_code == 0, r.output
+    p = tmp_path / "plan.json"
+    p.write_text(r.stdout)
+    return p
+
+
+def _locked(tmp_path: Path, *files: Path) -> Path:
+    """A folder holding copies of ``files``, to be locked."""
+    folder = tmp_path / "locked"
+    folder.mkdir()
+    for f in files:
+        shutil.copy(f, folder / f.name)
+    return folder
+
+
+# ---- a folder that cannot be entered ----
+
+@pytest.mark.parametrize("args,field,name", [
+    (["plan", "--config", "{d}/cfg.yaml"], "--config", "cfg.yaml"),
+    (["plan", "--config", str(CONFIG), "--evaluate", "{d}/lay.yaml"], "--evaluate", "lay.yaml"),
+    (["plan", "--config", str(CONFIG), "--profile", "{d}/plan.json"], "--profile", "plan.json"),
+    (["simulate", "--config", "{d}/cfg.yaml"], "--config", "cfg.yaml"),
+    (["transition", "{d}/plan.json", "{plan}", *TINY], "current", "plan.json"),
+    (["transition", "{plan}", "{d}/plan.json", *TINY], "target", "plan.json"),
+    (["transition", "{plan}", "{plan}", "--config", "{d}/cfg.yaml"], "--config", "cfg.yaml"),
+    (["plan", "--model", "{d}/config.json", "--gpus", "2", "--device", "cpu"], "--model",
+     "config.json"),
+])
+def test_a_file_in_a_folder_that_cannot_be_entered_is_one_line(
+        tmp_path: Path, deny: Deny, plan_json: Path, args: list[str], field: str,
+        name: str) -> None:
+    """`Path.is_dir()` and `exists()` raise PermissionError there (Python 3.11): a
+    traceback, exit 1."""
+    folder = _locked(tmp_path, plan_json)
+    shutil.copy(CONFIG, folder / "cfg.yaml")
+    shutil.copy(LAYOUT, folder / "lay.yaml")
+    (folder / "config.json").write_text(HF_CONFIG)
+    deny.folder(folder)
+    err = one_line([a.format(d=folder, plan=plan_json) for a in args])
+    assert err == (f"error: {field}: cannot read {folder / name}: permission denied "
+                   "(allowed: a readable file)"), err
+
+
+def test_a_model_folder_whose_config_cannot_be_read_is_one_line(tmp_path: Path,
+                                                                deny: Deny) -> None:
+    """`--model DIR`: DIR/config.json in a folder that cannot be entered."""
+    model = tmp_path / "mymodel"
+    model.mkdir()
+    (model / "config.json").write_text(HF_CONFIG)
+    deny.folder(model)
+    err = one_line(["plan", "--model", str(model), "--gpus", "2", "--device", "cpu"])
+    assert err.startswith(f"error: --model: cannot read {model / 'config.json'}: "
+                          "permission denied"), err
+
+
+@pytest.mark.parametrize("args,field,name", [
+    (["simulate", "--csv", "{d}/out.csv", "--steps", "2"], "--csv", "out.csv"),
+    (["simulate", "--plot", "{d}/out.png", "--steps", "2"], "--plot", "out.png"),
+    (["transition", "{plan}", "{plan}", *TINY, "--gantt", "{d}/g.png"], "--gantt", "g.png"),
+])
+def test_an_output_in_a_folder_that_cannot_be_entered_is_one_line(
+        tmp_path: Path, deny: Deny, plan_json: Path, args: list[str], field: str,
+        name: str) -> None:
+    folder = _locked(tmp_path)
+    deny.folder(folder)
+    err = one_line([a.format(d=folder, plan=plan_json) for a in args])
+    assert err == (f"error: {field}: cannot write {folder / name}: permission denied "
+                   "(allowed: a file in a folder you can write)"), err
+
+
+# ---- a file without read permission ----
+
+@pytest.mark.parametrize("args,field", [
+    (["plan", "--config", "{f}"], "--config"),
+    (["plan", "--config", str(CONFIG), "--evaluate", "{f}"], "--evaluate"),
+    (["plan", "--config", str(CONFIG), "--profile", "{f}"], "--profile"),
+    (["transition", "{f}", "{plan}", *TINY], "current"),
+    (["transition", "{plan}", "{f}", *TINY], "target"),
+    (["transition", "{plan}", "{plan}", "--config", "{f}"], "--config"),
+    (["simulate", "--config", "{f}", "--steps", "2"], "--config"),
+])
+def test_a_file_without_read_permission_is_the_projects_one_line(
+        tmp_path: Path, deny: Deny, plan_json: Path, args: list[str], field: str) -> None:
+    """Typer's own check said "Invalid value for '--config' / '-c': path ... is not
+    readable.", not the one line every other bad file gets; files.read_text, which does say
+    it, let PermissionError through."""
+    f = tmp_path / ("cfg.json" if field in ("current", "target") else "cfg.yaml")
+    shutil.copy(plan_json if field in ("current", "target") else CONFIG, f)
+    deny.file(f)
+    err = one_line([a.format(f=f, plan=plan_json) for a in args])
+    assert err == (f"error: {field}: cannot read {f}: permission denied "
+                   "(allowed: a readable file)"), err
+
+
+def test_a_hugging_face_config_without_read_permission_is_one_line(tmp_path: Path,
+                                                                   deny: Deny) -> None:
+    cfg = tmp_path / "config.json"
+    cfg.write_text(HF_CONFIG)
+    deny.file(cfg)
+    err = one_line(["plan", "--model", str(cfg), "--gpus", "2", "--device", "cpu"])
+    assert err.startswith(f"error: --model: cannot read {cfg}: permission denied"), err
+
+
+def test_a_trace_file_a_scenario_names_that_cannot_be_read_is_one_line(tmp_path: Path,
+                                                                       deny: Deny) -> None:
+    sc = tmp_path / "sc"
+    shutil.copytree(SCENARIOS, sc)
+    deny.file(sc / "lengths.csv")
+    err = one_line(["simulate", "--config", str(sc / "file-traces-8b.yaml"), "--steps", "2"])
+    assert f"cannot read {sc / 'lengths.csv'}: permission denied" in err, err
+
+
+# ---- something that is not a regular file ----
+
+@pytest.mark.parametrize("args,field", [
+    (["plan", "--config", "{f}"], "--config"),
+    (["plan", "--config", str(CONFIG), "--evaluate", "{f}"], "--evaluate"),
+    (["simulate", "--config", "{f}"], "--config"),
+])
+@pytest.mark.parametrize("kind", ["/dev/null", "/dev/zero", "fifo"])
+def test_a_device_or_a_pipe_is_not_a_regular_file(tmp_path: Path, args: list[str], field: str,
+                                                  kind: str) -> None:
+    """`--config /dev/null` said 'no file at /dev/null', which is there; a named pipe would
+    block a read until something wrote to it, and /dev/zero never ends."""
+    if kind == "fifo":
+        f = tmp_path / "job.yaml"
+        os.mkfifo(f)
+        what = "a named pipe"
+    else:
+        if not os.path.exists(kind):
+            pytest.skip(f"no {kind} here")
+        f, what = Path(kind), "a character device"
+    err = one_line([a.format(f=f) for a in args])
+    assert err == f"error: {field}: {f} is not a regular file ({what}) (allowed: a file)", err
+
+
+@pytest.mark.parametrize("kind", ["/dev/null", "fifo"])
+def test_transition_names_a_device_or_a_pipe_given_as_a_plan(tmp_path: Path, plan_json: Path,
+                                                             kind: str) -> None:
+    """It said 'no file at /dev/null'."""
+    f = Path(kind)
+    if kind == "fifo":
+        f = tmp_path / "a.json"
+        os.mkfifo(f)
+    elif not f.exists():
+        pytest.skip(f"no {kind} here")
+    what = "a named pipe" if kind == "fifo" else "a character device"
+    err = one_line(["transition", str(f), str(plan_json), *TINY])
+    assert err == (f"error: current: {f} is not a regular file ({what}) (allowed: a plan "
+                   ".json, a layout or a job .yaml)"), err
+
+
+# ---- the helpers ----
+
+def test_existing_file_says_what_is_there_instead(tmp_path: Path) -> None:
+    with pytest.raises(InputError, match=r"^x: no file at .*nothing$"):
+        existing_file(tmp_path / "nothing", "x")
+    with pytest.raises(InputError, match=r"is a directory \(allowed: a file\)$"):
+        existing_file(tmp_path, "x")
+    fifo = tmp_path / "p"
+    os.mkfifo(fifo)
+    with pytest.raises(InputError, match=r"is not a regular file \(a named pipe\)"):
+        existing_file(fifo, "x")
+    f = tmp_path / "f.yaml"
+    f.write_text("a: 1\n")
+    assert existing_file(f, "x") == f and read_text(f, "x") == "a: 1\n"
+
+
+def test_a_dangling_link_is_no_file_and_a_link_loop_cannot_be_read(tmp_path: Path) -> None:
+    (tmp_path / "dangling").symlink_to(tmp_path / "gone")
+    assert path_stat(tmp_path / "dangling", "x") is None
+    (tmp_path / "a").symlink_to(tmp_path / "b")
+    (tmp_path / "b").symlink_to(tmp_path / "a")
+    with pytest.raises(InputError, match=r"^x: cannot read .*/a: too many levels of symbolic "
+                                         r"links \(allowed: a readable file\)$"):
+        existing_file(tmp_path / "a", "x")
+
+
+def test_is_dir_says_which_way_a_path_cannot_be_used(tmp_path: Path, deny: Deny) -> None:
+    (tmp_path / "locked").mkdir()
+    inside = deny.folder(tmp_path / "locked") / "f"
+    with pytest.raises(InputError, match="^x: cannot read .*: permission denied"):
+        is_dir(inside, "x")
+    with pytest.raises(InputError, match="^x: cannot write .*: permission denied"):
+        is_dir(inside, "x", writing=True)
+    with pytest.raises(InputError, match="^--csv: cannot write .*: permission denied"):
+        output_path(inside.with_suffix(".csv"), "--csv", (".csv",))
+
+
+def _app(body: Callable[[Path], None]) -> typer.Typer:
+    a = typer.Typer(add_completion=False)
+
+    @a.command(cls=Command)
+    @one_line_errors
+    # declared as the commands declare theirs; the parameter's name is not the option's
+    def cmd(scenario_file: Path = typer.Option(..., "-c", "--config")) -> None:  # noqa: B008
+        body(scenario_file)
+
+    return a
+
+
+def test_an_os_error_on_a_path_the_user_gave_names_its_option(tmp_path: Path) -> None:
+    """The safety net for checks that look at a file without nereus.files."""
+    def body(config: Path) -> None:
+        raise _denied(config / "inside")
+
+    r = runner.invoke(_app(body), ["--config", str(tmp_path)])
+    assert r.exit_code == 2, r.output
+    assert r.stderr == (f"error: --config: cannot read {tmp_path / 'inside'}: permission "
+                        "denied (allowed: a readable file)\n"), r.stderr
+
+
+def test_an_os_error_on_a_path_of_nereus_own_stays_a_traceback(tmp_path: Path) -> None:
+    """A file the user did not name: a bug, whose traceback is kept."""
+    def body(config: Path) -> None:
+        raise _denied(tmp_path / "elsewhere")
+
+    r = runner.invoke(_app(body), ["--config", str(tmp_path / "cfg.yaml")])
+    assert isinstance(r.exception, PermissionError), r.output
