@@ -47,6 +47,53 @@ def test_a_job_no_plan_fits_is_one_line_exit_2(args: list[str]) -> None:
     assert "fit" in err
 
 
+@pytest.mark.parametrize("args,field,least", [
+    (["plan", "--model", "llama-3.1-8b", "--gpus", "2"], "--gpus", 4),
+    (["plan", "--model", "llama-3.1-8b", "--gpus", "1"], "--gpus", 4),  # a stage fits nowhere
+    (["plan", "--model", "tiny-llama", "--device", "cpu", "--execution", "async", "--gpus",
+      "1"], "--gpus", 2),  # generation and training need GPUs of their own
+])
+def test_a_pool_no_plan_fits_says_how_many_gpus_would(args: list[str], field: str,
+                                                      least: int) -> None:
+    """'no plan fits 2 GPUs' named neither the option nor what it allows."""
+    err = one_line(args, 2)
+    assert err.startswith(f"error: {field}: "), err
+    assert err.endswith(f"(allowed: at least {least} GPUs, where the planner finds a plan)\n")
+    fewer = [*args[:-1], str(least - 1)]
+    if least - 1 > int(args[-1]):  # one fewer than the answer does not fit either
+        assert "no plan fits" in one_line(fewer, 2)
+    assert runner.invoke(app, [*args[:-1], str(least), "--json"]).exit_code == 0
+
+
+def test_a_config_whose_pool_no_plan_fits_names_its_gpus_field(tmp_path: Path) -> None:
+    data = yaml.safe_load(Path(CONFIG).read_text())
+    data["gpus"] = 2
+    cfg = tmp_path / "two.yaml"
+    cfg.write_text(yaml.safe_dump(data))
+    err = one_line(["plan", "--config", str(cfg), "--json"])
+    assert err.startswith("error: gpus: no plan fits 2 GPUs") and "at least 4 GPUs" in err, err
+    data["gpus"] = [1, 2]  # ids: which GPUs to add is the user's to say
+    cfg.write_text(yaml.safe_dump(data))
+    err = one_line(["plan", "--config", str(cfg)])
+    assert err.startswith("error: no plan fits 2 GPUs") and "allowed" not in err, err
+
+
+def test_smallest_pool_doubles_then_halves_the_gap() -> None:
+    from nereus.commands.plan import smallest_pool
+
+    asked: list[int] = []
+
+    def fits(k: int) -> bool:
+        asked.append(k)
+        return k >= 37
+
+    assert smallest_pool(3, fits) == 37
+    assert asked[:5] == [6, 12, 24, 48, 36] and 36 in asked and asked[-1] in (37, 38)
+    assert smallest_pool(3, lambda k: False, limit=64) is None       # nothing up to the limit
+    assert smallest_pool(3, lambda k: None if k > 8 else False) is None  # the cluster is full
+    assert smallest_pool(3, lambda k: None if k > 12 else k >= 10) == 10
+
+
 @pytest.mark.parametrize("args,option", [
     (["plan", "--config", CONFIG, "--frontier", "actor_train", "--evaluate",
       "examples/layouts/verl-colocated-8b.yaml"], "--evaluate"),

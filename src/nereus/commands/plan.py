@@ -4,7 +4,7 @@ current plan compares."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Optional
@@ -12,7 +12,13 @@ from typing import Any, Optional
 import typer
 from rich.table import Table
 
-from nereus.commands.common import Command, console, one_line_errors, refuse_together
+from nereus.commands.common import (
+    Command,
+    console,
+    err_console,
+    one_line_errors,
+    refuse_together,
+)
 from nereus.commands.jobopts import JOB_HELP, job_and_fields_from_options
 from nereus.commands.planfile import check_record, job_shaped, split_record, with_record
 from nereus.cost.calibrate import Calibrator
@@ -25,7 +31,7 @@ from nereus.plan.exposure import exposed_by_node, spans_nodes
 from nereus.plan.search import Planner
 from nereus.plan.types import Plan, stage_estimate, weight_sync_estimate
 from nereus.plan.validate import validate_plan
-from nereus.spec.cluster import gpu_ranges
+from nereus.spec.cluster import gpu_ranges, n_gpus
 from nereus.spec.job import JobSpec
 from nereus.spec.workflow import Execution
 
@@ -117,6 +123,38 @@ def _takes(hit: Mapping[int, Any]) -> str:
         out.append(f"node{'s' if len(nodes) > 1 else ''} {gpu_ranges(nodes)} {verb} "
                    f"{', '.join(stages)}")
     return "; ".join(out)
+
+
+# where the search for the smallest pool that fits a job gives up (GPUs)
+MAX_SUGGESTED_GPUS = 1024
+
+
+def smallest_pool(n: int, fits: Callable[[int], bool | None],
+                  limit: int = MAX_SUGGESTED_GPUS) -> int | None:
+    """The fewest GPUs above ``n`` (which do not fit) that ``fits``: doubling, then halving
+    the gap, taking a pool that fits to fit with more GPUs too (it offers every layout of the
+    smaller one). None where nothing up to ``limit`` fits, or ``fits`` says None (a pool the
+    cluster cannot hold)."""
+    lo, hi = n, None
+    k = max(1, n)
+    while hi is None:
+        k = min(2 * k, limit)
+        ok = fits(k)
+        if ok is None:
+            return None
+        if ok:
+            hi = k
+        elif k >= limit:
+            return None
+        else:
+            lo = k
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        ok = fits(mid)
+        if ok is None:
+            return hi
+        lo, hi = (lo, mid) if ok else (mid, hi)
+    return hi
 
 
 def cost_model(job: JobSpec, profile: Optional[Path]) -> CostModel:
@@ -242,11 +280,41 @@ def register(app: typer.Typer) -> None:
         if evaluate is not None:
             _evaluate(job, cost, evaluate, explain, as_json, spread, given_model)
             return
-        planner = Planner(job, cost=cost, spread=spread)
         if frontier_stage is not None:
-            _frontier(job, planner, frontier_stage, as_json, given_model)
+            _frontier(job, Planner(job, cost=cost, spread=spread), frontier_stage, as_json,
+                      given_model)
             return
-        plan = planner.best()
+        try:
+            plan = Planner(job, cost=cost, spread=spread).best()
+        except InfeasibleError as e:
+            if job.pool.ids != tuple(range(job.pool.size)):
+                raise  # GPU ids the config lists: which to add is the user's choice
+            field = "--gpus" if gpus is not None else "gpus"
+
+            def fits(k: int) -> bool | None:
+                try:
+                    bigger, _ = job_and_fields_from_options(
+                        config, model=model, algo=algo, execution=execution, reward=reward,
+                        gpus=k, device=device, devices_per_node=devices_per_node,
+                        response_len=response_len, response_len_max=response_len_max,
+                        prompt_len=prompt_len, prompts=prompts,
+                        responses_per_prompt=responses_per_prompt,
+                        ppo_mini_batches=ppo_mini_batches)
+                except InputError:
+                    return None  # the config's cluster holds no more GPUs
+                try:
+                    Planner(bigger, cost=cost_model(bigger, profile), spread=spread).best()
+                except InfeasibleError:
+                    return False
+                return True
+
+            with err_console.status(f"no plan fits {n_gpus(job.pool.size)}: looking for "
+                                    "the fewest that fit ..."):
+                k = smallest_pool(job.pool.size, fits)
+            if k is None:
+                raise
+            raise InputError(field, str(e), f"at least {n_gpus(k)}, where the planner "
+                             "finds a plan") from None
         if as_json:  # with the job it was planned for, which nereus transition checks and uses
             print(json.dumps(with_record(plan.to_dict(), job, given_model)))
             return

@@ -37,9 +37,9 @@ from nereus.plan.types import (
     replica_problem,
     weight_sync_estimate,
 )
-from nereus.spec.cluster import gpu_ranges
+from nereus.spec.cluster import gpu_ranges, n_gpus
 from nereus.spec.job import JobSpec
-from nereus.spec.sharding import layout_problem
+from nereus.spec.sharding import layout_problem, layout_sizes
 from nereus.spec.workflow import Execution, Phase, StageKind
 
 
@@ -67,7 +67,8 @@ class _LayoutStage(BaseModel):
     tp: int = Field(1, ge=1)
     pp: int = Field(1, ge=1)
     dp: int = Field(1, ge=1)
-    gpus: list[list[Annotated[int, Field(ge=0, le=MAX_GPU_ID)]]] | None = None
+    gpus: list[list[Annotated[int, Field(ge=0, le=MAX_GPU_ID)]]] | None = Field(
+        None, description="one list of tp x pp GPU ids per DP replica ([[0, 1], [2, 3]])")
     micro_batch: int | None = Field(None, ge=1)
     grad_accum: int | None = Field(None, ge=1)
     recompute: bool | None = None
@@ -145,7 +146,7 @@ def _options(cost: CostModel, name: str, spec: StageLayoutSpec) -> list[Candidat
     why = layout_problem(cost.job.model, spec.tp, spec.pp)
     if why:
         bad = "pp" if cost.job.model.num_layers % spec.pp else "tp"
-        raise InputError(f"{at}.{bad}", why)
+        raise InputError(f"{at}.{bad}", why, layout_sizes(cost.job.model))
     if batch % spec.dp:
         raise InputError(f"{at}.dp", f"dp={spec.dp} does not divide the stage's batch "
                          f"of {batch} sequences", "a divisor of the stage's batch")
@@ -207,7 +208,7 @@ def evaluate_plan(job: JobSpec, specs: Mapping[str, StageLayoutSpec],
     pool = set(job.pool.ids)
     for name, c in cands.items():
         if c.gpus > job.pool.size:
-            raise InputError(_where(name, specs[name]), f"needs {c.gpus} GPUs (tp x pp x dp), "
+            raise InputError(_where(name, specs[name]), f"needs {n_gpus(c.gpus)} (tp x pp x dp), "
                              f"the pool has {job.pool.size}")
         outside = sorted({g for r in specs[name].gpus or () for g in r} - pool)
         if outside:
@@ -223,7 +224,7 @@ def evaluate_plan(job: JobSpec, specs: Mapping[str, StageLayoutSpec],
         if first and wf.stage(name).phase not in first:
             ids = tuple(g for g in ids if g not in taken)
             if not given and c.gpus > len(ids):
-                raise InputError(_where(name, specs[name]), f"needs {c.gpus} GPUs (tp x pp x "
+                raise InputError(_where(name, specs[name]), f"needs {n_gpus(c.gpus)} (tp x pp x "
                                  f"dp); asynchronous generation leaves {len(ids)} of the "
                                  f"pool's {job.pool.size}")
         replicas[name] = given if given else contiguous_replicas(0, ids, c)

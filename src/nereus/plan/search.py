@@ -55,7 +55,7 @@ from nereus.plan.placement import (
     unit_of,
 )
 from nereus.plan.types import Plan, StagePlan, idle_bytes, weight_sync_estimate
-from nereus.spec.cluster import GpuPool
+from nereus.spec.cluster import GpuPool, n_gpus
 from nereus.spec.job import JobSpec
 from nereus.spec.workflow import Execution, ModelStage, Phase, StageKind
 
@@ -242,7 +242,7 @@ def _fits_nowhere(cost: CostModel, stage: ModelStage, ev: Evaluation | None) -> 
     limit = HEADROOM * cost.device.memory_bytes
     if ev is None or not len(ev.candidates):
         return InfeasibleError(
-            f"model-stage {stage.name} has no valid layout on {cost.job.pool.size} GPUs "
+            f"model-stage {stage.name} has no valid layout on {n_gpus(cost.job.pool.size)} "
             f"(batch {cost.stage_batch(stage)} sequences, model {cost.job.model.name})")
     small = cost.estimate(stage, ev.candidates[int(np.argmin(ev.peak))])
     # no ZeRO: a replica's GPUs share its state, so they are at least its bytes over the limit;
@@ -251,13 +251,13 @@ def _fits_nowhere(cost: CostModel, stage: ModelStage, ev: Evaluation | None) -> 
     state = cost.state_bytes(stage)
     need = math.ceil(state / limit)
     widest = max(c.layout.tp * c.layout.pp for c in ev.candidates)
-    why = (f"; its state alone, {state / GiB:.1f} GiB, needs at least {need} GPUs per replica, "
-           f"and the widest layout on {cost.job.pool.size} GPUs spans {widest}"
+    why = (f"; its state alone, {state / GiB:.1f} GiB, needs at least {n_gpus(need)} per "
+           f"replica, and the widest layout on {n_gpus(cost.job.pool.size)} spans {widest}"
            if need > widest else "")
     return InfeasibleError(
         f"model-stage {stage.name} fits nowhere: its smallest footprint is "
         f"{small.peak_mem_bytes / GiB:.1f} GiB per GPU ({small.candidate}) vs "
-        f"{limit / GiB:.1f} GiB allowed (90 % of {cost.device.memory_bytes / GiB:.0f} GiB "
+        f"{limit / GiB:.1f} GiB allowed (90 % of {cost.device.memory_bytes / GiB:.1f} GiB "
         f"on {cost.device.name}){why} (estimated)")
 
 
@@ -351,7 +351,7 @@ class Planner:
                 if self.spread:
                     raise InfeasibleError(
                         f"model-stage {st.name} has no layout with two replicas inside nodes "
-                        f"that fits on {job.pool.size} GPUs (estimated)")
+                        f"that fits on {n_gpus(job.pool.size)} (estimated)")
                 raise _fits_nowhere(self.cost, st, ev)
             self.options[st.name] = opts
 
@@ -421,7 +421,7 @@ class Planner:
                 best = res
         if best is None:
             raise InfeasibleError(
-                f"no plan fits {budget} GPUs of {self.cost.device.name}: every grouping of the "
+                f"no plan fits {n_gpus(budget)} of {self.cost.device.name}: every grouping of the "
                 f"model-stages exceeds the pool or 90 % of device memory (estimated)")
         return best
 
@@ -708,7 +708,7 @@ class Planner:
         if best is not None:
             return best
         raise InfeasibleError(
-            f"no plan fits {self.job.pool.size} GPUs of {self.cost.device.name} with every TP "
+            f"no plan fits {n_gpus(self.job.pool.size)} of {self.cost.device.name} with every TP "
             f"group inside a node of the pool (estimated)")
 
     def _dearer(self, plan: Plan) -> list[str]:
