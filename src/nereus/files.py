@@ -213,9 +213,9 @@ def _nested_model(ann: object) -> type[BaseModel] | None:
 
 # what a value of each pydantic type error should have been
 _TYPE_WORDS = {"int_type": "an integer", "float_type": "a number", "string_type": "a string",
-               "list_type": "a list", "bool_type": "a switch"}
+               "list_type": "a list", "tuple_type": "a list", "bool_type": "a switch"}
 _TYPE_ALLOWED = {"int_type": "an integer", "float_type": "a number", "string_type": "text",
-                 "list_type": "a list", "bool_type": "true, false"}
+                 "list_type": "a list", "tuple_type": "a list", "bool_type": "true, false"}
 
 
 def _field_info(root: type[BaseModel], loc: tuple[object, ...]) -> FieldInfo | None:
@@ -299,6 +299,14 @@ def validation_error(e: ValidationError, root: type[BaseModel]) -> InputError:
     if kind in _BOUNDS:
         return InputError(loc, f"{_quoted(inp)} is not allowed",
                           _range(_field_info(root, tuple(err["loc"])), err))
+    if kind == "finite_number":
+        return InputError(loc, f"{_quoted(inp)} is not allowed", "a finite number")
+    if kind in ("too_short", "too_long"):
+        ctx = err.get("ctx", {})
+        n = ctx.get("actual_length")
+        items = "no items" if n == 0 else "1 item" if n == 1 else f"{n} items"
+        return InputError(loc, f"has {items}", f"at least {ctx.get('min_length')}"
+                          if kind == "too_short" else f"at most {ctx.get('max_length')}")
     return InputError(loc, str(err["msg"]).removeprefix("Value error, "))
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import errno
 import io
+import math
 import os
 import shutil
 from collections.abc import Callable, Iterator
@@ -347,3 +348,31 @@ def test_an_os_error_on_a_path_of_nereus_own_stays_a_traceback(tmp_path: Path) -
 
     r = runner.invoke(_app(body), ["--config", str(tmp_path / "cfg.yaml")])
     assert isinstance(r.exception, PermissionError), r.output
+
+
+# ---- what pydantic says, in the project's words ----
+
+def test_pydantic_errors_without_a_wording_of_their_own_say_what_is_allowed() -> None:
+    """'Input should be a finite number', 'List should have at least 1 item after
+    validation, not 0' and 'Input should be a valid tuple' came through as pydantic wrote
+    them, with no allowed part."""
+    from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+    from nereus.files import validation_error
+
+    class Spec(BaseModel):
+        model_config = ConfigDict(strict=True)
+        noise: float = Field(0.0, allow_inf_nan=False)
+        stages: list[int] = Field(default_factory=lambda: [1], min_length=1)
+        length: tuple[int, int] = Field((1, 2), strict=False)
+        pair: tuple[int, int] = (1, 2)
+
+    def said(data: dict) -> str:
+        with pytest.raises(ValidationError) as info:
+            Spec.model_validate(data)
+        return str(validation_error(info.value, Spec))
+
+    assert said({"noise": math.nan}) == "noise: nan is not allowed (allowed: a finite number)"
+    assert said({"stages": []}) == "stages: has no items (allowed: at least 1)"
+    assert said({"length": [1, 2, 3]}) == "length: has 3 items (allowed: at most 2)"
+    assert said({"pair": "ab"}) == "pair: 'ab' is not a list (allowed: a list)"
