@@ -24,7 +24,7 @@ from nereus.cost.estimate import HEADROOM
 from nereus.cost.model import CostModel
 from nereus.errors import InputError
 from nereus.plan.evaluate import StageLayoutSpec, evaluate_plan
-from nereus.plan.overlap import step_latency
+from nereus.plan.overlap import step_and_terms
 from nereus.plan.types import Plan, StagePlan, stage_estimate, weight_sync_estimate
 from nereus.spec.job import JobSpec
 from nereus.spec.workflow import Execution, Phase, Workflow
@@ -225,12 +225,7 @@ def reprice(job: JobSpec, cost: CostModel, plan: Plan) -> Priced:
         if sync else 0.0
     groups = [*plan.groups, *[(s.stage,) for s in plan.stages
                               if not any(s.stage in g for g in plan.groups)]]
-    step = step_latency(wf, groups, lat, sync_s)
-    terms: dict[str, float] = {}
-    for phase in wf.phases:
-        terms[phase.value] = max((sum(lat[n] for n in g) for g in groups
-                                  if wf.stage(g[0]).phase is phase), default=0.0)
-    terms["weight_sync"] = sync_s
+    step, terms = step_and_terms(wf, groups, lat, sync_s)
     new = Plan(tuple(stages), step, "estimated", terms, plan.groups)
     return Priced(new, tuple(problems(job, cost, new)))
 

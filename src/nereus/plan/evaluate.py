@@ -27,7 +27,7 @@ from nereus.cost.candidate import Candidate, Layout
 from nereus.cost.model import LINK_KINDS, CostModel, Links
 from nereus.errors import InputError
 from nereus.files import read_yaml, validate
-from nereus.plan.overlap import step_latency
+from nereus.plan.overlap import step_and_terms
 from nereus.plan.types import (
     MAX_GPU_ID,
     PLAN_FILE_KEYS,
@@ -275,12 +275,7 @@ def evaluate_plan(job: JobSpec, specs: Mapping[str, StageLayoutSpec],
                          f"generation replica spans nodes): {sync_s:.3f} s, "
                          f"{sync_s - sized:+.3f} s against node-aligned replicas "
                          f"(estimated)")
-    step = step_latency(wf, groups, latency, sync_s)
-    terms: dict[str, float] = {}
-    for phase in wf.phases:
-        terms[phase.value] = max(sum(latency[n] for n in g) for g in groups
-                                 if wf.stage(g[0]).phase is phase)
-    terms["weight_sync"] = sync_s
+    step, terms = step_and_terms(wf, groups, latency, sync_s)
     return Plan(tuple(stage_plans), step, "estimated", terms,
                 tuple(g for g in groups if len(g) > 1), tuple(notes))
 

@@ -95,6 +95,20 @@ def step_latency(workflow: Workflow, groups: Sequence[Sequence[str]],
     return value[END]
 
 
+def step_and_terms(workflow: Workflow, groups: Sequence[Sequence[str]],
+                   latency: Mapping[str, float], sync_s: float
+                   ) -> tuple[float, dict[str, float]]:
+    """A plan's step latency (``step_latency``) and its terms: per phase, its slowest group
+    (a group's model-stages run one after another, the groups side by side), and the weight
+    sync. ``groups`` holds every model-stage, a stage that shares no GPUs as a group of
+    one."""
+    terms = {p.value: max((sum(latency[n] for n in g) for g in groups
+                           if workflow.stage(g[0]).phase is p), default=0.0)
+             for p in workflow.phases}
+    terms["weight_sync"] = sync_s
+    return step_latency(workflow, groups, latency, sync_s), terms
+
+
 @lru_cache(maxsize=256)
 def _sweep(workflow: Workflow, groups: tuple[tuple[str, ...], ...]
            ) -> tuple[tuple[str, str | None, tuple[str, ...]], ...]:

@@ -46,7 +46,7 @@ from nereus.cost.model import CostModel, Evaluation, Links
 from nereus.errors import InfeasibleError
 from nereus.plan.candidates import StageOptions, pareto_mask, stage_options
 from nereus.plan.exposure import spans_nodes
-from nereus.plan.overlap import step_latency
+from nereus.plan.overlap import step_and_terms
 from nereus.plan.placement import (
     GroupAssignment,
     place_phase,
@@ -777,11 +777,8 @@ class Planner:
             self.cost, stage_plans[pair[0]], stage_plans[pair[1]]).latency_s
         # each phase as placed: its groups run side by side, a group's stages one after another
         lat = {name: sp.latency_s for name, sp in stage_plans.items()}
-        terms = {p.value: max(sum(lat[n] for n in gc.stages) for gc in res.phases[p].groups)
-                 for p in wf.phases}
-        terms["weight_sync"] = sync_s
         singles = [(s.stage,) for s in ordered if not any(s.stage in g for g in groups)]
-        step = step_latency(wf, [*groups, *singles], lat, sync_s)
+        step, terms = step_and_terms(wf, [*groups, *singles], lat, sync_s)
         return Plan(ordered, step, "estimated", terms, tuple(groups))
 
 
