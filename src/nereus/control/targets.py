@@ -51,6 +51,13 @@ def intact(plan: Plan, pool: Iterable[int]) -> tuple[Plan | None, tuple[str, ...
     The result describes state, not a runnable plan: a stage that lost replicas keeps its
     (b, a), so dp x b x a may fall short of the batch until a target re-batches it.
     """
+    survivors, lost = _surviving(plan, pool)
+    return (None, lost) if lost else (survivors, ())
+
+
+def _surviving(plan: Plan, pool: Iterable[int]) -> tuple[Plan, tuple[str, ...]]:
+    """(``plan`` with the replicas whose GPUs are all in ``pool``, the stages left with
+    none, which it lacks)."""
     alive = set(pool)
     stages: list[StagePlan] = []
     lost: list[str] = []
@@ -65,10 +72,8 @@ def intact(plan: Plan, pool: Iterable[int]) -> tuple[Plan | None, tuple[str, ...
         c = sp.candidate
         stages.append(StagePlan(sp.stage, Candidate(c.layout, len(reps), c.micro_batch,
                                                     c.grad_accum, c.recompute), reps))
-    if lost:
-        return None, tuple(lost)
     return Plan(tuple(stages), plan.step_latency_s, plan.source, dict(plan.terms),
-                plan.groups), ()
+                plan.groups), tuple(lost)
 
 
 def survive(plan: Plan, pool: Iterable[int], workflow: Workflow
@@ -85,16 +90,10 @@ def survive(plan: Plan, pool: Iterable[int], workflow: Workflow
     lacks the stages to rebuild (``fill`` completes it with a target's entries); None when
     some state is gone.
     """
-    alive = set(pool)
-    empty = [sp.stage for sp in plan.stages if not any(set(r) <= alive for r in sp.replicas)]
-    frozen = [n for n in empty if not workflow.model(workflow.stage(n).model).trainable]
+    survivors, empty = _surviving(plan, pool)
+    frozen = tuple(n for n in empty if not workflow.model(workflow.stage(n).model).trainable)
     lost = tuple(n for n in empty if n not in frozen)
-    if lost:
-        return None, lost, tuple(frozen)
-    kept = Plan(tuple(sp for sp in plan.stages if sp.stage not in frozen), plan.step_latency_s,
-                plan.source, dict(plan.terms), plan.groups)
-    survivors, _ = intact(kept, alive)
-    return survivors, (), tuple(frozen)
+    return (None, lost, frozen) if lost else (survivors, (), frozen)
 
 
 def fill(survivors: Plan, target: Plan) -> Plan:

@@ -670,13 +670,6 @@ class CostModel:
                            "weight_sync", "reshard actor weights (train->gen)", 1.0)
         return rows, need
 
-    def state_bytes(self, stage: ModelStage | str) -> int:
-        """Bytes of one replica's whole resident state (parameters, and for training their
-        gradients and optimizer moments), unsharded: what its GPUs share between them."""
-        st = self._stage(stage)
-        head = self.job.workflow.model(st.model).head
-        return max_shard_numel(self.job.model, head, 1, 1) * self._resident_per_param(st)
-
     def kv_bytes_per_token(self, layout: Layout) -> int:
         """KV-cache bytes one token takes on one GPU (its layers, its KV heads)."""
         return int(self._kv_per_token(_f(layout.tp), _f(layout.pp)))
@@ -1008,9 +1001,15 @@ class CostModel:
 
     def _link_notes(self, st: ModelStage, c: Candidate, links: Links) -> tuple[str, ...]:
         """One line per kind of collective that the GPU ids put across nodes (where it runs)."""
-        return tuple(f"{LINK_KINDS[k][0]} {list(ids)} spans nodes (its GPU ids): "
-                     f"{LINK_KINDS[k][1]} priced on the inter-node link"
-                     for k, ids in links.spans().items() if self.link_used(st, c, k))
+        return tuple(f"{group} spans nodes (its GPU ids): {LINK_KINDS[k][1]} priced on the "
+                     f"inter-node link" for k, group in self.spanning(st, c, links))
+
+    def spanning(self, stage: ModelStage | str, c: Candidate, links: Links
+                 ) -> list[tuple[str, str]]:
+        """(kind, 'TP group [8, 9]') for each kind of group ``c`` uses that ``links`` put
+        across nodes."""
+        return [(k, f"{LINK_KINDS[k][0]} {list(ids)}") for k, ids in links.spans().items()
+                if self.link_used(stage, c, k)]
 
     def link_used(self, stage: ModelStage | str, c: Candidate, kind: str) -> bool:
         """Whether ``c`` runs ``kind``'s collective (a ``Links`` field) at all."""

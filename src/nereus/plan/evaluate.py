@@ -24,7 +24,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from nereus.cost.candidate import Candidate, Layout
-from nereus.cost.model import LINK_KINDS, CostModel, Links
+from nereus.cost.model import CostModel, Links
 from nereus.errors import InputError
 from nereus.files import read_yaml, validate
 from nereus.plan.overlap import step_and_terms
@@ -287,8 +287,7 @@ def _placed_notes(cost: CostModel, name: str, c: Candidate, idle: int, links: Li
     sized = cost.estimate(name, c, idle).latency_s
     if est == sized:
         return []
-    spans = [f"{LINK_KINDS[k][0]} {list(ids)}" for k, ids in links.spans().items()
-             if cost.link_used(name, c, k)]
+    spans = [group for _, group in cost.spanning(name, c, links)]
     across = f" ({', '.join(spans)} across nodes)" if spans else ""
     return [(f"{name}: priced on the links its GPU ids use{across}: {est:.3f} s, "
              f"{est - sized:+.3f} s against node-aligned groups of its sizes (estimated)")]

@@ -248,7 +248,7 @@ def _fits_nowhere(cost: CostModel, stage: ModelStage, ev: Evaluation | None) -> 
     # no ZeRO: a replica's GPUs share its state, so they are at least its bytes over the limit;
     # said only where that is the reason: more than the widest layout the pool allows spans
     # (70B on 24 GPUs needs 17, and tp x pp reaches 16 there, not 24)
-    state = cost.state_bytes(stage)
+    state = cost.resident_bytes(stage, Layout(1, 1))  # one replica's state, unsharded
     need = math.ceil(state / limit)
     widest = max(c.layout.tp * c.layout.pp for c in ev.candidates)
     why = (f"; its state alone, {state / GiB:.1f} GiB, needs at least {n_gpus(need)} per "
