@@ -1,4 +1,5 @@
-"""Errors every layer raises for input a user can fix.
+"""Errors every layer raises for input a user can fix, and the checks and words their messages
+share.
 
 The CLI turns an :class:`InputError` into one line on stderr and exit code 2, with no traceback.
 """
@@ -48,3 +49,9 @@ def is_finite_real(v: object) -> bool:
     """A finite number (numpy's too), not a bool or a string (``math.isfinite`` raises
     TypeError on those)."""
     return isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def count(n: float, word: str, plural: str | None = None, fmt: str = "") -> str:
+    """``n`` and ``word``, plural unless ``n`` is 1: "1 step", "2 steps", "1,000 steps"
+    (``fmt=","``); ``plural`` where adding an s is wrong."""
+    return f"{n:{fmt}} {word if n == 1 else plural or word + 's'}"

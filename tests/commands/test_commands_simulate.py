@@ -310,3 +310,30 @@ def test_churn_on_one_node_says_it_needs_two(tmp_path: Path) -> None:
     line = r.stderr.strip()
     assert len(line.splitlines()) == 1 and "churn" in line and "at least 2" in line
     assert "job.gpus" in line and "1..0" not in line
+
+
+def test_one_step_is_counted_in_the_singular() -> None:
+    """The header line and the table's title said "1 steps"."""
+    r = runner.invoke(app, ["simulate", "--scenario", "stationary", "--steps", "1",
+                            "--policies", "static"])
+    assert r.exit_code == 0, r.output
+    assert "-- 1 step, policy static (simulated)" in r.stdout
+    assert "stationary: 1 step (simulated)" in r.stdout
+    assert "1 steps" not in r.stdout
+
+
+def test_lengths_past_the_context_window_are_refused_naming_the_field(tmp_path: Path) -> None:
+    """It was "scenario: no plan fits ... fits nowhere ... 99.9 GiB", a memory problem."""
+    cfg = _scenario(tmp_path, steps=5, lengths={"growth": {"start": 500, "end": 200000}})
+    r = runner.invoke(app, ["simulate", "--config", str(cfg), "--policies", "static"])
+    assert r.exit_code == 2, r.output
+    line = r.stderr.strip()
+    assert len(line.splitlines()) == 1 and "Traceback" not in r.output
+    assert line.startswith("error: lengths.growth.end: ")
+    assert "context window of 131072 tokens" in line and "GiB" not in line
+    (tmp_path / "l.csv").write_text("step,response_len_mean,response_len_max\n0,500,200000\n")
+    cfg = _scenario(tmp_path, "c.yaml", lengths={"csv": "l.csv"})
+    r = runner.invoke(app, ["simulate", "--config", str(cfg), "--policies", "static"])
+    assert r.exit_code == 2, r.output
+    assert r.stderr.strip().startswith("error: lengths (l.csv) row 2.response_len_max: prompt "
+                                       "512 + longest response 200000 = 200512 tokens exceed")

@@ -405,7 +405,7 @@ def test_a_spot_file_shorter_than_the_window_replays_whole(tmp_path):
     ({"metadata": {"gap_seconds": 300}, "data": []}, "data"),
     ({"metadata": {"gap_seconds": 300}, "data": [4, -1]}, "data.1"),
     ({"metadata": {"gap_seconds": 300}, "data": [4, 2.5]}, "data.1"),
-    ([1, 2], "metadata.gap_seconds"),
+    ([1, 2], ""),  # not an object at all: the file is what is wrong
 ])
 def test_a_bad_spot_trace_file_names_its_field(tmp_path, data, field):
     import json
@@ -415,5 +415,125 @@ def test_a_bad_spot_trace_file_names_its_field(tmp_path, data, field):
     p.write_text(_job("16") + "availability: {spot: {start_tick: 0, file: bad.json}}\n")
     with pytest.raises(InputError) as e:
         load_scenario(p)
-    assert e.value.field == f"availability.spot.file.{field}", e.value
+    assert e.value.field == "availability.spot.file" + (f".{field}" if field else ""), e.value
     assert "\n" not in str(e.value)
+
+
+# ---------------------------------------------------- lengths past the model's context window
+@pytest.mark.parametrize("lengths, field", [
+    ("{growth: {start: 500, end: 200000}}", "lengths.growth.end"),
+    ("{growth: {start: 200000, end: 500}}", "lengths.growth.start"),
+    ("{stationary: {length: 100000}}", "lengths.stationary.length"),
+])
+def test_generated_lengths_past_the_context_window_name_their_field(tmp_path, lengths, field):
+    """It was "no plan fits ... actor_train fits nowhere ... 99.9 GiB": a memory problem, not
+    the context window that ``nereus plan`` names for the same lengths."""
+    p = tmp_path / "run.yaml"
+    p.write_text(_job("16") + f"lengths: {lengths}\n")
+    with pytest.raises(InputError) as e:
+        load_scenario(p)
+    assert e.value.field == field, e.value
+    msg = str(e.value)
+    assert "context window of 131072 tokens" in msg and "prompt 512 + longest response" in msg
+    assert "up to 130560 tokens with a 512-token prompt" in msg and "\n" not in msg
+    assert "GiB" not in msg
+
+
+def test_a_lengths_row_past_the_context_window_names_its_file_and_row(tmp_path):
+    (tmp_path / "l.csv").write_text("step,response_len_mean,response_len_max\n"
+                                    "0,500,700\n1,500,200000\n")
+    p = tmp_path / "run.yaml"
+    p.write_text(_job("16").replace("steps: 8\n", "") + "lengths: {csv: l.csv}\n")
+    with pytest.raises(InputError) as e:
+        load_scenario(p)
+    assert e.value.field == "lengths (l.csv) row 3.response_len_max", e.value
+    assert "512 + longest response 200000 = 200512 tokens exceed llama-3.1-8b's context " \
+           "window of 131072 tokens" in str(e.value)
+
+
+def test_lengths_at_the_context_window_are_accepted(tmp_path):
+    (tmp_path / "l.csv").write_text("step,response_len_mean,response_len_max\n"
+                                    "0,500,700\n1,500,130560\n")
+    p = tmp_path / "run.yaml"
+    p.write_text(_job("16").replace("steps: 8\n", "") + "lengths: {csv: l.csv}\n")
+    assert load_scenario(p).lengths.longest == (700, 130560)
+
+
+@pytest.mark.parametrize("lengths, field", [
+    ("{stationary: {length: 0.001}}", "lengths.stationary.length"),
+    ("{growth: {start: 0.5}}", "lengths.growth.start"),
+    ("{growth: {end: 0.9}}", "lengths.growth.end"),
+])
+def test_generated_lengths_below_one_token_are_refused(tmp_path, lengths, field):
+    """As a lengths CSV's mean (1 <= mean): 0.001 tokens was accepted (and clamped to 1)."""
+    p = tmp_path / "run.yaml"
+    p.write_text(_job("16") + f"lengths: {lengths}\n")
+    with pytest.raises(InputError) as e:
+        load_scenario(p)
+    assert e.value.field == field and "1..1,048,576" in str(e.value), e.value
+    p.write_text(_job("16") + "lengths: {stationary: {length: 1}}\n")
+    assert min(load_scenario(p).lengths.mean) >= 1
+
+
+def test_overlapping_congestion_periods_name_periods_and_length_not_the_factor(tmp_path):
+    """It was "allreduce.inter at step 0: combined factor 0 is below 0.01": a factor the
+    user never wrote (they set 0.4; overlapping periods multiplied it away)."""
+    p = tmp_path / "run.yaml"
+    p.write_text(_job("16") + "drift: {congestion: {length: [50000, 90000], periods: 100000}}\n")
+    with pytest.raises(InputError) as e:
+        load_scenario(p)
+    msg = str(e.value)
+    assert e.value.field == "drift.congestion", msg
+    assert "periods: 100000 and length: [50000, 90000]" in msg and "overlap at step 0" in msg
+    assert "0.4^" in msg and "(allowed: at most 5 overlapping periods at factor 0.4" in msg
+    assert "combined factor 0 " not in msg and "\n" not in msg
+    p.write_text(_job("16").replace("steps: 8", "steps: 1000")
+                 + "drift: {congestion: {length: [100, 300], periods: 20}}\n")
+    with pytest.raises(InputError, match=r"^drift\.congestion: .*6 congestion periods of up to "
+                       r"300 steps overlap at step \d+, so their factors multiply to 0\.4\^6"):
+        load_scenario(p)
+    # a few overlaps whose product stays above the floor are allowed
+    p.write_text(_job("16").replace("steps: 8", "steps: 1000")
+                 + "drift: {congestion: {length: [100, 300], periods: 5}}\n")
+    assert load_scenario(p).drift.periods
+
+
+@pytest.mark.parametrize("data, field, words", [
+    ([16, 16, 8], "availability.spot.file",
+     ("bad.json holds a list, not an object with metadata and data (allowed: a JSON object "
+     '{"metadata": {"gap_seconds": s}, "data": [n, n, ...]}, as skypilot-org/spot-traces')),
+    ({"data": [16, 8]}, "availability.spot.file.metadata", "bad.json: metadata is missing"),
+    ({"metadata": {}, "data": [16]}, "availability.spot.file.metadata.gap_seconds",
+     "metadata.gap_seconds is missing"),
+    ({"metadata": {"gap_seconds": None}, "data": [16]},
+     "availability.spot.file.metadata.gap_seconds", "metadata.gap_seconds is null"),
+    ({"metadata": {"gap_seconds": "300"}, "data": [16]},
+     "availability.spot.file.metadata.gap_seconds", 'gap_seconds is the string "300"'),
+    ({"metadata": {"gap_seconds": 300}}, "availability.spot.file.data", "data is missing"),
+    ({"metadata": {"gap_seconds": 300}, "data": [16, None, 8]}, "availability.spot.file.data.1",
+     "data[1] is null, not an instance count"),
+])
+def test_a_bad_spot_trace_says_what_the_file_holds_in_json_terms(tmp_path, data, field, words):
+    """Python's words were printed: "None is not a tick length" for a top-level list, a
+    missing key or a JSON null."""
+    import json
+
+    (tmp_path / "bad.json").write_text(json.dumps(data))
+    p = tmp_path / "run.yaml"
+    p.write_text(_job("16") + "availability: {spot: {start_tick: 0, file: bad.json}}\n")
+    with pytest.raises(InputError) as e:
+        load_scenario(p)
+    assert e.value.field == field, e.value
+    assert words in str(e.value) and "None" not in str(e.value)
+    assert "(allowed: " in str(e.value) and "\n" not in str(e.value)
+
+
+def test_notes_and_errors_count_in_the_singular_for_one():
+    from nereus.sim.scenarios import pool_start
+    assert pool_start(T.constant([0])) == "1 GPU throughout"
+    assert pool_start(T.Availability((0.0, 60.0), ((0,), (0, 1)))) == \
+        "1 GPU for the first 1 minute, then 2 from minute 1"
+    sc = with_overrides(builtin("stationary"), steps=1)
+    assert "its first 1 step (--steps" in sc.notes["lengths"]
+    assert T.growth(1, seed=0).source.startswith("generated: linear growth 500->8000 tokens "
+                                                 "over 1 step,")

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from nereus.cost.ops import OpClass
-from nereus.errors import InputError
+from nereus.errors import InputError, count
 from nereus.sim import traces as T
 from nereus.sim.scenarios import SPOT_MIN_RUNNING, SPOT_WINDOW_TICKS
 from nereus.sim.simulator import align
@@ -322,3 +322,73 @@ def test_a_row_is_named_by_its_line_in_the_file_blank_lines_included(tmp_path):
     p.write_text("step,response_len_mean,response_len_max\n\n0,10,20\n1,nan,20\n")
     with pytest.raises(InputError, match=r"^lengths row 4\.response_len_mean"):
         T.load_lengths(p)
+
+
+@pytest.mark.parametrize("rows, problem, allowed", [
+    ("0,500,700\n5,510,720\n", "row 3.step: step 5 where step 1 is expected: steps 1..4 missing",
+     "step 1 on this row; the rows number the steps 0, 1, 2, ... in order"),
+    ("0,500,700\n2,510,720\n", "row 3.step: step 2 where step 1 is expected: step 1 missing",
+     "step 1 on this row"),
+    ("1,500,700\n", "row 2.step: step 1 where step 0 is expected: step 0 missing",
+     "step 0 on this row"),
+    ("0,500,700\n1,500,700\n1,500,700\n", "row 4.step: step 1 after step 1: a repeated step",
+     "step 2 on this row"),
+])
+def test_a_lengths_row_out_of_order_says_which_step_is_missing(tmp_path, rows, problem, allowed):
+    """A gap read "step 5 out of order (allowed: 1)"."""
+    p = tmp_path / "l.csv"
+    p.write_text("step,response_len_mean,response_len_max\n" + rows)
+    with pytest.raises(InputError) as e:
+        T.load_lengths(p)
+    msg = str(e.value)
+    assert msg.startswith("lengths (l.csv) ") and problem in msg, msg
+    assert f"(allowed: {allowed}" in msg and "\n" not in msg
+
+
+@pytest.mark.parametrize("what, text, pattern", [
+    ("lengths", "step,response_len_mean,response_len_max\n0,abc,700\n",
+     (r"^lengths row 2\.response_len_mean: 'abc' in t\.csv is not a finite number \(allowed: a "
+     r"finite number of tokens >= 1\)$")),
+    ("lengths", "step,response_len_mean,response_len_max\n0.0,500,700\n",
+     (r"^lengths row 2\.step: '0\.0' in t\.csv is not an integer \(allowed: an integer, step 0 "
+     r"on this row; the rows number the steps 0, 1, 2, \.\.\. in order, one row each\)$")),
+    ("availability", "time_s,gpus\n0,16\nnan,8\n",
+     (r"^availability row 3\.time_s: 'nan' in t\.csv is not a finite number \(allowed: a finite "
+     r"number of seconds >= 0")),
+    ("drift", "start_step,end_step,op_class,factor\n0,x,gemm,0.5\n",
+     (r"^drift row 2\.end_step: 'x' in t\.csv is not an integer \(allowed: a step number, "
+     r"0 <= start_step < end_step\)$")),
+    ("drift", "start_step,end_step,op_class,factor\n0,5,gemm,abc\n",
+     (r"^drift row 2\.factor: 'abc' in t\.csv is not a finite number \(allowed: a finite number "
+     r">= 0\.01\)$")),
+    ("drift", "start_step,end_step,op_class,factor\n5,5,gemm,0.5\n",
+     (r"^drift \(t\.csv\) row 2: start_step 5 and end_step 5 \(allowed: 0 <= start_step < "
+     r"end_step")),
+    ("lengths", "step,response_len_mean,response_len_max\n",
+     r"^lengths: t\.csv has no rows \(allowed: a header, then one row per step\)$"),
+])
+def test_a_bad_csv_value_says_what_is_allowed(tmp_path, what, text, pattern):
+    p = tmp_path / "t.csv"
+    p.write_text(text)
+    _one_line_error(_LOADERS[what], p, pattern)
+
+
+def test_overlapping_drift_periods_say_their_factors_multiply():
+    from nereus.cost.efficiency import Efficiencies
+    hidden = Efficiencies({OpClass.GEMM: 0.5}, "h100-sxm-80gb")
+    low = T.DriftTrace((T.DriftPeriod(0, 10, OpClass.GEMM, 0.05),
+                        T.DriftPeriod(5, 10, OpClass.GEMM, 0.1)))
+    with pytest.raises(InputError) as e:
+        low.check(hidden)
+    assert str(e.value).startswith("drift: gemm at step 5: 2 periods overlap, so their factors "
+                                   "0.05 x 0.1 multiply to 0.005, below 0.01"), e.value
+    assert "multiply their factors" in str(e.value)
+
+
+def test_count_says_one_in_the_singular():
+    assert count(1, "step") == "1 step" and count(0, "step") == "0 steps"
+    assert count(2, "GPU") == "2 GPUs" and count(1000, "step", fmt=",") == "1,000 steps"
+    assert count(2, "policy", "policies") == "2 policies"
+    d = T.DriftTrace((T.DriftPeriod(0, 10, OpClass.GEMM, 0.5),))
+    assert d.head(1).source.endswith("cut to its first 1 step: 1 period cut to end at step 1")
+    assert "whole-node churn of 2 x 1 GPU, 1 change every" in T.node_churn(2, 1, 10, 1).source

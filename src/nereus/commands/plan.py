@@ -23,7 +23,7 @@ from nereus.commands.jobopts import JOB_HELP, job_and_fields_from_options
 from nereus.commands.planfile import check_record, job_shaped, split_record, with_record
 from nereus.cost.calibrate import Calibrator
 from nereus.cost.model import CostModel
-from nereus.errors import InfeasibleError, InputError
+from nereus.errors import InfeasibleError, InputError, count
 from nereus.files import read_yaml
 from nereus.plan.candidates import frontier
 from nereus.plan.evaluate import StageLayoutSpec, evaluate_plan, layout_spec_from_data
@@ -31,7 +31,7 @@ from nereus.plan.exposure import exposed_by_node, spans_nodes
 from nereus.plan.search import Planner
 from nereus.plan.types import Plan, stage_estimate, weight_sync_estimate
 from nereus.plan.validate import validate_plan
-from nereus.spec.cluster import gpu_ranges, n_gpus
+from nereus.spec.cluster import gpu_ranges
 from nereus.spec.job import JobSpec
 from nereus.spec.workflow import Execution
 
@@ -308,12 +308,12 @@ def register(app: typer.Typer) -> None:
                     return False
                 return True
 
-            with err_console.status(f"no plan fits {n_gpus(job.pool.size)}: looking for "
+            with err_console.status(f"no plan fits {count(job.pool.size, 'GPU')}: looking for "
                                     "the fewest that fit ..."):
                 k = smallest_pool(job.pool.size, fits)
             if k is None:
                 raise
-            raise InputError(field, str(e), f"at least {n_gpus(k)}, where the planner "
+            raise InputError(field, str(e), f"at least {count(k, 'GPU')}, where the planner "
                              "finds a plan") from None
         if as_json:  # with the job it was planned for, which nereus transition checks and uses
             print(json.dumps(with_record(plan.to_dict(), job, given_model)))

@@ -25,7 +25,7 @@ from nereus.commands.common import (
     with_default,
     writable,
 )
-from nereus.errors import InputError, first_line
+from nereus.errors import InputError, count, first_line
 from nereus.files import read_yaml
 from nereus.sim.policies import POLICIES
 from nereus.sim.scenarios import (
@@ -117,7 +117,8 @@ MEAN_STEP = ("mean step s: the step plus its transitions, restarts, lost work an
 def summary_table(sc: Scenario, res: SimResult) -> Table:
     base = res.results.get("static")
     # Text: a scenario's name is the user's, not Rich markup ("[red]run[/red]" prints as given)
-    t = Table(title=Text(f"{sc.name}: {sc.steps} steps (simulated)"), title_justify="left",
+    t = Table(title=Text(f"{sc.name}: {count(sc.steps, 'step')} (simulated)"),
+              title_justify="left",
               caption=MEAN_STEP, caption_justify="left")
     for col in ("policy", "tokens/s", "vs static", "mean step s", "transitions",
                 "transition s", "restarts", "restart s", "lost s", "paused s",
@@ -272,8 +273,10 @@ def register(app: typer.Typer) -> None:
         lines: list[tuple[str, str]] = []
         on_log = (lambda policy, line: lines.append((policy, line))) if log else None
         if not as_json:  # the name and description are the user's text, not Rich markup
-            console.print(Text.assemble((sc.name, "bold"), f": {sc.description} -- {sc.steps} "
-                                        f"steps, policies {', '.join(names)} (simulated)"))
+            console.print(Text.assemble((sc.name, "bold"), f": {sc.description} -- "
+                                        f"{count(sc.steps, 'step')}, "
+                                        f"polic{'y' if len(names) == 1 else 'ies'} "
+                                        f"{', '.join(names)} (simulated)"))
         with Progress(TextColumn("simulating"), BarColumn(), MofNCompleteColumn(),
                       TimeElapsedColumn(), console=err_console, transient=True,
                       disable=as_json) as bar:

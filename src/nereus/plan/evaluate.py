@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from nereus.cost.candidate import Candidate, Layout
 from nereus.cost.model import CostModel, Links
-from nereus.errors import InputError
+from nereus.errors import InputError, count
 from nereus.files import read_yaml, validate
 from nereus.plan.overlap import step_and_terms
 from nereus.plan.types import (
@@ -37,7 +37,7 @@ from nereus.plan.types import (
     replica_problem,
     weight_sync_estimate,
 )
-from nereus.spec.cluster import gpu_ranges, n_gpus
+from nereus.spec.cluster import gpu_ranges
 from nereus.spec.job import JobSpec
 from nereus.spec.sharding import layout_problem, layout_sizes
 from nereus.spec.workflow import Execution, Phase, StageKind
@@ -208,8 +208,8 @@ def evaluate_plan(job: JobSpec, specs: Mapping[str, StageLayoutSpec],
     pool = set(job.pool.ids)
     for name, c in cands.items():
         if c.gpus > job.pool.size:
-            raise InputError(_where(name, specs[name]), f"needs {n_gpus(c.gpus)} (tp x pp x dp), "
-                             f"the pool has {job.pool.size}")
+            raise InputError(_where(name, specs[name]), f"needs {count(c.gpus, 'GPU')} (tp x pp "
+                             f"x dp), the pool has {job.pool.size}")
         outside = sorted({g for r in specs[name].gpus or () for g in r} - pool)
         if outside:
             raise InputError(f"{_where(name, specs[name])}.gpus",
@@ -224,8 +224,8 @@ def evaluate_plan(job: JobSpec, specs: Mapping[str, StageLayoutSpec],
         if first and wf.stage(name).phase not in first:
             ids = tuple(g for g in ids if g not in taken)
             if not given and c.gpus > len(ids):
-                raise InputError(_where(name, specs[name]), f"needs {n_gpus(c.gpus)} (tp x pp x "
-                                 f"dp); asynchronous generation leaves {len(ids)} of the "
+                raise InputError(_where(name, specs[name]), f"needs {count(c.gpus, 'GPU')} (tp "
+                                 f"x pp x dp); asynchronous generation leaves {len(ids)} of the "
                                  f"pool's {job.pool.size}")
         replicas[name] = given if given else contiguous_replicas(0, ids, c)
         if wf.stage(name).phase in first:

@@ -43,7 +43,7 @@ from nereus.cost.candidate import Candidate, Layout
 from nereus.cost.efficiency import Efficiencies
 from nereus.cost.estimate import HEADROOM
 from nereus.cost.model import CostModel, Evaluation, Links
-from nereus.errors import InfeasibleError
+from nereus.errors import InfeasibleError, count
 from nereus.plan.candidates import StageOptions, pareto_mask, stage_options
 from nereus.plan.exposure import spans_nodes
 from nereus.plan.overlap import step_and_terms
@@ -55,7 +55,7 @@ from nereus.plan.placement import (
     unit_of,
 )
 from nereus.plan.types import Plan, StagePlan, idle_bytes, weight_sync_estimate
-from nereus.spec.cluster import GpuPool, n_gpus
+from nereus.spec.cluster import GpuPool
 from nereus.spec.job import JobSpec
 from nereus.spec.workflow import Execution, ModelStage, Phase, StageKind
 
@@ -242,7 +242,7 @@ def _fits_nowhere(cost: CostModel, stage: ModelStage, ev: Evaluation | None) -> 
     limit = HEADROOM * cost.device.memory_bytes
     if ev is None or not len(ev.candidates):
         return InfeasibleError(
-            f"model-stage {stage.name} has no valid layout on {n_gpus(cost.job.pool.size)} "
+            f"model-stage {stage.name} has no valid layout on {count(cost.job.pool.size, 'GPU')} "
             f"(batch {cost.stage_batch(stage)} sequences, model {cost.job.model.name})")
     small = cost.estimate(stage, ev.candidates[int(np.argmin(ev.peak))])
     # no ZeRO: a replica's GPUs share its state, so they are at least its bytes over the limit;
@@ -251,8 +251,8 @@ def _fits_nowhere(cost: CostModel, stage: ModelStage, ev: Evaluation | None) -> 
     state = cost.resident_bytes(stage, Layout(1, 1))  # one replica's state, unsharded
     need = math.ceil(state / limit)
     widest = max(c.layout.tp * c.layout.pp for c in ev.candidates)
-    why = (f"; its state alone, {state / GiB:.1f} GiB, needs at least {n_gpus(need)} per "
-           f"replica, and the widest layout on {n_gpus(cost.job.pool.size)} spans {widest}"
+    why = (f"; its state alone, {state / GiB:.1f} GiB, needs at least {count(need, 'GPU')} per "
+           f"replica, and the widest layout on {count(cost.job.pool.size, 'GPU')} spans {widest}"
            if need > widest else "")
     return InfeasibleError(
         f"model-stage {stage.name} fits nowhere: its smallest footprint is "
@@ -351,7 +351,7 @@ class Planner:
                 if self.spread:
                     raise InfeasibleError(
                         f"model-stage {st.name} has no layout with two replicas inside nodes "
-                        f"that fits on {n_gpus(job.pool.size)} (estimated)")
+                        f"that fits on {count(job.pool.size, 'GPU')} (estimated)")
                 raise _fits_nowhere(self.cost, st, ev)
             self.options[st.name] = opts
 
@@ -421,8 +421,8 @@ class Planner:
                 best = res
         if best is None:
             raise InfeasibleError(
-                f"no plan fits {n_gpus(budget)} of {self.cost.device.name}: every grouping of the "
-                f"model-stages exceeds the pool or 90 % of device memory (estimated)")
+                f"no plan fits {count(budget, 'GPU')} of {self.cost.device.name}: every grouping "
+                f"of the model-stages exceeds the pool or 90 % of device memory (estimated)")
         return best
 
     def _search_sync(self, opts: dict[str, StageOptions], points, local: dict[object, list[Point]],
@@ -708,8 +708,8 @@ class Planner:
         if best is not None:
             return best
         raise InfeasibleError(
-            f"no plan fits {n_gpus(self.job.pool.size)} of {self.cost.device.name} with every TP "
-            f"group inside a node of the pool (estimated)")
+            f"no plan fits {count(self.job.pool.size, 'GPU')} of {self.cost.device.name} with "
+            f"every TP group inside a node of the pool (estimated)")
 
     def _dearer(self, plan: Plan) -> list[str]:
         """The model-stages ``plan`` prices above their search price: on the links their GPU

@@ -11,9 +11,9 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from nereus.cost.candidate import Candidate, Layout
-from nereus.errors import InputError
+from nereus.errors import InputError, count
 from nereus.files import read_json, validate
-from nereus.spec.cluster import MAX_DEVICES, n_gpus
+from nereus.spec.cluster import MAX_DEVICES
 
 if TYPE_CHECKING:
     from nereus.cost.estimate import Estimate
@@ -27,7 +27,7 @@ def replica_problem(replicas: Sequence[Sequence[int]], dp: int, size: int) -> st
         return f"{len(replicas)} GPU lists for dp = {dp}"
     bad = [r for r in replicas if len(r) != size]
     if bad:
-        return f"a replica lists {n_gpus(len(bad[0]))} for tp x pp = {size}"
+        return f"a replica lists {count(len(bad[0]), 'GPU')} for tp x pp = {size}"
     flat = [g for r in replicas for g in r]
     if len(set(flat)) != len(flat):
         return "a GPU appears twice"

@@ -11,7 +11,7 @@ from collections import defaultdict
 from nereus.cost.estimate import HEADROOM
 from nereus.cost.model import CostModel
 from nereus.plan.types import Plan
-from nereus.spec.cluster import n_gpus
+from nereus.errors import count
 from nereus.spec.job import JobSpec
 from nereus.spec.sharding import layout_problem
 from nereus.spec.workflow import Execution, Phase
@@ -50,7 +50,7 @@ def validate_plan(job: JobSpec, plan: Plan, cost: CostModel | None = None) -> li
                 group = r[start:start + c.tp]
                 if c.tp <= node_cap and not job.cluster.same_node(group):
                     problems.append(f"{sp.stage}: TP group {list(group)} spans nodes although "
-                                    f"a node of the pool holds {n_gpus(node_cap)}")
+                                    f"a node of the pool holds {count(node_cap, 'GPU')}")
     if problems:
         return problems
 

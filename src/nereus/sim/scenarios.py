@@ -40,7 +40,7 @@ from nereus.control.controller import ControlConfig
 from nereus.control.restart import RESTART_SOURCES, RestartParams
 from nereus.cost.efficiency import Efficiencies, peak_bound
 from nereus.cost.ops import OpClass
-from nereus.errors import InputError
+from nereus.errors import InputError, count
 from nereus.files import read_yaml, validate
 from nereus.sim.plancache import EFF_GRID, LENGTH_BUCKET
 from nereus.sim.policies import POLICIES, make_policies
@@ -68,7 +68,8 @@ from nereus.sim.traces import (
 )
 from nereus.sim.truth import MAX_NOISE, Truth
 from nereus.spec.cluster import format_gpus
-from nereus.spec.job import JobSpec, parse_job
+from nereus.spec.job import JobSpec, check_context, parse_job
+from nereus.spec.workload import MAX_TOKENS as WORKLOAD_MAX_TOKENS
 from nereus.spec.workload import Optimizer
 
 GB = 1e9
@@ -233,7 +234,7 @@ def default_job() -> JobSpec:
 def _growth_note(steps: int) -> str:
     return (f"paper §3.2 / Fig. 4(a): Llama-3.1-8B responses grow from 500 to 8,000 tokens "
             f"within 1,000 steps; linear shape, 5 % log-normal step noise and longest = "
-            f"1.5x mean (plus noise) are assumptions; {steps} steps")
+            f"1.5x mean (plus noise) are assumptions; {count(steps, 'step')}")
 
 
 def pool_start(av: Availability, changes: int = 3) -> str:
@@ -244,8 +245,9 @@ def pool_start(av: Availability, changes: int = 3) -> str:
 
     n0 = len(av.pools[0])
     if len(av.times) == 1:
-        return f"{n0} GPUs throughout"
-    text = f"{n0} GPUs for the first {minute(av.times[1])} minutes"
+        return f"{count(n0, 'GPU')} throughout"
+    first = minute(av.times[1])
+    text = f"{count(n0, 'GPU')} for the first {first} minute{'' if first == '1' else 's'}"
     later = [f"{len(p)} from minute {minute(t)}"
              for t, p in zip(av.times[1:changes + 1], av.pools[1:changes + 1])]
     return f"{text}, then {', '.join(later)}"
@@ -282,7 +284,8 @@ def scenario_default(seed: int = 0, steps: int = 1000) -> Scenario:
     return Scenario("default", f"Llama-3.1-8B PPO on up to {most} H100s (2 nodes of 8) as the "
                     f"real AWS spot trace gives them: {begins}, then outages and returns "
                     f"(a pool no plan fits is waited out); "
-                    f"responses 500->8,000 tokens over {steps:,} steps", job, steps,
+                    f"responses 500->8,000 tokens over {count(steps, 'step', fmt=',')}", job,
+                    steps,
                     growth(steps, 500, 8000, 0.05, 1.5, seed), avail,
                     DriftTrace(), Efficiencies(dict(HIDDEN_EFFICIENCY), job.cluster.device.name),
                     0.01, RestartParams(), ControlConfig(), seed, notes)
@@ -293,7 +296,7 @@ def scenario_stationary(seed: int = 0, steps: int = 300) -> Scenario:
     job = default_job()
     notes = _common_notes(job)
     notes.update({"lengths": "assumption: 2,000 tokens with 5 % log-normal noise, longest = "
-                             f"1.5x mean; {steps} steps",
+                             f"1.5x mean; {count(steps, 'step')}",
                   "availability": "constant: 16 GPUs", "drift": "none"})
     return Scenario("stationary", "the default job with nothing but noise", job, steps,
                     stationary(steps, 2000, 0.05, 1.5, seed), constant(range(16)), DriftTrace(),
@@ -370,15 +373,16 @@ MAX_LENGTH_MARGIN = 1.0      # control.length_margin: plan memory for up to 2x t
 MAX_CHURN_HOURS = 100_000.0  # a churn block past ~11 years never changes within a run
 
 
+# a response length is at least one token (as a lengths CSV's response_len_mean)
 class _Growth(_Strict):
-    start: float = Field(500.0, gt=0, le=MAX_TOKENS, allow_inf_nan=False)
-    end: float = Field(8000.0, gt=0, le=MAX_TOKENS, allow_inf_nan=False)
+    start: float = Field(500.0, ge=1, le=MAX_TOKENS, allow_inf_nan=False)
+    end: float = Field(8000.0, ge=1, le=MAX_TOKENS, allow_inf_nan=False)
     noise: float = Field(0.05, ge=0, le=MAX_NOISE, allow_inf_nan=False)
     max_ratio: float = Field(1.5, ge=1, le=MAX_LENGTH_RATIO, allow_inf_nan=False)
 
 
 class _Stationary(_Strict):
-    length: float = Field(2000.0, gt=0, le=MAX_TOKENS, allow_inf_nan=False)
+    length: float = Field(2000.0, ge=1, le=MAX_TOKENS, allow_inf_nan=False)
     noise: float = Field(0.05, ge=0, le=MAX_NOISE, allow_inf_nan=False)
     max_ratio: float = Field(1.5, ge=1, le=MAX_LENGTH_RATIO, allow_inf_nan=False)
 
@@ -505,6 +509,41 @@ def _onto(av: Availability, ids: Sequence[int]) -> Availability:
                         f"{av.source}; onto the job's GPUs {format_gpus(ids)}")
 
 
+def _fits_context(job: JobSpec, longest: int, fld: str, how: str = "",
+                  allowed: str = "") -> None:
+    """A prompt plus ``longest`` must fit the model's context window: the rule ``nereus plan``
+    applies to a job's workload (``check_context``), for a trace's longest response. The error
+    names ``fld`` (the scenario's field or the CSV row that set the length), ``how`` it came
+    about before the sum, and ``allowed`` after what check_context allows."""
+    # past the workload's bound is past every context window: the sum still says so
+    w = job.workload.with_response_len(1, min(longest, WORKLOAD_MAX_TOKENS))
+    try:
+        check_context(job.model, w, fld)
+    except InputError as e:
+        problem = e.problem if longest <= WORKLOAD_MAX_TOKENS else e.problem.replace(
+            str(w.response_len_max), str(longest)).replace(str(w.seq_len_max),
+                                                           str(w.prompt_len + longest))
+        raise InputError(fld, f"{how}: {problem}" if how else problem,
+                         f"{e.allowed}{allowed}") from None
+
+
+def _tokens(v: float) -> str:
+    """A length as the YAML likely wrote it: 1000000, not 1e+06."""
+    return str(int(v)) if v == int(v) else f"{v:g}"
+
+
+def _trace_fits_context(job: JobSpec, lengths: LengthTrace, fld: str, what: str,
+                        max_ratio: float) -> None:
+    """A generated trace's longest response fits the context window (``_fits_context``)."""
+    top = max(lengths.longest)
+    k = lengths.longest.index(top)
+    room = (job.model.max_position_embeddings or 0) - job.workload.prompt_len
+    _fits_context(job, top, fld, f"{what} reach a longest response of {top} tokens at step {k} "
+                  f"(longest/mean up to max_ratio {max_ratio:g}, plus noise)",
+                  f"; so {fld.rsplit('.', 1)[1]} x max_ratio {max_ratio:g}, plus the noise, "
+                  f"must stay under {room}")
+
+
 def load_scenario(path: str | Path) -> Scenario:
     """A scenario from YAML; every value not in the file comes from the defaults above."""
     p = Path(path)
@@ -525,18 +564,25 @@ def load_scenario(path: str | Path) -> Scenario:
 
     kind = _one("lengths", cfg.lengths)
     if kind == "csv":
-        lengths = load_lengths(read("lengths.csv", str(cfg.lengths.csv)))
+        lengths = load_lengths(read("lengths.csv", str(cfg.lengths.csv)),
+                               fits=lambda longest, fld: _fits_context(job, longest, fld))
     elif kind == "growth":
         g = cfg.lengths.growth
         assert g is not None
         lengths = growth(cfg.steps or 1000, g.start, g.end, g.noise, g.max_ratio, seed)
+        _trace_fits_context(job, lengths, "lengths.growth.end" if g.end >= g.start else
+                            "lengths.growth.start", f"responses growing from {_tokens(g.start)} "
+                            f"to {_tokens(g.end)} tokens", g.max_ratio)
     else:
         s = cfg.lengths.stationary
         assert s is not None
         lengths = stationary(cfg.steps or 1000, s.length, s.noise, s.max_ratio, seed)
+        _trace_fits_context(job, lengths, "lengths.stationary.length",
+                            f"responses of {_tokens(s.length)} tokens", s.max_ratio)
     if cfg.steps and cfg.steps > len(lengths):
-        raise InputError("steps", f"{cfg.steps} is more than the {len(lengths)} steps of the "
-                         "lengths trace", f"1..{len(lengths)}, or leave it out")
+        raise InputError("steps", f"{cfg.steps} is more than the "
+                         f"{count(len(lengths), 'step')} of the lengths trace",
+                         f"1..{len(lengths)}, or leave it out")
     steps = min(cfg.steps or len(lengths), len(lengths))
     if steps > MAX_STEPS:
         raise InputError("steps", f"the lengths trace has {steps} steps, more than "
@@ -565,9 +611,9 @@ def load_scenario(path: str | Path) -> Scenario:
         # nodes leave and come back whole, and only the job's own do: a part of a node (or
         # one node) has no whole-node churn to follow
         if len(nodes) < 2 or any(len(g) != per for g in nodes.values()):
-            raise InputError("job.gpus", f"whole-node churn needs whole nodes of {per} GPUs, "
-                             f"at least 2; the job has {job.pool.size} GPUs on {len(nodes)} "
-                             f"node{'s' if len(nodes) != 1 else ''}",
+            raise InputError("job.gpus", f"whole-node churn needs whole nodes of "
+                             f"{count(per, 'GPU')}, at least 2; the job has "
+                             f"{count(job.pool.size, 'GPU')} on {count(len(nodes), 'node')}",
                              f"a multiple of {per} from {2 * per}, or ids of whole nodes")
         avail = _onto(node_churn(len(nodes), per, c.hours, c.changes, c.min_nodes, seed),
                       job.pool.ids)
@@ -646,17 +692,18 @@ def with_overrides(sc: Scenario, *, steps: int | None = None, gamma: float | Non
         n = min(steps, len(sc.lengths))
         lengths, drift = sc.lengths.head(n), sc.drift.head(n)
         if lengths is not sc.lengths:
-            notes["lengths"] = (f"{notes.get('lengths', lengths.source)}; its first {n} steps "
-                                f"(--steps on the command line)")
+            notes["lengths"] = (f"{notes.get('lengths', lengths.source)}; its first "
+                                f"{count(n, 'step')} (--steps on the command line)")
         if drift is not sc.drift:
             notes["drift"] = (f"{notes.get('drift', drift.source)}; periods cut to the first "
-                              f"{n} steps (--steps on the command line)")
+                              f"{count(n, 'step')} (--steps on the command line)")
         clock = sc.clock if sc.clock is not None else sc.lengths
         if lengths is not sc.lengths and "availability_replay" in notes:
+            first = ("this step is its first" if n == 1
+                     else f"these {n} steps are its first {n}")
             notes["availability_replay"] = (f"{notes['availability_replay']}; with --steps the "
                                             f"nominal clock is still the whole run's "
-                                            f"({len(clock)} steps), so these {n} steps are its "
-                                            f"first {n}")
+                                            f"({count(len(clock), 'step')}), so {first}")
         out = replace(out, steps=n, lengths=lengths, drift=drift, clock=clock)
     if gamma is not None:
         if not 0.0 <= gamma <= 1.0:

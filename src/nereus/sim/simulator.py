@@ -36,7 +36,7 @@ from nereus.control.restart import RestartParams, checkpoint_write_s, restart_co
 from nereus.control.targets import fill, rebuild_s, survive
 from nereus.control.telemetry import Telemetry
 from nereus.cost.model import CostModel
-from nereus.errors import InfeasibleError, InputError
+from nereus.errors import InfeasibleError, InputError, count
 from nereus.plan.search import best_plan
 from nereus.plan.types import Plan, stage_estimate
 from nereus.sim.policies import Act, Policy
@@ -358,7 +358,8 @@ class _Runner:
         if self.plan is None:  # the first step: the policy's initial plan, no decision
             self.plan = self.p.start(pool, mean, longest)
             if self.plan is None:
-                raise InputError("scenario", f"no plan fits the {len(pool)} GPUs of the start")
+                raise InputError("scenario", f"no plan fits the {count(len(pool), 'GPU')} of "
+                                 "the start")
             decide = False
         failed = False
         ooms = 0  # out-of-memory crashes of this step
@@ -373,7 +374,7 @@ class _Runner:
                     # the policy finds no plan for this pool (the truth has one: ``usable``):
                     # it waits out the step's window holding the GPUs; a pause in that window
                     # is paused time, as it is for every policy
-                    self._pause(k, sim.nominal[k], f"no plan found for {len(pool)} GPUs",
+                    self._pause(k, sim.nominal[k], f"no plan found for {count(len(pool), 'GPU')}",
                                 held=True)
                     gaps = sum(gap for _, gap, _ in pending)
                     if gaps > 0:
@@ -387,7 +388,8 @@ class _Runner:
                         if idle > 3:  # the truth has a plan for this pool (``usable``)
                             raise RuntimeError(
                                 f"{self.p.name}: at step {k} it finds no plan for the "
-                                f"{len(pool)} GPUs {format_gpus(pool)}, where one fits")
+                                f"{count(len(pool), 'GPU')} {format_gpus(pool)}, where one "
+                                "fits")
                     continue
             decide = True
             assert self.plan is not None
@@ -401,8 +403,9 @@ class _Runner:
                 ooms += 1
                 if ooms >= OOM_TRIES:
                     raise InputError(
-                        f"step {k}", f"{self.p.name} ran out of memory {ooms} times in a row "
-                        f"on this step (longest response {longest} tokens, {len(pool)} GPUs): "
+                        f"step {k}", f"{self.p.name} ran out of memory {count(ooms, 'time')} "
+                        f"in a row on this step (longest response {longest} tokens, "
+                        f"{count(len(pool), 'GPU')}): "
                         "no plan it finds fits it", "shorter responses or more GPUs")
                 # the policy hears of the step that crashed: its lengths, and the peaks of the
                 # stages that held theirs (the stage that ran out measured none)
@@ -485,9 +488,9 @@ class Simulator:
         self.calibration_steps = calibration_steps
         self.clock = clock if clock is not None else lengths.head(self.steps)
         if len(self.clock) < self.steps:
-            raise InputError("clock", f"{len(self.clock)} steps of lengths map the pool onto "
-                             f"steps, fewer than the {self.steps} simulated",
-                             f">= {self.steps} steps")
+            raise InputError("clock", f"{count(len(self.clock), 'step')} of lengths map the "
+                             f"pool onto steps, fewer than the {self.steps} simulated",
+                             f">= {count(self.steps, 'step')}")
         self.min_gpus, nominal = nominal_clock(truth, self.clock, availability,
                                                len(self.clock))
         self.nominal = nominal[:self.steps]
@@ -544,7 +547,7 @@ def nominal_clock(truth: Truth, lengths: LengthTrace, av: Availability, steps: i
         plan = best_plan(truth.job_at(full, max(means), top), truth.hidden)
     except InfeasibleError as e:
         raise InputError("scenario", f"no plan fits the largest pool of the trace "
-                         f"({len(full)} GPUs) at the longest responses: {e}") from None
+                         f"({count(len(full), 'GPU')}) at the longest responses: {e}") from None
     grid = np.linspace(min(means), max(means), samples)
     secs = [truth.price(plan, full, 0, float(m), top).step_s for m in grid]
     nominal = [float(np.interp(m, grid, secs)) for m in means]

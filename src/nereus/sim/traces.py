@@ -35,7 +35,7 @@ import numpy as np
 
 from nereus.cost.efficiency import Efficiencies, peak_bound
 from nereus.cost.ops import OpClass
-from nereus.errors import InputError
+from nereus.errors import InputError, count
 from nereus.files import read_json, read_text
 
 T_ = TypeVar("T_")
@@ -86,7 +86,7 @@ class LengthTrace:
         if steps >= len(self.mean):
             return self
         return LengthTrace(self.mean[:steps], self.longest[:steps],
-                           f"{self.source}; its first {steps} steps")
+                           f"{self.source}; its first {count(steps, 'step')}")
 
 
 def growth(steps: int = 1000, start: float = 500.0, end: float = 8000.0, noise: float = 0.05,
@@ -102,10 +102,11 @@ def growth(steps: int = 1000, start: float = 500.0, end: float = 8000.0, noise: 
         mean = np.maximum(1.0, trend * np.exp(rng.normal(0.0, noise, steps)))
         longest = np.ceil(mean * max_ratio * np.exp(np.abs(rng.normal(0.0, noise, steps))))
     if not np.all(np.isfinite(longest)):
-        raise InputError("lengths", "the longest response overflows: lower end, noise or "
-                         "max_ratio")
+        raise InputError("lengths", "the longest response overflows", "a lower end, noise "
+                         "or max_ratio")
     return LengthTrace(tuple(float(round(m, 1)) for m in mean), tuple(int(x) for x in longest),
-                       f"generated: linear growth {start:g}->{end:g} tokens over {steps} steps, "
+                       f"generated: linear growth {start:g}->{end:g} tokens over "
+                       f"{count(steps, 'step')}, "
                        f"noise {noise:g}, longest/mean {max_ratio:g}, seed {seed}")
 
 
@@ -145,29 +146,45 @@ def _names_its_file(load: Callable[..., T_]) -> Callable[..., T_]:
 
 
 @_names_its_file
-def load_lengths(path: str | Path) -> LengthTrace:
+def load_lengths(path: str | Path, fits: Callable[[int, str], None] | None = None
+                 ) -> LengthTrace:
+    """The trace in a lengths CSV; ``fits(longest, field)``: raises an InputError when a row's
+    longest response (tokens, rounded up) is too long for the job (its context window)."""
     rows = _read_csv(path, ["step", "response_len_mean", "response_len_max"], "lengths")
     mean, longest = [], []
+    in_order = "the rows number the steps 0, 1, 2, ... in order, one row each"
     for i, (line, r) in enumerate(rows):
         try:
             step = int(r["step"])
         except (TypeError, ValueError):
             raise InputError(f"lengths row {line}.step", f"{r['step']!r} in {Path(path).name} "
-                             "is not an integer") from None
-        m = _finite(r, "response_len_mean", "lengths", line, path)
-        x = _finite(r, "response_len_max", "lengths", line, path)
-        if step != i:
-            raise InputError(f"lengths row {line}", f"step {step} out of order", f"{i}")
+                             "is not an integer",
+                             f"an integer, step {i} on this row; {in_order}") from None
+        tokens = "a finite number of tokens >= 1"
+        m = _finite(r, "response_len_mean", "lengths", line, path, tokens)
+        x = _finite(r, "response_len_max", "lengths", line, path, tokens)
+        if step > i:
+            missing = f"step {i}" if step == i + 1 else f"steps {i}..{step - 1}"
+            raise InputError(f"lengths row {line}.step", f"step {step} where step {i} is "
+                             f"expected: {missing} missing",
+                             f"step {i} on this row; {in_order}")
+        if step < i:
+            raise InputError(f"lengths row {line}.step", f"step {step} after step {i - 1}: "
+                             f"{'a repeated' if step == i - 1 else 'an out-of-order'} step",
+                             f"step {i} on this row; {in_order}")
         if x > MAX_TOKENS:
             raise InputError(f"lengths row {line}.response_len_max", f"{x:g} is above "
                              f"{MAX_TOKENS}", f"up to {MAX_TOKENS}")
         if not 1 <= m <= x:
             raise InputError(f"lengths row {line}", f"response_len_mean {m:g} and "
                              f"response_len_max {x:g}", "1 <= mean <= max")
+        if fits is not None:
+            fits(math.ceil(x), f"lengths row {line}.response_len_max")
         mean.append(m)
         longest.append(math.ceil(x))  # a token count: a fractional max rounds up, never down
     if not mean:
-        raise InputError("lengths", f"{path} has no rows")
+        raise InputError("lengths", f"{Path(path).name} has no rows",
+                         "a header, then one row per step")
     return LengthTrace(tuple(mean), tuple(longest), f"file {path}")
 
 
@@ -228,7 +245,7 @@ def constant(ids: Iterable[int]) -> Availability:
 def from_counts(counts: Sequence[int], tick_s: float, source: str = "") -> Availability:
     """n available instances at a tick -> device ids 0..n-1 (count-only traces)."""
     if tick_s <= 0:
-        raise InputError("availability.tick_s", f"must be > 0, got {tick_s}")
+        raise InputError("availability.tick_s", f"got {tick_s:g}", "seconds > 0")
     pools = [tuple(range(int(n))) for n in counts]
     return _compress([i * tick_s for i in range(len(counts))], pools, source)
 
@@ -250,21 +267,64 @@ def read_spot_trace(path: str | Path, field: str = "availability.spot.file"
     """Instance counts and tick length of a spot trace a user supplies, in the format of the
     one shipped (``SPOT_FORMAT``: skypilot-org/spot-traces' files)."""
     data = read_json(path, field)
-    meta = data.get("metadata") if isinstance(data, dict) else None
-    gap = meta.get("gap_seconds") if isinstance(meta, dict) else None
+    name = Path(path).name
+    layout = f"a JSON object {SPOT_FORMAT}, as skypilot-org/spot-traces writes its files"
+    if not isinstance(data, dict):
+        raise InputError(field, f"{name} holds {_json_kind(data)}, not an object with "
+                         "metadata and data", layout)
+    meta = data.get("metadata", _MISSING)
+    if not isinstance(meta, dict):
+        raise InputError(f"{field}.metadata", f"{name}: metadata {_json_value(meta)}, not an "
+                         "object with gap_seconds", layout)
+    gap = meta.get("gap_seconds", _MISSING)
     if isinstance(gap, bool) or not isinstance(gap, (int, float)) or not math.isfinite(gap) \
             or gap <= 0:
-        raise InputError(f"{field}.metadata.gap_seconds", f"{Path(path).name}: {gap!r} is not "
-                         "a tick length", f"seconds > 0, in {SPOT_FORMAT}")
-    counts = data.get("data")
+        raise InputError(f"{field}.metadata.gap_seconds", f"{name}: metadata.gap_seconds "
+                         f"{_json_value(gap)}, not a tick length",
+                         f"a number of seconds > 0, in {SPOT_FORMAT}")
+    counts = data.get("data", _MISSING)
     if not isinstance(counts, list) or not counts:
-        raise InputError(f"{field}.data", f"{Path(path).name}: no list of counts",
-                         SPOT_FORMAT)
+        what = "is an empty list" if counts == [] else _json_value(counts)
+        raise InputError(f"{field}.data", f"{name}: data {what}, not a list of instance counts",
+                         f"a non-empty list of integers 0..{MAX_DEVICES:,}, in {SPOT_FORMAT}")
     for i, n in enumerate(counts):
         if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= MAX_DEVICES:
-            raise InputError(f"{field}.data.{i}", f"{Path(path).name}: {n!r} is not an "
-                             "instance count", f"an integer 0..{MAX_DEVICES:,}")
+            raise InputError(f"{field}.data.{i}", f"{name}: data[{i}] {_json_value(n)}, "
+                             "not an instance count", f"an integer 0..{MAX_DEVICES:,}")
     return counts, float(gap)
+
+
+_MISSING = object()  # a key a JSON object lacks
+
+
+def _json_kind(v: object) -> str:
+    """What a JSON value is, in JSON's words ("a list", "null", "a string")."""
+    if v is _MISSING:
+        return "nothing"
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    for t, word in ((dict, "an object"), (list, "a list"), (str, "a string"),
+                    (int, "an integer"), (float, "a number")):
+        if isinstance(v, t):
+            return word
+    return type(v).__name__
+
+
+def _json_value(v: object) -> str:
+    """A value read from a JSON file, as the file writes it ("is missing", "is null",
+    "is the string \"300\"", "is 8.5", "is a list"), for an error."""
+    if v is _MISSING:
+        return "is missing"
+    if v is None or isinstance(v, bool):
+        return f"is {_json_kind(v)}"
+    if isinstance(v, str):
+        text = json.dumps(v)
+        return f"is the string {text if len(text) <= 40 else text[:37] + '...'}"
+    if isinstance(v, (int, float)):
+        return f"is {json.dumps(v)}"
+    return f"is {_json_kind(v)}"
 
 
 def spot_window(start_tick: int, name: str = SPOT_TRACE, max_gpus: int | None = None,
@@ -331,13 +391,13 @@ def node_churn(num_nodes: int, devices_per_node: int, hours: float = 10.0, chang
     """
     if num_nodes < 2:  # before min_nodes: with one node no min_nodes is allowed (1..0)
         raise InputError("availability.churn", f"whole-node churn needs at least 2 nodes; the "
-                         f"job has {num_nodes} node of {devices_per_node} GPUs",
+                         f"job has {count(num_nodes, 'node')} of {count(devices_per_node, 'GPU')}",
                          f"job.gpus a multiple of {devices_per_node} from "
                          f"{2 * devices_per_node} (2 or more whole nodes), or another "
                          "availability trace")
     if not 1 <= min_nodes <= num_nodes:
         raise InputError("availability.churn.min_nodes",
-                         f"{min_nodes} is not allowed on {num_nodes} nodes",
+                         f"{min_nodes} is not allowed on {count(num_nodes, 'node')}",
                          f"1..{max(1, num_nodes - 1)}")
     if not (math.isfinite(hours) and hours >= MIN_CHURN_HOURS):
         raise InputError("availability.churn.hours", f"got {hours:g}",
@@ -363,7 +423,8 @@ def node_churn(num_nodes: int, devices_per_node: int, hours: float = 10.0, chang
             times.append(float(t))
             pools.append(_node_ids(held, devices_per_node))
     return _compress(times, pools, f"generated: whole-node churn of {num_nodes} x "
-                     f"{devices_per_node} GPUs, {changes} changes every {hours:g} h, seed {seed}")
+                     f"{count(devices_per_node, 'GPU')}, {count(changes, 'change')} every "
+                     f"{hours:g} h, seed {seed}")
 
 
 def _node_ids(nodes: Iterable[int], per: int) -> tuple[int, ...]:
@@ -427,7 +488,8 @@ def load_availability(path: str | Path, max_gpus: int | None = None) -> Availabi
     times: list[float] = []
     pools = []
     for line, r in rows:
-        t = _finite(r, "time_s", "availability", line, path)
+        t = _finite(r, "time_s", "availability", line, path,
+                    "a finite number of seconds >= 0, increasing from 0 on the first row")
         if times and t <= times[-1]:
             raise InputError(f"availability row {line}.time_s", f"{t:g} in "
                              f"{Path(path).name} is not after the row before's {times[-1]:g}",
@@ -435,7 +497,8 @@ def load_availability(path: str | Path, max_gpus: int | None = None) -> Availabi
         times.append(t)
         pools.append(parse_ids(r["gpus"] or "", f"availability row {line}.gpus", max_gpus))
     if not times:
-        raise InputError("availability", f"{path} has no rows")
+        raise InputError("availability", f"{Path(path).name} has no rows",
+                         "a header, then one row per change of the pool, the first at time 0")
     if times[0] != 0:
         raise InputError(f"availability row {rows[0][0]}", f"the first time is {times[0]:g}",
                          "0")
@@ -478,14 +541,24 @@ class DriftTrace:
         for k in steps:
             for cls, f in self.factors_at(k):
                 eff = hidden[cls] * f
+                here = [p.factor for p in self.periods
+                        if p.op_class is cls and p.start_step <= k < p.end_step]
+                # overlapping periods: say that their factors multiply, not only the product
+                what = (f"factor {f:g}" if len(here) == 1 else
+                        f"{len(here)} periods overlap, so their factors "
+                        f"{' x '.join(f'{x:g}' for x in here)} multiply to {f:g}")
                 if f < MIN_DRIFT_FACTOR:
-                    raise InputError(fld, f"{cls.value} at step {k}: combined factor {f:g} is "
-                                     f"below {MIN_DRIFT_FACTOR:g}", f">= {MIN_DRIFT_FACTOR:g}")
+                    raise InputError(fld, f"{cls.value} at step {k}: {what}, below "
+                                     f"{MIN_DRIFT_FACTOR:g}",
+                                     f"a combined factor >= {MIN_DRIFT_FACTOR:g} (periods of one "
+                                     "op class that overlap multiply their factors)")
                 bound = peak_bound(cls, hidden.device)
                 if eff > bound:
                     raise InputError(fld, f"{cls.value} at step {k}: efficiency {hidden[cls]:g} "
-                                     f"x factor {f:g} = {eff:g} is above the {hidden.device}'s "
-                                     f"peak", f"factor <= {bound / hidden[cls]:g}")
+                                     f"x {what} = {eff:g}, above the {hidden.device}'s "
+                                     f"peak", f"a combined factor <= {bound / hidden[cls]:g}"
+                                     + ("" if len(here) == 1 else " (periods of one op class "
+                                        "that overlap multiply their factors)"))
 
     def head(self, steps: int) -> DriftTrace:
         """The periods that start within the first ``steps`` steps, cut at ``steps``."""
@@ -497,12 +570,11 @@ class DriftTrace:
         # file than a wish, and the table's note is where the user sees it
         late = len(self.periods) - len(kept)
         cut = sum(p.end_step > steps for p in self.periods if p.start_step < steps)
-        what = [f"{late} of {len(self.periods)} period{'s' if len(self.periods) != 1 else ''}"
-                f" {'start' if late != 1 else 'starts'} at or after step {steps} and "
-                f"{'are' if late != 1 else 'is'} left out"] if late else []
-        what += [f"{cut} period{'s' if cut != 1 else ''} cut to end at step {steps}"] if cut \
-            else []
-        return DriftTrace(kept, f"{self.source}; cut to its first {steps} steps: "
+        what = [(f"{late} of {count(len(self.periods), 'period')} "
+                 f"{'start' if late != 1 else 'starts'} at or after step {steps} and "
+                 f"{'are' if late != 1 else 'is'} left out")] if late else []
+        what += [f"{count(cut, 'period')} cut to end at step {steps}"] if cut else []
+        return DriftTrace(kept, f"{self.source}; cut to its first {count(steps, 'step')}: "
                           + ", ".join(what))
 
 
@@ -519,17 +591,49 @@ def congestion(steps: int, periods: int = 3, length: tuple[int, int] = (40, 120)
     rng = np.random.default_rng(seed)
     cls = [_op_class(c, "drift.congestion.op_classes") for c in op_classes]
     out: list[DriftPeriod] = []
+    spans: list[tuple[int, int]] = []
     span = steps / (periods + 1)
     for k in range(periods):
         n = int(rng.integers(length[0], length[1] + 1))
         center = (k + 1) * span + rng.uniform(-span / 4, span / 4)
         start = max(0, int(center - n / 2))
         end = min(steps, start + n)
+        spans.append((start, end))
         for c in cls:
             out.append(DriftPeriod(start, end, c, factor))
-    return DriftTrace(tuple(out), f"generated: {periods} congestion periods of "
-                      f"{length[0]}-{length[1]} steps, {'+'.join(op_classes)} x{factor:g}, "
-                      f"seed {seed}")
+    _check_congestion_overlap(spans, steps, periods, length, factor)
+    lengths = (count(length[0], "step") if length[0] == length[1]
+               else f"{length[0]}-{length[1]} steps")
+    return DriftTrace(tuple(out), f"generated: {count(periods, 'congestion period')} of "
+                      f"{lengths}, {'+'.join(op_classes)} x{factor:g}, seed {seed}")
+
+
+def _check_congestion_overlap(spans: Sequence[tuple[int, int]], steps: int, periods: int,
+                              length: tuple[int, int], factor: float) -> None:
+    """Generated congestion periods longer than their spacing (``steps`` / (``periods`` + 1))
+    overlap, and overlapping factors multiply: refuse a product under MIN_DRIFT_FACTOR here,
+    naming periods and length (the fields that made it), not a factor no one wrote."""
+    if factor >= 1:
+        return  # a product above the peak is DriftTrace.check's (it knows the efficiencies)
+    most, at = 0, 0
+    for k in sorted({a for a, _ in spans}):
+        n = sum(1 for a, b in spans if a <= k < b)
+        if n > most:
+            most, at = n, k
+    if most < 2 or factor ** most >= MIN_DRIFT_FACTOR:
+        return
+    ok = max(1, int(math.log(MIN_DRIFT_FACTOR) / math.log(factor) + 1e-9))
+    apart = steps // (2 * (periods + 1))  # about how long periods can be and not meet
+    shorter = (f"a shorter length (up to about {count(apart, 'step')} keeps "
+               f"{count(periods, 'period')} apart in {count(steps, 'step')})" if apart >= 1
+               else "a shorter length")
+    raise InputError(
+        "drift.congestion", f"periods: {periods} and length: {list(length)} overlap in "
+        f"{count(steps, 'step')}: {most} congestion periods of up to "
+        f"{count(length[1], 'step')} overlap at step {at}, so their factors multiply to "
+        f"{factor:g}^{most} = {factor ** most:.2g}, below {MIN_DRIFT_FACTOR:g}",
+        f"at most {count(ok, 'overlapping period')} at factor {factor:g}: fewer periods, "
+        f"{shorter} or a larger factor")
 
 
 def save_drift(trace: DriftTrace, path: str | Path) -> None:
@@ -545,14 +649,20 @@ def load_drift(path: str | Path) -> DriftTrace:
     rows = _read_csv(path, ["start_step", "end_step", "op_class", "factor"], "drift")
     out = []
     for line, r in rows:
-        try:
-            a, b = int(r["start_step"]), int(r["end_step"])
-        except (TypeError, ValueError):
-            raise InputError(f"drift row {line}", "start_step, end_step must be integers"
-                             ) from None
-        f = _finite(r, "factor", "drift", line, path)
+        steps = []
+        for col in ("start_step", "end_step"):
+            try:
+                steps.append(int(r[col]))
+            except (TypeError, ValueError):
+                raise InputError(f"drift row {line}.{col}", f"{r[col]!r} in "
+                                 f"{Path(path).name} is not an integer",
+                                 "a step number, 0 <= start_step < end_step") from None
+        a, b = steps
+        f = _finite(r, "factor", "drift", line, path, f"a finite number >= {MIN_DRIFT_FACTOR:g}")
         if not 0 <= a < b:
-            raise InputError(f"drift row {line}", "needs 0 <= start_step < end_step")
+            raise InputError(f"drift row {line}", f"start_step {a} and end_step {b}",
+                             "0 <= start_step < end_step; the period runs up to, not "
+                             "including, end_step")
         _check_factor(f, f"drift row {line}.factor")
         out.append(DriftPeriod(a, b, _op_class(r["op_class"], f"drift row {line}.op_class"), f))
     return DriftTrace(tuple(out), f"file {path}")
@@ -563,9 +673,10 @@ def _check_factor(factor: float, fld: str) -> None:
         raise InputError(fld, f"got {factor:g}", f"a finite number >= {MIN_DRIFT_FACTOR:g}")
 
 
-def _finite(row: dict[str, str], col: str, what: str, line: int, path: str | Path) -> float:
+def _finite(row: dict[str, str], col: str, what: str, line: int, path: str | Path,
+            allowed: str = "a finite number") -> float:
     """Column ``col`` of the row on ``line`` as a finite number (NaN would pass every
-    comparison)."""
+    comparison); ``allowed``: what the column takes, for the error."""
     text = row.get(col, "")
     try:
         v = float(text)
@@ -573,7 +684,7 @@ def _finite(row: dict[str, str], col: str, what: str, line: int, path: str | Pat
         v = math.nan
     if not math.isfinite(v):
         raise InputError(f"{what} row {line}.{col}", f"{text!r} in {Path(path).name} is not a "
-                         "finite number")
+                         "finite number", allowed)
     return v
 
 

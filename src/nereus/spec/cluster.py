@@ -102,11 +102,6 @@ class GpuPool:
         return GpuPool(self.cluster, tuple(set(self.ids) | set(ids)))
 
 
-def n_gpus(n: int) -> str:
-    """``n`` GPUs in words: '1 GPU', '8 GPUs'."""
-    return f"{n} GPU" if n == 1 else f"{n} GPUs"
-
-
 def format_gpus(gpus: Iterable[int]) -> str:
     """GPU ids in the given order, runs of consecutive ids written ``a-b`` (``0-3,8,10-11``)."""
     ids = list(gpus)
