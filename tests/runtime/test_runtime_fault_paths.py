@@ -731,3 +731,19 @@ def test_a_worker_whose_rename_never_returns_is_stopped_and_the_rest_renamed() -
     assert {e.id for e in rep.intact[STAGE]} == {"actor_train/0", "actor_train/1"}
     assert [(e.id, e.gpus) for e in rep.lost] == [("actor_train/2", (3,))]
     assert [t.index for t in rep.timings] == [0]
+
+
+def test_a_target_that_leaves_out_a_held_stage_is_refused_before_anything_moves() -> None:
+    """actor_train lost its last copy and the target placed actor_train and the reference
+    only: actor_train alone was restored, and actor_gen's newer unit stayed on worker 0
+    outside any plan (a reviewer's case); with actor_train left out, nothing rolled back."""
+    job, pool, report, _, _ = _actor_train_lost()
+    ck = _Checkpointer(latest="ckpt/step-3")
+    for target in (plan_of(job, {REF: (1, 1, [[1]]), STAGE: (2, 1, [[4, 5]])}),
+                   plan_of(job, {GEN: (1, 1, [[0]]), REF: (1, 1, [[1]])})):
+        with pytest.raises(RuntimeError) as info:
+            recover(pool, _StubExecutor(pool, _specs()), job, report, lambda ids: target, ck)
+        left = sorted({GEN, REF, STAGE} - set(target.names))
+        assert str(info.value).startswith(f"the target plan places no {left[0]}, which the "
+                                          "job holds"), info.value
+        assert ck.restored == [] and pool.held()[0] == [GEN + "/0"]

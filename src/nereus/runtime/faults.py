@@ -221,10 +221,11 @@ def recover(pool: WorkerPool, executor: Executor, job: JobSpec, report: FaultRep
     Dead workers leave the pool. Model-stages with an intact copy are moved by a replanned
     transition; those without one are restored from ``checkpointer``'s latest checkpoint into
     their target layout, and where one of them belongs to a trained model, so is every stage
-    of every trained model (``rolled_back``; see the module's docstring). Whether the
-    checkpoint holds what must be restored is checked before anything is dropped or moved
-    (``RuntimeError`` when it does not). A worker call here that does not return within
-    ``GRACE_S`` fails it (``WorkerCallsFailed``) instead of hanging it.
+    of every trained model (``rolled_back``; see the module's docstring). The target must
+    place every model-stage the job held, and the checkpoint hold what must be restored: both
+    are checked before anything is dropped or moved (``RuntimeError`` when they do not). A
+    worker call here that does not return within ``GRACE_S`` fails it (``WorkerCallsFailed``)
+    instead of hanging it.
     """
     from nereus.spec.cluster import GpuPool
     from nereus.transition.emu import phi
@@ -232,6 +233,12 @@ def recover(pool: WorkerPool, executor: Executor, job: JobSpec, report: FaultRep
 
     pool.shrink(report.dead)
     target = target_for(pool.device_ids)
+    held = {e.stage for es in report.intact.values() for e in es} | {e.stage
+                                                                     for e in report.lost}
+    unplaced = sorted(held - set(target.names))
+    if unplaced:  # its state would be left on the workers, or lost, outside any plan
+        raise RuntimeError(f"the target plan places no {', '.join(unplaced)}, which the job "
+                           f"holds: a target after a fault places every model-stage")
     restore, rolled_back = _to_restore(job, report, [s.stage for s in target.stages])
     where = _checkpoint_of(restore, checkpointer, rolled_back)
     kept_intact = {s: es for s, es in report.intact.items() if s not in restore}
