@@ -58,7 +58,8 @@ def test_a_pool_no_plan_fits_says_how_many_gpus_would(args: list[str], field: st
     """'no plan fits 2 GPUs' named neither the option nor what it allows."""
     err = one_line(args, 2)
     assert err.startswith(f"error: {field}: "), err
-    assert err.endswith(f"(allowed: at least {least} GPUs, where the planner finds a plan)\n")
+    assert err.endswith(f"(allowed: at least {least} GPUs, where the planner finds a plan "
+                        "(estimated))\n"), err
     fewer = [*args[:-1], str(least - 1)]
     if least - 1 > int(args[-1]):  # one fewer than the answer does not fit either
         assert "no plan fits" in one_line(fewer, 2)
@@ -92,6 +93,12 @@ def test_smallest_pool_doubles_then_halves_the_gap() -> None:
     assert smallest_pool(3, lambda k: False, limit=64) is None       # nothing up to the limit
     assert smallest_pool(3, lambda k: None if k > 8 else False) is None  # the cluster is full
     assert smallest_pool(3, lambda k: None if k > 12 else k >= 10) == 10
+    # past the cluster's size the search halves back: 8 fits on a cluster of 10 (a reviewer's
+    # 70B on 72 GPUs, given 48, had no answer though 64 fit)
+    assert smallest_pool(3, lambda k: None if k > 10 else k >= 8) == 8
+    assert smallest_pool(48, lambda k: None if k > 72 else k >= 64) == 64
+    assert smallest_pool(1024, lambda k: True) is None  # at the limit: nothing above to try
+    assert smallest_pool(1500, lambda k: k >= 1000) is None  # never fewer than given
 
 
 @pytest.mark.parametrize("args,option", [

@@ -133,27 +133,25 @@ def smallest_pool(n: int, fits: Callable[[int], bool | None],
                   limit: int = MAX_SUGGESTED_GPUS) -> int | None:
     """The fewest GPUs above ``n`` (which do not fit) that ``fits``: doubling, then halving
     the gap, taking a pool that fits to fit with more GPUs too (it offers every layout of the
-    smaller one). None where nothing up to ``limit`` fits, or ``fits`` says None (a pool the
-    cluster cannot hold)."""
-    lo, hi = n, None
-    k = max(1, n)
+    smaller one). ``fits`` says None for a pool the cluster cannot hold: the counts from there
+    up are out of reach, and the search halves back below it. None where nothing fits up to
+    ``limit`` or the cluster's size."""
+    lo, cap = n, limit + 1  # lo: too few GPUs; cap: out of reach
+    hi = None
+    k = min(2 * max(1, n), limit)
     while hi is None:
-        k = min(2 * k, limit)
+        if k <= lo:
+            return None  # no count left between what is too few and what is out of reach
         ok = fits(k)
         if ok is None:
-            return None
-        if ok:
+            cap, k = k, (lo + k) // 2
+        elif ok:
             hi = k
-        elif k >= limit:
-            return None
         else:
-            lo = k
-    while hi - lo > 1:
+            lo, k = k, min(2 * k, cap - 1)
+    while hi - lo > 1:  # every count below hi is within reach
         mid = (lo + hi) // 2
-        ok = fits(mid)
-        if ok is None:
-            return hi
-        lo, hi = (lo, mid) if ok else (mid, hi)
+        lo, hi = (lo, mid) if fits(mid) else (mid, hi)
     return hi
 
 
@@ -267,11 +265,13 @@ def register(app: typer.Typer) -> None:
                         "--frontier STAGE with --json or --spread")
         refuse_together("--json", as_json, "--explain", explain,
                         "--explain with the tables, or --json alone")
-        job, fields = job_and_fields_from_options(
-            config, model=model, algo=algo, execution=execution, reward=reward, gpus=gpus,
+        # the job's options, once: the search for a pool that fits rebuilds it with other gpus
+        options: dict[str, Any] = dict(
+            model=model, algo=algo, execution=execution, reward=reward, gpus=gpus,
             device=device, devices_per_node=devices_per_node, response_len=response_len,
             response_len_max=response_len_max, prompt_len=prompt_len, prompts=prompts,
             responses_per_prompt=responses_per_prompt, ppo_mini_batches=ppo_mini_batches)
+        job, fields = job_and_fields_from_options(config, **options)
         # the model as the user gave it: the record's job finds it again by that (a path)
         given_model = str(fields["model"])
         if frontier_stage is not None:
@@ -293,15 +293,9 @@ def register(app: typer.Typer) -> None:
 
             def fits(k: int) -> bool | None:
                 try:
-                    bigger, _ = job_and_fields_from_options(
-                        config, model=model, algo=algo, execution=execution, reward=reward,
-                        gpus=k, device=device, devices_per_node=devices_per_node,
-                        response_len=response_len, response_len_max=response_len_max,
-                        prompt_len=prompt_len, prompts=prompts,
-                        responses_per_prompt=responses_per_prompt,
-                        ppo_mini_batches=ppo_mini_batches)
+                    bigger, _ = job_and_fields_from_options(config, **{**options, "gpus": k})
                 except InputError:
-                    return None  # the config's cluster holds no more GPUs
+                    return None  # the config's cluster does not hold k GPUs
                 try:
                     Planner(bigger, cost=cost_model(bigger, profile), spread=spread).best()
                 except InfeasibleError:
@@ -314,7 +308,7 @@ def register(app: typer.Typer) -> None:
             if k is None:
                 raise
             raise InputError(field, str(e), f"at least {count(k, 'GPU')}, where the planner "
-                             "finds a plan") from None
+                             "finds a plan (estimated)") from None
         if as_json:  # with the job it was planned for, which nereus transition checks and uses
             print(json.dumps(with_record(plan.to_dict(), job, given_model)))
             return
