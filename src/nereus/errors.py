@@ -48,7 +48,12 @@ def is_integer(v: object) -> bool:
 def is_finite_real(v: object) -> bool:
     """A finite number (numpy's too), not a bool or a string (``math.isfinite`` raises
     TypeError on those)."""
-    return isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v)
+    if not isinstance(v, numbers.Real) or isinstance(v, bool):
+        return False
+    try:
+        return math.isfinite(v)
+    except OverflowError:  # an int too large for a float (10**400): no finite float
+        return False
 
 
 def count(n: float, word: str, plural: str | None = None, fmt: str = "") -> str:

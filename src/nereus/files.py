@@ -26,8 +26,9 @@ M = TypeVar("M", bound=BaseModel)
 def os_reason(e: OSError) -> str:
     """What the operating system said, as the rest of a one-line error reads: 'permission
     denied', not 'Permission denied' or '[Errno 13] ...'."""
-    why = e.strerror or type(e).__name__
-    return why[:1].lower() + why[1:]
+    if not e.strerror:
+        return type(e).__name__
+    return e.strerror[:1].lower() + e.strerror[1:]
 
 
 # what a path that is neither a file nor a folder is, by its mode (``stat.S_IFMT``)
@@ -45,6 +46,9 @@ def path_stat(path: str | Path, field: str, writing: bool = False) -> os.stat_re
         return os.stat(path)
     except (FileNotFoundError, NotADirectoryError):
         return None
+    except ValueError:  # a NUL byte in the name: no file can have it
+        raise InputError(field, f"{str(path)!r} is not a valid path (it holds a NUL byte)",
+                         "a path without NUL bytes") from None
     except OSError as e:
         if writing:
             raise InputError(field, f"cannot write {path}: {os_reason(e)}",

@@ -337,8 +337,41 @@ def test_an_os_error_on_a_path_the_user_gave_names_its_option(tmp_path: Path) ->
 
     r = runner.invoke(_app(body), ["--config", str(tmp_path)])
     assert r.exit_code == 2, r.output
-    assert r.stderr == (f"error: --config: cannot read {tmp_path / 'inside'}: permission "
-                        "denied (allowed: a readable file)\n"), r.stderr
+    assert r.stderr == (f"error: --config: cannot access {tmp_path / 'inside'}: permission "
+                        "denied (allowed: a path this user may read, and write where it is "
+                        "an output)\n"), r.stderr
+
+
+def test_the_safety_net_names_an_argument_as_its_usage_line_does(tmp_path: Path) -> None:
+    """nereus examples said 'dest:' where its usage and its other errors say DEST."""
+    app = typer.Typer()
+
+    @app.command(cls=Command)
+    @one_line_errors
+    def main(dest: Path = typer.Argument(..., metavar="DEST")) -> None:
+        raise _denied(dest / "x")
+
+    r = runner.invoke(app, [str(tmp_path)])
+    assert r.exit_code == 2 and r.stderr.startswith("error: DEST: cannot access "), r.output
+
+
+def test_a_path_with_a_nul_byte_is_one_line(tmp_path: Path) -> None:
+    """os.stat raises ValueError for it (Path.exists said False): a traceback."""
+    cfg = tmp_path / "job.yaml"
+    cfg.write_text("model: \"tiny\\0llama\"\ngpus: 2\ncluster: {device: cpu}\n")
+    err = one_line(["plan", "--config", str(cfg)])
+    assert err == ("error: model: 'tiny\\x00llama' is not a valid path (it holds a NUL byte) "
+                   "(allowed: a path without NUL bytes)"), err
+
+
+def test_a_number_too_large_for_a_float_is_refused_by_name() -> None:
+    """math.isfinite(10**400) raises OverflowError: AdamConfig(lr=10**400) was a traceback."""
+    from nereus.engine.optim import AdamConfig
+    from nereus.errors import is_finite_real
+
+    assert not is_finite_real(10**400) and is_finite_real(10**300)
+    with pytest.raises(InputError, match=r"^adam\.lr:"):
+        AdamConfig(lr=10**400)
 
 
 def test_an_os_error_on_a_path_of_nereus_own_stays_a_traceback(tmp_path: Path) -> None:

@@ -86,16 +86,22 @@ def test_max_shard_numel_is_the_fullest_position(model):
             assert max_shard_numel(m, head, tp, pp) == full
 
 
-@pytest.mark.parametrize("model", ["tiny-llama", "qwen3-14b", "llama-3.3-70b"])
-def test_the_sizes_an_error_allows_are_exactly_those_that_shard(model):
+@pytest.mark.parametrize("model,sizes", [
+    ("tiny-llama", "tp in 1, 2, 4; pp in 1, 2, 4"),
+    # 40 heads stop tp at 8; 40 layers allow pp = 5
+    ("qwen3-14b", "tp in 1, 2, 4, 8; pp in 1, 2, 4, 5, 8, 10, 20, 40"),
+    ("llama-3.3-70b", "tp in 1, 2, 4, 8, 16, 32, 64; pp in 1, 2, 4, 5, 8, 10, 16, 20, 40, 80"),
+])
+def test_the_sizes_an_error_allows_are_exactly_those_that_shard(model, sizes):
     """Every tp and pp listed shards the model, and no other size up to the heads and layers
-    does (qwen3-14b's 40 heads stop tp at 8; 70B's 80 layers allow pp = 5)."""
+    does."""
     m = MODEL_PRESETS[model]
-    tps, pps = (part.split(" in ")[1].split(", ") for part in layout_sizes(m).split("; "))
+    assert layout_sizes(m) == sizes
+    tps, pps = (part.split(" in ")[1].split(", ") for part in sizes.split("; "))
     assert [int(t) for t in tps] == [t for t in range(1, m.num_heads + 1)
                                      if layout_problem(m, t, 1) is None]
     assert [int(p) for p in pps] == [p for p in range(1, m.num_layers + 1)
                                      if layout_problem(m, 1, p) is None]
     with pytest.raises(InputError) as info:
         check_layout(m, 3, 1)
-    assert info.value.allowed == layout_sizes(m)
+    assert info.value.allowed == sizes

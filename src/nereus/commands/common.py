@@ -101,8 +101,10 @@ def one_line_errors(fn: F) -> F:
             field = _naming(fn, kwargs, e)
             if field is None:
                 raise  # a file of nereus's own: a bug
-            raise fail(str(InputError(field, f"cannot read {e.filename}: {os_reason(e)}",
-                                      "a readable file"))) from None
+            # read or written: which, only the call that failed knew
+            raise fail(str(InputError(field, f"cannot access {e.filename}: {os_reason(e)}",
+                                      "a path this user may read, and write where it is an "
+                                      "output"))) from None
         except InfeasibleError as e:
             raise fail(str(e)) from None
         except KeyboardInterrupt:
@@ -126,7 +128,7 @@ def _naming(fn: Callable[..., Any], kwargs: Mapping[str, Any], e: OSError) -> st
             continue
         info = params[name].default if name in params else None
         if isinstance(info, ArgumentInfo):
-            return name
+            return info.metavar or name  # as the usage line and the command's errors say it
         decls = info.param_decls if isinstance(info, OptionInfo) else None
         longs = [d for d in decls or () if d.startswith("--")]
         return longs[0] if longs else "--" + name.replace("_", "-")
@@ -178,7 +180,7 @@ def writable(path: Path | None, field: str) -> None:
         with path.open("ab"):
             pass
     except OSError as e:
-        raise InputError(field, f"cannot write {path}: {e.strerror or type(e).__name__}",
+        raise InputError(field, f"cannot write {path}: {os_reason(e)}",
                          "a file in a folder you can write") from None
     if not existed:
         path.unlink(missing_ok=True)

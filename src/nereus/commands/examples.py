@@ -15,6 +15,7 @@ import typer
 
 from nereus.commands.common import Command, console, one_line_errors
 from nereus.errors import InputError
+from nereus.files import exists, is_dir, os_reason
 
 if TYPE_CHECKING:
     from importlib.resources.abc import Traversable
@@ -41,13 +42,13 @@ def shipped() -> dict[str, Traversable]:
 def copy_examples(dest: Path, force: bool = False) -> list[Path]:
     """Write every shipped example under ``dest`` (made if missing) and return the files
     written. Refuses, before writing any, when one exists and ``force`` is off."""
-    if dest.exists() and not dest.is_dir():
+    if exists(dest, "DEST") and not is_dir(dest, "DEST", writing=True):
         raise InputError("DEST", f"{dest} is a file", "a folder, new or existing")
     files = shipped()
     if not files:  # a broken install: say so rather than copy nothing
         raise InputError("DEST", "this installation of nereus ships no examples",
                          "a reinstall of the package")
-    there = [rel for rel in files if (dest / rel).exists()]
+    there = [rel for rel in files if exists(dest / rel, "DEST")]
     if there and not force:
         more = f" and {len(there) - 1} more" if len(there) > 1 else ""
         raise InputError("DEST", f"{dest / there[0]}{more} already exist{'s' * (not more)}",
@@ -59,7 +60,7 @@ def copy_examples(dest: Path, force: bool = False) -> list[Path]:
             out.parent.mkdir(parents=True, exist_ok=True)
             out.write_bytes(src.read_bytes())
         except OSError as e:
-            raise InputError("DEST", f"cannot write {out}: {e.strerror or type(e).__name__}",
+            raise InputError("DEST", f"cannot write {out}: {os_reason(e)}",
                              "a folder you can write") from None
         written.append(out)
     return written

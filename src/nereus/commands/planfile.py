@@ -24,6 +24,7 @@ from typing import Any
 
 from nereus.errors import InputError
 from nereus.files import exists, is_dir
+from nereus.plan.types import PLAN_FILE_KEYS
 from nereus.spec.job import JobConfig, JobSpec, job_config, parse_job
 from nereus.spec.model import MODEL_PRESETS, ModelSpec
 
@@ -65,8 +66,8 @@ def model_source(given: str) -> str:
     return str(path.absolute()) if exists(path, "--model") else given
 
 
-# top-level fields of a plan JSON besides its stages (``Plan.to_dict``)
-PLAN_FIELDS = ("step_latency_s", "source", "terms", "groups")
+# top-level fields of a plan JSON besides its stages (those --evaluate --json adds included)
+PLAN_FIELDS = tuple(k for k in PLAN_FILE_KEYS if k != "stages")
 
 
 def job_shaped(data: Any) -> bool:

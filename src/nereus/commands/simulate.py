@@ -26,7 +26,7 @@ from nereus.commands.common import (
     writable,
 )
 from nereus.errors import InputError, count, first_line
-from nereus.files import read_yaml
+from nereus.files import os_reason, read_yaml
 from nereus.sim.policies import POLICIES
 from nereus.sim.scenarios import (
     SCENARIOS,
@@ -150,7 +150,7 @@ def write_csv(res: SimResult, path: Path, sc: Scenario) -> None:
                     w.writerow([*run, *(getattr(row, k) if getattr(row, k) is not None else ""
                                         for k in fields), "simulated"])
     except OSError as e:
-        raise InputError("--csv", f"cannot write {path}: {e.strerror}") from None
+        raise InputError("--csv", f"cannot write {path}: {os_reason(e)}") from None
 
 
 def run_label(sc: Scenario, config: Path | None, seed: int | None = None,
@@ -202,7 +202,7 @@ def plot(res: SimResult, sc: Scenario, path: Path, label: str | None = None) -> 
     try:
         fig.savefig(path, dpi=120)
     except OSError as e:
-        raise InputError("--plot", f"cannot write {path}: {e.strerror}") from None
+        raise InputError("--plot", f"cannot write {path}: {os_reason(e)}") from None
     except ValueError as e:  # matplotlib's own (text it cannot lay out): one line
         raise InputError("--plot", f"cannot draw {path}: {first_line(e)}") from None
     finally:

@@ -53,7 +53,7 @@ from nereus.cost.efficiency import Efficiencies
 from nereus.cost.estimate import HEADROOM
 from nereus.cost.model import CostModel
 from nereus.errors import InfeasibleError, InputError
-from nereus.files import existing_file, read_json, read_yaml
+from nereus.files import existing_file, os_reason, read_json, read_yaml
 from nereus.plan.evaluate import StageLayoutSpec, evaluate_plan
 from nereus.plan.types import Plan
 from nereus.spec.cluster import MAX_DEVICES, GpuPool, format_gpus
@@ -621,7 +621,7 @@ def register(app: typer.Typer) -> None:
                 out = gantt(schedule, gantt_path)
             except OSError as e:  # the folder changed since the check above
                 raise fail(f"--gantt: cannot write {gantt_path}: "
-                           f"{e.strerror or type(e).__name__}") from None
+                           f"{os_reason(e)}") from None
             if not as_json:
                 console.print(f"wrote {out}")
         if execute and not schedule.primitives:  # no worker to start, nothing to check
