@@ -34,6 +34,7 @@ def help_text(*command: str) -> str:
     ("simulate", "[default: 0]"),
     ("simulate", "[default: the scenario's; 0.5 in the built-in ones]"),
     ("simulate", "(.png, .pdf or .svg)"),
+    ("simulate", "Exit 2 for bad input"),
 ])
 def test_help_states_the_defaults(command: str, says: str) -> None:
     assert says in help_text(command)

@@ -242,7 +242,11 @@ def register(app: typer.Typer) -> None:
         notes: bool = typer.Option(False, "--notes", help="list every parameter's source"),
         log: bool = typer.Option(False, "--log", help="print the controllers' decisions"),
     ) -> None:
-        """Compare static, replan-always, Nereus and an oracle on a simulated run."""
+        """Compare static, replan-always, Nereus and an oracle on a simulated run.
+
+        Exit 2 for bad input: a scenario, trace or option that is wrong, or a job no plan
+        fits at the start.
+        """
         refuse_together("--json", as_json, "--log", log,
                         "--log with the tables, or --json alone")
         refuse_together("--json", as_json, "--notes", notes,
