@@ -237,3 +237,27 @@ def test_a_merge_timed_at_its_dispatch_constant_teaches_nothing() -> None:
         quick = {p.index: factor * LOCAL_OP_S for p in s.primitives if p.op == "Merge"}
         assert quick
         assert calibrate_transition(s, quick)[OpClass.COPY] == s.efficiencies[OpClass.COPY]
+
+
+def test_plans_of_different_stages_name_the_plan_that_lacks_one() -> None:
+    """With critic_train only in the target, the error said 'target.stages'."""
+    job = job8b(16)
+    both = Plan((sp("actor_train", 2, 1, [[0, 1]]),))
+    more = Plan((sp("actor_train", 2, 1, [[0, 1]]), sp("critic_train", 2, 1, [[2, 3]])))
+    with pytest.raises(InputError) as info:
+        plan_transition(job, both, more)
+    assert str(info.value).startswith("current.stages: lacks critic_train, which the target "
+                                      "plan lists"), info.value
+    with pytest.raises(InputError) as info:
+        plan_transition(job, more, both)
+    assert str(info.value).startswith("target.stages: lacks critic_train, which the current "
+                                      "plan lists"), info.value
+
+
+def test_a_layout_that_cannot_shard_the_model_lists_the_sizes_that_can() -> None:
+    job = job8b(16)
+    with pytest.raises(InputError) as info:
+        plan_transition(job, Plan((sp("actor_train", 1, 3, [[0, 1, 2]]),)),
+                        Plan((sp("actor_train", 1, 1, [[0]]),)))
+    assert info.value.field == "current.actor_train"
+    assert info.value.allowed == "tp in 1, 2, 4, 8, 16, 32; pp in 1, 2, 4, 8, 16, 32"

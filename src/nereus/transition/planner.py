@@ -11,7 +11,7 @@ from nereus.cost.estimate import HEADROOM
 from nereus.errors import InputError
 from nereus.plan.types import Plan
 from nereus.spec.job import JobSpec
-from nereus.spec.sharding import layout_problem
+from nereus.spec.sharding import layout_problem, layout_sizes
 from nereus.transition.cost import TransitionCost
 from nereus.transition.global_dag import TransitionDag, build_dag
 from nereus.transition.schedule import Schedule, infeasible_schedule, list_schedule
@@ -28,15 +28,18 @@ def check_plans(job: JobSpec, current: Plan, target: Plan) -> None:
     if set(current.names) != set(target.names):
         only_c = sorted(set(current.names) - set(target.names))
         only_t = sorted(set(target.names) - set(current.names))
-        raise InputError("target.stages",
-                         f"plans list different model-stages (only current: {only_c}, only "
-                         f"target: {only_t})", "the same model-stages in both plans")
+        # named after the plan that lacks a stage the other lists
+        which, lacks, other = (("target", only_c, "current") if only_c
+                               else ("current", only_t, "target"))
+        raise InputError(f"{which}.stages", f"lacks {', '.join(lacks)}, which the {other} "
+                         f"plan lists (only current: {only_c}, only target: {only_t})",
+                         "the same model-stages in both plans")
     for which, plan in (("current", current), ("target", target)):
         for sp in plan.stages:
             job.workflow.stage(sp.stage)  # raises InputError for an unknown stage
             p = layout_problem(job.model, sp.tp, sp.pp)
             if p:
-                raise InputError(f"{which}.{sp.stage}", p)
+                raise InputError(f"{which}.{sp.stage}", p, layout_sizes(job.model))
             bad = [g for g in sp.gpus if g < 0]
             if bad:
                 raise InputError(f"{which}.{sp.stage}.gpus", f"negative GPU ids {bad}",
