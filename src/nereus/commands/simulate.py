@@ -240,7 +240,9 @@ def register(app: typer.Typer) -> None:
             help="write per-step rows of every policy"),
         as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
         notes: bool = typer.Option(False, "--notes", help="list every parameter's source"),
-        log: bool = typer.Option(False, "--log", help="print the controllers' decisions"),
+        log: bool = typer.Option(False, "--log", help="print the controllers' decisions; "
+                                 "one logged at step k is taken at the boundary after step k, "
+                                 "so --csv charges its move or restart to step k + 1"),
     ) -> None:
         """Compare static, replan-always, Nereus and an oracle on a simulated run.
 
