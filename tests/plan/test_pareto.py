@@ -2,7 +2,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nereus.plan.candidates import pareto_mask
+from nereus.plan.candidates import _dominated, pareto_mask
 
 
 def naive(m: np.ndarray) -> np.ndarray:
@@ -22,3 +22,19 @@ def test_blocked_pareto_equals_pairwise_definition(seed, n, k, block):
     m = rng.integers(0, 6, size=(n, k)).astype(float)  # many ties and equal rows
     got = pareto_mask([m[:, c] for c in range(k)], block=block)
     assert np.array_equal(got, naive(m))
+
+
+@given(st.integers(0, 10_000), st.integers(1, 300), st.integers(1, 12))
+@settings(max_examples=40)
+def test_grouped_dominance_equals_one_pareto_mask_per_group(seed, n, groups):
+    """``dominance_mask``'s one pass over every layout group keeps what ``pareto_mask`` keeps
+    within each group."""
+    rng = np.random.default_rng(seed)
+    m = rng.integers(0, 5, size=(n, 4)).astype(float)
+    m[rng.random(n) < 0.05, 1] = np.nan  # never dominates, never dominated
+    label = rng.integers(0, groups, size=n)
+    want = np.zeros(n, dtype=bool)
+    for g in np.unique(label):
+        idx = np.flatnonzero(label == g)
+        want[idx[pareto_mask([m[idx, c] for c in range(4)])]] = True
+    assert np.array_equal(~_dominated(m, label), want)

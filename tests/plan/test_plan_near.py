@@ -115,3 +115,23 @@ def test_asynchronous_generation_may_stay_on_the_gpus_it_holds():
     assert any(plan_transition(jobs[2048], cur, p).feasible for p in nears)
     for near in nears:
         _same_plan_but_placement(jobs[2048], near, tgt)
+
+
+def test_placements_kept_between_calls_price_as_fresh_ones(ppo48):
+    """``placed_near`` keeps its placements (not their prices) between calls: a call served
+    from them returns the plans a call that placed them anew returns, at other lengths and
+    efficiencies too."""
+    from nereus.cost.efficiency import Efficiencies
+    from nereus.cost.ops import OpClass
+    from nereus.plan import near
+
+    jobs, plans = ppo48
+    job, other = jobs[8192], jobs[2048]
+    current = plans[2048]
+    eff = Efficiencies({OpClass.GEMM: 0.6})
+    near._PLACEMENTS.clear()
+    first = placed_near(job, CostModel(job), plans[8192], current)
+    kept = placed_near(other, CostModel(other, eff), plans[8192], current)
+    near._PLACEMENTS.clear()
+    fresh = placed_near(other, CostModel(other, eff), plans[8192], current)
+    assert first and [p.to_dict() for p in kept] == [p.to_dict() for p in fresh]

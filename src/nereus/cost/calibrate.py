@@ -51,6 +51,17 @@ class _Row:
     ideal: dict[OpClass, float]
     measured_s: float
     step: int
+    # ``ideal`` over the classes of the last fit that read it, and which of them it lists
+    dense: tuple[tuple[OpClass, ...], np.ndarray, np.ndarray] | None = \
+        field(default=None, compare=False, repr=False)
+
+    def over(self, classes: tuple[OpClass, ...]) -> tuple[np.ndarray, np.ndarray]:
+        """(ideal seconds per class of ``classes``, 0 where absent; whether it lists each):
+        a fit reads every row at every step, and the classes rarely change."""
+        if self.dense is None or self.dense[0] != classes:
+            self.dense = (classes, np.array([self.ideal.get(c, 0.0) for c in classes]),
+                          np.array([c in self.ideal for c in classes], dtype=bool))
+        return self.dense[1], self.dense[2]
 
 
 @dataclass
@@ -155,27 +166,26 @@ class Calibrator:
         self._spread = {}
         if not self._rows:
             return self.prior
-        classes = sorted({c for r in self._rows for c in r.ideal}, key=lambda c: c.value)
+        classes = tuple(sorted(set().union(*(r.ideal for r in self._rows)),
+                               key=lambda c: c.value))
         x0 = np.array([1.0 / self.prior[c] for c in classes])
-        a_rows, b_rows = [], []
-        for r in self._rows:
-            # relative error: divide the row by the measured time
-            weight = self.forgetting ** (self._step - r.step)
-            w = np.sqrt(weight) / r.measured_s
-            a_rows.append([r.ideal.get(c, 0.0) * w for c in classes])
-            b_rows.append(r.measured_s * w)
-        a = np.array(a_rows)
-        b = np.array(b_rows)
+        dense = [r.over(classes) for r in self._rows]
+        ideal = np.array([d[0] for d in dense]).reshape(len(dense), len(classes))
+        measured = np.array([r.measured_s for r in self._rows])
+        weights = np.array([self.forgetting ** (self._step - r.step) for r in self._rows])
+        # relative error: divide each row by its measured time
+        w = np.sqrt(weights) / measured
+        a = ideal * w[:, None]
+        b = measured * w
         # ridge toward the prior, in relative terms of each x (scale-free); it keeps classes
         # no row can separate near the prior and fades as rows about a class accumulate, to a
         # floor that keeps classes only noise could separate near it too
-        seen = np.array([sum(1 for r in self._rows if c in r.ideal) for c in classes])
+        seen = np.array([d[1] for d in dense]).reshape(len(dense), len(classes)).sum(axis=0)
         lam = np.diag(np.sqrt(np.maximum(self.ridge / (1.0 + seen), self.ridge_floor)) / x0)
         a_full = np.vstack([a, lam])
         b_full = np.concatenate([b, lam @ x0])
         x, *_ = np.linalg.lstsq(a_full, b_full, rcond=None)
         # standard errors: residual variance per unit weight over the normal matrix
-        weights = np.array([self.forgetting ** (self._step - r.step) for r in self._rows])
         n_eff = weights.sum() ** 2 / max(float((weights ** 2).sum()), 1e-300)
         resid = a @ x - b
         s2 = float(resid @ resid) / max(weights.sum(), 1e-300) * n_eff / max(n_eff - len(x), 1.0)

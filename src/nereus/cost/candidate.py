@@ -17,6 +17,9 @@ class Layout:
     def size(self) -> int:
         return self.tp * self.pp
 
+    def __hash__(self) -> int:
+        return _field_hash(self, (self.tp, self.pp))
+
     def __str__(self) -> str:
         return f"(tp={self.tp}, pp={self.pp})"
 
@@ -48,10 +51,25 @@ class Candidate:
     def gpus(self) -> int:
         return self.dp * self.layout.size
 
+    def __hash__(self) -> int:
+        return _field_hash(self, (self.layout, self.dp, self.micro_batch, self.grad_accum,
+                                  self.recompute))
+
     def __str__(self) -> str:
         rc = ", recompute" if self.recompute else ""
         return (f"tp={self.tp} pp={self.pp} dp={self.dp} b={self.micro_batch} "
                 f"a={self.grad_accum}{rc}")
+
+
+def _field_hash(obj: object, fields: tuple[object, ...]) -> int:
+    """The hash a frozen dataclass derives from its fields (the same value, so sets and dicts
+    of them behave as before), taken once per object: candidates and layouts key the cost
+    model's and the planner's memos, thousands of lookups per plan search."""
+    h = obj.__dict__.get("_hash")
+    if h is None:
+        h = hash(fields)
+        object.__setattr__(obj, "_hash", h)
+    return h
 
 
 class Link(str, Enum):

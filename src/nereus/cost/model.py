@@ -27,8 +27,8 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from functools import lru_cache
-from typing import NamedTuple
+from functools import cached_property, lru_cache
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -38,6 +38,7 @@ from nereus.cost.comm import STEPS, WIRE_FRACTION
 from nereus.cost.efficiency import Efficiencies
 from nereus.cost.estimate import BUBBLE, HEADROOM, Estimate
 from nereus.cost.ops import Op, OpClass, comm_class
+from nereus.spec.cluster import Cluster
 from nereus.spec.job import JobSpec
 from nereus.spec.model import Head, ModelSpec
 from nereus.spec.sharding import (
@@ -109,10 +110,10 @@ class Columns:
         return self.dp * self.tp * self.pp
 
 
-@dataclass(frozen=True)
-class Row:
+class Row(NamedTuple):
     """One op of every candidate: ideal seconds (array) and its class (per candidate when the
-    class depends on the link: ``cls_inter`` where ``intra`` is False)."""
+    class depends on the link: ``cls_inter`` where ``intra`` is False). A tuple: an estimate
+    builds dozens, and a frozen dataclass sets each field through ``object.__setattr__``."""
 
     term: str
     name: str
@@ -156,8 +157,9 @@ class Evaluation:
     notes: tuple[tuple[str, ...], ...] = field(default=())
     links: Links | None = None
 
-    @property
+    @cached_property
     def peak(self) -> Arr:
+        """Computed once: a search reads it for the memory test and the transient bytes."""
         return sum(self.memory.values(), np.zeros(len(self.candidates)))
 
     @property
@@ -225,24 +227,26 @@ class _IdealMemo:
     efficiencies differ, and they enter ``evaluate`` after the rows are built (the latency is
     sum(ideal / eff) over rows), so the rows and memory are reused as they are and every
     figure stays exactly what a fresh evaluation gives. The key holds everything else the
-    rows read: the job (model, cluster, pool, workflow, workload lengths), the memory scale,
-    and of ``Links`` only whether each kind of group crosses nodes (``_intra``), not which
-    GPU ids it names (those reach the estimate's notes, which are built per call).
+    rows read: the job (model, cluster, pool, workflow, workload lengths; as its
+    ``_job_token``), the memory scale, and of ``Links`` only whether each kind of group
+    crosses nodes (``_intra``; for one candidate, only the kinds it uses:
+    ``CostModel._link_key``), not which GPU ids it names (those reach the estimate's notes,
+    which are built per call). The other memos below use the same class.
     """
 
     def __init__(self, limit: int):
         self.limit = limit
         self.size = 0
-        self._items: dict[tuple[object, ...], tuple[_Ideal, int]] = {}
+        self._items: dict[tuple[object, ...], tuple[Any, int]] = {}
 
-    def get(self, key: tuple[object, ...]) -> _Ideal | None:
+    def get(self, key: tuple[object, ...]) -> Any:
         got = self._items.pop(key, None)
         if got is None:
             return None
         self._items[key] = got  # most recently used last
         return got[0]
 
-    def put(self, key: tuple[object, ...], value: _Ideal, n: int) -> None:
+    def put(self, key: tuple[object, ...], value: Any, n: int) -> None:
         self._items[key] = (value, n)
         self.size += n
         while self.size > self.limit and len(self._items) > 1:
@@ -253,6 +257,56 @@ class _IdealMemo:
 # Candidates whose rows ``_IDEAL`` keeps (a few kB each): two searches' worth on the 8B PPO
 # example (about 20,000 candidates each), and the few plans a controller prices per step.
 _IDEAL = _IdealMemo(limit=50_000)
+# Training and forward ops (``Row``s) by (the job but its longest response, the stage, the
+# candidates, what their rows read of ``Links``), for ``CostModel.evaluate``: the ops of those
+# stages read the mean length only (memory reads the longest). Bounded as ``_IDEAL``.
+_ROWS = _IdealMemo(limit=20_000)
+# The weight sync's parts but the efficiencies (``CostModel.weight_sync_parts``) by (the job
+# but its response lengths, the memory scale, the two layouts and what the receivers hold and
+# where): a plan's sync is priced again at every step, under new lengths that it never reads.
+_SyncParts = tuple[Mapping[str, int], tuple[tuple[tuple[Op, ...], tuple[str, ...]], ...]]
+_SYNC = _IdealMemo(limit=1_024)
+# One-candidate estimates whose parts ``_PARTS`` keeps (``CostModel.estimate``; an op list and
+# a memory table, a few kB each): the dozens of stage estimates a controller and the
+# simulator's truth make per step, over a few steps.
+_PARTS = _IdealMemo(limit=4_096)
+
+# What ``_token`` numbered (jobs, jobs but their lengths, a search's candidate lists), oldest
+# first; past the limit the oldest goes, and a key seen again gets a new number (the memo
+# entries under the old one age out unread).
+_TOKENS: dict[object, int] = {}
+_TOKENS_LIMIT = 1_024
+_next_token = 0
+
+
+def _token(key: object) -> int:
+    """A number for ``key`` that equal keys share and no other key ever gets (numbers are
+    never reused), so memo keys hold it instead of a key that is slow to hash."""
+    global _next_token
+    got = _TOKENS.get(key)
+    if got is None:
+        if len(_TOKENS) >= _TOKENS_LIMIT:
+            del _TOKENS[next(iter(_TOKENS))]
+        got = _TOKENS[key] = _next_token
+        _next_token += 1
+    return got
+
+
+def _job_token(job: JobSpec) -> int:
+    """``_token`` of ``job``: a ``JobSpec`` hashes its model, cluster, pool, workflow and
+    workload field by field on every lookup."""
+    return _token(job)
+
+
+class _Parts(NamedTuple):
+    """What ``CostModel.estimate`` builds of one candidate besides the efficiencies (which it
+    reads only through the ops' ideal seconds, in ``Estimate.latency_s``). Shared between
+    estimates: never written to."""
+
+    ops: tuple[Op, ...]
+    memory: Mapping[str, int]
+    resident: int
+    notes: tuple[str, ...]
 
 
 def _link_kinds(links: Links | None) -> tuple[bool | None, ...] | None:
@@ -278,6 +332,12 @@ class CostModel:
         self.memory_scale = dict(memory_scale or {})
         self.device = job.cluster.device
         self.node_size = min(job.cluster.devices_per_node, job.pool.largest_node_share())
+        # what the shared memos key on besides the stage and candidates (``memory_scale`` is
+        # not written to after this)
+        self._memo_key = (_job_token(job),
+                          tuple(sorted((k.value, v) for k, v in self.memory_scale.items())))
+        self._rows_key: int | None = None
+        self._sync_key: int | None = None
         self._cache: dict[tuple[str, Candidate, int, Links | None], Estimate] = {}
         self._placed: dict[tuple[Layout, tuple[tuple[int, ...], ...]], Links] = {}
         self._sync: dict[tuple[Layout, Layout, int | None, float | None, bool | None],
@@ -320,11 +380,23 @@ class CostModel:
         same candidates before (see ``_IdealMemo``); only the efficiencies are applied here."""
         st = self._stage(stage)
         cands = tuple(cands)
+        hit, memory = self._unpriced(st, cands, coresident_bytes, links)
+        latency = np.zeros(len(cands))
+        for r in hit.rows:
+            latency = latency + r.ideal / r.eff(self.eff)
+        return Evaluation(st, cands, hit.rows, memory, hit.resident, latency, self.eff,
+                          links=links)
+
+    def _unpriced(self, st: ModelStage, cands: tuple[Candidate, ...],
+                  coresident_bytes: float | Arr, links: Links | None
+                  ) -> tuple[_Ideal, dict[str, Arr]]:
+        """``evaluate`` before the efficiencies: the ops and the memory by term."""
         co = np.broadcast_to(_f(coresident_bytes), (len(cands),)).astype(float)
         generate = st.kind is StageKind.GENERATE
-        key = (self.job, tuple(sorted((k.value, v) for k, v in self.memory_scale.items())),
-               st.name, cands,
-               _link_kinds(links),
+        # a search's thousands of candidates are hashed once here, not at every memo lookup
+        named = cands if len(cands) == 1 else _token(("candidates", cands))
+        key = (*self._memo_key, st.name, named,
+               self._link_key(st, cands[0], links) if len(cands) == 1 else _link_kinds(links),
                # generation rows read the co-resident bytes (its KV cache takes what they leave)
                # and two efficiencies (whether a decode iteration is bound by HBM or GEMMs)
                (co.tobytes(), self.eff[OpClass.DECODE], self.eff[OpClass.GEMM]) if generate
@@ -332,41 +404,100 @@ class CostModel:
         hit = _IDEAL.get(key)
         if hit is None:
             cols = self._columns(st, cands, links)
-            if st.kind is StageKind.TRAIN:
-                rows, memory = self._train(st, cols)
-            elif st.kind is StageKind.FORWARD:
-                rows, memory = self._forward(st, cols)
-            else:
+            if generate:
                 rows, memory = self._generate(st, cols, co)
+            else:
+                # training and forward ops read the mean length, not the longest: shared
+                # between jobs that differ only there (a controller prices its plan at its
+                # recent longest plus a margin, the simulator's truth at the step's longest)
+                rkey = (self._rows_token(), st.name, named, key[4])
+                rows = _ROWS.get(rkey)
+                train = st.kind is StageKind.TRAIN
+                if rows is None:
+                    rows = self._train_rows(st, cols) if train else self._forward_rows(st, cols)
+                    _ROWS.put(rkey, rows, len(cands))
+                memory = self._train_memory(st, cols) if train else \
+                    self._forward_memory(st, cols)
             scale = self.memory_scale.get(st.kind, 1.0)
             hit = _Ideal(tuple(rows), {k: v * scale for k, v in memory.items()},
                          cols.resident * scale)
             _IDEAL.put(key, hit, len(cands))
         memory = dict(hit.memory)
         memory["co-resident idle state"] = co
-        latency = np.zeros(len(cands))
-        for r in hit.rows:
-            latency = latency + r.ideal / r.eff(self.eff)
-        return Evaluation(st, cands, hit.rows, memory, hit.resident, latency, self.eff,
-                          links=links)
+        return hit, memory
 
     def estimate(self, stage: ModelStage | str, cand: Candidate,
                  coresident_bytes: int = 0, links: Links | None = None) -> Estimate:
-        """One candidate, with its op list for ``explain()``; ``links`` as in ``evaluate``."""
+        """One candidate, with its op list for ``explain()``; ``links`` as in ``evaluate``.
+
+        Its ops, memory and notes come from ``_PARTS`` where a cost model of the same job built
+        them before: they do not depend on the efficiencies, except a generation stage's on the
+        two that ``evaluate``'s key holds. The key holds everything else they read: the job
+        (``_job_token``), the memory scale, the stage, the candidate, the co-resident bytes and
+        ``links`` whole (the notes name its GPU ids)."""
         st = self._stage(stage)
-        problem = layout_problem(self.job.model, cand.tp, cand.pp)
-        if problem:
-            raise ValueError(f"{st.name}: {problem}")
         if links is not None and self._as_sized(cand, links):
             # the same rows and notes as without: share the estimate (a placed plan's notes
             # compare each stage with its node-aligned price, ``plan.evaluate``)
             links = None
         key = (st.name, cand, int(coresident_bytes), links)
         hit = self._cache.get(key)
-        if hit is None:
-            hit = self.to_estimate(self.evaluate(st, [cand], coresident_bytes, links), 0)
-            self._cache[key] = hit
+        if hit is None:  # only valid candidates are ever cached
+            problem = layout_problem(self.job.model, cand.tp, cand.pp)
+            if problem:
+                raise ValueError(f"{st.name}: {problem}")
+            hit = self._cache[key] = self._estimate(st, cand, coresident_bytes, links)
         return hit
+
+    def _estimate(self, st: ModelStage, cand: Candidate, coresident_bytes: float,
+                  links: Links | None) -> Estimate:
+        generate = st.kind is StageKind.GENERATE
+        key = (*self._memo_key, st.name, cand, float(coresident_bytes), links,
+               (self.eff[OpClass.DECODE], self.eff[OpClass.GEMM]) if generate else None)
+        parts = _PARTS.get(key)
+        if parts is None:  # an estimate needs the ops, not ``evaluate``'s latency array
+            ideal, memory = self._unpriced(st, (cand,), coresident_bytes, links)
+            est = self._op_estimate(st, cand, ideal.rows, memory, ideal.resident, links, 0)
+            _PARTS.put(key, _Parts(est.ops, est.memory, est.resident_bytes, est.notes), 1)
+            return est
+        return Estimate(st.name, cand, parts.ops, self.eff, parts.memory, parts.resident,
+                        self.device.memory_bytes, parts.notes)
+
+    def _rows_token(self) -> int:
+        """``_job_token`` of the job without its longest response (what training and forward
+        ops read of the job: model, cluster, pool, workflow and every other workload field),
+        taken once per cost model."""
+        if self._rows_key is None:
+            j, w = self.job, self.job.workload
+            self._rows_key = _token(("rows", j.model, j.cluster, j.pool, j.workflow,
+                                     replace(w, response_len_max=w.response_len_mean)))
+        return self._rows_key
+
+    def priced_as_sized(self, stage: ModelStage | str, c: Candidate, links: Links) -> bool:
+        """Whether ``c`` placed on ``links`` runs every collective it uses on the link its
+        sizes give it: then its ops, and its latency, are those of the node-aligned estimate
+        (``estimate`` without ``links``)."""
+        st = self._stage(stage)
+        return self._link_key(st, c, links) == self._link_key(st, c, None)
+
+    def _link_key(self, st: ModelStage, c: Candidate, links: Links | None
+                  ) -> tuple[bool | None, ...]:
+        """What one candidate's rows read of ``links``: for each kind of group it uses,
+        whether the group runs inside a node (as placed, else by its size: ``_intra``'s
+        tests); None for a kind it does not use, whose rows are zero either way. Equal keys
+        give equal rows, so a placement that keeps every group where its size would shares
+        the rows of the node-aligned estimate (``plan.evaluate``'s notes compare the two)."""
+        n = self.node_size
+        sized = {"tp": c.tp <= n, "pp": c.layout.size <= n, "embed": c.layout.size <= n,
+                 "dp": c.gpus <= n}
+        out: list[bool | None] = []
+        for kind in ("tp", "pp", "embed", "dp"):
+            placed = None if links is None else getattr(links, kind)
+            if not self.link_used(st, c, kind):
+                out.append(None)
+            else:
+                out.append(sized[kind] if placed is None else not placed)
+        return tuple(out)
 
     def _as_sized(self, c: Candidate, links: Links) -> bool:
         """Whether ``links`` put every group of ``c`` inside a node, as its sizes would
@@ -379,15 +510,21 @@ class CostModel:
             and (links.dp is None or c.gpus <= n)
 
     def to_estimate(self, ev: Evaluation, i: int) -> Estimate:
+        return self._op_estimate(ev.stage, ev.candidates[i], ev.rows, ev.memory, ev.resident,
+                                 ev.links, i, ev.efficiencies)
+
+    def _op_estimate(self, st: ModelStage, c: Candidate, rows: Sequence[Row],
+                     memory_by_term: Mapping[str, Arr], resident: Arr, links: Links | None,
+                     i: int, eff: Efficiencies | None = None) -> Estimate:
+        """Candidate ``i`` of evaluated rows and memory as an estimate with its op list."""
         ops = tuple(Op(r.cls_at(i), r.term, r.name, float(r.count[i]), float(r.flops[i]),
                        float(r.nbytes[i]), float(r.ideal[i]), r.timed_at(i))
-                    for r in ev.rows if r.ideal[i] > 0)
-        memory = {k: int(v[i]) for k, v in ev.memory.items()}
-        c = ev.candidates[i]
-        notes = self._notes(ev.stage, c, memory)
-        if ev.links is not None:
-            notes += self._link_notes(ev.stage, c, ev.links)
-        return Estimate(ev.stage.name, c, ops, ev.efficiencies, memory, int(ev.resident[i]),
+                    for r in rows if r.ideal[i] > 0)
+        memory = {k: int(v[i]) for k, v in memory_by_term.items()}
+        notes = self._notes(st, c, memory)
+        if links is not None:
+            notes += self._link_notes(st, c, links)
+        return Estimate(st.name, c, ops, eff or self.eff, memory, int(resident[i]),
                         self.device.memory_bytes, notes)
 
     def weight_sync(self, train: Layout | Candidate, gen: Layout | Candidate,
@@ -500,22 +637,8 @@ class CostModel:
         key = (layout, reps)
         hit = self._placed.get(key)
         if hit is None:  # every plan's stages are priced as placed, at every step of a run
-            hit = self._placed[key] = self._read_links(layout, reps)
+            hit = self._placed[key] = _read_links(self.job.cluster, layout, reps)
         return hit
-
-    def _read_links(self, layout: Layout, reps: tuple[tuple[int, ...], ...]) -> Links:
-        tp, size = layout.tp, layout.size
-        same = self.job.cluster.same_node
-
-        def first(groups: Iterable[tuple[int, ...]]) -> tuple[int, ...]:
-            return next((g for g in groups if not same(g)), ())
-
-        last = (layout.pp - 1) * tp
-        return Links(
-            tp=first(r[i:i + tp] for r in reps for i in range(0, size, tp)),
-            pp=first((r[i], r[i + tp]) for r in reps for i in range(size - tp)),
-            embed=first((r[i], r[last + i]) for r in reps for i in range(tp) if last),
-            dp=first(tuple(r[i] for r in reps) for i in range(size)))
 
     def training_nodes(self, train_gpus: int) -> tuple[int, ...]:
         """The GPU ids of the nodes ``sync_receivers`` has ``train_gpus`` training GPUs fill:
@@ -557,26 +680,43 @@ class CostModel:
                overlap, intra)
         hit = self._sync.get(key)
         if hit is None:
-            rows, need = self._sync_rows(train, [gen], key[2], overlap, intra)
-            dev = self.device
             name = f"weight_sync[{train}->{gen}]"
             cand = Candidate(gen, 1, 1, 1)
-            memory = self.weight_sync_memory(train, gen)
-            parts = []
-            for j in range(3):
-                if need[j] <= 0:
-                    notes = ("generation shards already resident: no weight movement",)
-                    parts.append(Estimate(name, cand, (), self.eff, memory, 0, dev.memory_bytes,
-                                          notes))
-                    continue
-                ops = tuple(Op(r.cls_at(j), r.term, r.name, 1.0, 0.0, float(r.nbytes[j]),
-                               float(r.ideal[j]), r.timed_at(j)) for r in rows if r.ideal[j] > 0)
-                # off-node receivers use the network whatever the placement
-                spans = (SYNC_SPANS,) if intra is False and j < 2 else ()
-                parts.append(Estimate(name, cand, ops, self.eff, memory, 0, dev.memory_bytes,
-                                      spans))
-            hit = self._sync[key] = (parts[0], parts[1], parts[2])
+            shared = (self._sync_token(), self._memo_key[1], key)
+            got = _SYNC.get(shared)
+            if got is None:
+                got = self._sync_parts(train, gen, key[2], overlap, intra)
+                _SYNC.put(shared, got, 1)
+            memory, parts = got
+            hit = self._sync[key] = tuple(  # type: ignore[assignment]
+                Estimate(name, cand, ops, self.eff, memory, 0, self.device.memory_bytes, notes)
+                for ops, notes in parts)
         return hit
+
+    def _sync_parts(self, train: Layout, gen: Layout, colocated: int | None,
+                    overlap: float | None, intra: bool | None) -> _SyncParts:
+        """``weight_sync_parts`` but the efficiencies: the memory, and per kind of receiver its
+        ops and notes."""
+        rows, need = self._sync_rows(train, [gen], colocated, overlap, intra)
+        parts = []
+        for j in range(3):
+            if need[j] <= 0:
+                parts.append(((), ("generation shards already resident: no weight movement",)))
+                continue
+            ops = tuple(Op(r.cls_at(j), r.term, r.name, 1.0, 0.0, float(r.nbytes[j]),
+                           float(r.ideal[j]), r.timed_at(j)) for r in rows if r.ideal[j] > 0)
+            # off-node receivers use the network whatever the placement
+            parts.append((ops, (SYNC_SPANS,) if intra is False and j < 2 else ()))
+        return self.weight_sync_memory(train, gen), (parts[0], parts[1], parts[2])
+
+    def _sync_token(self) -> int:
+        """``_job_token`` of what the weight sync reads of the job: all of it but the response
+        lengths (model, cluster, pool, workflow, precision), taken once per cost model."""
+        if self._sync_key is None:
+            j, w = self.job, self.job.workload
+            self._sync_key = _token(("sync", j.model, j.cluster, j.pool, j.workflow,
+                                     replace(w, response_len_mean=1, response_len_max=1)))
+        return self._sync_key
 
     def weight_sync_peak_bytes(self, train: Layout, gen: Layout) -> int:
         """Bytes on the fullest GPU of the weight sync from ``train`` into ``gen``
@@ -792,11 +932,12 @@ class CostModel:
                            self.device, term, "pp activation send/recv", count)
 
     # ---- training --------------------------------------------------------------
-    def _train(self, st: ModelStage, cols: Columns) -> tuple[list[Row], dict[str, Arr]]:
+    def _train_rows(self, st: ModelStage, cols: Columns) -> list[Row]:
+        """A training stage's ops: they read the mean sequence length only."""
         m, w, dev = self.job.model, self.job.workload, self.device
         updates = float(w.updates_per_step)
-        seq_t, seq_m = float(w.seq_len_mean), float(w.seq_len_max)
-        tok_t, tok_m = cols.b * seq_t, cols.b * seq_m
+        seq_t = float(w.seq_len_mean)
+        tok_t = cols.b * seq_t
         rc = cols.recompute
         passes = np.where(rc, 4.0, 3.0)          # fwd + 2x bwd (+ fwd again when recomputing)
         ar_per_layer = np.where(rc, 6.0, 4.0)   # 2 per fwd, 2 per bwd
@@ -826,7 +967,13 @@ class CostModel:
                         updates * traffic / dev.hbm_bw))
         state = cols.numel * (w.param_bytes + w.optimizer_state_bytes_per_param())
         rows += self._host(2.0 * state, "reload + offload params and optimizer state")
+        return rows
 
+    def _train_memory(self, st: ModelStage, cols: Columns) -> dict[str, Arr]:
+        """A training stage's memory by term: it reads the longest sequence."""
+        m, w = self.job.model, self.job.workload
+        tok_m = cols.b * float(w.seq_len_max)
+        rc = cols.recompute
         # activations on the fullest GPU: the first block holds min(pp, a) micro-batches in
         # flight under 1F1B; the last block holds one plus the vocab-parallel logits
         per_layer = work.layer_activation_bytes(m, w.param_bytes)
@@ -845,13 +992,14 @@ class CostModel:
             "activations": np.maximum(first, last + logits),
             "workspace": np.full_like(cols.tp, self._workspace()),
         }
-        return rows, memory
+        return memory
 
     # ---- inference ---------------------------------------------------------------
-    def _forward(self, st: ModelStage, cols: Columns) -> tuple[list[Row], dict[str, Arr]]:
-        m, w = self.job.model, self.job.workload
-        seq_t, seq_m = float(w.seq_len_mean), float(w.seq_len_max)
-        tok_t, tok_m = cols.b * seq_t, cols.b * seq_m
+    def _forward_rows(self, st: ModelStage, cols: Columns) -> list[Row]:
+        """A forward stage's ops: they read the mean sequence length only."""
+        w = self.job.workload
+        seq_t = float(w.seq_len_mean)
+        tok_t = cols.b * seq_t
         one = np.ones_like(cols.tp)
         rows: list[Row] = []
         for term, count in (("compute", cols.a), (BUBBLE, cols.pp - 1)):
@@ -860,6 +1008,12 @@ class CostModel:
                              "tp_comm" if term == "compute" else term, loss_reductions=2)
             rows += self._pp(cols, tok_t, count, "pp_comm" if term == "compute" else term)
         rows += self._host(cols.numel * w.param_bytes, "reload params")
+        return rows
+
+    def _forward_memory(self, st: ModelStage, cols: Columns) -> dict[str, Arr]:
+        """A forward stage's memory by term: it reads the longest sequence."""
+        m, w = self.job.model, self.job.workload
+        tok_m = cols.b * float(w.seq_len_max)
         ws = work.layer_forward_workspace_bytes(m, w.param_bytes)
         live = ws.per_rank(cols.tp) * tok_m
         boundary = 2.0 * np.minimum(cols.pp, cols.a) * tok_m * m.hidden_size * w.param_bytes
@@ -870,7 +1024,7 @@ class CostModel:
             "activations": live + boundary + logits,
             "workspace": np.full_like(cols.tp, self._workspace()),
         }
-        return rows, memory
+        return memory
 
     # ---- generation --------------------------------------------------------------
     def _generate_batch(self, st: ModelStage, cols: Columns, co: Arr) -> tuple[Arr, Arr, Arr, Arr]:
@@ -1020,6 +1174,25 @@ class CostModel:
                           and self._head(st) is Head.LM)}[kind]
 
 
+
+@lru_cache(maxsize=4096)
+def _read_links(cluster: Cluster, layout: Layout, reps: tuple[tuple[int, ...], ...]) -> Links:
+    """``CostModel.placed_links`` from what it reads: the cluster's nodes and the ids (a
+    controller makes a cost model per step, and prices the same plans in each)."""
+    tp, size = layout.tp, layout.size
+    same = cluster.same_node
+
+    def first(groups: Iterable[tuple[int, ...]]) -> tuple[int, ...]:
+        return next((g for g in groups if not same(g)), ())
+
+    last = (layout.pp - 1) * tp
+    return Links(
+        tp=first(r[i:i + tp] for r in reps for i in range(0, size, tp)),
+        pp=first((r[i], r[i + tp]) for r in reps for i in range(size - tp)),
+        embed=first((r[i], r[last + i]) for r in reps for i in range(tp) if last),
+        dp=first(tuple(r[i] for r in reps) for i in range(size)))
+
+
 def _intra(cols: Columns, kind: str, by_size: Arr) -> Arr | bool:
     """Whether ``kind``'s groups run inside a node: as the candidates' ``Links`` place them,
     else ``by_size`` (the test the planner's node-aligned placements make true)."""
@@ -1040,7 +1213,7 @@ def _collective(kind: str, n: Arr | float, nbytes: Arr | float, intra: Arr | boo
     """
     n, nbytes, count = _f(n), _f(nbytes), _f(count)
     intra = np.asarray(intra, dtype=bool)
-    shape = np.broadcast_shapes(n.shape, nbytes.shape, count.shape, intra.shape)
+    shape = np.broadcast(n, nbytes, count, intra).shape
     active = n > 1
     safe = np.where(active, n, 2.0)
     zero = np.zeros(shape)

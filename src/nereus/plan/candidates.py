@@ -115,11 +115,13 @@ def pareto_mask(cols: list[np.ndarray], block: int = 64) -> np.ndarray:
     row of its block is <= it everywhere (an earlier row that was itself dropped has a kept
     dominator, which then dominates this row too).
     """
+    n = len(cols[0])
+    if n <= 1:
+        return np.ones(n, dtype=bool)
     m = np.stack(cols, axis=1).astype(float)
-    n = len(m)
+    if n <= block:  # the same rows, without the sort and the blocks' bookkeeping
+        return ~_dominated(m)
     keep = np.zeros(n, dtype=bool)
-    if n == 0:
-        return keep
     order = np.lexsort(tuple(m[:, i] for i in reversed(range(m.shape[1]))))
     kept = np.empty((0, m.shape[1]))
     for lo in range(0, n, block):
@@ -133,6 +135,34 @@ def pareto_mask(cols: list[np.ndarray], block: int = 64) -> np.ndarray:
         keep[idx[~dom]] = True
         kept = np.vstack([kept, rows[~dom]])
     return keep
+
+
+# Up to this many rows, ``pareto_mask`` compares every pair at once (n x n x columns booleans:
+# under 1 MB at 256 rows and four columns); a search calls it thousands of times on a few rows.
+PAIRWISE_ROWS = 256
+
+
+def _dominated(m: np.ndarray, group: np.ndarray | None = None) -> np.ndarray:
+    """Rows of ``m`` that ``pareto_mask`` drops, from all pairs at once: row i goes where a row
+    j is <= it everywhere and either differs from it (then j sorts before i) or equals it and
+    comes first (the sort is stable). Rows with a NaN neither dominate nor are dominated, in
+    both. ``group``: rows are compared only within equal group labels."""
+    n = len(m)
+    le = np.ones((n, n), dtype=bool)                        # [j, i]: row j <= row i
+    for col in m.T:
+        le &= col[:, None] <= col[None, :]
+    beats = le & (_before(n) | ~le.T)                       # _before: [j, i]: j < i
+    if group is not None:
+        beats &= group[:, None] == group[None, :]
+    return beats.any(axis=0)
+
+
+@lru_cache(maxsize=PAIRWISE_ROWS + 1)
+def _before(n: int) -> np.ndarray:
+    """[j, i]: j < i, for ``_dominated`` (read only)."""
+    out = np.triu(np.ones((n, n), dtype=bool), k=1)
+    out.flags.writeable = False
+    return out
 
 
 def stage_options(cost: CostModel, stage: ModelStage, pool_size: int,
@@ -197,6 +227,11 @@ def dominance_mask(opts: StageOptions, by_layout: bool = False,
     groups: dict[tuple[int, ...], list[int]] = {}
     for i, c in enumerate(opts.candidates):
         groups.setdefault((c.tp, c.pp, c.gpus) if by_gpus else (c.tp, c.pp), []).append(i)
+    if len(opts) <= PAIRWISE_ROWS:  # every group's pareto_mask in one pass
+        label = np.empty(len(opts), dtype=int)
+        for k, members in enumerate(groups.values()):
+            label[members] = k
+        return ~_dominated(np.stack(cols, axis=1).astype(float), label)
     mask = np.zeros(len(opts), dtype=bool)
     for members in groups.values():
         idx = np.array(members)

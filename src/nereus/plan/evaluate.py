@@ -284,6 +284,8 @@ def _placed_notes(cost: CostModel, name: str, c: Candidate, idle: int, links: Li
                   est: float) -> list[str]:
     """A stage whose GPU ids price it apart from the same sizes placed node-aligned: which
     groups span nodes, and what that costs."""
+    if cost.priced_as_sized(name, c, links):
+        return []  # the same ops as node-aligned groups, so the same seconds
     sized = cost.estimate(name, c, idle).latency_s
     if est == sized:
         return []

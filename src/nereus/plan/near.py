@@ -61,30 +61,56 @@ def placed_near(job: JobSpec, cost: CostModel, plan: Plan, current: Plan) -> lis
     moves, so the caller prices their transitions.
     """
     wf = job.workflow
-    pair = wf.colocated_sync()
     out: list[Plan] = []
     # what a stage saves by staying: the bytes its units hold now
     weight = {sp.stage: float(cost.resident_bytes(sp.stage, sp.layout) * len(sp.gpus))
               for sp in current.stages}
-    # asynchronous generation runs on GPUs of its own: as the plan split the pool, or on the
-    # GPUs generation holds now first (the other phases then share the rest)
-    splits = (False, True) if wf.execution is Execution.ASYNC else (False,)
-    for nest in ((None, pair) if pair else (None,)):
-        for by in (None, weight):
-            for resplit in splits:
-                near = _placed(job, cost, plan, current, nest, by, resplit)
-                if near is not None and all(near.stages != p.stages for p in out):
-                    out.append(near)
+    key = (job.cluster, job.pool.ids, wf, _shape(plan), plan.groups, _shape(current),
+           tuple(weight.items()))
+    found = _PLACEMENTS.get(key)
+    if found is None:
+        pair = wf.colocated_sync()
+        # asynchronous generation runs on GPUs of its own: as the plan split the pool, or on
+        # the GPUs generation holds now first (the other phases then share the rest)
+        splits = (False, True) if wf.execution is Execution.ASYNC else (False,)
+        found = [_placement(job, plan, current, nest, by, resplit)
+                 for nest in ((None, pair) if pair else (None,))
+                 for by in (None, weight) for resplit in splits]
+        if len(_PLACEMENTS) >= PLACEMENTS_KEPT:
+            del _PLACEMENTS[next(iter(_PLACEMENTS))]
+    else:
+        del _PLACEMENTS[key]  # most recently used last
+    _PLACEMENTS[key] = found
+    for specs in found:
+        near = None if specs is None else _priced(job, cost, plan, specs)
+        if near is not None and all(near.stages != p.stages for p in out):
+            out.append(near)
     return out
 
 
-def _placed(job: JobSpec, cost: CostModel, plan: Plan, current: Plan,
-            nest: tuple[str, str] | None, weight: dict[str, float] | None,
-            resplit: bool = False) -> Plan | None:
-    """One placement near ``current``: ``nest`` puts generation on the training GPUs first;
-    ``weight`` places the groups that hold the most state first (else the largest chunks);
-    ``resplit`` (asynchronous execution) places generation on the whole pool near its current
-    GPUs and the other phases on what it leaves."""
+# ``placed_near``'s placements (layout specs, or None where one does not place) by what they
+# read: the cluster, the pool, the workflow, each plan's stages as placed (candidate and GPU
+# ids) and the target's groups, and the bytes each current stage holds. Not the lengths or the
+# efficiencies: a controller that replans at every step places the same target near the same
+# plan again and again, and only the price changes. The most recently used ``PLACEMENTS_KEPT``
+# entries are kept (each a few layout specs).
+PLACEMENTS_KEPT = 256
+_PLACEMENTS: dict[tuple[object, ...], list[dict[str, StageLayoutSpec] | None]] = {}
+
+
+def _shape(plan: Plan) -> tuple[tuple[str, object, Replicas], ...]:
+    """What placement reads of a plan's stages: each one's candidate and replicas."""
+    return tuple((sp.stage, sp.candidate, sp.replicas) for sp in plan.stages)
+
+
+def _placement(job: JobSpec, plan: Plan, current: Plan, nest: tuple[str, str] | None,
+               weight: dict[str, float] | None, resplit: bool = False
+               ) -> dict[str, StageLayoutSpec] | None:
+    """One placement near ``current``, as layout specs (None where it does not place or
+    places as ``plan`` does): ``nest`` puts generation on the training GPUs first; ``weight``
+    places the groups that hold the most state first (else the largest chunks); ``resplit``
+    (asynchronous execution) places generation on the whole pool near its current GPUs and
+    the other phases on what it leaves."""
     wf = job.workflow
     prefer = {sp.stage: sp.gpus for sp in current.stages}
     pools = _phase_pools(job, plan)
@@ -124,10 +150,16 @@ def _placed(job: JobSpec, cost: CostModel, plan: Plan, current: Plan,
         replicas.update(_synced(pair, replicas, laid, plan, job.cluster))
     if all(replicas[sp.stage] == sp.replicas for sp in plan.stages):
         return None
-    specs = {sp.stage: StageLayoutSpec(sp.tp, sp.pp, sp.dp, replicas[sp.stage],
-                                       sp.candidate.micro_batch, sp.candidate.grad_accum,
-                                       sp.candidate.recompute)
-             for sp in plan.stages}
+    return {sp.stage: StageLayoutSpec(sp.tp, sp.pp, sp.dp, replicas[sp.stage],
+                                      sp.candidate.micro_batch, sp.candidate.grad_accum,
+                                      sp.candidate.recompute)
+            for sp in plan.stages}
+
+
+def _priced(job: JobSpec, cost: CostModel, plan: Plan, specs: dict[str, StageLayoutSpec]
+            ) -> Plan | None:
+    """A placement's specs priced with ``cost``; None where they do not make a plan with
+    ``plan``'s groups."""
     try:
         near = evaluate_plan(job, specs, cost)
     except InputError:

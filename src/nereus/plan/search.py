@@ -129,15 +129,19 @@ def group_points(members: Sequence[StageOptions], limit: float, budget: int,
         # only those become points
         order = np.lexsort((lat, o.gpus))
         order = order[o.gpus[order] <= budget]
-        best = np.minimum.accumulate(lat[order]) if len(order) else lat[:0]
-        corners = [i for k, i in enumerate(order) if k == 0 or lat[i] < best[k - 1] - 1e-12]
+        ordered = lat[order]
+        best = np.minimum.accumulate(ordered)
+        corner = np.ones(len(order), dtype=bool)
+        corner[1:] = ordered[1:] < best[:-1] - 1e-12
+        corners = order[corner].tolist()
         return pareto([Point(int(o.gpus[i]), float(lat[i]), (_choice(members, [i]),),
                              float(add[i])) for i in corners])
     if any(o.stage.kind is StageKind.GENERATE for o in members):
         # a generation engine takes the memory it is given for its KV cache (vLLM's
         # gpu_memory_utilization), so it never shares its GPU set inside the phase
         return []
-    sizes = sorted({int(g) for o in members for g in o.gpus if g <= budget})
+    gpus = np.unique(np.concatenate([o.gpus for o in members]))
+    sizes = [int(g) for g in gpus[gpus <= budget]]
     pts: list[Point] = []
     for size in sizes:
         masks = [o.gpus <= size for o in members]
