@@ -31,7 +31,7 @@ from runtime_testlib import (
 from nereus.cost.candidate import Layout
 from nereus.plan.types import Plan
 from nereus.runtime import movement as mv
-from nereus.runtime.checkpoint import Checkpointer
+from nereus.runtime.checkpoint import DCP_METADATA, Checkpointer
 from nereus.runtime.executor import Executor, state_specs
 from nereus.runtime.faults import TransitionFailed, reconcile, recover
 from nereus.runtime.loading import seeded_logical
@@ -622,3 +622,10 @@ def test_checkpoint_restores_into_any_layout(pool: WorkerPool, tmp_path, model: 
         first += tp * pp
     ck.restore(pool, stage, emus, specs[stage], where)
     check_stages(pool, job, {stage: emus}, seeds)
+    # the metadata DCP writes last is what a restore needs first: without it the stage is
+    # not in the checkpoint, which recover checks before it drops anything
+    assert ck.holds(where, stage) and not ck.holds(where, "critic_train")
+    (where / stage / DCP_METADATA).unlink()
+    assert not ck.holds(where, stage)
+    with pytest.raises(FileNotFoundError, match=f"no checkpoint of {stage}"):
+        ck.restore(pool, stage, emus, specs[stage], where)

@@ -36,6 +36,7 @@ from nereus.transition.emu import Emu
 
 _ASIDE = re.compile(r"\.step-(?P<tag>.+)\.(?P<kind>partial|old)-(?P<stamp>\d+)")
 COMPLETE = "COMPLETE"  # marker written after every model-stage of a checkpoint is saved
+DCP_METADATA = ".metadata"  # what torch.distributed.checkpoint's FileSystemWriter writes last
 
 
 def _init_default_group(ctx: WorkerContext, store: StoreAddress, prefix: str, rank: int,
@@ -216,8 +217,10 @@ class Checkpointer:
         return max(done, key=lambda p: (p / COMPLETE).stat().st_mtime_ns)
 
     def holds(self, where: Path, stage: str) -> bool:
-        """Whether the checkpoint ``where`` has ``stage``'s state."""
-        return (where / stage).is_dir()
+        """Whether the checkpoint ``where`` has ``stage``'s state: its folder with the
+        metadata DCP writes last (and reads first), so a folder whose save never finished,
+        or whose metadata is gone, is refused before a restore depends on it."""
+        return (where / stage / DCP_METADATA).is_file()
 
     def restore(self, pool: WorkerPool, stage: str, units: Sequence[Emu], spec: StateSpec,
                 where: Path | None = None) -> float:

@@ -233,8 +233,8 @@ def recover(pool: WorkerPool, executor: Executor, job: JobSpec, report: FaultRep
 
     pool.shrink(report.dead)
     target = target_for(pool.device_ids)
-    held = {e.stage for es in report.intact.values() for e in es} | {e.stage
-                                                                     for e in report.lost}
+    held = {e.stage for es in report.intact.values() for e in es}
+    held |= {e.stage for e in report.lost}
     unplaced = sorted(held - set(target.names))
     if unplaced:  # its state would be left on the workers, or lost, outside any plan
         raise RuntimeError(f"the target plan places no {', '.join(unplaced)}, which the job "
