@@ -100,11 +100,11 @@ def test_link_keys_of_unused_groups_do_not_split_the_rows():
     assert keys == {cost._link_key(j.workflow.stage(sp.stage), sp.candidate, None)}
 
 
-def test_job_tokens_tell_jobs_apart_and_are_never_reused():
+def test_tokens_tell_jobs_apart_and_are_never_reused():
     a, b = job(1000, 1000), job(1000, 2000)
-    ta, tb = model._job_token(a), model._job_token(b)
-    assert ta != tb and model._job_token(job(1000, 1000)) == ta
-    fresh = [model._job_token(job(1000 + i, 1000 + i)) for i in range(1, 4)]
+    ta, tb = model._token(a), model._token(b)
+    assert ta != tb and model._token(job(1000, 1000)) == ta
+    fresh = [model._token(job(1000 + i, 1000 + i)) for i in range(1, 4)]
     assert len(set(fresh) | {ta, tb}) == 5
 
 

@@ -228,7 +228,7 @@ class _IdealMemo:
     sum(ideal / eff) over rows), so the rows and memory are reused as they are and every
     figure stays exactly what a fresh evaluation gives. The key holds everything else the
     rows read: the job (model, cluster, pool, workflow, workload lengths; as its
-    ``_job_token``), the memory scale, and of ``Links`` only whether each kind of group
+    ``_token``), the memory scale, and of ``Links`` only whether each kind of group
     crosses nodes (``_intra``; for one candidate, only the kinds it uses:
     ``CostModel._link_key``), not which GPU ids it names (those reach the estimate's notes,
     which are built per call). The other memos below use the same class.
@@ -292,12 +292,6 @@ def _token(key: object) -> int:
     return got
 
 
-def _job_token(job: JobSpec) -> int:
-    """``_token`` of ``job``: a ``JobSpec`` hashes its model, cluster, pool, workflow and
-    workload field by field on every lookup."""
-    return _token(job)
-
-
 class _Parts(NamedTuple):
     """What ``CostModel.estimate`` builds of one candidate besides the efficiencies (which it
     reads only through the ops' ideal seconds, in ``Estimate.latency_s``). Shared between
@@ -334,7 +328,7 @@ class CostModel:
         self.node_size = min(job.cluster.devices_per_node, job.pool.largest_node_share())
         # what the shared memos key on besides the stage and candidates (``memory_scale`` is
         # not written to after this)
-        self._memo_key = (_job_token(job),
+        self._memo_key = (_token(job),
                           tuple(sorted((k.value, v) for k, v in self.memory_scale.items())))
         self._rows_key: int | None = None
         self._sync_key: int | None = None
@@ -433,10 +427,10 @@ class CostModel:
         Its ops, memory and notes come from ``_PARTS`` where a cost model of the same job built
         them before: they do not depend on the efficiencies, except a generation stage's on the
         two that ``evaluate``'s key holds. The key holds everything else they read: the job
-        (``_job_token``), the memory scale, the stage, the candidate, the co-resident bytes and
+        (``_token``), the memory scale, the stage, the candidate, the co-resident bytes and
         ``links`` whole (the notes name its GPU ids)."""
         st = self._stage(stage)
-        if links is not None and self._as_sized(cand, links):
+        if links is not None and self._as_sized(st, cand, links):
             # the same rows and notes as without: share the estimate (a placed plan's notes
             # compare each stage with its node-aligned price, ``plan.evaluate``)
             links = None
@@ -464,7 +458,7 @@ class CostModel:
                         self.device.memory_bytes, parts.notes)
 
     def _rows_token(self) -> int:
-        """``_job_token`` of the job without its longest response (what training and forward
+        """``_token`` of the job without its longest response (what training and forward
         ops read of the job: model, cluster, pool, workflow and every other workload field),
         taken once per cost model."""
         if self._rows_key is None:
@@ -499,15 +493,10 @@ class CostModel:
                 out.append(sized[kind] if placed is None else not placed)
         return tuple(out)
 
-    def _as_sized(self, c: Candidate, links: Links) -> bool:
-        """Whether ``links`` put every group of ``c`` inside a node, as its sizes would
-        (``_intra``'s tests): then its estimate on them is the one without them, the same ops
-        and, no group spanning nodes, no link notes."""
-        n = self.node_size
-        return not links.spans() and (links.tp is None or c.tp <= n) \
-            and (links.pp is None or c.layout.size <= n) \
-            and (links.embed is None or c.layout.size <= n) \
-            and (links.dp is None or c.gpus <= n)
+    def _as_sized(self, st: ModelStage, c: Candidate, links: Links) -> bool:
+        """Whether ``c``'s estimate on ``links`` is its estimate without them: the same ops
+        (``priced_as_sized``) and, no group it uses spanning nodes, no link notes."""
+        return self.priced_as_sized(st, c, links) and not self.spanning(st, c, links)
 
     def to_estimate(self, ev: Evaluation, i: int) -> Estimate:
         return self._op_estimate(ev.stage, ev.candidates[i], ev.rows, ev.memory, ev.resident,
@@ -710,7 +699,7 @@ class CostModel:
         return self.weight_sync_memory(train, gen), (parts[0], parts[1], parts[2])
 
     def _sync_token(self) -> int:
-        """``_job_token`` of what the weight sync reads of the job: all of it but the response
+        """``_token`` of what the weight sync reads of the job: all of it but the response
         lengths (model, cluster, pool, workflow, precision), taken once per cost model."""
         if self._sync_key is None:
             j, w = self.job, self.job.workload
