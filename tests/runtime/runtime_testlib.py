@@ -88,14 +88,19 @@ def worker_resources(pool: WorkerPool) -> dict[int, tuple[int, int, int, list[st
     return pool.run_all(_worker_resources)
 
 
-def _drop_everything(ctx: WorkerContext) -> None:
+def _drop_everything(ctx: WorkerContext) -> int:
+    """Drops every unit; returns how many Split or Merge outputs were left unsettled."""
+    unsettled = len(ctx.pending)
+    ctx.pending.clear()
     for u in list(ctx.units):
         ctx.drop(u)
     ctx.memory.reset_peak()
+    return unsettled
 
 
-def clear_units(pool: WorkerPool) -> None:
-    pool.run_all(_drop_everything)
+def clear_units(pool: WorkerPool) -> dict[int, int]:
+    """Drops every unit on every worker; returns the unsettled outputs each had."""
+    return pool.run_all(_drop_everything)
 
 
 def wait_released(pool: WorkerPool, baseline: Mapping[int, int], timeout_s: float = 30.0
@@ -165,9 +170,11 @@ def leaves_nothing(pool: WorkerPool, clear: bool = True) -> Iterator[None]:
         yield
     finally:
         after = wait_released(pool, before)
+        unsettled = {}
         if clear:
-            clear_units(pool)
+            unsettled = {d: n for d, n in clear_units(pool).items() if n}
             pool.set_capacity(pool.capacity_bytes)
+        assert not unsettled, f"Split or Merge outputs never settled: {unsettled}"
         assert all(r[1] == 0 and r[2] == 0 for r in after.values()), after
         assert all(after[d][0] <= before.get(d, after[d][0]) for d in after), (before, after)
         assert listening_ports() <= before_driver

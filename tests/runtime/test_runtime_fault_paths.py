@@ -67,13 +67,15 @@ class _Arena:
 
 
 class _Worker:
-    """What the worker-side functions touch: ``units`` (id -> arena), ``drop``, ``rename``,
-    ``memory`` (``reset_peak``, ``stats``)."""
+    """What the worker-side functions touch: ``units`` (id -> arena), ``pending`` (unsettled
+    Split or Merge outputs: none here), ``drop``, ``rename``, ``memory`` (``reset_peak``,
+    ``stats``)."""
 
     def __init__(self, device_id: int, capacity: int):
         self.device_id = device_id
         self.capacity = capacity
         self.units: dict[str, _Arena] = {}
+        self.pending: dict[str, Any] = {}
         self.peak = 0
         self.memory = SimpleNamespace(reset_peak=self.reset_peak, stats=self.stats)
 

@@ -1,5 +1,6 @@
 """Split and Merge staged through host memory (``staged=True``): same bytes as unstaged, a
-peak of the larger shard instead of both, and a failure that puts the source back.
+peak of the larger shard instead of both, and a failure that puts the source back; and a Split
+or Merge, staged or not, that fails on one member while the others finish: every source stays.
 
 The first tests run one worker context in this process (no Ray); the others run transitions on
 CPU workers (gloo) in one Ray session for the module. Staged primitives come from a planned
@@ -9,6 +10,7 @@ schedule whose Splits and Merges are replaced by staged copies (``dataclasses.re
 from __future__ import annotations
 
 import random
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import replace
 
@@ -33,7 +35,13 @@ from nereus.runtime.faults import TransitionFailed, recover
 from nereus.runtime.loading import seeded_meta
 from nereus.runtime.memory import block_bytes
 from nereus.runtime.placement import place_plan
-from nereus.runtime.primitives import launch, need_bytes, workers_of
+from nereus.runtime.primitives import (
+    launch,
+    need_bytes,
+    settle_calls,
+    split_member_groups,
+    workers_of,
+)
 from nereus.runtime.splitting import staging_bytes
 from nereus.runtime.state import ShardedState, StateSpec, arena_layout
 from nereus.runtime.workers import WorkerContext, WorkerPool
@@ -61,7 +69,8 @@ def _bytes_of(ctx: WorkerContext, unit: str) -> torch.Tensor:
 def test_staged_merge_cuts_the_same_bytes_at_the_larger_shard(position: tuple[int, int]
                                                               ) -> None:
     """A tp=1 replica merged into position ``position`` of tp=2: staged and unstaged give the
-    same arena; staged, the worker's peak is the source (the larger shard), not both."""
+    same arena; staged, the worker's peak is the source (the larger shard), not both. The
+    source (staged: its host copy) stays until the Merge settles."""
     old = arena_layout(SPEC, 1, 1, 0, 0).nbytes
     new = arena_layout(SPEC, 2, 1, *position).nbytes
     out = {}
@@ -70,8 +79,12 @@ def test_staged_merge_cuts_the_same_bytes_at_the_larger_shard(position: tuple[in
         mv.place_seeded(ctx, "src", SPEC, (1, 1), (0, 0), seed=3)
         ctx.memory.reset_peak()
         res = mv.merge_member(ctx, "src", "dst", (2, 1), position, staged=staged)
-        assert set(ctx.units) == {"dst"} and res.held_after == new
-        assert res.peak == (max(old, new) if staged else old + new)
+        assert set(ctx.units) == ({"dst"} if staged else {"src", "dst"})
+        assert res.held_after == (new if staged else old + new)
+        assert set(ctx.pending) == {"dst"}
+        assert mv.settle_member(ctx, "dst", keep=True) == new
+        assert set(ctx.units) == {"dst"} and not ctx.pending
+        assert res.peak == ctx.memory.stats().peak == (max(old, new) if staged else old + new)
         out[staged] = _bytes_of(ctx, "dst")
     assert torch.equal(out[False], out[True])
 
@@ -101,6 +114,22 @@ def test_a_staged_merge_that_fails_puts_the_source_back(monkeypatch: pytest.Monk
     assert torch.equal(_bytes_of(ctx, "src"), before)
     assert ctx.units["src"].meta == seeded_meta(4)
     assert ctx.memory.stats().held == held
+
+
+@pytest.mark.parametrize("staged", [True, False])
+def test_a_merge_settled_without_keeping_puts_the_source_back(staged: bool) -> None:
+    """Another member of the Merge failed: this one drops the shard it made and holds its
+    source again, bitwise (from the host copy when staged), and what it held before; settling
+    again changes nothing."""
+    ctx = _ctx()
+    mv.place_seeded(ctx, "src", SPEC, (1, 1), (0, 0), seed=7)
+    before, held = _bytes_of(ctx, "src"), ctx.memory.stats().held
+    mv.merge_member(ctx, "src", "dst", (2, 1), (1, 0), staged=staged)
+    assert mv.settle_member(ctx, "dst", keep=False) == held
+    assert set(ctx.units) == {"src"} and not ctx.pending
+    assert torch.equal(_bytes_of(ctx, "src"), before)
+    assert ctx.units["src"].meta == seeded_meta(7)
+    assert mv.settle_member(ctx, "dst", keep=True) == held and set(ctx.units) == {"src"}
 
 
 def test_a_staged_split_that_cannot_join_puts_the_source_back() -> None:
@@ -210,6 +239,7 @@ def _run_one_by_one(pool: WorkerPool, schedule: Schedule, specs: Mapping[str, St
             before = pool.run({g: (_fresh_count, (ids,)) for g in workers_of(p)})
             refs, _ = launch(p, pool, rv, specs[p.stage], f"t{sp.index}", 60.0)
             peak = {g: r.peak for g, r in zip(refs, ray.get(list(refs.values())))}
+            pool.run(settle_calls(p, refs, keep=True))
             out.append((p, before, peak))
     return out
 
@@ -349,10 +379,13 @@ def _mend_cut(ctx: WorkerContext) -> None:
         mv.cut = ctx.scratch.pop("cut")
 
 
-def test_a_staged_merge_failing_in_a_worker_keeps_its_source(clean: WorkerPool) -> None:
-    """One worker of a staged Merge fails after its replica left the device: it puts the
-    replica back, so the stage keeps a complete copy (the other worker's replica was merged
-    away) and recovery needs no checkpoint."""
+@pytest.mark.parametrize("staged", [True, False])
+def test_a_merge_failing_in_one_worker_keeps_every_source(clean: WorkerPool, staged: bool
+                                                          ) -> None:
+    """One worker of a Merge fails (staged: after its replica left the device, and it puts
+    the replica back); the other worker, which made its part, keeps its replica too until
+    the Merge settles, so both replicas stay, every byte held as before, and recovery needs
+    no checkpoint."""
     pool = clean
     job = cpu_job("tiny-llama", 2)
     stage = "actor_train"
@@ -360,9 +393,11 @@ def test_a_staged_merge_failing_in_a_worker_keeps_its_source(clean: WorkerPool) 
     seeds = stage_seeds(job, 23)
     current = _plan(job, stage, 1, 1, [[0], [1]])
     target = _plan(job, stage, 2, 1, [[0, 1]])
-    schedule = _staged(plan_transition(job, current, target))
-    assert [sp.op for sp in schedule.primitives] == ["Merge"]
+    schedule = plan_transition(job, current, target)
+    schedule = _staged(schedule) if staged else schedule
+    assert [(sp.op, sp.primitive.staged) for sp in schedule.primitives] == [("Merge", staged)]
     place_plan(pool, job, current, specs, seeds)
+    held = {d: s.held for d, s in pool.memory().items()}
     pool.run({1: (_break_cut, ())})
     try:
         ex = Executor(pool, specs, min_timeout_s=5.0)
@@ -372,9 +407,65 @@ def test_a_staged_merge_failing_in_a_worker_keeps_its_source(clean: WorkerPool) 
         pool.run({1: (_mend_cut, ())})
     rep = info.value.report
     assert rep.dead == frozenset() and set(rep.failed) == {0} and set(rep.failed[0]) == {1}
-    kept = next(e for e in schedule.initial[stage] if e.gpus == (1,))
-    assert rep.intact[stage] == (kept,)
+    assert rep.intact[stage] == tuple(sorted(schedule.initial[stage], key=lambda e: e.id))
+    assert {d: s.held for d, s in pool.memory().items()} == held
     check_stages(pool, job, rep.intact, seeds)
     rec = recover(pool, ex, job, rep, lambda ids: target)
     assert rec.restored == ()
+    check_stages(pool, job, rec.units, seeds)
+
+
+def _break_split(ctx: WorkerContext, delay_s: float) -> None:
+    """Make this worker's next Split fail after ``delay_s`` (an error inside the worker that
+    is not a death: an allocation failure, say), once the other groups have finished."""
+    real = mv.split_member
+
+    def broken(*args: object, **kwargs: object) -> mv.MoveResult:
+        time.sleep(delay_s)
+        raise RuntimeError("injected fault in the split")
+
+    ctx.scratch["split_member"] = real
+    mv.split_member = broken
+
+
+def _mend_split(ctx: WorkerContext) -> None:
+    if "split_member" in ctx.scratch:
+        mv.split_member = ctx.scratch.pop("split_member")
+
+
+def test_a_split_failing_in_one_group_keeps_the_only_copy(clean: WorkerPool) -> None:
+    """A Split of a stage's only unit into two groups ((tp=2, pp=2) into two tp=2 replicas);
+    a member of one group fails after the other group finished its part. The members that
+    finished keep their source positions until the Split settles, so the source unit stays
+    intact, every byte held as before, and recovery reaches the target without a
+    checkpoint."""
+    pool = clean
+    job = cpu_job("tiny-llama", 4)
+    stage = "actor_train"
+    specs = state_specs(job, "cpu")
+    seeds = stage_seeds(job, 24)
+    current = _plan(job, stage, 2, 2, [[0, 1, 2, 3]])
+    target = _plan(job, stage, 2, 1, [[0, 1], [2, 3]])
+    schedule = plan_transition(job, current, target)
+    assert [sp.op for sp in schedule.primitives] == ["Split"]
+    groups = [members for _, members, _ in split_member_groups(schedule.primitives[0].primitive)]
+    assert len(groups) == 2
+    place_plan(pool, job, current, specs, seeds)
+    held = {d: s.held for d, s in pool.memory().items()}
+    bad = groups[1][-1]
+    pool.run({bad: (_break_split, (2.0,))})
+    try:
+        ex = Executor(pool, specs, min_timeout_s=5.0)
+        with pytest.raises(TransitionFailed, match="injected fault") as info:
+            ex.run(schedule)
+    finally:
+        pool.run({bad: (_mend_split, ())})
+    rep = info.value.report
+    assert rep.dead == frozenset() and set(rep.failed) == {0}
+    assert set(rep.failed[0]) == set(groups[1])  # the other group finished its part
+    assert rep.intact[stage] == schedule.initial[stage]
+    assert {d: s.held for d, s in pool.memory().items()} == held
+    check_stages(pool, job, rep.intact, seeds)
+    rec = recover(pool, ex, job, rep, lambda ids: target)
+    assert rec.restored == () and not rec.rolled_back
     check_stages(pool, job, rec.units, seeds)

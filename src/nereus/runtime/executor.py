@@ -54,6 +54,7 @@ from nereus.runtime.primitives import (
     fit_bucket,
     launch,
     need_bytes,
+    settle_calls,
     workers_of,
 )
 from nereus.runtime.state import StateSpec
@@ -221,12 +222,16 @@ class Executor:
                 self._collect(running)
                 hung = _give_up_late(running)
                 for i in [i for i, r in running.items() if not r.pending() and not r.errors]:
-                    r = running.pop(i)
+                    r = running[i]
+                    settled = self._settle(r, keep=True)
+                    if r.errors:  # a worker died as it settled
+                        continue
+                    del running[i]
                     end = time.perf_counter() - t0
                     timings[i] = PrimitiveTiming.of(i, r.prim, r.start, end, r.results,
                                                     len(r.groups))
                     for d, res in r.results.items():
-                        held[d] = res.held_after
+                        held[d] = settled.get(d, res.held_after)
                     for e in r.prim.consumed:  # an Extend's source stays
                         units.pop(e.id, None)
                     units.update({e.id: e for e in r.prim.outputs})
@@ -344,6 +349,22 @@ class Executor:
         return _Running(i, p, refs, groups, start, time.monotonic() + timeout + self.grace_s,
                         f"within its {timeout:.6g} s timeout + {self.grace_s:g} s grace")
 
+    def _settle(self, r: _Running, keep: bool, skip: set[int] = frozenset()
+                ) -> dict[int, int]:
+        """The second phase of a Split or Merge whose calls have all ended, on the members
+        that made their part (``mv.settle_member``) and are not in ``skip`` (dead or hung):
+        ``keep`` the new units (every member made its part) or the sources (one did not). A
+        worker that fails to settle joins ``r.errors``. Returns the bytes each member that
+        settled holds after."""
+        calls = settle_calls(r.prim, [d for d in r.results if d not in skip], keep)
+        if not calls:
+            return {}
+        try:
+            return self.pool.run(calls, self.grace_s)
+        except WorkerCallsFailed as e:
+            r.errors.update(e.errors)
+            return e.results
+
     def _event(self, kind: str, i: int, p: Primitive) -> None:
         if self.on_event is not None:
             self.on_event(kind, i, p)
@@ -409,6 +430,8 @@ class Executor:
         while any(r.pending() for r in running.values()):
             self._collect(running)
             _give_up_late(running)
+        for r in running.values():  # the sources of a failed Split or Merge stay
+            self._settle(r, keep=not r.errors, skip=dead | silent)
         log.debug("running primitives ended at %.3f s", time.perf_counter() - t0)
         hung = silent | {d for r in running.values() for d, e in r.errors.items()
                          if isinstance(e, WorkerHung)}

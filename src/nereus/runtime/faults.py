@@ -91,6 +91,8 @@ def _describe_error(e: BaseException) -> str:
 
 
 def _drop_all(ctx: Any, ids: Sequence[str]) -> int:
+    for i in ids:  # an unsettled new unit (its worker's settle call failed) goes with its
+        ctx.pending.pop(i, None)  # host copy of the source
     return sum(ctx.drop(i) for i in ids)
 
 

@@ -99,12 +99,11 @@ def split_member(ctx: WorkerContext, group: GroupSpec, src_id: str, out_id: str,
         if host is not None:
             restore(ctx, src_id, host)
         raise
-    if host is None:
-        # Nothing may view the source when it is dropped (its memory is reused): the group's
-        # last operations held its tensors until the backend was destroyed, which
-        # ``_split_into`` did before returning.
-        ctx.drop(src_id)  # the source lives until its broadcasts ended
+    # The source stays until the Split settles (``settle_member``). When it goes, nothing may
+    # view it (its memory is reused): the group's last operations held its tensors until the
+    # backend was destroyed, which ``_split_into`` did before returning.
     ctx.hold(out_id, target)
+    ctx.pending[out_id] = (src_id, host)
     return _result(ctx, t0, setup, move, sent, received, target.meta.digest(), detail)
 
 
@@ -240,10 +239,31 @@ def merge_member(ctx: WorkerContext, src_id: str, out_id: str, layout: tuple[int
             restore(ctx, src_id, host)
         raise
     move = time.perf_counter() - t0
-    if host is None:
-        ctx.drop(src_id)
     ctx.hold(out_id, target)
+    ctx.pending[out_id] = (src_id, host)  # the source stays until the Merge settles
     return _result(ctx, t0, 0.0, move, 0, 0, target.meta.digest())
+
+
+# ---------------------------------------------------------------- settling Split and Merge
+def settle_member(ctx: WorkerContext, out_id: str, keep: bool) -> int:
+    """The second phase of this worker's part of a Split or Merge, sent once every member has
+    answered. A member that finished its part drops nothing yet: a Split's groups, and a
+    Merge's members, end on their own, and a source dropped where one member finished would be
+    lost with the new unit where another failed. ``keep``: every member made its part, so the
+    source goes (its device arena, or the host copy of a staged one); else the new arena goes
+    and the source stays (put back on the device from the host copy where it was staged).
+    A new unit settled before is left as it is. Returns the bytes held after."""
+    entry = ctx.pending.pop(out_id, None)
+    if entry is not None:
+        src_id, host = entry
+        if keep:
+            if host is None:
+                ctx.drop(src_id)
+        else:
+            ctx.drop(out_id)
+            if host is not None:
+                restore(ctx, src_id, host)
+    return ctx.memory.stats().held
 
 
 def _merge_into(ctx: WorkerContext, src: ShardedState, out_id: str, layout: tuple[int, int],

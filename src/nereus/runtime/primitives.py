@@ -12,7 +12,7 @@ source is freed on the device before its new shard is allocated.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -134,6 +134,17 @@ def launch(p: Primitive, pool: WorkerPool, rv: Rendezvous, spec: StateSpec, tag:
     else:
         raise TypeError(f"not a primitive: {p!r}")
     return refs, groups
+
+
+def settle_calls(p: Primitive, members: Iterable[int], keep: bool
+                 ) -> dict[int, tuple[Callable[..., Any], tuple[Any, ...]]]:
+    """The calls (``WorkerPool.run``'s) that settle a Split or Merge on ``members``, the
+    workers that made their part of it (``movement.settle_member``): ``keep`` the new units,
+    every member having made its part, or the sources. None for an Extend or a Destroy."""
+    if not isinstance(p, (Split, Merge)):
+        return {}
+    out = {g: e.id for e in p.outputs for g in e.gpus}
+    return {g: (mv.settle_member, (out[g], keep)) for g in members}
 
 
 @dataclass(frozen=True)

@@ -60,6 +60,9 @@ class WorkerContext:
         # CUDA's caching allocator already reuses GPU memory; CPU workers reuse arenas here.
         self.cache = ArenaCache() if device.type == "cpu" else None
         self.units: dict[str, ShardedState] = {}
+        # a Split's or Merge's new units whose primitive has not settled (``movement.
+        # settle_member``): new id -> (source id, the host copy of a staged source)
+        self.pending: dict[str, tuple[str, ShardedState | None]] = {}
         self.groups: dict[str, Group] = {}
         self.zombies: list[Any] = []  # aborted groups / joins whose backend is still busy
         self._joining: dict[str, Any] = {}  # PendingJoin by group name
