@@ -133,6 +133,36 @@ def test_pool_grows_and_shrinks_with_its_processes(pool: WorkerPool) -> None:
     assert gone([new[4], new[5]])
 
 
+def _free_slots(expected: float) -> float:
+    """The free device slots once Ray's view has settled on ``expected`` (or 20 s passed)."""
+    deadline = time.monotonic() + 20
+    while ray.available_resources().get("nereus_slot", 0) != expected \
+            and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return ray.available_resources().get("nereus_slot", 0)
+
+
+def test_a_grow_after_a_shrink_reuses_the_bundle_it_emptied(pool: WorkerPool) -> None:
+    """Ray frees a placement group only whole: a worker shrunk out of a batch leaves its
+    bundle reserved, so the next grow starts there instead of asking the cluster for a slot
+    it may not have; once the batch's last worker goes, its slots are free again."""
+    free = ray.available_resources()["nereus_slot"]
+    pool.grow([4, 5])
+    try:
+        pool.shrink([5])
+        assert pool.device_ids == (0, 1, 2, 3, 4)
+        assert _free_slots(free - 2) == free - 2  # the bundle of 5 is still reserved
+        pool.grow([6])
+        assert pool.device_ids == (0, 1, 2, 3, 4, 6)
+        assert ray.get(pool.submit(6, _whoami, 1, y=1))[0] == 6
+        assert pool._slots[6].group.id == pool._slots[4].group.id
+        assert _free_slots(free - 2) == free - 2  # no new slot was taken
+    finally:
+        pool.shrink([4, 5, 6])
+    assert pool.device_ids == (0, 1, 2, 3)
+    assert _free_slots(free) == free
+
+
 def _mark(ctx: WorkerContext, key: str) -> None:
     ctx.scratch[key] = True
 

@@ -375,6 +375,9 @@ class WorkerPool:
         self.threads = threads
         self.ready_timeout_s = ready_timeout_s
         self._slots: dict[int, _Slot] = {}
+        # bundles that ``shrink`` emptied in placement groups other workers still use: Ray
+        # frees a placement group whole, so ``grow`` spawns into these first
+        self._spare: list[tuple[PlacementGroup, int]] = []
 
     @classmethod
     def start(cls, devices: int | Sequence[int], *, kind: str = "auto",
@@ -428,21 +431,29 @@ class WorkerPool:
                                                    self.threads)
 
     def grow(self, device_ids: Iterable[int]) -> None:
-        """Add workers for new device ids (one placement group for the batch). All or
-        nothing: on any error (no room, a worker not ready in time) the workers and the
-        placement group made for the batch are removed before the error is raised."""
+        """Add workers for new device ids: first into bundles ``shrink`` left spare, the rest
+        in one new placement group for the batch. All or nothing: on any error (no room, a
+        worker not ready in time) the workers started are stopped, the spare bundles stay
+        spare and the placement group made for the batch is removed before the error is
+        raised."""
         ids = list(dict.fromkeys(d for d in device_ids if d not in self._slots))
         if not ids:
             return
-        group = placement_group([self._bundle() for _ in ids], strategy="PACK")
+        reused = dict(zip(ids, self._spare))
+        fresh = ids[len(reused):]
+        group = placement_group([self._bundle() for _ in fresh], strategy="PACK") \
+            if fresh else None
         actors: dict[int, Any] = {}
         try:
-            if not group.wait(self.ready_timeout_s):
+            if group is not None and not group.wait(self.ready_timeout_s):
                 res = "GPU" if self.kind == "gpu" else self.slot_resource
                 have = ray.available_resources().get(res, 0)
                 raise InfeasibleError(f"pool: {len(ids)} more {self.kind} device(s) requested, "
-                                      f"the Ray cluster has {have:g} free ({res})")
-            for i, d in enumerate(ids):
+                                      f"the Ray cluster has {have:g} free ({res})"
+                                      + (f" beyond {len(reused)} spare" if reused else ""))
+            for d, (g, b) in reused.items():
+                actors[d] = self._spawn(d, g, b)
+            for i, d in enumerate(fresh):
                 actors[d] = self._spawn(d, group, i)
             ray.get([a.info.remote() for a in actors.values()], timeout=self.ready_timeout_s)
         except BaseException:
@@ -450,20 +461,29 @@ class WorkerPool:
             for a in actors.values():
                 with contextlib.suppress(Exception):
                     ray.kill(a, no_restart=True)
-            with contextlib.suppress(Exception):
-                remove_placement_group(group)
+            if group is not None:
+                with contextlib.suppress(Exception):
+                    remove_placement_group(group)
             raise
-        for i, d in enumerate(ids):
+        del self._spare[:len(reused)]
+        for d, (g, b) in reused.items():
+            self._slots[d] = _Slot(actors[d], g, b)
+        for i, d in enumerate(fresh):
             self._slots[d] = _Slot(actors[d], group, i)
 
     def shrink(self, device_ids: Iterable[int]) -> None:
-        """Stop the workers of ``device_ids`` and free their placement bundles."""
+        """Stop the workers of ``device_ids`` and free their placement bundles: a placement
+        group no worker uses any more is removed; a bundle of one that others still use is
+        kept for the next ``grow`` (Ray frees a placement group only whole)."""
         for d in list(device_ids):
             slot = self._slots.pop(d, None)
             if slot is None:
                 continue
             ray.kill(slot.actor, no_restart=True)
-            if not any(s.group.id == slot.group.id for s in self._slots.values()):
+            if any(s.group.id == slot.group.id for s in self._slots.values()):
+                self._spare.append((slot.group, slot.bundle))
+            else:
+                self._spare = [(g, b) for g, b in self._spare if g.id != slot.group.id]
                 remove_placement_group(slot.group)
 
     def kill(self, device_ids: Iterable[int]) -> None:
@@ -490,6 +510,7 @@ class WorkerPool:
         for g in groups.values():
             remove_placement_group(g)
         self._slots.clear()
+        self._spare.clear()
 
     def __enter__(self) -> WorkerPool:
         return self
