@@ -7,17 +7,23 @@ from pathlib import Path
 import pytest
 
 from nereus.cost.candidate import Layout
-from nereus.runtime.checkpoint import Checkpointer
+from nereus.runtime.checkpoint import SLOW_IO_BW, Checkpointer
+from nereus.runtime.workers import GRACE_S
 from nereus.transition.emu import Emu, Holds
 
 
 class _Pool:
-    """Stands in for the workers: writes one file per stage, or fails when told to."""
+    """Stands in for the workers: writes one file per stage, or fails when told to; records
+    how long each batch of calls was given."""
+
+    capacity_bytes = 5 * 10**9
 
     def __init__(self) -> None:
         self.fail = False
+        self.timeouts: list[float | None] = []
 
-    def run(self, calls):
+    def run(self, calls, timeout_s=None):
+        self.timeouts.append(timeout_s)
         if self.fail:
             raise RuntimeError("worker 1 died")
         for fn, args in calls.values():
@@ -122,3 +128,15 @@ def test_the_latest_checkpoint_is_the_highest_step_whatever_the_files_times(tmp_
         marker.touch()
         os.utime(marker, (t, t))
     assert Checkpointer(root, timeout_s=10).latest() == root / "step-10"
+
+
+def test_a_save_waits_on_its_workers_for_a_bounded_time(tmp_path) -> None:
+    """A worker stuck in a save fails the save instead of hanging it: its calls are due
+    within the collectives' timeout, a full worker's bytes at the slowest assumed storage
+    rate, and the grace."""
+    ck = Checkpointer(tmp_path / "ckpt", timeout_s=10)
+    pool = _Pool()
+    unit = Emu("actor_train/0", "actor_train", "actor", Layout(1, 2), (0, 1), Holds.THETA_OMEGA)
+    ck.save(pool, {"actor_train": [unit]}, tag=1)
+    assert pool.timeouts == [ck.due_s(pool)]
+    assert ck.due_s(pool) == 10 + 5e9 / SLOW_IO_BW + GRACE_S

@@ -30,13 +30,17 @@ import torch.distributed as dist
 from nereus.runtime.comm import Rendezvous, StoreAddress
 from nereus.runtime.movement import META_BYTES, _meta_from, _meta_tensor
 from nereus.runtime.state import ShardedState, StateMeta, StateSpec
-from nereus.runtime.workers import WorkerContext, WorkerPool
+from nereus.runtime.workers import GRACE_S, WorkerContext, WorkerPool
 from nereus.spec.sharding import EMBED, LM_HEAD, is_kv
 from nereus.transition.emu import Emu
 
 _ASIDE = re.compile(r"\.step-(?P<tag>.+)\.(?P<kind>partial|old)-(?P<stamp>\d+)")
 COMPLETE = "COMPLETE"  # marker written after every model-stage of a checkpoint is saved
 DCP_METADATA = ".metadata"  # what torch.distributed.checkpoint's FileSystemWriter writes last
+# bytes/s: the slowest rate at which a live worker is assumed to write or read its part of a
+# checkpoint (an assumption, as the executor's SLOW_BW): a call slower than a full worker's
+# bytes at this rate, beyond the collectives' timeout, is taken as hung
+SLOW_IO_BW = 50e6
 
 
 def _init_default_group(ctx: WorkerContext, store: StoreAddress, prefix: str, rank: int,
@@ -165,7 +169,7 @@ class Checkpointer:
                     prefix = f"ckpt-save/{stage}/{time.time_ns()}/"
                     pool.run({g: (dcp_save, (e.id, str(partial / stage), rv.address, prefix, i,
                                              len(e.gpus), self.timeout_s, self.sync_files))
-                              for i, g in enumerate(e.gpus)})
+                              for i, g in enumerate(e.gpus)}, self.due_s(pool))
             (partial / COMPLETE).write_text(str(tag))
         except BaseException:
             shutil.rmtree(partial, ignore_errors=True)
@@ -241,5 +245,11 @@ class Checkpointer:
                                            str(where / stage), rv.address, prefix, base + i,
                                            world, self.timeout_s))
                 base += len(e.gpus)
-            pool.run(calls)
+            pool.run(calls, self.due_s(pool))
         return time.perf_counter() - t0
+
+    def due_s(self, pool: WorkerPool) -> float:
+        """How long a worker's save or load call may take before it counts as hung
+        (``WorkerCallsFailed`` naming it): the collectives' timeout, a full worker's bytes
+        (its capacity) at ``SLOW_IO_BW``, and ``GRACE_S``."""
+        return self.timeout_s + pool.capacity_bytes / SLOW_IO_BW + GRACE_S

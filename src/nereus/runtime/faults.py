@@ -226,8 +226,8 @@ def recover(pool: WorkerPool, executor: Executor, job: JobSpec, report: FaultRep
     of every trained model (``rolled_back``; see the module's docstring). The target must
     place every model-stage the job held, and the checkpoint hold what must be restored: both
     are checked before anything is dropped or moved (``RuntimeError`` when they do not). A
-    worker call here that does not return within ``GRACE_S`` fails it (``WorkerCallsFailed``)
-    instead of hanging it.
+    worker call here that does not return within ``GRACE_S`` (a checkpoint load: within
+    ``Checkpointer.due_s``) fails it (``WorkerCallsFailed``) instead of hanging it.
     """
     from nereus.spec.cluster import GpuPool
     from nereus.transition.emu import phi
