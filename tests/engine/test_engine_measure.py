@@ -3,15 +3,22 @@ memory held, with where each number came from."""
 
 from __future__ import annotations
 
+import pytest
 import torch
-
 from engine_testlib import logical_state, shards_for
+
 from nereus.cost.ops import OpClass
 from nereus.engine.batch import Batch
 from nereus.engine.groups import Position
 from nereus.engine.layers import matmul
 from nereus.engine.losses import weighted_nll
-from nereus.engine.measure import OTHER, Recorder, StageMeasurement, WorkerMeasurement, measured
+from nereus.engine.measure import (
+    OTHER,
+    Recorder,
+    StageMeasurement,
+    WorkerMeasurement,
+    measured,
+)
 from nereus.engine.optim import AdamConfig, AdamState
 from nereus.engine.sampling import SamplingParams
 from nereus.engine.stage import StageEngine
@@ -31,9 +38,8 @@ def test_backward_of_a_timed_matmul_is_timed_too() -> None:
 
 def test_nested_spans_count_once_and_decode_mode_maps_compute() -> None:
     rec = Recorder("cpu")
-    with rec.span(OpClass.GEMM):
-        with rec.span(OpClass.ATTENTION):
-            pass
+    with rec.span(OpClass.GEMM), rec.span(OpClass.ATTENTION):
+        pass
     assert set(rec.totals()) == {"gemm"}
     rec.reset()
     rec.decode = True
@@ -167,3 +173,35 @@ def test_cpu_peak_on_a_worker_counts_every_unit_it_holds() -> None:
     assert m.peak_mem_bytes >= own + other + grads
     _, f = remote.forward(ctx, "k", b, 2)   # a timed run: no memory, and says so
     assert f.peak_mem_bytes is None and not f.profiled and f.state_bytes == own + other
+
+
+def test_an_engine_whose_unit_was_dropped_is_refused_before_it_computes() -> None:
+    """A transition dropped (or replaced) the unit an engine computes on: forward, generate
+    and train refuse, naming the unit, instead of running on (and training) bytes no unit
+    holds; the unit placed again under the same id is a new unit, refused too until attached
+    again."""
+    from nereus.engine import remote
+    from nereus.engine.sampling import SamplingParams
+    from nereus.runtime.movement import destroy_member, place_seeded
+    from nereus.runtime.state import StateSpec
+    from nereus.runtime.workers import WorkerContext
+
+    spec = StateSpec(MODEL_PRESETS["tiny-llama"], Head.LM)
+    ctx = WorkerContext(0, torch.device("cpu"), 1 << 30)
+    place_seeded(ctx, "actor", spec, (1, 1), (0, 0), seed=3)
+    remote.attach(ctx, "k", "actor", Position(), remote.GroupNames(), AdamConfig())
+    _, b = _engine()
+    remote.forward(ctx, "k", b, 2)  # attached: runs
+    destroy_member(ctx, "actor")
+    place_seeded(ctx, "actor", spec, (1, 1), (0, 0), seed=3)
+    held, meta = ctx.memory.stats().held, ctx.units["actor"].meta
+    for call in (lambda: remote.forward(ctx, "k", b, 2),
+                 lambda: remote.train(ctx, "k", b, weighted_nll, 2),
+                 lambda: remote.generate(ctx, "k", b, SamplingParams(max_new_tokens=2), None)):
+        with pytest.raises(RuntimeError, match="unit actor, which this worker no longer holds"):
+            call()
+    assert ctx.memory.stats().held == held and ctx.units["actor"].meta == meta
+    remote.attach(ctx, "k", "actor", Position(), remote.GroupNames(), AdamConfig())
+    remote.forward(ctx, "k", b, 2)
+    with pytest.raises(KeyError, match="no engine attached under 'nope'"):
+        remote.forward(ctx, "nope", b, 2)

@@ -39,6 +39,21 @@ class GroupNames:
 class _Attached:
     engine: StageEngine
     unit_id: str
+    state: Any  # the ``ShardedState`` whose views the engine computes on
+
+
+def _attached(ctx: Any, key: str) -> _Attached:
+    """The engine under ``key``, refused once its unit is no longer the one held under its id
+    (dropped, or replaced by a transition): its views would compute on, and train, bytes that
+    no unit holds any more."""
+    att = ctx.scratch.get(key)
+    if not isinstance(att, _Attached):
+        raise KeyError(f"worker {ctx.device_id}: no engine attached under {key!r}")
+    if ctx.units.get(att.unit_id) is not att.state:
+        raise RuntimeError(f"worker {ctx.device_id}: engine {key!r} computes on unit "
+                           f"{att.unit_id}, which this worker no longer holds as it was "
+                           "(dropped or moved by a transition); attach again")
+    return att
 
 
 def _backend(ctx: Any, name: str | None) -> Any:
@@ -68,7 +83,7 @@ def attach(ctx: Any, key: str, unit_id: str, pos: Position, names: GroupNames,
                             names.dp_intra, _backend(ctx, names.pp_grad))
     eng = StageEngine(spec.model, spec.head, pos, st.params, groups, state, adam,
                       resident_bytes=lambda: ctx.memory.stats().held)
-    ctx.scratch[key] = _Attached(eng, unit_id)
+    ctx.scratch[key] = _Attached(eng, unit_id, st)
     return int(spec.model.vocab_size)
 
 
@@ -84,11 +99,11 @@ def _reports(eng: StageEngine) -> bool:
 def train(ctx: Any, key: str, batch: Batch, loss_fn: LossFn, micro_batch: int,
           adam: AdamConfig | None = None, track_memory: bool | None = None,
           recompute: bool = False, temperature: float = 1.0) -> tuple[Any, WorkerMeasurement]:
-    att: _Attached = ctx.scratch[key]
+    att = _attached(ctx, key)
     eng = att.engine
     out = eng.train_step(batch, loss_fn, micro_batch, adam, track_memory, recompute,
                          temperature)
-    st = ctx.units[att.unit_id]
+    st = att.state
     assert eng.adam_state is not None
     st.meta = replace(st.meta, adam_step=eng.adam_state.step,
                       update_count=st.meta.update_count + 1)
@@ -97,7 +112,7 @@ def train(ctx: Any, key: str, batch: Batch, loss_fn: LossFn, micro_batch: int,
 
 def forward(ctx: Any, key: str, batch: Batch, micro_batch: int, track_memory: bool | None = None,
             temperature: float = 1.0) -> tuple[Any, WorkerMeasurement]:
-    eng = ctx.scratch[key].engine
+    eng = _attached(ctx, key).engine
     out = eng.forward(batch, micro_batch, track_memory, temperature)
     return (out.result.cpu() if _reports(eng) else None), out.measurement
 
@@ -105,7 +120,7 @@ def forward(ctx: Any, key: str, batch: Batch, micro_batch: int, track_memory: bo
 def generate(ctx: Any, key: str, prompts: Batch, sampling: SamplingParams,
              micro_batch: int | None, track_memory: bool | None = None
              ) -> tuple[Any, WorkerMeasurement]:
-    eng = ctx.scratch[key].engine
+    eng = _attached(ctx, key).engine
     out = eng.generate(prompts, sampling, micro_batch, track_memory)
     return (out.result if _reports(eng) else None), out.measurement
 
@@ -116,7 +131,8 @@ def full_logits(ctx: Any, key: str, batch: Batch) -> Any:
 
     from nereus.engine.pipeline import PipeLinks, forward_step, micro_inputs
 
-    m = ctx.scratch[key].engine.model
+    eng = _attached(ctx, key).engine
+    m = eng.model
     b = batch.to(m.device)
     links = PipeLinks(m)
     with torch.no_grad():
@@ -126,4 +142,4 @@ def full_logits(ctx: Any, key: str, batch: Batch) -> Any:
         if h is None:
             return None
         logits = m.full_logits(h)   # every TP rank takes part in the gather
-    return logits.cpu() if _reports(ctx.scratch[key].engine) else None
+    return logits.cpu() if _reports(eng) else None
