@@ -56,3 +56,29 @@ def test_a_pipelines_bubble_is_not_what_a_block_times_as_work():
     cal = Calibrator()
     cal.observe_timed(est, timed)
     assert cal.efficiencies()[OpClass.GEMM] == pytest.approx(0.6, rel=0.01)  # ridge: 0.599
+
+
+def test_compute_bound_decode_is_timed_as_decode():
+    """A decode iteration whose GEMMs outweigh its reads is priced as gemm work, but a
+    framework's timer files every decode iteration under decode (``engine.measure``): the
+    decode timer's row holds that gemm work, the gemm timer's only prefill, so measured
+    decode seconds teach the gemm efficiency instead of being dropped, and the gemm timer is
+    not matched against decode work it never saw."""
+    job = parse_job({"model": "llama-3.1-8b", "gpus": 8,
+                     "workload": {"response_len": 64, "prompt_len": 64,
+                                  "prompts_per_step": 1024}})
+    cand = Candidate(Layout(1, 1), 1, 1024, 1)
+    base, truth = CostModel(job), CostModel(job, HIDDEN)
+    est = base.estimate("actor_gen", cand)
+    bound = [op for op in est.ops if op.name == "decode GEMMs + attention per iteration"]
+    assert bound[0].cls is OpClass.GEMM and bound[0].ideal_s > 0  # compute-bound here
+    parts = est.ideal_by_timed_class()
+    assert parts[OpClass.DECODE][OpClass.GEMM] == pytest.approx(bound[0].ideal_s)
+    prefill = sum(op.ideal_s for op in est.ops if op.cls is OpClass.GEMM and op.term == "prefill")
+    assert parts[OpClass.GEMM][OpClass.GEMM] == pytest.approx(prefill)
+    timed: dict[OpClass, float] = {}
+    for op in truth.estimate("actor_gen", cand).ops:
+        timed[op.timed_class] = timed.get(op.timed_class, 0.0) + op.ideal_s / HIDDEN[op.cls]
+    cal = Calibrator()
+    cal.observe_timed(est, {OpClass.DECODE: timed[OpClass.DECODE]})
+    assert cal.efficiencies()[OpClass.GEMM] == pytest.approx(0.6, rel=0.02)

@@ -1110,8 +1110,11 @@ class CostModel:
         hbm_bound = t_hbm / self.eff[OpClass.DECODE] >= t_gemm / self.eff[OpClass.GEMM]
         rows.append(Row("decode", "weights + KV reads per iteration", OpClass.DECODE, iters,
                         zero, hbm, np.where(hbm_bound, t_hbm, 0.0)))
+        # compute-bound, decode is priced as GEMM work, but a framework times a decode
+        # iteration as decode whatever bounds it (``engine.measure``)
         rows.append(Row("decode", "decode GEMMs + attention per iteration", OpClass.GEMM, iters,
-                        flops, zero, np.where(hbm_bound, 0.0, t_gemm)))
+                        flops, zero, np.where(hbm_bound, 0.0, t_gemm),
+                        timed=(OpClass.DECODE, OpClass.DECODE)))
         # every layer all-reduces twice per token: 2 x num_layers per iteration on the path
         rows += self._tp(st, cols, active / slots, 2.0 * one, iters * cols.pp, "decode", 0)
         rows += self._pp(cols, active / slots, iters * cols.pp, "decode")
