@@ -63,14 +63,21 @@ def _chunk_unit(group: GroupAssignment, node_size: int) -> int:
 
 
 def _take(node_free: dict[int, list[int]], total: int, unit: int, what: str,
-          spread: bool = False, prefer: frozenset[int] = frozenset()) -> list[int]:
+          spread: bool = False, prefer: frozenset[int] = frozenset(), whole: bool = False,
+          sizes: Sequence[int] | None = None) -> list[int]:
     """``total`` GPUs as node-contained chunks (best fit, or worst fit to ``spread``); a chunk
     spans nodes only if it must. With ``prefer``, a chunk goes where it takes the most preferred
-    GPUs, then to a node that had any, and takes those GPUs first."""
+    GPUs, then to a node that had any, and takes those GPUs first. ``whole``: one chunk of
+    ``total`` where a node holds it (a stage's replicas on one node: their DP groups, and
+    pipelines, then run on its fabric, as the search's sizes priced them). ``sizes``: these
+    chunks instead."""
     ids: list[int] = []
     sign = -1 if spread else 1
     near = {n for n, free in node_free.items() if prefer.intersection(free)}
-    for size in _chunk_sizes(total, unit):
+    if sizes is None:
+        one = whole and any(len(free) >= total for free in node_free.values())
+        sizes = [total] if one else _chunk_sizes(total, unit)
+    for size in sizes:
         fits = [n for n, free in node_free.items() if len(free) >= size]
         if fits:
             hits = {n: min(size, len(prefer.intersection(node_free[n]))) for n in fits} \
@@ -104,27 +111,93 @@ def unit_of(groups: Sequence[GroupAssignment], pool: GpuPool) -> int:
     return max((_chunk_unit(g, node_size) for g in groups), default=1)
 
 
-def split_pool(pool: GpuPool, parts: Sequence[tuple[int, int]], spread: bool = False
-               ) -> list[GpuPool]:
+def split_pool(pool: GpuPool, parts: Sequence[tuple[int, int]], spread: bool = False,
+               whole: bool = False) -> list[GpuPool]:
     """Disjoint sub-pools of (size, chunk unit), the largest units placed first. ``spread``:
-    chunks go to the emptiest node, so each sub-pool spans nodes where the pool allows."""
+    chunks go to the emptiest node, so each sub-pool spans nodes where the pool allows.
+    ``whole``: a part goes to one node where one holds it (the largest parts first)."""
     free = _free(pool)
     out: dict[int, list[int]] = {}
-    for i in sorted(range(len(parts)), key=lambda i: -parts[i][1]):
+    key = (lambda i: -parts[i][0]) if whole else (lambda i: -parts[i][1])
+    for i in sorted(range(len(parts)), key=key):
         size, unit = parts[i]
-        out[i] = _take(free, size, unit, f"a part of {size} GPUs", spread) if size else []
+        out[i] = _take(free, size, unit, f"a part of {size} GPUs", spread,
+                       whole=whole) if size else []
     return [GpuPool(pool.cluster, tuple(out[i])) if out[i] else pool for i in range(len(parts))]
+
+
+def tp_blocks(group: GroupAssignment, node_cap: int) -> list[int]:
+    """The blocks (largest first) a group's GPU list must keep inside nodes so that every TP
+    group of its stages, laid over a prefix of the list TP innermost, sits inside a node: at
+    each position, the largest TP degree among the stages that reach past it (a TP degree
+    over ``node_cap`` spans nodes anyway and asks nothing). Sizes are powers of two, each
+    starting at a multiple of itself."""
+    stages = [(c.tp if c.tp <= node_cap else 1, c.gpus) for c in group.candidates]
+    out: list[int] = []
+    at = 0
+    while at < group.gpus:
+        level = max((t for t, g in stages if g > at), default=1)
+        out.append(level)
+        at += level
+    return out
+
+
+def blocks_of(need: Mapping[int, int]) -> list[int]:
+    """Blocks (largest first) whose slot counts are ``need`` (``nereus.plan.validate``'s
+    counts: size s -> slots of s GPUs that blocks of size >= s take)."""
+    out: list[int] = []
+    for s in sorted(need, reverse=True):
+        out += [s] * (need[s] - 2 * need.get(2 * s, 0))
+    return out
+
+
+def need_of(blocks: Iterable[int]) -> dict[int, int]:
+    """The slot counts of ``blocks`` (``blocks_of`` reversed)."""
+    out: dict[int, int] = {}
+    for b in blocks:
+        s = 1
+        while s <= b:
+            out[s] = out.get(s, 0) + b // s
+            s *= 2
+    return out
+
+
+def take_blocks(pool: GpuPool, parts: Sequence[Sequence[int]], what: str = "the plan"
+                ) -> list[list[int]]:
+    """Disjoint GPU lists, one per part of blocks: every block inside a node where the pool's
+    nodes can hold all the parts' blocks together. Blocks go largest first over all parts (with
+    sizes powers of two, that never wastes room a later block needs), each to the node with
+    the fewest free GPUs that holds it; a part lists its blocks in its own order."""
+    free = _free(pool)
+    order = sorted(((size, i, k) for i, part in enumerate(parts) for k, size in enumerate(part)),
+                   key=lambda x: -x[0])
+    got: list[dict[int, list[int]]] = [{} for _ in parts]
+    for size, i, k in order:
+        got[i][k] = _take(free, size, size, what, sizes=[size])
+    return [[g for k in sorted(got[i]) for g in got[i][k]] for i in range(len(parts))]
+
+
+def lay(groups: Sequence[GroupAssignment], lists: Sequence[Sequence[int]]
+        ) -> dict[str, list[tuple[int, ...]]]:
+    """Each group's stages over a prefix of its GPU list, replica after replica, TP innermost."""
+    out: dict[str, list[tuple[int, ...]]] = {}
+    for grp, ids in zip(groups, lists):
+        for name, cand in zip(grp.stages, grp.candidates):
+            size = cand.layout.size
+            out[name] = [tuple(ids[r * size:(r + 1) * size]) for r in range(cand.dp)]
+    return out
 
 
 def place_phase(pool: GpuPool, groups: Sequence[GroupAssignment], spread: bool = False,
                 prefer: Mapping[str, Iterable[int]] | None = None,
-                weight: Mapping[str, float] | None = None
+                weight: Mapping[str, float] | None = None, whole: bool = False
                 ) -> dict[str, list[tuple[int, ...]]]:
     """GPU ids per replica for every stage of one phase; raises if the pool is too small.
     ``spread``: chunks go to the emptiest node (replicas over nodes) instead of best fit.
     ``prefer``: GPUs a stage's group takes first (that group is placed first). ``weight``:
     among the groups that prefer GPUs, the one whose stages weigh most goes first (what
-    staying where it is saves), before the largest chunks."""
+    staying where it is saves), before the largest chunks. ``whole``: a group goes to one
+    node where one holds it, the largest groups first."""
     free = _free(pool)
     node_size = max(len(v) for v in free.values())
     prefer = prefer or {}
@@ -135,16 +208,16 @@ def place_phase(pool: GpuPool, groups: Sequence[GroupAssignment], spread: bool =
 
     # place the groups with the largest chunks first so smaller chunks fill the gaps (a group
     # that prefers GPUs goes before all: it is placed to match how it was priced)
+    def size_first(g: GroupAssignment) -> tuple[int, int]:
+        big = (-g.gpus, -_chunk_unit(g, node_size))
+        return big if whole else (big[1], big[0])
+
     order = sorted(groups, key=lambda g: (not wanted(g), -sum(weight.get(s, 0.0) for s in g.stages),
-                                          -_chunk_unit(g, node_size), -g.gpus))
-    out: dict[str, list[tuple[int, ...]]] = {}
-    for grp in order:
-        ids = _take(free, grp.gpus, _chunk_unit(grp, node_size), f"group {grp.stages}",
-                    spread, wanted(grp))
-        for name, cand in zip(grp.stages, grp.candidates):
-            size = cand.layout.size
-            out[name] = [tuple(ids[r * size:(r + 1) * size]) for r in range(cand.dp)]
-    return out
+                                          *size_first(g)))
+    lists = {grp: _take(free, grp.gpus, _chunk_unit(grp, node_size), f"group {grp.stages}",
+                        spread, wanted(grp), whole and grp.gpus <= node_size)
+             for grp in order}
+    return lay(groups, [lists[g] for g in groups])
 
 
 def tp_groups_off_node(replicas: Sequence[Sequence[int]], tp: int, cluster: Cluster) -> int:

@@ -49,12 +49,18 @@ from nereus.plan.exposure import spans_nodes
 from nereus.plan.overlap import step_and_terms
 from nereus.plan.placement import (
     GroupAssignment,
+    blocks_of,
+    lay,
+    need_of,
     place_phase,
     split_pool,
+    take_blocks,
+    tp_blocks,
     tp_groups_off_node,
     unit_of,
 )
 from nereus.plan.types import Plan, StagePlan, idle_bytes, weight_sync_estimate
+from nereus.plan.validate import contained_stages, merge_need
 from nereus.spec.cluster import GpuPool
 from nereus.spec.job import JobSpec
 from nereus.spec.workflow import Execution, ModelStage, Phase, StageKind
@@ -597,7 +603,7 @@ class Planner:
         """The best plan under this planner's own placement rule: packed (the search's sync
         pricing) or, with ``spread``, replicas over nodes; ``best`` weighs both."""
         res = self.search()
-        plan, bad = self._placed(res)
+        plan, bad, _ = self._placed(res)
         if not bad and plan.step_latency_s <= res.latency * (1 + PRICE_TOLERANCE):
             return plan
         saved = self.options
@@ -607,12 +613,19 @@ class Planner:
             self.options = saved
 
     def _place(self, pool: GpuPool, groups: list[GroupAssignment],
-               prefer: dict[str, tuple[int, ...]]) -> dict[str, list[tuple[int, ...]]]:
+               prefer: dict[str, tuple[int, ...]], mode: str = "packed"
+               ) -> dict[str, list[tuple[int, ...]]]:
         """``place_phase`` with the preferred GPUs, unless honouring them costs the placement
         (it fails, or more TP groups span nodes): then without (the plan's weight sync then
-        runs slower than the search priced it, and the plan says so in its sync term)."""
+        runs slower than the search priced it, and the plan says so in its sync term).
+        ``mode`` (see ``PLACEMENTS``): "whole" puts a group on one node where one holds it;
+        "contained" lays the blocks every TP group needs, largest first over the phase."""
+        if mode == "contained":
+            cap = self.job.pool.largest_node_share()
+            return lay(groups, take_blocks(pool, [tp_blocks(g, cap) for g in groups]))
+        whole = mode == "whole"
         if not any(s in prefer for g in groups for s in g.stages):
-            return place_phase(pool, groups, self.spread)
+            return place_phase(pool, groups, self.spread, whole=whole)
         tps = {s: c.tp for g in groups for s, c in zip(g.stages, g.candidates)}
 
         def off_node(placed: dict[str, list[tuple[int, ...]]]) -> int:
@@ -620,21 +633,38 @@ class Planner:
                        for s, r in placed.items())
 
         try:
-            placed = place_phase(pool, groups, self.spread, prefer)
+            placed = place_phase(pool, groups, self.spread, prefer, whole=whole)
         except ValueError:
-            return place_phase(pool, groups, self.spread)
+            return place_phase(pool, groups, self.spread, whole=whole)
         if not off_node(placed):
             return placed
-        plain = place_phase(pool, groups, self.spread)
+        plain = place_phase(pool, groups, self.spread, whole=whole)
         return plain if off_node(plain) < off_node(placed) else placed
 
-    def _placed(self, res: SearchResult) -> tuple[Plan | None, list[str]]:
-        """The assembled plan and the stages whose TP groups span nodes needlessly."""
-        try:
-            plan = self.assemble(res)
-        except ValueError:  # the placement ran out of GPUs: every stage is to blame
-            return None, [s.name for s in self.job.workflow.stages]
-        return plan, spanning_stages(self.job, plan)
+    def _placed(self, res: SearchResult) -> tuple[Plan | None, list[str], Plan | None]:
+        """The cheapest of the placements ``PLACEMENTS`` makes of ``res`` (the first that
+        costs what the search priced ends the tries: none costs less), with the stages whose
+        TP groups span nodes needlessly (``validate.contained_stages``; empty where one
+        placement keeps them inside, which "contained" does whenever the nodes allow), and
+        the first valid placement tried (the one whose dearer stages a re-pricing splits
+        off first: the search then visits combinations as it did with that placement alone,
+        and keeps the cheapest placement of each)."""
+        best: tuple[Plan | None, list[str]] = (None, [s.name for s in self.job.workflow.stages])
+        first: Plan | None = None
+        for mode in PLACEMENTS:
+            try:
+                plan = self.assemble(res, mode)
+            except ValueError:  # the placement ran out of GPUs
+                continue
+            bad = spanning_stages(self.job, plan)
+            if not bad and first is None:
+                first = plan
+            if best[0] is None or (not bad and (best[1] or plan.step_latency_s
+                                                < best[0].step_latency_s * (1 - 1e-12))):
+                best = (plan, bad)
+            if not bad and plan.step_latency_s <= res.latency * (1 + PRICE_TOLERANCE):
+                break
+        return best[0], best[1], first
 
     def _best_placeable(self) -> Plan:
         wf = self.job.workflow
@@ -645,10 +675,10 @@ class Planner:
                                     links=self._apart() if st.kind is StageKind.TRAIN else None)
             base[st.name] = opts
         heap: list[tuple[float, int, dict[str, StageOptions], SearchResult]] = []
-        count = 0
+        pushed = 0
 
         def push(opts: dict[str, StageOptions]) -> None:
-            nonlocal count
+            nonlocal pushed
             if any(not len(o) for o in opts.values()):
                 return
             self.options = opts
@@ -656,8 +686,8 @@ class Planner:
                 res = self.search()
             except InfeasibleError:
                 return
-            count += 1
-            heapq.heappush(heap, (res.latency, count, opts, res))
+            pushed += 1
+            heapq.heappush(heap, (res.latency, pushed, opts, res))
 
         push(base)
         searches = repriced = 0
@@ -667,7 +697,7 @@ class Planner:
             if best is not None and bound >= best.step_latency_s * (1 - PRICE_TOLERANCE):
                 break  # every combination left is searched at least as slow as it
             self.options = opts
-            plan, bad = self._placed(res)
+            plan, bad, first = self._placed(res)
             if not bad:
                 if best is None or plan.step_latency_s < best.step_latency_s:
                     best = plan
@@ -679,7 +709,7 @@ class Planner:
                 # one is split off like one that did not place, the stages placed dearer
                 # first (every stage where none is, the sync having risen)
                 repriced += 1
-                bad = self._dearer(plan) or [st.name for st in wf.stages]
+                bad = self._dearer(first or plan) or [st.name for st in wf.stages]
             searches += 1
             if searches > MAX_REPLACEMENTS:
                 if best is not None:
@@ -723,7 +753,8 @@ class Planner:
                     sp.stage, sp.candidate, idle_bytes(self.cost, plan, sp.stage)).latency_s
                 * (1 + PRICE_TOLERANCE)]
 
-    def assemble(self, res: SearchResult) -> Plan:
+    def assemble(self, res: SearchResult, mode: str = "packed") -> Plan:
+        """``res`` placed (``mode``: one of ``PLACEMENTS``) and priced where it landed."""
         wf = self.job.workflow
         stage_plans: dict[str, StagePlan] = {}
         groups: list[tuple[str, ...]] = []
@@ -737,7 +768,19 @@ class Planner:
                         unit_of(assigns[Phase.GENERATION], self.job.pool))
             rest_part = (max((res.phases[p].gpus for p in rest), default=0),
                          unit_of([g for p in rest for g in assigns[p]], self.job.pool))
-            gen_pool, rest_pool = split_pool(self.job.pool, [gen_part, rest_part], self.spread)
+            if mode == "contained":
+                # generation's blocks beside what inference and training each need of the GPUs
+                # they take turns on (the larger count per size: ``validate.merge_need``)
+                cap = self.job.pool.largest_node_share()
+                gen_blocks = [b for g in assigns[Phase.GENERATION] for b in tp_blocks(g, cap)]
+                rest_need = merge_need(*(need_of([b for g in assigns[p] for b in tp_blocks(g, cap)])
+                                         for p in rest))
+                ids = take_blocks(self.job.pool, [gen_blocks, blocks_of(rest_need)])
+                gen_pool, rest_pool = (GpuPool(self.job.pool.cluster, tuple(i)) if i
+                                       else self.job.pool for i in ids)
+            else:
+                gen_pool, rest_pool = split_pool(self.job.pool, [gen_part, rest_part],
+                                                 self.spread, whole=mode == "whole")
             pools = {p: gen_pool if p is Phase.GENERATION else rest_pool for p in wf.phases}
         # a synchronous weight sync is priced with training on the pool's fullest nodes and
         # generation on the training GPUs first (``CostModel.sync_receivers``): training's
@@ -754,7 +797,7 @@ class Planner:
                 _stage_gpus(res.phases[train_phase], nest[0]))
         for phase in phases:
             point = res.phases[phase]
-            placed = self._place(pools[phase], assigns[phase], prefer)
+            placed = self._place(pools[phase], assigns[phase], prefer, mode)
             if nest is not None and nest[0] in placed:
                 prefer[nest[1]] = tuple(i for r in placed[nest[0]] for i in r)
             for gc in point.groups:
@@ -794,6 +837,12 @@ MAX_REPLACEMENTS = 2000  # plans that failed placement before the search gives u
 # over-price), so it stops as soon as nothing left can beat the best.
 MAX_REPRICED = 50
 PRICE_TOLERANCE = 1e-9  # relative: a placed plan "at" its searched price
+# How ``Planner`` places a combination, tried in this order until one costs what the search
+# priced: "packed" (chunks of a replica's size, best fit: keeps whole nodes free), "whole" (a
+# group on one node where one holds it, so its DP groups and pipelines run on the node's
+# fabric, as sizes priced them), "contained" (the blocks every TP group needs, largest first
+# over all that runs at once: inside nodes whenever the nodes can hold them all).
+PLACEMENTS = ("packed", "whole", "contained")
 
 
 def _stage_gpus(point: Point, stage: str) -> int:
@@ -810,9 +859,11 @@ def _shape(c: Candidate) -> tuple[Layout, int]:
 
 
 def spanning_stages(job: JobSpec, plan: Plan) -> list[str]:
-    """Model-stages with a TP group across nodes although a node of the pool could hold it."""
-    node_cap = job.pool.largest_node_share()
-    return [sp.stage for sp in plan.stages if sp.candidate.tp <= node_cap
+    """Model-stages with a TP group across nodes although the pool's nodes could hold every TP
+    group of the stages running beside it (``validate.contained_stages``)."""
+    held = contained_stages(job, plan)
+    cap = job.pool.largest_node_share()
+    return [sp.stage for sp in plan.stages if sp.stage in held and sp.candidate.tp <= cap
             and tp_groups_off_node(sp.replicas, sp.candidate.tp, job.cluster)]
 
 

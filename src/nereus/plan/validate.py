@@ -1,7 +1,8 @@
 """An independent check of a plan: pool, batch, disjointness, memory per GPU, TP inside nodes.
 
 It shares nothing with the search but the cost model's per-stage estimates: memory is checked
-GPU by GPU from the placed replicas, not from the search's group bookkeeping.
+GPU by GPU from the placed replicas, not from the search's group bookkeeping. Whether a TP
+group may cross nodes is decided here (``contained_stages``), and the search asks the same.
 """
 
 from __future__ import annotations
@@ -11,12 +12,111 @@ from collections import defaultdict
 from nereus.cost.estimate import HEADROOM
 from nereus.cost.model import CostModel
 from nereus.plan.types import Plan
-from nereus.errors import count
 from nereus.spec.job import JobSpec
 from nereus.spec.sharding import layout_problem
 from nereus.spec.workflow import Execution, Phase
 
 GiB = 1024**3
+
+
+# ---- TP groups inside nodes: where the pool can keep them there ----
+# A TP group needs its GPUs inside one node where that is possible for the plan as a whole, not
+# one stage at a time: stages that run side by side compete for the nodes, and a pool of partly
+# filled nodes may hold each stage's TP groups alone but not all of them together. TP degrees
+# are powers of two, so whether a set of TP groups fits inside nodes is a count: blocks of sizes
+# 2^k fit nodes of free GPUs c_n iff, for every s = 2^j, the blocks of size >= s take at most
+# sum_n floor(c_n / s) aligned slots of s GPUs (placing the largest blocks first never wastes a
+# slot of a smaller size). ``need`` maps s to that slot count.
+
+
+def stage_need(tp: int, gpus: int, node_cap: int) -> dict[int, int]:
+    """Slots of each size a stage of ``gpus`` GPUs in TP groups of ``tp`` takes; a TP degree
+    above ``node_cap`` (the pool's fullest node) spans nodes whatever the placement, and so
+    needs single GPUs only."""
+    tp = tp if tp <= node_cap else 1
+    out, s = {}, 1
+    while s <= tp:
+        out[s] = gpus // s
+        s *= 2
+    return out
+
+
+def merge_need(*needs: dict[int, int]) -> dict[int, int]:
+    """What both of several placements on one GPU set need: per size, the larger count (a set
+    of GPUs whose nodes give every size that many slots holds each of them)."""
+    out: dict[int, int] = {}
+    for n in needs:
+        for s, k in n.items():
+            out[s] = max(out.get(s, 0), k)
+    return out
+
+
+def add_need(*needs: dict[int, int]) -> dict[int, int]:
+    """What several placements on disjoint GPUs need together."""
+    out: dict[int, int] = {}
+    for n in needs:
+        for s, k in n.items():
+            out[s] = out.get(s, 0) + k
+    return out
+
+
+def need_fits(need: dict[int, int], node_free: list[int] | tuple[int, ...]) -> bool:
+    """Whether nodes with ``node_free`` free GPUs hold blocks needing ``need`` slots."""
+    return all(sum(c // s for c in node_free) >= k for s, k in need.items())
+
+
+def concurrent_sets(job: JobSpec, plan: Plan) -> list[tuple[str, ...]]:
+    """The model-stages of ``plan`` that hold GPUs at the same time, as sets placement must
+    fit into the pool together: each phase of a synchronous step; asynchronous generation
+    with inference and training (which take turns on the GPUs generation leaves)."""
+    wf = job.workflow
+    have = set(plan.names)
+    phases = [[s.name for s in wf.phase_stages(p) if s.name in have] for p in wf.phases]
+    if wf.execution is Execution.ASYNC:
+        return [tuple(n for p in phases for n in p)]
+    return [tuple(p) for p in phases]
+
+
+def _phase_need(job: JobSpec, plan: Plan, names: list[str], node_cap: int) -> dict[int, int]:
+    """Slots one phase's groups take: a group's stages share its GPU list (each laid over a
+    prefix of it), so the group needs the larger count per size; groups add up."""
+    seen: set[str] = set()
+    total: dict[int, int] = {}
+    for n in names:
+        if n in seen:
+            continue
+        grp = [m for m in (plan.group_of(n) or (n,)) if m in names] or [n]
+        seen.update(grp)
+        total = add_need(total, merge_need(*(stage_need(plan.stage(m).candidate.tp,
+                                                        plan.stage(m).candidate.gpus, node_cap)
+                                             for m in grp)))
+    return total
+
+
+def plan_need(job: JobSpec, plan: Plan, names: tuple[str, ...]) -> dict[int, int]:
+    """Slots the stages ``names`` (one of ``concurrent_sets``) take together."""
+    wf = job.workflow
+    cap = job.pool.largest_node_share()
+    if wf.execution is Execution.ASYNC:
+        gen = [n for n in names if wf.stage(n).phase is Phase.GENERATION]
+        rest = [[n for n in names if wf.stage(n).phase is p] for p in wf.phases
+                if p is not Phase.GENERATION]
+        return add_need(_phase_need(job, plan, gen, cap),
+                        merge_need(*(_phase_need(job, plan, r, cap) for r in rest)))
+    return _phase_need(job, plan, list(names), cap)
+
+
+def contained_stages(job: JobSpec, plan: Plan) -> set[str]:
+    """Model-stages whose TP groups must all sit inside nodes: those of every concurrent set
+    (``concurrent_sets``) whose TP groups the pool's nodes can hold all together. A set they
+    cannot hold (a stage of 4-GPU TP groups beside another on nodes of 4, 3 and 2 GPUs) may
+    cross nodes; the plan is then priced where its groups landed."""
+    free = [len(v) for v in job.pool.by_node().values()]
+    out: set[str] = set()
+    for names in concurrent_sets(job, plan):
+        if need_fits(plan_need(job, plan, names), free):
+            out.update(names)
+    return out
 
 
 def validate_plan(job: JobSpec, plan: Plan, cost: CostModel | None = None) -> list[str]:
@@ -25,6 +125,7 @@ def validate_plan(job: JobSpec, plan: Plan, cost: CostModel | None = None) -> li
     wf = job.workflow
     problems: list[str] = []
     names = set(plan.names)
+    held = contained_stages(job, plan)
     for st in wf.stages:
         if st.name not in names:
             problems.append(f"{st.name}: missing from the plan")
@@ -44,13 +145,16 @@ def validate_plan(job: JobSpec, plan: Plan, cost: CostModel | None = None) -> li
         if c.dp * c.micro_batch * c.grad_accum != batch:
             problems.append(f"{sp.stage}: dp x b x a = {c.dp}x{c.micro_batch}x{c.grad_accum} "
                             f"!= batch {batch}")
-        node_cap = job.pool.largest_node_share()
+        if sp.stage not in held or c.tp > job.pool.largest_node_share():
+            continue  # its TP groups may cross nodes (where no node holds one, or the pool
+            #           cannot hold all of them beside what runs with it)
         for r in sp.replicas:
             for start in range(0, len(r), c.tp):
                 group = r[start:start + c.tp]
-                if c.tp <= node_cap and not job.cluster.same_node(group):
+                if not job.cluster.same_node(group):
                     problems.append(f"{sp.stage}: TP group {list(group)} spans nodes although "
-                                    f"a node of the pool holds {count(node_cap, 'GPU')}")
+                                    f"the pool's nodes can hold every TP group of the stages "
+                                    f"running beside it")
     if problems:
         return problems
 
