@@ -265,6 +265,7 @@ class _Checkpointer:
         self._latest = latest
         self._stages = stages
         self.restored: list[tuple[str, tuple[Emu, ...], Any, str]] = []
+        self.rebuilt: list[tuple[Emu, tuple[Emu, ...], Any]] = []
 
     def latest(self) -> str | None:
         return self._latest
@@ -275,6 +276,9 @@ class _Checkpointer:
     def restore(self, pool: Any, stage: str, emus: Sequence[Emu], spec: Any, where: str
                 ) -> None:
         self.restored.append((stage, tuple(emus), spec, where))
+
+    def rebuild(self, pool: Any, source: Emu, emus: Sequence[Emu], spec: Any) -> None:
+        self.rebuilt.append((source, tuple(emus), spec))
 
 
 @pytest.fixture(autouse=True)
@@ -452,6 +456,42 @@ def test_losing_a_trained_models_last_copy_rolls_every_trained_stage_back() -> N
     assert rec.units[GEN] == want[GEN] and rec.units[STAGE] == want[STAGE]
 
 
+def _actor_gen_lost() -> tuple[JobSpec, _Pool, FaultReport, Plan, tuple[Emu, ...]]:
+    """actor_gen's only unit was on worker 0, which died; actor_train (the stage training the
+    same model, on 2-3) and reference_infer (frozen, on 1) are intact."""
+    job = _job()
+    gen = _units(job, GEN, 1, 1, [[0]])
+    ref = _units(job, REF, 1, 1, [[1]])
+    train = _units(job, STAGE, 2, 1, [[2, 3]])
+    pool = _Pool(range(6)).holding(train + ref)
+    report = FaultReport(frozenset({0}), {}, {STAGE: train, REF: ref}, gen)
+    target = plan_of(job, {GEN: (1, 1, [[4]]), REF: (1, 1, [[1]]),
+                           STAGE: (2, 1, [[2, 3]])})
+    return job, pool, report, target, train
+
+
+def test_losing_a_copy_of_theta_rebuilds_it_from_the_training_stage() -> None:
+    """Generation's last copy is gone but actor_train holds the newest θ: generation is
+    rebuilt from it into its target unit (what the next weight sync would give it), nothing is
+    read from the checkpoint and nothing rolls back; with no checkpointer to go through, the
+    rebuild is refused before anything moves."""
+    job, pool, report, target, train = _actor_gen_lost()
+    ck = _Checkpointer(latest=None)  # no checkpoint saved: none is needed
+    specs = {STAGE: "actor spec", REF: "ref spec", GEN: "gen spec"}
+    rec = recover(pool, _StubExecutor(pool, specs), job, report, lambda ids: target, ck)
+    want = phi(job, target)
+    assert ck.restored == [] and ck.rebuilt == [(train[0], want[GEN], "gen spec")]
+    assert rec.rebuilt == {GEN: STAGE} and rec.restored == () and not rec.rolled_back
+    assert rec.units[GEN] == want[GEN] and rec.destroyed == ()
+    job, pool, report, target, _ = _actor_gen_lost()
+    with pytest.raises(RuntimeError) as info:
+        recover(pool, _StubExecutor(pool, specs), job, report, lambda ids: target)
+    assert str(info.value) == ("cannot rebuild actor_gen from actor_train (no copy survived): "
+                               "no checkpoint folder is configured, and the rebuild goes "
+                               "through it")
+    assert pool.log == [("shrink", [0])]
+
+
 def test_a_rollback_is_refused_before_anything_moves_when_the_checkpoint_lacks_a_stage(
 ) -> None:
     """The checkpoint holds actor_train but not actor_gen: rolling back would leave
@@ -462,7 +502,7 @@ def test_a_rollback_is_refused_before_anything_moves_when_the_checkpoint_lacks_a
     with pytest.raises(RuntimeError) as info:
         recover(pool, _StubExecutor(pool, _specs()), job, report, lambda ids: target, ck)
     assert str(info.value) == (
-        "cannot restore actor_gen, actor_train (a trained model's last copy is lost, so every "
+        "cannot restore actor_gen, actor_train (a training stage's last copy is lost, so every "
         "trained model's stage rolls back to the checkpoint): the checkpoint ckpt/step-3 "
         "holds no actor_gen")
     assert ck.restored == [] and pool.log == [("shrink", [2, 3])]

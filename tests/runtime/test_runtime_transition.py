@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import pytest
 import ray
+import torch
 from runtime_testlib import (
     check_stages,
     clear_units,
@@ -37,7 +38,7 @@ from nereus.runtime.faults import TransitionFailed, reconcile, recover
 from nereus.runtime.loading import seeded_logical
 from nereus.runtime.placement import gather_unit, place_plan
 from nereus.runtime.primitives import PrimitiveTiming
-from nereus.runtime.state import StateSpec
+from nereus.runtime.state import PARAM, StateSpec
 from nereus.runtime.workers import WorkerContext, WorkerPool
 from nereus.spec.job import JobSpec
 from nereus.transition.calibrate import calibrate_transition
@@ -594,6 +595,46 @@ def test_losing_training_rolls_generation_back_to_the_checkpoint(pool: WorkerPoo
         check_stages(pool, job, rec.units, seeds)
     finally:
         _restore(pool, [0])
+
+
+def test_losing_generation_rebuilds_it_from_training_without_a_rollback(pool: WorkerPool,
+                                                                       tmp_path) -> None:
+    """Training's θ moved on (the steps since the last weight sync); then worker 4, actor_gen's
+    only unit, dies. actor_train holds the newest θ, so generation is rebuilt from it into
+    its target layout (tp=1 from training's tp=2), bitwise equal to training's θ; training
+    keeps its state and steps, nothing is read from a checkpoint (none was saved), and the
+    scratch folder is gone after."""
+    job = cpu_job("tiny-qwen3", 6)
+    _fit_pool(pool, range(6))
+    current = plan_of(job, {"actor_gen": (1, 1, [[4]]), "reference_infer": (1, 1, [[5]]),
+                            "actor_train": (2, 1, [[0, 1]])})
+    target = plan_of(job, {"actor_gen": (1, 1, [[2]]), "reference_infer": (1, 1, [[5]]),
+                           "actor_train": (2, 1, [[0, 1]])})
+    specs = state_specs(job, "cpu")
+    units = place_plan(pool, job, current, specs, stage_seeds(job, 15))
+    (train,) = units["actor_train"]
+    pool.run({0: (_step_on, (train.id,)), 1: (_step_on, (train.id,))})
+    trained = gather_unit(pool, train)
+    ck = Checkpointer(tmp_path / "ckpt")
+    ray.kill(pool.actor(4), no_restart=True)
+    try:
+        rep = reconcile(pool, [e for es in units.values() for e in es], {4}, {})
+        assert rep.lost_stages(["actor_gen", "actor_train"]) == ("actor_gen",)
+        rec = recover(pool, Executor(pool, specs, min_timeout_s=5.0), job, rep,
+                      lambda ids: target, ck)
+        assert rec.rebuilt == {"actor_gen": "actor_train"}
+        assert rec.restored == () and not rec.rolled_back and rec.checkpoint is None
+        (gen,) = rec.units["actor_gen"]
+        assert gen.gpus == (2,) and (gen.layout.tp, gen.layout.pp) == (1, 1)
+        got = gather_unit(pool, gen)
+        theta = {k: t for k, t in trained.tensors.items() if k[0] == PARAM}
+        assert got.tensors.keys() == theta.keys()
+        assert all(torch.equal(got.tensors[k], t) for k, t in theta.items())
+        assert got.meta == trained.meta  # the version generation now samples with
+        assert gather_unit(pool, rec.units["actor_train"][0]).equal(trained)  # no rollback
+        assert list((tmp_path / "ckpt").iterdir()) == []
+    finally:
+        _restore(pool, [4])
 
 
 @pytest.mark.parametrize("model,save,load", [

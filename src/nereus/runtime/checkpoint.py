@@ -163,13 +163,8 @@ class Checkpointer:
         try:
             with Rendezvous(timeout_s=self.timeout_s) as rv:
                 for stage, es in units.items():
-                    if not es:
-                        continue
-                    e = es[0]
-                    prefix = f"ckpt-save/{stage}/{time.time_ns()}/"
-                    pool.run({g: (dcp_save, (e.id, str(partial / stage), rv.address, prefix, i,
-                                             len(e.gpus), self.timeout_s, self.sync_files))
-                              for i, g in enumerate(e.gpus)}, self.due_s(pool))
+                    if es:
+                        self._save_unit(pool, es[0], partial / stage, rv)
             (partial / COMPLETE).write_text(str(tag))
         except BaseException:
             shutil.rmtree(partial, ignore_errors=True)
@@ -233,20 +228,50 @@ class Checkpointer:
         if where is None or not self.holds(where, stage):
             raise FileNotFoundError(f"no checkpoint of {stage} under {self.root}")
         t0 = time.perf_counter()
+        self._load(pool, units, spec, where / stage)
+        return time.perf_counter() - t0
+
+    def rebuild(self, pool: WorkerPool, source: Emu, units: Sequence[Emu], spec: StateSpec
+                ) -> float:
+        """Make ``units`` (a model-stage that holds a copy of a model's θ, such as generation)
+        from ``source``, an intact unit of the stage that trains that model, in any layout:
+        the source is written to a scratch folder under ``root`` and read back resharded into
+        ``units``, which take its θ and leave its optimizer state (DCP reads the keys asked
+        for). The folder is removed after, also on failure. Seconds taken."""
+        t0 = time.perf_counter()
+        self.root.mkdir(parents=True, exist_ok=True)
+        folder = self.root / f".rebuild-{source.stage}-{time.time_ns()}"
+        try:
+            with Rendezvous(timeout_s=self.timeout_s) as rv:
+                self._save_unit(pool, source, folder, rv)
+            self._load(pool, units, spec, folder)
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+        return time.perf_counter() - t0
+
+    def _save_unit(self, pool: WorkerPool, unit: Emu, folder: Path, rv: Rendezvous) -> None:
+        """Every position of ``unit`` writes its part of one DCP checkpoint into ``folder``."""
+        prefix = f"ckpt-save/{unit.stage}/{time.time_ns()}/"
+        pool.run({g: (dcp_save, (unit.id, str(folder), rv.address, prefix, i, len(unit.gpus),
+                                 self.timeout_s, self.sync_files))
+                  for i, g in enumerate(unit.gpus)}, self.due_s(pool))
+
+    def _load(self, pool: WorkerPool, units: Sequence[Emu], spec: StateSpec, folder: Path
+              ) -> None:
+        """Every position of ``units`` reads its part from the DCP checkpoint in ``folder``."""
         world = sum(len(e.gpus) for e in units)
         calls = {}
         base = 0
         with Rendezvous(timeout_s=self.timeout_s) as rv:
-            prefix = f"ckpt-load/{stage}/{time.time_ns()}/"
+            prefix = f"ckpt-load/{units[0].stage if units else ''}/{time.time_ns()}/"
             for e in units:
                 lay = (e.layout.tp, e.layout.pp)
                 for i, g in enumerate(e.gpus):
-                    calls[g] = (dcp_load, (e.id, spec, lay, e.position(i), base,
-                                           str(where / stage), rv.address, prefix, base + i,
-                                           world, self.timeout_s))
+                    calls[g] = (dcp_load, (e.id, spec, lay, e.position(i), base, str(folder),
+                                           rv.address, prefix, base + i, world,
+                                           self.timeout_s))
                 base += len(e.gpus)
             pool.run(calls, self.due_s(pool))
-        return time.perf_counter() - t0
 
     def due_s(self, pool: WorkerPool) -> float:
         """How long a worker's save or load call may take before it counts as hung

@@ -8,18 +8,23 @@ intact unit (the transition layer destroys a unit only while another copy exists
 
 ``recover`` replans from the intact units: per model-stage it keeps the intact units of one
 layout (others are redundant copies and are destroyed), forms the plan they realize, asks the
-transition layer for a schedule to the target plan of the surviving pool, runs it, and restores
-the model-stages that lost every copy from the latest checkpoint (torch.distributed.checkpoint)
-straight into their target layout.
+transition layer for a schedule to the target plan of the surviving pool, runs it, and then
+makes the model-stages that lost every copy in their target layout.
 
-Which stages a checkpoint may restore follows from what changes between steps. A frozen model's
-weights never do, so its lost stage is read back and nothing else moves. A trained model's
-state moves every step, and the checkpoint holds an older step: restoring one of its stages
-alone would pair an older θ with the newer state of its other stages (generation sampling with
-a policy training has moved past, or an actor a step ahead of its critic). So when a trained
-model's stage loses its last copy, the job rolls back: every stage of every trained model is
-restored from the checkpoint, intact copies included, and the steps since are redone (a
-restart, which is how the controller prices that loss, ``nereus.control.targets.survive``).
+How a lost stage comes back follows from what changes between steps. A frozen model's weights
+never do, so its lost stage is read back from the latest checkpoint (torch.distributed.
+checkpoint) and nothing else moves. A trained model's state moves every step. A stage that
+only holds a copy of its θ (generation, a critic's value inference) is rebuilt from the stage
+that trains the model, where that one is intact: its θ is the newest there is, and giving it
+to the copy is what the next weight sync would do, so no step is lost
+(``Checkpointer.rebuild``). The training stage itself holds the optimizer state, which exists
+nowhere else, and the checkpoint holds an older step: restoring it alone would pair an older θ
+with the newer state of the model's other stages (generation sampling with a policy training
+has moved past, or an actor a step ahead of its critic). So when a training stage loses its
+last copy, the job rolls back: every stage of every trained model is restored from the
+checkpoint, intact copies included, and the steps since are redone (a restart, which is how the
+controller prices that loss, ``nereus.control.targets.survive``; it prices the loss of a copy
+of θ as a restart too, which the rebuild beats).
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 from nereus.runtime import movement as mv
 from nereus.runtime.workers import GRACE_S, WorkerCallsFailed
+from nereus.spec.workflow import StageKind
 from nereus.transition.emu import Emu
 
 if TYPE_CHECKING:
@@ -182,9 +188,12 @@ class Recovery:
     restored: tuple[str, ...]                       # model-stages restored from a checkpoint
     checkpoint: str | None                          # where they came from
     units: Mapping[str, tuple[Emu, ...]]
-    # a trained model's stage lost its last copy: every trained model's stage was restored
-    # from ``checkpoint``, and the steps since it was saved must be redone
+    # a training stage lost its last copy: every trained model's stage was restored from
+    # ``checkpoint``, and the steps since it was saved must be redone
     rolled_back: bool = False
+    # copies of a trained model's θ that lost every unit, rebuilt from the stage training
+    # that model (copy -> training stage): no step is lost
+    rebuilt: Mapping[str, str] = field(default_factory=dict)
 
 
 def _current_plan(job: JobSpec, intact: Mapping[str, tuple[Emu, ...]], target: Plan
@@ -221,11 +230,14 @@ def recover(pool: WorkerPool, executor: Executor, job: JobSpec, report: FaultRep
     """Get the job onto ``target_for(surviving device ids)`` from the intact units.
 
     Dead workers leave the pool. Model-stages with an intact copy are moved by a replanned
-    transition; those without one are restored from ``checkpointer``'s latest checkpoint into
-    their target layout, and where one of them belongs to a trained model, so is every stage
-    of every trained model (``rolled_back``; see the module's docstring). The target must
-    place every model-stage the job held, and the checkpoint hold what must be restored: both
-    are checked before anything is dropped or moved (``RuntimeError`` when they do not). A
+    transition; those without one come back in their target layout: a copy of a trained
+    model's θ is rebuilt from that model's training stage where it is intact (``rebuilt``,
+    through a scratch folder under ``checkpointer``'s root), any other stage is restored from
+    ``checkpointer``'s latest checkpoint, and where that is a training stage, so is every
+    stage of every trained model (``rolled_back``; see the module's docstring). The target
+    must place every model-stage the job held, and ``checkpointer`` be there for what must be
+    rebuilt and its checkpoint hold what must be restored: all are checked before anything is
+    dropped or moved (``RuntimeError`` when they do not). A
     worker call here that does not return within ``GRACE_S`` (a checkpoint load: within
     ``Checkpointer.due_s``) fails it (``WorkerCallsFailed``) instead of hanging it.
     """
@@ -241,8 +253,12 @@ def recover(pool: WorkerPool, executor: Executor, job: JobSpec, report: FaultRep
     if unplaced:  # its state would be left on the workers, or lost, outside any plan
         raise RuntimeError(f"the target plan places no {', '.join(unplaced)}, which the job "
                            f"holds: a target after a fault places every model-stage")
-    restore, rolled_back = _to_restore(job, report, [s.stage for s in target.stages])
+    restore, rebuild, rolled_back = _to_restore(job, report, [s.stage for s in target.stages])
     where = _checkpoint_of(restore, checkpointer, rolled_back)
+    if rebuild and checkpointer is None:
+        names = ", ".join(f"{s} from {t}" for s, t in rebuild.items())
+        raise RuntimeError(f"cannot rebuild {names} (no copy survived): no checkpoint folder "
+                           "is configured, and the rebuild goes through it")
     kept_intact = {s: es for s, es in report.intact.items() if s not in restore}
     current, extra = _current_plan(job, kept_intact, target)
     extra += [e for s in restore for e in report.intact.get(s, ())]  # rolled back: replaced
@@ -271,27 +287,36 @@ def recover(pool: WorkerPool, executor: Executor, job: JobSpec, report: FaultRep
                                target)
     run = executor.run(schedule) if schedule.primitives else None
     units = dict(run.units) if run else dict(phi(job, target))
+    phi_target = phi(job, target)
     if restore:
         assert checkpointer is not None and where is not None
-        phi_target = phi(job, target)
         for s in restore:
             checkpointer.restore(pool, s, phi_target[s], executor.specs[s], where)
             units[s] = phi_target[s]
+    for s, t in rebuild.items():
+        assert checkpointer is not None
+        checkpointer.rebuild(pool, units[t][0], phi_target[s], executor.specs[s])
+        units[s] = phi_target[s]
     return Recovery(target, tuple(e.id for e in extra), run, restore,
-                    None if where is None else str(where), units, rolled_back)
+                    None if where is None else str(where), units, rolled_back, rebuild)
 
 
 def _to_restore(job: JobSpec, report: FaultReport, stages: Sequence[str]
-                ) -> tuple[tuple[str, ...], bool]:
-    """(the model-stages to restore from the checkpoint, whether the job rolls back): the
-    stages with no intact copy, and where one of them is a trained model's, every trained
-    model's stage as well."""
+                ) -> tuple[tuple[str, ...], dict[str, str], bool]:
+    """(the model-stages to restore from the checkpoint, those to rebuild from the stage
+    training their model (copy -> training stage), whether the job rolls back): a stage with
+    no intact copy is rebuilt where it holds a copy of a trained model's θ and that model's
+    training stage is intact, else restored; where a training stage is lost, every trained
+    model's stage is restored and nothing is rebuilt."""
     wf = job.workflow
     lost = report.lost_stages(stages)
     trained = [s for s in stages if wf.model(wf.stage(s).model).trainable]
-    if not any(s in trained for s in lost):
-        return lost, False
-    return tuple(s for s in stages if s in lost or s in trained), True
+    training = {wf.stage(s).model: s for s in trained if wf.stage(s).kind is StageKind.TRAIN}
+    if any(s in lost for s in training.values()):
+        return tuple(s for s in stages if s in lost or s in trained), {}, True
+    rebuild = {s: training[wf.stage(s).model] for s in lost
+               if s in trained and wf.stage(s).model in training}
+    return tuple(s for s in lost if s not in rebuild), rebuild, False
 
 
 def _checkpoint_of(restore: Sequence[str], checkpointer: Checkpointer | None,
@@ -300,7 +325,7 @@ def _checkpoint_of(restore: Sequence[str], checkpointer: Checkpointer | None,
     ``RuntimeError`` naming what is missing when there is no such checkpoint."""
     if not restore:
         return None
-    why = ("a trained model's last copy is lost, so every trained model's stage rolls back "
+    why = ("a training stage's last copy is lost, so every trained model's stage rolls back "
            "to the checkpoint" if rolled_back else "no copy survived")
     names = ", ".join(restore)
     if checkpointer is None:
