@@ -119,6 +119,56 @@ def test_the_table_says_what_mean_step_adds_up() -> None:
         "writes (pauses excepted)" in " ".join(r.stdout.split())
 
 
+def test_the_plot_draws_each_step_as_mean_step_counts_it(tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch
+                                                         ) -> None:
+    """The plot left checkpoint writes out of each step while "mean step s" counts them (a
+    checkpoint step looked as fast as the others), and its y axis named transitions and
+    restarts but not lost work or checkpoints: each point is now ``StepRow.busy_s``, whose
+    mean is the table's, and the axis names every part."""
+    from matplotlib.figure import Figure
+
+    from nereus.commands.simulate import plot
+    from nereus.sim.scenarios import builtin, run_scenario
+
+    seen: list[tuple[str, dict[str, list[float]]]] = []
+
+    def record(self: Figure, *args: object, **kwargs: object) -> None:
+        ax = self.axes[0]
+        seen.append((ax.get_ylabel(), {ln.get_label(): [float(y) for y in ln.get_ydata()]
+                                       for ln in ax.get_lines()}))
+
+    monkeypatch.setattr(Figure, "savefig", record)
+    sc = builtin("stationary", steps=12)
+    res = run_scenario(sc, ["static", "nereus"], workers=1)
+    plot(res, sc, tmp_path / "steps.png")
+    ((ylabel, series),) = seen
+    label = " ".join(ylabel.split())
+    for part in ("step", "transitions", "restarts", "lost work", "checkpoint writes",
+                 "simulated"):
+        assert part in label, label
+    every = sc.restart.checkpoint_interval_steps
+    for name, r in res.results.items():
+        ys = series[name]
+        assert ys == [row.step_s + row.transition_s + row.restart_s + row.lost_s
+                      + row.checkpoint_s for row in r.rows], name
+        assert r.rows[every - 1].checkpoint_s > 0
+        assert ys[every - 1] > r.rows[every - 1].step_s      # the write is in the point
+        assert sum(ys) / len(ys) == pytest.approx(r.mean_step_s, rel=1e-9), name
+
+
+def test_the_log_help_says_where_a_decision_within_a_step_is_charged() -> None:
+    """--log said a decision logged at step k is charged to row k + 1; after an
+    out-of-memory crash in step k the restart is logged at step k (the crashed step's
+    telemetry) and charged to row k, where the step runs again."""
+    r = runner.invoke(app, ["simulate", "--help"])
+    assert r.exit_code == 0, r.output
+    text = " ".join(r.output.replace("│", " ").split())
+    assert "charges its move or restart to step k + 1" in text, text
+    assert "(it ran out of memory and runs again, or a first step that lost GPUs) is " \
+        "logged at step k and charged to step k" in text, text
+
+
 @pytest.mark.parametrize("example", sorted((ROOT / "examples" / "scenarios").glob("*.yaml")),
                          ids=lambda p: p.stem)
 def test_every_example_scenario_runs(example: Path) -> None:

@@ -107,6 +107,49 @@ def test_reasons_match_their_numbers_and_payback_is_admitted_at_its_boundary(job
     assert d.action is not Action.MOVE or d.reasons.chosen != "best"
 
 
+def test_the_log_line_labels_the_triggers_with_the_telemetrys_source(job, plans):
+    """The line said "(estimated)" once, at its end, though the length and the pool in its
+    triggers came from the telemetry (measured in a run, simulated in ``nereus simulate``):
+    the triggers now carry the telemetry's source, the estimates keep "(estimated)"."""
+    _, d, lines = _drift_decision(job, plans, 1.0)
+    line = lines[-1]
+    assert d.observed == "measured" and "\n" not in line
+    assert line.startswith("step 1 move [response_len 2700 vs ref 2000 (+35.0%, past δ=30%)] "
+                           "(measured) L "), line
+    assert line.endswith("(estimated)") and line.count("(estimated)") == 1, line
+    lines.clear()
+    c = Controller(job, plans["best16"], on_log=lines.append)
+    c.on_boundary(replace(_tel(job, plans["best16"], 0, 2000), source="simulated"))
+    assert lines[-1] == "step 0 keep [no trigger] (estimated)"  # nothing read: no label
+    d = c.on_boundary(replace(_tel(job, plans["best16"], 1, 2000, pool=tuple(range(8))),
+                              source="simulated"))
+    assert d.reasons.triggers[0].kind is TriggerKind.POOL_LOSS
+    assert lines[-1].startswith(f"step 1 {d.action.value} [pool_loss: lost GPUs 8-15 (8), "
+                                "the plan used 8-15 (8)] (simulated) "), lines[-1]
+
+
+def test_a_memory_trigger_beside_a_telemetry_trigger_is_labelled_estimated():
+    """A memory trigger is the cost model's prediction: beside a pool change each trigger
+    names its own source; alone it is labelled estimated; a trigger with no value (always,
+    onward) none, so ``simulate --log`` still finds ``keep [always]``."""
+    from nereus.control.controller import Decision, Reasons
+    from nereus.control.monitor import Trigger
+    loss = Trigger(TriggerKind.POOL_LOSS, "pool", True, 8.0, 16.0, None, "lost GPUs 8-15 (8)")
+    mem = Trigger(TriggerKind.MEMORY, "memory", True, 9e10, 8e10, None,
+                  "actor_gen predicted 83.8 GiB > 74.5 GiB allowed")
+    both = Decision(Action.KEEP, None, reasons=Reasons(3, (loss, mem)), observed="simulated")
+    assert both.log_line() == ("step 3 keep [pool_loss: lost GPUs 8-15 (8) (simulated); "
+                               "memory: actor_gen predicted 83.8 GiB > 74.5 GiB allowed "
+                               "(estimated)] (estimated)")
+    alone = Decision(Action.KEEP, None, reasons=Reasons(3, (mem,)), observed="simulated")
+    assert alone.log_line().startswith("step 3 keep [memory: actor_gen predicted 83.8 GiB > "
+                                       "74.5 GiB allowed] (estimated) ")
+    always = Decision(Action.KEEP, None, reasons=Reasons(3, (Trigger(TriggerKind.ALWAYS,
+                                                                     "always", False),)),
+                      observed="simulated")
+    assert always.log_line() == "step 3 keep [always] (estimated)"
+
+
 def test_rejected_replan_resets_references_so_the_same_length_does_not_retrigger(job, plans):
     c, d, _ = _drift_decision(job, plans, 1e9)
     assert d.action is Action.KEEP and d.reasons.triggers
@@ -850,8 +893,12 @@ def test_an_out_of_memory_failure_restarts_onto_a_plan_for_the_crashed_length(jo
 
 
 def test_an_out_of_memory_failure_the_estimate_missed_raises_the_memory_scale(job, plans):
-    """A crash at a length the plan was estimated to hold: the stages with no measured peak
-    needed at least the whole device, so the calibrator's memory scale grows."""
+    """A crash at a length the plan was estimated to hold: the stages that may have run out
+    (no measured peak, every stage before them measured) needed at least the whole device, so
+    the calibrator's memory scale grows. With no peak at all that is generation, the step's
+    first stage: inference and training never ran, and learn nothing (they used to be
+    learned to need the whole device too)."""
+    from nereus.spec.workflow import StageKind
     p = plans["best16"]
     c = Controller(job, p, on_log=lambda s: None)
     c.on_boundary(_tel(job, p, 0, 2000))
@@ -861,13 +908,50 @@ def test_an_out_of_memory_failure_the_estimate_missed_raises_the_memory_scale(jo
     c.on_log = logs.append
     c.on_failure(Telemetry(1, 2000.0, 3000, job.pool.ids), out_of_memory=True)
     after = c.calibrator.memory_scale()
-    assert any(after[k] > before.get(k, 1.0) for k in after)
-    # one sample per kind, from its fullest stage: three inference stages are not three
-    # samples (which stage ran out is unknown; the fullest needs the least scaling)
+    assert after[StageKind.GENERATE] > before.get(StageKind.GENERATE, 1.0)
     grown = {k: n - counted.get(k, 0) for k, n in c.calibrator.memory_samples().items()}
-    assert grown and set(grown.values()) == {1}
+    assert {k: n for k, n in grown.items() if n} == {StageKind.GENERATE: 1}
     assert "restarting after out of memory at step 1 (longest response 3000 tokens)" \
         in logs[-1]
+
+
+def test_an_out_of_memory_failure_learns_one_sample_per_kind_of_the_stages_that_ran(job,
+                                                                                  plans):
+    """Generation measured its peak; the three inference stages run side by side (no shared
+    GPU set) and measured none: one of them ran out. One sample for inference, from its
+    fullest stage, not three (the fullest needs the least scaling), and none for training,
+    which never ran."""
+    from nereus.spec.workflow import StageKind
+    p = replace(plans["best16"], groups=())
+    c = Controller(job, p, on_log=lambda s: None)
+    c.on_boundary(_tel(job, p, 0, 2000))
+    counted = c.calibrator.memory_samples()
+    gen = _tel(job, p, 1, 2000, longest=3000).peak_mem_bytes["actor_gen"]
+    c.on_failure(Telemetry(1, 2000.0, 3000, job.pool.ids, {}, {"actor_gen": gen}),
+                 out_of_memory=True)
+    grown = {k: n - counted.get(k, 0) for k, n in c.calibrator.memory_samples().items()}
+    assert grown.get(StageKind.FORWARD) == 1
+    assert grown.get(StageKind.TRAIN, 0) == 0
+    assert grown.get(StageKind.GENERATE, 0) <= 1    # its measured peak, learned as any is
+
+
+@pytest.mark.parametrize("measured,suspects", [
+    ((), {"actor_gen"}),
+    (("actor_gen",), {"reference_infer"}),       # the inference stages share one GPU set
+    (("actor_gen", "reference_infer", "reward_infer"), {"critic_infer"}),
+    (("actor_gen", "reference_infer", "reward_infer", "critic_infer"), {"actor_train"}),
+    (("actor_gen", "reference_infer", "reward_infer", "critic_infer", "actor_train"),
+     {"critic_train"}),
+])
+def test_only_a_stage_whose_earlier_stages_measured_a_peak_may_have_run_out(plans, measured,
+                                                                            suspects):
+    """The step runs generation, then inference (three stages on one GPU set, one after
+    another), then training (two on one set): a stage after one with no peak never ran."""
+    from nereus.control.controller import _may_have_run_out
+    from nereus.spec.workflow import ppo
+    p = replace(plans["best16"], groups=(("reference_infer", "reward_infer", "critic_infer"),
+                                         ("actor_train", "critic_train")))
+    assert _may_have_run_out(ppo(), p, dict.fromkeys(measured, 1)) == suspects
 
 
 def _split_plan(reference_gpus=range(8), gen_gpus=range(8, 16)):

@@ -286,6 +286,96 @@ def test_an_out_of_memory_crash_restarts_onto_a_plan_that_holds_the_crashed_step
         assert r.restarts == 1, name
 
 
+def test_an_out_of_memory_crash_reports_only_the_peaks_measured_before_it():
+    """At 16,000 tokens critic_train runs out of memory at step 12; actor_train fits but runs
+    beside it on other GPUs. The policy heard of actor_train's peak too (every stage that
+    held its own), which the crash stopped short of: it now hears of the stages that ended
+    before critic_train began -- generation and inference -- and of none after (simulated)."""
+    from nereus.sim.policies import make_policies
+    sc = _spike(16, 12, 16000)
+    sim = simulator(sc)
+    (pol,) = make_policies(["nereus"], sim.truth, sc.lengths, sc.control)
+    heard = []
+    real = pol.failed
+
+    def failed(tel, upcoming):
+        heard.append(tel)
+        return real(tel, upcoming)
+
+    pol.failed = failed
+    crashed = []
+    real_run = sim.truth.run_step
+
+    def run_step(plan, pool, k, mean, longest):
+        out = real_run(plan, pool, k, mean, longest)
+        if not sim.truth.fits(out[2]):
+            crashed.append(dict(out[2].peak_bytes))
+        return out
+
+    sim.truth.run_step = run_step
+    sim.run([pol], sc.name)
+    cap = sim.truth.job.cluster.device.memory_bytes
+    (peaks,) = crashed
+    assert peaks["critic_train"] > cap >= peaks["actor_train"]   # the case this is about
+    (tel,) = heard
+    assert tel.step == 12
+    assert set(tel.peak_mem_bytes) == {"actor_gen", "reference_infer", "reward_infer",
+                                       "critic_infer"}
+    assert all(tel.peak_mem_bytes[s] == peaks[s] for s in tel.peak_mem_bytes)
+
+
+def _fake_plan(groups=(), names=("actor_gen", "reference_infer", "reward_infer",
+                                 "critic_infer", "actor_train", "critic_train")):
+    """What ``measured_before_crash`` reads of a plan: its stages' names and its groups."""
+    from types import SimpleNamespace
+    return SimpleNamespace(groups=tuple(groups),
+                           stages=tuple(SimpleNamespace(stage=n) for n in names))
+
+
+@pytest.mark.parametrize("times,over,measured", [
+    # generation ran out: nothing ended before it
+    ({}, {"actor_gen"}, set()),
+    # critic_infer after reference_infer on shared GPUs (starts at 12 s); reward_infer beside
+    # them ends at 11 s: both earlier stages measured theirs
+    ({}, {"critic_infer"}, {"actor_gen", "reference_infer", "reward_infer"}),
+    # reward_infer beside them ends at 13 s: the crash at 12 s stopped it short of its peak
+    ({"reward_infer": 3.0}, {"critic_infer"}, {"actor_gen", "reference_infer"}),
+    # two stages over: the crash is at the first to start (reference_infer, 10 s)
+    ({}, {"critic_infer", "reference_infer"}, {"actor_gen"}),
+    # the weight sync ran out, after every stage: every peak was measured
+    ({}, set(), {"actor_gen", "reference_infer", "reward_infer", "critic_infer",
+                 "actor_train", "critic_train"}),
+])
+def test_a_crash_measures_the_peaks_of_the_stages_that_ended_before_it(times, over, measured):
+    """Synchronous PPO: generation 10 s; reference_infer (2 s) then critic_infer (1 s) on
+    one GPU set, reward_infer (1 s) beside them; actor_train and critic_train after."""
+    from nereus.sim.simulator import measured_before_crash
+    from nereus.spec.workflow import ppo
+    secs = {"actor_gen": 10.0, "reference_infer": 2.0, "reward_infer": 1.0,
+            "critic_infer": 1.0, "actor_train": 5.0, "critic_train": 4.0, **times}
+    cap = 100
+    peaks = {s: 150 if s in over else 50 for s in secs}
+    got = measured_before_crash(ppo(), _fake_plan([("reference_infer", "critic_infer")]),
+                                secs, peaks, cap)
+    assert got == {s: 50 for s in measured}
+
+
+@pytest.mark.parametrize("gen_s,measured", [(20.0, {"reference_infer"}),
+                                            (2.5, {"actor_gen", "reference_infer"})])
+def test_asynchronous_generation_is_measured_when_it_ended_before_the_crash(gen_s, measured):
+    """Asynchronous GRPO: generation runs beside inference and training; actor_train runs out
+    at 3 s (after reference_infer and reward_infer, 3 s side by side)."""
+    from nereus.sim.simulator import measured_before_crash
+    from nereus.spec.workflow import Execution, grpo
+    names = ("actor_gen", "reference_infer", "reward_infer", "actor_train")
+    secs = {"actor_gen": gen_s, "reference_infer": 2.0, "reward_infer": 3.0,
+            "actor_train": 5.0}
+    peaks = {"actor_gen": 50, "reference_infer": 50, "reward_infer": 50, "actor_train": 150}
+    got = measured_before_crash(grpo(Execution.ASYNC), _fake_plan(names=names), secs, peaks,
+                                100)
+    assert got == {s: 50 for s in measured | {"reward_infer"}}
+
+
 def test_a_step_no_plan_holds_stops_the_run_with_an_input_error(monkeypatch):
     """A policy whose every plan runs out of memory on one step stops the run after a few
     tries with an error naming the step and its longest response (the CLI's exit 2), not

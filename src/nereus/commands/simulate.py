@@ -109,6 +109,11 @@ def policy_json(r: PolicyResult) -> dict[str, object]:
 CALIB_STEP = 10
 
 
+# the plot's y axis: each step's time as "mean step s" counts it (StepRow.busy_s)
+PLOT_Y = ("s per step (simulated): the step + transitions,\n"
+          "restarts, lost work and checkpoint writes")
+
+
 # what "mean step s" adds up (PolicyResult.mean_step_s): more than the step, so say it
 MEAN_STEP = ("mean step s: the step plus its transitions, restarts, lost work and checkpoint "
              "writes (pauses excepted)")
@@ -169,8 +174,9 @@ def run_label(sc: Scenario, config: Path | None, seed: int | None = None,
 
 
 def plot(res: SimResult, sc: Scenario, path: Path, label: str | None = None) -> None:
-    """Step latency (plus the transitions, restarts and lost work before it) over steps;
-    the title is ``label`` (the run's command line, :func:`run_label`)."""
+    """Each step's time as "mean step s" counts it (``StepRow.busy_s``: the step, the
+    transitions, restarts and lost work before it and the checkpoint written after it) over
+    steps; the title is ``label`` (the run's command line, :func:`run_label`)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -179,7 +185,7 @@ def plot(res: SimResult, sc: Scenario, path: Path, label: str | None = None) -> 
     fig, ax = plt.subplots(figsize=(11, 5.5))
     for name, r in res.results.items():
         steps = [row.step for row in r.rows]
-        lat = [row.step_s + row.transition_s + row.restart_s + row.lost_s for row in r.rows]
+        lat = [row.busy_s for row in r.rows]
         (line,) = ax.plot(steps, lat, lw=1.0, label=name)
         moves = {e.step for e in r.events if e.kind == "move"}
         restarts = {e.step for e in r.events if e.kind == "restart"}
@@ -192,7 +198,7 @@ def plot(res: SimResult, sc: Scenario, path: Path, label: str | None = None) -> 
                    zorder=3)
     ax.set_yscale("log")
     ax.set_xlabel("RL step")
-    ax.set_ylabel("step latency incl. transitions and restarts (s, simulated)")
+    ax.set_ylabel(PLOT_Y)
     # no mathtext: a "$" in a scenario's or file's name is a dollar sign, not a formula
     ax.set_title(f"{label or run_label(sc, None)}: ^ transition, x restart (simulated)",
                  parse_math=False)
@@ -242,7 +248,10 @@ def register(app: typer.Typer) -> None:
         notes: bool = typer.Option(False, "--notes", help="list every parameter's source"),
         log: bool = typer.Option(False, "--log", help="print the controllers' decisions; "
                                  "one logged at step k is taken at the boundary after step k, "
-                                 "so --csv charges its move or restart to step k + 1"),
+                                 "so --csv charges its move or restart to step k + 1; one "
+                                 "taken before step k ends (it ran out of memory and runs "
+                                 "again, or a first step that lost GPUs) is logged at step k "
+                                 "and charged to step k"),
     ) -> None:
         """Compare static, replan-always, Nereus and an oracle on a simulated run.
 

@@ -12,8 +12,11 @@
 4. references reset after every replan, admitted or not.
 
 The decision carries its reasons as data (triggers, ΔL, L_tran, H_x, payback) and as one log
-line. Every number in it is estimated. The controller never imports the simulator: the planner
-and the transition planner are injectable so a simulator can cache them.
+line. The triggers' values come from the telemetry (a pool change, a response length, an
+efficiency fitted to the step's times), and the line labels them with its source (measured,
+simulated); a memory trigger is a prediction, and every other number is estimated. The
+controller never imports the simulator: the planner and the transition planner are injectable
+so a simulator can cache them.
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Protocol
+
+import networkx as nx
 
 from nereus.control.admission import (
     Option,
@@ -64,11 +69,12 @@ from nereus.cost.ops import OpClass
 from nereus.errors import InfeasibleError, InputError, is_finite_real, is_integer
 from nereus.plan.exposure import exposed_fraction, spans_nodes
 from nereus.plan.near import SAME_STEP, placed_near
+from nereus.plan.overlap import overlap_graph
 from nereus.plan.search import Planner
 from nereus.plan.types import Plan, stage_estimate
 from nereus.spec.cluster import GpuPool
 from nereus.spec.job import JobSpec
-from nereus.spec.workflow import StageKind
+from nereus.spec.workflow import StageKind, Workflow
 from nereus.transition.planner import plan_transition
 from nereus.transition.schedule import Schedule
 
@@ -182,11 +188,16 @@ class Decision:
     restart: RestartCost | None = None
     reasons: Reasons = field(default_factory=lambda: Reasons(0))
     source: str = "estimated"
+    # the source of the telemetry the triggers were read from (``Telemetry.source``: measured,
+    # simulated); empty for a decision built outside ``Controller``
+    observed: str = ""
 
     def log_line(self) -> str:
+        """One line: the action, its triggers labelled with where their values came from
+        (the telemetry's source; a memory trigger is estimated), then the estimates (L, ΔL,
+        L_tran, H, payback, restart), labelled ``source``."""
         r = self.reasons
-        trig = "; ".join(t.describe() for t in r.triggers) or "no trigger"
-        parts = [f"step {r.step} {self.action.value} [{trig}]"]
+        parts = [f"step {r.step} {self.action.value} {_triggers(r.triggers, self.observed)}"]
         if r.current_step_s is not None and r.target_step_s is not None:
             parts.append(f"L {r.current_step_s:.2f}->{r.target_step_s:.2f} s")
         elif r.target_step_s is not None:
@@ -206,6 +217,27 @@ class Decision:
         if r.summary:
             parts.append(f"-- {r.summary}")
         return " ".join(parts) + f" ({self.source})"
+
+
+# triggers whose values the telemetry gave (a pool change, a drifting signal); a memory
+# trigger is the cost model's prediction, and the others carry no value
+_OBSERVED = (TriggerKind.POOL_LOSS, TriggerKind.POOL_GAIN, TriggerKind.DRIFT)
+
+
+def _triggers(triggers: Sequence[Trigger], observed: str) -> str:
+    """``[t1; t2]`` followed by the source of their values when they share one, or each
+    trigger followed by its own when they differ: ``observed`` (the telemetry's) for a pool
+    change or a drift, ``estimated`` for a memory trigger."""
+    if not triggers:
+        return "[no trigger]"
+    srcs = [observed if t.kind in _OBSERVED else
+            "estimated" if t.kind is TriggerKind.MEMORY else "" for t in triggers]
+    named = {x for x in srcs if x}
+    if len(named) <= 1:
+        tail = f" ({next(iter(named))})" if named else ""
+        return "[" + "; ".join(t.describe() for t in triggers) + "]" + tail
+    return "[" + "; ".join(t.describe() + (f" ({x})" if x else "")
+                           for t, x in zip(triggers, srcs)) + "]"
 
 
 class Controller:
@@ -235,6 +267,7 @@ class Controller:
         self.steps_seen = 0
         self.stopped = False  # after a wait: the state on the GPUs is gone until a restart
         self._crash = ""      # why the job stopped, where it crashed (``on_failure``)
+        self._observed = ""   # the source of the telemetry of this boundary
         self._recent_longest: deque[int] = deque(maxlen=self.config.length_window)
         self._mem_bound: tuple[object, float, float, Trigger | None] | None = None
         # this boundary's job at the longest response itself (no margin), and (pool, need) once
@@ -263,6 +296,7 @@ class Controller:
         return CostModel(job, self.calibrator.efficiencies(), self.calibrator.memory_scale())
 
     def _log(self, d: Decision) -> Decision:
+        d = replace(d, observed=self._observed)
         self.on_log(d.log_line())
         return d
 
@@ -380,6 +414,7 @@ class Controller:
     def _boundary(self, tel: Telemetry, shares: Mapping[str, float]) -> Decision:
         cfg = self.config
         step = tel.step
+        self._observed = tel.source  # what the log line calls the triggers' values
         # H_pool learns from every change since the last boundary, also while a replan waits
         # for a running transition (the pool may change again meanwhile); the replan answers
         # the change since the pool it last planned for
@@ -473,9 +508,11 @@ class Controller:
         ``tel`` describes the step that crashed: its lengths, and the peaks of the stages that
         measured one. Its longest response enters the window memory is planned for, so the
         restart's plan holds it. ``out_of_memory``: where the plan that crashed was estimated
-        to hold that response, the estimate was short; each of its stages with no measured
-        peak is learned to need at least the whole device there (a lower bound: the stage
-        that ran out measured none), so the restart plans for more memory."""
+        to hold that response, the estimate was short; each of its stages that may have run
+        out (no measured peak, and every stage before it in the step measured one: a stage
+        after an unmeasured one never ran) is learned to need at least the whole device there
+        (a lower bound: the stage that ran out measured none), so the restart plans for more
+        memory."""
         shares = self._learn(tel)  # the plan ran until it crashed
         if out_of_memory and not self.stopped and self.pool and tel.pool:
             self._learn_oom(tel)
@@ -495,11 +532,12 @@ class Controller:
         if scaled is None or any(sp.peak_mem_bytes > HEADROOM * cap for sp in scaled.stages):
             return  # the estimate saw it coming: the longest response alone is the evidence
         raw = CostModel(ran, self.calibrator.efficiencies())
-        # one sample per kind of stage, from its fullest stage without a measured peak: which
+        # one sample per kind of stage, from its fullest stage that may have run out: which
         # stage ran out is unknown, and the fullest needs the least scaling to fill the device
         fullest: dict[StageKind, int] = {}
+        suspects = _may_have_run_out(self.job.workflow, self.plan, tel.peak_mem_bytes)
         for sp in self.plan.stages:
-            if sp.stage in tel.peak_mem_bytes:
+            if sp.stage not in suspects:
                 continue
             est = stage_estimate(raw, self.plan, sp.stage).peak_mem_bytes
             kind = self.job.workflow.stage(sp.stage).kind
@@ -805,3 +843,17 @@ def _short(text: str, limit: int = 160) -> str:
     """The first clause of a long reason (the schedule's reasons list every GPU)."""
     head = text.split("; ")[0]
     return head if len(head) <= limit else head[:limit - 3] + "..."
+
+
+def _may_have_run_out(workflow: Workflow, plan: Plan, measured: Mapping[str, int]
+                      ) -> set[str]:
+    """The stages of ``plan`` that may have run out of memory in a step that crashed, given the
+    stages that ``measured`` a peak: those with none whose every earlier stage in the step's
+    execution order (the overlap graph of the plan's groups) measured one. A stage after an
+    unmeasured one never ran: the crash ended the step first."""
+    groups = [*plan.groups, *[(s.stage,) for s in plan.stages
+                              if not any(s.stage in g for g in plan.groups)]]
+    names = [s.stage for s in plan.stages]
+    graph = overlap_graph(workflow, groups, dict.fromkeys(names, 0.0), 0.0)
+    return {n for n in names if n not in measured
+            and all(a in measured for a in nx.ancestors(graph, n) if a in names)}

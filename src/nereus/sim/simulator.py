@@ -29,6 +29,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+import networkx as nx
 import numpy as np
 
 from nereus.control.controller import Action
@@ -37,12 +38,14 @@ from nereus.control.targets import fill, rebuild_s, survive
 from nereus.control.telemetry import Telemetry
 from nereus.cost.model import CostModel
 from nereus.errors import InfeasibleError, InputError, count
+from nereus.plan.overlap import overlap_graph
 from nereus.plan.search import best_plan
 from nereus.plan.types import Plan, stage_estimate
 from nereus.sim.policies import Act, Policy
 from nereus.sim.traces import Availability, LengthTrace
 from nereus.sim.truth import Truth, same_layouts
 from nereus.spec.cluster import format_gpus
+from nereus.spec.workflow import Workflow
 
 OOM_LOST_FRACTION = 0.5  # assumption: an out-of-memory crash loses half a step on average
 OOM_TRIES = 5  # out-of-memory crashes of one step before the run stops: no plan fits it
@@ -73,6 +76,12 @@ class StepRow:
     tokens: float
     calib_error: float | None = None   # mean |predicted - true| / true over stages (nereus)
     checkpoint_s: float = 0.0          # the periodic checkpoint written after the step
+
+    @property
+    def busy_s(self) -> float:
+        """The step with the transitions, restarts and lost work before it and the checkpoint
+        written after it: what ``PolicyResult.mean_step_s`` averages (pauses excepted)."""
+        return self.step_s + self.transition_s + self.restart_s + self.lost_s + self.checkpoint_s
 
 
 @dataclass(frozen=True)
@@ -408,10 +417,11 @@ class _Runner:
                         f"{count(len(pool), 'GPU')}): "
                         "no plan it finds fits it", "shorter responses or more GPUs")
                 # the policy hears of the step that crashed: its lengths, and the peaks of the
-                # stages that held theirs (the stage that ran out measured none)
+                # stages that ended before the crash (``measured_before_crash``)
                 cap = sim.truth.job.cluster.device.memory_bytes
                 self.tel = Telemetry(k, mean, longest, pool, {},
-                                     {s: b for s, b in priced.peak_bytes.items() if b <= cap},
+                                     measured_before_crash(sim.truth.job.workflow, self.plan,
+                                                           stage_s, priced.peak_bytes, cap),
                                      source="simulated")
                 failed = True
                 continue
@@ -469,6 +479,30 @@ class _Runner:
             true = truth.stage_s[sp.stage]
             errs.append(abs(pred - true) / true)
         return float(sum(errs) / len(errs)) if errs else None
+
+
+def measured_before_crash(workflow: Workflow, plan: Plan, stage_s: Mapping[str, float],
+                          peak_bytes: Mapping[str, int], cap: int) -> dict[str, int]:
+    """The peaks a job that ran out of memory measured: those of the stages that ended before
+    the first stage over ``cap`` began, in the step's execution order (the overlap graph of
+    ``plan``'s groups, timed by ``stage_s``). The crash ends the step, so a stage after it never
+    ran, and one that ran beside it (on other GPUs, or in asynchronous execution) and had not
+    ended was stopped short of its peak: neither measured one. The crash is put at the start of
+    the stage that ran out, the earliest it can happen. With no stage over ``cap`` (the weight
+    sync ran out, after every stage) every peak was measured."""
+    over = [s for s, b in peak_bytes.items() if b > cap]
+    if not over:
+        return dict(peak_bytes)
+    groups = [*plan.groups, *[(s.stage,) for s in plan.stages
+                              if not any(s.stage in g for g in plan.groups)]]
+    graph = overlap_graph(workflow, groups, stage_s, 0.0)
+    start: dict[str, float] = {}
+    end: dict[str, float] = {}
+    for n in nx.topological_sort(graph):
+        start[n] = max((end[p] for p in graph.predecessors(n)), default=0.0)
+        end[n] = start[n] + graph.nodes[n]["weight"]
+    crash = min(start[s] for s in over)
+    return {s: b for s, b in peak_bytes.items() if b <= cap and end[s] <= crash}
 
 
 class Simulator:
