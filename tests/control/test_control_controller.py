@@ -978,25 +978,35 @@ def _split_plan(reference_gpus=range(8), gen_gpus=range(8, 16)):
     return job, priced.plan
 
 
-def test_losing_every_generation_replica_is_a_restart_while_training_holds_theta():
-    """A generation EMU holds a copy of the actor's θ that only actor_train could give it
-    again, and the runtime has no copy between model-stages (restoring actor_gen from the
-    checkpoint would hand it an older θ than training's): losing every actor_gen replica is a
-    checkpoint/restart, as the runtime's recovery would need."""
-    from nereus.control.targets import survive
+def test_losing_every_generation_replica_rebuilds_it_from_training():
+    """A generation EMU holds a copy of the actor's θ, which actor_train still holds (newer
+    than any checkpoint's): losing every actor_gen replica is a move whose L_tran adds the
+    rebuild through storage (actor_train's replica writes θ and ω, generation reads θ: the
+    runtime's ``recover``), not a restart."""
+    from nereus.control.restart import RestartParams
+    from nereus.control.targets import rebuild_s, survive
     job, p = _split_plan()
     node0 = tuple(range(8))
     survivors, lost, rebuilt = survive(p, node0, job.workflow)
-    assert survivors is None and lost == ("actor_gen",) and rebuilt == ()
+    assert survivors is not None and lost == () and rebuilt == ("actor_gen",)
+    params = RestartParams()
+    n = job.model.param_count(job.workflow.model("actor").head)
+    w = job.workload
+    nodes = len({job.cluster.node_of(g) for g in p.stage("actor_train").replicas[0]})
+    want = (n * (w.param_bytes + w.optimizer_state_bytes_per_param())
+            / (params.storage_write_bw_per_node * nodes)
+            + n * w.param_bytes / (params.storage_read_bw_per_node * 1))  # gen: one node
+    assert rebuild_s(job, p, ("actor_gen",), params) == pytest.approx(want)
     c = Controller(job, p, on_log=lambda s: None)
     d = c.on_boundary(Telemetry(0, 500.0, 750, node0))
-    assert d.action is Action.RESTART, d.log_line()
+    assert d.action is Action.MOVE, d.log_line()
+    assert d.schedule is not None and "make actor_gen again through storage" in d.schedule.reason
 
 
 def test_frozen_weights_are_read_again_and_trained_state_is_a_last_copy():
     """Frozen weights (reference) come back from storage, priced at the read bandwidth of the
     stage's nodes, in a move; losing the only actor_train replica loses θ and ω: a restart."""
-    from nereus.control.restart import GB
+    from nereus.control.restart import GB, RestartParams
     from nereus.control.targets import fill, rebuild_s, survive
     job, p = _split_plan(reference_gpus=range(8, 16), gen_gpus=range(8))
     node0 = tuple(range(8))
@@ -1005,13 +1015,13 @@ def test_frozen_weights_are_read_again_and_trained_state_is_a_last_copy():
     assert {sp.stage for sp in fill(survivors, p).stages} == {sp.stage for sp in p.stages}
     ref_bytes = job.model.param_count(job.workflow.model("reference").head) \
         * job.workload.param_bytes
-    assert rebuild_s(job, p, ("reference_infer",), 2 * GB) == \
-        pytest.approx(ref_bytes / (2 * GB))                 # its GPUs are one node
+    assert rebuild_s(job, p, ("reference_infer",), RestartParams(storage_read_bw_per_node=2 * GB)
+                     ) == pytest.approx(ref_bytes / (2 * GB))  # its GPUs are one node
     c = Controller(job, p, on_log=lambda s: None)
     d = c.on_boundary(Telemetry(0, 500.0, 750, node0))
     assert d.action is Action.MOVE, d.log_line()
     assert d.schedule is not None and d.schedule.feasible
-    assert "read the weights of reference_infer again" in d.schedule.reason
+    assert "make reference_infer again through storage" in d.schedule.reason
     assert d.reasons.l_tran_s == d.schedule.estimated_s and d.reasons.l_tran_s > 0
     # and the node-loss risk the controller prices agrees: node 1 takes no last copy
     from nereus.plan.exposure import exposed_by_node

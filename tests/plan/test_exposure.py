@@ -37,6 +37,20 @@ def test_a_stage_whose_replicas_all_touch_one_node_is_exposed_by_it(job):
     assert exposed_fraction(safe, job.cluster) == 0.0
 
 
+def test_a_copy_of_theta_exposes_a_node_only_with_its_training_stage(job):
+    """Generation (a copy of the actor's θ) with every replica on node 1 is given θ again by
+    actor_train while actor_train keeps a replica elsewhere; where actor_train is on node 1
+    alone too, both are lost there. The frozen reference is read again either way."""
+    wf = job.workflow
+    p = _plan(("actor_gen", ((8, 9),)), ("reference_infer", ((10, 11),)),
+              ("actor_train", ((0, 1), (12, 13))))
+    assert exposed_by_node(p, job.cluster, wf) == {0: (), 1: ()}
+    assert exposed_by_node(p, job.cluster) == {0: (), 1: ("actor_gen", "reference_infer")}
+    q = _plan(("actor_gen", ((8, 9),)), ("reference_infer", ((10, 11),)),
+              ("actor_train", ((12, 13),)))
+    assert exposed_by_node(q, job.cluster, wf) == {1: ("actor_gen", "actor_train")}
+
+
 def test_spread_placement_puts_replicas_on_different_nodes(job):
     pool = job.pool
     grp = [GroupAssignment(("x",), (Candidate(Layout(4, 1), 2, 1, 1),)),

@@ -333,9 +333,9 @@ def register(app: typer.Typer) -> None:
         hit = {n: s for n, s in exposed_by_node(plan, job.cluster, job.workflow).items() if s}
         if not hit:
             if any(exposed_by_node(plan, job.cluster).values()):
-                return ("node loss: any one node can go without a restart; every trained "
-                        "model keeps a copy elsewhere (a frozen model's weights are read "
-                        "again)")
+                return ("node loss: any one node can go without a restart; every training "
+                        "stage keeps a copy elsewhere (a copy of θ is given θ again by its "
+                        "training stage, a frozen model's weights are read again)")
             return "node loss: any one node can go; every model-stage keeps a copy elsewhere"
         parts = _takes(hit)
         if spread and best:

@@ -668,8 +668,8 @@ class Controller:
             if got is None:
                 got = self.transition(transition_job, fill(partial, plan), plan, eff)
                 if rebuilt and got.feasible:
-                    extra = rebuild_s(now, plan, rebuilt, cfg.restart.storage_read_bw_per_node)
-                    why = (f"read the weights of {', '.join(rebuilt)} again from storage: "
+                    extra = rebuild_s(now, plan, rebuilt, cfg.restart)
+                    why = (f"make {', '.join(rebuilt)} again through storage: "
                            f"{extra:.3g} s (estimated)")
                     got = replace(got, estimated_s=got.estimated_s + extra,
                                   reason="; ".join(r for r in (got.reason, why) if r))

@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from nereus.control.restart import RestartParams
 from nereus.cost.candidate import Candidate
 from nereus.cost.estimate import HEADROOM
 from nereus.cost.model import CostModel
@@ -80,20 +81,19 @@ def survive(plan: Plan, pool: Iterable[int], workflow: Workflow
             ) -> tuple[Plan | None, tuple[str, ...], tuple[str, ...]]:
     """(the surviving replicas, the model-stages whose state is gone, those to rebuild).
 
-    A frozen model's weights never change, so a model-stage of one left with no replica is
-    rebuilt: its weights are read again from storage (the runtime restores them from the
-    checkpoint, where they are the same). A trainable model's stage left with no replica is
-    lost, its derived copies (generation, inference) included: they hold the θ of the last
-    step, which only its training stage could give them again, and the runtime has no such
-    copy between model-stages (restoring one from the checkpoint would hand generation an
-    older θ than training's), so that loss is a restart from the checkpoint. The plan returned
-    lacks the stages to rebuild (``fill`` completes it with a target's entries); None when
-    some state is gone.
+    A model-stage left with no replica is rebuilt where its state can be made again without
+    a restart (``Workflow.after_loss``): a frozen model's weights are read again from storage
+    (they never change), and a copy of a trained model's θ (generation, value inference) is
+    given the newest θ again by the model's training stage, where that keeps a replica (the
+    runtime's ``recover`` writes a training unit and reads it back into the copy's layout).
+    A training stage left with no replica is lost, with every copy of its model's θ left with
+    none: its optimizer state exists nowhere else, so that loss is a restart from the
+    checkpoint. The plan returned lacks the stages to rebuild (``fill`` completes it with a
+    target's entries); None when some state is gone.
     """
     survivors, empty = _surviving(plan, pool)
-    frozen = tuple(n for n in empty if not workflow.model(workflow.stage(n).model).trainable)
-    lost = tuple(n for n in empty if n not in frozen)
-    return (None, lost, frozen) if lost else (survivors, (), frozen)
+    lost, rebuilt = workflow.after_loss(empty)
+    return (None, lost, tuple(rebuilt)) if lost else (survivors, (), tuple(rebuilt))
 
 
 def fill(survivors: Plan, target: Plan) -> Plan:
@@ -108,18 +108,30 @@ def fill(survivors: Plan, target: Plan) -> Plan:
                 survivors.groups)
 
 
-def rebuild_s(job: JobSpec, target: Plan, rebuilt: Iterable[str],
-              read_bw_per_node: float) -> float:
-    """Seconds to read the weights of the frozen models' stages ``rebuilt`` again, one after
-    the other, onto their GPUs in ``target``: the stage's θ at ``read_bw_per_node`` on each
-    node it uses (as a restart's load reads it)."""
+def rebuild_s(job: JobSpec, target: Plan, rebuilt: Iterable[str], params: RestartParams
+              ) -> float:
+    """Seconds to make the model-stages ``rebuilt`` (``survive``'s) again, one after the other,
+    on their GPUs in ``target``: each reads its model's θ at the storage read bandwidth of
+    each node it uses (as a restart's load reads it); a copy of a trained model's θ is read
+    from what its training stage writes first, θ and ω of one of its replicas at the write
+    bandwidth of that replica's nodes (``runtime.Checkpointer.rebuild``)."""
     wf = job.workflow
+    w = job.workload
+
+    def nodes(gpus: Iterable[int]) -> int:
+        return max(1, len({job.cluster.node_of(g) for g in gpus}))
+
     total = 0.0
     for name in rebuilt:
         role = wf.model(wf.stage(name).model)
-        nbytes = job.model.param_count(role.head) * job.workload.param_bytes
-        nodes = max(1, len({job.cluster.node_of(g) for g in target.stage(name).gpus}))
-        total += nbytes / (read_bw_per_node * nodes)
+        params_n = job.model.param_count(role.head)
+        trainer = wf.trained_by(role.name) if role.trainable else None
+        if trainer is not None:
+            written = params_n * (w.param_bytes + w.optimizer_state_bytes_per_param())
+            total += written / (params.storage_write_bw_per_node
+                                * nodes(target.stage(trainer).replicas[0]))
+        total += params_n * w.param_bytes / (params.storage_read_bw_per_node
+                                             * nodes(target.stage(name).gpus))
     return total
 
 

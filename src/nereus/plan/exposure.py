@@ -3,9 +3,10 @@
 Spot reclaims and scheduler preemptions take whole machines. A model-stage whose replicas all
 touch one node has no surviving copy when that node goes: the controller cannot move its state
 and the job restarts from the last checkpoint (``nereus.control.targets.survive`` is the same
-rule applied after the fact), unless the stage is a frozen model's, whose weights are read
-again. A stage with replicas on different nodes keeps a copy, and the
-controller moves on from the survivors with a transition.
+rule applied after the fact), unless the stage is made again without one
+(``Workflow.after_loss``): a frozen model's, whose weights are read again, or a copy of a
+trained model's θ whose training stage keeps a replica. A stage with replicas on different
+nodes keeps a copy, and the controller moves on from the survivors with a transition.
 """
 
 from __future__ import annotations
@@ -27,16 +28,15 @@ def exposed_by_node(plan: Plan, cluster: Cluster,
                     workflow: Workflow | None = None) -> Mapping[int, tuple[str, ...]]:
     """Node -> the model-stages whose every replica has a GPU on it, for each node the plan
     uses (an empty tuple where losing the node leaves a copy of everything). With the job's
-    ``workflow``, a frozen model's stages are left out: losing them costs a read of their
-    weights, not a restart (``nereus.control.targets.survive``)."""
-    frozen = set() if workflow is None else {
-        s.name for s in workflow.stages if not workflow.model(s.model).trainable}
+    ``workflow``, the stages made again without a restart are left out (a frozen model's, read
+    again; a copy of θ whose training stage keeps a replica, given θ again:
+    ``Workflow.after_loss``, as ``nereus.control.targets.survive`` applies it)."""
     nodes = sorted({cluster.node_of(g) for g in plan.gpus()})
     out: dict[int, tuple[str, ...]] = {}
     for n in nodes:
-        out[n] = tuple(sp.stage for sp in plan.stages
-                       if sp.replicas and sp.stage not in frozen
-                       and all(any(cluster.node_of(g) == n for g in r) for r in sp.replicas))
+        empty = tuple(sp.stage for sp in plan.stages if sp.replicas and all(
+            any(cluster.node_of(g) == n for g in r) for r in sp.replicas))
+        out[n] = empty if workflow is None else workflow.after_loss(empty)[0]
     return out
 
 

@@ -37,7 +37,6 @@ from typing import TYPE_CHECKING, Any
 
 from nereus.runtime import movement as mv
 from nereus.runtime.workers import GRACE_S, WorkerCallsFailed
-from nereus.spec.workflow import StageKind
 from nereus.transition.emu import Emu
 
 if TYPE_CHECKING:
@@ -310,12 +309,11 @@ def _to_restore(job: JobSpec, report: FaultReport, stages: Sequence[str]
     model's stage is restored and nothing is rebuilt."""
     wf = job.workflow
     lost = report.lost_stages(stages)
-    trained = [s for s in stages if wf.model(wf.stage(s).model).trainable]
-    training = {wf.stage(s).model: s for s in trained if wf.stage(s).kind is StageKind.TRAIN}
-    if any(s in lost for s in training.values()):
+    gone, rebuilt = wf.after_loss(lost)
+    if gone:  # a training stage among them
+        trained = [s for s in stages if wf.model(wf.stage(s).model).trainable]
         return tuple(s for s in stages if s in lost or s in trained), {}, True
-    rebuild = {s: training[wf.stage(s).model] for s in lost
-               if s in trained and wf.stage(s).model in training}
+    rebuild = {s: t for s, t in rebuilt.items() if t is not None}
     return tuple(s for s in lost if s not in rebuild), rebuild, False
 
 

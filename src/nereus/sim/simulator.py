@@ -299,12 +299,12 @@ class _Runner:
 
     def _rebuild_s(self, k: int, plan: Plan, pool: tuple[int, ...],
                    rebuilt: tuple[str, ...]) -> float:
-        """Seconds to read the frozen weights of ``rebuilt`` again onto ``plan`` (the
-        controller's formula, ``rebuild_s``) times the step's noise on it."""
+        """Seconds to make ``rebuilt`` again on ``plan`` through storage (a frozen model's
+        weights read again, a copy of θ from its training stage: the controller's formula,
+        ``rebuild_s``) times the step's noise on it."""
         sim = self.sim
         job = sim.truth.job_at(pool, *sim.lengths.at(k))
-        return rebuild_s(job, plan, rebuilt, sim.restart.storage_read_bw_per_node) \
-            * sim.truth.factor(k, "rebuild")
+        return rebuild_s(job, plan, rebuilt, sim.restart) * sim.truth.factor(k, "rebuild")
 
     def _apply(self, k: int, act: Act, pool: tuple[int, ...]) -> bool:
         """Carry out a decision; False when the job cannot run (no plan fits the pool)."""
@@ -336,7 +336,8 @@ class _Runner:
                     return True
                 secs = sched.estimated_s * sim.truth.factor(k, "transition")
                 if rebuilt:
-                    # a frozen model's stage left with no replica: its weights read again
+                    # a stage left with no replica, made again: a frozen model's weights
+                    # read, a copy of θ given by its training stage
                     secs += self._rebuild_s(k, act.plan, pool, rebuilt)
                 self._acc["transition_s"] += secs
                 self.t += secs

@@ -9,6 +9,7 @@ generation and the other phases run on disjoint GPUs.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from enum import Enum
 
@@ -114,6 +115,34 @@ class Workflow:
                 return s
         raise InputError(field, f"unknown model-stage {name!r} for {self.algo}",
                          [s.name for s in self.stages])
+
+    def trained_by(self, model: str) -> str | None:
+        """The model-stage that trains ``model`` (None for a frozen model)."""
+        return next((s.name for s in self.stages
+                     if s.model == model and s.kind is StageKind.TRAIN), None)
+
+    def after_loss(self, empty: Iterable[str]) -> tuple[tuple[str, ...], dict[str, str | None]]:
+        """Of the model-stages ``empty`` (every replica gone): (those whose state is gone, so
+        the job restarts from a checkpoint; those made again without a restart, each with the
+        stage it comes from, or None for storage). A frozen model's stage is read again from
+        storage (its weights never change). A stage holding a copy of a trained model's θ
+        (generation, value inference) is given the newest θ again by the stage that trains the
+        model, where that one has a replica left: what the next weight sync would give it. A
+        training stage's optimizer state exists nowhere else: it is gone, and with it every
+        copy of its model's θ that has no replica left."""
+        empty = tuple(dict.fromkeys(empty))
+        gone: list[str] = []
+        rebuilt: dict[str, str | None] = {}
+        for name in empty:
+            model = self.stage(name).model
+            trainer = self.trained_by(model) if self.model(model).trainable else None
+            if not self.model(model).trainable:
+                rebuilt[name] = None
+            elif trainer is None or trainer == name or trainer in empty:
+                gone.append(name)
+            else:
+                rebuilt[name] = trainer
+        return tuple(gone), rebuilt
 
     def phase_stages(self, phase: Phase) -> tuple[ModelStage, ...]:
         return tuple(s for s in self.stages if s.phase is phase)
