@@ -183,6 +183,36 @@ def test_grpo_with_one_response_per_prompt_is_refused() -> None:
     assert r.exit_code == 0, r.output
 
 
+def test_grpo_from_a_config_without_responses_per_prompt_names_the_field(tmp_path: Path
+                                                                        ) -> None:
+    """A GRPO job from --config that leaves responses_per_prompt out blamed the option
+    --responses-per-prompt, which the user never typed."""
+    cfg = tmp_path / "grpo.yaml"
+    cfg.write_text("model: llama-3.1-8b\nalgo: grpo\ngpus: 8\n")
+    err = one_line(["plan", "--config", str(cfg)])
+    assert err.startswith("error: workload.responses_per_prompt: grpo needs several responses "
+                          "per prompt to compare, and the config leaves it at the default 1"), err
+    assert "(allowed: >= 2 for grpo, e.g. responses_per_prompt: 8 under workload, or " \
+        "--responses-per-prompt 8)" in err
+    # the option typed with the config: the option is named
+    err = one_line(["plan", "--config", str(cfg), "--responses-per-prompt", "1"])
+    assert err.startswith("error: --responses-per-prompt: 1 response per prompt "), err
+    # the config's own value: its field
+    cfg.write_text("model: llama-3.1-8b\nalgo: grpo\ngpus: 8\n"
+                   "workload: {responses_per_prompt: 1}\n")
+    err = one_line(["plan", "--config", str(cfg)])
+    assert err.startswith("error: workload.responses_per_prompt: 1 response per prompt "), err
+
+
+def test_a_longest_response_below_the_mean_says_what_is_allowed(tmp_path: Path) -> None:
+    cfg = tmp_path / "job.yaml"
+    cfg.write_text("model: llama-3.1-8b\ngpus: 8\n"
+                   "workload: {response_len: 2048, response_len_max: 1000}\n")
+    err = one_line(["plan", "--config", str(cfg)])
+    assert err == ("error: workload.response_len_max: 1000 is below the mean 2048 "
+                   "(allowed: at least 2048)\n"), err
+
+
 def test_the_example_configs_still_plan() -> None:
     for cfg in sorted(Path("examples").glob("*.yaml")):
         r = runner.invoke(app, ["plan", "--config", str(cfg), "--json"])

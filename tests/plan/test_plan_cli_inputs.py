@@ -292,16 +292,18 @@ def test_spread_does_not_suggest_itself(tmp_path):
 
 
 def test_spread_that_finds_no_spread_placement_does_not_claim_none_exists():
-    """The async example's --spread plan keeps actor_gen on one node; the line said no layout
-    that fits keeps a copy elsewhere, and a reviewer scored one that does, as fast."""
-    r = runner.invoke(app, ["plan", "--config", "examples/llama-3.1-8b-remax-async.yaml",
+    """An async GRPO --spread plan keeps actor_train on one node (generation's own GPUs take
+    the other); the line said no layout that fits keeps a copy elsewhere, where a reviewer
+    scored one that does (then on the ReMax example, which the search now spreads)."""
+    r = runner.invoke(app, ["plan", "--model", "qwen3-14b", "--gpus", "16", "--execution",
+                            "async", "--algo", "grpo", "--responses-per-prompt", "4",
                             "--spread"])
     assert r.exit_code == 0, r.output
     text = " ".join(r.stdout.split())  # the line wraps
     assert "no layout that fits" not in text
     # what the search gives today; a search that spreads it would change this line on purpose
-    assert ("node 3 takes actor_gen); --spread did not find a placement that keeps a copy of "
-            "it on another node") in text, text
+    assert ("node 0 takes actor_train); --spread did not find a placement that keeps a copy "
+            "of it on another node") in text, text
 
 
 def test_async_step_latency_says_how_its_terms_make_it(tmp_path):

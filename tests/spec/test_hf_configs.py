@@ -64,6 +64,18 @@ LLAMA_3_1_8B = {
     "rope_scaling": {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                      "original_max_position_embeddings": 8192, "rope_type": "llama3"},
     "rope_theta": 500000.0, "tie_word_embeddings": False, "vocab_size": 128256}
+# meta-llama/Llama-3.2-1B: llama3 RoPE with factor 32 over 8,192 tokens, and
+# max_position_embeddings already the extended window (131,072); tied LM head
+LLAMA_3_2_1B = {
+    "architectures": ["LlamaForCausalLM"], "attention_bias": False, "head_dim": 64,
+    "hidden_act": "silu", "hidden_size": 2048, "intermediate_size": 8192,
+    "max_position_embeddings": 131072, "mlp_bias": False, "model_type": "llama",
+    "num_attention_heads": 32, "num_hidden_layers": 16, "num_key_value_heads": 8,
+    "pretraining_tp": 1, "rms_norm_eps": 1e-05,
+    "rope_scaling": {"factor": 32.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+                     "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+    "rope_theta": 500000.0, "tie_word_embeddings": True, "torch_dtype": "bfloat16",
+    "vocab_size": 128256}
 # huggyllama/llama-7b: multi-head attention, no num_key_value_heads
 LLAMA_1_7B = {
     "architectures": ["LlamaForCausalLM"], "hidden_act": "silu", "hidden_size": 4096,
@@ -109,6 +121,8 @@ PLANNED = {
     "qwen2.5-7b": (QWEN2_5_7B, 7.62e9), "qwen2.5-0.5b": (QWEN2_5_0_5B, 0.494e9),
     "gemma-2-9b": (GEMMA_2_9B, 9.24e9), "phi-3-mini-4k": (PHI_3_MINI_4K, 3.82e9),
     "llama-3.1-8b": (LLAMA_3_1_8B, 8.03e9), "llama-1-7b": (LLAMA_1_7B, 6.74e9),
+    # the hub's safetensors count: 1,235,814,400
+    "llama-3.2-1b": (LLAMA_3_2_1B, 1.24e9),
 }
 
 
@@ -406,3 +420,93 @@ def test_a_window_pattern_is_validated_and_written_back_only_as_its_family_write
         assert e.value.field == field
     ok = replace(q, sliding_window=4096, window_from=20)
     assert ModelSpec.from_hf_dict(ok.to_hf_dict(), ok.name) == ok
+
+
+def test_llama_3_2_keeps_its_published_context_window():
+    """Llama 3.2-1B's max_position_embeddings (131,072) already is the window its llama3 RoPE
+    (factor 32 over 8,192) reaches: it was multiplied again, to 262,144."""
+    m = ModelSpec.from_hf_dict(LLAMA_3_2_1B, "llama-3.2-1b")
+    assert m.max_position_embeddings == 131072
+    assert m.rope_scaling is not None and m.rope_scaling.factor == 32.0
+    assert ModelSpec.from_hf_dict(m.to_hf_dict(), m.name) == m
+
+
+@pytest.mark.parametrize("rope,window", [
+    # the factor stretches max_position_embeddings (vLLM's _get_and_verify_max_len)
+    ({"rope_type": "linear", "factor": 2.0}, 8192),
+    ({"type": "dynamic", "factor": 4.0}, 16384),
+    # an original_max_position_embeddings is no base for linear or dynamic
+    ({"rope_type": "linear", "factor": 2.0, "original_max_position_embeddings": 2048}, 8192),
+    # YaRN: from original_max_position_embeddings where given, else max_position_embeddings
+    ({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 2048}, 8192),
+    ({"rope_type": "yarn", "factor": 4.0}, 16384),
+    # never below max_position_embeddings
+    ({"rope_type": "yarn", "factor": 1.5, "original_max_position_embeddings": 1024}, 4096),
+    # longrope and su (Phi-3): max_position_embeddings is the extended window already
+    ({"rope_type": "longrope", "factor": 32.0, "original_max_position_embeddings": 4096}, 4096),
+    ({"type": "su", "factor": 32.0, "original_max_position_embeddings": 4096}, 4096),
+    ({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+      "original_max_position_embeddings": 1024}, 4096),
+], ids=["linear", "dynamic", "linear-original", "yarn-original", "yarn", "yarn-small",
+        "longrope", "su", "llama3"])
+def test_only_stretching_rope_variants_multiply_the_window(rope, window):
+    cfg = {**LLAMA_2_7B, "max_position_embeddings": 4096, "rope_scaling": rope}
+    assert ModelSpec.from_hf_dict(cfg, "l").max_position_embeddings == window
+
+
+@pytest.mark.parametrize("cfg,field,says", [
+    ({**LLAMA_3_1_8B, "attention_bias": True}, "model.config.attention_bias",
+     ("true: Nereus counts and computes a 'llama' layer without these biases "
+      "(allowed: false, or left out)")),
+    ({**LLAMA_3_1_8B, "mlp_bias": True}, "model.config.mlp_bias", "(allowed: false, or left out)"),
+    ({**LLAMA_3_1_8B, "hidden_act": "gelu"}, "model.config.hidden_act",
+     "'gelu' is not the activation of a 'llama' layer"),
+    ({**LLAMA_2_7B, "hidden_act": "relu"}, "model.config.hidden_act", "(allowed: silu)"),
+    ({**MISTRAL_7B, "hidden_act": "gelu_pytorch_tanh"}, "model.config.hidden_act", "silu"),
+    ({**QWEN2_5_7B, "hidden_act": "gelu"}, "model.config.hidden_act", "silu"),
+    ({**PHI_3_MINI_4K, "hidden_act": "gelu"}, "model.config.hidden_act", "silu"),
+    # Qwen3's attention_bias puts biases on q, k, v and o: none is counted
+    ({**LLAMA_3_1_8B, "model_type": "qwen3", "attention_bias": True},
+     "model.config.attention_bias", "'qwen3' layer"),
+    ({**GEMMA_2_9B, "attention_bias": True}, "model.config.attention_bias", "'gemma2'"),
+    # Gemma 2's MLP reads hidden_activation
+    ({**GEMMA_2_9B, "hidden_activation": "silu"}, "model.config.hidden_activation",
+     "(allowed: gelu_pytorch_tanh, gelu)"),
+    ({**GEMMA_2_9B, "model_type": "gemma", "hidden_act": "silu"}, "model.config.hidden_act",
+     "gelu_pytorch_tanh"),
+    ({**LLAMA_3_1_8B, "attention_bias": "yes"}, "model.config.attention_bias", "'yes'"),
+], ids=["llama-attention-bias", "llama-mlp-bias", "llama-gelu", "llama2-relu", "mistral-gelu",
+        "qwen2-gelu", "phi3-gelu", "qwen3-attention-bias", "gemma2-attention-bias",
+        "gemma2-silu", "gemma-silu", "not-a-switch"])
+def test_a_layer_nereus_does_not_count_is_refused_not_read_as_llamas(cfg, field, says):
+    """A Llama config with biases or another activation was read as a plain Llama (its
+    biases left out of the count) and written back with silu and no biases."""
+    with pytest.raises(InputError) as e:
+        ModelSpec.from_hf_dict(cfg, "bad")
+    assert e.value.field == field and says in str(e.value) and "\n" not in str(e.value)
+
+
+def test_the_families_own_activations_and_biases_are_read():
+    # every family's published activation, and biases left off or false
+    for cfg in (LLAMA_3_1_8B, LLAMA_3_2_1B, LLAMA_2_7B, MISTRAL_7B, QWEN2_5_7B, GEMMA_2_9B,
+                PHI_3_MINI_4K, {**LLAMA_3_1_8B, "hidden_act": None, "attention_bias": None}):
+        ModelSpec.from_hf_dict(cfg, "m")
+    # Gemma 1 configs say gelu, which GemmaConfig reads as gelu_pytorch_tanh
+    for act in ("gelu", "gelu_pytorch_tanh"):
+        g = ModelSpec.from_hf_dict({**GEMMA_2_9B, "model_type": "gemma", "hidden_act": act,
+                                    "sliding_window": None}, "g")
+        assert g.model_type == "gemma"
+    # a key the family's class does not read is not checked: Gemma 2 reads hidden_activation,
+    # Qwen2's q/k/v biases are no switch (always on, and counted), Phi-3 has no bias switch
+    ModelSpec.from_hf_dict({**GEMMA_2_9B, "hidden_act": "silu"}, "g")
+    q = ModelSpec.from_hf_dict({**QWEN2_5_0_5B, "attention_bias": True}, "q")
+    assert q.qkv_bias and q.param_count() == 494_032_768
+    ModelSpec.from_hf_dict({**PHI_3_MINI_4K, "attention_bias": True}, "p")
+
+
+def test_a_llama_with_biases_is_refused_by_nereus_plan_with_one_line(tmp_path):
+    path = _write(tmp_path, {**LLAMA_3_1_8B, "attention_bias": True, "mlp_bias": True})
+    r = CliRunner().invoke(app, ["plan", "--model", path, "--gpus", "16", "--json"])
+    assert r.exit_code == 2, r.output
+    assert "Traceback" not in r.output and r.stderr.count("\n") == 1, r.stderr
+    assert r.stderr.startswith("error: model.config.attention_bias: true"), r.stderr

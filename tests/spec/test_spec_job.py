@@ -64,6 +64,15 @@ def test_workload_batch_arithmetic_and_errors():
         Workload(response_len_mean=100, response_len_max=50)
 
 
+def test_a_longest_response_below_the_mean_says_what_is_allowed():
+    """The error said only '1000 is below the mean 2048', not what to give instead."""
+    with pytest.raises(InputError) as e:
+        Workload(response_len_mean=2048, response_len_max=1000)
+    assert e.value.field == "workload.response_len_max" and e.value.allowed == "at least 2048"
+    assert str(e.value) == ("workload.response_len_max: 1000 is below the mean 2048 "
+                            "(allowed: at least 2048)")
+
+
 def test_pool_rejects_ids_outside_cluster():
     job = parse_job({"model": "tiny-llama", "gpus": 4, "cluster": {"device": "cpu"}})
     with pytest.raises(InputError, match="outside the cluster"):

@@ -182,6 +182,13 @@ def job_and_fields_from_options(
             if "responses_per_prompt" in (data.get("workload") or {}) and \
                     responses_per_prompt is None:
                 raise  # the config's own value: its field names it
+            if responses_per_prompt is None and config is not None:
+                # the job came from the config, which leaves the field to its default: the
+                # field names it (the option can set it too)
+                raise InputError(e.field, f"{job.workflow.algo} needs several responses per "
+                                 "prompt to compare, and the config leaves it at the default 1",
+                                 f"{e.allowed}, e.g. responses_per_prompt: 8 under workload, or "
+                                 "--responses-per-prompt 8") from None
             given = responses_per_prompt is not None
             raise InputError("--responses-per-prompt",
                              e.problem if given else f"{job.workflow.algo} needs several "

@@ -343,7 +343,9 @@ class CostModel:
 
     # ------------------------------------------------------------------ public API
     def stage_batch(self, stage: ModelStage | str) -> int:
-        """Sequences one run of the stage handles: per update (train) or per step."""
+        """Sequences one run of the stage handles: per update (train) or per step. ReMax's
+        generation counts its greedy baselines too, which it prices as a second run after the
+        sampled sequences (``_generate``)."""
         st = self._stage(stage)
         w = self.job.workload
         greedy = self.job.workflow.greedy_baseline
@@ -1016,10 +1018,11 @@ class CostModel:
         return memory
 
     # ---- generation --------------------------------------------------------------
-    def _generate_batch(self, st: ModelStage, cols: Columns, co: Arr) -> tuple[Arr, Arr, Arr, Arr]:
-        """Decode batch per replica: as many sequences as the KV cache left in memory holds."""
+    def _generate_batch(self, st: ModelStage, cols: Columns, co: Arr, n: Arr
+                        ) -> tuple[Arr, Arr, Arr, Arr]:
+        """Decode batch per replica of a run of ``n`` sequences per replica: as many sequences
+        as the KV cache left in memory holds."""
         m, w, dev = self.job.model, self.job.workload, self.device
-        n = cols.b * cols.a
         weights = cols.numel * w.param_bytes
         kv_seq = self._kv_seq(cols.tp, cols.pp, w.prompt_len + w.response_len_max)
         chunk = np.minimum(PREFILL_CHUNK_TOKENS, n * w.prompt_len)
@@ -1047,11 +1050,30 @@ class CostModel:
         return out.reshape(tps.shape)
 
     def _generate(self, st: ModelStage, cols: Columns, co: Arr) -> tuple[list[Row], dict[str, Arr]]:
-        m, w, dev = self.job.model, self.job.workload, self.device
         n = cols.b * cols.a                       # sequences per replica
+        if not self.job.workflow.greedy_baseline:
+            return self._generate_run(st, cols, co, n, "")
+        # ReMax: the greedy baseline (one response per prompt) is a second generation run on
+        # the same engine after the sampled one, as verl runs it (a second
+        # ``generate_sequences`` call with do_sample=False): its own prefill and decode
+        # iterations, in series. ``stage_batch`` counts both runs' sequences, so a replica's
+        # ``n`` splits in the step's proportion. The runs hold their KV caches one after the
+        # other: the peak is the larger run's memory, not the sum
+        w = self.job.workload
+        greedy = n * (w.prompts_per_step / (w.sequences_per_step + w.prompts_per_step))
+        rows, memory = self._generate_run(st, cols, co, n - greedy, "")
+        g_rows, g_memory = self._generate_run(st, cols, co, greedy, "greedy baseline: ")
+        larger = sum(memory.values()) >= sum(g_memory.values())
+        return rows + g_rows, {k: np.where(larger, v, g_memory[k]) for k, v in memory.items()}
+
+    def _generate_run(self, st: ModelStage, cols: Columns, co: Arr, n: Arr, label: str
+                      ) -> tuple[list[Row], dict[str, Arr]]:
+        """One generation run of ``n`` sequences per replica: its rows (their names after
+        ``label``) and its memory by term."""
+        m, w, dev = self.job.model, self.job.workload, self.device
         prompt, mean, longest = w.prompt_len, w.response_len_mean, w.response_len_max
         weights = cols.numel * w.param_bytes
-        batch, kv_seq, prefill_ws, sample = self._generate_batch(st, cols, co)
+        batch, kv_seq, prefill_ws, sample = self._generate_batch(st, cols, co, n)
         head = self._head(st)
         zero, one = np.zeros_like(n), np.ones_like(n)
 
@@ -1125,6 +1147,8 @@ class CostModel:
             "activations": prefill_ws + batch * sample,
             "workspace": np.full_like(n, self._workspace()),
         }
+        if label:
+            rows = [r._replace(name=label + r.name) for r in rows]
         return rows, memory
 
     def _notes(self, st: ModelStage, c: Candidate, memory: Mapping[str, int]) -> tuple[str, ...]:
@@ -1141,6 +1165,13 @@ class CostModel:
         batch = memory.get("kv cache", 0) // max(1, kv_seq)
         notes = [(f"decode batch {batch} of {c.micro_batch} sequences per replica "
                   f"(KV cache {kv_seq / MiB:.1f} MiB per sequence per GPU)")]
+        if self.job.workflow.greedy_baseline:
+            share = w.prompts_per_step / (w.sequences_per_step + w.prompts_per_step)
+            greedy = c.micro_batch * c.grad_accum * share
+            notes = [(f"decode batch {batch} of {c.micro_batch * c.grad_accum - greedy:g} "
+                      f"sampled sequences per replica, then a second run of the {greedy:g} "
+                      f"greedy baselines (KV cache {kv_seq / MiB:.1f} MiB per sequence per "
+                      "GPU)")]
         if sum(memory.values()) > HEADROOM * self.device.memory_bytes:
             notes.append("one sequence's KV cache does not fit next to the weights")
         return tuple(notes)

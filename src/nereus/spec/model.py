@@ -42,6 +42,15 @@ class _Family:
     max_window_layers: int = 28         # opt-in: the first sliding layer, when left out
     window_every: int = 1               # 2: every other layer slides (Gemma 2), from layer 0
     layer_types: bool = False           # the class takes config.json's layer_types as given
+    # the gated MLP's activation: the key the class reads it from, and the values whose layer
+    # ModelSpec counts and the engine computes (SwiGLU: silu; Gemma's GeGLU: gelu, which
+    # GemmaConfig reads as gelu_pytorch_tanh)
+    act_key: str = "hidden_act"
+    activations: tuple[str, ...] = ("silu",)
+    # the bias switches the class reads (attention_bias: q/k/v/o, mlp_bias: gate/up/down);
+    # ModelSpec counts none of those biases, so each must be false (Qwen2's q/k/v biases are
+    # no switch: its class always has them, and ModelSpec counts them)
+    bias_keys: tuple[str, ...] = ()
 
 
 # model_types whose decoder layer is the one ModelSpec counts: attention with q/k/v/o
@@ -51,16 +60,22 @@ class _Family:
 # Others (GPT-NeoX, Phi-1/2, StarCoder2, BERT, ...) have an ungated MLP or another layer and
 # would be priced up to a third too large, so they are refused rather than guessed.
 # A config without a model_type is read as Llama's.
+_GELU = ("gelu_pytorch_tanh", "gelu")
 FAMILIES: dict[str, _Family] = {
-    "llama": _Family(),
+    "llama": _Family(bias_keys=("attention_bias", "mlp_bias")),
     "mistral": _Family(window="always", sliding_window=4096),
     "qwen2": _Family(window="opt-in", sliding_window=4096, layer_types=True),
-    "qwen3": _Family(head_dim=128, window="opt-in", sliding_window=4096, layer_types=True),
+    "qwen3": _Family(head_dim=128, window="opt-in", sliding_window=4096, layer_types=True,
+                     bias_keys=("attention_bias",)),
     "phi3": _Family(rms_norm_eps=1e-5, window="always"),
     # Gemma ties the LM head to the embedding unless told otherwise, and its heads are 256 wide
-    "gemma": _Family(tie_word_embeddings=True, head_dim=256),
+    "gemma": _Family(tie_word_embeddings=True, head_dim=256, activations=_GELU,
+                     bias_keys=("attention_bias",)),
+    # Gemma 2's MLP reads hidden_activation (its config.json's hidden_act is not read)
     "gemma2": _Family(tie_word_embeddings=True, head_dim=256, window="always",
-                      sliding_window=4096, window_every=2, layer_types=True),
+                      sliding_window=4096, window_every=2, layer_types=True,
+                      act_key="hidden_activation", activations=_GELU,
+                      bias_keys=("attention_bias",)),
 }
 
 # the transformers class of each model_type in FAMILIES
@@ -81,6 +96,10 @@ COMPUTED = frozenset({"llama", "mistral", "qwen2", "qwen3"})
 # Others (yarn, dynamic, longrope) are planned (only their context window matters there) and
 # refused by the engine.
 COMPUTED_ROPE = frozenset({"default", "linear", "llama3"})
+# RoPE variants whose factor stretches the window config.json's max_position_embeddings (or,
+# for YaRN, original_max_position_embeddings) gives; the others' max_position_embeddings is
+# the extended window already (``_HfConfig.context_window``)
+STRETCHING_ROPE = frozenset({"linear", "dynamic", "yarn"})
 
 
 @dataclass(frozen=True)
@@ -294,6 +313,7 @@ class ModelSpec:
             raise InputError("model.config.model_type",
                              f"{c.model_type!r} is not a Llama-style decoder Nereus can price",
                              sorted(FAMILIES))
+        c.check_layer(c.model_type or "llama", family)
         head_dim = c.head_dim or family.head_dim
         if c.hidden_size % c.num_attention_heads and head_dim is None:
             raise InputError("model.config.num_attention_heads",
@@ -530,6 +550,26 @@ class _HfConfig(BaseModel):
     use_sliding_window: bool | None = None
     max_window_layers: StrictInt | None = Field(None, ge=0)
     layer_types: list[str] | None = None  # per layer: "sliding_attention" or another kind
+    # the layer's activation and bias switches (``layer``: the family's values only)
+    hidden_act: str | None = None
+    hidden_activation: str | None = None
+    attention_bias: bool | None = None
+    mlp_bias: bool | None = None
+
+    def check_layer(self, model_type: str, family: _Family) -> None:
+        """The activation and biases are those of the layer ModelSpec counts, or an
+        InputError naming the field: a Llama config with biases or another activation was
+        read as a plain Llama (and written back without them)."""
+        act = getattr(self, family.act_key)
+        if act is not None and act not in family.activations:
+            raise InputError(f"model.config.{family.act_key}",
+                             f"{act!r} is not the activation of a {model_type!r} layer as "
+                             "Nereus counts and computes it", family.activations)
+        for key in family.bias_keys:
+            if getattr(self, key):
+                raise InputError(f"model.config.{key}", f"true: Nereus counts and computes a "
+                                 f"{model_type!r} layer without these biases",
+                                 "false, or left out")
 
     def window(self, family: _Family) -> dict[str, Any]:
         """ModelSpec's sliding_window, window_from and window_every as the family's config
@@ -601,12 +641,18 @@ class _HfConfig(BaseModel):
 
     def context_window(self) -> int | None:
         """Tokens a sequence may hold: ``max_position_embeddings``, or the longer window a
-        ``rope_scaling`` factor stretches it to (YaRN on Qwen3: 32,768 x 4); None if unknown."""
+        ``rope_scaling`` factor stretches it to (YaRN on Qwen3: 32,768 x 4); None if unknown.
+
+        Only the variants whose config keeps the window it was trained at stretch it (vLLM's
+        ``_get_and_verify_max_len`` reads them so): linear and dynamic from
+        max_position_embeddings, YaRN from original_max_position_embeddings where given. The
+        others' max_position_embeddings already is the extended window (llama3: Llama 3.2-1B's
+        131,072, with factor 32 over 8,192; longrope and su: Phi-3's 131,072)."""
         n = self.max_position_embeddings
         r = self.rope()
-        if r is None or r.factor is None:
+        if r is None or r.factor is None or r.kind not in STRETCHING_ROPE:
             return n
-        base = r.original_max_position_embeddings or n
+        base = (r.original_max_position_embeddings if r.kind == "yarn" else None) or n
         if base is None:
             return n
         return max(n or 0, int(base * r.factor))

@@ -74,8 +74,9 @@ REWARDS = ("model", "rule")
 @dataclass(frozen=True)
 class Workflow:
     """``greedy_baseline``: ReMax's extra greedy rollout, one per prompt, run by the same
-    generation engine (as verl does) and scored as the other responses are. ``reward``: one
-    of REWARDS."""
+    generation engine as a second generation after the sampled one (as verl does: a second
+    ``generate_sequences`` call with do_sample=False; the cost model prices it so) and scored
+    as the other responses are. ``reward``: one of REWARDS."""
 
     algo: str
     models: tuple[ModelRole, ...]

@@ -96,7 +96,8 @@ class Workload:
                              f"{MAX_SEQUENCES_PER_STEP:,}")
         if self.response_len_max < self.response_len_mean:
             raise InputError("workload.response_len_max",
-                             f"{self.response_len_max} is below the mean {self.response_len_mean}")
+                             f"{self.response_len_max} is below the mean {self.response_len_mean}",
+                             f"at least {self.response_len_mean}")
         for f in ("param_dtype", "grad_dtype"):
             if getattr(self, f) not in DTYPE_BYTES:
                 raise InputError(f"workload.{f}", f"unknown dtype {getattr(self, f)!r}", DTYPE_BYTES)
