@@ -30,6 +30,10 @@ from nereus.files import read_json, validate
 # commonly reported at roughly 80-90 % of datasheet HBM bandwidth on data-center GPUs -- an
 # assumption here, not measured by this project; a Merge cuts tensor by tensor (many copies,
 # some strided) into freshly allocated memory, so it starts below that, at 0.70.
+# A collective's per-step latency (α, ``DeviceSpec.intra_latency_s`` / ``inter_latency_s``) is
+# already an achieved figure (nccl-tests' small-message times), not a peak, so like set-up it
+# starts at 1.0: dividing it by a link efficiency counted the shortfall twice (an 8-GPU small
+# all-reduce priced at 47 us against the 20-30 us it is cited at).
 DEFAULT_EFFICIENCY: Mapping[OpClass, float] = {
     OpClass.GEMM: 0.45,
     OpClass.ATTENTION: 0.30,
@@ -37,6 +41,8 @@ DEFAULT_EFFICIENCY: Mapping[OpClass, float] = {
     OpClass.OPTIMIZER: 0.50,
     OpClass.HOST: 0.60,
     OpClass.SETUP: 1.0,
+    OpClass.LATENCY_INTRA: 1.0,
+    OpClass.LATENCY_INTER: 1.0,
     OpClass.COPY: 0.70,
 }
 DEFAULT_COMM_EFFICIENCY_INTRA = 0.60
