@@ -23,6 +23,25 @@ from nereus.spec.job import JobSpec
 from nereus.spec.workflow import Execution, Phase, StageKind
 
 
+def _fitting(cost: CostModel, job: JobSpec, max_combinations: int
+             ) -> dict[str, list[Candidate]]:
+    """Every model-stage's candidates that fit memory (TP across nodes only where none inside
+    one fits); ValueError when their combinations exceed ``max_combinations``."""
+    pool = job.pool.size
+    cands: dict[str, list[Candidate]] = {}
+    for st in job.workflow.stages:
+        cs = enumerate_candidates(cost, st, pool)
+        ok = [c for c in cs if cost.estimate(st, c).fits]
+        if not ok and cost.node_size < pool:
+            cs = enumerate_candidates(cost, st, pool, max_tp=pool)
+            ok = [c for c in cs if cost.estimate(st, c).fits]
+        cands[st.name] = ok
+    total = math.prod(max(1, len(v)) for v in cands.values())
+    if total > max_combinations:
+        raise ValueError(f"{total} combinations: too many for brute force")
+    return cands
+
+
 def brute_force_latency(job: JobSpec, cost: CostModel | None = None,
                         max_combinations: int = 2_000_000) -> float:
     """The lowest step latency over all valid plans (math.inf when none fits)."""
@@ -30,20 +49,8 @@ def brute_force_latency(job: JobSpec, cost: CostModel | None = None,
     wf = job.workflow
     limit = HEADROOM * cost.device.memory_bytes
     pool = job.pool.size
-    cands: dict[str, list[Candidate]] = {}
-    lat: dict[tuple[str, Candidate], float] = {}
-    for st in wf.stages:
-        cs = enumerate_candidates(cost, st, pool)
-        ok = [c for c in cs if cost.estimate(st, c).fits]
-        if not ok and cost.node_size < pool:
-            cs = enumerate_candidates(cost, st, pool, max_tp=pool)
-            ok = [c for c in cs if cost.estimate(st, c).fits]
-        cands[st.name] = ok
-        for c in ok:
-            lat[(st.name, c)] = cost.estimate(st, c).latency_s
-    total = math.prod(max(1, len(v)) for v in cands.values())
-    if total > max_combinations:
-        raise ValueError(f"{total} combinations: too many for brute force")
+    cands = _fitting(cost, job, max_combinations)
+    lat = {(n, c): cost.estimate(n, c).latency_s for n, cs in cands.items() for c in cs}
     names = [s.name for s in wf.stages]
     partitions = {p: list(set_partitions([s.name for s in wf.phase_stages(p)])) for p in wf.phases}
     sync = wf.weight_sync()
@@ -136,17 +143,7 @@ def brute_force_placed_latency(job: JobSpec, cost: CostModel | None = None,
     wf = job.workflow
     limit = HEADROOM * cost.device.memory_bytes
     npool = job.pool.size
-    cands: dict[str, list[Candidate]] = {}
-    for st in wf.stages:
-        cs = enumerate_candidates(cost, st, npool)
-        ok = [c for c in cs if cost.estimate(st, c).fits]
-        if not ok and cost.node_size < npool:
-            cs = enumerate_candidates(cost, st, npool, max_tp=npool)
-            ok = [c for c in cs if cost.estimate(st, c).fits]
-        cands[st.name] = ok
-    total = math.prod(max(1, len(v)) for v in cands.values())
-    if total > max_combinations:
-        raise ValueError(f"{total} combinations: too many for brute force")
+    cands = _fitting(cost, job, max_combinations)
     names = [s.name for s in wf.stages]
     partitions = {p: list(set_partitions([s.name for s in wf.phase_stages(p)])) for p in wf.phases}
     sync = wf.weight_sync()
