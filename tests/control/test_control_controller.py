@@ -993,9 +993,10 @@ def test_losing_every_generation_replica_rebuilds_it_from_training():
     n = job.model.param_count(job.workflow.model("actor").head)
     w = job.workload
     nodes = len({job.cluster.node_of(g) for g in p.stage("actor_train").replicas[0]})
+    reads = len(p.stage("actor_gen").replicas)  # every replica reads θ
     want = (n * (w.param_bytes + w.optimizer_state_bytes_per_param())
             / (params.storage_write_bw_per_node * nodes)
-            + n * w.param_bytes / (params.storage_read_bw_per_node * 1))  # gen: one node
+            + reads * n * w.param_bytes / (params.storage_read_bw_per_node * 1))  # one node
     assert rebuild_s(job, p, ("actor_gen",), params) == pytest.approx(want)
     c = Controller(job, p, on_log=lambda s: None)
     d = c.on_boundary(Telemetry(0, 500.0, 750, node0))
@@ -1016,7 +1017,8 @@ def test_frozen_weights_are_read_again_and_trained_state_is_a_last_copy():
     ref_bytes = job.model.param_count(job.workflow.model("reference").head) \
         * job.workload.param_bytes
     assert rebuild_s(job, p, ("reference_infer",), RestartParams(storage_read_bw_per_node=2 * GB)
-                     ) == pytest.approx(ref_bytes / (2 * GB))  # its GPUs are one node
+                     ) == pytest.approx(len(p.stage("reference_infer").replicas) * ref_bytes
+                                        / (2 * GB))  # each replica reads θ; one node
     c = Controller(job, p, on_log=lambda s: None)
     d = c.on_boundary(Telemetry(0, 500.0, 750, node0))
     assert d.action is Action.MOVE, d.log_line()

@@ -647,8 +647,9 @@ class Controller:
                                  why=f"last copy of {', '.join(lost)} lost with the GPUs")
         partial = survivors
         if rebuilt:
-            # every replica of a frozen model's stage is gone: the move reads its weights
-            # again where its target puts it
+            # every replica of a stage made again without a restart is gone (a frozen
+            # model's weights read again, a copy of θ from its training stage): the move
+            # makes it where its target puts it
             if best is None:
                 return self._restart(base, now, best, why_none, after_failure=False,
                                      why=f"no plan to rebuild {', '.join(rebuilt)} on")
@@ -851,8 +852,7 @@ def _may_have_run_out(workflow: Workflow, plan: Plan, measured: Mapping[str, int
     stages that ``measured`` a peak: those with none whose every earlier stage in the step's
     execution order (the overlap graph of the plan's groups) measured one. A stage after an
     unmeasured one never ran: the crash ended the step first."""
-    groups = [*plan.groups, *[(s.stage,) for s in plan.stages
-                              if not any(s.stage in g for g in plan.groups)]]
+    groups = plan.all_groups()
     names = [s.stage for s in plan.stages]
     graph = overlap_graph(workflow, groups, dict.fromkeys(names, 0.0), 0.0)
     return {n for n in names if n not in measured

@@ -3,8 +3,8 @@ and the current layout re-batched.
 
 - ``intact``: the current plan without the replicas that lost a GPU (the units a transition can
   start from); ``survive`` says whether a model-stage with no replica left has lost its last
-  copy (a restart) or is a frozen model's, whose weights are read again (``fill``,
-  ``rebuild_s``).
+  copy (a restart) or is made again without one (``Workflow.after_loss``: a frozen model's
+  weights read again, a copy of θ given by its training stage; ``fill``, ``rebuild_s``).
 - ``hybrids``: the best target S* with some of the current plan kept -- whole phases (each phase
   uses the pool afresh, so mixing phases keeps every phase valid) or single model-stages. They
   are the "slightly slower targets with cheaper transitions" of §4.3.
@@ -111,9 +111,9 @@ def fill(survivors: Plan, target: Plan) -> Plan:
 def rebuild_s(job: JobSpec, target: Plan, rebuilt: Iterable[str], params: RestartParams
               ) -> float:
     """Seconds to make the model-stages ``rebuilt`` (``survive``'s) again, one after the other,
-    on their GPUs in ``target``: each reads its model's θ at the storage read bandwidth of
-    each node it uses (as a restart's load reads it); a copy of a trained model's θ is read
-    from what its training stage writes first, θ and ω of one of its replicas at the write
+    on their GPUs in ``target``: every replica reads its model's θ (each position its shard),
+    at the storage read bandwidth of each node the stage uses; a copy of a trained model's θ
+    reads what its training stage writes first, θ and ω of one of its replicas at the write
     bandwidth of that replica's nodes (``runtime.Checkpointer.rebuild``)."""
     wf = job.workflow
     w = job.workload
@@ -130,8 +130,9 @@ def rebuild_s(job: JobSpec, target: Plan, rebuilt: Iterable[str], params: Restar
             written = params_n * (w.param_bytes + w.optimizer_state_bytes_per_param())
             total += written / (params.storage_write_bw_per_node
                                 * nodes(target.stage(trainer).replicas[0]))
-        total += params_n * w.param_bytes / (params.storage_read_bw_per_node
-                                             * nodes(target.stage(name).gpus))
+        sp = target.stage(name)
+        total += len(sp.replicas) * params_n * w.param_bytes / (
+            params.storage_read_bw_per_node * nodes(sp.gpus))
     return total
 
 
@@ -234,8 +235,7 @@ def reprice(job: JobSpec, cost: CostModel, plan: Plan) -> Priced:
     # as placed: the generation GPUs that hold no training shard receive their whole shard
     sync_s = weight_sync_estimate(cost, plan.stage(sync[0]), plan.stage(sync[1])).latency_s \
         if sync else 0.0
-    groups = [*plan.groups, *[(s.stage,) for s in plan.stages
-                              if not any(s.stage in g for g in plan.groups)]]
+    groups = plan.all_groups()
     step, terms = step_and_terms(wf, groups, lat, sync_s)
     new = Plan(tuple(stages), step, "estimated", terms, plan.groups)
     return Priced(new, tuple(problems(job, cost, new)))

@@ -619,7 +619,8 @@ class Planner:
         (it fails, or more TP groups span nodes): then without (the plan's weight sync then
         runs slower than the search priced it, and the plan says so in its sync term).
         ``mode`` (see ``PLACEMENTS``): "whole" puts a group on one node where one holds it;
-        "contained" lays the blocks every TP group needs, largest first over the phase."""
+        "contained" lays the blocks every TP group needs, largest first over the phase, and
+        takes no preferred GPUs (``_placed`` keeps it only where it is the cheapest)."""
         if mode == "contained":
             cap = self.job.pool.largest_node_share()
             return lay(groups, take_blocks(pool, [tp_blocks(g, cap) for g in groups]))

@@ -122,6 +122,12 @@ class Plan:
     def names(self) -> tuple[str, ...]:
         return tuple(s.stage for s in self.stages)
 
+    def all_groups(self) -> list[tuple[str, ...]]:
+        """``groups``, then each model-stage in none as a group of its own: what the overlap
+        graph (``nereus.plan.overlap``) is built from."""
+        return [*self.groups, *[(s.stage,) for s in self.stages
+                                if not any(s.stage in g for g in self.groups)]]
+
     def gpus(self) -> tuple[int, ...]:
         return tuple(sorted({g for s in self.stages for g in s.gpus}))
 

@@ -23,8 +23,8 @@ with the newer state of the model's other stages (generation sampling with a pol
 has moved past, or an actor a step ahead of its critic). So when a training stage loses its
 last copy, the job rolls back: every stage of every trained model is restored from the
 checkpoint, intact copies included, and the steps since are redone (a restart, which is how the
-controller prices that loss, ``nereus.control.targets.survive``; it prices the loss of a copy
-of θ as a restart too, which the rebuild beats).
+controller prices that loss, ``nereus.control.targets.survive``, and a lost copy of θ as this
+rebuild: the training replica's write and the copy's read).
 """
 
 from __future__ import annotations

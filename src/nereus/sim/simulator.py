@@ -484,18 +484,19 @@ class _Runner:
 
 def measured_before_crash(workflow: Workflow, plan: Plan, stage_s: Mapping[str, float],
                           peak_bytes: Mapping[str, int], cap: int) -> dict[str, int]:
-    """The peaks a job that ran out of memory measured: those of the stages that ended before
-    the first stage over ``cap`` began, in the step's execution order (the overlap graph of
+    """The peaks a job that ran out of memory measured: those of the stages that began before
+    the first stage over ``cap`` did, in the step's execution order (the overlap graph of
     ``plan``'s groups, timed by ``stage_s``). The crash ends the step, so a stage after it never
-    ran, and one that ran beside it (on other GPUs, or in asynchronous execution) and had not
-    ended was stopped short of its peak: neither measured one. The crash is put at the start of
-    the stage that ran out, the earliest it can happen. With no stage over ``cap`` (the weight
-    sync ran out, after every stage) every peak was measured."""
+    ran and measured nothing; one that began before it, also one still running beside it (on
+    other GPUs, or generation in asynchronous execution), had reached its peak, which comes
+    early (generation allocates its KV cache as it starts, a training step peaks in its first
+    micro-batches). The crash is put at the start of the stage that ran out, the earliest it
+    can happen; a stage that begins at that instant measured nothing. With no stage over
+    ``cap`` (the weight sync ran out, after every stage) every peak was measured."""
     over = [s for s, b in peak_bytes.items() if b > cap]
     if not over:
         return dict(peak_bytes)
-    groups = [*plan.groups, *[(s.stage,) for s in plan.stages
-                              if not any(s.stage in g for g in plan.groups)]]
+    groups = plan.all_groups()
     graph = overlap_graph(workflow, groups, stage_s, 0.0)
     start: dict[str, float] = {}
     end: dict[str, float] = {}
@@ -503,7 +504,7 @@ def measured_before_crash(workflow: Workflow, plan: Plan, stage_s: Mapping[str, 
         start[n] = max((end[p] for p in graph.predecessors(n)), default=0.0)
         end[n] = start[n] + graph.nodes[n]["weight"]
     crash = min(start[s] for s in over)
-    return {s: b for s, b in peak_bytes.items() if b <= cap and end[s] <= crash}
+    return {s: b for s, b in peak_bytes.items() if b <= cap and start[s] < crash}
 
 
 class Simulator:

@@ -143,8 +143,7 @@ class Truth:
         p = self.price(plan, pool, step, mean, longest)
         stage = {s: v * self.factor(step, s) for s, v in p.stage_s.items()}
         sync = self.job.workflow.weight_sync()
-        groups = [*plan.groups, *[(s.stage,) for s in plan.stages
-                                  if not any(s.stage in g for g in plan.groups)]]
+        groups = plan.all_groups()
         sync_s = p.sync_s * self.factor(step, "weight_sync") if sync else 0.0
         step_s = step_latency(self.job.workflow, groups, stage, sync_s)
         return step_s, stage, p
