@@ -271,7 +271,7 @@ def test_a_plan_close_to_the_best_says_by_how_much(tmp_path: Path) -> None:
     last = " ".join(r.stdout.split())
     assert "best plan: 1.02x the speed of yours per step (estimated)" in last, last
     assert ("note: actor_train: priced on the links its GPU ids use (DP group [0, 8] across "
-            "nodes): 23.488 s, +1.166 s against node-aligned groups of its sizes") in last, last
+            "nodes): 23.441 s, +1.166 s against node-aligned groups of its sizes") in last, last
 
 
 def test_a_plan_faster_than_the_best_found_is_said_to_be_and_why() -> None:
@@ -296,12 +296,12 @@ def test_a_plan_faster_than_the_best_found_is_said_to_be_and_why() -> None:
 def test_the_best_plan_is_the_faster_of_packed_and_spread() -> None:
     """On the 8B job's 16 GPUs the plan with replicas spread over nodes syncs its weights
     inside nodes (0.015 s against 0.161 s), but its training replicas then all-reduce their
-    gradients across nodes: 48.154 s a step against the packed plan's 47.134 s. Priced by
+    gradients across nodes: 47.053 s a step against the packed plan's 46.033 s. Priced by
     sizes, that all-reduce looked as if it stayed inside a node and the spread plan won by
     0.31 %. The packed plan is the best, and the hint offers the spread one."""
     r = runner.invoke(app, ["plan", "--config", CONFIG])
     assert r.exit_code == 0, r.output
     text = " ".join(r.stdout.split())
-    assert "step latency 47.134 s (estimated)" in text and "weight_sync 0.161 s" in text
+    assert "step latency 46.033 s (estimated)" in text and "weight_sync 0.161 s" in text
     assert "node loss: the last copy of a model-stage goes with a node" in text
     assert "--spread looks for a plan that keeps a copy on another node" in text
