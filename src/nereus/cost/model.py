@@ -1059,12 +1059,16 @@ class CostModel:
         # iterations, in series. ``stage_batch`` counts both runs' sequences, so a replica's
         # ``n`` splits in the step's proportion. The runs hold their KV caches one after the
         # other: the peak is the larger run's memory, not the sum
-        w = self.job.workload
-        greedy = n * (w.prompts_per_step / (w.sequences_per_step + w.prompts_per_step))
+        greedy = n * self._greedy_share()
         rows, memory = self._generate_run(st, cols, co, n - greedy, "")
         g_rows, g_memory = self._generate_run(st, cols, co, greedy, "greedy baseline: ")
         larger = sum(memory.values()) >= sum(g_memory.values())
         return rows + g_rows, {k: np.where(larger, v, g_memory[k]) for k, v in memory.items()}
+
+    def _greedy_share(self) -> float:
+        """ReMax: the share of a replica's generated sequences that are greedy baselines."""
+        w = self.job.workload
+        return w.prompts_per_step / (w.sequences_per_step + w.prompts_per_step)
 
     def _generate_run(self, st: ModelStage, cols: Columns, co: Arr, n: Arr, label: str
                       ) -> tuple[list[Row], dict[str, Arr]]:
@@ -1163,15 +1167,14 @@ class CostModel:
             return (f"forward pipeline: {c.grad_accum} micro-batches + {c.pp - 1} bubble slots",)
         kv_seq = int(self._kv_seq(_f(c.tp), _f(c.pp), w.prompt_len + w.response_len_max))
         batch = memory.get("kv cache", 0) // max(1, kv_seq)
-        notes = [(f"decode batch {batch} of {c.micro_batch} sequences per replica "
-                  f"(KV cache {kv_seq / MiB:.1f} MiB per sequence per GPU)")]
+        kv = f"(KV cache {kv_seq / MiB:.1f} MiB per sequence per GPU)"
         if self.job.workflow.greedy_baseline:
-            share = w.prompts_per_step / (w.sequences_per_step + w.prompts_per_step)
-            greedy = c.micro_batch * c.grad_accum * share
-            notes = [(f"decode batch {batch} of {c.micro_batch * c.grad_accum - greedy:g} "
-                      f"sampled sequences per replica, then a second run of the {greedy:g} "
-                      f"greedy baselines (KV cache {kv_seq / MiB:.1f} MiB per sequence per "
-                      "GPU)")]
+            greedy = c.micro_batch * c.grad_accum * self._greedy_share()
+            notes = [f"decode batch {batch} of {c.micro_batch * c.grad_accum - greedy:g} "
+                     f"sampled sequences per replica, then a second run of the {greedy:g} "
+                     f"greedy baselines {kv}"]
+        else:
+            notes = [f"decode batch {batch} of {c.micro_batch} sequences per replica {kv}"]
         if sum(memory.values()) > HEADROOM * self.device.memory_bytes:
             notes.append("one sequence's KV cache does not fit next to the weights")
         return tuple(notes)

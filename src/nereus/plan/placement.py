@@ -142,26 +142,6 @@ def tp_blocks(group: GroupAssignment, node_cap: int) -> list[int]:
     return out
 
 
-def blocks_of(need: Mapping[int, int]) -> list[int]:
-    """Blocks (largest first) whose slot counts are ``need`` (``nereus.plan.validate``'s
-    counts: size s -> slots of s GPUs that blocks of size >= s take)."""
-    out: list[int] = []
-    for s in sorted(need, reverse=True):
-        out += [s] * (need[s] - 2 * need.get(2 * s, 0))
-    return out
-
-
-def need_of(blocks: Iterable[int]) -> dict[int, int]:
-    """The slot counts of ``blocks`` (``blocks_of`` reversed)."""
-    out: dict[int, int] = {}
-    for b in blocks:
-        s = 1
-        while s <= b:
-            out[s] = out.get(s, 0) + b // s
-            s *= 2
-    return out
-
-
 def take_blocks(pool: GpuPool, parts: Sequence[Sequence[int]], what: str = "the plan"
                 ) -> list[list[int]]:
     """Disjoint GPU lists, one per part of blocks: every block inside a node where the pool's

@@ -49,9 +49,7 @@ from nereus.plan.exposure import spans_nodes
 from nereus.plan.overlap import step_and_terms
 from nereus.plan.placement import (
     GroupAssignment,
-    blocks_of,
     lay,
-    need_of,
     place_phase,
     split_pool,
     take_blocks,
@@ -60,7 +58,7 @@ from nereus.plan.placement import (
     unit_of,
 )
 from nereus.plan.types import Plan, StagePlan, idle_bytes, weight_sync_estimate
-from nereus.plan.validate import contained_stages, merge_need
+from nereus.plan.validate import blocks_of, contained_stages, merge_need, need_of
 from nereus.spec.cluster import GpuPool
 from nereus.spec.job import JobSpec
 from nereus.spec.workflow import Execution, ModelStage, Phase, StageKind

@@ -8,6 +8,7 @@ group may cross nodes is decided here (``contained_stages``), and the search ask
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Iterable, Mapping
 
 from nereus.cost.estimate import HEADROOM
 from nereus.cost.model import CostModel
@@ -57,6 +58,19 @@ def add_need(*needs: dict[int, int]) -> dict[int, int]:
     for n in needs:
         for s, k in n.items():
             out[s] = out.get(s, 0) + k
+    return out
+
+
+def need_of(blocks: Iterable[int]) -> dict[int, int]:
+    """The slot counts of ``blocks`` (sizes, powers of two) placed on disjoint GPUs."""
+    return add_need(*(stage_need(b, b, b) for b in blocks))
+
+
+def blocks_of(need: Mapping[int, int]) -> list[int]:
+    """Blocks (largest first) whose slot counts are ``need`` (``need_of`` reversed)."""
+    out: list[int] = []
+    for s in sorted(need, reverse=True):
+        out += [s] * (need[s] - 2 * need.get(2 * s, 0))
     return out
 
 

@@ -135,11 +135,11 @@ class Workflow:
         gone: list[str] = []
         rebuilt: dict[str, str | None] = {}
         for name in empty:
-            model = self.stage(name).model
-            trainer = self.trained_by(model) if self.model(model).trainable else None
-            if not self.model(model).trainable:
+            role = self.model(self.stage(name).model)
+            trainer = self.trained_by(role.name) if role.trainable else None
+            if not role.trainable:
                 rebuilt[name] = None
-            elif trainer is None or trainer == name or trainer in empty:
+            elif trainer is None or trainer in empty:  # a training stage is in ``empty``
                 gone.append(name)
             else:
                 rebuilt[name] = trainer
