@@ -76,6 +76,38 @@ def test_split_destroy_extend_merge_order_and_resident_pieces_are_kept() -> None
     assert validate(job, cur, tgt, s) == []
 
 
+def test_with_no_piece_kept_only_the_extends_source_is_split() -> None:
+    """The 8B reference from (tp=2) x 4 on GPUs 0-7 to (tp=1) on GPU 8: no (1, 1) piece sits
+    on the target, so one piece is copied there. Only the unit it comes from is split; the
+    other three are destroyed whole (splitting them gathered 15 GiB each only to destroy the
+    pieces: 4 Splits, 7 Destroys, 74.8 GiB moved for a 15 GiB state)."""
+    job = job8b(16)
+    cur = Plan((sp("reference_infer", 2, 1, [[0, 1], [2, 3], [4, 5], [6, 7]]),))
+    tgt = Plan((sp("reference_infer", 1, 1, [[8]]),))
+    dag, cost = transition_dag(job, cur, tgt)
+    assert dag.feasible, dag.problem
+    names = sorted(f"{p.op}({','.join(e.id for e in p.inputs)})" for p in dag.primitives)
+    (split,) = [p for p in dag.primitives if isinstance(p, Split)]
+    (ext,) = [p for p in dag.primitives if isinstance(p, Extend)]
+    assert ext.emu in split.outputs and ext.targets == (8,)
+    whole = sorted(f"Destroy({e.id})" for e in dag.initial["reference_infer"]
+                   if e.id != split.emu.id)
+    assert len(whole) == 3 and set(whole) <= set(names)
+    assert sorted(n.split("(")[0] for n in names) == ["Destroy"] * 5 + ["Extend", "Split"]
+    # the source piece goes only after its copy ends; the other piece after the Split
+    assert edges_of(dag, STATE) == {
+        (f"Split({split.emu.id})", f"Destroy({o.id})") for o in split.outputs} | {
+        (f"Split({split.emu.id})", f"Extend({ext.emu.id})"),
+        (f"Extend({ext.emu.id})", f"Destroy({ext.emu.id})")}
+    s = plan_transition(job, cur, tgt)
+    assert validate(job, cur, tgt, s) == []
+    moved = sum(t.bytes for p in dag.primitives for t in p.transfers(cost.sizes))
+    state = sum(cost.sizes.of(dag.final["reference_infer"][0]))
+    assert moved == pytest.approx(2 * state, rel=0.01)  # one all-gather and one copy
+    assert s.estimated_s == pytest.approx(sum(
+        cost.seconds(p) for p in (split, ext)) + cost.seconds(Destroy(ext.emu)), rel=1e-6)
+
+
 def test_pure_dp_shrink_is_destroys_alone() -> None:
     job = job8b(16)
     cur = Plan((sp("critic_infer", 1, 2, [range(0, 2), range(2, 4), range(4, 6)]),))
@@ -220,7 +252,9 @@ def test_a_split_and_merge_too_big_for_a_gpu_go_through_host_memory() -> None:
     assert s.feasible, s.reason
     assert validate(job, cur, tgt, s) == []
     staged = [p.primitive for p in s.primitives if p.primitive.staged]
-    assert sorted(p.op for p in staged) == ["Merge"] * 4 + ["Split"] * 2
+    # no piece sits on a target slot: only the unit the Extends copy from is split (the
+    # other's Split would gather 26.2 GiB per GPU only to destroy it)
+    assert sorted(p.op for p in staged) == ["Merge"] * 4 + ["Split"]
     assert all(not p.primitive.staged for p in s.primitives
                if p.primitive.op in ("Extend", "Destroy"))
     assert max(s.peak_bytes().values()) <= s.capacity_bytes

@@ -10,7 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nereus.transition.instances import make_job, random_pair, stage_names
-from nereus.transition.planner import plan_transition
+from nereus.transition.planner import plan_transition, transition_dag
+from nereus.transition.primitives import Destroy, Split
 from nereus.transition.validate import validate
 
 GPUS = st.sampled_from([4, 8, 12, 16, 24, 32])
@@ -82,3 +83,22 @@ def test_onto_fresh_gpus_with_room_always_works(seed: int, gpus: int) -> None:
     s = plan_transition(job, cur, tgt)
     assert s.feasible, s.reason
     assert validate(job, cur, tgt, s) == []
+
+
+@settings(max_examples=200)
+@given(st.integers(0, 10**9), MODELS, GPUS, st.sampled_from([None, 0.005]))
+def test_no_split_only_feeds_destroys(seed: int, model: str, gpus: int,
+                                      memory_gib: float | None) -> None:
+    """Every Split's pieces serve: one is kept as or merged into a target unit, or copied by
+    an Extend. A Split whose pieces are all destroyed gathers a whole unit for nothing."""
+    job, got = pair(seed, model, gpus, memory_gib)
+    if got is None:
+        return
+    dag, _ = transition_dag(job, *got)
+    if not dag.feasible:
+        return
+    used = {e.id for p in dag.primitives if not isinstance(p, Destroy) for e in p.inputs}
+    used |= {e.id for units in dag.final.values() for e in units}
+    for p in dag.primitives:
+        if isinstance(p, Split):
+            assert any(o.id in used for o in p.outputs), f"Split({p.emu.id}) only feeds Destroys"

@@ -5,9 +5,12 @@ of k* "slots", T_sub units on fixed GPU lists (the nesting mapping). A T_sub pie
 unit that already sits on a slot's exact GPUs is kept there, so shards already on their target
 ranks are never copied; the other slots are filled by Extend from a kept or newly made unit
 (chains make a broadcast tree); the pieces nobody keeps are destroyed. A current unit is split
-only if one of its pieces is kept, or if nothing is kept anywhere (then its pieces are the
-sources); the others are destroyed whole. The last copy: when nothing is kept, a source is
-destroyed only after the Extends that copy it have ended.
+only if one of its pieces is kept, or, when nothing is kept anywhere, if one of its pieces is
+an Extend's source (the sources are chosen over the pieces of every unit first, then only their
+units split); the others are destroyed whole, since a Split whose pieces are all destroyed moves
+a full all-gather for nothing. The last copy: when nothing is kept, a source is destroyed only
+after the Extends that copy it have ended, and a unit destroyed whole is never the last copy
+(a split unit's pieces are copies).
 """
 
 from __future__ import annotations
@@ -254,6 +257,23 @@ def _two_hops(current: Sequence[Emu], target: StagePlan, model: ModelSpec,
 
 def _through(current: Sequence[Emu], target: StagePlan, tgt_units: list[tuple[int, ...]],
              sub: Layout, cost: TransitionCost, reserved: Sequence[str] = ()) -> LocalDag:
+    """The local DAG through ``sub``. When no piece is kept, the Extends' sources are chosen
+    over the pieces of every current unit; then only the units they come from are split (again,
+    until each split unit feeds an Extend: fewer sources can pick differently on a tie)."""
+    split: Sequence[int] | None = None
+    while True:
+        dag, sources = _through_split(current, target, tgt_units, sub, cost, reserved, split)
+        if dag.problem is not None or sources is None or len(sources) == len(split or current):
+            return dag
+        split = sorted(sources)
+
+
+def _through_split(current: Sequence[Emu], target: StagePlan, tgt_units: list[tuple[int, ...]],
+                   sub: Layout, cost: TransitionCost, reserved: Sequence[str],
+                   only: Sequence[int] | None) -> tuple[LocalDag, set[int] | None]:
+    """The local DAG through ``sub`` that splits the current units ``only`` (None: those with a
+    kept piece; when none has, every one) and the current units whose pieces an Extend copies
+    (None when a piece is kept or nothing is split: the split units need no choosing)."""
     stage = target.stage
     lay, tlay = current[0].layout, target.layout
     k = lay.size // sub.size
@@ -280,10 +300,13 @@ def _through(current: Sequence[Emu], target: StagePlan, tgt_units: list[tuple[in
             if g in where:
                 match[(q, j)] = where[g]
     kept_pieces = set(match.values())
+    choosing = k > 1 and not kept_pieces  # the Extends' sources decide which units split
     if k > 1:
-        split_units = sorted({u for u, _ in kept_pieces}) or list(range(len(current)))
+        split_units = sorted({u for u, _ in kept_pieces}) or list(
+            range(len(current)) if only is None else only)
     else:
         split_units = list(range(len(current)))
+    unit_of: dict[str, int] = {}  # a piece of a split unit -> that unit
 
     producer: dict[str, int | None] = {}
     piece_emu: dict[tuple[int, int], Emu] = {}
@@ -294,6 +317,7 @@ def _through(current: Sequence[Emu], target: StagePlan, tgt_units: list[tuple[in
             for j, o in enumerate(sp.outputs):
                 piece_emu[(u, j)] = o
                 producer[o.id] = i
+                unit_of[o.id] = u
         else:
             piece_emu[(u, 0)] = current[u]
             producer[current[u].id] = None
@@ -343,10 +367,14 @@ def _through(current: Sequence[Emu], target: StagePlan, tgt_units: list[tuple[in
             q, j = rest[0]
             return LocalDag(stage, (), (), (), (
                 f"{stage}: no copy can be extended onto GPUs {format_gpus(slots[q][j])}: every "
-                "unit holding the state shares GPUs with it (Extend needs disjoint GPUs)"))
+                "unit holding the state shares GPUs with it (Extend needs disjoint GPUs)")), None
         pending = rest
 
-    for e in whole_destroy:
+    sources = {unit_of[sid] for sid in extends_from if sid in unit_of} if choosing else None
+    if sources is not None and len(sources) < len(split_units):
+        # some split unit feeds no Extend: the caller builds again without splitting it
+        return LocalDag(stage, tuple(prims), tuple(edges), ()), sources
+    for e in whole_destroy:  # never the last copy: a split unit's pieces (or a kept one) stay
         add(Destroy(e))
     for e in doomed:
         add(Destroy(e), [producer.get(e.id), *extends_from.get(e.id, [])])
@@ -364,7 +392,7 @@ def _through(current: Sequence[Emu], target: StagePlan, tgt_units: list[tuple[in
         m = Merge.of(units, tlay, ids())
         add(m, deps)
         final.append(m.output)
-    return LocalDag(stage, tuple(prims), tuple(sorted(set(edges))), tuple(final))
+    return LocalDag(stage, tuple(prims), tuple(sorted(set(edges))), tuple(final)), sources
 
 
 class _Sources:
