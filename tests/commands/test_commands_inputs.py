@@ -79,6 +79,57 @@ def test_a_config_whose_pool_no_plan_fits_names_its_gpus_field(tmp_path: Path) -
     assert err.startswith("error: no plan fits 2 GPUs") and "allowed" not in err, err
 
 
+@pytest.mark.parametrize("args,config,field,allowed", [
+    # 2 GiB a GPU: no pool of up to 1,024 fits, so more GPUs is not the answer
+    (["--model", "llama-3.1-8b", "--device", "cpu", "--gpus", "16"], None, "--device",
+     "a device with more than 2.0 GiB per GPU: h100-sxm-80gb, h200-141gb"),
+    ([], "model: llama-3.1-8b\ngpus: 16\ncluster: {device: cpu}\n", "cluster.device",
+     "a device with more than 2.0 GiB per GPU: h100-sxm-80gb"),
+    ([], "model: llama-3.1-8b\ngpus: 16\ncluster: {device_memory_gib: 0.5}\n",
+     "cluster.device_memory_gib", "a device with more than 0.5 GiB per GPU"),
+    # the config's one node holds no more GPUs
+    ([], "model: llama-3.3-70b\ngpus: 8\ncluster: {nodes: 1}\n", "cluster.nodes",
+     "more nodes, or a device with more memory per GPU"),
+    # --frontier plans the job's stages too: the same error as the plan
+    (["--model", "llama-3.3-70b", "--gpus", "8", "--frontier", "actor_train"], None, "--gpus",
+     "at least 64 GPUs, where the planner finds a plan (estimated)"),
+])
+def test_a_job_no_pool_fits_names_what_would_fix_it(tmp_path: Path, args: list[str],
+                                                     config: str | None, field: str,
+                                                     allowed: str) -> None:
+    """'error: model-stage actor_train fits nowhere: ...' named no option or field, and gave
+    nothing allowed, where no pool of up to 1,024 GPUs fits or the config's nodes are full;
+    --frontier gave it even where more GPUs fit."""
+    if config is not None:
+        cfg = tmp_path / "job.yaml"
+        cfg.write_text(config)
+        args = [*args, "--config", str(cfg)]
+    err = one_line(["plan", *args])
+    assert err.startswith(f"error: {field}: ") and f"(allowed: {allowed}" in err, err
+
+
+@pytest.mark.parametrize("args,says", [
+    # one replica of the 70B actor_train needs more than a node's 8 GPUs: more do not help
+    (["--model", "llama-3.3-70b", "--gpus", "128"],
+     ("a replica of model-stage actor_train needs at least 32 GPUs to fit memory, more than a "
+      "node's 8")),
+    (["--model", "llama-3.3-70b", "--gpus", "16"],  # fits nowhere on 16, spreads on none
+     "a replica of model-stage actor_train needs at least 32 GPUs to fit memory"),
+    # one node: no other node to keep a copy on
+    (["--model", "llama-3.1-8b", "--gpus", "8"], "the pool of 8 GPUs is one node"),
+    (["--config", CONFIG, "--gpus", "8", "--frontier", "actor_train"],
+     "the pool of 8 GPUs is one node"),
+    (["--config", CONFIG, "--gpus", "4", "--evaluate", "examples/layouts/verl-colocated-8b.yaml"],
+     "the pool of 4 GPUs is one node"),
+])
+def test_spread_that_no_pool_can_honour_names_it(args: list[str], says: str) -> None:
+    """--spread on 128 GPUs said 'no layout with two replicas inside nodes that fits on 128
+    GPUs', as if more would help; on one node it planned as if it were not given."""
+    err = one_line(["plan", *args, "--spread"])
+    assert err.startswith(f"error: --spread: {says}"), err
+    assert "on 128 GPUs" not in err and "(allowed: " in err, err
+
+
 def test_smallest_pool_doubles_then_halves_the_gap() -> None:
     from nereus.commands.plan import smallest_pool
 

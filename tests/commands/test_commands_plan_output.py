@@ -78,11 +78,49 @@ def test_explain_prints_no_empty_memory_section() -> None:
         assert r.exit_code == 0, r.output
         assert _empty_sections(r.stdout) == [], _empty_sections(r.stdout)
         sync = [ln for ln in r.stdout.splitlines() if ln.startswith("weight sync ")]
-        assert len(sync) == 1 and "actor_train [tp=" in sync[0], sync
+        # one per plan broken down: --evaluate breaks down yours and the best
+        assert len(sync) == 1 + bool(extra) and "actor_train [tp=" in sync[0], sync
         assert "(estimated)" in sync[0] and "peak" not in sync[0] and "b=1" not in sync[0]
         block = r.stdout.split(sync[0], 1)[1]
         memory = block.split("memory per GPU:", 1)[1]
         assert "training parameters" in memory and "gather buffer" in memory, block
+
+
+def test_evaluate_explain_says_whose_breakdown_each_is() -> None:
+    """After 'best plan: 1.12x the speed of yours' it printed the user's breakdown with no
+    heading, so it read as the best plan's, and the best plan got none."""
+    r = runner.invoke(app, ["plan", "--config", CONFIG, "--evaluate",
+                            "examples/layouts/verl-colocated-8b.yaml", "--explain"])
+    assert r.exit_code == 0, r.output
+    lines = r.stdout.splitlines()
+    heads = [i for i, ln in enumerate(lines) if ln.endswith(": where its time and memory go "
+                                                            "(estimated)")]
+    assert [lines[i] for i in heads] == [
+        "your plan (verl-colocated-8b.yaml): where its time and memory go (estimated)",
+        "best plan: where its time and memory go (estimated)"], heads
+    assert lines[heads[0] - 1].startswith("best plan: 1.1")  # the comparison comes first
+    # each breakdown is its own plan's: the actor's generation layout of each table
+    yours, best = "\n".join(lines[heads[0]:heads[1]]), "\n".join(lines[heads[1]:])
+    assert "actor_gen [tp=2 pp=1 dp=8" in yours and "actor_gen [tp=2 pp=1 dp=8" not in best
+    plan = json.loads(runner.invoke(app, ["plan", "--config", CONFIG, "--json"]).stdout)
+    gen = next(s for s in plan["stages"] if s["name"] == "actor_gen")
+    assert f"actor_gen [tp={gen['tp']} pp={gen['pp']} dp={gen['dp']}" in best
+    r = runner.invoke(app, ["plan", "--config", CONFIG, "--explain"])  # one plan, one heading
+    assert r.stdout.count("where its time and memory go") == 1
+    assert "best plan: where its time and memory go (estimated)" in r.stdout
+
+
+def test_the_table_shows_the_memory_limit_and_says_what_shares_means() -> None:
+    """'peak/cap GiB' read '19.9/80' while plans are held to 90 % (71.7 GiB), and the
+    'shares' letters had no legend."""
+    r = runner.invoke(app, ["plan", "--config", CONFIG])
+    assert r.exit_code == 0, r.output
+    lines = r.stdout.splitlines()
+    assert any("peak/limit GiB" in ln for ln in lines) and "peak/cap" not in r.stdout
+    rows = [ln for ln in lines if ln.startswith("│ ")]
+    assert len(rows) == len(STAGES) and all(ln.rstrip(" │").endswith("/71.7") for ln in rows)
+    assert ("shares: model-stages with the same letter take turns on the same GPUs; limit: "
+            "90 % of 79.6 GiB per GPU") in r.stdout
 
 
 def test_explain_prices_the_weight_sync_as_the_plan_does() -> None:

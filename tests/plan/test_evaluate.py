@@ -53,6 +53,35 @@ def test_recompute_and_gpus_are_kept():
     assert sp.candidate.recompute and sp.replicas == (tuple(range(8)), tuple(range(8, 16)))
 
 
+@pytest.mark.parametrize("stage,change,leaf", [
+    ("actor_gen", {"micro_batch": 1000}, "micro_batch"),
+    ("actor_gen", {"micro_batch": 8}, "micro_batch"),   # divides the 64 per replica
+    ("actor_gen", {"grad_accum": 2}, "grad_accum"),
+    ("actor_gen", {"recompute": True}, "recompute"),
+    ("critic_infer", {"recompute": True}, "recompute"),
+])
+def test_fields_the_stage_does_not_price_are_refused(stage, change, leaf):
+    """A generation stage's micro_batch, grad_accum and recompute were dropped without a word
+    (generation decodes all a replica's sequences together, as many at once as the KV cache
+    holds, and runs no backward pass), and an inference stage's recompute likewise: the plan
+    was scored as if the field were absent."""
+    with pytest.raises(InputError) as e:
+        evaluate_plan(JOB, _with(stage, **change))
+    assert e.value.field == f"evaluate.{stage}.{leaf}" and e.value.allowed, e.value
+    assert e.value.allowed.startswith("leave it out, or "), e.value
+
+
+def test_a_generation_stage_takes_the_values_a_plan_json_writes():
+    """A plan JSON writes generation's candidate (b = the sequences per replica, a = 1, no
+    recomputation): it still scores as the layout without them."""
+    plain = evaluate_plan(JOB, _with("actor_gen"))
+    written = evaluate_plan(JOB, _with("actor_gen", micro_batch=64, grad_accum=1,
+                                       recompute=False))
+    assert written.to_dict() == plain.to_dict()
+    json_plan = evaluate_plan(JOB, layout_spec_from_data(plain.to_dict()))
+    assert json_plan.step_latency_s == plain.step_latency_s
+
+
 @pytest.mark.parametrize("change,field", [
     ({"tp": 2.9}, "evaluate.actor_train.tp"),
     ({"pp": "2"}, "evaluate.actor_train.pp"),

@@ -3,9 +3,10 @@
 import pytest
 
 from nereus.cost.candidate import Candidate, Layout
+from nereus.errors import InfeasibleError
 from nereus.plan.exposure import exposed_by_node, exposed_fraction
 from nereus.plan.placement import GroupAssignment, place_phase
-from nereus.plan.search import Planner, best_plan
+from nereus.plan.search import Planner, ReplicaExceedsNode, best_plan
 from nereus.plan.types import Plan, StagePlan
 from nereus.plan.validate import validate_plan
 from nereus.spec import GpuPool, parse_job
@@ -78,6 +79,21 @@ def test_the_spread_plan_survives_any_one_node_and_is_valid(job):
     # every generation GPU on a node with training GPUs (the node fabric, not the network)
     assert spread.step_latency_s - spread.terms["weight_sync"] >= \
         plain.step_latency_s - plain.terms["weight_sync"] - 1e-9
+
+
+def test_a_spread_search_says_whether_more_gpus_could_help():
+    """It said 'no layout with two replicas inside nodes that fits on 128 GPUs' also where a
+    replica that fits memory spans more than a node, which no pool size changes."""
+    big = parse_job({"model": "llama-3.3-70b", "gpus": 128})
+    with pytest.raises(ReplicaExceedsNode) as e:
+        Planner(big, spread=True)
+    assert (e.value.stage, e.value.replica_gpus, e.value.node_gpus) == ("actor_train", 32, 8)
+    assert "128" not in str(e.value)
+    # nodes of 32: a replica of 32 fits one, two of them do not fit 48 GPUs, 64 would
+    wide = parse_job({"model": "llama-3.3-70b", "gpus": 48, "cluster": {"devices_per_node": 32}})
+    with pytest.raises(InfeasibleError, match="two replicas inside nodes that fits on 48") as f:
+        Planner(wide, spread=True)
+    assert not isinstance(f.value, ReplicaExceedsNode)
 
 
 def test_spread_changes_nothing_on_one_node(job):

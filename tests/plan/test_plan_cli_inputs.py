@@ -51,6 +51,9 @@ def _one_line_error(args: list[str], field: str) -> str:
     ("actor_train", {"pp": 3}, "evaluate.actor_train.pp"),
     ("actor_train", {"tpp": 2}, "evaluate.actor_train.tpp"),
     ("actor_train", {"name": "critic_train"}, "evaluate.actor_train.name"),
+    ("actor_gen", {"micro_batch": 1000}, "evaluate.actor_gen.micro_batch"),  # not priced
+    ("actor_gen", {"grad_accum": 2}, "evaluate.actor_gen.grad_accum"),
+    ("actor_gen", {"recompute": True}, "evaluate.actor_gen.recompute"),
 ])
 def test_bad_evaluate_layouts(tmp_path, stage, change, field):
     layout = json.loads(json.dumps(LAYOUT))
@@ -328,3 +331,27 @@ def test_async_step_latency_says_how_its_terms_make_it(tmp_path):
                             str(p)])
     assert r.exit_code == 2 and "(execution differs)" in r.stderr, r.output
     assert "--execution async" in r.stderr
+
+
+def test_a_layout_larger_than_the_pool_says_what_fits(tmp_path):
+    """'needs 32 GPUs (tp x pp x dp), the pool has 16' said what was wrong, not what fits."""
+    layout = json.loads(json.dumps(LAYOUT))
+    layout["actor_gen"]["tp"] = 4
+    p = tmp_path / "layout.json"
+    p.write_text(json.dumps(layout))
+    err = _one_line_error(["plan", "--config", CONFIG, "--evaluate", str(p)],
+                          "evaluate.actor_gen")
+    assert err.rstrip().endswith("(allowed: tp x pp x dp at most 16)"), err
+
+
+@pytest.mark.parametrize("section,fields", [
+    ("cluster", "device, nodes, devices_per_node, device_memory_gib"),
+    ("workload", "prompts_per_step, responses_per_prompt"),
+])
+def test_a_config_section_given_a_value_lists_its_fields(tmp_path, section, fields):
+    """``cluster: h100`` in a job YAML said 'cluster: must be a mapping of fields' and no
+    more."""
+    p = tmp_path / "job.yaml"
+    p.write_text(f"model: llama-3.1-8b\ngpus: 16\n{section}: h100\n")
+    err = _one_line_error(["plan", "--config", str(p)], section)
+    assert f"must be a mapping of fields (allowed: {fields}" in err, err

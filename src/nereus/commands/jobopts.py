@@ -145,9 +145,10 @@ def job_and_fields_from_options(
                      ("reward", reward), ("gpus", gpus)):
         if val is not None:
             data[key] = val
-    for section in ("cluster", "workload"):
+    for section, fields in (("cluster", ClusterConfig.model_fields),
+                            ("workload", WorkloadConfig.model_fields)):
         if data.get(section) is not None and not isinstance(data[section], dict):
-            raise InputError(section, "must be a mapping of fields")
+            raise InputError(section, "must be a mapping of fields", list(fields))
     cluster = dict(data.get("cluster") or {})
     for key, val in (("device", device), ("devices_per_node", devices_per_node)):
         if val is not None:

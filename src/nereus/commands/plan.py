@@ -22,16 +22,18 @@ from nereus.commands.common import (
 from nereus.commands.jobopts import JOB_HELP, job_and_fields_from_options
 from nereus.commands.planfile import check_record, job_shaped, split_record, with_record
 from nereus.cost.calibrate import Calibrator
+from nereus.cost.estimate import HEADROOM
 from nereus.cost.model import CostModel
 from nereus.errors import InfeasibleError, InputError, count
 from nereus.files import read_yaml
 from nereus.plan.candidates import frontier
 from nereus.plan.evaluate import StageLayoutSpec, evaluate_plan, layout_spec_from_data
 from nereus.plan.exposure import exposed_by_node, spans_nodes
-from nereus.plan.search import Planner
+from nereus.plan.search import Planner, ReplicaExceedsNode
 from nereus.plan.types import Plan, stage_estimate, weight_sync_estimate
 from nereus.plan.validate import validate_plan
 from nereus.spec.cluster import gpu_ranges
+from nereus.spec.device import DEVICE_PRESETS
 from nereus.spec.job import JobSpec
 from nereus.spec.workflow import Execution
 
@@ -53,12 +55,19 @@ def pool_nodes(job: JobSpec) -> str:
 
 
 def plan_table(job: JobSpec, plan: Plan, title: str) -> Table:
-    """One row per model-stage; stages with the same group letter share GPUs and take turns."""
-    cap = job.cluster.device.memory_bytes
+    """One row per model-stage; stages with the same group letter share GPUs and take turns.
+    Peak memory is shown against the limit plans are held to (``HEADROOM`` of the device's
+    memory), not the device's memory, which a peak near it would seem to fit; the caption
+    says what the letters and the limit are."""
+    mem = job.cluster.device.memory_bytes
+    limit = HEADROOM * mem
     letters = {name: chr(ord("A") + i) for i, g in enumerate(plan.groups) for name in g}
-    t = Table(title=f"{title} (latency and memory estimated)", title_justify="left")
+    t = Table(title=f"{title} (latency and memory estimated)", title_justify="left",
+              caption=f"shares: model-stages with the same letter take turns on the same GPUs; "
+                      f"limit: {HEADROOM * 100:.0f} % of {mem / GiB:.1f} GiB per GPU",
+              caption_justify="left")
     for col in ("model-stage", "phase", "tp", "pp", "dp", "b x a", "recomp", "GPUs", "shares",
-                "latency s", "peak/cap GiB"):
+                "latency s", "peak/limit GiB"):
         t.add_column(col, justify="right" if col in ("tp", "pp", "dp", "latency s") else "left",
                      no_wrap=True)
     for sp in plan.stages:
@@ -66,7 +75,7 @@ def plan_table(job: JobSpec, plan: Plan, title: str) -> Table:
         t.add_row(sp.stage, job.workflow.stage(sp.stage).phase.value, str(c.tp), str(c.pp),
                   str(c.dp), f"{c.micro_batch}x{c.grad_accum}", "yes" if c.recompute else "no",
                   gpu_ranges(sp.gpus), letters.get(sp.stage, "-"), f"{sp.latency_s:.3f}",
-                  f"{sp.peak_mem_bytes / GiB:.1f}/{cap / GiB:.0f}")
+                  f"{sp.peak_mem_bytes / GiB:.1f}/{limit / GiB:.1f}")
     return t
 
 
@@ -153,6 +162,70 @@ def smallest_pool(n: int, fits: Callable[[int], bool | None],
         mid = (lo + hi) // 2
         lo, hi = (lo, mid) if fits(mid) else (mid, hi)
     return hi
+
+
+def no_plan_error(e: InfeasibleError, job: JobSpec, fields: Mapping[str, Any],
+                  config: Path | None, options: Mapping[str, Any], profile: Path | None,
+                  spread: bool) -> Exception:
+    """The one-line error for a job the planner finds no plan for (``e``), naming the option
+    or field that would fix it and what it allows: ``--spread`` where no pool can spread a
+    replica that spans more than a node; else the pool size, with the fewest GPUs where the
+    planner finds a plan (:func:`smallest_pool`); else, where no pool up to
+    ``MAX_SUGGESTED_GPUS`` (or up to what the config's ``cluster.nodes`` hold) fits, that field
+    or the device's memory. ``fields``: the job's fields as read (the config's, with the
+    options in place); ``options``: the job's options, by parameter name. A pool of GPU ids the
+    config lists keeps ``e``: which ids to add is the user's choice."""
+    if isinstance(e, ReplicaExceedsNode):  # more GPUs do not help: say so before looking
+        return InputError("--spread", str(e), f"no --spread for this job: it needs a replica "
+                          f"of every model-stage inside one node of {e.node_gpus} GPUs (a "
+                          "device with more memory per GPU makes replicas smaller)")
+    if job.pool.ids != tuple(range(job.pool.size)):
+        return e
+    capped = False  # the config's cluster.nodes hold fewer GPUs than the search would try
+
+    def fits(k: int) -> bool | None:
+        nonlocal capped
+        try:
+            bigger, _ = job_and_fields_from_options(config, **{**options, "gpus": k})
+        except InputError:
+            capped = True
+            return None  # the config's cluster does not hold k GPUs
+        try:
+            Planner(bigger, cost=cost_model(bigger, profile), spread=spread).best()
+        except ReplicaExceedsNode:
+            raise  # a pool with memory enough still cannot spread it: --spread is the problem
+        except InfeasibleError:
+            return False
+        return True
+
+    with err_console.status(f"no plan fits {count(job.pool.size, 'GPU')}: looking for the "
+                            "fewest that fit ..."):
+        try:
+            k = smallest_pool(job.pool.size, fits)
+        except ReplicaExceedsNode as outgrown:
+            return no_plan_error(outgrown, job, fields, config, options, profile, spread)
+    if k is not None:
+        return InputError("--gpus" if options.get("gpus") is not None else "gpus", str(e),
+                          f"at least {count(k, 'GPU')}, where the planner finds a plan "
+                          "(estimated)")
+    if capped:
+        return InputError("cluster.nodes", f"{e}; no larger pool that the cluster's "
+                          f"{count(job.cluster.num_nodes, 'node')} can hold fits either "
+                          "(estimated)", "more nodes, or a device with more memory per GPU")
+    device = job.cluster.device
+    cluster = fields.get("cluster") or {}
+    if cluster.get("device_memory_gib") is not None:  # it overrides every device's memory
+        field = "cluster.device_memory_gib"
+    elif options.get("device") is not None or config is None:
+        field = "--device"
+    else:
+        field = "cluster.device"
+    more = [name for name, d in DEVICE_PRESETS.items() if d.memory_bytes > device.memory_bytes]
+    allowed = f"a device with more than {device.memory_bytes / GiB:.1f} GiB per GPU"
+    if field != "cluster.device_memory_gib" and more:
+        allowed += f": {', '.join(more)}"
+    return InputError(field, f"{e}; no pool of up to {MAX_SUGGESTED_GPUS:,} GPUs of "
+                      f"{device.name} fits either (estimated)", allowed)
 
 
 def cost_model(job: JobSpec, profile: Optional[Path]) -> CostModel:
@@ -245,8 +318,9 @@ def register(app: typer.Typer) -> None:
             None, "--evaluate", metavar="PLAN", readable=False,
             help="score your plan beside the best: a plan JSON (plan --json) or a YAML "
                  "mapping each model-stage to tp, pp and dp, and optionally gpus (one list "
-                 "of tp x pp GPU ids per DP replica), micro_batch, grad_accum and recompute "
-                 "(nereus examples writes two, under layouts/)"),
+                 "of tp x pp GPU ids per DP replica), micro_batch and grad_accum (not on "
+                 "generation) and recompute (training only) (nereus examples writes two, "
+                 "under layouts/)"),
         profile: Optional[Path] = typer.Option(None, readable=False, help=JOB_HELP["profile"]),
         spread: bool = typer.Option(False, "--spread",
                                     help="keep two or more replicas of every model-stage on "
@@ -276,39 +350,30 @@ def register(app: typer.Typer) -> None:
         given_model = str(fields["model"])
         if frontier_stage is not None:
             job.workflow.stage(frontier_stage, "--frontier")  # before any planning
+        if spread and not spans_nodes(job.pool):
+            # the Planner takes spread as a no-op on one node (the controller asks for it on
+            # a pool that churns, which can shrink to one); a user asked for a copy on another
+            # node that this pool does not have
+            per = job.cluster.devices_per_node
+            raise InputError("--spread", f"the pool of {count(job.pool.size, 'GPU')} is one "
+                             "node: losing it loses every copy, and there is no other node to "
+                             "keep one on", f"a pool on two or more nodes (a node holds {per} "
+                             "GPUs here)")
         cost = cost_model(job, profile)
         if evaluate is not None:
             _evaluate(job, cost, evaluate, explain, as_json, spread, given_model)
             return
         if frontier_stage is not None:
-            _frontier(job, Planner(job, cost=cost, spread=spread), frontier_stage, as_json,
-                      given_model)
+            try:
+                planner = Planner(job, cost=cost, spread=spread)
+            except InfeasibleError as e:
+                raise no_plan_error(e, job, fields, config, options, profile, spread) from None
+            _frontier(job, planner, frontier_stage, as_json, given_model)
             return
         try:
             plan = Planner(job, cost=cost, spread=spread).best()
         except InfeasibleError as e:
-            if job.pool.ids != tuple(range(job.pool.size)):
-                raise  # GPU ids the config lists: which to add is the user's choice
-            field = "--gpus" if gpus is not None else "gpus"
-
-            def fits(k: int) -> bool | None:
-                try:
-                    bigger, _ = job_and_fields_from_options(config, **{**options, "gpus": k})
-                except InputError:
-                    return None  # the config's cluster does not hold k GPUs
-                try:
-                    Planner(bigger, cost=cost_model(bigger, profile), spread=spread).best()
-                except InfeasibleError:
-                    return False
-                return True
-
-            with err_console.status(f"no plan fits {count(job.pool.size, 'GPU')}: looking for "
-                                    "the fewest that fit ..."):
-                k = smallest_pool(job.pool.size, fits)
-            if k is None:
-                raise
-            raise InputError(field, str(e), f"at least {count(k, 'GPU')}, where the planner "
-                             "finds a plan (estimated)") from None
+            raise no_plan_error(e, job, fields, config, options, profile, spread) from None
         if as_json:  # with the job it was planned for, which nereus transition checks and uses
             print(json.dumps(with_record(plan.to_dict(), job, given_model)))
             return
@@ -323,7 +388,7 @@ def register(app: typer.Typer) -> None:
         console.print(_summary(plan, job))
         console.print(_node_loss(job, plan, spread))
         if explain:
-            _explain(cost, plan)
+            _explain(cost, plan, "best plan")
 
     def _node_loss(job: JobSpec, plan: Plan, spread: bool = False, best: bool = True) -> str:
         """Which node takes the last copy of a model-stage; ``spread``: --spread was given
@@ -352,7 +417,11 @@ def register(app: typer.Typer) -> None:
         return (f"node loss: the last copy of a model-stage goes with a node ({parts}); "
                 f"--spread looks for a plan that keeps a copy on another node")
 
-    def _explain(cost: CostModel, plan: Plan) -> None:
+    def _explain(cost: CostModel, plan: Plan, whose: str) -> None:
+        """Every estimate of ``plan`` by term, under a heading naming it (``whose``, as its
+        table's title does): --evaluate prints two plans' breakdowns one after the other."""
+        console.print(f"{whose}: where its time and memory go (estimated)", markup=False,
+                      highlight=False)
         for sp in plan.stages:  # as the plan priced it (on its GPU ids' links, where given)
             console.print(stage_estimate(cost, plan, sp.stage).explain(),
                           markup=False, highlight=False)
@@ -410,7 +479,9 @@ def register(app: typer.Typer) -> None:
                 out["best_step_latency_s"] = best.step_latency_s
             print(json.dumps(out))
             return
-        console.print(plan_table(job, yours, f"your plan ({path.name})"))
+        mine = f"your plan ({path.name})"
+        theirs = "best plan" + (" (--spread)" if spread else "")
+        console.print(plan_table(job, yours, mine))
         console.print(_summary(yours, job))
         for note in yours.notes:  # where its GPU ids price it apart from sizes
             console.print(f"note: {note}", markup=False, highlight=False)
@@ -422,12 +493,14 @@ def register(app: typer.Typer) -> None:
         else:
             console.print("[green]fits[/] (every GPU within 90 % of memory, estimated)")
         if best is not None:
-            console.print(plan_table(job, best, "best plan" + (" (--spread)" if spread else "")))
+            console.print(plan_table(job, best, theirs))
             console.print(_summary(best, job))
             console.print(_node_loss(job, best, spread))
             console.print(_comparison(yours, best, problems))
         else:
             console.print(f"no best plan: {why}")
         if explain:
-            _explain(cost, yours)
+            _explain(cost, yours, mine)
+            if best is not None:
+                _explain(cost, best, theirs)
 

@@ -151,6 +151,7 @@ def _options(cost: CostModel, name: str, spec: StageLayoutSpec) -> list[Candidat
         raise InputError(f"{at}.dp", f"dp={spec.dp} does not divide the stage's batch "
                          f"of {batch} sequences", "a divisor of the stage's batch")
     per = batch // spec.dp
+    _unpriced_fields(at, st.kind, spec, per)
     if st.kind is StageKind.GENERATE:
         return [Candidate(layout, spec.dp, per, 1)]
     if spec.micro_batch:
@@ -176,6 +177,35 @@ def _options(cost: CostModel, name: str, spec: StageLayoutSpec) -> list[Candidat
     rcs = [spec.recompute] if spec.recompute is not None else (
         [False, True] if st.kind is StageKind.TRAIN else [False])
     return [Candidate(layout, spec.dp, b, a, bool(rc)) for b, a in shapes for rc in rcs]
+
+
+def _unpriced_fields(at: str, kind: StageKind, spec: StageLayoutSpec, per: int) -> None:
+    """Refuse the fields the cost model does not price for ``kind``, rather than score a plan
+    as if they were absent. Generation takes no micro-batches or accumulation: its engine
+    decodes all ``per`` sequences of a replica together, as many at once as the KV cache holds
+    (the cost model sizes that decode batch from memory), so its candidate is always
+    ``b = per, a = 1``. Generation and inference run no backward pass, so no activations are
+    recomputed. A plan JSON writes exactly those values, and they are accepted."""
+    fields: list[tuple[str, object, object, str]] = []
+    if kind is StageKind.GENERATE:
+        fields += [
+            ("micro_batch", spec.micro_batch, per,
+             (f"generation takes no micro-batches: it decodes the {per} sequences per replica "
+              "together, as many at once as the KV cache holds")),
+            ("grad_accum", spec.grad_accum, 1, "generation accumulates no gradients")]
+    if kind is not StageKind.TRAIN:
+        what = "generation" if kind is StageKind.GENERATE else "inference"
+        fields.append(("recompute", spec.recompute, False,
+                       f"{what} runs no backward pass to recompute activations for"))
+    for name, given, implied, why in fields:
+        if given is not None and given != implied:
+            raise InputError(f"{at}.{name}", f"{_yaml(given)}: {why}",
+                             f"leave it out, or {_yaml(implied)} (as a plan JSON writes it)")
+
+
+def _yaml(value: object) -> str:
+    """A value as a layout file writes it (``false``, not ``False``)."""
+    return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def _choose(cost: CostModel, name: str, options: list[Candidate], idle: int,
@@ -209,7 +239,8 @@ def evaluate_plan(job: JobSpec, specs: Mapping[str, StageLayoutSpec],
     for name, c in cands.items():
         if c.gpus > job.pool.size:
             raise InputError(_where(name, specs[name]), f"needs {count(c.gpus, 'GPU')} (tp x pp "
-                             f"x dp), the pool has {job.pool.size}")
+                             f"x dp), the pool has {job.pool.size}",
+                             f"tp x pp x dp at most {job.pool.size}")
         outside = sorted({g for r in specs[name].gpus or () for g in r} - pool)
         if outside:
             raise InputError(f"{_where(name, specs[name])}.gpus",

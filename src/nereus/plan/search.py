@@ -269,6 +269,20 @@ def _fits_nowhere(cost: CostModel, stage: ModelStage, ev: Evaluation | None) -> 
         f"on {cost.device.name}){why} (estimated)")
 
 
+class ReplicaExceedsNode(InfeasibleError):
+    """No plan keeps replicas of ``stage`` on different nodes, on a pool of any size: its
+    smallest replica that fits memory spans ``replica_gpus``, more than the ``node_gpus`` a
+    node holds. A class of its own, apart from the spread searches that more GPUs can fix, so
+    that a caller does not offer a larger pool."""
+
+    def __init__(self, stage: str, replica_gpus: int, node_gpus: int):
+        self.stage, self.replica_gpus, self.node_gpus = stage, replica_gpus, node_gpus
+        super().__init__(f"a replica of model-stage {stage} needs at least "
+                         f"{count(replica_gpus, 'GPU')} to fit memory, more than a node's "
+                         f"{node_gpus}, so no two of its replicas sit on different nodes "
+                         f"(estimated)")
+
+
 @dataclass(frozen=True)
 class SearchResult:
     latency: float
@@ -357,11 +371,30 @@ class Planner:
             self.evaluated[st.name] = ev
             if not len(opts):
                 if self.spread:
-                    raise InfeasibleError(
-                        f"model-stage {st.name} has no layout with two replicas inside nodes "
-                        f"that fits on {count(job.pool.size, 'GPU')} (estimated)")
+                    raise self._no_spread_layout(st, links, (evaluated or {}).get(st.name))
                 raise _fits_nowhere(self.cost, st, ev)
             self.options[st.name] = opts
+
+    def _no_spread_layout(self, st: ModelStage, links: Links | None,
+                          evaluated: Evaluation | None) -> InfeasibleError:
+        """Why ``spread`` leaves ``st`` no candidate, found from its candidates without the
+        spread filter: none fits memory at all (``_fits_nowhere``); the smallest replica that
+        fits spans more GPUs than a node holds (:class:`ReplicaExceedsNode`: no pool spreads
+        it); or two such replicas do not fit this pool's nodes (more GPUs may). Only which
+        candidates fit memory is read, which the links do not change, so the packed planner's
+        evaluation (``evaluated``) serves where given: a replan whose spread search fails
+        prices nothing again."""
+        opts, ev = stage_options(self.cost, st, self.job.pool.size, prune=False,
+                                 evaluated=evaluated, links=links)
+        if not len(opts):
+            return _fits_nowhere(self.cost, st, ev)
+        least = min(c.layout.size for c in opts.candidates)
+        node = self.job.cluster.devices_per_node
+        if least > node:
+            return ReplicaExceedsNode(st.name, least, node)
+        return InfeasibleError(
+            f"model-stage {st.name} has no layout with two replicas inside nodes that fits on "
+            f"{count(self.job.pool.size, 'GPU')} (estimated)")
 
     def _apart(self) -> Links | None:
         """Under ``spread``: a DP group across two nodes (the first GPUs of the pool's first
