@@ -102,6 +102,8 @@ def read_text(path: str | Path, field: str) -> str:
 def read_json(path: str | Path, field: str) -> Any:
     p = Path(path)
     text = read_text(p, field)
+    if not text.strip():  # what the JSON parser calls "Expecting value: line 1, column 1"
+        raise InputError(field, f"{p} is empty", "a JSON document")
     try:
         return json.loads(text)
     except json.JSONDecodeError as e:
@@ -286,7 +288,11 @@ def validation_error(e: ValidationError, root: type[BaseModel]) -> InputError:
         return InputError(loc, f"{err.get('input')!r} is not allowed",
                           str(err.get("ctx", {}).get("expected", "")))
     if kind in ("model_type", "model_attributes_type", "dict_type"):
-        return InputError(loc, "must be a mapping of fields")
+        # a section given a value (``cluster: h100``): the fields it takes are what is allowed
+        fi = _field_info(root, tuple(err["loc"]))
+        inner = _nested_model(fi.annotation) if fi is not None else None
+        return InputError(loc, "must be a mapping of fields",
+                          list(inner.model_fields) if inner is not None else None)
     inp = err.get("input")
     if kind in _TYPE_WORDS:
         # one wording for every wrong type: the value, what it should have been, and what

@@ -409,3 +409,42 @@ def test_pydantic_errors_without_a_wording_of_their_own_say_what_is_allowed() ->
     assert said({"stages": []}) == "stages: has no items (allowed: at least 1)"
     assert said({"length": [1, 2, 3]}) == "length: has 3 items (allowed: at most 2)"
     assert said({"pair": "ab"}) == "pair: 'ab' is not a list (allowed: a list)"
+
+
+def test_a_section_given_as_a_value_lists_the_fields_it_takes() -> None:
+    """``cluster: h100`` said only 'cluster: must be a mapping of fields'."""
+    from pydantic import BaseModel, ConfigDict
+
+    from nereus.files import validate
+
+    class Inner(BaseModel):
+        model_config = ConfigDict(extra="forbid")
+        device: str = "x"
+        nodes: int = 1
+
+    class Outer(BaseModel):
+        model_config = ConfigDict(extra="forbid")
+        cluster: Inner = Inner()
+        many: list[Inner] = []
+        table: dict[str, float] = {}
+
+    def said(data: dict) -> str:
+        with pytest.raises(InputError) as info:
+            validate(Outer, data)
+        return str(info.value)
+
+    assert said({"cluster": "h100"}) == ("cluster: must be a mapping of fields (allowed: "
+                                         "device, nodes)")
+    assert said({"many": [{}, 3]}) == "many.1: must be a mapping of fields (allowed: device, nodes)"
+    assert said({"table": 3}) == "table: must be a mapping of fields"  # no fields to list
+
+
+def test_an_empty_json_file_is_said_to_be_empty(tmp_path: Path) -> None:
+    """It said 'is not valid JSON (Expecting value: line 1, column 1)'."""
+    from nereus.files import read_json
+
+    p = tmp_path / "plan.json"
+    p.write_text(" \n")
+    with pytest.raises(InputError, match=r"^current: .*plan\.json is empty \(allowed: a JSON "
+                       r"document\)$"):
+        read_json(p, "current")

@@ -262,10 +262,13 @@ def test_scenario_text_prints_as_written_not_as_rich_markup(tmp_path: Path) -> N
     cfg = _scenario(tmp_path, name="[red]run[/red]", description="pool from [/] scheduler log",
                     notes={"availability": "see [bold]x"})
     r = runner.invoke(app, ["simulate", "--config", str(cfg), "--steps", "2", "--policies",
-                            "static", "--notes"])
+                            "static"])
     assert r.exit_code == 0, r.output
     assert "[red]run[/red]: pool from [/] scheduler log -- 2 steps" in r.stdout
     assert "[red]run[/red]: 2 steps (simulated)" in r.stdout  # the table's title
+    r = runner.invoke(app, ["simulate", "--config", str(cfg), "--steps", "2", "--notes"])
+    assert r.exit_code == 0, r.output
+    assert "[red]run[/red]: pool from [/] scheduler log -- 2 steps" in r.stdout
     assert "see [bold]x" in r.stdout
 
 
@@ -387,3 +390,61 @@ def test_lengths_past_the_context_window_are_refused_naming_the_field(tmp_path: 
     assert r.exit_code == 2, r.output
     assert r.stderr.strip().startswith("error: lengths (l.csv) row 2.response_len_max: prompt "
                                        "512 + longest response 200000 = 200512 tokens exceed")
+
+
+def test_notes_list_the_sources_without_simulating(monkeypatch: pytest.MonkeyPatch) -> None:
+    """--notes ran the whole default simulation (1,000 steps, ~30 s) before listing the
+    sources, which are the scenario's and need no run."""
+    import nereus.commands.simulate as cmd
+
+    def no_run(*args: object, **kwargs: object) -> None:
+        raise AssertionError("--notes simulated")
+
+    monkeypatch.setattr(cmd, "run_scenario", no_run)
+    monkeypatch.setattr(cmd, "simulator", no_run)
+    r = runner.invoke(app, ["simulate", "--notes", "--steps", "3", "--gamma", "0.3"])
+    assert r.exit_code == 0, r.output
+    assert "parameters and their sources" in r.stdout
+    assert "--gamma on the command line (0.3)" in r.stdout  # the options' notes too
+    assert "tokens/s" not in r.stdout  # no results table
+
+
+@pytest.mark.parametrize("option", [["--csv", "rows.csv"], ["--plot", "steps.png"], ["--log"],
+                                    ["--json"]])
+def test_notes_refuse_what_needs_a_run(option: list[str], tmp_path: Path) -> None:
+    args = [o if not o.endswith((".csv", ".png")) else str(tmp_path / o) for o in option]
+    r = runner.invoke(app, ["simulate", "--notes", *args])
+    assert r.exit_code == 2, r.output
+    assert r.stderr.startswith(f"error: --notes: cannot be combined with {option[0]} "
+                               "(allowed: --notes alone"), r.stderr
+    assert not any(tmp_path.iterdir())
+
+
+def test_a_grpo_scenario_without_groups_is_refused_as_plan_refuses_it(tmp_path: Path) -> None:
+    """nereus plan refused the GRPO job with one response per prompt (exit 2); nereus
+    simulate ran it (exit 0)."""
+    cfg = _scenario(tmp_path)
+    cfg.write_text(cfg.read_text().replace("algo: ppo", "algo: grpo"))
+    r = runner.invoke(app, ["simulate", "--config", str(cfg), "--steps", "2", "--policies",
+                            "static"])
+    assert r.exit_code == 2, r.output
+    assert r.stderr.startswith("error: job.workload.responses_per_prompt: 1 response per "
+                               "prompt leaves grpo no group"), r.stderr
+    assert r.stderr.count("\n") == 1 and "Traceback" not in r.output
+
+
+def test_job_gpus_caps_the_pool_an_availability_file_gives(tmp_path: Path) -> None:
+    """gpus: 12 with a file listing 0-15 ran on 16 GPUs (pool_gpus, plan_gpus = 16, 16)."""
+    import csv
+
+    (tmp_path / "pool.csv").write_text("time_s,gpus\n0,0-15\n")
+    cfg = _scenario(tmp_path, availability={"csv": "pool.csv"})
+    cfg.write_text(cfg.read_text().replace("gpus: 16", "gpus: 12"))
+    rows = tmp_path / "rows.csv"
+    r = runner.invoke(app, ["simulate", "--config", str(cfg), "--steps", "2", "--policies",
+                            "static", "--csv", str(rows)])
+    assert r.exit_code == 0, r.output
+    with open(rows) as f:
+        got = list(csv.DictReader(f))
+    assert got and {g["pool_gpus"] for g in got} == {"12"}
+    assert all(int(g["plan_gpus"]) <= 12 for g in got)

@@ -739,3 +739,147 @@ def test_a_plan_outside_the_pool_it_records_is_refused(tiny_plans: tuple[str, st
     assert r.exit_code == 2, r.output
     assert r.stderr.startswith("error: target.stages: GPU ids 2-3 are outside the pool "
                                "bad.json records (0-1)"), r.stderr
+
+
+LAYOUT_8B = Path("examples/layouts/verl-colocated-8b.yaml")
+
+
+def test_two_layouts_with_a_model_size_the_pool_to_the_layouts(tmp_path: Path) -> None:
+    """Without --config the pool was sized to the GPU ids the files use, which a layout
+    without ids has none of: 'current.actor_gen: needs 16 GPUs (tp x pp x dp), the pool has
+    1', with no option to say more."""
+    variant = tmp_path / "L2.yaml"
+    variant.write_text(LAYOUT_8B.read_text().replace("{tp: 2, pp: 1, dp: 8}",
+                                                     "{tp: 4, pp: 1, dp: 4}"))
+    r = runner.invoke(app, ["transition", str(LAYOUT_8B), str(variant), "--model",
+                            "llama-3.1-8b", "--json"])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    assert out["feasible"] and {p["stage"] for p in out["primitives"]} == {"actor_gen"}
+    assert max(g for p in out["primitives"] for g in p["gpus"]) == 15
+    r = runner.invoke(app, ["transition", str(LAYOUT_8B), str(variant), "--model",
+                            "llama-3.1-8b"])
+    assert r.exit_code == 0, r.output
+    assert "llama-3.1-8b, PPO on 16 x h100-sxm-80gb" in r.stdout
+
+
+def test_a_layout_past_the_largest_cluster_names_its_stage(tmp_path: Path) -> None:
+    big = tmp_path / "big.yaml"
+    big.write_text("actor_gen: {tp: 8, pp: 1, dp: 100000}\n")
+    r = runner.invoke(app, ["transition", str(LAYOUT_8B), str(big), "--model", "llama-3.1-8b"])
+    assert r.exit_code == 2, r.output
+    assert r.stderr.startswith("error: target.actor_gen: needs 800,000 GPUs (tp x pp x dp), "
+                               "more than the largest cluster (allowed: tp x pp x dp at most "
+                               ), r.stderr
+
+
+def _hf_config(path: Path, **shape: int) -> Path:
+    import dataclasses
+
+    from nereus.spec.model import MODEL_PRESETS
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    spec = dataclasses.replace(MODEL_PRESETS["llama-3.1-8b"], **shape)
+    path.write_text(json.dumps(spec.to_hf_dict()))
+    return path
+
+
+def test_models_of_one_name_are_told_apart_by_their_files(tmp_path: Path) -> None:
+    """Two configs side by side in a folder called hf were both named hf ('hf differs from
+    the current hf'); two config.json files in folders of one name still are, so the error
+    shows where each came from."""
+    plans = []
+    for cfg in (_hf_config(tmp_path / "hf" / "h1.json"),
+                _hf_config(tmp_path / "hf" / "h2.json", num_layers=16)):
+        r = runner.invoke(app, ["plan", "--model", str(cfg), "--gpus", "8", "--json"])
+        assert r.exit_code == 0, r.output
+        assert json.loads(r.stdout)["planned_for"]["model"] == cfg.stem
+        plans.append(tmp_path / f"{cfg.stem}-plan.json")
+        plans[-1].write_text(r.stdout)
+    r = runner.invoke(app, ["transition", *map(str, plans)])
+    assert r.exit_code == 2, r.output
+    assert r.stderr.startswith("error: target.planned_for.job.model: h2 differs from the "
+                               "current h1"), r.stderr
+    a = _hf_config(tmp_path / "a" / "hf" / "config.json")
+    b = _hf_config(tmp_path / "b" / "hf" / "config.json", num_layers=16)
+    jobs = []
+    for cfg in (a, b):
+        jobs.append(tmp_path / f"{cfg.parent.parent.name}.yaml")
+        jobs[-1].write_text(f"model: {cfg.parent}\ngpus: 8\n")
+    r = runner.invoke(app, ["transition", *map(str, jobs)])
+    assert r.exit_code == 2, r.output
+    assert r.stderr.startswith(f"error: target.model: hf from {b.parent} differs from the "
+                               f"current hf from {a.parent}"), r.stderr
+
+
+def test_one_config_in_two_files_is_one_model(tmp_path: Path) -> None:
+    """The model is its shape: a config.json copied under another name moves nothing."""
+    plans = []
+    for name in ("one", "copy"):
+        cfg = _hf_config(tmp_path / f"{name}.json")
+        r = runner.invoke(app, ["plan", "--model", str(cfg), "--gpus", "8", "--json"])
+        assert r.exit_code == 0, r.output
+        plans.append(tmp_path / f"{name}-plan.json")
+        plans[-1].write_text(r.stdout)
+    r = runner.invoke(app, ["transition", *map(str, plans), "--json"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["primitives"] == []
+
+
+@pytest.mark.parametrize("text", ["", "# nothing yet\n"])
+def test_an_empty_file_is_said_to_be_empty(tmp_path: Path, text: str) -> None:
+    """An empty YAML was taken for a job file: 'empty.yaml is a job file but now.json is a
+    plan file'."""
+    now = _plan_8b(tmp_path, "now.json")
+    empty = tmp_path / "empty.yaml"
+    empty.write_text(text)
+    r = runner.invoke(app, ["transition", str(now), str(empty)])
+    assert r.exit_code == 2, r.output
+    assert r.stderr.startswith("error: target: empty.yaml is empty (allowed: "), r.stderr
+    empty_json = tmp_path / "empty.json"
+    empty_json.write_text("\n")  # was "not valid JSON (Expecting value: line 1, column 1)"
+    r = runner.invoke(app, ["transition", str(empty_json), str(now)])
+    assert r.exit_code == 2, r.output
+    assert r.stderr.startswith("error: current: "), r.stderr
+    assert "empty.json is empty" in r.stderr, r.stderr
+
+
+def test_a_section_given_as_a_value_lists_its_fields(tmp_path: Path) -> None:
+    job = tmp_path / "job.yaml"
+    job.write_text("model: llama-3.1-8b\ngpus: 16\ncluster: h100\n")
+    r = runner.invoke(app, ["transition", str(job), CONFIG_8B])
+    assert r.exit_code == 2, r.output
+    assert r.stderr.strip() == ("error: current.cluster: must be a mapping of fields (allowed: "
+                                "device, nodes, devices_per_node, device_memory_gib)")
+
+
+def test_json_carries_the_peak_memory_and_the_bytes_moved(tmp_path: Path) -> None:
+    """The table printed the peak memory and the bytes moved per model-stage; --json had
+    neither."""
+    now = _plan_8b(tmp_path, "now.json")
+    args = ["transition", str(LAYOUT_8B), str(now), "--config", CONFIG_8B]
+    r = runner.invoke(app, [*args, "--json"])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    assert {"source", "estimated_s", "feasible", "primitives",
+            "loads_on_first_read"} <= set(out)
+    assert out["source"] == "estimated"
+    peak = out["peak_memory"]
+    assert set(peak) == {"gpu", "bytes", "capacity_bytes"}
+    assert 0 < peak["bytes"] <= peak["capacity_bytes"]
+    moved, changed = out["bytes_moved"], {p["stage"] for p in out["primitives"]}
+    assert set(moved) == {"actor_gen", "reference_infer", "reward_infer", "critic_infer",
+                          "actor_train", "critic_train"}  # every model-stage of the job
+    assert any(moved[s] > 0 for s in changed)  # a stage only destroyed moves no bytes
+    assert all(n == 0 for s, n in moved.items() if s not in changed)
+    assert set(out["sources"]) == {"peak_memory", "bytes_moved"}
+    assert all(v.startswith("estimated") for v in out["sources"].values())
+    table = runner.invoke(app, args)
+    assert table.exit_code == 0, table.output
+    from nereus.transition.sizes import format_bytes
+
+    assert (f"peak memory {format_bytes(peak['bytes'])} on GPU {peak['gpu']} of "
+            f"{format_bytes(peak['capacity_bytes'])}") in table.stdout
+    for name, n in moved.items():
+        row = next(ln for ln in table.stdout.splitlines() if ln.startswith(f"│ {name} "))
+        assert (format_bytes(n) if name in changed else "unchanged") in row, row

@@ -537,3 +537,43 @@ def test_notes_and_errors_count_in_the_singular_for_one():
     assert "its first 1 step (--steps" in sc.notes["lengths"]
     assert T.growth(1, seed=0).source.startswith("generated: linear growth 500->8000 tokens "
                                                  "over 1 step,")
+
+
+def test_a_grpo_job_needs_groups_as_nereus_plan_says(tmp_path):
+    """nereus plan refused a GRPO job with one response per prompt; the same job in a
+    scenario ran."""
+    p = tmp_path / "run.yaml"
+    p.write_text(_job("16").replace("algo: ppo", "algo: grpo"))
+    with pytest.raises(InputError, match=r"^job\.workload\.responses_per_prompt: 1 response "
+                       r"per prompt leaves grpo no group .* \(allowed: >= 2 for grpo\)$"):
+        load_scenario(p)
+    p.write_text(_job("16").replace("algo: ppo", "algo: grpo, workload: "
+                                    "{responses_per_prompt: 4, prompts_per_step: 128}"))
+    assert load_scenario(p).job.workload.responses_per_prompt == 4
+
+
+def test_an_availability_file_gives_the_job_at_most_the_gpus_it_asked_for(tmp_path):
+    """A 12-GPU job held all 16 GPUs the file lists, and a 2-GPU job was refused because the
+    file lists GPU 15 ('device id 15 is above 7'): job.gpus is what the job holds of it."""
+    (tmp_path / "pool.csv").write_text("time_s,gpus\n0,0-15\n3600,0-7\n10800,0-15\n")
+    p = tmp_path / "run.yaml"
+    p.write_text(_job("12") + "availability: {csv: pool.csv}\n")
+    av = load_scenario(p).availability
+    assert av.pools == (tuple(range(12)), tuple(range(8)), tuple(range(12)))
+    assert "the job's GPUs of it (0-11, job.gpus)" in av.source
+    p.write_text(_job("2") + "availability: {csv: pool.csv}\n")
+    assert load_scenario(p).availability.ids() == {0, 1}
+    p.write_text(_job("[8, 9, 10, 11]") + "availability: {csv: pool.csv}\n")
+    assert load_scenario(p).availability.pools == ((8, 9, 10, 11), (), (8, 9, 10, 11))
+    p.write_text(_job("16") + "availability: {csv: pool.csv}\n")
+    assert "job's GPUs" not in load_scenario(p).availability.source  # all of it: as read
+
+
+def test_an_availability_file_without_the_jobs_gpus_names_job_gpus(tmp_path):
+    (tmp_path / "pool.csv").write_text("time_s,gpus\n0,0-7\n600,0-3\n")
+    p = tmp_path / "run.yaml"
+    p.write_text(_job("[8, 9, 10, 11]") + "availability: {csv: pool.csv}\n")
+    with pytest.raises(InputError, match=r"^job\.gpus: the job's GPUs 8-11 are in no row of "
+                       r"the availability trace .*\(allowed: GPUs the trace lists, e\.g\. "
+                       r"0-7\)$"):
+        load_scenario(p)

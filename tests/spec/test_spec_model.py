@@ -1,4 +1,5 @@
 import json
+import re
 
 import pytest
 
@@ -141,3 +142,35 @@ def test_context_window_from_hf_config():
     cfg.pop("max_position_embeddings")
     cfg.pop("rope_scaling")
     assert ModelSpec.from_hf_dict(cfg, "l").max_position_embeddings is None
+
+
+def test_a_model_from_a_file_is_named_after_the_file(tmp_path, monkeypatch):
+    """Every model read from a file was named after its folder: llama.json in a folder hf
+    was 'hf', and two configs side by side had one name."""
+    cfg = MODEL_PRESETS["tiny-llama"].to_hf_dict()
+    folder = tmp_path / "hf"
+    folder.mkdir()
+    for name in ("llama.json", "config.json"):
+        (folder / name).write_text(json.dumps(cfg))
+    assert get_model(str(folder / "llama.json")).name == "llama"
+    assert get_model(str(folder / "config.json")).name == "hf"  # a Hugging Face model folder
+    assert get_model(str(folder)).name == "hf"
+    monkeypatch.chdir(folder)
+    assert get_model("config.json").name == "hf"  # a relative path has its folder too
+
+
+@pytest.mark.parametrize("value", ["./nope.json", "nope.json", "/no/such/folder",
+                                   "../nope/config.json"])
+def test_a_model_that_looks_like_a_path_says_no_file_is_there(value, tmp_path, monkeypatch):
+    """'--model ./nope.json' said "unknown model './nope.json'", as if it were a name."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(InputError, match=rf"^model: no file or folder at {re.escape(value)} "
+                       r"\(allowed: a path to a Hugging Face config\.json or its folder, "):
+        get_model(value)
+
+
+def test_a_hub_id_that_is_not_cached_still_says_how_to_fetch_it():
+    """An id has a / too, but is no path: it keeps the hint to download its config."""
+    with pytest.raises(InputError, match=r"^model: unknown model 'org/nope'; to read it from "
+                       r"the hub, `hf download org/nope config.json` first"):
+        get_model("org/nope")

@@ -39,13 +39,22 @@ def test_tables_and_ltran(plans: tuple[Path, Path]) -> None:
     assert "Extend" in r.output and "Merge" in r.output
 
 
+# the keys --json prints (its help documents them): the schedule's, then the figures the
+# tables print beside it, with their sources
+JSON_KEYS = {"source", "estimated_s", "feasible", "primitives", "loads_on_first_read",
+             "peak_memory", "bytes_moved", "sources"}
+
+
 def test_json_has_exactly_the_documented_shape(plans: tuple[Path, Path]) -> None:
     r = runner.invoke(app, ["transition", *map(str, plans), "--model", "llama-3.1-8b", "--json"])
     assert r.exit_code == 0, r.output
     out = json.loads(r.stdout)
-    assert set(out) == {"source", "estimated_s", "feasible", "primitives", "loads_on_first_read"}
+    assert set(out) == JSON_KEYS
     assert out["source"] == "estimated"
     assert out["feasible"] is True and out["estimated_s"] > 0
+    assert set(out["peak_memory"]) == {"gpu", "bytes", "capacity_bytes"}
+    assert set(out["bytes_moved"]) == {s.stage for s in example_a()[0].stages}
+    assert set(out["sources"]) == {"peak_memory", "bytes_moved"}
     assert sorted(p["op"] for p in out["primitives"]) == ["Extend"] * 4 + ["Merge"] * 2
     for p in out["primitives"]:
         assert set(p) == {"op", "stage", "gpus", "start_s", "end_s", "staged"}
@@ -107,7 +116,7 @@ def test_two_job_specs_are_planned_and_moved(tmp_path: Path) -> None:
     r = runner.invoke(app, ["transition", str(a), str(b), "--json"])
     assert r.exit_code in (0, 3), r.output
     out = json.loads(r.stdout.splitlines()[0])
-    assert set(out) == {"source", "estimated_s", "feasible", "primitives", "loads_on_first_read"}
+    assert set(out) == JSON_KEYS
     if out["feasible"]:
         assert out["primitives"]
         assert max(g for p in out["primitives"] for g in p["gpus"]) >= 16  # new GPUs in use

@@ -5,9 +5,10 @@ files ``nereus transition`` takes as a plan (a plan JSON, or a layout as ``--eva
 the algorithm, what scores its responses (a reward model or a rule) and whether generation runs
 asynchronously; a command that prices a plan for a job checks that record
 against the job (a plan of another model sizes no state of this one). The architecture is
-what identifies a model: a Hugging Face config.json is named after its folder, so two
-models can share a name and one model can have two. Files without a record, or whose record
-predates the architecture (written before, or by hand), are checked on what they have.
+what identifies a model: one read from a file is named after the file, or after its folder
+for a config.json (``nereus.spec.model.name_from_path``), so two models can share a name and
+one model can have two. Files without a record, or whose record predates the architecture
+(written before, or by hand), are checked on what they have.
 
 The record also holds the whole job under ``job``, as the job YAML writes it (pool, cluster,
 workload): ``nereus transition a.json b.json`` prices the move with the jobs the two files
@@ -57,8 +58,8 @@ def planned_for(job: JobSpec) -> dict[str, str]:
 def model_source(given: str) -> str:
     """The model as a record keeps it, from the ``model`` a user gave: a preset by its name;
     a config.json path made absolute (it was read relative to the working directory, which
-    a later command may not share), its links kept: the model is named after the folder the
-    path names, and a Hugging Face snapshot's config.json links into a folder of blobs;
+    a later command may not share), its links kept: a config.json is named after the folder
+    the path names, and a Hugging Face snapshot's config.json links into a folder of blobs;
     anything else (a Hugging Face id, read from the local cache) as given."""
     if given.lower() in MODEL_PRESETS:
         return given.lower()
@@ -194,7 +195,7 @@ def record_options(record: Mapping[str, Any]) -> str:
 
 def _option_value(key: str, record: Mapping[str, Any]) -> str:
     """A recorded name as an option's value. A model is a preset only when its architecture
-    is the preset's; otherwise it came from a config.json, named after its folder, which only
+    is the preset's; otherwise it came from a file, named after it or its folder, which only
     its path finds again."""
     value = record[key]
     if key != "model":

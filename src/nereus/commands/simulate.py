@@ -245,7 +245,9 @@ def register(app: typer.Typer) -> None:
             None, "--csv", metavar="OUT.csv", readable=False,
             help="write per-step rows of every policy"),
         as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
-        notes: bool = typer.Option(False, "--notes", help="list every parameter's source"),
+        notes: bool = typer.Option(False, "--notes", help="list every parameter's source "
+                                   "and stop, without simulating: the sources are the "
+                                   "scenario's (with --steps and --gamma), not the run's"),
         log: bool = typer.Option(False, "--log", help="print the controllers' decisions; "
                                  "one logged at step k is taken at the boundary after step k, "
                                  "so --csv charges its move or restart to step k + 1; one "
@@ -260,8 +262,11 @@ def register(app: typer.Typer) -> None:
         """
         refuse_together("--json", as_json, "--log", log,
                         "--log with the tables, or --json alone")
-        refuse_together("--json", as_json, "--notes", notes,
-                        "--notes with the tables, or --json alone")
+        # --notes simulates nothing: an output of the run cannot come with it
+        for option, given in (("--json", as_json), ("--log", log),
+                              ("--csv", csv_path is not None), ("--plot", plot_path is not None)):
+            refuse_together(option, given, "--notes", notes, f"--notes alone (it lists the "
+                            f"sources without simulating), or {option} without it")
         names = _policies(policies)
         output_path(plot_path, "--plot", FIGURE_FORMATS)
         output_path(csv_path, "--csv", (".csv",))
@@ -282,6 +287,11 @@ def register(app: typer.Typer) -> None:
         else:
             sc = builtin(scenario or "default", seed=seed or 0)
         sc = with_overrides(sc, steps=steps, gamma=gamma)
+        if notes:  # the scenario holds every source: none depends on how the run goes
+            console.print(Text.assemble((sc.name, "bold"), f": {sc.description} -- "
+                                        f"{count(sc.steps, 'step')}"))
+            console.print(notes_table(sc))
+            return
         # before anything is printed: building it finds a trace no plan can run on, and an
         # error must stay one line
         sim = simulator(sc)
@@ -302,7 +312,7 @@ def register(app: typer.Typer) -> None:
         if as_json:
             print(json.dumps(result_json(res, sc, label)))
         else:
-            print_results(sc, res, lines, log, notes)
+            print_results(sc, res, lines, log)
         # the files after the results: one that cannot be saved costs no printed result
         if csv_path is not None:
             write_csv(res, csv_path, sc)
@@ -315,9 +325,9 @@ def register(app: typer.Typer) -> None:
                 console.print(f"wrote plot to {plot_path}", markup=False, highlight=False)
 
 
-def print_results(sc: Scenario, res: SimResult, lines: list[tuple[str, str]], log: bool,
-                  notes: bool) -> None:
-    """The table, the calibrator's error, the decisions (--log) and the sources (--notes)."""
+def print_results(sc: Scenario, res: SimResult, lines: list[tuple[str, str]],
+                  log: bool) -> None:
+    """The table, the calibrator's error and the decisions (--log)."""
     console.print(summary_table(sc, res))
     nereus = res.results.get("nereus")
     if nereus is not None and nereus.calib_error_at(CALIB_STEP) is not None:
@@ -328,10 +338,15 @@ def print_results(sc: Scenario, res: SimResult, lines: list[tuple[str, str]], lo
         for policy, line in lines:
             if " keep [no trigger]" not in line and " keep [always]" not in line:
                 console.print(f"{policy}: {line}", markup=False, highlight=False)
-    if notes:
-        t = Table(title="parameters and their sources", title_justify="left")
-        t.add_column("parameter", no_wrap=True)
-        t.add_column("source")
-        for k, v in sc.notes.items():
-            t.add_row(Text(k), Text(v))  # a scenario's notes: its text, not markup
-        console.print(t)
+
+
+def notes_table(sc: Scenario) -> Table:
+    """Every parameter of ``sc`` and where its value comes from (``--notes``). They are the
+    scenario's, set when it is built or loaded (and by --steps and --gamma): the simulator
+    adds none, so they are listed without a run."""
+    t = Table(title="parameters and their sources", title_justify="left")
+    t.add_column("parameter", no_wrap=True)
+    t.add_column("source")
+    for k, v in sc.notes.items():
+        t.add_row(Text(k), Text(v))  # a scenario's notes: its text, not markup
+    return t

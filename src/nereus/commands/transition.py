@@ -43,6 +43,7 @@ from nereus.commands.planfile import (
     JOB_KEY,
     PLAN_FIELDS,
     RECORD_KEY,
+    architecture,
     check_record,
     job_shaped,
     record_options,
@@ -57,7 +58,7 @@ from nereus.files import existing_file, os_reason, read_json, read_yaml
 from nereus.plan.evaluate import StageLayoutSpec, evaluate_plan
 from nereus.plan.types import Plan
 from nereus.spec.cluster import MAX_DEVICES, GpuPool, format_gpus
-from nereus.spec.job import JobSpec, check_groups, load_job
+from nereus.spec.job import JobSpec, check_groups, parse_job
 from nereus.transition.planner import plan_transition
 from nereus.transition.schedule import Schedule
 from nereus.transition.sizes import StateSizes, format_bytes
@@ -91,6 +92,9 @@ def _kind(path: Path, field: str) -> PlanArg:
                          "a plan .json (nereus plan --json), a layout (as nereus plan "
                          "--evaluate reads) or a job .yaml")
     raw = read_json(path, field) if suffix in PLAN_SUFFIXES else read_yaml(path, field)
+    if raw is None:  # a YAML file with nothing (or only comments) in it is no job file
+        raise InputError(field, f"{path.name} is empty", "a plan .json (nereus plan --json), "
+                         "a layout (as nereus plan --evaluate reads) or a job .yaml")
     data, record = split_record(raw, field)
     if suffix in PLAN_SUFFIXES:
         # a plan JSON lists its stages; anything else that is no mapping of model-stages (a
@@ -131,10 +135,13 @@ def check_stages(job: JobSpec, plan: Plan, which: str) -> None:
                              f"{job.workflow.algo} does not have", names)
 
 
-def _load_job(path: Path, which: str) -> JobSpec:
-    """A job spec whose errors say which of the two files is wrong (``current.gpus``)."""
+def _load_job(path: Path, which: str) -> tuple[JobSpec, str]:
+    """A job spec whose errors say which of the two files is wrong (``current.gpus``), and
+    its ``model`` as the file gives it (a preset, or a path: what tells two models apart
+    that are named alike)."""
     try:
-        return load_job(path)
+        data = read_yaml(path, "config")
+        return parse_job(data), str(data["model"])
     except InputError as e:
         field = which if e.field == "config" else f"{which}.{e.field}"
         raise InputError(field, e.problem, e.allowed) from None
@@ -146,13 +153,13 @@ def jobs_from_specs(current: Path, target: Path, profile: Path | None
     Also the schedule to the target where choosing its placement already planned it."""
     from nereus.plan.search import best_plan
 
-    a, b = _load_job(current, "current"), _load_job(target, "target")
+    (a, model_a), (b, model_b) = _load_job(current, "current"), _load_job(target, "target")
     for which, job in (("current", a), ("target", b)):
         try:
             check_groups(job)
         except InputError as e:
             raise InputError(f"{which}.{e.field}", e.problem, e.allowed) from None
-    check_spannable(a, b, "target", "job specs")
+    check_spannable(a, b, "target", "job specs", (model_a, model_b))
     plans, costs = [], []
     for which, job, path in (("current", a, current), ("target", b, target)):
         costs.append(_cost_model(job, profile))
@@ -171,13 +178,16 @@ def jobs_from_specs(current: Path, target: Path, profile: Path | None
 STATE_FIELDS = ("param_dtype", "master_weights", "optimizer")
 
 
-def check_spannable(a: JobSpec, b: JobSpec, where: str, what: str) -> None:
+def check_spannable(a: JobSpec, b: JobSpec, where: str, what: str,
+                    given: tuple[str, str] | None = None) -> None:
     """Refuse two jobs no transition spans: another model, workflow, reward, device, node
     size, or state dtypes. ``where``: the target's field prefix its errors name
-    (``target``, ``target.planned_for.job``); ``what``: the two, as the errors call them."""
-    if a.model != b.model:
-        raise InputError(f"{where}.model", f"{b.model.name} differs from the current "
-                         f"{a.model.name}", f"the same model in both {what}")
+    (``target``, ``target.planned_for.job``); ``what``: the two, as the errors call them;
+    ``given``: their models as the files give them (:func:`_models_differ`)."""
+    # the model is its shape, not its name: one config.json copied to two files is one model
+    if replace(a.model, name=b.model.name) != b.model:
+        raise InputError(f"{where}.model", _models_differ(a, b, given),
+                         f"the same model in both {what}")
     if (a.workflow.algo, a.workflow.execution) != (b.workflow.algo, b.workflow.execution):
         field = "algo" if a.workflow.algo != b.workflow.algo else "execution"
         raise InputError(f"{where}.{field}", f"the RL workflow differs between the {what}",
@@ -205,6 +215,19 @@ def check_spannable(a: JobSpec, b: JobSpec, where: str, what: str) -> None:
             raise InputError(f"{where}.workload.{f}", f"{theirs} differs from the current "
                              f"{mine}: the transition moves the state as it is, and casts "
                              "nothing", "the same in both")
+
+
+def _models_differ(a: JobSpec, b: JobSpec, given: tuple[str, str] | None) -> str:
+    """How the target's model differs from the current one's, in words that tell them apart:
+    by name; where both have one name (two config.json files, each named after its folder),
+    by where the files found them (``given``), else by their shapes."""
+    if a.model.name != b.model.name:
+        return f"{b.model.name} differs from the current {a.model.name}"
+    if given is not None and given[0] != given[1]:
+        return (f"{b.model.name} from {given[1]} differs from the current "
+                f"{a.model.name} from {given[0]}")
+    return (f"{b.model.name} ({architecture(b.model)}) differs from the current "
+            f"{a.model.name} ({architecture(a.model)})")
 
 
 def spanning_job(a: JobSpec, b: JobSpec) -> JobSpec:
@@ -237,9 +260,11 @@ def _nearest(job: JobSpec, target_job: JobSpec, cost: CostModel, cur: Plan, tgt:
 def job_for_plans(gpu_ids: tuple[int, ...] | list[int], config: Path | None,
                   model: str | None, algo: str | None, execution: str | None,
                   device: str | None, devices_per_node: int | None,
-                  reward: str | None = None) -> JobSpec:
+                  reward: str | None = None, least: int = 1) -> JobSpec:
     """The job whose state the plans move; its cluster holds every GPU the plan files use
-    (``gpu_ids``)."""
+    (``gpu_ids``). Without a config, whose pool the user sized, the pool is the first GPUs up
+    to the largest id the files use, and at least ``least`` (a layout without GPU ids needs
+    tp x pp x dp of the pool's GPUs to be placed on)."""
     needed = max(gpu_ids, default=0) + 1
 
     def build(path: Path | None, gpus: int | None) -> JobSpec:
@@ -251,7 +276,7 @@ def job_for_plans(gpu_ids: tuple[int, ...] | list[int], config: Path | None,
                                 check_groups=path is not None, derived=("gpus",))
 
     if config is None:
-        return build(None, needed)
+        return build(None, max(needed, least))
     job = build(config, None)
     if job.cluster.num_devices >= needed:
         return job
@@ -268,6 +293,17 @@ def _layout_gpus(specs: Mapping[str, StageLayoutSpec]) -> list[int]:
     return [g for s in specs.values() for r in (s.gpus or ()) for g in r]
 
 
+def _layout_size(specs: Mapping[str, StageLayoutSpec], which: str) -> int:
+    """The GPUs a layout's largest model-stage spans (tp x pp x dp): the least pool it can be
+    placed on, where no --config sizes the pool."""
+    name, size = max(((n, s.tp * s.pp * s.dp) for n, s in specs.items()),
+                     key=lambda ns: ns[1], default=("", 1))
+    if size > MAX_DEVICES:
+        raise InputError(f"{which}.{name}", f"needs {size:,} GPUs (tp x pp x dp), more than "
+                         "the largest cluster", f"tp x pp x dp at most {MAX_DEVICES:,}")
+    return size
+
+
 def plans_for_job(args: tuple[PlanArg, PlanArg], config: Path | None, model: str | None,
                   algo: str | None, execution: str | None, device: str | None,
                   devices_per_node: int | None, profile: Path | None,
@@ -282,6 +318,7 @@ def plans_for_job(args: tuple[PlanArg, PlanArg], config: Path | None, model: str
         else:
             layouts[a.which] = layout_from_data(a.data, a.which)
     ids: list[int] = []
+    least = max((_layout_size(specs, which) for which, specs in layouts.items()), default=1)
     for which in ("current", "target"):
         if which in plans:
             used = plans[which].gpus()
@@ -303,7 +340,8 @@ def plans_for_job(args: tuple[PlanArg, PlanArg], config: Path | None, model: str
         raise InputError("--model", "needed without --config", f"--config the job's YAML, or "
                          f"{record_options(recorded.record)} as {recorded.path.name} "
                          f"records{alone}")
-    job = job_for_plans(ids, config, model, algo, execution, device, devices_per_node, reward)
+    job = job_for_plans(ids, config, model, algo, execution, device, devices_per_node, reward,
+                        least)
     for a in args:
         check_record(a.record, job, a.which, a.path)
     out = {a.which: _plan_under(a, job, profile) for a in args}
@@ -337,7 +375,9 @@ def plans_for_recorded_jobs(args: tuple[PlanArg, PlanArg], jobs: tuple[JobSpec, 
     """Plan files and layouts that record their jobs, with no job options: each is read (a
     layout priced) under its own file's job, and the move between them runs under the job
     that spans both, as between two job specs (:func:`spanning_job`)."""
-    check_spannable(*jobs, f"target.{RECORD_KEY}.{JOB_KEY}", "jobs the files record")
+    given = tuple(str((a.record or {}).get(JOB_KEY, {}).get("model")) for a in args)
+    check_spannable(*jobs, f"target.{RECORD_KEY}.{JOB_KEY}", "jobs the files record",
+                    (given[0], given[1]))
     out: dict[str, Plan] = {}
     for a, job in zip(args, jobs):
         # a hand-edited record whose names say another job than its own job entry
@@ -353,21 +393,62 @@ def plans_for_recorded_jobs(args: tuple[PlanArg, PlanArg], jobs: tuple[JobSpec, 
     return spanning_job(*jobs), out["current"], out["target"]
 
 
+def bytes_moved(schedule: Schedule, current: Plan, sizes: StateSizes) -> dict[str, int]:
+    """Bytes each model-stage's primitives move (estimated from the state's sizes), in the
+    current plan's order; 0 for a stage the transition leaves as it is."""
+    by = schedule.by_stage()
+    return {sp.stage: sum(t.bytes for p in by.get(sp.stage, [])
+                          for t in p.primitive.transfers(sizes)) for sp in current.stages}
+
+
+# where each figure of the --json output beyond the schedule's comes from
+JSON_SOURCES = {
+    "peak_memory": "estimated (the transition's memory model: the most bytes any GPU holds "
+                   f"during the move; capacity_bytes is {HEADROOM:.0%} of the device's memory)",
+    "bytes_moved": "estimated (per model-stage, the state its primitives move, sized from "
+                   "the model and the workload's dtypes)",
+}
+
+
+def peak(schedule: Schedule) -> tuple[int, int] | None:
+    """The GPU that holds the most bytes during the move, and how many (estimated); None where
+    no GPU holds any (no primitive, or no feasible schedule)."""
+    peaks = schedule.peak_bytes()
+    if not peaks:
+        return None
+    g = max(peaks, key=peaks.__getitem__)
+    return g, peaks[g]
+
+
+def estimated_json(job: JobSpec, schedule: Schedule, current: Plan) -> dict[str, Any]:
+    """``--json`` without --execute: the schedule (``estimated_s``, ``feasible``,
+    ``primitives``, ``loads_on_first_read``) and the figures the tables print beside it, the
+    peak memory (null where the schedule has no memory timeline: nothing to move, or no
+    feasible schedule) and the bytes moved per model-stage; ``sources`` says where each of
+    these two comes from."""
+    top = peak(schedule)
+    return {"source": "estimated", **schedule.to_json_dict(),
+            "peak_memory": None if top is None else
+            {"gpu": top[0], "bytes": top[1], "capacity_bytes": schedule.capacity_bytes},
+            "bytes_moved": bytes_moved(schedule, current, StateSizes(job)),
+            "sources": JSON_SOURCES}
+
+
 def stage_table(schedule: Schedule, current: Plan, target: Plan, sizes: StateSizes) -> Table:
     t = Table(title="primitives per model-stage", title_justify="left")
     for col in ("model-stage", "current", "target", *OPS, "bytes moved (estimated)"):
         t.add_column(col, justify="left" if col in ("model-stage", "current", "target")
                      else "right", no_wrap=True)
     by = schedule.by_stage()
+    moved = bytes_moved(schedule, current, sizes)
     for sp in current.stages:
         tp = target.stage(sp.stage)
         prims = by.get(sp.stage, [])
         counts = {op: sum(p.op == op for p in prims) for op in OPS}
-        moved = sum(t.bytes for p in prims for t in p.primitive.transfers(sizes))
         t.add_row(sp.stage, f"tp={sp.tp} pp={sp.pp} dp={sp.dp}",
                   f"tp={tp.tp} pp={tp.pp} dp={tp.dp}",
                   *(str(counts[op]) if counts[op] else "-" for op in OPS),
-                  format_bytes(moved) if prims else "unchanged")
+                  format_bytes(moved[sp.stage]) if prims else "unchanged")
     return t
 
 
@@ -488,10 +569,10 @@ def print_schedule(job: JobSpec, schedule: Schedule, current: Plan, target: Plan
         console.print(schedule_table(schedule))
         if any(p.primitive.staged for p in schedule.primitives):
             console.print(STAGED_NOTE, markup=False, highlight=False)
-    peaks = schedule.peak_bytes()
-    if peaks:
-        g = max(peaks, key=peaks.__getitem__)
-        console.print(f"peak memory {format_bytes(peaks[g])} on GPU {g} of "
+    top = peak(schedule)
+    if top is not None:
+        g, most = top
+        console.print(f"peak memory {format_bytes(most)} on GPU {g} of "
                       f"{format_bytes(schedule.capacity_bytes)} allowed (estimated)")
     console.print(f"L_tran = {schedule.estimated_s:.4f} s (estimated), "
                   f"{len(schedule.primitives)} primitives")
@@ -513,8 +594,10 @@ def register(app: typer.Typer) -> None:
                                               help="job YAML sizing the state (plan files and "
                                               "layouts); default: the jobs both plan files "
                                               "record"),
-        model: Optional[str] = typer.Option(None, help=JOB_HELP["model"] + " (plan files, "
-                                            "without --config)"),
+        model: Optional[str] = typer.Option(None, help=JOB_HELP["model"] + " (plan files "
+                                            "and layouts, without --config: the pool is "
+                                            "sized to the GPU ids the files use, and to a "
+                                            "layout's largest tp x pp x dp)"),
         algo: Optional[str] = typer.Option(None, help=JOB_HELP["algo"]),
         execution: Optional[str] = typer.Option(None, help=JOB_HELP["execution"]),
         reward: Optional[str] = typer.Option(None, help=JOB_HELP["reward"]),
@@ -530,7 +613,9 @@ def register(app: typer.Typer) -> None:
                                      "a reason), feasible, primitives (op, stage, gpus, "
                                      "start_s, end_s, staged), loads_on_first_read (true: "
                                      "the memory peaks count each unit from the first "
-                                     "primitive that reads it; false: from the start); with "
+                                     "primitive that reads it; false: from the start), "
+                                     "peak_memory (gpu, bytes, capacity_bytes), bytes_moved "
+                                     "(per model-stage), sources (of those two); with "
                                      "--execute, the measured run instead"),
         execute: bool = typer.Option(False, "--execute", help="run the schedule on local "
                                      "workers on a seeded model (runtime layer): measured "
@@ -542,7 +627,8 @@ def register(app: typer.Typer) -> None:
         The job comes from --config or --model and the options where given; else from the
         jobs both plan files record (nereus plan --json writes them): each plan is taken
         under its own file's job, the move under the target's, on the GPUs of both. Files
-        that record no job need the options.
+        that record no job need the options. Without --config the pool holds the GPU ids the
+        files use and, for a layout without ids, its largest model-stage's tp x pp x dp.
 
         From two job specs, each is planned; the target is then placed near the current
         plan's GPUs where that is no slower per step and cheaper to reach, as the controller
@@ -583,7 +669,7 @@ def register(app: typer.Typer) -> None:
         schedule = planned if planned is not None else \
             plan_transition(job, cur, tgt, _efficiencies(job, profile))
         if as_json and not execute:
-            out = {"source": "estimated", **schedule.to_json_dict()}
+            out = estimated_json(job, schedule, cur)
             if not schedule.feasible:  # a script reads why from the JSON, not only stderr
                 out["reason"] = schedule.reason
             print(json.dumps(out))
@@ -626,8 +712,7 @@ def register(app: typer.Typer) -> None:
                 console.print(f"wrote {out}")
         if execute and not schedule.primitives:  # no worker to start, nothing to check
             if as_json:
-                print(json.dumps({"source": "estimated", **schedule.to_json_dict(),
-                                  "executed": False}))
+                print(json.dumps({**estimated_json(job, schedule, cur), "executed": False}))
             else:
                 console.print("nothing to execute: no model-stage changes between the plans")
             return

@@ -12,7 +12,8 @@ YAML (paths relative to the file)::
     steps: 1000
     seed: 0
     lengths: {csv: lengths.csv}        # or {growth: {start: 500, end: 8000}} / {stationary: {}}
-    availability: {csv: pool.csv}      # or {spot: {start_tick: 3372, file: my.json}} /
+    availability: {csv: pool.csv}      # the job holds the GPUs of it in job.gpus; or
+                                       # {spot: {start_tick: 3372, file: my.json}} /
                                        # {constant: true} /
                                        # {churn: {}} (gpus: 2 or more whole nodes)
     drift: {csv: drift.csv}            # or {congestion: {periods: 3}}; optional
@@ -68,7 +69,7 @@ from nereus.sim.traces import (
 )
 from nereus.sim.truth import MAX_NOISE, Truth
 from nereus.spec.cluster import format_gpus
-from nereus.spec.job import JobSpec, check_context, parse_job
+from nereus.spec.job import JobSpec, check_context, check_groups, parse_job
 from nereus.spec.workload import MAX_TOKENS as WORKLOAD_MAX_TOKENS
 from nereus.spec.workload import Optimizer
 
@@ -509,6 +510,22 @@ def _onto(av: Availability, ids: Sequence[int]) -> Availability:
                         f"{av.source}; onto the job's GPUs {format_gpus(ids)}")
 
 
+def _within(av: Availability, ids: Sequence[int]) -> Availability:
+    """``av`` held to the job's GPUs ``ids``: at each time, the GPUs it lists that are the
+    job's. The job asked for those (``job.gpus``), so the others are not its to use; a trace
+    that never lists one of them gives the job nothing to run on."""
+    mine = set(ids)
+    pools = tuple(tuple(g for g in p if g in mine) for p in av.pools)
+    if pools == av.pools:
+        return av
+    if not any(pools):
+        raise InputError("job.gpus", f"the job's GPUs {format_gpus(ids)} are in no row of "
+                         f"the availability trace ({av.source})",
+                         f"GPUs the trace lists, e.g. {format_gpus(sorted(av.ids()))}")
+    return Availability(av.times, pools, f"{av.source}; the job's GPUs of it "
+                        f"({format_gpus(ids)}, job.gpus)")
+
+
 def _fits_context(job: JobSpec, longest: int, fld: str, how: str = "",
                   allowed: str = "") -> None:
     """A prompt plus ``longest`` must fit the model's context window: the rule ``nereus plan``
@@ -551,6 +568,7 @@ def load_scenario(path: str | Path) -> Scenario:
     cfg = validate(_ScenarioFile, raw, "--config")
     try:
         job = parse_job(cfg.job)
+        check_groups(job)  # the check nereus plan makes of a job a user wrote: GRPO's groups
     except InputError as e:     # the job is the file's ``job:`` section: name the field so
         where = "job" if e.field == "config" else f"job.{e.field}"
         raise InputError(where, e.problem, e.allowed) from None
@@ -591,8 +609,11 @@ def load_scenario(path: str | Path) -> Scenario:
 
     kind = _one("availability", cfg.availability)
     if kind == "csv":
-        avail = load_availability(read("availability.csv", str(cfg.availability.csv)),
-                                  max_gpus=job.cluster.num_devices)
+        # the file is the cluster's pool over time, read as it is written (ids past the job's
+        # cluster too: a scheduler log of a larger cluster); the job holds the GPUs of it
+        # that it asked for (job.gpus), as with a spot trace
+        avail = _within(load_availability(read("availability.csv",
+                                               str(cfg.availability.csv))), job.pool.ids)
     elif kind == "spot":
         sp = cfg.availability.spot
         spot_file = read("availability.spot.file", sp.file) if sp and sp.file is not None \

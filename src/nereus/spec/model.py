@@ -6,6 +6,7 @@ so the parameter count is computed here once and checked against the published t
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass, replace
 from enum import Enum
@@ -276,7 +277,8 @@ class ModelSpec:
     # ---- construction ----
     @classmethod
     def from_hf_config(cls, path: str | Path, name: str | None = None) -> ModelSpec:
-        """Read a Hugging Face ``config.json`` (path to the file or to the model folder)."""
+        """Read a Hugging Face ``config.json`` (path to the file or to the model folder), named
+        ``name`` or after where it was read from (:func:`name_from_path`)."""
         p = Path(path)
         if is_dir(p, "model"):
             p = p / "config.json"
@@ -286,7 +288,7 @@ class ModelSpec:
         cfg = read_json(p, "model")
         if not isinstance(cfg, dict):
             raise InputError("model", f"{p} must hold a JSON object")
-        return cls.from_hf_dict(cfg, name or p.parent.name or p.stem)
+        return cls.from_hf_dict(cfg, name or name_from_path(p))
 
     @classmethod
     def from_hf_dict(cls, cfg: dict[str, Any], name: str) -> ModelSpec:
@@ -453,6 +455,10 @@ def get_model(name_or_path: str) -> ModelSpec:
                                             "config.json", "a Hugging Face id (ORG/NAME)"])
     if exists(name_or_path, "model"):
         return ModelSpec.from_hf_config(name_or_path)
+    if _looks_like_path(name_or_path):  # no preset or id has a .json suffix or a ./ in it
+        raise InputError("model", f"no file or folder at {name_or_path}",
+                         "a path to a Hugging Face config.json or its folder, a preset "
+                         f"({', '.join(MODEL_PRESETS)}), or a Hugging Face id (ORG/NAME)")
     cached = hub_cached_config(name_or_path)
     if cached is not None:
         return ModelSpec.from_hf_config(cached, name_or_path.rsplit("/", 1)[-1])
@@ -461,6 +467,22 @@ def get_model(name_or_path: str) -> ModelSpec:
     raise InputError("model", f"unknown model {name_or_path!r}{hint}",
                      [*MODEL_PRESETS, "a path to a Hugging Face config.json",
                       "a Hugging Face id whose config.json is in the local cache"])
+
+
+def name_from_path(config: Path) -> str:
+    """A model read from ``config`` is named after the file (``llama-8b.json``: llama-8b), or
+    after its folder where the file is a model folder's ``config.json``, as Hugging Face
+    lays one out: two configs side by side in one folder are two models, not one name."""
+    if config.name.lower() == "config.json":
+        return config.absolute().parent.name or config.stem
+    return config.stem
+
+
+def _looks_like_path(value: str) -> bool:
+    """Whether a ``model`` that names nothing here was meant as a file: it ends in .json, or
+    has a / and is no Hugging Face id (``./llama.json``, ``/models/llama``, ``../x``)."""
+    return (value.lower().endswith(".json")
+            or any(sep in value for sep in ("/", os.sep)) and not _HUB_ID.fullmatch(value))
 
 
 # a Hugging Face model id: ORG/NAME of letters, digits and - _ . (huggingface_hub's rule)
