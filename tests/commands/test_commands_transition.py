@@ -67,6 +67,35 @@ def test_infeasible_json_carries_the_reason(tmp_path: Path) -> None:
     out = json.loads(r.stdout)
     assert out["feasible"] is False and "GPU" in out["reason"]
     assert out["reason"] in r.stderr
+    # between two moves both are offloaded, so one after the other fits
+    assert out["in_two_moves"]["first_moved"] in (["reference_infer"], ["reward_infer"])
+    assert "in two moves it fits" in r.stderr
+
+
+def test_an_infeasible_move_says_which_two_moves_fit(tmp_path: Path) -> None:
+    """8B PPO from its best plan on 4 GPUs to its best on 8: no order of one move fits, and
+    the error said only 'try moving fewer model-stages at a time', which the command had no
+    way to do. It now names the two moves that fit (critic training, then the rest)."""
+    r4 = [[0, 1, 2, 3]]
+    r8 = [[0, 1, 2, 3, 4, 5, 6, 7]]
+    cur = plan_file(tmp_path, "a.json", [
+        stage("actor_gen", 4, 1, r4), stage("reference_infer", 1, 1, [[g] for g in range(4)]),
+        stage("reward_infer", 1, 4, r4), stage("critic_infer", 1, 4, r4),
+        stage("actor_train", 2, 2, r4), stage("critic_train", 4, 1, r4)])
+    tgt = plan_file(tmp_path, "b.json", [
+        stage("actor_gen", 4, 1, [[0, 1, 2, 3], [4, 5, 6, 7]]),
+        stage("reference_infer", 1, 1, [[g] for g in range(8)]),
+        stage("reward_infer", 1, 8, r8), stage("critic_infer", 1, 8, r8),
+        stage("actor_train", 2, 2, [[0, 1, 2, 3], [4, 5, 6, 7]]),
+        stage("critic_train", 1, 8, r8)])
+    r = runner.invoke(app, ["transition", cur, tgt, "--model", "llama-3.1-8b", "--json"])
+    assert r.exit_code == 3, r.output
+    two = json.loads(r.stdout)["in_two_moves"]
+    assert two["first_moved"] == ["critic_train"]
+    assert two["estimated_s"] == pytest.approx(two["first_s"] + two["second_s"])
+    assert r.stderr.count("\n") == 1
+    assert (f"in two moves it fits: first critic_train ({two['first_s']:.3f} s), then the "
+            f"rest ({two['second_s']:.3f} s)") in r.stderr
 
 
 def test_a_tiny_models_sizes_are_in_mib(tiny_plans: tuple[str, str]) -> None:

@@ -14,7 +14,7 @@ from nereus.cost.ops import OpClass
 from nereus.errors import InputError
 from nereus.plan.types import Plan
 from nereus.transition.global_dag import RESOURCE, STATE
-from nereus.transition.planner import plan_transition, transition_dag
+from nereus.transition.planner import in_two_moves, plan_transition, transition_dag
 from nereus.transition.primitives import Destroy, Extend, Merge, Split
 from nereus.transition.validate import validate
 
@@ -429,3 +429,45 @@ def test_a_large_pools_gpu_labels_do_not_overlap(gpus: int) -> None:
         assert len(_gantt_bars(fig)) == sum(len(p.gpus) for p in s.primitives)
     finally:
         _close(fig)
+
+
+def _ppo_4_to_8() -> tuple[Plan, Plan]:
+    """The planner's best 8B PPO plans on 4 and on 8 GPUs (every model-stage changes)."""
+    cur = Plan((sp("actor_gen", 4, 1, [range(4)]), sp("reference_infer", 1, 1, [[g] for g in
+                                                                               range(4)]),
+                sp("reward_infer", 1, 4, [range(4)]), sp("critic_infer", 1, 4, [range(4)]),
+                sp("actor_train", 2, 2, [range(4)]), sp("critic_train", 4, 1, [range(4)])))
+    tgt = Plan((sp("actor_gen", 4, 1, [range(4), range(4, 8)]),
+                sp("reference_infer", 1, 1, [[g] for g in range(8)]),
+                sp("reward_infer", 1, 8, [range(8)]), sp("critic_infer", 1, 8, [range(8)]),
+                sp("actor_train", 2, 2, [range(4), range(4, 8)]),
+                sp("critic_train", 1, 8, [range(8)])))
+    return cur, tgt
+
+
+def test_a_move_no_order_fits_is_found_in_two_moves() -> None:
+    """8B PPO from 4 to 8 GPUs: one transition keeps every unit it makes on its GPUs, so the
+    six stages' new units leave no order that fits; between two transitions every stage is
+    offloaded, and moving critic training first fits. Both moves validate, and the plan
+    between them is the current one with the first-moved stages as the target places them."""
+    job = job8b(8)
+    cur, tgt = _ppo_4_to_8()
+    assert not plan_transition(job, cur, tgt).feasible
+    two = in_two_moves(job, cur, tgt)
+    assert two is not None and two.first_moved == ("critic_train",)
+    for sp_ in two.waypoint.stages:
+        want = tgt if sp_.stage in two.first_moved else cur
+        assert sp_ == want.stage(sp_.stage)
+    assert validate(job, cur, two.waypoint, two.first) == []
+    assert validate(job, two.waypoint, tgt, two.second) == []
+    assert {p.primitive.stage for p in two.first.primitives} == {"critic_train"}
+    assert "critic_train" not in {p.primitive.stage for p in two.second.primitives}
+    assert two.estimated_s == pytest.approx(two.first.estimated_s + two.second.estimated_s)
+
+
+def test_two_moves_need_two_changing_stages() -> None:
+    job = job8b(8)
+    cur, tgt = _ppo_4_to_8()
+    one = Plan(tuple(tgt.stage(s.stage) if s.stage != "critic_train" else s
+                     for s in cur.stages))
+    assert in_two_moves(job, one, tgt) is None  # one stage changes: nothing to split

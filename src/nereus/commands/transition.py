@@ -59,7 +59,7 @@ from nereus.plan.evaluate import StageLayoutSpec, evaluate_plan
 from nereus.plan.types import Plan
 from nereus.spec.cluster import MAX_DEVICES, GpuPool, format_gpus
 from nereus.spec.job import JobSpec, check_groups, parse_job
-from nereus.transition.planner import plan_transition
+from nereus.transition.planner import in_two_moves, plan_transition
 from nereus.transition.schedule import Schedule
 from nereus.transition.sizes import StateSizes, format_bytes
 
@@ -615,7 +615,9 @@ def register(app: typer.Typer) -> None:
                                      "the memory peaks count each unit from the first "
                                      "primitive that reads it; false: from the start), "
                                      "peak_memory (gpu, bytes, capacity_bytes), bytes_moved "
-                                     "(per model-stage), sources (of those two); with "
+                                     "(per model-stage), sources (of those two); when "
+                                     "infeasible, in_two_moves (first_moved, first_s, "
+                                     "second_s, estimated_s) or null; with "
                                      "--execute, the measured run instead"),
         execute: bool = typer.Option(False, "--execute", help="run the schedule on local "
                                      "workers on a seeded model (runtime layer): measured "
@@ -668,15 +670,24 @@ def register(app: typer.Typer) -> None:
             planned = None
         schedule = planned if planned is not None else \
             plan_transition(job, cur, tgt, _efficiencies(job, profile))
+        two = None if schedule.feasible else \
+            in_two_moves(job, cur, tgt, _efficiencies(job, profile))
         if as_json and not execute:
             out = estimated_json(job, schedule, cur)
             if not schedule.feasible:  # a script reads why from the JSON, not only stderr
                 out["reason"] = schedule.reason
+                out["in_two_moves"] = None if two is None else {
+                    "first_moved": list(two.first_moved), "first_s": two.first.estimated_s,
+                    "second_s": two.second.estimated_s, "estimated_s": two.estimated_s}
             print(json.dumps(out))
         if not schedule.feasible:
+            hint = "" if two is None else (
+                f"; in two moves it fits: first {', '.join(two.first_moved)} "
+                f"({two.first.estimated_s:.3f} s), then the rest ({two.second.estimated_s:.3f} "
+                f"s), {two.estimated_s:.3f} s of L_tran in all (estimated)")
             raise fail(f"infeasible transition (bytes estimated by the transition's memory "
                        f"model; capacity {HEADROOM:.0%} of the device's memory): "
-                       f"{schedule.reason}", EXIT_INFEASIBLE)
+                       f"{schedule.reason}{hint}", EXIT_INFEASIBLE)
         result: dict[str, Any] | None = None
         code = 0
         if execute and schedule.primitives:

@@ -6,6 +6,8 @@ primitives in the schedule, so both read the same object.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from nereus.cost.efficiency import Efficiencies
 from nereus.cost.estimate import HEADROOM
 from nereus.errors import InputError
@@ -62,3 +64,52 @@ def plan_transition(job: JobSpec, current: Plan, target: Plan,
     if not dag.feasible:
         return infeasible_schedule(dag, cost.eff)
     return list_schedule(dag, cost)
+
+
+@dataclass(frozen=True)
+class TwoMoves:
+    """A way to ``target`` in two transitions where one has no memory-safe schedule: first
+    the model-stages ``first_moved`` (to ``waypoint``, the current plan with those stages as
+    the target places them), then the rest. Times estimated."""
+
+    first_moved: tuple[str, ...]
+    waypoint: Plan
+    first: Schedule
+    second: Schedule
+
+    @property
+    def estimated_s(self) -> float:
+        return self.first.estimated_s + self.second.estimated_s
+
+
+def in_two_moves(job: JobSpec, current: Plan, target: Plan,
+                 efficiencies: Efficiencies | None = None) -> TwoMoves | None:
+    """The cheapest :class:`TwoMoves` from ``current`` to ``target`` that moves one changing
+    model-stage first, or all but one (as the controller's hybrid targets split a move), or
+    None where no such pair is memory-safe.
+
+    Two moves can fit where one does not: a transition keeps every unit it makes on its GPUs
+    until it ends, while between transitions, as at any phase boundary, idle model-stages are
+    offloaded to host memory, the first move's new units included (8B PPO from the planner's
+    best plan on 4 GPUs to its best on 8: no order of all six stages' moves fits, while critic
+    training first and then the rest do)."""
+    changed = [sp.stage for sp in current.stages
+               if (sp.layout, sp.replicas) != (target.stage(sp.stage).layout,
+                                                target.stage(sp.stage).replicas)]
+    best: TwoMoves | None = None
+    seen: set[tuple[str, ...]] = set()
+    for n in changed if len(changed) > 1 else ():
+        for moved in ((n,), tuple(m for m in changed if m != n)):
+            if moved in seen:
+                continue
+            seen.add(moved)
+            waypoint = Plan(tuple(target.stage(sp.stage) if sp.stage in moved else sp
+                                  for sp in current.stages), source="waypoint")
+            first = plan_transition(job, current, waypoint, efficiencies)
+            if not first.feasible:
+                continue
+            second = plan_transition(job, waypoint, target, efficiencies)
+            if second.feasible and (best is None or first.estimated_s + second.estimated_s
+                                    < best.estimated_s):
+                best = TwoMoves(moved, waypoint, first, second)
+    return best
