@@ -10,6 +10,7 @@ from itertools import pairwise
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from transition_testlib import example_a, example_b, job8b
 
 from nereus.transition import search as search_mod
 from nereus.transition.bound import (
@@ -18,12 +19,11 @@ from nereus.transition.bound import (
     lower_bound,
     makespan_lower_bound,
 )
+from nereus.transition.global_dag import TransitionDag
 from nereus.transition.instances import make_job, random_pair, stage_names
 from nereus.transition.planner import plan_transition, transition_dag
 from nereus.transition.search import TOLERANCE, search
 from nereus.transition.validate import validate
-
-from transition_testlib import example_a, example_b, job8b
 
 
 def test_bound_is_the_critical_path_when_nothing_shares_a_gpu() -> None:
@@ -155,6 +155,23 @@ def test_bound_holds_and_one_pass_means_within_tolerance(seed: int, gpus: int,
     assert max(t.end) == t.makespan
 
 
+def _random_problem(seed: int, gpus: int, memory_gib: float | None = None
+                    ) -> tuple[TransitionDag, search_mod._Problem] | None:
+    """A random feasible tiny-llama transition (pools that grow and shrink, a few model-stages
+    moved) and its scheduling problem; None where the draw has nothing to schedule."""
+    rng = random.Random(seed)
+    job = make_job("tiny-llama", gpus, device="cpu", memory_gib=memory_gib)
+    names = stage_names(job, 6)
+    got = random_pair(rng, job, rng.sample(names, rng.randint(1, len(names))),
+                      max(1, gpus // 2), gpus, shuffle=0.1)
+    if got is None:
+        return None
+    dag, cost = transition_dag(job, *got)
+    if dag.problem is not None or not dag.primitives:
+        return None
+    return dag, search_mod._Problem.forward(dag, [cost.seconds(p) for p in dag.primitives])
+
+
 @settings(max_examples=150, deadline=None)
 @given(st.integers(0, 10**9), st.sampled_from([8, 16, 24]),
        st.sampled_from([None, 0.0035, 0.005]), st.integers(0, 2**32 - 1))
@@ -164,17 +181,10 @@ def test_the_inlined_plain_pass_is_the_general_pass_without_reservations(
     pairs, memory-tight ones included, under any priority order, both give the same start
     times, forward and in reversed time; and so does ``_run_free`` where memory binds
     nowhere."""
-    rng = random.Random(seed)
-    job = make_job("tiny-llama", gpus, device="cpu", memory_gib=memory_gib)
-    names = stage_names(job, 6)
-    got = random_pair(rng, job, rng.sample(names, rng.randint(1, len(names))),
-                      max(1, gpus // 2), gpus, shuffle=0.1)
+    got = _random_problem(seed, gpus, memory_gib)
     if got is None:
         return
-    dag, cost = transition_dag(job, *got)
-    if dag.problem is not None or not dag.primitives:
-        return
-    fwd = search_mod._Problem.forward(dag, [cost.seconds(p) for p in dag.primitives])
+    dag, fwd = got
     order = list(range(len(dag.primitives)))
     random.Random(order_seed).shuffle(order)
     rank = search_mod._rank_of(order)
@@ -236,19 +246,10 @@ def test_a_serial_pass_fed_a_schedule_never_ends_later(seed: int, gpus: int,
     """Where memory binds nowhere, a serial pass in the order of any schedule's starts ends
     no later than that schedule (it places each primitive at its earliest fitting time), and
     keeps the DAG's order and one primitive at a time on every resource."""
-    rng = random.Random(seed)
-    job = make_job("tiny-llama", gpus, device="cpu")
-    names = stage_names(job, 6)
-    got = random_pair(rng, job, rng.sample(names, rng.randint(1, len(names))),
-                      max(1, gpus // 2), gpus, shuffle=0.1)
-    if got is None:
+    got = _random_problem(seed, gpus)
+    if got is None or not got[1].free:
         return
-    dag, cost = transition_dag(job, *got)
-    if dag.problem is not None or not dag.primitives:
-        return
-    prob = search_mod._Problem.forward(dag, [cost.seconds(p) for p in dag.primitives])
-    if not prob.free:
-        return
+    dag, prob = got
     order = list(range(len(dag.primitives)))
     random.Random(order_seed).shuffle(order)
     for reserve in (False, True):
