@@ -10,6 +10,10 @@ Two relaxations, each valid for every schedule the rules allow:
 
 Memory is relaxed away, so the bound can sit below the optimum when memory forces
 serialization; on the benchmark instances it meets the CP-SAT optimum almost everywhere.
+
+Where it does not, ``refutes`` proves for a given length that no schedule ends by then
+(edge-finding on the GPUs, destructive lower bounding): the search asks it whether a schedule
+it found is within tolerance of the optimum after all, before it spends its budget.
 """
 
 from __future__ import annotations
@@ -81,6 +85,130 @@ def bound_from_paths(dur: Sequence[float], paths: tuple[Sequence[float], Sequenc
         if v > best:
             best = v
     return best
+
+
+REFUTE_EPS = 1e-9  # seconds: a conclusion needs this much excess, so rounding never proves one
+REFUTE_LOOKS = 8   # ``refutes`` looks at each GPU this many times on average at most
+
+
+def _edge_find(tasks: Sequence[int], head: list[float], tail: Sequence[float],
+               dur: Sequence[float], limit: float) -> list[tuple[int, float]] | None:
+    """Edge-finding on one GPU (its primitives ``tasks`` run one at a time) for schedules that
+    end by ``limit``: None if some of them cannot all fit between their earliest start
+    (``head``) and latest end (``limit - tail``), else the raised heads [(primitive, head)].
+
+    Why valid: for a set S of primitives on the GPU with latest end D(S) (the largest among
+    them), the first of S starts no earlier than min head(S), and they run one after another,
+    so the last ends no earlier than min head(S) + dur(S); if that exceeds D(S), no schedule
+    ends by ``limit`` (the overload rule). For a primitive i outside S: if
+    min head(S + i) + dur(S + i) > D(S), then S + i cannot end with a primitive of S, so i
+    ends after all of S and starts no earlier than the time S needs,
+    max over S' in S of min head(S') + dur(S') (the edge-finding rule). The sets looked at
+    are the task intervals {j: head(j) >= h, latest end(j) <= d}; the two loops per d are the
+    O(n^2) algorithm of Baptiste, Le Pape and Nuijten (Constraint-Based Scheduling, 2001, 3.1).
+    Heads stay as given while looking (the rules use only what holds in every schedule ending
+    by ``limit``), and the raises are returned, not applied.
+
+    """
+    by = sorted(tasks, key=head.__getitem__)
+    m = len(by)
+    hs = [head[j] for j in by]
+    ds = [limit - tail[j] for j in by]
+    ps = [dur[j] for j in by]
+    raised = hs[:]
+    ect = [0.0] * m  # per position: the time {task interval from that head on} needs
+    inf = math.inf
+    for d in set(ds):
+        total = 0.0
+        need = -inf
+        for x in range(m - 1, -1, -1):  # heads from the latest: S grows to the left
+            if ds[x] <= d:
+                total += ps[x]
+                v = hs[x] + total
+                if v > need:
+                    need = v
+            ect[x] = need
+        over = d + REFUTE_EPS
+        if need > over:
+            return None
+        # heads from the earliest: ``total`` is the load of S's members not yet passed, and
+        # ``lead`` the most that S's intervals starting at or before the head need
+        lead = -inf
+        for x in range(m):
+            if ds[x] <= d:
+                v = hs[x] + total
+                if v > lead:
+                    lead = v
+                total -= ps[x]
+            else:
+                p = ps[x]
+                if hs[x] + total + p > over and ect[x] > raised[x]:
+                    raised[x] = ect[x]  # i after S = the interval of members behind it
+                if lead + p > over and need > raised[x]:
+                    raised[x] = need    # i after an interval that starts before it
+    return [(by[x], raised[x]) for x in range(m) if raised[x] > hs[x]]
+
+
+def refutes(limit: float, dur: Sequence[float], succ: Sequence[Sequence[int]],
+            pred: Sequence[Sequence[int]], users: Sequence[Sequence[int]],
+            gpus: Sequence[Sequence[int]], paths: tuple[Sequence[float], Sequence[float]]
+            ) -> bool:
+    """True if no schedule ends by ``limit``: then ``limit`` is a lower bound on the makespan
+    (destructive lower bounding). ``users``: per GPU (or group of GPUs busy together) its
+    primitives; ``gpus``: per primitive its GPUs by those numbers; ``paths``:
+    ``critical_paths``.
+
+    Why valid: in a schedule ending by ``limit``, every primitive starts no earlier than its
+    head and leaves at least its tail after it ends; each deduction below holds in every such
+    schedule, so one that contradicts itself (a primitive that does not fit between its head
+    and ``limit`` minus its tail, or a GPU overloaded) shows there is none. The deductions:
+    ``_edge_find`` on each GPU, forward (heads) and on the reversed problem (tails: a schedule
+    read backwards from ``limit`` is one of the reversed DAG), and along the edges (a
+    successor's head is at least the end of its predecessor's earliest run, a predecessor's
+    tail at least its successor's duration and tail), until nothing changes. Memory is
+    relaxed away, as in ``lower_bound``. False means only that these rules find nothing (or
+that they kept finding for longer than ``REFUTE_LOOKS`` allows).
+    """
+    head, tail = list(paths[0]), list(paths[1])
+    over = limit + REFUTE_EPS
+    for h, d, t in zip(head, dur, tail):
+        if h + d + t > over:
+            return True
+    load = [sum(dur[j] for j in tasks) for tasks in users]
+    dirty = set(range(len(users)))
+    looks = REFUTE_LOOKS * len(users)  # at most this many GPUs looked at: then give up
+    while dirty and looks > 0:
+        looks -= 1
+        k = dirty.pop()
+        tasks, room = users[k], limit - load[k]
+        # a GPU whose every primitive has a window (latest end - head) at least its load gets
+        # nothing from the rules: S's latest end belongs to some j in S with head(j) >=
+        # min head(S), so they need dur(S) > j's window
+        for j in tasks:
+            if head[j] + tail[j] > room:
+                break
+        else:
+            continue
+        for near, far, nxt in ((head, tail, succ), (tail, head, pred)):
+            raised = _edge_find(tasks, near, far, dur, limit)
+            if raised is None:
+                return True
+            stack = []
+            for j, v in raised:
+                if v > near[j]:
+                    near[j] = v
+                    stack.append(j)
+            while stack:  # along the edges, marking the GPUs of what changed
+                j = stack.pop()
+                if near[j] + dur[j] + far[j] > over:
+                    return True
+                dirty.update(gpus[j])
+                v = near[j] + dur[j]
+                for s in nxt[j]:
+                    if v > near[s]:
+                        near[s] = v
+                        stack.append(s)
+    return False
 
 
 def makespan_lower_bound(dag: TransitionDag, durations: Sequence[float]) -> float:

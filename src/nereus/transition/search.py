@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from operator import add
 
-from nereus.transition.bound import critical_paths
+from nereus.transition.bound import critical_paths, refutes
 from nereus.transition.global_dag import TransitionDag
 from nereus.transition.primitives import Destroy, Primitive
 
@@ -58,6 +58,12 @@ MAX_PASSES = 70      # per budget
 # the benchmark: from 7.3 % above CP-SAT's optimum to 4.9 %, for about 20 ms)
 CHAIN_PASSES = 12
 JITTER = 0.3         # then random starts: the best order, starts shifted by <= JITTER x makespan
+# Once the search has run this many passes, the best schedule so far, above the goal, is checked
+# against a stronger bound: whether any schedule ends within TOLERANCE of it
+# (``nereus.transition.bound.refutes``, about one to four passes' time); when none can, it is
+# kept. Each later best schedule is checked again until REFUTE_TRIES checks found no proof.
+REFUTE_AFTER = 8
+REFUTE_TRIES = 1
 
 
 @dataclass(frozen=True)
@@ -690,6 +696,10 @@ class _Search:
         self.fwd = fwd
         self.stage_rank = {s: k for k, s in enumerate(stages)}  # generation first
         self.goal = goal
+        self.bound = fwd.bound  # raised by ``settled``
+        self.tries = REFUTE_TRIES
+        self.unrefuted = math.inf  # the least length ``refutes`` found no proof against
+        self.checked: _Pass | None = None  # the last schedule ``done`` checked so
         self.n = len(fwd.dur)
         self._pos: list[int] | None = None
         self._tail: list[float] | None = None
@@ -794,10 +804,50 @@ class _Search:
             i = j
         return moves
 
+    def done(self, run: _Pass) -> bool:
+        """Whether ``run`` meets the goal, or, once ``REFUTE_AFTER`` passes are spent, is
+        ``settled`` (checked once per schedule)."""
+        if run.makespan <= self.goal:
+            return True
+        if self.passes < REFUTE_AFTER or run is self.checked:
+            return False
+        self.checked = run
+        return self.settled(run)
+
+    def settled(self, run: _Pass) -> bool:
+        """Whether ``run``, above the goal, is within ``TOLERANCE`` of the optimum after all:
+        no schedule ends by its makespan / (1 + TOLERANCE) (``refutes``), which becomes the
+        bound and the goal is met. Skipped once ``REFUTE_TRIES`` checks found no proof, and
+        where an earlier check found none for a longer length (a shorter one has none
+        either)."""
+        if self.tries <= 0:
+            return False
+        limit = run.makespan / (1 + TOLERANCE)
+        if limit >= self.unrefuted:
+            return False
+        fwd, n = self.fwd, self.n
+        if not self._pred:
+            self._pred = [[] for _ in range(n)]
+            for i in range(n):
+                for s in fwd.succ[i]:
+                    self._pred[s].append(i)
+        if self._users is None:
+            self._users = [[] for _ in fwd.initial]
+            for i in range(n):
+                for g in fwd.res[i]:
+                    self._users[g].append(i)
+        assert fwd.paths is not None
+        if refutes(limit, fwd.dur, fwd.succ, self._pred, self._users, fwd.res, fwd.paths):
+            self.bound, self.goal = limit, run.makespan
+            return True
+        self.tries -= 1
+        self.unrefuted = limit
+        return False
+
     def best(self) -> _Pass:
-        fwd, n, goal = self.fwd, self.n, self.goal
+        fwd, n = self.fwd, self.n
         probe = self.run_rule(*PROBE)
-        if probe.makespan <= goal:
+        if self.done(probe):
             return probe
         rng = random.Random(n)  # deterministic: the same DAG always gets the same schedule
         best: _Pass | None = None
@@ -831,18 +881,20 @@ class _Search:
                 if run is None:
                     run = self.run(fwd, rank, reserve)
                 passes -= 1
-                if run.makespan > goal:
+                if run.makespan > self.goal:
                     run, used = self.improve(run, passes, reserve)
                     passes -= used
                 if best is None or run.makespan < best.makespan - 1e-12:
                     best = run
-                if best.makespan <= goal:
-                    return best
+                # the probe's pass comes up among the starts only later
+                lead = probe if probe.makespan < best.makespan - 1e-12 else best
+                if self.done(lead):
+                    return lead
         assert best is not None
         if probe.makespan < best.makespan - 1e-12:
             best = probe
         passes = CHAIN_PASSES
-        while passes > 0 and best.makespan > goal:
+        while passes > 0 and best.makespan > self.goal:
             if moved is not best:
                 moves, moved = self.critical_moves(best), best
             if not moves:
@@ -850,11 +902,13 @@ class _Search:
             rank = moves.pop(0)
             run = min((self.run(fwd, rank, r) for r in (False, True)), key=lambda x: x.makespan)
             passes -= 2
-            if run.makespan > goal:
+            if run.makespan > self.goal:
                 run, used = self.improve(run, passes, False)
                 passes -= used
             if run.makespan < best.makespan - 1e-12:
                 best = run
+            if self.done(best):
+                break
         return best
 
     def improve(self, run: _Pass, passes: int, reserve: bool) -> tuple[_Pass, int]:
@@ -910,4 +964,4 @@ def search(dag: TransitionDag, durations: Sequence[float]) -> Times:
         assert fwd.paths is not None
         s.set_tail(list(map(add, dur, fwd.paths[1])))
     best = s.best()
-    return Times(tuple(best.start), tuple(best.end), best.makespan, bound, s.passes)
+    return Times(tuple(best.start), tuple(best.end), best.makespan, s.bound, s.passes)
