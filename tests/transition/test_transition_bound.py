@@ -360,3 +360,14 @@ def test_the_search_stops_where_no_schedule_ends_within_tolerance_of_it(
     run = s.run(prob, [0, 1, 2, 3], False)
     assert run.makespan == 9.0 and s.settled(run)
     assert s.bound == 9.0 / (1 + TOLERANCE) and s.goal == 9.0
+
+
+def test_the_critical_chain_ends_at_primitives_that_take_no_time() -> None:
+    """Two primitives that take no time, on one resource, end where they start: each is what
+    the other waited for, and following the chain went round them for ever."""
+    prob = search_mod._Problem([0.0, 0.0, 1.0], [[], [], []], [0, 0, 0], [0, 1, 2],
+                               [[0], [0], [0]], [[], [], []], [0], 1, (), 3)
+    s = search_mod._Search(prob, 0.0, ())
+    run = search_mod._Pass(prob, [1, 2, 0], reserve=False)._run_general()
+    assert run.start == [1.0, 1.0, 0.0]
+    assert len(s.critical_moves(run)) <= 2

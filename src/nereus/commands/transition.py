@@ -49,6 +49,7 @@ from nereus.commands.planfile import (
     record_options,
     recorded_job,
     split_record,
+    with_record,
 )
 from nereus.cost.efficiency import Efficiencies
 from nereus.cost.estimate import HEADROOM
@@ -59,6 +60,7 @@ from nereus.plan.evaluate import StageLayoutSpec, evaluate_plan
 from nereus.plan.types import Plan
 from nereus.spec.cluster import MAX_DEVICES, GpuPool, format_gpus
 from nereus.spec.job import JobSpec, check_groups, parse_job
+from nereus.transition.global_dag import FEWER_STAGES
 from nereus.transition.planner import in_two_moves, plan_transition
 from nereus.transition.schedule import Schedule
 from nereus.transition.sizes import StateSizes, format_bytes
@@ -430,7 +432,8 @@ def estimated_json(job: JobSpec, schedule: Schedule, current: Plan) -> dict[str,
     return {"source": "estimated", **schedule.to_json_dict(),
             "peak_memory": None if top is None else
             {"gpu": top[0], "bytes": top[1], "capacity_bytes": schedule.capacity_bytes},
-            "bytes_moved": bytes_moved(schedule, current, StateSizes(job)),
+            "bytes_moved": bytes_moved(schedule, current, StateSizes(job))
+            if schedule.feasible else None,
             "sources": JSON_SOURCES}
 
 
@@ -596,8 +599,8 @@ def register(app: typer.Typer) -> None:
                                               "record"),
         model: Optional[str] = typer.Option(None, help=JOB_HELP["model"] + " (plan files "
                                             "and layouts, without --config: the pool is "
-                                            "sized to the GPU ids the files use, and to a "
-                                            "layout's largest tp x pp x dp)"),
+                                            "sized to the GPU ids the files use, and to the "
+                                            "largest tp x pp x dp of a layout's model-stages)"),
         algo: Optional[str] = typer.Option(None, help=JOB_HELP["algo"]),
         execution: Optional[str] = typer.Option(None, help=JOB_HELP["execution"]),
         reward: Optional[str] = typer.Option(None, help=JOB_HELP["reward"]),
@@ -617,7 +620,8 @@ def register(app: typer.Typer) -> None:
                                      "peak_memory (gpu, bytes, capacity_bytes), bytes_moved "
                                      "(per model-stage), sources (of those two); when "
                                      "infeasible, in_two_moves (first_moved, first_s, "
-                                     "second_s, estimated_s) or null; with "
+                                     "second_s, estimated_s, and waypoint: the plan file "
+                                     "between the two moves) or null; with "
                                      "--execute, the measured run instead"),
         execute: bool = typer.Option(False, "--execute", help="run the schedule on local "
                                      "workers on a seeded model (runtime layer): measured "
@@ -630,7 +634,7 @@ def register(app: typer.Typer) -> None:
         jobs both plan files record (nereus plan --json writes them): each plan is taken
         under its own file's job, the move under the target's, on the GPUs of both. Files
         that record no job need the options. Without --config the pool holds the GPU ids the
-        files use and, for a layout without ids, its largest model-stage's tp x pp x dp.
+        files use and the largest tp x pp x dp of a layout's model-stages.
 
         From two job specs, each is planned; the target is then placed near the current
         plan's GPUs where that is no slower per step and cheaper to reach, as the controller
@@ -668,26 +672,31 @@ def register(app: typer.Typer) -> None:
                 job, cur, tgt = plans_for_job(args, config, model, algo, execution, device,
                                               devices_per_node, profile, reward)
             planned = None
-        schedule = planned if planned is not None else \
-            plan_transition(job, cur, tgt, _efficiencies(job, profile))
-        two = None if schedule.feasible else \
-            in_two_moves(job, cur, tgt, _efficiencies(job, profile))
+        eff = _efficiencies(job, profile)
+        schedule = planned if planned is not None else plan_transition(job, cur, tgt, eff)
+        two = None if schedule.feasible else in_two_moves(job, cur, tgt, eff)
         if as_json and not execute:
             out = estimated_json(job, schedule, cur)
             if not schedule.feasible:  # a script reads why from the JSON, not only stderr
                 out["reason"] = schedule.reason
                 out["in_two_moves"] = None if two is None else {
                     "first_moved": list(two.first_moved), "first_s": two.first.estimated_s,
-                    "second_s": two.second.estimated_s, "estimated_s": two.estimated_s}
+                    "second_s": two.second.estimated_s, "estimated_s": two.estimated_s,
+                    # a plan file to move through: CURRENT -> waypoint, then waypoint -> TARGET
+                    "waypoint": with_record({"stages": two.waypoint.to_dict()["stages"]},
+                                            job)}
             print(json.dumps(out))
         if not schedule.feasible:
-            hint = "" if two is None else (
-                f"; in two moves it fits: first {', '.join(two.first_moved)} "
-                f"({two.first.estimated_s:.3f} s), then the rest ({two.second.estimated_s:.3f} "
-                f"s), {two.estimated_s:.3f} s of L_tran in all (estimated)")
+            reason = schedule.reason or ""
+            if two is not None:  # the advice the reason ends with, done
+                reason = reason.removesuffix(f"; {FEWER_STAGES}") + (
+                    f"; in two moves it fits: first {', '.join(two.first_moved)} "
+                    f"({two.first.estimated_s:.3f} s), then the rest "
+                    f"({two.second.estimated_s:.3f} s), {two.estimated_s:.3f} s of L_tran in "
+                    "all (estimated; --json gives the plan between them)")
             raise fail(f"infeasible transition (bytes estimated by the transition's memory "
-                       f"model; capacity {HEADROOM:.0%} of the device's memory): "
-                       f"{schedule.reason}{hint}", EXIT_INFEASIBLE)
+                       f"model; capacity {HEADROOM:.0%} of the device's memory): {reason}",
+                       EXIT_INFEASIBLE)
         result: dict[str, Any] | None = None
         code = 0
         if execute and schedule.primitives:

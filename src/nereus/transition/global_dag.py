@@ -48,6 +48,8 @@ from nereus.transition.sizes import StateSizes, format_bytes
 
 STATE = "state"        # edge kinds: a unit flows from one primitive to the next
 RESOURCE = "resource"  # memory or GPU ownership: a Destroy must free GPUs first
+# the advice where the moving stages' state does not fit at once (``in_two_moves`` acts on it)
+FEWER_STAGES = "try moving fewer model-stages at a time"
 
 _RANK = {Destroy: 0, Merge: 1, Split: 2, Extend: 3}  # release before acquire
 MAX_REPLAYS = 4  # the paper's order, then up to three with stuck primitives promoted
@@ -186,8 +188,7 @@ def _replayed(prims: list[Primitive], edges: list[tuple[int, int, str]],
         return (f"the changing model-stages' state does not fit on the GPUs at once: "
                 f"{_gpus(crowded)} "
                 f"would hold up to {format_bytes(usage[g])} (GPU {g}: {', '.join(here_)}; "
-                f"capacity {format_bytes(capacity_bytes)} per GPU); try moving fewer "
-                "model-stages at a time")
+                f"capacity {format_bytes(capacity_bytes)} per GPU); {FEWER_STAGES}")
     # The paper's order first. If it gets stuck, an acquisition it ran early may have taken
     # memory that a stuck one needed and nothing gives back (a Split that grows a unit for
     # good): replay again with the stuck primitives and their ancestors first, a few times.

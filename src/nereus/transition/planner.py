@@ -16,6 +16,7 @@ from nereus.spec.job import JobSpec
 from nereus.spec.sharding import layout_problem, layout_sizes
 from nereus.transition.cost import TransitionCost
 from nereus.transition.global_dag import TransitionDag, build_dag
+from nereus.transition.ownership import Ownership
 from nereus.transition.schedule import Schedule, infeasible_schedule, list_schedule
 from nereus.transition.sizes import StateSizes
 
@@ -70,7 +71,8 @@ def plan_transition(job: JobSpec, current: Plan, target: Plan,
 class TwoMoves:
     """A way to ``target`` in two transitions where one has no memory-safe schedule: first
     the model-stages ``first_moved`` (to ``waypoint``, the current plan with those stages as
-    the target places them), then the rest. Times estimated."""
+    the target places them), then the rest. Times estimated; the waypoint is not priced (the job
+    runs no step there), so its step latency reads 0."""
 
     first_moved: tuple[str, ...]
     waypoint: Plan
@@ -86,7 +88,9 @@ def in_two_moves(job: JobSpec, current: Plan, target: Plan,
                  efficiencies: Efficiencies | None = None) -> TwoMoves | None:
     """The cheapest :class:`TwoMoves` from ``current`` to ``target`` that moves one changing
     model-stage first, or all but one (as the controller's hybrid targets split a move), or
-    None where no such pair is memory-safe.
+    None where no such pair is memory-safe. The plan between them keeps apart every pair of
+    model-stages the one move may not let meet (``Ownership``): two moves get round memory,
+    never that rule.
 
     Two moves can fit where one does not: a transition keeps every unit it makes on its GPUs
     until it ends, while between transitions, as at any phase boundary, idle model-stages are
@@ -96,6 +100,9 @@ def in_two_moves(job: JobSpec, current: Plan, target: Plan,
     changed = [sp.stage for sp in current.stages
                if (sp.layout, sp.replicas) != (target.stage(sp.stage).layout,
                                                 target.stage(sp.stage).replicas)]
+    # the stages that may not meet in the one move (they run side by side in either plan) may
+    # not meet at the waypoint either: moving there would serialize them behind the rule
+    rivals = Ownership.between(job.workflow, current, target)
     best: TwoMoves | None = None
     seen: set[tuple[str, ...]] = set()
     for n in changed if len(changed) > 1 else ():
@@ -104,7 +111,9 @@ def in_two_moves(job: JobSpec, current: Plan, target: Plan,
                 continue
             seen.add(moved)
             waypoint = Plan(tuple(target.stage(sp.stage) if sp.stage in moved else sp
-                                  for sp in current.stages), source="waypoint")
+                                  for sp in current.stages))
+            if not _keeps_apart(rivals, waypoint):
+                continue
             first = plan_transition(job, current, waypoint, efficiencies)
             if not first.feasible:
                 continue
@@ -113,3 +122,12 @@ def in_two_moves(job: JobSpec, current: Plan, target: Plan,
                                     < best.estimated_s):
                 best = TwoMoves(moved, waypoint, first, second)
     return best
+
+
+def _keeps_apart(rivals: Ownership, plan: Plan) -> bool:
+    """Whether ``plan`` puts no pair of ``rivals`` on a GPU beyond those the pair may share."""
+    for a, of in rivals.rivals.items():
+        gpus = set(plan.stage(a).gpus)
+        if any((gpus & set(plan.stage(b).gpus)) - exempt for b, exempt in of.items()):
+            return False
+    return True

@@ -790,17 +790,19 @@ class _Search:
         start, end = run.start, run.end
         i = max(range(n), key=end.__getitem__, default=0)
         moves: list[list[int]] = []
+        seen = {i}  # a primitive that takes no time ends as it starts: never go round
         while n and start[i] > 0:
             t = start[i]
-            j = next((p for p in pred[i] if end[p] == t), -1)
+            j = next((p for p in pred[i] if end[p] == t and p not in seen), -1)
             if j < 0:
-                j = next((u for g in fwd.res[i] for u in users[g] if u != i and end[u] == t),
-                         -1)
+                j = next((u for g in fwd.res[i] for u in users[g]
+                          if u not in seen and end[u] == t), -1)
                 if j < 0:
                     break
                 key = list(start)
                 key[i] = start[j]
                 moves.append(_ranks([(key[k], k != i, pos[k]) for k in range(n)]))
+            seen.add(j)
             i = j
         return moves
 
