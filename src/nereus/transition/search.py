@@ -902,8 +902,8 @@ class _Search:
             if not moves:
                 break
             rank = moves.pop(0)
-            run = min((self.run(fwd, rank, r) for r in (False, True)), key=lambda x: x.makespan)
-            passes -= 2
+            run = self.run_any(rank)
+            passes -= 1
             if run.makespan > self.goal:
                 run, used = self.improve(run, passes, False)
                 passes -= used
