@@ -6,6 +6,7 @@ primitives in the schedule, so both read the same object.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from nereus.cost.efficiency import Efficiencies
@@ -104,24 +105,31 @@ def in_two_moves(job: JobSpec, current: Plan, target: Plan,
     # not meet at the waypoint either: moving there would serialize them behind the rule
     rivals = Ownership.between(job.workflow, current, target)
     best: TwoMoves | None = None
-    seen: set[tuple[str, ...]] = set()
+    for moved in first_moves(changed):
+        waypoint = Plan(tuple(target.stage(sp.stage) if sp.stage in moved else sp
+                              for sp in current.stages))
+        if not _keeps_apart(rivals, waypoint):
+            continue
+        first = plan_transition(job, current, waypoint, efficiencies)
+        if not first.feasible:
+            continue
+        second = plan_transition(job, waypoint, target, efficiencies)
+        if second.feasible and (best is None or first.estimated_s + second.estimated_s
+                                < best.estimated_s):
+            best = TwoMoves(moved, waypoint, first, second)
+    return best
+
+
+def first_moves(changed: Sequence[str]) -> list[tuple[str, ...]]:
+    """The ways to split a move of the model-stages ``changed`` in two by what goes first: each
+    one alone, and all but each one (none where fewer than two change). The controller's
+    ``hybrid`` targets mix plans the same way, by phase too, as targets to run, not waypoints."""
+    out: list[tuple[str, ...]] = []
     for n in changed if len(changed) > 1 else ():
         for moved in ((n,), tuple(m for m in changed if m != n)):
-            if moved in seen:
-                continue
-            seen.add(moved)
-            waypoint = Plan(tuple(target.stage(sp.stage) if sp.stage in moved else sp
-                                  for sp in current.stages))
-            if not _keeps_apart(rivals, waypoint):
-                continue
-            first = plan_transition(job, current, waypoint, efficiencies)
-            if not first.feasible:
-                continue
-            second = plan_transition(job, waypoint, target, efficiencies)
-            if second.feasible and (best is None or first.estimated_s + second.estimated_s
-                                    < best.estimated_s):
-                best = TwoMoves(moved, waypoint, first, second)
-    return best
+            if moved not in out:
+                out.append(moved)
+    return out
 
 
 def _keeps_apart(rivals: Ownership, plan: Plan) -> bool:
