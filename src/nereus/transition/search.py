@@ -25,7 +25,7 @@ import heapq
 import math
 import random
 from bisect import bisect_right
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from operator import add
 
@@ -761,8 +761,11 @@ class _Search:
         else the parallel one without reservations."""
         if not self.fwd.free:
             return self.run(self.fwd, rank, False)
+        return self.run_serial(self.fwd, rank)
+
+    def run_serial(self, prob: _Problem, rank: list[int]) -> _Pass:
         self.passes += 1
-        return _Pass(self.fwd, rank, False).run_serial()
+        return _Pass(prob, rank, False).run_serial()
 
     def critical_moves(self, run: _Pass) -> list[list[int]]:
         """Orders that each move one primitive of ``run``'s critical chain just ahead of the
@@ -925,32 +928,23 @@ class _Search:
         used = 0
         if n < 2:
             return run, used
-        for _ in range(IMPROVE_ROUNDS):
-            if passes - used < 3 or run.makespan <= self.goal:
-                break
-            back = self.run(self.bwd(), _ranks([(-run.end[i], pos[i]) for i in range(n)]),
-                            reserve)
-            rank = _ranks([(back.makespan - back.end[i], pos[i]) for i in range(n)])
-            again = min((self.run(self.fwd, rank, r) for r in (reserve, not reserve)),
-                        key=lambda x: x.makespan)
-            used += 3
-            if again.makespan >= run.makespan - 1e-12:
-                break
-            run = again
-        if not self.fwd.free:
-            return run, used
-        for _ in range(IMPROVE_ROUNDS):
-            if passes - used < 2 or run.makespan <= self.goal:
-                break
-            back = _Pass(self.bwd(), _ranks([(-run.end[i], pos[i]) for i in range(n)]),
-                         False).run_serial()
-            again = self.run_any(_ranks([(back.makespan - back.end[i], pos[i])
-                                         for i in range(n)]))
-            self.passes += 1
-            used += 2
-            if again.makespan >= run.makespan - 1e-12:
-                break
-            run = again
+        # (passes a round costs, its right-justifying pass, its left-justifying passes)
+        kinds: list[tuple[int, Callable[[list[int]], _Pass], Callable[[list[int]], _Pass]]] = [
+            (3, lambda rank: self.run(self.bwd(), rank, reserve),
+             lambda rank: min((self.run(self.fwd, rank, r) for r in (reserve, not reserve)),
+                              key=lambda x: x.makespan))]
+        if self.fwd.free:
+            kinds.append((2, lambda rank: self.run_serial(self.bwd(), rank), self.run_any))
+        for cost, right, left in kinds:
+            for _ in range(IMPROVE_ROUNDS):
+                if passes - used < cost or run.makespan <= self.goal:
+                    break
+                back = right(_ranks([(-run.end[i], pos[i]) for i in range(n)]))
+                again = left(_ranks([(back.makespan - back.end[i], pos[i]) for i in range(n)]))
+                used += cost
+                if again.makespan >= run.makespan - 1e-12:
+                    break
+                run = again
         return run, used
 
 
