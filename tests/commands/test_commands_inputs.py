@@ -111,10 +111,10 @@ def test_a_job_no_pool_fits_names_what_would_fix_it(tmp_path: Path, args: list[s
 @pytest.mark.parametrize("args,says", [
     # one replica of the 70B actor_train needs more than a node's 8 GPUs: more do not help
     (["--model", "llama-3.3-70b", "--gpus", "128"],
-     ("a replica of model-stage actor_train needs at least 32 GPUs to fit memory, more than a "
-      "node's 8")),
+     ("a replica of model-stage actor_train needs more than a node's 8 GPUs to fit memory (the "
+      "smallest that fits here spans 32)")),
     (["--model", "llama-3.3-70b", "--gpus", "16"],  # fits nowhere on 16, spreads on none
-     "a replica of model-stage actor_train needs at least 32 GPUs to fit memory"),
+     "a replica of model-stage actor_train needs more than a node's 8 GPUs to fit memory"),
     # one node: no other node to keep a copy on
     (["--model", "llama-3.1-8b", "--gpus", "8"], "the pool of 8 GPUs is one node"),
     (["--config", CONFIG, "--gpus", "8", "--frontier", "actor_train"],

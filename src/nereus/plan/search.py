@@ -270,17 +270,20 @@ def _fits_nowhere(cost: CostModel, stage: ModelStage, ev: Evaluation | None) -> 
 
 
 class ReplicaExceedsNode(InfeasibleError):
-    """No plan keeps replicas of ``stage`` on different nodes, on a pool of any size: its
-    smallest replica that fits memory spans ``replica_gpus``, more than the ``node_gpus`` a
-    node holds. A class of its own, apart from the spread searches that more GPUs can fix, so
-    that a caller does not offer a larger pool."""
+    """No plan keeps replicas of ``stage`` on different nodes, on a pool of any size: no
+    replica of at most ``node_gpus`` (a node) fits memory. A replica's memory does not depend
+    on the pool, and a layout within a node is a candidate on every pool that holds it, so more
+    GPUs do not help. ``replica_gpus``: the smallest replica that fits on the pool searched (on
+    another pool TP across nodes may be allowed or not, so another size). A class of its own,
+    apart from the spread searches that more GPUs can fix, so that a caller does not offer a
+    larger pool."""
 
     def __init__(self, stage: str, replica_gpus: int, node_gpus: int):
         self.stage, self.replica_gpus, self.node_gpus = stage, replica_gpus, node_gpus
-        super().__init__(f"a replica of model-stage {stage} needs at least "
-                         f"{count(replica_gpus, 'GPU')} to fit memory, more than a node's "
-                         f"{node_gpus}, so no two of its replicas sit on different nodes "
-                         f"(estimated)")
+        super().__init__(f"a replica of model-stage {stage} needs more than a node's "
+                         f"{count(node_gpus, 'GPU')} to fit memory (the smallest that fits "
+                         f"here spans {replica_gpus}), so no two of its replicas sit on "
+                         f"different nodes (estimated)")
 
 
 @dataclass(frozen=True)
