@@ -97,7 +97,7 @@ def test_json_and_csv_name_the_run_they_come_from(tmp_path: Path) -> None:
     out, rows = run("--steps", "3", "--gamma", "0.1", "--seed", "2")
     assert out["run"] == {"scenario": "stationary", "steps": 3, "seed": 2, "gamma": 0.1,
                           "policies": ["static"], "command": "nereus simulate --scenario "
-                          "stationary --seed 2 --steps 3 --gamma 0.1"}
+                          "stationary --seed 2 --steps 3 --gamma 0.1 --policies static"}
     assert out["scenario"] == "stationary" and out["source"] == "simulated"
     assert {k for k in out["policies"]["static"]} >= {"tokens_per_s", "transitions",
                                                       "transition_s", "restarts"}
@@ -169,6 +169,73 @@ def test_the_log_help_says_where_a_decision_within_a_step_is_charged() -> None:
         "logged at step k and charged to step k" in text, text
 
 
+
+def test_each_logged_decision_is_one_line_at_any_width() -> None:
+    """The log was wrapped at the 160 columns of a console that is not a terminal (a pipe, a
+    file): a decision of 400 characters took three lines, and grep for its step found its
+    first. Every decision is one line: its trigger, ``--``, its verdict and its source."""
+    import re
+
+    r = runner.invoke(app, ["simulate", "--scenario", "churn", "--steps", "60", "--log"])
+    assert r.exit_code == 0, r.output
+    lines = r.stdout.splitlines()
+    # the decisions come after the calibrator's line, each one line
+    log = lines[next(i for i, t in enumerate(lines) if t.startswith("Nereus calibrator")) + 1:]
+    assert log and all(re.match(r"(static|replan_always|nereus|oracle): step \d+ ", t)
+                       for t in log), log
+    assert all(" -- " in t and t.endswith("(estimated)") for t in log), log
+    assert max(len(t) for t in log) > 160  # a line the old console broke
+
+
+def test_the_json_command_runs_the_same_run_again(tmp_path: Path) -> None:
+    """``run.command`` left out --policies, and with --config printed ``--config FILE
+    (scenario NAME)``, which no shell runs. It is a command line: run again, it gives the same
+    numbers, the --config path as given (a space in it quoted)."""
+    import json
+    import shlex
+    import shutil
+
+    spaced = tmp_path / "my scenarios"
+    shutil.copytree(SCENARIO.parent, spaced)
+    for args in (["--scenario", "churn", "--seed", "3", "--steps", "4", "--gamma", "0.3",
+                  "--policies", "nereus"],
+                 ["--config", str(spaced / SCENARIO.name), "--steps", "4",
+                  "--policies", "oracle,static"]):
+        r = runner.invoke(app, ["simulate", *args, "--json"])
+        assert r.exit_code == 0, r.output
+        first = json.loads(r.stdout)
+        argv = shlex.split(first["run"]["command"])
+        assert argv[:2] == ["nereus", "simulate"], argv
+        assert argv[2:] == args, argv  # every option of the run, in order
+        again = runner.invoke(app, [*argv[1:], "--json"])
+        assert again.exit_code == 0, again.output
+        second = json.loads(again.stdout)
+        assert second["run"] == first["run"]
+        assert {n: p["tokens_per_s"] for n, p in second["policies"].items()} == \
+            {n: p["tokens_per_s"] for n, p in first["policies"].items()}
+
+
+def test_the_csv_says_which_steps_each_transition_came_before(tmp_path: Path) -> None:
+    """The oracle's transitions are free: its rows' transition_s were all 0 while the table
+    counted its moves, and no column showed them. ``transitions`` counts the moves before each
+    step: summed, every policy's transitions in --json."""
+    import csv
+    import json
+
+    rows = tmp_path / "rows.csv"
+    r = runner.invoke(app, ["simulate", "--scenario", "churn", "--steps", "60",
+                            "--csv", str(rows), "--json"])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    with open(rows) as f:
+        got = list(csv.DictReader(f))
+    for name, p in out["policies"].items():
+        mine = [g for g in got if g["policy"] == name]
+        assert sum(int(g["transitions"]) for g in mine) == p["transitions"], name
+    oracle = [g for g in got if g["policy"] == "oracle"]
+    assert out["policies"]["oracle"]["transitions"] > 0
+    assert all(float(g["transition_s"]) == 0 for g in oracle)  # free: the count shows them
+
 @pytest.mark.parametrize("example", sorted((ROOT / "examples" / "scenarios").glob("*.yaml")),
                          ids=lambda p: p.stem)
 def test_every_example_scenario_runs(example: Path) -> None:
@@ -195,7 +262,7 @@ def test_the_file_traces_example_meets_every_trace_it_names() -> None:
     sc = load_scenario(cfg)
     sim = simulator(sc)
     met = [(k, len(ch[-1])) for k, e in enumerate(sim.events) for ch in e.changes]
-    # the loss and the return, both inside the run (near its steps 20 and 38)
+    # the loss and the return, both inside the run (--csv shows them at steps 23 and 41)
     assert [n for _, n in met] == [8, 16] and 15 < met[0][0] < met[1][0] < 45, met
     (period, *_), truth = sc.drift.periods, sim.truth
     k, full = period.start_step, tuple(range(16))

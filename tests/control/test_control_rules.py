@@ -229,6 +229,22 @@ def test_the_urgent_path_returns_the_option_it_scheduled_when_labels_repeat():
     assert [x.admitted for x in v] == [False, True]
 
 
+
+def test_the_urgent_verdict_names_every_term_of_the_sum_it_prints():
+    """The admitted urgent verdict said ``L_tran + H·L_step = X`` while X also summed the
+    node-loss risk per step: 3 + 10 x 20 = 203, not the 253 printed. The formula names the
+    risk, and its number is the sum of the terms it names."""
+    import re
+
+    opts = [Option("o0", Plan(()), 20.0, risk_s=5.0)]
+    f, _ = _schedules({"o0": _Sched(3.0)})
+    idx, _, v = select(opts, None, urgent=True, gamma=0.5, horizon_steps=10.0, schedule_of=f)
+    assert idx == 0 and v[0].admitted
+    m = re.search(r"L_tran \+ H·\(L_step \+ risk\) = ([0-9.e+]+) s", v[0].why)
+    assert m is not None, v[0].why
+    assert float(m.group(1)) == pytest.approx(v[0].l_tran_s + 10.0 * (v[0].step_s + v[0].risk_s))
+    assert float(m.group(1)) == pytest.approx(3.0 + 10.0 * (20.0 + 5.0))
+
 # ---------------------------------------------------------------- telemetry
 def test_telemetry_rejects_bad_fields_by_name():
     ok = Telemetry(3, 1000.0, 1500, (3, 1, 2), {"a": 1.0}, {"a": 10}, {"a": {"gemm": 0.5}})

@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import shlex
 from pathlib import Path
 from typing import Optional
 
@@ -91,10 +92,11 @@ def result_json(res: SimResult, sc: Scenario, command: str | None = None
 
 def run_json(res: SimResult, sc: Scenario, command: str | None = None) -> dict[str, object]:
     """What was simulated, as run (after --steps and --gamma): two runs of one scenario with
-    other steps, seed or γ print different objects, not only different numbers."""
+    other steps, seed or γ print different objects, not only different numbers. ``command``
+    runs it again (:func:`run_command`)."""
     return {"scenario": sc.name, "steps": sc.steps, "seed": sc.seed,
             "gamma": sc.control.gamma, "policies": list(res.results),
-            "command": command or run_label(sc, None)}
+            "command": command or run_command(sc, None, policies=list(res.results))}
 
 
 def policy_json(r: PolicyResult) -> dict[str, object]:
@@ -141,9 +143,11 @@ def summary_table(sc: Scenario, res: SimResult) -> Table:
 def write_csv(res: SimResult, path: Path, sc: Scenario) -> None:
     """Per-step rows of every policy, each naming its scenario, seed and γ (a file read on its
     own, or rows of two runs put together, still say which run they are); the ``source``
-    column says the numbers are simulated."""
-    fields = ["policy", "step", "end_s", "step_s", "transition_s", "restart_s", "lost_s",
-              "paused_s", "checkpoint_s", "pool_gpus", "plan_gpus", "response_len_mean",
+    column says the numbers are simulated. ``transitions`` counts the moves before the step:
+    summed, each policy's transitions in the table, the oracle's free ones (``transition_s``
+    0) included."""
+    fields = ["policy", "step", "end_s", "step_s", "transitions", "transition_s", "restart_s",
+              "lost_s", "paused_s", "checkpoint_s", "pool_gpus", "plan_gpus", "response_len_mean",
               "tokens", "calib_error"]
     run = [sc.name, sc.seed, sc.control.gamma]
     try:
@@ -158,10 +162,29 @@ def write_csv(res: SimResult, path: Path, sc: Scenario) -> None:
         raise InputError("--csv", f"cannot write {path}: {os_reason(e)}") from None
 
 
+def run_command(sc: Scenario, config: Path | None, seed: int | None = None,
+                steps: int | None = None, gamma: float | None = None,
+                policies: list[str] | None = None) -> str:
+    """A shell command line that runs it again (``--json``'s ``run.command``): every option
+    that changes a result, the ``--config`` path as given, each argument quoted. Unlike
+    :func:`run_label` it names no scenario beside a file, which no shell would accept."""
+    parts = ["--config", str(config)] if config is not None else ["--scenario", sc.name]
+    if seed:
+        parts += ["--seed", str(seed)]
+    if steps is not None:
+        parts += ["--steps", str(sc.steps)]
+    if gamma is not None:
+        parts += ["--gamma", repr(gamma)]  # all its digits: --gamma 0.1234567 is not 0.123457
+    if policies is not None and policies != list(POLICIES):
+        parts += ["--policies", ",".join(policies)]
+    return shlex.join(["nereus", "simulate", *parts])
+
+
 def run_label(sc: Scenario, config: Path | None, seed: int | None = None,
               steps: int | None = None, gamma: float | None = None) -> str:
-    """The run as its command line names it: ``--config FILE`` (whose scenario may carry any
-    name) or ``--scenario NAME``, with the options that change what was simulated."""
+    """The run as a reader names it (the plot's title): ``--config FILE`` with the name of its
+    scenario (a file's scenario may carry any name) or ``--scenario NAME``, with the options
+    that change what was simulated. Not a command line: :func:`run_command` is one."""
     parts = [f"--config {config.name} (scenario {sc.name})" if config is not None
              else f"--scenario {sc.name}"]
     if seed:
@@ -243,7 +266,8 @@ def register(app: typer.Typer) -> None:
             help="draw step latency over steps (.png, .pdf or .svg)"),
         csv_path: Optional[Path] = typer.Option(
             None, "--csv", metavar="OUT.csv", readable=False,
-            help="write per-step rows of every policy"),
+            help="write per-step rows of every policy; a row's transitions (moves before the "
+                 "step, the oracle's free ones too) sum to the table's"),
         as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
         notes: bool = typer.Option(False, "--notes", help="list every parameter's source "
                                    "and stop, without simulating: the sources are the "
@@ -310,7 +334,8 @@ def register(app: typer.Typer) -> None:
                                sim=sim)
         label = run_label(sc, config, seed, steps, gamma)
         if as_json:
-            print(json.dumps(result_json(res, sc, label)))
+            command = run_command(sc, config, seed, steps, gamma, names)
+            print(json.dumps(result_json(res, sc, command)))
         else:
             print_results(sc, res, lines, log)
         # the files after the results: one that cannot be saved costs no printed result
@@ -337,7 +362,10 @@ def print_results(sc: Scenario, res: SimResult, lines: list[tuple[str, str]],
     if log:
         for policy, line in lines:
             if " keep [no trigger]" not in line and " keep [always]" not in line:
-                console.print(f"{policy}: {line}", markup=False, highlight=False)
+                # soft_wrap: one decision, one line, at any width (a pipe's console is 160
+                # columns, and grep would find half a decision)
+                console.print(f"{policy}: {line}", markup=False, highlight=False,
+                              soft_wrap=True)
 
 
 def notes_table(sc: Scenario) -> Table:

@@ -11,7 +11,8 @@ time and H_x the horizon of the triggering signal (the smallest when several tri
 is the payback period in steps; γ in [0, 1] keeps part of the horizon as a margin, and γ = 0
 admits only urgent moves. If the best target is rejected, slightly slower targets with cheaper
 transitions are tried before keeping the current plan. The urgent path waives profitability and
-takes the feasible option that finishes the horizon soonest: L_tran + H · L_step.
+takes the feasible option that finishes the horizon soonest: L_tran + H · (L_step + risk), the
+step priced with its node-loss risk (``Option.expected_s``), as ΔL is.
 """
 
 from __future__ import annotations
@@ -206,9 +207,10 @@ def _urgent(options: Sequence[Option], current_step_s: float | None, horizon_ste
         return None, None, tuple(verdicts)
     _, vi, sched, chosen = min(scored, key=lambda s: (s[0], s[1]))
     v = verdicts[vi]
-    verdicts[vi] = replace(v, admitted=True, why=f"admitted (urgent): L_tran + H·L_step = "
-                           f"{v.l_tran_s + h * (v.step_s + v.risk_s):.4g} s is the least over "
-                           f"H = {h:.3g}")
+    # the formula names every term it sums: the step's node-loss risk too (expected_s)
+    verdicts[vi] = replace(v, admitted=True, why=f"admitted (urgent): L_tran + H·(L_step + "
+                           f"risk) = {v.l_tran_s + h * (v.step_s + v.risk_s):.4g} s is the "
+                           f"least over H = {h:.3g}")
     # by identity: two options may share a label, and the plan must be the one scheduled
     return _index(options, chosen), sched, tuple(verdicts)
 

@@ -733,7 +733,7 @@ class Controller:
             if rc.seconds + h * best_l < move_score and idx is not None:
                 r = Reasons(step, triggers, True, horizon, cfg.gamma, cur_s, s0.step_s, None,
                             rc.seconds, None, rc.seconds, "planned checkpoint/restart", verdicts,
-                            f"restart + H·L_step = {rc.seconds + h * best_l:.4g} s beats the "
+                            f"restart + H·(L_step + risk) = {rc.seconds + h * best_l:.4g} s beats the "
                             f"best feasible move's {move_score:.4g} s over H = {h:.3g}",
                             cur_risk, s0.risk_s)
                 return Decision(Action.RESTART, s0.plan, None, rc, r)

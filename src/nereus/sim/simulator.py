@@ -76,6 +76,9 @@ class StepRow:
     tokens: float
     calib_error: float | None = None   # mean |predicted - true| / true over stages (nereus)
     checkpoint_s: float = 0.0          # the periodic checkpoint written after the step
+    # moves before it (its "move" events): the oracle's cost nothing, so transition_s alone
+    # cannot show them, and summed they are the table's transitions
+    transitions: int = 0
 
     @property
     def busy_s(self) -> float:
@@ -235,6 +238,7 @@ class _Runner:
         self.rows: list[StepRow] = []
         self.events: list[Event] = []
         self._acc = {"transition_s": 0.0, "restart_s": 0.0, "lost_s": 0.0, "paused_s": 0.0}
+        self._moves = 0  # "move" events since the last row (StepRow.transitions)
 
     # ---- helpers ----
     def _telemetry(self, k: int, pool: tuple[int, ...]) -> Telemetry:
@@ -319,6 +323,7 @@ class _Runner:
                 self.plan = act.plan
             elif act.free:
                 self.events.append(Event(k, self.t, "move", 0.0, "free (oracle)"))
+                self._moves += 1
                 self.plan = act.plan
             else:
                 source, lost, rebuilt = survive(self.plan, pool, sim.truth.job.workflow) \
@@ -344,6 +349,7 @@ class _Runner:
                 d = act.decision
                 self.events.append(Event(k, self.t, "move", secs,
                                          d.log_line() if d is not None else ""))
+                self._moves += 1
                 self.plan = act.plan
             return True
         # keep: the plan must still have its GPUs
@@ -457,9 +463,10 @@ class _Runner:
             self.rows.append(StepRow(self.p.name, k, self.t, step_s, self._acc["transition_s"],
                                      self._acc["restart_s"], self._acc["lost_s"],
                                      self._acc["paused_s"], len(end_pool), len(self.plan.gpus()),
-                                     mean, tokens, calib, ckpt_s))
+                                     mean, tokens, calib, ckpt_s, self._moves))
             for key in self._acc:
                 self._acc[key] = 0.0
+            self._moves = 0
             self.tel = Telemetry(k, mean, longest, end_pool, stage_s,
                                  dict(priced.peak_bytes), source="simulated")
             return
