@@ -476,6 +476,26 @@ def test_notes_list_the_sources_without_simulating(monkeypatch: pytest.MonkeyPat
     assert "tokens/s" not in r.stdout  # no results table
 
 
+def test_notes_give_each_parameters_value_beside_its_source() -> None:
+    """--notes said 'take a few minutes' and 'computed' where the run uses 180 s and a
+    checkpoint of 248.6 GB read at a restart (217.5 GB written): the values are a column."""
+    from nereus.commands.simulate import note_value
+    from nereus.sim.scenarios import builtin
+
+    sc = builtin("default", steps=3)
+    assert note_value(sc, "control.gamma") == "0.5"
+    assert note_value(sc, "control.admission") == "true"
+    assert note_value(sc, "restart.startup_s") == "180 s"
+    assert note_value(sc, "restart.storage_read_bw_per_node") == "2 GB/s per node"
+    assert note_value(sc, "restart.checkpoint_interval_steps") == "10 steps"
+    assert note_value(sc, "restart.checkpoint_bytes") == "248.6 GB read, 217.5 GB written"
+    assert note_value(sc, "lengths") == ""  # a trace: its note is its value
+    r = runner.invoke(app, ["simulate", "--notes", "--steps", "3"], env={"COLUMNS": "240"})
+    assert r.exit_code == 0, r.output
+    row = next(line for line in r.stdout.splitlines() if "restart.startup_s" in line)
+    assert "180 s" in row
+
+
 @pytest.mark.parametrize("option", [["--csv", "rows.csv"], ["--plot", "steps.png"], ["--log"],
                                     ["--json"]])
 def test_notes_refuse_what_needs_a_run(option: list[str], tmp_path: Path) -> None:

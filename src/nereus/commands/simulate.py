@@ -26,6 +26,7 @@ from nereus.commands.common import (
     with_default,
     writable,
 )
+from nereus.control.restart import checkpoint_bytes, saved_bytes
 from nereus.errors import InputError, count, first_line
 from nereus.files import os_reason, read_yaml
 from nereus.sim.policies import POLICIES
@@ -374,7 +375,35 @@ def notes_table(sc: Scenario) -> Table:
     adds none, so they are listed without a run."""
     t = Table(title="parameters and their sources", title_justify="left")
     t.add_column("parameter", no_wrap=True)
+    t.add_column("value", no_wrap=True)
     t.add_column("source")
     for k, v in sc.notes.items():
-        t.add_row(Text(k), Text(v))  # a scenario's notes: its text, not markup
+        # a scenario's notes: its text, not markup
+        t.add_row(Text(k), Text(note_value(sc, k)), Text(v))
     return t
+
+
+# units of the restart parameters' values, as --notes prints them: (field suffix, unit, scale)
+_UNITS = (("_s", "s", 1.0), ("_bw_per_node", "GB/s per node", 1e-9), ("_steps", "steps", 1.0))
+
+
+def note_value(sc: Scenario, key: str) -> str:
+    """The value a ``control.*`` or ``restart.*`` note is about, as the run uses it (a
+    checkpoint's bytes computed from the job), or "" where the note is its own value (a
+    trace, a policy's rule)."""
+    section, _, name = key.partition(".")
+    if section == "control" and hasattr(sc.control, name):
+        value = getattr(sc.control, name)
+        return str(value).lower() if isinstance(value, bool) else f"{value:g}"
+    if section != "restart":
+        return ""
+    if name == "checkpoint_bytes":  # what a restart reads, and what a checkpoint writes
+        return (f"{checkpoint_bytes(sc.job) / 1e9:.1f} GB read, "
+                f"{saved_bytes(sc.job) / 1e9:.1f} GB written")
+    if not hasattr(sc.restart, name):
+        return ""
+    value = getattr(sc.restart, name)
+    for suffix, unit, scale in _UNITS:
+        if name.endswith(suffix):
+            return f"{value * scale:g} {unit}"
+    return f"{value:g}"
