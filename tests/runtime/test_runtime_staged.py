@@ -181,6 +181,20 @@ def _plan(job: JobSpec, stage: str, tp: int, pp: int, reps: Sequence[Sequence[in
                            tuple(tuple(r) for r in reps)),))
 
 
+STAGE = "actor_train"  # the one model-stage the hand-made moves below change
+
+
+def _move(model: str, gpus: int, seed: int, cur: tuple[int, int, list[list[int]]],
+          tgt: tuple[int, int, list[list[int]]]
+          ) -> tuple[JobSpec, Plan, Plan, Schedule, dict[str, StateSpec], dict[str, int]]:
+    """``STAGE`` of ``model`` on ``gpus`` CPU workers from (tp, pp, replicas) ``cur`` to
+    ``tgt``: the job, both plans, the schedule, the state specs and the seeds."""
+    job = cpu_job(model, gpus)
+    current, target = _plan(job, STAGE, *cur), _plan(job, STAGE, *tgt)
+    return (job, current, target, plan_transition(job, current, target),
+            state_specs(job, "cpu"), stage_seeds(job, seed))
+
+
 # (model, seed, current pool size, target pool size): random plan pairs whose schedules hold
 # Splits (TP and PP) and Merges
 STAGED_CASES = [("tiny-llama", 0, 8, 8), ("tiny-qwen3", 8, 4, 8), ("tiny-llama", 3, 6, 6)]
@@ -334,13 +348,9 @@ def test_a_staged_split_aborted_mid_transition_keeps_its_source(clean: WorkerPoo
     dropped their source positions: they put them back, the report calls the source unit
     intact, and recovery reaches the target without a checkpoint, bitwise."""
     pool = clean
-    job = cpu_job("tiny-qwen3", 4)
-    stage = "actor_train"
-    specs = state_specs(job, "cpu")
-    seeds = stage_seeds(job, 22)
-    current = _plan(job, stage, 2, 2, [[0, 1, 2, 3]])
-    target = _plan(job, stage, 1, 1, [[0], [1], [2], [3]])
-    schedule = _staged(plan_transition(job, current, target))
+    job, current, target, schedule, specs, seeds = _move(
+        "tiny-qwen3", 4, 22, (2, 2, [[0, 1, 2, 3]]), (1, 1, [[0], [1], [2], [3]]))
+    schedule, stage = _staged(schedule), STAGE
     assert [sp.op for sp in schedule.primitives] == ["Split"]
     place_plan(pool, job, current, specs, seeds)
     held = {d: s.held for d, s in pool.memory().items()}
@@ -387,14 +397,9 @@ def test_a_merge_failing_in_one_worker_keeps_every_source(clean: WorkerPool, sta
     the Merge settles, so both replicas stay, every byte held as before, and recovery needs
     no checkpoint."""
     pool = clean
-    job = cpu_job("tiny-llama", 2)
-    stage = "actor_train"
-    specs = state_specs(job, "cpu")
-    seeds = stage_seeds(job, 23)
-    current = _plan(job, stage, 1, 1, [[0], [1]])
-    target = _plan(job, stage, 2, 1, [[0, 1]])
-    schedule = plan_transition(job, current, target)
-    schedule = _staged(schedule) if staged else schedule
+    job, current, target, schedule, specs, seeds = _move(
+        "tiny-llama", 2, 23, (1, 1, [[0], [1]]), (2, 1, [[0, 1]]))
+    schedule, stage = _staged(schedule) if staged else schedule, STAGE
     assert [(sp.op, sp.primitive.staged) for sp in schedule.primitives] == [("Merge", staged)]
     place_plan(pool, job, current, specs, seeds)
     held = {d: s.held for d, s in pool.memory().items()}
@@ -440,13 +445,9 @@ def test_a_split_failing_in_one_group_keeps_the_only_copy(clean: WorkerPool) -> 
     intact, every byte held as before, and recovery reaches the target without a
     checkpoint."""
     pool = clean
-    job = cpu_job("tiny-llama", 4)
-    stage = "actor_train"
-    specs = state_specs(job, "cpu")
-    seeds = stage_seeds(job, 24)
-    current = _plan(job, stage, 2, 2, [[0, 1, 2, 3]])
-    target = _plan(job, stage, 2, 1, [[0, 1], [2, 3]])
-    schedule = plan_transition(job, current, target)
+    job, current, target, schedule, specs, seeds = _move(
+        "tiny-llama", 4, 24, (2, 2, [[0, 1, 2, 3]]), (2, 1, [[0, 1], [2, 3]]))
+    stage = STAGE
     assert [sp.op for sp in schedule.primitives] == ["Split"]
     groups = [members for _, members, _ in split_member_groups(schedule.primitives[0].primitive)]
     assert len(groups) == 2

@@ -9,7 +9,7 @@ from __future__ import annotations
 import random
 import signal
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -34,7 +34,13 @@ from nereus.plan.types import Plan
 from nereus.runtime import movement as mv
 from nereus.runtime.checkpoint import DCP_METADATA, Checkpointer
 from nereus.runtime.executor import Executor, state_specs
-from nereus.runtime.faults import TransitionFailed, reconcile, recover
+from nereus.runtime.faults import (
+    FaultReport,
+    Recovery,
+    TransitionFailed,
+    reconcile,
+    recover,
+)
 from nereus.runtime.loading import seeded_logical
 from nereus.runtime.placement import gather_unit, place_plan
 from nereus.runtime.primitives import PrimitiveTiming
@@ -562,6 +568,25 @@ def _step_on(ctx: WorkerContext, unit_id: str) -> None:
         t.add_(1.0)
 
 
+def _actor_plan(job: JobSpec, gen: int, train: list[int]) -> Plan:
+    """actor_gen (tp 1) on GPU ``gen``, actor_train (tp 2) on ``train``, the frozen reference
+    model on GPU 5: the plans the rollback and rebuild tests move between."""
+    return plan_of(job, {"actor_gen": (1, 1, [[gen]]), "reference_infer": (1, 1, [[5]]),
+                         "actor_train": (2, 1, [train])})
+
+
+def _lose(pool: WorkerPool, job: JobSpec, specs: Mapping[str, StateSpec],
+          units: Mapping[str, Sequence[Emu]], worker: int, target: Plan,
+          ck: Checkpointer) -> tuple[FaultReport, Recovery]:
+    """Kill ``worker``, take stock of what survived and recover towards ``target``: the
+    report and the recovery (the caller restores the worker)."""
+    ray.kill(pool.actor(worker), no_restart=True)
+    rep = reconcile(pool, [e for es in units.values() for e in es], {worker}, {})
+    rec = recover(pool, Executor(pool, specs, min_timeout_s=5.0), job, rep,
+                  lambda ids: target, ck)
+    return rep, rec
+
+
 def test_losing_training_rolls_generation_back_to_the_checkpoint(pool: WorkerPool,
                                                                  tmp_path) -> None:
     """After the checkpoint actor_gen's θ moved on (the steps since); then worker 0, half of
@@ -571,10 +596,7 @@ def test_losing_training_rolls_generation_back_to_the_checkpoint(pool: WorkerPoo
     keeps its unit where it was."""
     job = cpu_job("tiny-qwen3", 6)
     _fit_pool(pool, range(6))
-    current = plan_of(job, {"actor_gen": (1, 1, [[4]]), "reference_infer": (1, 1, [[5]]),
-                            "actor_train": (2, 1, [[0, 1]])})
-    target = plan_of(job, {"actor_gen": (1, 1, [[4]]), "reference_infer": (1, 1, [[5]]),
-                           "actor_train": (2, 1, [[2, 3]])})
+    current, target = _actor_plan(job, 4, [0, 1]), _actor_plan(job, 4, [2, 3])
     specs = state_specs(job, "cpu")
     seeds = stage_seeds(job, 14)
     units = place_plan(pool, job, current, specs, seeds)
@@ -584,12 +606,9 @@ def test_losing_training_rolls_generation_back_to_the_checkpoint(pool: WorkerPoo
     pool.run({4: (_step_on, (gen.id,))})
     assert gather_unit(pool, gen).first_difference(
         seeded_logical(specs["actor_gen"], seeds["actor_gen"])) is not None
-    ray.kill(pool.actor(0), no_restart=True)
     try:
-        rep = reconcile(pool, [e for es in units.values() for e in es], {0}, {})
+        rep, rec = _lose(pool, job, specs, units, 0, target, ck)
         assert rep.lost_stages(["actor_gen", "actor_train"]) == ("actor_train",)
-        rec = recover(pool, Executor(pool, specs, min_timeout_s=5.0), job, rep,
-                      lambda ids: target, ck)
         assert rec.rolled_back and rec.restored == ("actor_gen", "actor_train")
         assert rec.units["reference_infer"] == units["reference_infer"]
         check_stages(pool, job, rec.units, seeds)
@@ -606,22 +625,16 @@ def test_losing_generation_rebuilds_it_from_training_without_a_rollback(pool: Wo
     scratch folder is gone after."""
     job = cpu_job("tiny-qwen3", 6)
     _fit_pool(pool, range(6))
-    current = plan_of(job, {"actor_gen": (1, 1, [[4]]), "reference_infer": (1, 1, [[5]]),
-                            "actor_train": (2, 1, [[0, 1]])})
-    target = plan_of(job, {"actor_gen": (1, 1, [[2]]), "reference_infer": (1, 1, [[5]]),
-                           "actor_train": (2, 1, [[0, 1]])})
+    current, target = _actor_plan(job, 4, [0, 1]), _actor_plan(job, 2, [0, 1])
     specs = state_specs(job, "cpu")
     units = place_plan(pool, job, current, specs, stage_seeds(job, 15))
     (train,) = units["actor_train"]
     pool.run({0: (_step_on, (train.id,)), 1: (_step_on, (train.id,))})
     trained = gather_unit(pool, train)
     ck = Checkpointer(tmp_path / "ckpt")
-    ray.kill(pool.actor(4), no_restart=True)
     try:
-        rep = reconcile(pool, [e for es in units.values() for e in es], {4}, {})
+        rep, rec = _lose(pool, job, specs, units, 4, target, ck)
         assert rep.lost_stages(["actor_gen", "actor_train"]) == ("actor_gen",)
-        rec = recover(pool, Executor(pool, specs, min_timeout_s=5.0), job, rep,
-                      lambda ids: target, ck)
         assert rec.rebuilt == {"actor_gen": "actor_train"}
         assert rec.restored == () and not rec.rolled_back and rec.checkpoint is None
         (gen,) = rec.units["actor_gen"]

@@ -704,10 +704,23 @@ class _Search:
         self._pos: list[int] | None = None
         self._tail: list[float] | None = None
         self._bwd: _Problem | None = None
-        # per primitive its predecessors, per resource its primitives (``critical_moves``)
-        self._pred: list[list[int]] = []
-        self._users: list[list[int]] | None = None
+        self._graph: tuple[list[list[int]], list[list[int]]] | None = None  # see ``graph``
         self.passes = 0
+
+    def graph(self) -> tuple[list[list[int]], list[list[int]]]:
+        """Per primitive its predecessors, and per resource its primitives: what the critical
+        chain (``critical_moves``) and the edge-finding check (``settled``) walk back along."""
+        if self._graph is None:
+            fwd, n = self.fwd, self.n
+            pred: list[list[int]] = [[] for _ in range(n)]
+            users: list[list[int]] = [[] for _ in fwd.initial]
+            for i in range(n):
+                for s in fwd.succ[i]:
+                    pred[s].append(i)
+                for g in fwd.res[i]:
+                    users[g].append(i)
+            self._graph = pred, users
+        return self._graph
 
     def pos(self) -> list[int]:
         """Each primitive's place in the serial order: what breaks ties in every order."""
@@ -780,16 +793,7 @@ class _Search:
         copy with nothing behind it, which it runs ahead of in CP-SAT's optimum: the schedule
         ended that late, 7.3 % above the optimum; 4.9 % with the move)."""
         fwd, n, pos = self.fwd, self.n, self.pos()
-        if self._users is None:
-            pred: list[list[int]] = [[] for _ in range(n)]
-            users: list[list[int]] = [[] for _ in fwd.initial]
-            for i in range(n):
-                for s in fwd.succ[i]:
-                    pred[s].append(i)
-                for g in fwd.res[i]:
-                    users[g].append(i)
-            self._pred, self._users = pred, users
-        pred, users = self._pred, self._users
+        pred, users = self.graph()
         start, end = run.start, run.end
         i = max(range(n), key=end.__getitem__, default=0)
         moves: list[list[int]] = []
@@ -830,19 +834,10 @@ class _Search:
         limit = run.makespan / (1 + TOLERANCE)
         if limit >= self.unrefuted:
             return False
-        fwd, n = self.fwd, self.n
-        if not self._pred:
-            self._pred = [[] for _ in range(n)]
-            for i in range(n):
-                for s in fwd.succ[i]:
-                    self._pred[s].append(i)
-        if self._users is None:
-            self._users = [[] for _ in fwd.initial]
-            for i in range(n):
-                for g in fwd.res[i]:
-                    self._users[g].append(i)
+        fwd = self.fwd
+        pred, users = self.graph()
         assert fwd.paths is not None
-        if refutes(limit, fwd.dur, fwd.succ, self._pred, self._users, fwd.res, fwd.paths):
+        if refutes(limit, fwd.dur, fwd.succ, pred, users, fwd.res, fwd.paths):
             self.bound, self.goal = limit, run.makespan
             return True
         self.tries -= 1
