@@ -150,6 +150,22 @@ def test_a_memory_trigger_beside_a_telemetry_trigger_is_labelled_estimated():
     assert always.log_line() == "step 3 keep [always] (estimated)"
 
 
+
+def test_a_plan_that_cannot_run_shows_only_the_targets_node_loss_risk():
+    """An urgent move off a plan that lost its GPUs printed ``node-loss risk 0->8.83``: the 0
+    read as the old plan's risk, which it is not (it has no step to price). The risk is shown
+    like the L, the target's alone; with a current plan both, as before."""
+    from nereus.control.controller import Decision, Reasons
+    lost = Reasons(176, target_step_s=51.57, target_risk_s=8.83)
+    line = Decision(Action.MOVE, None, reasons=lost).log_line()
+    assert "L_target 51.57 s node-loss risk 8.83 s/step" in line and "->" not in line
+    both = Reasons(177, current_step_s=57.11, target_step_s=57.09, current_risk_s=9.32,
+                   target_risk_s=18.6)
+    assert "node-loss risk 9.32->18.6 s/step" in Decision(Action.KEEP, None,
+                                                          reasons=both).log_line()
+    none = Reasons(3, target_step_s=51.57)
+    assert "risk" not in Decision(Action.MOVE, None, reasons=none).log_line()
+
 def test_rejected_replan_resets_references_so_the_same_length_does_not_retrigger(job, plans):
     c, d, _ = _drift_decision(job, plans, 1e9)
     assert d.action is Action.KEEP and d.reasons.triggers

@@ -202,7 +202,10 @@ class Decision:
             parts.append(f"L {r.current_step_s:.2f}->{r.target_step_s:.2f} s")
         elif r.target_step_s is not None:
             parts.append(f"L_target {r.target_step_s:.2f} s")
-        if r.current_risk_s or r.target_risk_s:
+        if r.current_step_s is None:  # the current plan cannot run: it has no risk to show
+            if r.target_risk_s:
+                parts.append(f"node-loss risk {r.target_risk_s:.3g} s/step")
+        elif r.current_risk_s or r.target_risk_s:
             parts.append(f"node-loss risk {r.current_risk_s:.3g}->{r.target_risk_s:.3g} s/step")
         if r.delta_l_s is not None:
             parts.append(f"ΔL={r.delta_l_s:.3g} s")
