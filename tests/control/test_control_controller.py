@@ -249,6 +249,10 @@ def test_an_empty_pool_waits_and_the_return_of_gpus_restarts(job, plans):
     assert d.action is Action.WAIT and d.plan is None and c.stopped
     d = c.on_boundary(Telemetry(0, 2000.0, 3000, tuple(range(16))))
     assert d.action is Action.RESTART and not c.stopped and d.restart.lost_s > 0
+    # the log splits the estimate as simulate's table splits restart and lost (redo) time
+    rc = d.restart
+    assert (f"restart={rc.seconds:.0f} s (start-up {rc.startup_s:.0f} + load {rc.load_s:.0f} "
+            f"+ redo {rc.lost_s:.0f} s)") in d.log_line()
 
 
 def test_the_pool_emptying_and_coming_back_are_crossings_of_h_pool(job, plans):

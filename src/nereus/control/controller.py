@@ -216,10 +216,21 @@ class Decision:
         if r.payback_steps is not None and math.isfinite(r.payback_steps):
             parts.append(f"payback={r.payback_steps:.3g} steps")
         if r.restart_s is not None:
-            parts.append(f"restart={r.restart_s:.0f} s")
+            parts.append(f"restart={r.restart_s:.0f} s{_restart_terms(self.restart)}")
         if r.summary:
             parts.append(f"-- {r.summary}")
         return " ".join(parts) + f" ({self.source})"
+
+
+def _restart_terms(rc: RestartCost | None) -> str:
+    """`` (start-up 120 + load 250 + redo 90 s)``: a restart's terms that are not zero, so the
+    log splits the estimate as ``simulate``'s table splits restart and lost time (redo)."""
+    if rc is None:
+        return ""
+    terms = [f"{name} {v:.0f}" for name, v in (("start-up", rc.startup_s), ("load", rc.load_s),
+                                                ("redo", rc.lost_s), ("save", rc.save_s))
+             if round(v)]
+    return f" ({' + '.join(terms)} s)" if len(terms) > 1 else ""
 
 
 # triggers whose values the telemetry gave (a pool change, a drifting signal); a memory
