@@ -1,11 +1,18 @@
 """``nereus simulate``: the plot names the run it came from."""
 
+from __future__ import annotations
+
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 from typer.testing import CliRunner
 
 from nereus.cli import app
+
+if TYPE_CHECKING:
+    from nereus.sim.scenarios import Scenario
+    from nereus.sim.simulator import SimResult
 
 runner = CliRunner()
 ROOT = Path(__file__).resolve().parents[2]
@@ -119,42 +126,127 @@ def test_the_table_says_what_mean_step_adds_up() -> None:
         "writes (pauses excepted)" in " ".join(r.stdout.split())
 
 
-def test_the_plot_draws_each_step_as_mean_step_counts_it(tmp_path: Path,
-                                                         monkeypatch: pytest.MonkeyPatch
-                                                         ) -> None:
-    """The plot left checkpoint writes out of each step while "mean step s" counts them (a
-    checkpoint step looked as fast as the others), and its y axis named transitions and
-    restarts but not lost work or checkpoints: each point is now ``StepRow.busy_s``, whose
-    mean is the table's, and the axis names every part."""
+@pytest.fixture(scope="module")
+def churn() -> tuple[Scenario, SimResult]:
+    """14 steps of the default scenario: the pool shrinks and grows, a checkpoint is written
+    (step 9), static and Nereus restart, Nereus and the oracle move."""
+    from nereus.sim.scenarios import builtin, run_scenario
+
+    sc = builtin("default", steps=14)
+    return sc, run_scenario(sc, ["static", "nereus", "oracle"], workers=1)
+
+
+def _panels(monkeypatch: pytest.MonkeyPatch, res: SimResult, sc: Scenario, path: Path
+            ) -> list[dict[str, object]]:
+    """Each axes of the figure ``plot`` saves: its y label, lines by label, markers."""
     from matplotlib.figure import Figure
 
     from nereus.commands.simulate import plot
-    from nereus.sim.scenarios import builtin, run_scenario
 
-    seen: list[tuple[str, dict[str, list[float]]]] = []
+    seen: list[list[dict[str, object]]] = []
 
     def record(self: Figure, *args: object, **kwargs: object) -> None:
-        ax = self.axes[0]
-        seen.append((ax.get_ylabel(), {ln.get_label(): [float(y) for y in ln.get_ydata()]
-                                       for ln in ax.get_lines()}))
+        seen.append([{"ylabel": " ".join(ax.get_ylabel().split()),
+                      "lines": {ln.get_label(): ([float(x) for x in ln.get_xdata()],
+                                                 [float(y) for y in ln.get_ydata()])
+                                for ln in ax.get_lines()},
+                      "marks": [[(float(x), float(y)) for x, y in c.get_offsets()]
+                                for c in ax.collections]} for ax in self.axes])
 
     monkeypatch.setattr(Figure, "savefig", record)
-    sc = builtin("stationary", steps=12)
-    res = run_scenario(sc, ["static", "nereus"], workers=1)
-    plot(res, sc, tmp_path / "steps.png")
-    ((ylabel, series),) = seen
-    label = " ".join(ylabel.split())
-    for part in ("step", "transitions", "restarts", "lost work", "checkpoint writes",
-                 "simulated"):
-        assert part in label, label
+    plot(res, sc, path)
+    (axes,) = seen
+    return axes
+
+
+def test_the_step_panel_leaves_out_checkpoints_restarts_and_lost_work(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, churn: tuple[Scenario, SimResult]) -> None:
+    """One axis of ``busy_s`` per step: the checkpoint writes and restarts (10x a step) hid
+    the policies' differences. The step panel draws the step and its transitions only, a ^ on
+    each policy's line where a move came before the step."""
+    sc, res = churn
+    step_panel = _panels(monkeypatch, res, sc, tmp_path / "steps.png")[0]
+    assert "simulated" in step_panel["ylabel"]
+    assert "no checkpoint writes, restarts or lost work" in step_panel["ylabel"]
     every = sc.restart.checkpoint_interval_steps
-    for name, r in res.results.items():
-        ys = series[name]
-        assert ys == [row.step_s + row.transition_s + row.restart_s + row.lost_s
-                      + row.checkpoint_s for row in r.rows], name
-        assert r.rows[every - 1].checkpoint_s > 0
-        assert ys[every - 1] > r.rows[every - 1].step_s      # the write is in the point
-        assert sum(ys) / len(ys) == pytest.approx(r.mean_step_s, rel=1e-9), name
+    for i, (name, r) in enumerate(res.results.items()):
+        xs, ys = step_panel["lines"][name]
+        assert xs == [row.step for row in r.rows]
+        assert ys == [row.step_s + row.transition_s for row in r.rows], name
+        ckpt = r.rows[every - 1]
+        assert ckpt.checkpoint_s > 0 and ys[every - 1] < ckpt.busy_s  # the write left out
+        moves = sorted({e.step for e in r.events if e.kind == "move"})
+        assert step_panel["marks"][i] == [(k, ys[k]) for k in moves], name
+    assert step_panel["marks"][1] and step_panel["marks"][2]  # Nereus and the oracle moved
+
+
+def test_the_gap_panel_adds_up_all_mean_step_counts_behind_the_oracle(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, churn: tuple[Scenario, SimResult]) -> None:
+    """The time lost behind the oracle so far, in minutes: checkpoint writes, restarts and
+    lost work in it (its last value is the difference of the busy times the table's mean step
+    s averages), an x on each policy's line where a restart came before the step."""
+    sc, res = churn
+    gap_panel = _panels(monkeypatch, res, sc, tmp_path / "steps.png")[1]
+    assert gap_panel["ylabel"] == "time behind oracle so far, min (simulated)"
+    oracle = res.results["oracle"]
+    for i, (name, r) in enumerate(res.results.items()):
+        ((label, (xs, ys)),) = [(k, v) for k, v in gap_panel["lines"].items()
+                                if k.startswith(f"{name} (")]
+        assert xs == [row.step for row in r.rows]
+        assert ys[-1] * 60 == pytest.approx(r.busy_s - oracle.busy_s, rel=1e-9, abs=1e-6)
+        assert ys[-1] * 60 == pytest.approx(len(r.rows) * (r.mean_step_s - oracle.mean_step_s),
+                                            rel=1e-9, abs=1e-6)
+        restarts = sorted({e.step for e in r.events if e.kind == "restart"})
+        assert gap_panel["marks"][i] == [(k, ys[k]) for k in restarts], name
+        if name != "oracle":
+            assert f"{ys[-1]:+,.1f} min at the end" in label
+    assert res.results["static"].restarts and res.results["nereus"].restarts
+    assert gap_panel["lines"]["oracle (the reference)"][1] == [0.0] * len(oracle.rows)
+
+
+def test_without_the_oracle_the_gaps_are_behind_the_fastest_policy(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, churn: tuple[Scenario, SimResult]) -> None:
+    from nereus.sim.simulator import SimResult
+
+    sc, res = churn
+    two = SimResult(res.scenario, {n: res.results[n] for n in ("static", "nereus")})
+    gap_panel = _panels(monkeypatch, two, sc, tmp_path / "steps.png")[1]
+    assert gap_panel["ylabel"] == "time behind nereus so far, min (simulated)"
+    static, nereus = res.results["static"], res.results["nereus"]
+    assert static.busy_s > nereus.busy_s
+    _, ys = gap_panel["lines"]["nereus (the reference)"]
+    assert ys == [0.0] * len(nereus.rows)
+    ((_, ys),) = [v for k, v in gap_panel["lines"].items() if k.startswith("static (")]
+    assert ys[-1] * 60 == pytest.approx(static.busy_s - nereus.busy_s, rel=1e-9)
+
+
+def test_gaps_of_a_long_run_are_drawn_in_hours() -> None:
+    from nereus.commands.simplot import gap_unit
+
+    assert gap_unit([0.0, -60.0, 4.9 * 3600]) == ("min", 60.0)
+    assert gap_unit([0.0, -5 * 3600.0]) == ("h", 3600.0)
+    assert gap_unit([]) == ("min", 60.0)
+
+
+def test_the_context_panel_draws_the_pool_of_the_trace_and_the_lengths(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, churn: tuple[Scenario, SimResult]) -> None:
+    """The pool each step ended on (the scenario's availability, aligned to steps: the same
+    for every policy) and the mean response length on a twin axis."""
+    from nereus.sim.scenarios import simulator
+
+    sc, res = churn
+    *_, pool_panel, length_axis = _panels(monkeypatch, res, sc, tmp_path / "steps.png")
+    events = simulator(sc).events
+    trace = [float(len(ev.changes[-1][2] if ev.changes else ev.pool)) for ev in events]
+    xs, ys = pool_panel["lines"]["GPUs in the pool"]
+    assert xs == list(range(sc.steps)) and ys == trace
+    assert len(set(ys)) > 1  # the pool changed
+    for r in res.results.values():
+        assert [float(row.pool_gpus) for row in r.rows] == trace
+    _, ys = length_axis["lines"]["mean response length"]
+    assert ys == [row.response_len_mean for row in res.results["static"].rows]
+    assert pool_panel["ylabel"] == "GPUs in the pool (simulated)"
+    assert length_axis["ylabel"] == "mean response length, tokens (simulated)"
 
 
 def test_the_log_help_says_where_a_decision_within_a_step_is_charged() -> None:

@@ -26,8 +26,9 @@ from nereus.commands.common import (
     with_default,
     writable,
 )
+from nereus.commands.simplot import draw
 from nereus.control.restart import checkpoint_bytes, saved_bytes
-from nereus.errors import InputError, count, first_line
+from nereus.errors import InputError, count
 from nereus.files import os_reason, read_yaml
 from nereus.sim.policies import POLICIES
 from nereus.sim.scenarios import (
@@ -112,11 +113,6 @@ def policy_json(r: PolicyResult) -> dict[str, object]:
 CALIB_STEP = 10
 
 
-# the plot's y axis: each step's time as "mean step s" counts it (StepRow.busy_s)
-PLOT_Y = ("s per step (simulated): the step + transitions,\n"
-          "restarts, lost work and checkpoint writes")
-
-
 # what "mean step s" adds up (PolicyResult.mean_step_s): more than the step, so say it
 MEAN_STEP = ("mean step s: the step plus its transitions, restarts, lost work and checkpoint "
              "writes (pauses excepted)")
@@ -198,45 +194,11 @@ def run_label(sc: Scenario, config: Path | None, seed: int | None = None,
 
 
 def plot(res: SimResult, sc: Scenario, path: Path, label: str | None = None) -> None:
-    """Each step's time as "mean step s" counts it (``StepRow.busy_s``: the step, the
-    transitions, restarts and lost work before it and the checkpoint written after it) over
-    steps; the title is ``label`` (the run's command line, :func:`run_label`)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(11, 5.5))
-    for name, r in res.results.items():
-        steps = [row.step for row in r.rows]
-        lat = [row.busy_s for row in r.rows]
-        (line,) = ax.plot(steps, lat, lw=1.0, label=name)
-        moves = {e.step for e in r.events if e.kind == "move"}
-        restarts = {e.step for e in r.events if e.kind == "restart"}
-        by_step = dict(zip(steps, lat))
-        mx = [k for k in sorted(moves) if k in by_step]
-        rx = [k for k in sorted(restarts) if k in by_step]
-        ax.scatter(mx, [by_step[k] for k in mx], marker="^", s=22, color=line.get_color(),
-                   zorder=3)
-        ax.scatter(rx, [by_step[k] for k in rx], marker="x", s=28, color=line.get_color(),
-                   zorder=3)
-    ax.set_yscale("log")
-    ax.set_xlabel("RL step")
-    ax.set_ylabel(PLOT_Y)
-    # no mathtext: a "$" in a scenario's or file's name is a dollar sign, not a formula
-    ax.set_title(f"{label or run_label(sc, None)}: ^ transition, x restart (simulated)",
-                 parse_math=False)
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    try:
-        fig.savefig(path, dpi=120)
-    except OSError as e:
-        raise InputError("--plot", f"cannot write {path}: {os_reason(e)}") from None
-    except ValueError as e:  # matplotlib's own (text it cannot lay out): one line
-        raise InputError("--plot", f"cannot draw {path}: {first_line(e)}") from None
-    finally:
-        plt.close(fig)
+    """Where each policy spends its time over the steps (``simplot.draw``): the steps without
+    checkpoint writes, restarts and lost work; the time lost so far behind the oracle (or the
+    fastest policy), all of "mean step s" counted; the pool and response length. The title is
+    ``label`` (the run's command line, :func:`run_label`)."""
+    draw(res, label or run_label(sc, None), path)
 
 
 def register(app: typer.Typer) -> None:
@@ -264,7 +226,10 @@ def register(app: typer.Typer) -> None:
                                      "comma-separated"),
         plot_path: Optional[Path] = typer.Option(
             None, "--plot", metavar="OUT.png", readable=False,
-            help="draw step latency over steps (.png, .pdf or .svg)"),
+            help="draw, over steps: each step's time without checkpoint writes, restarts "
+                 "and lost work; the time lost so far behind the oracle (without it, the "
+                 "fastest policy), all counted; the pool and response length (.png, .pdf or "
+                 ".svg)"),
         csv_path: Optional[Path] = typer.Option(
             None, "--csv", metavar="OUT.csv", readable=False,
             help="write per-step rows of every policy; a row's transitions (moves before the "
