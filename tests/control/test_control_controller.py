@@ -408,6 +408,39 @@ def test_the_payback_rule_counts_the_node_loss_risk_on_both_sides(job, plans):
     assert r.current_risk_s == r.target_risk_s == 0.0 and "node-loss" not in r.summary
 
 
+def _risk_replan(job, plans, loss_every, planner=packed):
+    """On the packed 16-GPU plan (a node takes a last copy) with a pool loss every
+    ``loss_every`` steps: the decision of a length trigger."""
+    c = Controller(job, plans["best16"], transition=lambda j, s, t, e: _Sched(1.0),
+                   planner=planner, on_log=lambda s: None)
+    c.horizons = c.horizons.crossed("pool_loss", 0).crossed("pool_loss", loss_every)
+    c.on_boundary(_tel(job, c.plan, loss_every + 1, 2000))
+    return c.on_boundary(_tel(job, c.plan, loss_every + 2, 2700))
+
+
+def test_the_node_loss_risk_is_the_restart_cost_spread_over_h_loss(job, plans):
+    """(1 / H_loss) x exposed share x restart: losses half as often halve the risk of the same
+    plan at the same lengths."""
+    every20 = _risk_replan(job, plans, 20).reasons
+    every40 = _risk_replan(job, plans, 40).reasons
+    assert every20.current_step_s == pytest.approx(every40.current_step_s)
+    assert every20.current_risk_s > 0
+    assert every20.current_risk_s == pytest.approx(2.0 * every40.current_risk_s)
+
+
+def test_a_spread_plan_that_keeps_the_node_loss_risk_is_not_taken_for_s_star(job, plans):
+    """A planner whose "spread" plan is the packed one: it is no faster and carries the same
+    risk, so S* stays the plan searched without spreading, with no note that it spreads
+    replicas (weighing the spread plan without its own risk took it, and said so)."""
+    def unspread(job, cost, spread=False):
+        return packed(job, cost)
+
+    d = _risk_replan(job, plans, 20, planner=unspread)
+    r = d.reasons
+    assert r.current_risk_s > 0 and r.target_risk_s == pytest.approx(r.current_risk_s)
+    assert "spreads replicas" not in r.summary, r.summary
+
+
 def test_an_urgent_move_short_of_the_best_target_is_replanned_at_the_next_boundary(job, plans):
     p = plans["best16"]
     def only_in_place(j, s, t, e):  # moves that change no layout are all that can run
@@ -676,6 +709,32 @@ def test_the_best_target_is_placed_near_the_current_gpus_when_that_move_is_cheap
     assert len(d.plan.gpus()) > len(here.gpus())
 
 
+def test_of_two_feasible_placements_of_the_best_target_the_cheaper_move_comes_first(job,
+                                                                                   plans):
+    """Every placement of S* can be reached, but keeping actor training on its GPUs (8-15)
+    takes 0.5 s and any other placement 5 s: the target is the placement with the cheaper
+    transition, not merely a feasible one (the as-searched placement is no slower)."""
+    here = _moved_to(plans["best8"], 8)
+    train = set(here.stage("actor_train").gpus)
+    priced = []
+
+    def transition(j, s, t, e):
+        seconds = 0.5 if set(t.stage("actor_train").gpus) <= train else 5.0
+        priced.append(seconds)
+        return _Sched(seconds)
+
+    c = Controller(job, here, transition=transition, planner=packed, on_log=lambda s: None)
+    c.on_boundary(_tel(job, here, 0, 2000))
+    d = c.on_boundary(_tel(job, here, 1, 2700))
+    assert sorted(set(priced)) == [0.5, 5.0]  # both kinds of placement were priced
+    assert d.action is Action.MOVE, d.reasons.summary
+    first = d.reasons.verdicts[0]
+    assert first.label.startswith("best, placed near the current GPUs (") and first.admitted
+    assert first.l_tran_s == 0.5
+    assert d.reasons.chosen == first.label and d.reasons.l_tran_s == 0.5
+    assert set(d.plan.stage("actor_train").gpus) <= train
+
+
 FAST_RESTART = RestartParams(startup_s=1.0, storage_read_bw_per_node=1e12,
                              storage_write_bw_per_node=1e12)
 
@@ -910,6 +969,26 @@ def test_an_out_of_memory_failure_restarts_onto_a_plan_for_the_crashed_length(jo
     d = c.on_failure(Telemetry(1, 2000.0, 16000, job.pool.ids), out_of_memory=True)
     assert d.action is Action.RESTART and d.restart is not None and d.restart.lost_s > 0
     assert reprice(at, c._cost(at), d.plan).fits
+
+
+def test_a_replan_after_short_steps_still_plans_memory_for_the_crash_in_the_window(job, plans):
+    """The crashed step's 16,000 tokens stay in the 20-step window that memory is planned
+    for: short steps after it (3,000 tokens) and a length drift at step 5 keep the restart's
+    plan, which holds 16,000; planning for the last step's longest alone moved to a faster
+    plan that does not hold it (the crash would come back)."""
+    p = plans["best16"]
+    c = Controller(job, p, transition=lambda j, s, t, e: _Sched(0.0), on_log=lambda s: None)
+    c.on_boundary(_tel(job, p, 0, 2000))
+    at = job.with_workload(job.workload.with_response_len(2000, 16000))
+    d = c.on_failure(Telemetry(1, 2000.0, 16000, job.pool.ids), out_of_memory=True)
+    assert d.action is Action.RESTART and reprice(at, c._cost(at), c.plan).fits
+    for step in range(2, 5):
+        d = c.on_boundary(_tel(job, c.plan, step, 2000, longest=3000))
+        assert d.action is Action.KEEP and not d.reasons.triggers
+    d = c.on_boundary(_tel(job, c.plan, 5, 2700, longest=3000))
+    assert [t.signal for t in d.reasons.triggers] == ["response_len"]
+    assert d.action is Action.KEEP, d.log_line()
+    assert reprice(at, c._cost(at), c.plan).fits
 
 
 def test_an_out_of_memory_failure_the_estimate_missed_raises_the_memory_scale(job, plans):

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from nereus.control.admission import Option, profitable, payback_steps, select
+from nereus.control.admission import Option, payback_steps, profitable, select
 from nereus.control.horizon import Horizons
 from nereus.control.monitor import Monitor, TriggerKind, memory_trigger, pool_triggers
 from nereus.control.telemetry import Telemetry
@@ -92,6 +92,19 @@ def test_horizon_is_one_until_an_interval_is_seen_then_an_ema_of_intervals():
         Horizons(alpha=0.0)
 
 
+def test_a_lopsided_alpha_weights_the_newest_interval_by_alpha():
+    """alpha = 0.25: the newest interval weighs a quarter, the running average three quarters
+    (swapped weights give 0.75 x 10 + 0.25 x 20 = 12.5)."""
+    h = Horizons(alpha=0.25).crossed("x", 0).crossed("x", 20)
+    assert h.of("x") == 20.0                     # the first interval is taken as it is
+    h = h.crossed("x", 30)                       # interval 10
+    assert h.of("x") == pytest.approx(0.25 * 10 + 0.75 * 20)
+    assert h.of("x") == pytest.approx(17.5)
+    h = h.crossed("x", 70)                       # interval 40
+    assert h.of("x") == pytest.approx(0.25 * 40 + 0.75 * 17.5)
+    assert h.of("x") == pytest.approx(23.125)
+
+
 @given(st.lists(st.integers(1, 50), min_size=2, max_size=12), st.floats(0.05, 1.0))
 def test_horizon_stays_within_the_intervals_seen(gaps, alpha):
     h, step = Horizons(alpha=alpha), 0
@@ -153,8 +166,8 @@ def _schedules(table):
 
 
 def test_best_target_admitted_when_it_repays_within_gamma_h():
-    f, calls = _schedules({"o0": _Sched(10.0)})
-    idx, sched, v = select(_opts(8.0), 10.0, urgent=False, gamma=0.5, horizon_steps=10.0,
+    f, _ = _schedules({"o0": _Sched(10.0)})
+    idx, _, v = select(_opts(8.0), 10.0, urgent=False, gamma=0.5, horizon_steps=10.0,
                            schedule_of=f)
     assert idx == 0 and v[0].admitted and v[0].payback_steps == 5.0
     assert v[0].delta_l_s == 2.0 and v[0].l_tran_s == 10.0
@@ -244,6 +257,36 @@ def test_the_urgent_verdict_names_every_term_of_the_sum_it_prints():
     assert m is not None, v[0].why
     assert float(m.group(1)) == pytest.approx(v[0].l_tran_s + 10.0 * (v[0].step_s + v[0].risk_s))
     assert float(m.group(1)) == pytest.approx(3.0 + 10.0 * (20.0 + 5.0))
+
+
+def test_the_urgent_path_ranks_options_by_step_time_with_their_node_loss_risk():
+    """o0 steps in 10 s but a node loss costs it 10 s a step; o1 steps in 15 s with no risk.
+    Over H = 10 with free transitions: o0 costs 10 x (10 + 10) = 200 s, o1 10 x 15 = 150 s,
+    so o1 wins; on step time alone o0 (100 s) would."""
+    opts = [Option("o0", Plan(()), 10.0, risk_s=10.0), Option("o1", Plan(()), 15.0)]
+    f, _ = _schedules({"o0": _Sched(0.0), "o1": _Sched(0.0)})
+    idx, _, v = select(opts, None, urgent=True, gamma=0.5, horizon_steps=10.0, schedule_of=f)
+    assert idx == 1
+    assert {x.label: x.admitted for x in v} == {"o0": False, "o1": True}
+    assert "= 150 s" in next(x.why for x in v if x.admitted)
+
+
+def test_the_non_urgent_path_prices_at_most_max_tries_schedules():
+    """S* is rejected (payback 50 > γ·H = 5) and o1 is no cheaper; o2 would be admitted
+    (payback 2), but max_tries = 2 is spent on the first two: the plan is kept."""
+    table = {"o0": _Sched(100.0), "o1": _Sched(150.0), "o2": _Sched(2.0)}
+    f, calls = _schedules(table)
+    idx, sched, v = select(_opts(8.0, 8.5, 9.0), 10.0, urgent=False, gamma=0.5,
+                           horizon_steps=10.0, schedule_of=f, max_tries=2)
+    assert idx is None and sched is None
+    assert calls == ["o0", "o1"]
+    assert [x.label for x in v] == ["o0", "o1"] and not any(x.admitted for x in v)
+    # with one more try o2 is priced and admitted
+    f, calls = _schedules(table)
+    idx, _, _ = select(_opts(8.0, 8.5, 9.0), 10.0, urgent=False, gamma=0.5,
+                       horizon_steps=10.0, schedule_of=f, max_tries=3)
+    assert idx == 2 and calls == ["o0", "o1", "o2"]
+
 
 # ---------------------------------------------------------------- telemetry
 def test_telemetry_rejects_bad_fields_by_name():
