@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime
 import threading
+from collections.abc import Iterator
 
 import pytest
 import torch
@@ -31,14 +32,29 @@ def _pair() -> list[Group]:
         t.start()
     for t in ts:
         t.join(timeout=TIMEOUT_S)
-    assert set(groups) == {0, 1}, "the pair did not form"
+    if set(groups) != {0, 1}:
+        for g in groups.values():  # the member that formed releases its port
+            g.close()
+        raise AssertionError("the pair did not form")
     return [groups[0], groups[1]]
 
 
-def test_send_and_recv_return_once_the_message_passed() -> None:
+@pytest.fixture()
+def pair() -> Iterator[list[Group]]:
+    """Two joined members; both closed after the test, a failing one included, so a failure
+    does not leave their listening ports behind (closing again is a no-op)."""
+    groups = _pair()
+    try:
+        yield groups
+    finally:
+        for g in groups:
+            g.close()
+
+
+def test_send_and_recv_return_once_the_message_passed(pair: list[Group]) -> None:
     """Gloo reports a send or receive complete only inside ``wait``: polling the work alone
     never ends, so these calls hung until the group was aborted."""
-    g0, g1 = _pair()
+    g0, g1 = pair
     got = torch.zeros(1000)
     errors: list[BaseException] = []
 
@@ -66,8 +82,6 @@ def test_send_and_recv_return_once_the_message_passed() -> None:
     assert not hung, "send / recv did not return"
     assert not errors and torch.equal(got, torch.arange(1000.0))
     assert g0.idle() and g1.idle()
-    g0.close()
-    g1.close()
 
 
 def test_an_extend_whose_group_was_aborted_before_its_data_settled_holds_nothing(
@@ -149,13 +163,14 @@ def test_an_abort_that_comes_before_the_join_is_not_lost() -> None:
         rv.close()
 
 
-def test_a_group_aborted_and_freed_before_its_first_collective_raises_group_aborted() -> None:
+def test_a_group_aborted_and_freed_before_its_first_collective_raises_group_aborted(
+        pair: list[Group]) -> None:
     """An abort between a member's join and its first collective parks the group, and the
     worker frees it at once (nothing runs on it): the member's collective must fail as aborted,
     not on the freed backend (a flaky fault test once saw an AttributeError there)."""
     from nereus.runtime.comm import GroupAborted
 
-    g0, g1 = _pair()
+    g0, g1 = pair
     for g in (g0, g1):
         g.abort()
         g.close()

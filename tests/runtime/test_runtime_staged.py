@@ -9,10 +9,12 @@ schedule whose Splits and Merges are replaced by staged copies (``dataclasses.re
 
 from __future__ import annotations
 
+import os
 import random
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import ray
@@ -420,17 +422,44 @@ def test_a_merge_failing_in_one_worker_keeps_every_source(clean: WorkerPool, sta
     check_stages(pool, job, rec.units, seeds)
 
 
-def _break_split(ctx: WorkerContext, delay_s: float) -> None:
-    """Make this worker's next Split fail after ``delay_s`` (an error inside the worker that
-    is not a death: an allocation failure, say), once the other groups have finished."""
-    real = mv.split_member
+# How long a gated member of the Split below waits for the other group: generous, and below the
+# primitive's deadline (its communicators' 5 s timeout plus the executor's 30 s grace), past
+# which the executor would take the worker for hung and stop it.
+ORDER_TIMEOUT_S = 25.0
 
-    def broken(*args: object, **kwargs: object) -> mv.MoveResult:
-        time.sleep(delay_s)
-        raise RuntimeError("injected fault in the split")
+
+def _done_mark(marks: str, g: int) -> str:
+    return os.path.join(marks, f"done.{g}")
+
+
+def _gate_split(ctx: WorkerContext, marks: str, after: Sequence[int], fail: bool) -> None:
+    """Make this worker's next Split wait until the workers ``after`` finished their part of it
+    (each one's call writes ``done.<worker>`` under the folder ``marks`` once its real Split
+    returned), and record which it saw finished (``seen.<worker>``); then fail (``fail``: an
+    error inside the worker that is not a death, an allocation failure, say) or make its
+    part. Past ``ORDER_TIMEOUT_S`` it fails naming the broken ordering, instead of hanging."""
+    real = mv.split_member
+    me = ctx.device_id
+
+    def gated(*args: object, **kwargs: object) -> mv.MoveResult:
+        deadline = time.monotonic() + ORDER_TIMEOUT_S
+        while not all(os.path.exists(_done_mark(marks, g)) for g in after):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"test ordering broken: workers {list(after)} did not "
+                                   f"finish their part within {ORDER_TIMEOUT_S:g} s")
+            time.sleep(0.01)
+        seen = sorted(g for g in after if os.path.exists(_done_mark(marks, g)))
+        with open(os.path.join(marks, f"seen.{me}"), "w") as f:
+            f.write(" ".join(map(str, seen)))
+        if fail:
+            raise RuntimeError("injected fault in the split")
+        result = real(*args, **kwargs)
+        with open(_done_mark(marks, me), "w"):
+            pass
+        return result
 
     ctx.scratch["split_member"] = real
-    mv.split_member = broken
+    mv.split_member = gated
 
 
 def _mend_split(ctx: WorkerContext) -> None:
@@ -438,7 +467,8 @@ def _mend_split(ctx: WorkerContext) -> None:
         mv.split_member = ctx.scratch.pop("split_member")
 
 
-def test_a_split_failing_in_one_group_keeps_the_only_copy(clean: WorkerPool) -> None:
+def test_a_split_failing_in_one_group_keeps_the_only_copy(clean: WorkerPool,
+                                                          tmp_path: Path) -> None:
     """A Split of a stage's only unit into two groups ((tp=2, pp=2) into two tp=2 replicas);
     a member of one group fails after the other group finished its part. The members that
     finished keep their source positions until the Split settles, so the source unit stays
@@ -454,13 +484,22 @@ def test_a_split_failing_in_one_group_keeps_the_only_copy(clean: WorkerPool) -> 
     place_plan(pool, job, current, specs, seeds)
     held = {d: s.held for d, s in pool.memory().items()}
     bad = groups[1][-1]
-    pool.run({bad: (_break_split, (2.0,))})
+    # the order, without a race: the first group's members make their part as usual and mark
+    # it done; the second group's members wait for those marks before their part (so the
+    # first group's time does not count against the second's communicator timeout), and
+    # ``bad`` then fails instead of making it
+    marks = str(tmp_path)
+    gates = {g: (_gate_split, (marks, () if g in groups[0] else groups[0], g == bad))
+             for g in (*groups[0], *groups[1])}
     try:
+        pool.run(gates)
         ex = Executor(pool, specs, min_timeout_s=5.0)
         with pytest.raises(TransitionFailed, match="injected fault") as info:
             ex.run(schedule)
     finally:
-        pool.run({bad: (_mend_split, ())})
+        pool.run({g: (_mend_split, ()) for g in gates})
+    with open(os.path.join(marks, f"seen.{bad}")) as f:  # it failed once the others finished
+        assert f.read() == " ".join(map(str, sorted(groups[0])))
     rep = info.value.report
     assert rep.dead == frozenset() and set(rep.failed) == {0}
     assert set(rep.failed[0]) == set(groups[1])  # the other group finished its part
