@@ -5,16 +5,18 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, replace
 
+from transition_testlib import example_a, example_b, job8b, sp, tiny_job
+
 from nereus.cost.candidate import Layout
 from nereus.plan.types import Plan
-from nereus.transition.cost import Duration
+from nereus.spec.job import parse_job
+from nereus.transition.cost import Duration, TransitionCost
 from nereus.transition.emu import Emu, Holds
 from nereus.transition.planner import plan_transition
 from nereus.transition.primitives import Destroy, Extend, Merge, Primitive, Split
 from nereus.transition.schedule import Schedule, ScheduledPrimitive
+from nereus.transition.sizes import StateSizes
 from nereus.transition.validate import validate
-
-from transition_testlib import example_a, example_b, job8b, sp, tiny_job
 
 
 def shifted(s: Schedule, index: int, start: float) -> Schedule:
@@ -65,12 +67,13 @@ def test_two_primitives_on_one_gpu_at_once_are_caught() -> None:
 
 def test_destroying_the_last_copy_too_early_is_caught() -> None:
     job = job8b(16)
-    cur = Plan((sp("reward_infer", 2, 2, [range(0, 4)]),))
+    cur = Plan((sp("reward_infer", 2, 2, [range(4)]),))
     tgt = Plan((sp("reward_infer", 2, 2, [range(8, 12)]),))
     s = plan_transition(job, cur, tgt)
     d = find(s, "Destroy")
     broken = replace(shifted(s, d.index, 0.0), primitives=tuple(
-        replace(p, deps=()) if p.op == "Destroy" else p for p in shifted(s, d.index, 0.0).primitives))
+        replace(p, deps=()) if p.op == "Destroy" else p
+        for p in shifted(s, d.index, 0.0).primitives))
     errs = validate(job, cur, tgt, broken)
     assert any("no complete copy of reward_infer" in e for e in errs)
 
@@ -85,9 +88,9 @@ def test_memory_over_capacity_is_caught() -> None:
 
 def test_concurrent_stages_meeting_on_a_gpu_are_caught() -> None:
     job = job8b(16)
-    cur = Plan((sp("reference_infer", 1, 4, [range(0, 4), range(4, 8)]),
+    cur = Plan((sp("reference_infer", 1, 4, [range(4), range(4, 8)]),
                 sp("reward_infer", 1, 4, [range(8, 12)])))
-    tgt = Plan((sp("reference_infer", 1, 4, [range(0, 4)]),
+    tgt = Plan((sp("reference_infer", 1, 4, [range(4)]),
                 sp("reward_infer", 1, 4, [range(4, 8)])))
     s = plan_transition(job, cur, tgt)
     assert validate(job, cur, tgt, s) == []
@@ -122,7 +125,8 @@ def test_a_split_that_breaks_the_nesting_contract_is_caught() -> None:
     object.__setattr__(bad, "sub", split.sub)
     object.__setattr__(bad, "outputs", tuple(reversed(split.outputs)))
     prims = tuple(replace(p, primitive=bad) if p.primitive is split else p for p in s.primitives)
-    assert any("nesting mapping" in e for e in validate(job, cur, tgt, replace(s, primitives=prims)))
+    errs = validate(job, cur, tgt, replace(s, primitives=prims))
+    assert any("nesting mapping" in e for e in errs)
 
 
 def appended(s: Schedule, steps: list[tuple[Primitive, float]]) -> Schedule:
@@ -453,3 +457,100 @@ def test_a_primitive_shortened_with_its_recorded_duration_is_caught() -> None:
         cheat if p is e else p for p in s.primitives)))
     assert any(f"primitive {e.index} (Extend {e.stage}) lasts {fast:.6f} s in the schedule, its "
                f"estimate is {e.duration.seconds:.6f} s" in x for x in errs), errs
+
+
+# --- rules the schedules above never isolate: each wrong schedule below breaks the rule it is
+# --- named for (at the moments it asserts, that rule alone), its primitives lasting their
+# --- estimates and its figures the replay's, so no other rule speaks for it
+
+
+def priced(job, cur, tgt, s: Schedule, steps: list[tuple[Primitive, float, tuple[int, ...]]],
+           final: dict[str, tuple[Emu, ...]]) -> Schedule:
+    """``steps`` (primitive, start, deps) from ``s``'s initial units, each lasting its estimate
+    under ``s``'s efficiencies, ending at ``final``, with the peaks the replay finds."""
+    cost = TransitionCost(job.cluster, StateSizes(job), s.efficiencies)
+    prims = []
+    for i, (p, start, deps) in enumerate(steps):
+        secs = cost.seconds(p)
+        prims.append(ScheduledPrimitive(i, p, start, start + secs, deps, (), Duration(secs), {}))
+    wrong = replace(s, primitives=tuple(prims), estimated_s=max(p.end_s for p in prims),
+                    final=final)
+    return with_replayed_peaks(job, cur, tgt, wrong)
+
+
+def test_a_unit_that_does_not_hold_every_tensor_is_no_copy() -> None:
+    """reward_infer as two (tp=3, pp=1) replicas, one of them destroyed: the end state is the
+    target, but tiny-llama's 4 attention heads do not split 3 ways, so the replica left
+    holds no complete copy of the state. (Neither unit is read or made by a primitive, whose
+    pricing would refuse the layout, and neither is loaded, so no bytes are counted for them.)"""
+    job = tiny_job(8)
+    cur = Plan((sp("reward_infer", 3, 1, [[0, 1, 2], [3, 4, 5]]),))
+    tgt = Plan((sp("reward_infer", 3, 1, [[0, 1, 2]]),))
+    # a valid schedule of (1, 1) units on GPUs 0 and 3: its initial units, relabelled (3, 1)
+    s = plan_transition(job, Plan((sp("reward_infer", 1, 1, [[0], [3]]),)),
+                        Plan((sp("reward_infer", 1, 1, [[0]]),)))
+    keep, drop = (replace(e, layout=Layout(3, 1), gpus=g)
+                  for e, g in zip(s.initial["reward_infer"], [(0, 1, 2), (3, 4, 5)]))
+    s = replace(s, initial={"reward_infer": (keep, drop)})
+    wrong = priced(job, cur, tgt, s, [(Destroy(drop), 0.0, ())], {"reward_infer": (keep,)})
+    end = wrong.primitives[0].end_s
+    errs = validate(job, cur, tgt, wrong)
+    assert errs == [f"t={t:.6f}: no complete copy of reward_infer's state survives"
+                    for t in (0.0, end)], errs
+
+
+def test_a_unit_being_destroyed_is_no_surviving_copy() -> None:
+    """reward_infer's two replicas destroyed by Destroys that overlap: from when the second
+    starts until the first ends both are being destroyed, and then the only unit left is. (The
+    end state is wrong too, and once both end no unit is left; but the moments while a Destroy
+    runs are caught by this rule only. A replacement copy cannot come in time without another
+    rule firing: its source is a copy alive all the while it is read, and one being destroyed
+    meanwhile is a unit used by two running primitives.)"""
+    job = tiny_job(4)
+    cur = Plan((sp("reward_infer", 1, 1, [[0], [1]]),))
+    tgt = Plan((sp("reward_infer", 1, 1, [[0]]),))
+    s = plan_transition(job, cur, tgt)
+    assert validate(job, cur, tgt, s) == []
+    a, b = s.initial["reward_infer"]
+    d = TransitionCost(job.cluster, StateSizes(job), s.efficiencies).seconds(Destroy(a))
+    wrong = priced(job, cur, tgt, s, [(Destroy(b), 0.0, ()), (Destroy(a), d / 2, ())],
+                   {"reward_infer": (a,)})
+    errs = validate(job, cur, tgt, wrong)
+    # at d/2 both units are being destroyed; at d the first is gone, the second is dying
+    for t in (d / 2, d):
+        assert f"t={t:.6f}: no complete copy of reward_infer's state survives" in errs, errs
+    assert not [e for e in errs if e.startswith((f"t={d / 2:.6f}", f"t={d:.6f}"))
+                and "no complete copy" not in e], errs
+
+
+def test_asynchronous_generation_meeting_another_stage_on_a_gpu_is_caught() -> None:
+    """Asynchronous execution: actor_gen (GPU 0) generates the next step while reward_infer
+    scores this one, so the two run side by side. reward_infer moves from GPU 2 to GPU 1, a
+    wrong schedule by way of GPU 0: there it meets actor_gen. (Synchronous execution runs the
+    two phases one after the other, and the same detour is allowed.)"""
+    for execution in ("async", "sync"):
+        job = parse_job({"model": "tiny-llama", "gpus": 4, "execution": execution,
+                         "cluster": {"device": "cpu", "devices_per_node": 4}})
+        cur = Plan((sp("actor_gen", 1, 1, [[0]]), sp("reward_infer", 1, 1, [[2]])))
+        tgt = Plan((sp("actor_gen", 1, 1, [[0]]), sp("reward_infer", 1, 1, [[1]])))
+        s = plan_transition(job, cur, tgt)
+        assert validate(job, cur, tgt, s) == []
+        (gen,) = s.initial["actor_gen"]
+        (rew,) = s.initial["reward_infer"]
+        there = Extend.of(rew, [0], "reward_infer/1")
+        back = Extend.of(there.output, [1], "reward_infer/2")
+        cost = TransitionCost(job.cluster, StateSizes(job), s.efficiencies)
+        t = [0.0]
+        for p in (there, Destroy(rew), back):
+            t.append(t[-1] + cost.seconds(p))
+        wrong = priced(job, cur, tgt, s, [(there, t[0], ()), (Destroy(rew), t[1], (0,)),
+                                          (back, t[2], (1,)),
+                                          (Destroy(there.output), t[3], (2,))],
+                       {"actor_gen": (gen,), "reward_infer": (back.output,)})
+        errs = validate(job, cur, tgt, wrong)
+        if execution == "sync":
+            assert errs == [], errs
+            continue
+        assert errs and all(re.fullmatch(r"t=[\d.]+: GPU 0 is held by actor_gen and "
+                                         r"reward_infer, which run concurrently", e)
+                            for e in errs), errs
