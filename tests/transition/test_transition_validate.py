@@ -10,6 +10,7 @@ from transition_testlib import example_a, example_b, job8b, sp, tiny_job
 from nereus.cost.candidate import Layout
 from nereus.plan.types import Plan
 from nereus.spec.job import parse_job
+from nereus.spec.sharding import layout_problem
 from nereus.transition.cost import Duration, TransitionCost
 from nereus.transition.emu import Emu, Holds
 from nereus.transition.planner import plan_transition
@@ -308,6 +309,25 @@ def test_a_merge_of_the_wrong_number_of_units_is_caught() -> None:
     errs = validate(job, cur, tgt, rebuilt(job, cur, tgt, s, [(bad, 0.002)],
                                            {"reward_infer": (out,)}))
     assert any("(Merge): 3 inputs cannot merge into" in e for e in errs), errs
+
+
+def test_a_unit_the_model_cannot_be_sharded_into_is_a_line_not_a_crash() -> None:
+    """Three (1, 1) units merged into tp=3 (3 does not divide the tiny model's 4 heads): the
+    validator priced the output and raised the cost layer's InputError instead of saying what
+    is wrong."""
+    job = tiny_job(4)
+    cur = Plan((sp("reward_infer", 1, 1, [[0], [1], [2]]),))
+    tgt = Plan((sp("reward_infer", 2, 1, [[0, 1]]),))
+    s = plan_transition(job, cur, tgt)
+    units = s.initial["reward_infer"]
+    two = Merge.of(units[:2], Layout(2, 1), "reward_infer/3").output
+    out = replace(two, layout=Layout(3, 1), gpus=(0, 1, 2))
+    bad = forged(Merge, emus=units, layout=Layout(3, 1), output=out, staged=False)
+    wrong = appended(replace(s, primitives=(), estimated_s=0.0), [(bad, 0.002)])
+    errs = validate(job, cur, tgt, replace(wrong, final={"reward_infer": (out,)}))
+    assert errs == [(f"primitive 0 (Merge reward_infer): unit reward_infer/3 has layout "
+                     f"{Layout(3, 1)}, which the model cannot take: "
+                     f"{layout_problem(job.model, 3, 1)}")]
 
 
 def test_an_extend_onto_its_own_gpus_or_to_another_layout_is_caught() -> None:

@@ -162,6 +162,16 @@ def validate(job: JobSpec, current: Plan, target: Plan, schedule: Schedule) -> l
     """Every rule the schedule breaks, as one line each; an empty list means it is valid."""
     if not schedule.feasible:
         return [f"schedule is infeasible: {schedule.reason}"]
+    # a unit the model cannot be sharded into has no bytes for a copy to be priced by: say so
+    # (a Destroy only tears one down; the copy rule then says it was never a copy)
+    unshardable = [f"primitive {p.index} ({p.op} {p.stage}): unit {e.id} has layout {e.layout}, "
+                   f"which the model cannot take: {why}"
+                   for p in schedule.primitives
+                   if type(p.primitive) in PRIMITIVES and p.op != "Destroy"
+                   for e in (*p.primitive.inputs, *p.primitive.outputs)
+                   for why in [layout_problem(job.model, e.layout.tp, e.layout.pp)] if why]
+    if unshardable:
+        return unshardable
     J = _Job(job, current, target)
     errs: list[str] = []
     prims = schedule.primitives
