@@ -150,7 +150,6 @@ def test_a_memory_trigger_beside_a_telemetry_trigger_is_labelled_estimated():
     assert always.log_line() == "step 3 keep [always] (estimated)"
 
 
-
 def test_a_plan_that_cannot_run_shows_only_the_targets_node_loss_risk():
     """An urgent move off a plan that lost its GPUs printed ``node-loss risk 0->8.83``: the 0
     read as the old plan's risk, which it is not (it has no step to price). The risk is shown
@@ -165,6 +164,7 @@ def test_a_plan_that_cannot_run_shows_only_the_targets_node_loss_risk():
                                                           reasons=both).log_line()
     none = Reasons(3, target_step_s=51.57)
     assert "risk" not in Decision(Action.MOVE, None, reasons=none).log_line()
+
 
 def test_rejected_replan_resets_references_so_the_same_length_does_not_retrigger(job, plans):
     c, d, _ = _drift_decision(job, plans, 1e9)

@@ -168,7 +168,7 @@ def _schedules(table):
 def test_best_target_admitted_when_it_repays_within_gamma_h():
     f, _ = _schedules({"o0": _Sched(10.0)})
     idx, _, v = select(_opts(8.0), 10.0, urgent=False, gamma=0.5, horizon_steps=10.0,
-                           schedule_of=f)
+                       schedule_of=f)
     assert idx == 0 and v[0].admitted and v[0].payback_steps == 5.0
     assert v[0].delta_l_s == 2.0 and v[0].l_tran_s == 10.0
 
