@@ -6,6 +6,9 @@ Targets: on the default scenario Nereus >= 1.3x the static policy's throughput a
 replan-without-admission throughput with fewer transitions; on the stationary trace no
 transition after the first plan; the calibrator's stage-latency error under 10 % after 10
 steps; the default scenario (four policies) in under a minute on a 2-core machine.
+Beside them, not timed with them: Nereus against ``static_verl`` (static within the plans a
+verl user can configure, ``nereus.plan.frameworks``) and the steps on which that policy ran
+static's plan because verl's space had none for the pool.
 Throughputs are simulated; times are measured on this machine (wall and CPU).
 The last line is one JSON object.
 """
@@ -18,7 +21,8 @@ import os
 import resource
 import time
 
-from nereus.sim.scenarios import builtin, run_scenario
+from nereus.sim.policies import VerlStaticPolicy
+from nereus.sim.scenarios import builtin, run_scenario, simulator
 
 
 def _cpu() -> float:
@@ -53,12 +57,21 @@ def main() -> None:
             "nereus_transitions_after_first_plan": n.transitions,
             "calibration_error_step10": round(n.calib_error_at(10) or 0.0, 4),
         }
+        sim = simulator(sc)
+        verl = VerlStaticPolicy(sim.truth, sc.lengths)
+        v = sim.run([verl]).results[verl.name]
+        row["nereus_vs_static_verl"] = round(n.tokens_per_s / v.tokens_per_s, 3)
+        row["static_verl_fallback_steps"] = sum(ev.pool in verl.fallback_pools
+                                                for ev in sim.events)
+        row["tokens_per_s"]["static_verl"] = round(v.tokens_per_s, 1)
         out[name] = row
         print(f"{name:<11} {sc.steps} steps in {wall:5.1f} s wall ({cpu:.0f} s CPU): Nereus {row['nereus_vs_static']}x"
               f" static, {row['nereus_vs_replan_always']}x replan-always "
               f"({n.transitions} vs {a.transitions} transitions), oracle "
               f"{row['oracle_vs_static']}x static, calibration error after 10 steps "
-              f"{row['calibration_error_step10']:.2%}")
+              f"{row['calibration_error_step10']:.2%}; Nereus {row['nereus_vs_static_verl']}x "
+              f"static in verl's space ({row['static_verl_fallback_steps']} steps on static's "
+              f"plan)")
     print(json.dumps(out))
 
 

@@ -31,6 +31,16 @@ def test_json_output_has_the_exact_shape():
                                              "restarts"} | EXTRA
 
 
+def test_static_verl_runs_when_named_and_the_error_lists_it():
+    r = _run("--scenario", "stationary", "--steps", "3", "--policies", "static,static_verl",
+             "--json")
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert list(out["policies"]) == ["static", "static_verl"]
+    bad = _run("--policies", "verl")
+    assert bad.exit_code == 2 and "static_verl" in bad.output
+
+
 @pytest.mark.parametrize("args, field", [
     (["--scenario", "nope"], "--scenario"),
     (["--policies", "static,best"], "--policies"),

@@ -47,7 +47,8 @@ class Style:
 
 # fixed per policy, so a run of some of them draws each as a run of all of them does; the
 # oracle (the reference the gaps are measured against) dashed
-STYLES = {"static": Style("C0", "-", 1.0), "replan_always": Style("C1", "-.", 0.9),
+STYLES = {"static": Style("C0", "-", 1.0), "static_verl": Style("C0", ":", 1.0),
+          "replan_always": Style("C1", "-.", 0.9),
           "nereus": Style("C2", "-", 1.0), "oracle": Style("0.15", "--", 0.9)}
 
 

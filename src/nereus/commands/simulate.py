@@ -30,7 +30,7 @@ from nereus.commands.simplot import draw
 from nereus.control.restart import checkpoint_bytes, saved_bytes
 from nereus.errors import InputError, count
 from nereus.files import os_reason, read_yaml
-from nereus.sim.policies import POLICIES
+from nereus.sim.policies import ALL_POLICIES, POLICIES
 from nereus.sim.scenarios import (
     SCENARIOS,
     Scenario,
@@ -45,10 +45,10 @@ from nereus.sim.simulator import PolicyResult, SimResult
 
 def _policies(text: str) -> list[str]:
     names = [p.strip() for p in text.split(",") if p.strip()]
-    bad = [p for p in names if p not in POLICIES]
+    bad = [p for p in names if p not in ALL_POLICIES]
     if bad or not names:
         raise InputError("--policies", f"unknown policy {bad[0]!r}" if bad else "empty",
-                         POLICIES)
+                         ALL_POLICIES)
     return list(dict.fromkeys(names))
 
 
@@ -223,7 +223,8 @@ def register(app: typer.Typer) -> None:
             None, help=with_default("Nereus's confidence margin γ, 0 to 1",
                                     "the scenario's; 0.5 in the built-in ones")),
         policies: str = typer.Option(",".join(POLICIES), help="policies to compare, "
-                                     "comma-separated"),
+                                     "comma-separated; also static_verl: static within the "
+                                     "plans a verl user can configure"),
         plot_path: Optional[Path] = typer.Option(
             None, "--plot", metavar="OUT.png", readable=False,
             help="draw, over steps: each step's time without checkpoint writes, restarts "

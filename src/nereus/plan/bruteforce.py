@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Callable
 
 import networkx as nx
 
@@ -20,21 +21,24 @@ from nereus.plan.candidates import enumerate_candidates
 from nereus.plan.overlap import END, SYNC, overlap_graph
 from nereus.plan.search import set_partitions
 from nereus.spec.job import JobSpec
-from nereus.spec.workflow import Execution, Phase, StageKind
+from nereus.spec.workflow import Execution, ModelStage, Phase, StageKind
+
+Keep = Callable[[ModelStage, Candidate], bool]
 
 
-def _fitting(cost: CostModel, job: JobSpec, max_combinations: int
-             ) -> dict[str, list[Candidate]]:
+def _fitting(cost: CostModel, job: JobSpec, max_combinations: int,
+             keep: Keep | None = None) -> dict[str, list[Candidate]]:
     """Every model-stage's candidates that fit memory (TP across nodes only where none inside
-    one fits); ValueError when their combinations exceed ``max_combinations``."""
+    one fits), of those ``keep`` accepts; ValueError when their combinations exceed
+    ``max_combinations``."""
     pool = job.pool.size
     cands: dict[str, list[Candidate]] = {}
     for st in job.workflow.stages:
-        cs = enumerate_candidates(cost, st, pool)
-        ok = [c for c in cs if cost.estimate(st, c).fits]
+        def kept(cs: list[Candidate], st: ModelStage = st) -> list[Candidate]:
+            return [c for c in cs if cost.estimate(st, c).fits and (keep is None or keep(st, c))]
+        ok = kept(enumerate_candidates(cost, st, pool))
         if not ok and cost.node_size < pool:
-            cs = enumerate_candidates(cost, st, pool, max_tp=pool)
-            ok = [c for c in cs if cost.estimate(st, c).fits]
+            ok = kept(enumerate_candidates(cost, st, pool, max_tp=pool))
         cands[st.name] = ok
     total = math.prod(max(1, len(v)) for v in cands.values())
     if total > max_combinations:
@@ -43,13 +47,17 @@ def _fitting(cost: CostModel, job: JobSpec, max_combinations: int
 
 
 def brute_force_latency(job: JobSpec, cost: CostModel | None = None,
-                        max_combinations: int = 2_000_000) -> float:
-    """The lowest step latency over all valid plans (math.inf when none fits)."""
+                        max_combinations: int = 2_000_000, keep: Keep | None = None,
+                        consistent: Callable[[dict[str, Candidate]], bool] | None = None
+                        ) -> float:
+    """The lowest step latency over all valid plans (math.inf when none fits). ``keep``: the
+    candidates a stage may have; ``consistent``: which combinations of them are allowed (a
+    framework's plan space, ``nereus.plan.frameworks``)."""
     cost = cost or CostModel(job)
     wf = job.workflow
     limit = HEADROOM * cost.device.memory_bytes
     pool = job.pool.size
-    cands = _fitting(cost, job, max_combinations)
+    cands = _fitting(cost, job, max_combinations, keep)
     lat = {(n, c): cost.estimate(n, c).latency_s for n, cs in cands.items() for c in cs}
     names = [s.name for s in wf.stages]
     partitions = {p: list(set_partitions([s.name for s in wf.phase_stages(p)])) for p in wf.phases}
@@ -66,6 +74,8 @@ def brute_force_latency(job: JobSpec, cost: CostModel | None = None,
         preds = {v: list(graph.predecessors(v)) for v in order}
         for combo in combos:
             choice = dict(zip(names, combo))
+            if consistent is not None and not consistent(choice):
+                continue
             if not _feasible(cost, choice, grouping, wf.phases, limit, pool, wf.execution, memo):
                 continue
             if sync is not None and not cost.weight_sync_fits(choice[sync[0]].layout,

@@ -345,15 +345,19 @@ class Planner:
 
     def __init__(self, job: JobSpec, efficiencies: Efficiencies | None = None,
                  cost: CostModel | None = None, spread: bool = False,
-                 evaluated: Mapping[str, Evaluation | None] | None = None):
+                 evaluated: Mapping[str, Evaluation | None] | None = None,
+                 keep: Callable[[ModelStage, Candidate], bool] | None = None):
         """``spread``: on a pool of several nodes, every model-stage keeps at least two
         replicas that each fit in a node and are placed on different nodes where the layouts
         allow, so losing one node leaves a copy of every stage's state (the controller asks
         for it when the pool churns; ``nereus.plan.exposure`` checks the placed plan). On a
         single node it changes nothing. ``evaluated``: every stage's candidates already priced
         under ``cost`` by a planner of the same job (``best`` passes its own to the spread
-        planner it asks)."""
+        planner it asks). ``keep``: the candidates of each stage the search may use (a
+        framework's plan space, say; the search is exact within them), as well as
+        ``spread``'s."""
         self.job = job
+        self.keep = keep
         self.cost = cost or CostModel(job, efficiencies)
         self.limit = HEADROOM * self.cost.device.memory_bytes
         # what a ``spread`` planner's ``best`` gives, where ``best`` searched it on the way
@@ -368,7 +372,7 @@ class Planner:
             # on the network, which sizes would put inside a node (priced anew, not filtered
             # from a packed planner's evaluation)
             links = apart if st.kind is StageKind.TRAIN else None
-            opts, ev = stage_options(self.cost, st, job.pool.size, keep=self._keep(),
+            opts, ev = stage_options(self.cost, st, job.pool.size, keep=self._keep(st),
                                      evaluated=None if links else (evaluated or {}).get(st.name),
                                      links=links)
             self.evaluated[st.name] = ev
@@ -408,12 +412,16 @@ class Planner:
         nodes = list(self.job.pool.by_node().values())
         return Links(dp=(nodes[0][0], nodes[1][0]))
 
-    def _keep(self) -> Callable[[Candidate], bool] | None:
-        """Under ``spread``, only candidates of two or more replicas that each fit in a node."""
+    def _keep(self, st: ModelStage) -> Callable[[Candidate], bool] | None:
+        """The candidates of ``st`` that ``keep`` accepts; under ``spread``, of those only
+        the ones of two or more replicas that each fit in a node."""
+        keep = self.keep
         if not self.spread:
-            return None
+            return None if keep is None else lambda c: keep(st, c)
         node = self.job.pool.largest_node_share()
-        return lambda c: c.dp >= 2 and c.layout.size <= node
+        if keep is None:
+            return lambda c: c.dp >= 2 and c.layout.size <= node
+        return lambda c: c.dp >= 2 and c.layout.size <= node and keep(st, c)
 
     # ---- search ----
     def search(self) -> SearchResult:
@@ -614,7 +622,7 @@ class Planner:
             return plan
         try:
             other = Planner(self.job, cost=self.cost, spread=True,
-                            evaluated=self.evaluated).best_placed()
+                            evaluated=self.evaluated, keep=self.keep).best_placed()
         except InfeasibleError as e:
             self.spread_plan = e
             return plan
@@ -705,7 +713,7 @@ class Planner:
         wf = self.job.workflow
         base = {}
         for st in wf.stages:
-            opts, _ = stage_options(self.cost, st, self.job.pool.size, keep=self._keep(),
+            opts, _ = stage_options(self.cost, st, self.job.pool.size, keep=self._keep(st),
                                     by_layout=True,
                                     links=self._apart() if st.kind is StageKind.TRAIN else None)
             base[st.name] = opts

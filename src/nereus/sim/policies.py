@@ -4,6 +4,11 @@
   feasible for the whole trace, chosen at start with the true efficiencies (a parameter sweep
   measures them). It never moves: a lost GPU crashes the job, which restarts from the last
   checkpoint on the GPUs left; GPUs that come back are used at its next restart.
+- ``static_verl``: ``static`` within the plan space a verl user configures
+  (``nereus.plan.frameworks``: every model-stage on the same GPUs, a rollout without pipeline,
+  the critic's values on its training layout); on a pool where no plan of that space fits the
+  whole trace it runs ``static``'s plan (generous to it: a verl job would wait), and says how
+  often (``fallback_pools``). Not in ``POLICIES``: run it by name.
 - ``replan_always``: the controller with admission off: it replans at every boundary and moves
   whenever a faster feasible plan exists, whatever the move costs.
 - ``nereus``: the controller as §4 describes it (triggers, horizons, Eq. 2, urgent path).
@@ -27,13 +32,18 @@ from nereus.cost.calibrate import Calibrator
 from nereus.cost.efficiency import Efficiencies
 from nereus.cost.model import CostModel
 from nereus.errors import InfeasibleError, InputError
+from nereus.plan.frameworks import best_verl_plan
 from nereus.plan.search import best_plan
 from nereus.plan.types import Plan
 from nereus.sim.plancache import PlanCache, bucket
 from nereus.sim.traces import LengthTrace
 from nereus.sim.truth import Truth
+from nereus.spec.job import JobSpec
 
 POLICIES = ("static", "replan_always", "nereus", "oracle")
+# policies run only when named (``--policies``)
+EXTRA_POLICIES = ("static_verl",)
+ALL_POLICIES = POLICIES + EXTRA_POLICIES
 
 
 @dataclass(frozen=True)
@@ -92,7 +102,7 @@ class StaticPolicy(Policy):
         found: list[Plan] = []
         for m in means + [int(round(max(lt.mean)))]:
             try:
-                found.append(best_plan(tr.job_at(pool, min(m, longest), longest), tr.hidden))
+                found.append(self.best_at(tr.job_at(pool, min(m, longest), longest)))
             except InfeasibleError:
                 continue
         best: tuple[float, Plan] | None = None
@@ -104,6 +114,11 @@ class StaticPolicy(Policy):
                 best = (total, p)
         self._plans[pool] = best[1] if best else None
         return self._plans[pool]
+
+    def best_at(self, job: JobSpec) -> Plan:
+        """The fastest plan of the policy's space for ``job`` (its pool and lengths), under
+        the true efficiencies."""
+        return best_plan(job, self.truth.hidden)
 
     def start(self, pool: tuple[int, ...], mean: float, longest: int) -> Plan | None:
         self.plan = self.plan_for(pool)
@@ -125,6 +140,31 @@ class StaticPolicy(Policy):
     def failed(self, tel: Telemetry, upcoming: tuple[int, float, int]) -> Act:
         self.stopped = True
         return self.decide(tel, upcoming)
+
+
+class VerlStaticPolicy(StaticPolicy):
+    name = "static_verl"
+
+    def __init__(self, truth: Truth, lengths: LengthTrace, samples: int = 12,
+                 candidates: int = 6):
+        super().__init__(truth, lengths, samples, candidates)
+        # pools where verl's space has no plan for the whole trace, so ``static``'s ran
+        self.fallback_pools: set[tuple[int, ...]] = set()
+
+    def best_at(self, job: JobSpec) -> Plan:
+        return best_verl_plan(job, self.truth.hidden)
+
+    def plan_for(self, pool: tuple[int, ...]) -> Plan | None:
+        if pool in self._plans:
+            return self._plans[pool]
+        plan = super().plan_for(pool)
+        if plan is None:
+            plan = StaticPolicy(self.truth, self.lengths, self.samples,
+                                self.candidates).plan_for(pool)
+            self._plans[pool] = plan
+            if plan is not None:
+                self.fallback_pools.add(pool)
+        return plan
 
 
 class OraclePolicy(Policy):
@@ -238,6 +278,8 @@ def make_policies(names: Sequence[str], truth: Truth, lengths: LengthTrace,
         log = (lambda line, n=n: on_log(n, line)) if on_log else None
         if n == "static":
             out.append(StaticPolicy(truth, lengths))
+        elif n == "static_verl":
+            out.append(VerlStaticPolicy(truth, lengths))
         elif n == "oracle":
             out.append(OraclePolicy(truth, PlanCache()))
         elif n == "nereus":
@@ -246,5 +288,5 @@ def make_policies(names: Sequence[str], truth: Truth, lengths: LengthTrace,
             out.append(ControllerPolicy("replan_always", truth, PlanCache(),
                                         replace(config, admission=False), log))
         else:
-            raise InputError("policy", f"unknown policy {n!r}", POLICIES)
+            raise InputError("policy", f"unknown policy {n!r}", ALL_POLICIES)
     return out

@@ -174,6 +174,12 @@ def _common_notes(job: JobSpec) -> dict[str, str]:
                   "longest responses, chosen with the true efficiencies (as a parameter sweep "
                   "at start-up would measure them, §7 baselines); it restarts from the last "
                   "checkpoint when it loses a GPU and uses returned GPUs at its next restart",
+        "static_verl": "static within verl's plan space, as its PPO examples configure it "
+                       "(an assumption: the hybrid engine's one resource pool for every "
+                       "model-stage, the rollout's TP without pipeline, Megatron TP/PP per "
+                       "worker group, the critic's values on its training layout; "
+                       "nereus.plan.frameworks); where no such plan fits a pool for the whole "
+                       "trace, static's plan (generous: a verl job would wait)",
         "transitions": "schedule makespan from nereus.transition under the hidden "
                        "efficiencies, times the same noise",
         "replay": "after a failure the steps since the last checkpoint are done again, each "
@@ -738,7 +744,8 @@ def with_overrides(sc: Scenario, *, steps: int | None = None, gamma: float | Non
 
 # CPU seconds of a policy alone (measured on the default scenario on a 2-core machine:
 # replanning at every step costs the most); used to split policies over worker processes.
-_COST = {"replan_always": 32.0, "nereus": 15.0, "oracle": 11.0, "static": 6.0}
+_COST = {"replan_always": 32.0, "nereus": 15.0, "oracle": 11.0, "static": 6.0,
+         "static_verl": 8.0}
 
 
 def _groups(names: Sequence[str], workers: int) -> list[list[str]]:

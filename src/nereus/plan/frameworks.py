@@ -1,0 +1,109 @@
+"""The plan space a framework's users can configure, and the fastest plan in it.
+
+verl (its hybrid engine with the Megatron backend, as its PPO examples run it) puts every
+model-stage on the same GPUs, which take turns: one resource pool of ``nnodes x
+n_gpus_per_node`` GPUs for every worker group. What a user sweeps there, and what
+``verl_keep`` admits:
+
+- rollout: the inference engine's TP degree (``rollout.tensor_model_parallel_size``), no
+  pipeline (PP = 1), DP = GPUs / TP;
+- every other model-stage: Megatron's TP and PP of its worker group, DP = GPUs / (TP x PP),
+  micro-batch sizes and recomputation;
+- a trained model's forward stage (the critic's values) runs on its worker group's training
+  layout, so it has the training stage's TP and PP (``best_verl_plan`` tries each);
+- a batch is dispatched in equal shares, so DP divides the stage's batch (as in every plan here).
+
+Where no such plan fits the whole pool, a verl user runs on fewer GPUs: ``best_verl_plan`` takes
+the most that hold one, whole nodes first. The planner's cost model prices these plans as it
+prices any other; verl's own runtime differs from it in ways it does not model (CPU offload of
+idle models, its resharding of the rollout weights).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from nereus.cost.candidate import Candidate, Layout
+from nereus.cost.efficiency import Efficiencies
+from nereus.errors import InfeasibleError, count
+from nereus.plan.search import Planner
+from nereus.plan.types import Plan
+from nereus.spec.cluster import GpuPool
+from nereus.spec.job import JobSpec
+from nereus.spec.workflow import Execution, ModelStage, StageKind
+
+Keep = Callable[[ModelStage, Candidate], bool]
+
+
+def verl_keep(job: JobSpec, coupled: dict[str, Layout] | None = None) -> Keep:
+    """verl's space on ``job``'s whole pool: every candidate spans all of it, generation has no
+    pipeline. ``coupled``: model-stage -> the layout it must have (a forward stage on its
+    model's training layout)."""
+    gpus = job.pool.size
+    fixed = coupled or {}
+
+    def keep(st: ModelStage, c: Candidate) -> bool:
+        if c.gpus != gpus or (st.kind is StageKind.GENERATE and c.pp != 1):
+            return False
+        return st.name not in fixed or c.layout == fixed[st.name]
+    return keep
+
+
+def _coupled(job: JobSpec) -> list[tuple[str, str]]:
+    """(forward stage, training stage) of each trained model that has both."""
+    wf = job.workflow
+    out = []
+    for st in wf.stages:
+        trainer = wf.trained_by(st.model) if st.kind is StageKind.FORWARD else None
+        if trainer is not None:
+            out.append((st.name, trainer))
+    return out
+
+
+def _layouts(planner: Planner, stage: str) -> set[Layout]:
+    """The layouts of every candidate ``planner`` priced for ``stage`` (before pruning: a
+    layout whose candidates another layout beats alone may still be the coupled optimum)."""
+    ev = planner.evaluated.get(stage)
+    return set() if ev is None else {c.layout for c in ev.candidates}
+
+
+def _fullest_first(pool: GpuPool) -> tuple[int, ...]:
+    """The pool's GPU ids, node by node from the node with most of them (ties: lower node)."""
+    nodes = sorted(pool.by_node().items(), key=lambda kv: (-len(kv[1]), kv[0]))
+    return tuple(i for _, ids in nodes for i in ids)
+
+
+def best_verl_plan(job: JobSpec, efficiencies: Efficiencies | None = None) -> Plan:
+    """The fastest plan in verl's space (module docstring) on the most GPUs of ``job``'s pool
+    that hold one. Raises :class:`InfeasibleError` where none fits any number of them."""
+    if job.workflow.execution is not Execution.SYNC:
+        raise InfeasibleError("verl's hybrid engine runs every model-stage on the same GPUs, "
+                              "so it has no asynchronous plan")
+    order = _fullest_first(job.pool)
+    pairs = _coupled(job)
+    for gpus in range(job.pool.size, 0, -1):
+        sub = job.with_pool(GpuPool(job.cluster, order[:gpus]))
+        try:
+            base = Planner(sub, efficiencies, keep=verl_keep(sub))
+        except InfeasibleError:
+            continue
+        # every combination of the coupled stages' training layouts (one per trained model
+        # with a forward stage: the critic in PPO)
+        combos: list[dict[str, Layout]] = [{}]
+        for fwd, train in pairs:
+            layouts = _layouts(base, fwd) & _layouts(base, train)
+            combos = [{**c, fwd: lt, train: lt} for c in combos for lt in sorted(layouts)]
+        best: Plan | None = None
+        for fixed in combos:
+            try:
+                plan = Planner(sub, cost=base.cost, evaluated=base.evaluated,
+                               keep=verl_keep(sub, fixed)).best()
+            except InfeasibleError:
+                continue
+            if best is None or plan.step_latency_s < best.step_latency_s:
+                best = plan
+        if best is not None:
+            return best
+    raise InfeasibleError(f"no plan in verl's space (every model-stage on the same GPUs) fits "
+                          f"any number of the {count(job.pool.size, 'GPU')} of "
+                          f"{job.cluster.device.name}")
