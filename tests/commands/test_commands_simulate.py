@@ -123,7 +123,18 @@ def test_the_table_says_what_mean_step_adds_up() -> None:
                             "--policies", "static"])
     assert r.exit_code == 0, r.output
     assert "mean step s: the step plus its transitions, restarts, lost work and checkpoint " \
-        "writes (pauses excepted)" in " ".join(r.stdout.split())
+        "writes (pauses excepted); tokens/s: response tokens over that time" \
+        in " ".join(r.stdout.split())
+
+
+def test_minor_ticks_of_a_log_axis_under_a_decade_all_have_labels() -> None:
+    """13 to 45 s a step had one label (20): every minor tick gets one within a decade, only
+    2x and 5x a power of ten beyond it."""
+    from nereus.commands.simplot import minor_label
+
+    assert [minor_label(v, (13.0, 45.0)) for v in (20.0, 30.0, 40.0)] == ["20", "30", "40"]
+    assert [minor_label(v, (10.0, 400.0)) for v in (20.0, 30.0, 50.0, 300.0)] == \
+        ["20", "", "50", ""]
 
 
 @pytest.fixture(scope="module")
@@ -245,6 +256,10 @@ def test_the_context_panel_draws_the_pool_of_the_trace_and_the_lengths(
         assert [float(row.pool_gpus) for row in r.rows] == trace
     _, ys = length_axis["lines"]["mean response length"]
     assert ys == [row.response_len_mean for row in res.results["static"].rows]
+    # the pause before step 0 (3 GPUs, which no plan fits, for the first 5 minutes) has a
+    # mark: the pool a step ended on cannot show it
+    paused = [row.step for row in res.results["static"].rows if row.paused_s > 0]
+    assert paused and pool_panel["marks"] == [[(float(k), 0.0) for k in paused]]
     assert pool_panel["ylabel"] == "GPUs in the pool (simulated)"
     assert length_axis["ylabel"] == "mean response length, tokens (simulated)"
 

@@ -30,6 +30,9 @@ LENGTH_Y = "mean response length,\ntokens (simulated)"
 
 X_LABEL = "RL step (simulated run)"
 
+# the pool panel's mark of a pause before a step
+PAUSE_LABEL = "paused before the step: no GPU a plan fits"
+
 # what the gap panel adds up (its own title, small)
 GAP_NOTE = ("time lost so far, all that mean step s counts: the step, transitions, restarts, "
             "lost work and checkpoint writes (pauses excepted); x restart")
@@ -146,11 +149,18 @@ def _steps(ax: Axes, res: SimResult) -> None:
                    zorder=3, linewidths=0)
     ax.set_yscale("log")  # 20 s to minutes a step: log keeps the short steps apart
     ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
-    ax.yaxis.set_minor_formatter(FuncFormatter(
-        lambda v, _: f"{v:g}" if f"{v:g}"[0] in "25" else ""))
+    ax.yaxis.set_minor_formatter(FuncFormatter(lambda v, _: minor_label(v, ax.get_ylim())))
     ax.set_ylabel(STEP_Y)
     ax.grid(True, which="both", alpha=0.25)
     ax.legend(loc="upper left", fontsize=9)
+
+
+def minor_label(v: float, ylim: tuple[float, float]) -> str:
+    """A log axis's minor tick label: every tick where the axis spans at most a decade (13 to
+    45 s had one label, 20), else those of 2 and 5 times a power of ten."""
+    lo, hi = sorted(ylim)
+    text = f"{v:g}"
+    return text if lo > 0 and hi / lo <= 10 or text[0] in "25" else ""
 
 
 def _gaps(ax: Axes, res: SimResult) -> None:
@@ -194,5 +204,11 @@ def _context(ax: Axes, r: PolicyResult) -> None:
     twin.tick_params(axis="y", colors="C4")
     # below the pool's line where it is full: the two stay apart
     twin.set_ylim(0, max((row.response_len_mean for row in r.rows), default=1.0) * 1.5)
-    lines = ax.get_lines() + twin.get_lines()
-    ax.legend(lines, [ln.get_label() for ln in lines], loc="lower right", fontsize=9)
+    handles = ax.get_lines() + twin.get_lines()
+    # a pause (no GPU, or too few for any plan) is not in the pool a step ended on: a tick
+    # on the axis before each step that waited
+    paused = [row.step for row in r.rows if row.paused_s > 0]
+    if paused:
+        handles.append(ax.scatter(paused, [0.0] * len(paused), marker="|", s=300, color="C3",
+                                  linewidths=1.5, zorder=3, clip_on=False, label=PAUSE_LABEL))
+    ax.legend(handles, [h.get_label() for h in handles], loc="lower right", fontsize=9)

@@ -113,9 +113,10 @@ def policy_json(r: PolicyResult) -> dict[str, object]:
 CALIB_STEP = 10
 
 
-# what "mean step s" adds up (PolicyResult.mean_step_s): more than the step, so say it
+# what "mean step s" adds up (PolicyResult.mean_step_s): more than the step, so say it; and
+# tokens/s is over the same time (a CSV's last end_s also holds the pauses)
 MEAN_STEP = ("mean step s: the step plus its transitions, restarts, lost work and checkpoint "
-             "writes (pauses excepted)")
+             "writes (pauses excepted); tokens/s: response tokens over that time")
 
 
 def summary_table(sc: Scenario, res: SimResult) -> Table:
