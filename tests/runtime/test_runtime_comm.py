@@ -214,3 +214,65 @@ def test_an_operation_that_the_abort_ends_in_error_raises_group_aborted(device: 
     g.aborted.clear()
     with pytest.raises(RuntimeError, match="Connection closed"):
         g._wait(_EndsInError(g, abort=False))
+
+
+def test_a_broadcast_started_and_not_yet_waited_for_keeps_the_group_busy(
+        pair: list[Group]) -> None:
+    """A Split keeps several broadcasts in flight and waits for them later; ``idle`` only saw
+    those being waited for, so an abort between two waits closed the group at once, and
+    gloo's shutdown then blocked the worker's control thread for the whole operation
+    timeout (a reviewer's run: 8 s)."""
+    g0, g1 = pair
+    got = torch.zeros(64)
+    work = g1.start_broadcast(got, src=0)  # the root has not sent yet
+    assert not g1.idle()
+    g0.broadcast(torch.arange(64.0), src=0)
+    g1.wait([work])
+    assert g1.idle() and torch.equal(got, torch.arange(64.0))
+
+
+def test_groups_opened_before_a_member_failed_are_left_again() -> None:
+    """Worker 2 fails to join: worker 0 had joined ``a`` (with 1) and waits for 2 in ``b``
+    until its timeout. Everything joined is left again, so the same names open afterwards
+    (they stayed registered, and a retry raised 'already in group')."""
+    from nereus.runtime.comm import Rendezvous, open_groups
+    from nereus.runtime.workers import WorkerCallsFailed, WorkerContext
+
+    ctxs = {d: WorkerContext(d, torch.device("cpu"), 1 << 20) for d in (0, 1, 2)}
+
+    class Pool:  # runs each worker's call on a thread of this process; worker 2 fails
+        def __init__(self, fail: set[int]):
+            self.fail = fail
+
+        def run(self, calls, timeout_s=None):
+            results: dict[int, object] = {}
+            errors: dict[int, BaseException] = {}
+
+            def go(d: int, fn, args) -> None:
+                try:
+                    if d in self.fail:
+                        raise RuntimeError(f"worker {d} failed")
+                    results[d] = fn(ctxs[d], *args)
+                except BaseException as e:  # noqa: BLE001 - reported as the pool does
+                    errors[d] = e
+
+            ts = [threading.Thread(target=go, args=(d, fn, a), daemon=True)
+                  for d, (fn, a) in calls.items()]
+            for t in ts:
+                t.start()
+            for t in ts:
+                t.join(timeout=60.0)
+            if errors:
+                raise WorkerCallsFailed(errors, results)
+            return results
+
+    with Rendezvous(host="127.0.0.1", timeout_s=30.0) as rv:
+        try:
+            with pytest.raises(WorkerCallsFailed):
+                open_groups(Pool({2}), {"a": (0, 1), "b": (0, 2)}, rv, timeout_s=2.0)
+            assert all(not c.groups for c in ctxs.values())
+            assert set(open_groups(Pool(set()), {"a": (0, 1)}, rv, timeout_s=20.0)) == {"a"}
+        finally:
+            for c in ctxs.values():
+                for g in list(c.groups.values()):
+                    g.close()

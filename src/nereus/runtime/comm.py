@@ -21,12 +21,13 @@ groups that share workers never wait on each other.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import socket
 import threading
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -162,20 +163,35 @@ class Group:
         self.device = device
         self.setup_s = setup_s
         self.aborted = threading.Event()
+        # operations started on gloo and not yet seen complete: ``idle`` reads them from the
+        # control thread, so an operation is in the list from the moment it starts (``_start``
+        # holds the lock over both)
         self._pending: list[Any] = []
+        self._lock = threading.Lock()
+
+    def _start(self, op: Callable[[Any], Any]) -> Any:
+        """Start ``op`` on the live backend and track it until ``_wait`` sees it complete (on
+        gloo: closing a backend waits for its operations, so a group with one in flight must
+        stay parked; NCCL's abort unblocks them)."""
+        if self.device.type == "cuda":  # NCCL may block in its first operation: no lock
+            return op(self._live())
+        with self._lock:
+            work = op(self._live())
+            self._pending.append(work)
+        return work
 
     def _wait(self, work: Any) -> None:
         if self.aborted.is_set():
             raise GroupAborted(f"group {self.name} was aborted")
         if self.device.type != "cuda":  # NCCL: abort() unblocks the stream; wait enqueues
-            self._pending.append(work)
             delay = 20e-6
             while not work.is_completed():
                 if self.aborted.is_set():
                     raise GroupAborted(f"group {self.name} was aborted")
                 time.sleep(delay)
                 delay = min(2e-3, delay * 2)
-            self._pending = [w for w in self._pending if w is not work]
+            with self._lock:
+                self._pending = [w for w in self._pending if w is not work]
         try:
             work.wait()  # raises the operation's own error, if it failed
         except Exception as e:
@@ -188,8 +204,10 @@ class Group:
             self._wait(w)
 
     def idle(self) -> bool:
-        """No operation of this member is still running inside the backend."""
-        return all(w.is_completed() for w in self._pending)
+        """No operation of this member is still running inside the backend (one started and
+        not waited for, as a Split keeps several broadcasts in flight, included)."""
+        with self._lock:
+            return all(w.is_completed() for w in self._pending)
 
     @property
     def name(self) -> str:
@@ -217,23 +235,23 @@ class Group:
         opts = dist.BroadcastOptions()
         opts.rootRank = src
         opts.rootTensor = 0
-        self._wait(self._live().broadcast([tensor], opts))
+        self._wait(self._start(lambda b: b.broadcast([tensor], opts)))
 
     def all_gather(self, outputs: list[torch.Tensor], tensor: torch.Tensor) -> None:
-        self._wait(self._live().allgather([outputs], [tensor]))
+        self._wait(self._start(lambda b: b.allgather([outputs], [tensor])))
 
     def all_reduce(self, tensor: torch.Tensor, op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM
                    ) -> None:
         opts = dist.AllreduceOptions()
         opts.reduceOp = op
-        self._wait(self._live().allreduce([tensor], opts))
+        self._wait(self._start(lambda b: b.allreduce([tensor], opts)))
 
     def start_broadcast(self, tensor: torch.Tensor, src: int = 0) -> Any:
         """Start a broadcast; ``wait([op])`` ends it (several may be in flight)."""
         opts = dist.BroadcastOptions()
         opts.rootRank = src
         opts.rootTensor = 0
-        return self._live().broadcast([tensor], opts)
+        return self._start(lambda b: b.broadcast([tensor], opts))
 
     def wait(self, works: list[Any]) -> None:
         self._wait_all(works)
@@ -242,17 +260,17 @@ class Group:
         return work if self.device.type == "cuda" else _P2PWait(work)
 
     def send(self, tensor: torch.Tensor, dst: int, tag: int = 0) -> None:
-        self._wait(self._p2p(self._live().send([tensor], dst, tag)))
+        self._wait(self._start(lambda b: self._p2p(b.send([tensor], dst, tag))))
 
     def recv(self, tensor: torch.Tensor, src: int, tag: int = 0) -> None:
-        self._wait(self._p2p(self._live().recv([tensor], src, tag)))
+        self._wait(self._start(lambda b: self._p2p(b.recv([tensor], src, tag))))
 
     def barrier(self) -> None:
         if self.device.type == "cuda":
             t = torch.zeros(1, device=self.device)
             self.all_reduce(t)
         else:
-            self._wait(self._live().barrier(dist.BarrierOptions()))
+            self._wait(self._start(lambda b: b.barrier(dist.BarrierOptions())))
         self.synchronize()
 
     def synchronize(self) -> None:
@@ -282,7 +300,8 @@ class Group:
         except Exception:  # noqa: BLE001 - not every backend implements shutdown
             pass
         self.backend = None
-        self._pending = []
+        with self._lock:
+            self._pending = []
 
 
 def _make_backend(store: dist.Store, rank: int, size: int, device: torch.device,
@@ -384,7 +403,17 @@ def leave_group(ctx: WorkerContext, name: str) -> None:
 
 # ---- worker-side entry points (module level, so ``call`` can run them)
 def _join_all(ctx: WorkerContext, specs: Sequence[GroupSpec]) -> dict[str, float]:
-    return {s.name: join_group(ctx, s).setup_s for s in specs}
+    """Join ``specs`` in order; where one fails, leave those joined before it (their ports
+    and names free again) and raise."""
+    joined: dict[str, float] = {}
+    try:
+        for s in specs:
+            joined[s.name] = join_group(ctx, s).setup_s
+    except BaseException:
+        for name in joined:
+            leave_group(ctx, name)
+        raise
+    return joined
 
 
 def _leave_all(ctx: WorkerContext, names: Sequence[str]) -> None:
@@ -411,7 +440,17 @@ def open_groups(pool: WorkerPool, groups: Mapping[str, Sequence[int]], rv: Rende
     for s in specs:  # every worker joins in the same (creation) order
         for d in s.members:
             per_worker.setdefault(d, []).append(s)
-    results = pool.run({d: (_join_all, (ss,)) for d, ss in per_worker.items()})
+    from nereus.runtime.workers import WorkerCallsFailed  # it imports this module
+
+    try:
+        results = pool.run({d: (_join_all, (ss,)) for d, ss in per_worker.items()})
+    except WorkerCallsFailed as e:
+        # a member whose joins failed left the groups it had; those whose joins all passed
+        # leave theirs, so nothing half made stays registered (a retry can use the names)
+        joined = {d: [s.name for s in per_worker[d]] for d in e.results}
+        with contextlib.suppress(WorkerCallsFailed):
+            pool.run({d: (_leave_all, (names,)) for d, names in joined.items()})
+        raise
     out: dict[str, float] = {}
     for r in results.values():
         for name, t in r.items():

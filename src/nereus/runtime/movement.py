@@ -118,10 +118,11 @@ def _split_into(ctx: WorkerContext, group: GroupSpec, src_id: str, host: Sharded
     tp_sub, pp_sub = sub_layout
     m_tp, m_pp = tp // tp_sub, pp // pp_sub
     t, r = src.position
-    target = ctx.allocate(spec, tp_sub, pp_sub, t // m_tp, r // m_pp, src.meta,
-                          f"split {src_id} -> {out_id}")
+    # the segments first: layouts that do not nest raise here, before anything is allocated
     segs, local = split_segments(spec, tp, pp, tuple(member_positions), tuple(sub_layout),
                                  bucket_bytes)
+    target = ctx.allocate(spec, tp_sub, pp_sub, t // m_tp, r // m_pp, src.meta,
+                          f"split {src_id} -> {out_id}")
     staged = [sg.nbytes for sg in segs if sg.dst is None]
     stage_bytes = WINDOW * max(staged, default=0)
     held_stage = False
