@@ -2,6 +2,7 @@
 source tree beside it), copy out whole, plan and simulate from where they land, and never
 overwrite a user's file unasked."""
 
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -71,3 +72,13 @@ def test_python_dash_m_runs_the_cli() -> None:
     r = subprocess.run([sys.executable, "-m", "nereus", "--version"], capture_output=True,
                        text=True, timeout=120, check=False)
     assert r.returncode == 0 and r.stdout.startswith("nereus "), r.stderr
+
+
+def test_the_hint_quotes_a_folder_the_shell_would_split(tmp_path: Path) -> None:
+    dest = tmp_path / "sp ace"
+    r = runner.invoke(app, ["examples", str(dest)])
+    assert r.exit_code == 0, r.output
+    job = shlex.quote(str(dest / "llama-3.1-8b-ppo.yaml"))
+    scenario = shlex.quote(str(dest / "scenarios" / "node-outage-8b.yaml"))
+    assert job.startswith("'") and f"try: nereus plan --config {job} --explain" in r.stdout
+    assert f"nereus simulate --config {scenario}" in r.stdout

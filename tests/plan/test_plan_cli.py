@@ -100,3 +100,50 @@ def test_evaluate_compares_with_the_spread_plan_under_spread():
                             "examples/layouts/verl-colocated-8b.yaml", "--spread"])
     assert r.exit_code == 0, r.output
     assert "best plan (--spread)" in r.stdout and r.stdout.count("node loss:") == 2
+
+
+# every model-stage of a 70B PPO job on all 32 GPUs: training does not fit, and no plan does
+CRAMMED_70B = {"actor_gen": {"tp": 8, "pp": 1, "dp": 4},
+               "reference_infer": {"tp": 8, "pp": 1, "dp": 4},
+               "reward_infer": {"tp": 8, "pp": 1, "dp": 4},
+               "critic_infer": {"tp": 8, "pp": 1, "dp": 4},
+               "actor_train": {"tp": 8, "pp": 4, "dp": 1},
+               "critic_train": {"tp": 8, "pp": 4, "dp": 1}}
+JOB_70B = ["plan", "--model", "llama-3.3-70b", "--gpus", "32"]
+
+
+def test_evaluate_of_a_job_no_plan_fits_scores_yours_then_fails_as_plan_does(tmp_path):
+    """--evaluate exits 2 where the plain command does, with the same one-line error, after
+    printing its evaluation; a memory-problem list cut short says how many it left out."""
+    layout = tmp_path / "L.yaml"
+    layout.write_text(json.dumps(CRAMMED_70B))
+    plain = runner.invoke(app, JOB_70B)
+    assert plain.exit_code == 2, plain.output
+    r = runner.invoke(app, [*JOB_70B, "--evaluate", str(layout)])
+    assert r.exit_code == 2, r.output
+    assert "Traceback" not in r.output
+    assert r.stderr == plain.stderr and r.stderr.count("\n") == 1, r.stderr
+    assert "your plan (L.yaml)" in r.stdout and "does not fit: 32 problem(s)" in r.stdout
+    assert r.stdout.count("  - GPU ") == 10 and "... and 22 more (--json lists all)" in r.stdout
+    assert "no best plan" in r.stdout
+    r = runner.invoke(app, [*JOB_70B, "--evaluate", str(layout), "--json"])
+    assert r.exit_code == 2 and r.stderr == plain.stderr, r.output
+    out = json.loads(r.stdout)
+    assert out["fits"] is False and len(out["problems"]) == 32
+    assert out["best_step_latency_s"] is None
+    assert any(n.startswith("no best plan: ") and "no plan fits 32 GPUs" in n
+               for n in out["notes"]), out["notes"]
+    # the output still reads back as a plan
+    again = tmp_path / "yours.json"
+    again.write_text(r.stdout)
+    assert runner.invoke(app, [*JOB_70B, "--evaluate", str(again), "--json"]).exit_code == 2
+
+
+def test_evaluate_names_the_job_it_priced():
+    plain = runner.invoke(app, BASE)
+    header = plain.stdout.splitlines()[0]
+    assert header.startswith("PPO llama-3.1-8b on 16 x h100-sxm-80gb"), header
+    r = runner.invoke(app, [*BASE, "--evaluate", "examples/layouts/verl-colocated-8b.yaml"])
+    assert r.exit_code == 0, r.output
+    lines = r.stdout.splitlines()
+    assert lines[0] == header and lines[1].startswith("your plan (verl-colocated-8b.yaml)")

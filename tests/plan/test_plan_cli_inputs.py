@@ -355,3 +355,31 @@ def test_a_config_section_given_a_value_lists_its_fields(tmp_path, section, fiel
     p.write_text(f"model: llama-3.1-8b\ngpus: 16\n{section}: h100\n")
     err = _one_line_error(["plan", "--config", str(p)], section)
     assert f"must be a mapping of fields (allowed: {fields}" in err, err
+
+
+@pytest.mark.parametrize("text", ["", "# nothing yet\n"])
+def test_an_empty_config_says_it_is_empty(tmp_path, text):
+    cfg = tmp_path / "empty.yaml"
+    cfg.write_text(text)
+    err = _one_line_error(["plan", "-c", str(cfg)], "--config")
+    assert "empty.yaml is empty" in err and "(allowed: a YAML mapping of job fields" in err
+
+
+def test_a_misspelt_stage_of_a_layout_is_named(tmp_path):
+    layout = dict(LAYOUT)
+    layout["actor_trian"] = layout.pop("actor_train")
+    path = tmp_path / "layout.yaml"
+    path.write_text(json.dumps(layout))
+    err = _one_line_error(["plan", "-c", CONFIG, "--evaluate", str(path)],
+                          "evaluate.actor_trian")
+    assert "not a model-stage of this job; the layout lacks actor_train" in err
+    assert "(allowed: actor_gen, " in err
+
+
+def test_evaluate_of_frontier_output_says_it_is_no_plan(tmp_path):
+    r = runner.invoke(app, ["plan", "-c", CONFIG, "--frontier", "actor_gen", "--json"])
+    assert r.exit_code == 0, r.output
+    path = tmp_path / "frontier.json"
+    path.write_text(r.stdout)
+    err = _one_line_error(["plan", "-c", CONFIG, "--evaluate", str(path)], "--evaluate")
+    assert "frontier.json is a model-stage's latency-GPU frontier" in err and "not a plan" in err

@@ -7,6 +7,7 @@ other commands' help points here. Files that already exist are left alone unless
 
 from __future__ import annotations
 
+import shlex
 from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -90,6 +91,7 @@ def register(app: typer.Typer) -> None:
             console.print(f"  {p}", highlight=False, markup=False)
         job = folder / "llama-3.1-8b-ppo.yaml"
         scenario = folder / "scenarios" / "node-outage-8b.yaml"
-        console.print(f"try: nereus plan --config {job} --explain\n"
-                      f"     nereus simulate --config {scenario}", highlight=False,
-                      markup=False)
+        # quoted: a folder with a space or a quote in its name pastes back as one argument
+        console.print(f"try: nereus plan --config {shlex.quote(str(job))} --explain\n"
+                      f"     nereus simulate --config {shlex.quote(str(scenario))}",
+                      highlight=False, markup=False)

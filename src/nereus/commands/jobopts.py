@@ -129,8 +129,12 @@ def job_and_fields_from_options(
     data: dict[str, Any] = {}
     if config is not None:
         loaded = read_yaml(config, "config")
+        if loaded is None:  # nothing but blanks or comments: YAML reads that as null
+            raise InputError("config", f"{config.name} is empty", "a YAML mapping of job "
+                             "fields, model and gpus at least (nereus examples writes some)")
         if not isinstance(loaded, dict):
-            raise InputError("config", "must be a YAML mapping of fields")
+            raise InputError("config", "must be a YAML mapping of fields",
+                             list(JobConfig.model_fields))
         data = loaded
         unknown = [k for k in data if k not in JobConfig.model_fields]
         if unknown:  # before "needs gpus": a misspelt ``gpus:`` is the likelier mistake

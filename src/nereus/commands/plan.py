@@ -228,6 +228,20 @@ def no_plan_error(e: InfeasibleError, job: JobSpec, fields: Mapping[str, Any],
                       f"{device.name} fits either (estimated)", allowed)
 
 
+def job_header(job: JobSpec) -> str:
+    """The job a plan is priced for, in one line: the best plan and a user's plan (--evaluate)
+    are both read against it."""
+    return (f"[bold]{job.workflow.algo.upper()}[/] {job.model.name} on "
+            f"{job.pool.size} x {job.cluster.device.name} ({pool_nodes(job)}), "
+            f"response {job.workload.response_len_mean} tokens (max "
+            f"{job.workload.response_len_max}), {job.workflow.execution.value}"
+            + (", rule reward" if job.workflow.reward == "rule" else ""))
+
+
+# memory problems --evaluate lists in text; --json lists them all
+MAX_PROBLEMS_SHOWN = 10
+
+
 def cost_model(job: JobSpec, profile: Optional[Path]) -> CostModel:
     """The cost model, with a profile's calibrated efficiencies and memory scale where given."""
     if profile is None:
@@ -275,6 +289,18 @@ def layout_from_data(data: Any, field: str = "evaluate") -> dict[str, StageLayou
             raise InputError(f"{prefix}.{key}.dp", "required field is missing",
                              "an integer >= 1: the data-parallel replicas of the model-stage")
     return specs
+
+
+def _check_stage_names(job: JobSpec, specs: Mapping[str, StageLayoutSpec]) -> None:
+    """A layout's key that names no model-stage of the job (``actor_trian``), named itself
+    before the model-stage it was meant for is reported missing."""
+    names = [s.name for s in job.workflow.stages]
+    extra = sorted(set(specs) - set(names))
+    if not extra:
+        return
+    missing = [n for n in names if n not in specs]
+    lacks = f"; the layout lacks {', '.join(missing)}" if missing else ""
+    raise InputError(f"evaluate.{extra[0]}", f"not a model-stage of this job{lacks}", names)
 
 
 @contextmanager
@@ -361,7 +387,12 @@ def register(app: typer.Typer) -> None:
                              "GPUs here)")
         cost = cost_model(job, profile)
         if evaluate is not None:
-            _evaluate(job, cost, evaluate, explain, as_json, spread, given_model)
+            # the best plan's error, where no plan fits, is the plain command's
+            def no_plan(e: InfeasibleError) -> Exception:
+                return no_plan_error(e, job, fields, config, options, profile, spread)
+
+            _evaluate(job, cost, evaluate, explain, as_json, spread, given_model, profile,
+                      no_plan)
             return
         if frontier_stage is not None:
             try:
@@ -377,11 +408,7 @@ def register(app: typer.Typer) -> None:
         if as_json:  # with the job it was planned for, which nereus transition checks and uses
             print(json.dumps(with_record(plan.to_dict(), job, given_model)))
             return
-        console.print(f"[bold]{job.workflow.algo.upper()}[/] {job.model.name} on "
-                      f"{job.pool.size} x {job.cluster.device.name} ({pool_nodes(job)}), "
-                      f"response {job.workload.response_len_mean} tokens (max "
-                      f"{job.workload.response_len_max}), {job.workflow.execution.value}"
-                      + (", rule reward" if job.workflow.reward == "rule" else ""))
+        console.print(job_header(job))
         if profile is not None:
             console.print(f"cost model calibrated with {profile.name}")
         console.print(plan_table(job, plan, "best plan"))
@@ -456,31 +483,51 @@ def register(app: typer.Typer) -> None:
         console.print(t)
 
     def _evaluate(job: JobSpec, cost: CostModel, path: Path, explain: bool, as_json: bool,
-                  spread: bool, given_model: str) -> None:
+                  spread: bool, given_model: str, profile: Path | None,
+                  no_plan: Callable[[InfeasibleError], Exception]) -> None:
+        """Score the user's plan beside the best one. Where no plan fits the job, the user's
+        is still scored and printed, then ``no_plan``'s error ends it (exit 2), as the plain
+        command's does: a script reading only the exit code is not told the job fits."""
         raw = read_yaml(path, "evaluate")
-        if job_shaped(split_record(raw, "evaluate")[0]):  # --evaluate given the --config
+        data, record = split_record(raw, "evaluate")
+        plan_files = ("a plan JSON (nereus plan --json) or a layout YAML of tp, pp, dp and gpus "
+                      "per model-stage (nereus examples writes two, under layouts/)")
+        if job_shaped(data):  # --evaluate given the --config
             raise InputError("--evaluate", f"{path.name} is a job file (as --config reads), "
-                             "not a plan", "a plan JSON (nereus plan --json) or a layout YAML "
-                             "of tp, pp, dp and gpus per model-stage (nereus examples writes "
-                             "two, under layouts/)")
-        check_record(split_record(raw, "evaluate")[1], job, "evaluate", path)
-        yours = evaluate_plan(job, layout_from_data(raw), cost)
+                             "not a plan", plan_files)
+        if isinstance(data, Mapping) and {"frontier", "stage"} <= set(data):  # --frontier --json
+            raise InputError("--evaluate", f"{path.name} is a model-stage's latency-GPU "
+                             "frontier (as plan --frontier --json writes), not a plan",
+                             plan_files)
+        check_record(record, job, "evaluate", path)
+        specs = layout_from_data(raw)
+        _check_stage_names(job, specs)
+        yours = evaluate_plan(job, specs, cost)
         problems = validate_plan(job, yours, cost)
+        failed: Exception | None = None
         try:
             best: Plan | None = Planner(job, cost=cost, spread=spread).best()
-        except InfeasibleError as e:  # the best plan is context; a job that fits nowhere still scores
-            best, why = None, str(e)
+        except InfeasibleError as e:  # context: a job that fits nowhere still scores yours
+            best, failed = None, no_plan(e)
         if as_json:
             out = with_record(yours.to_dict(), job, given_model)
             out["fits"] = not problems
             out["problems"] = problems
             out["notes"] = list(yours.notes)
-            if best is not None:
-                out["best_step_latency_s"] = best.step_latency_s
+            # null where no plan fits, and a note why (a plan file has no other field for it:
+            # the file still reads back as a plan)
+            out["best_step_latency_s"] = None if best is None else best.step_latency_s
+            if failed is not None:
+                out["notes"].append(f"no best plan: {failed}")
             print(json.dumps(out))
+            if failed is not None:
+                raise failed
             return
         mine = f"your plan ({path.name})"
         theirs = "best plan" + (" (--spread)" if spread else "")
+        console.print(job_header(job))
+        if profile is not None:
+            console.print(f"cost model calibrated with {profile.name}")
         console.print(plan_table(job, yours, mine))
         console.print(_summary(yours, job))
         for note in yours.notes:  # where its GPU ids price it apart from sizes
@@ -488,8 +535,11 @@ def register(app: typer.Typer) -> None:
         console.print(_node_loss(job, yours, spread, best=False))
         if problems:
             console.print(f"[red]does not fit[/]: {len(problems)} problem(s)")
-            for p in problems[:10]:
+            for p in problems[:MAX_PROBLEMS_SHOWN]:
                 console.print(f"  - {p}", markup=False)
+            if len(problems) > MAX_PROBLEMS_SHOWN:
+                console.print(f"  ... and {len(problems) - MAX_PROBLEMS_SHOWN} more "
+                              "(--json lists all)", markup=False, highlight=False)
         else:
             console.print("[green]fits[/] (every GPU within 90 % of memory, estimated)")
         if best is not None:
@@ -498,9 +548,12 @@ def register(app: typer.Typer) -> None:
             console.print(_node_loss(job, best, spread))
             console.print(_comparison(yours, best, problems))
         else:
-            console.print(f"no best plan: {why}")
+            console.print("no best plan: no plan fits this job (the error below says what "
+                          "would)", markup=False, highlight=False)
         if explain:
             _explain(cost, yours, mine)
             if best is not None:
                 _explain(cost, best, theirs)
+        if failed is not None:
+            raise failed
 
