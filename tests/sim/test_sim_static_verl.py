@@ -10,6 +10,7 @@ from nereus.sim.scenarios import builtin
 from nereus.sim.simulator import Simulator
 from nereus.sim.traces import stationary
 from nereus.sim.truth import Truth
+from nereus.spec.workflow import Execution
 
 
 def _truth(response_len: float, steps: int = 20):
@@ -54,3 +55,15 @@ def test_it_runs_by_name_and_is_not_faster_than_static():
     assert len(v.rows) == len(s.rows) == 6
     assert v.tokens_per_s <= s.tokens_per_s * (1 + 1e-9)
     assert v.tokens_per_s == pytest.approx(s.tokens_per_s, rel=0.2)
+
+
+def test_an_asynchronous_job_is_refused_rather_than_run_as_static():
+    """verl's hybrid engine has no asynchronous plan: every pool would fall back to static's
+    plan, and the run would print static's figures under another name."""
+    from nereus.errors import InputError
+
+    sc, _ = _truth(2600.0, steps=3)
+    job = replace(sc.job, workflow=replace(sc.job.workflow, execution=Execution.ASYNC))
+    truth = Truth(job, sc.hidden, sc.drift, sc.noise, sc.seed)
+    with pytest.raises(InputError, match="asynchronous"):
+        make_policies(["static_verl"], truth, sc.lengths, sc.control)

@@ -39,6 +39,7 @@ from nereus.sim.plancache import PlanCache, bucket
 from nereus.sim.traces import LengthTrace
 from nereus.sim.truth import Truth
 from nereus.spec.job import JobSpec
+from nereus.spec.workflow import Execution
 
 POLICIES = ("static", "replan_always", "nereus", "oracle")
 # policies run only when named (``--policies``)
@@ -279,6 +280,10 @@ def make_policies(names: Sequence[str], truth: Truth, lengths: LengthTrace,
         if n == "static":
             out.append(StaticPolicy(truth, lengths))
         elif n == "static_verl":
+            if truth.job.workflow.execution is not Execution.SYNC:  # it would be static's
+                raise InputError("policy", "static_verl runs every model-stage on the same "
+                                 "GPUs, as verl's hybrid engine does; this job's generation is "
+                                 "asynchronous", "a synchronous job")
             out.append(VerlStaticPolicy(truth, lengths))
         elif n == "oracle":
             out.append(OraclePolicy(truth, PlanCache()))
