@@ -67,3 +67,20 @@ def test_an_asynchronous_job_is_refused_rather_than_run_as_static():
     truth = Truth(job, sc.hidden, sc.drift, sc.noise, sc.seed)
     with pytest.raises(InputError, match="asynchronous"):
         make_policies(["static_verl"], truth, sc.lengths, sc.control)
+
+
+def test_the_command_refuses_it_for_an_asynchronous_scenario_in_one_line(tmp_path):
+    from typer.testing import CliRunner
+
+    from nereus.cli import app
+
+    (tmp_path / "run.yaml").write_text(
+        "name: mine\n"
+        "job: {model: llama-3.1-8b, gpus: 16, execution: async}\n"
+        "steps: 3\n"
+        "lengths: {growth: {start: 500, end: 800}}\n")
+    r = CliRunner().invoke(app, ["simulate", "--config", str(tmp_path / "run.yaml"),
+                                 "--policies", "static,static_verl"])
+    assert r.exit_code == 2
+    lines = [ln for ln in r.output.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: --policies: static_verl"), r.output

@@ -30,7 +30,7 @@ from nereus.commands.simplot import draw
 from nereus.control.restart import checkpoint_bytes, saved_bytes
 from nereus.errors import InputError, count
 from nereus.files import os_reason, read_yaml
-from nereus.sim.policies import ALL_POLICIES, POLICIES
+from nereus.sim.policies import ALL_POLICIES, POLICIES, check_runs
 from nereus.sim.scenarios import (
     SCENARIOS,
     Scenario,
@@ -286,6 +286,7 @@ def register(app: typer.Typer) -> None:
             return
         # before anything is printed: building it finds a trace no plan can run on, and an
         # error must stay one line
+        check_runs(names, sc.job, "--policies")
         sim = simulator(sc)
         lines: list[tuple[str, str]] = []
         on_log = (lambda policy, line: lines.append((policy, line))) if log else None

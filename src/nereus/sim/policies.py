@@ -269,6 +269,15 @@ class ControllerPolicy(Policy):
         return self.controller.calibrator.efficiencies() if self.controller else None
 
 
+def check_runs(names: Sequence[str], job: JobSpec, field: str = "policy") -> None:
+    """Refuse a policy that cannot run ``job``: ``static_verl`` an asynchronous one (every pool
+    would fall back to static's plan, and print static's figures under another name)."""
+    if "static_verl" in names and job.workflow.execution is not Execution.SYNC:
+        raise InputError(field, "static_verl runs every model-stage on the same GPUs, as "
+                         "verl's hybrid engine does; this job's generation is asynchronous",
+                         "a synchronous job, or the other policies")
+
+
 def make_policies(names: Sequence[str], truth: Truth, lengths: LengthTrace,
                   config: ControlConfig,
                   on_log: Callable[[str, str], None] | None = None) -> list[Policy]:
@@ -280,10 +289,7 @@ def make_policies(names: Sequence[str], truth: Truth, lengths: LengthTrace,
         if n == "static":
             out.append(StaticPolicy(truth, lengths))
         elif n == "static_verl":
-            if truth.job.workflow.execution is not Execution.SYNC:  # it would be static's
-                raise InputError("policy", "static_verl runs every model-stage on the same "
-                                 "GPUs, as verl's hybrid engine does; this job's generation is "
-                                 "asynchronous", "a synchronous job")
+            check_runs(names, truth.job)
             out.append(VerlStaticPolicy(truth, lengths))
         elif n == "oracle":
             out.append(OraclePolicy(truth, PlanCache()))
