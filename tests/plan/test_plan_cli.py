@@ -147,3 +147,29 @@ def test_evaluate_names_the_job_it_priced():
     assert r.exit_code == 0, r.output
     lines = r.stdout.splitlines()
     assert lines[0] == header and lines[1].startswith("your plan (verl-colocated-8b.yaml)")
+
+
+def test_framework_verl_prints_verl_s_best_plan_its_overrides_and_the_planner_s_best():
+    job = ["plan", "--model", "llama-3.1-8b", "--gpus", "12", "--response-len", "2048"]
+    r = runner.invoke(app, [*job, "--framework", "verl"])
+    assert r.exit_code == 0, r.output
+    out = " ".join(r.stdout.split())
+    assert "best plan in verl's space" in out
+    # 12 GPUs split a batch of 512 evenly over no TP x DP: verl runs on one node of 8
+    assert "trainer.nnodes=1" in out and "trainer.n_gpus_per_node=8" in out
+    assert "actor_rollout_ref.rollout.tensor_model_parallel_size=" in out
+    assert "the planner's best plan (any layout): " in out and "estimated" in out
+    plan = json.loads(runner.invoke(app, [*job, "--framework", "verl", "--json"]).stdout)
+    assert sorted({g for s in plan["stages"] for r in s["gpus"] for g in r}) == \
+        list(range(8))
+
+
+def test_framework_errors_are_one_line_and_exit_2():
+    base = ["plan", "--model", "llama-3.1-8b", "--gpus", "16"]
+    for args, says in ((["--framework", "openrlhf"], "error: --framework: unknown framework"),
+                       (["--framework", "verl", "--execution", "async"],
+                        "error: --framework: verl: "),
+                       (["--framework", "verl", "--spread"], "error: --spread: cannot be")):
+        r = runner.invoke(app, [*base, *args])
+        lines = [ln for ln in r.output.splitlines() if ln.strip()]
+        assert r.exit_code == 2 and len(lines) == 1 and lines[0].startswith(says), r.output

@@ -12,7 +12,12 @@ from plan_testlib import searched_latency
 from nereus.cost.candidate import Candidate
 from nereus.errors import InfeasibleError
 from nereus.plan.bruteforce import brute_force_latency
-from nereus.plan.frameworks import _fullest_first, best_verl_plan, verl_keep
+from nereus.plan.frameworks import (
+    best_verl_plan,
+    uniform_part,
+    verl_keep,
+    verl_overrides,
+)
 from nereus.plan.search import best_plan
 from nereus.plan.validate import validate_plan
 from nereus.spec import GpuPool, parse_job
@@ -91,8 +96,9 @@ def small_jobs(draw):
                                                           if s.name in stages)))
 
 
-def _fewer(job: JobSpec, gpus: int) -> JobSpec:
-    return job.with_pool(GpuPool(job.cluster, _fullest_first(job.pool)[:gpus]))
+def _fewer(job: JobSpec, gpus: int) -> JobSpec | None:
+    part = uniform_part(job.pool, gpus)
+    return None if part is None else job.with_pool(GpuPool(job.cluster, part))
 
 
 @given(small_jobs())
@@ -101,6 +107,8 @@ def test_best_verl_plan_equals_brute_force_over_verl_space(job):
     """On the GPUs it chose, nothing in verl's space is faster; on more, nothing fits."""
     def brute(gpus: int) -> float:
         sub = _fewer(job, gpus)
+        if sub is None:  # verl's resource pool cannot take that many of these GPUs
+            return math.inf
         return brute_force_latency(sub, keep=verl_keep(sub), consistent=_critic_shared,
                                    max_combinations=200_000)
 
@@ -113,6 +121,47 @@ def test_best_verl_plan_equals_brute_force_over_verl_space(job):
     used = len(plan.gpus())
     event(f"on {used} of {job.pool.size}")
     sub = _fewer(job, used)
+    assert sub is not None
     assert all(sorted(sp.gpus) == sorted(sub.pool.ids) for sp in plan.stages)
     assert searched_latency(sub, plan) == pytest.approx(brute(used), rel=1e-9)
     assert all(brute(g) == math.inf for g in range(used + 1, job.pool.size + 1))
+
+
+def test_verl_takes_as_many_gpus_on_every_node():
+    """8 + 4 GPUs: 12 sit unevenly, so verl's resource pool (nnodes x n_gpus_per_node) takes
+    12 from neither; 8 from the full node, or 4 + 4 where both hold 4 or more."""
+    cluster = parse_job({"model": "llama-3.1-8b", "gpus": 16,
+                         "cluster": {"nodes": 2, "devices_per_node": 8}}).cluster
+    pool = GpuPool(cluster, tuple(range(4, 16)))  # node 0: 4-7, node 1: 8-15
+    assert uniform_part(pool, 12) is None
+    assert uniform_part(pool, 8) == tuple(range(8, 16))
+    assert uniform_part(pool, 6) == tuple(range(8, 14))
+    assert uniform_part(GpuPool(cluster, tuple(range(1, 8)) + tuple(range(9, 16))), 8) == \
+        (1, 2, 3, 4, 9, 10, 11, 12)
+    assert uniform_part(pool, 13) is None
+
+
+def test_a_batch_twelve_gpus_share_evenly_still_runs_on_one_node_of_8_and_4():
+    job = _job(list(range(12)), cluster={"nodes": 2, "devices_per_node": 8},
+               response_len=1024)
+    job = job.with_workload(replace(job.workload, prompts_per_step=384))  # 12 x 32
+    plan = best_verl_plan(job)
+    assert sorted(plan.gpus()) == list(range(8))
+    keys = verl_overrides(job, plan)
+    assert keys[:2] == ["trainer.nnodes=1", "trainer.n_gpus_per_node=8"]
+
+
+def test_the_overrides_set_every_stage_s_layout():
+    job = _job(16, cluster={"nodes": 2, "devices_per_node": 8})
+    plan = best_verl_plan(job)
+    got = dict(k.split("=") for k in verl_overrides(job, plan))
+    assert got["trainer.nnodes"] == "2" and got["trainer.n_gpus_per_node"] == "8"
+    gen, actor, critic = (plan.stage(n).candidate for n in ("actor_gen", "actor_train",
+                                                             "critic_train"))
+    assert got["actor_rollout_ref.rollout.tensor_model_parallel_size"] == str(gen.tp)
+    assert got["actor_rollout_ref.actor.megatron.pipeline_model_parallel_size"] == str(actor.pp)
+    assert got["critic.megatron.tensor_model_parallel_size"] == str(critic.tp)
+    assert "reward_model.megatron.pipeline_model_parallel_size" in got
+    uneven = _job(list(range(12)), cluster={"nodes": 2, "devices_per_node": 8})
+    with pytest.raises(ValueError, match="as many on every node"):
+        verl_overrides(uneven, best_plan(uneven))

@@ -29,6 +29,7 @@ from nereus.files import read_yaml
 from nereus.plan.candidates import frontier
 from nereus.plan.evaluate import StageLayoutSpec, evaluate_plan, layout_spec_from_data
 from nereus.plan.exposure import exposed_by_node, spans_nodes
+from nereus.plan.frameworks import best_verl_plan, verl_overrides
 from nereus.plan.search import Planner, ReplicaExceedsNode
 from nereus.plan.types import Plan, stage_estimate, weight_sync_estimate
 from nereus.plan.validate import validate_plan
@@ -238,6 +239,9 @@ def job_header(job: JobSpec) -> str:
             + (", rule reward" if job.workflow.reward == "rule" else ""))
 
 
+# what --framework knows (nereus.plan.frameworks)
+FRAMEWORKS = ("verl",)
+
 # memory problems --evaluate lists in text; --json lists them all
 MAX_PROBLEMS_SHOWN = 10
 
@@ -352,6 +356,11 @@ def register(app: typer.Typer) -> None:
                                     help="keep two or more replicas of every model-stage on "
                                     "different nodes, so losing any one node (a spot "
                                     "reclaim) leaves a copy of all state"),
+        framework: Optional[str] = typer.Option(
+            None, "--framework", metavar="NAME",
+            help="the fastest plan within what a framework's users configure, beside the "
+                 "planner's best, with the framework's config overrides: verl (every "
+                 "model-stage on the same GPUs, Megatron TP/PP, the rollout's TP)"),
         as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
     ) -> None:
         """Find the fastest execution plan that fits, and show where its time and memory go.
@@ -365,6 +374,13 @@ def register(app: typer.Typer) -> None:
                         "--frontier STAGE with --json or --spread")
         refuse_together("--json", as_json, "--explain", explain,
                         "--explain with the tables, or --json alone")
+        if framework is not None:
+            if framework not in FRAMEWORKS:
+                raise InputError("--framework", f"unknown framework {framework!r}", FRAMEWORKS)
+            for option, given in (("--evaluate", evaluate is not None), ("--frontier", on),
+                                  ("--spread", spread)):
+                refuse_together("--framework", True, option, given,
+                                "--framework with --json or --explain")
         # the job's options, once: the search for a pool that fits rebuilds it with other gpus
         options: dict[str, Any] = dict(
             model=model, algo=algo, execution=execution, reward=reward, gpus=gpus,
@@ -394,6 +410,9 @@ def register(app: typer.Typer) -> None:
             _evaluate(job, cost, evaluate, explain, as_json, spread, given_model, profile,
                       no_plan)
             return
+        if framework is not None:
+            _framework(job, cost, explain, as_json, given_model, profile)
+            return
         if frontier_stage is not None:
             try:
                 planner = Planner(job, cost=cost, spread=spread)
@@ -416,6 +435,38 @@ def register(app: typer.Typer) -> None:
         console.print(_node_loss(job, plan, spread))
         if explain:
             _explain(cost, plan, "best plan")
+
+    def _framework(job: JobSpec, cost: CostModel, explain: bool, as_json: bool,
+                   given_model: str, profile: Path | None) -> None:
+        """verl's best plan (``nereus.plan.frameworks``), its config overrides, and how the
+        planner's best compares; --json prints the plan as a plan file."""
+        try:
+            plan = best_verl_plan(job, cost.eff, cost.memory_scale)
+        except InfeasibleError as e:
+            raise InputError("--framework", f"verl: {e}",
+                             "the planner's whole space (without --framework)") from None
+        if as_json:
+            print(json.dumps(with_record(plan.to_dict(), job, given_model)))
+            return
+        name = "best plan in verl's space"
+        console.print(job_header(job))
+        if profile is not None:
+            console.print(f"cost model calibrated with {profile.name}")
+        console.print(plan_table(job, plan, name))
+        console.print(_summary(plan, job))
+        console.print(_node_loss(job, plan, best=False))
+        try:  # one a line: a wrapped line would not paste back
+            console.print("verl's config overrides (Megatron backend):\n  "
+                          + "\n  ".join(verl_overrides(job, plan)), markup=False,
+                          highlight=False)
+        except ValueError as e:
+            console.print(f"verl: {e}", markup=False, highlight=False)
+        best = Planner(job, cost=cost).best()  # verl's plan is one of its space: one exists
+        mine, theirs = plan.step_latency_s, best.step_latency_s
+        console.print(f"the planner's best plan (any layout): {mine / theirs:.3f}x the speed "
+                      f"of verl's per step ({theirs:.3f} s against {mine:.3f} s, estimated)")
+        if explain:
+            _explain(cost, plan, name)
 
     def _node_loss(job: JobSpec, plan: Plan, spread: bool = False, best: bool = True) -> str:
         """Which node takes the last copy of a model-stage; ``spread``: --spread was given

@@ -13,18 +13,20 @@ n_gpus_per_node`` GPUs for every worker group. What a user sweeps there, and wha
   layout, so it has the training stage's TP and PP (``best_verl_plan`` tries each);
 - a batch is dispatched in equal shares, so DP divides the stage's batch (as in every plan here).
 
-Where no such plan fits the whole pool, a verl user runs on fewer GPUs: ``best_verl_plan`` takes
-the most that hold one, whole nodes first. The planner's cost model prices these plans as it
+verl's resource pool has as many GPUs on every node it spans. Where no such plan fits the whole
+pool, a verl user runs on fewer GPUs: ``best_verl_plan`` takes the most that hold one, on as few
+nodes as can, the fullest first. The planner's cost model prices these plans as it
 prices any other; verl's own runtime differs from it in ways it does not model (CPU offload of
 idle models, its resharding of the rollout weights).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from nereus.cost.candidate import Candidate, Layout
 from nereus.cost.efficiency import Efficiencies
+from nereus.cost.model import CostModel
 from nereus.errors import InfeasibleError, count
 from nereus.plan.search import Planner
 from nereus.plan.types import Plan
@@ -67,24 +69,40 @@ def _layouts(planner: Planner, stage: str) -> set[Layout]:
     return set() if ev is None else {c.layout for c in ev.candidates}
 
 
-def _fullest_first(pool: GpuPool) -> tuple[int, ...]:
-    """The pool's GPU ids, node by node from the node with most of them (ties: lower node)."""
+def uniform_part(pool: GpuPool, gpus: int) -> tuple[int, ...] | None:
+    """``gpus`` of the pool's GPU ids as verl's resource pool takes them, as many on every
+    node (``trainer.nnodes`` x ``trainer.n_gpus_per_node``): on as few nodes as can hold them,
+    the fullest first (ties: the lower node), each node's lowest ids; None where no such
+    choice exists."""
     nodes = sorted(pool.by_node().items(), key=lambda kv: (-len(kv[1]), kv[0]))
-    return tuple(i for _, ids in nodes for i in ids)
+    for k in range(1, len(nodes) + 1):
+        per = gpus // k
+        if per * k != gpus:
+            continue
+        held = [ids for _, ids in nodes if len(ids) >= per][:k]
+        if len(held) == k:
+            return tuple(sorted(i for ids in held for i in ids[:per]))
+    return None
 
 
-def best_verl_plan(job: JobSpec, efficiencies: Efficiencies | None = None) -> Plan:
+def best_verl_plan(job: JobSpec, efficiencies: Efficiencies | None = None,
+                   memory_scale: Mapping[StageKind, float] | None = None) -> Plan:
     """The fastest plan in verl's space (module docstring) on the most GPUs of ``job``'s pool
-    that hold one. Raises :class:`InfeasibleError` where none fits any number of them."""
+    that hold one, priced with ``efficiencies`` and ``memory_scale`` (a calibrated profile's,
+    as ``CostModel`` takes them). Raises :class:`InfeasibleError` where none fits any number
+    of them."""
     if job.workflow.execution is not Execution.SYNC:
         raise InfeasibleError("verl's hybrid engine runs every model-stage on the same GPUs, "
                               "so it has no asynchronous plan")
-    order = _fullest_first(job.pool)
     pairs = _coupled(job)
     for gpus in range(job.pool.size, 0, -1):
-        sub = job.with_pool(GpuPool(job.cluster, order[:gpus]))
+        part = uniform_part(job.pool, gpus)
+        if part is None:
+            continue
+        sub = job.with_pool(GpuPool(job.cluster, part))
         try:
-            base = Planner(sub, efficiencies, keep=verl_keep(sub))
+            base = Planner(sub, cost=CostModel(sub, efficiencies, memory_scale),
+                           keep=verl_keep(sub))
         except InfeasibleError:
             continue
         # every combination of the coupled stages' training layouts (one per trained model
@@ -107,3 +125,36 @@ def best_verl_plan(job: JobSpec, efficiencies: Efficiencies | None = None) -> Pl
     raise InfeasibleError(f"no plan in verl's space (every model-stage on the same GPUs) fits "
                           f"any number of the {count(job.pool.size, 'GPU')} of "
                           f"{job.cluster.device.name}")
+
+
+# verl's Megatron config keys of each model-stage's TP and PP (verl/trainer/config/
+# ppo_megatron_trainer.yaml); the rollout's TP alone, and the critic's values run on its
+# training layout (its own keys)
+_VERL_KEYS: dict[str, tuple[str, ...]] = {
+    "actor_gen": ("actor_rollout_ref.rollout.tensor_model_parallel_size",),
+    "actor_train": ("actor_rollout_ref.actor.megatron.tensor_model_parallel_size",
+                    "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size"),
+    "reference_infer": ("actor_rollout_ref.ref.megatron.tensor_model_parallel_size",
+                        "actor_rollout_ref.ref.megatron.pipeline_model_parallel_size"),
+    "critic_train": ("critic.megatron.tensor_model_parallel_size",
+                     "critic.megatron.pipeline_model_parallel_size"),
+    "reward_infer": ("reward_model.megatron.tensor_model_parallel_size",
+                     "reward_model.megatron.pipeline_model_parallel_size"),
+}
+
+
+def verl_overrides(job: JobSpec, plan: Plan) -> list[str]:
+    """``key=value`` overrides of verl's Megatron PPO config that set ``plan``'s GPUs, TP and
+    PP (a plan of ``best_verl_plan``). verl's resource pool has as many GPUs on every node;
+    where ``plan``'s do not, no ``trainer.nnodes`` x ``trainer.n_gpus_per_node`` writes them
+    and ValueError says so."""
+    per_node = sorted({len(ids) for ids in GpuPool(job.cluster, plan.gpus()).by_node().values()})
+    if len(per_node) != 1:
+        raise ValueError(f"the plan's GPUs sit {' and '.join(map(str, per_node))} to a node: "
+                         "verl's resource pool has as many on every node")
+    nodes = len(GpuPool(job.cluster, plan.gpus()).by_node())
+    out = [f"trainer.nnodes={nodes}", f"trainer.n_gpus_per_node={per_node[0]}"]
+    for sp in plan.stages:
+        keys = _VERL_KEYS.get(sp.stage, ())
+        out += [f"{k}={v}" for k, v in zip(keys, (sp.candidate.tp, sp.candidate.pp))]
+    return out
