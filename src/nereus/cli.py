@@ -12,17 +12,23 @@ from collections.abc import Sequence
 from typing import Any
 
 import typer
-import typer.core
 from typer.core import TyperGroup
 
 from nereus import __version__
 from nereus.commands import register
-from nereus.commands.common import EXIT_INPUT, err_console, plain_flags
+from nereus.commands.common import (
+    EXIT_INPUT,
+    OneLineUsageError,
+    err_console,
+    once_only,
+    plain_flags,
+)
+from nereus.commands.common import click as _click
+from nereus.commands.jobopts import OPTION_OF
+from nereus.errors import InputError
+from nereus.spec.cluster import MAX_DEVICES
+from nereus.spec.job import ClusterConfig, JobConfig, WorkloadConfig
 
-
-# The click that typer runs on: newer typer vendors its own copy (``typer._click``), older ones
-# import click itself; the exceptions must be that module's.
-_click = getattr(typer.core, "_click", None) or typer.core.click  # type: ignore[attr-defined]
 _exc = _click.exceptions
 _NoArgsIsHelp = getattr(_exc, "NoArgsIsHelpError", ())  # click >= 8.2 only
 
@@ -33,6 +39,9 @@ class _OneLineGroup(TyperGroup):
 
     def get_params(self, ctx: Any) -> list[Any]:
         return plain_flags(super().get_params(ctx))
+
+    def make_parser(self, ctx: Any) -> Any:
+        return once_only(super().make_parser(ctx))
 
     def invoke(self, ctx: Any) -> Any:
         """Give a usage error raised without a context the subcommand's: click's parser raises
@@ -57,7 +66,15 @@ class _OneLineGroup(TyperGroup):
         except _NoArgsIsHelp as e:  # type: ignore[misc]
             e.show()  # the help text itself
             sys.exit(e.exit_code)
+        except OneLineUsageError as e:
+            err_console.print(f"error: {e.message}", markup=False, highlight=False,
+                              soft_wrap=True)
+            sys.exit(EXIT_INPUT)
         except _exc.UsageError as e:
+            if (line := _not_a_number(e)) is not None:
+                err_console.print(f"error: {line}", markup=False, highlight=False,
+                                  soft_wrap=True)
+                sys.exit(EXIT_INPUT)
             where = e.ctx.command_path if e.ctx is not None else "nereus"
             msg = " ".join(e.format_message().split())
             err_console.print(f"error: {msg} (see '{where} --help')", markup=False,
@@ -70,6 +87,49 @@ class _OneLineGroup(TyperGroup):
             err_console.print("error: aborted", markup=False, highlight=False)
             sys.exit(1)
         sys.exit(rv if isinstance(rv, int) else 0)
+
+
+def _not_a_number(e: Exception) -> str | None:
+    """``--gpus 2.5`` in the one-line form, naming the option and what it allows (the range a
+    job field allows, as its YAML error says it), instead of the parser's "Input should be a
+    valid integer"; None for any other usage error."""
+    param = getattr(e, "param", None)
+    kind = _number_kind(param)
+    if kind is None or not isinstance(e, _exc.BadParameter):
+        return None
+    option = next((o for o in param.opts if o.startswith("--")), param.opts[0])
+    # typer converts with pydantic, whose error keeps the value; click's did not
+    errors = getattr(e.__cause__, "errors", None)
+    given = errors()[0].get("input") if callable(errors) and errors() else None
+    what = "an integer" if kind is int else "a number"
+    problem = f"{given!r} is not {what}" if isinstance(given, str) else f"not {what}"
+    return str(InputError(option, problem, _ALLOWS.get(option, what)))
+
+
+def _number_kind(param: Any) -> type | None:
+    """int or float where ``param`` is an option that takes one, else None."""
+    if getattr(param, "param_type_name", None) != "option":
+        return None
+    kind = getattr(getattr(param, "type_descriptor", None), "annotation", None)
+    if kind in (int, float):
+        return kind  # type: ignore[no-any-return]
+    # older typers: click's INT and FLOAT types
+    return {"integer": int, "float": float}.get(getattr(getattr(param, "type", None), "name", ""))
+
+
+def _field_allows(field: str) -> str | None:
+    """What the job YAML allows in ``field`` (``workload.prompts_per_step``), from its schema."""
+    *section, name = field.split(".")
+    schema = {"": JobConfig, "cluster": ClusterConfig, "workload": WorkloadConfig}
+    info = schema[".".join(section)].model_fields.get(name)
+    return info.description if info is not None else None
+
+
+# What each job option allows, as its YAML field says it; --gpus takes a count only (a YAML
+# may list device ids).
+_ALLOWS = {option: allows for field, option in OPTION_OF.items()
+           if (allows := _field_allows(field)) is not None}
+_ALLOWS["--gpus"] = f"a pool size 1..{MAX_DEVICES:,}"
 
 
 app = typer.Typer(

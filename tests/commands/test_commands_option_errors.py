@@ -118,4 +118,59 @@ def test_the_gpus_transition_works_out_keep_the_field_name(tmp_path: Path) -> No
     cfg = config(tmp_path, "model: tiny-llama\ngpus: 8\n"
                            "cluster: {device: cpu, nodes: 1, devices_per_node: 8}\n")
     err = error(["transition", str(plan), str(plan), "--config", cfg])
-    assert err.startswith("error: gpus: device ids up to 15 do not fit"), err
+    # the plans' ids up to 15 reach the job as a pool of 16
+    assert err.startswith("error: gpus: 16 GPUs exceed the cluster's 1 node x 8"), err
+
+
+@pytest.mark.parametrize("args,says", [
+    (["plan", "--config", "A.yaml", "--config", "B.yaml"],
+     "--config: given twice ('A.yaml', then 'B.yaml') (allowed: once)"),
+    (["plan", "-c", "A.yaml", "--config=B.yaml"], "--config: given twice"),
+    (["plan", "--config=A.yaml", "-cB.yaml"], "--config: given twice"),
+    ([*JOB, "--model", "qwen3-14b"],
+     "--model: given twice ('llama-3.1-8b', then 'qwen3-14b') (allowed: once)"),
+    ([*JOB, "--gpus=8"], "--gpus: given twice ('16', then '8')"),
+    ([*JOB, "--frontier", "actor_train", "--frontier", "critic_train"], "--frontier: given twice"),
+    (["simulate", "--steps", "3", "--steps", "4"], "--steps: given twice"),
+    (["simulate", "-s", "a.yaml", "--scenario", "b.yaml"], "--scenario: given twice"),
+    (["transition", "a.json", "b.json", "--gantt", "x.png", "--gantt", "y.png"],
+     "--gantt: given twice"),
+])
+def test_a_single_valued_option_given_twice_is_refused(args: list[str], says: str) -> None:
+    """`plan --config A.yaml --config B.yaml` planned B alone and `--model A --model B`
+    planned B: click keeps the last value without a word."""
+    err = error(args)
+    assert err.startswith(f"error: {says}"), err
+
+
+def test_a_value_that_looks_like_the_option_is_its_value_as_click_reads_it() -> None:
+    """`--model --model` is one --model whose value is '--model' (as click parses it), not the
+    option given twice."""
+    err = error(["plan", "--model", "--model", "--gpus", "8"])
+    assert err.startswith("error: --model: unknown model '--model'"), err
+
+
+def test_a_flag_given_twice_is_harmless() -> None:
+    once = runner.invoke(app, [*JOB, "--json"])
+    twice = runner.invoke(app, [*JOB, "--json", "--json"])
+    assert once.exit_code == twice.exit_code == 0, twice.output
+    assert once.stdout == twice.stdout
+
+
+@pytest.mark.parametrize("args,says", [
+    (["plan", "--gpus", "2.5"],
+     "--gpus: '2.5' is not an integer (allowed: a pool size 1..65,536)\n"),
+    ([*JOB, "--prompts", "1.5"],
+     "--prompts: '1.5' is not an integer (allowed: an integer 1..1,048,576)\n"),
+    (["plan", "--gpus=abc"], "--gpus: 'abc' is not an integer (allowed: a pool size"),
+    ([*JOB, "--devices-per-node", "1e3"],
+     "--devices-per-node: '1e3' is not an integer (allowed: an integer 1..64)\n"),
+    (["simulate", "--steps", "2.5"], "--steps: '2.5' is not an integer (allowed: an integer)"),
+    (["simulate", "--gamma", "x"], "--gamma: 'x' is not a number (allowed: a number)"),
+])
+def test_a_count_option_given_a_fraction_names_the_option_and_the_range(args: list[str],
+                                                                      says: str) -> None:
+    """`--gpus 2.5` said click's "Invalid value for '--gpus': Input should be a valid
+    integer", with no allowed range; `gpus: 16.5` in a YAML says what a pool size may be."""
+    err = error(args)
+    assert err.startswith(f"error: {says}"), err

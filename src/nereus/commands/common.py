@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import typer
+import typer.core
 from rich.console import Console
 from rich.markup import escape
 from typer.core import TyperCommand
@@ -50,6 +51,41 @@ def reflowed(text: str) -> str:
                        for p in paragraphs)
 
 
+# The click that typer runs on: newer typer vendors its own copy (``typer._click``), older ones
+# import click itself; the exceptions must be that module's.
+click = getattr(typer.core, "_click", None) or typer.core.click  # type: ignore[attr-defined]
+
+
+class OneLineUsageError(click.exceptions.BadOptionUsage):  # type: ignore[misc]
+    """A usage error whose message is already the one line ``field: what (allowed: ...)``: the
+    CLI prints it as it is, without click's wording or a pointer to the help."""
+
+
+def once_only(parser: Any) -> Any:
+    """Refuse an option that takes one value given twice: click keeps the last silently, and
+    ``plan --config A.yaml --config B.yaml`` planned B alone. Checked as click's parser stores
+    each value, so ``--config=B``, ``-c B`` and a value that looks like an option count as
+    click reads them. Flags may repeat (``--json --json`` says the same thing again), and so
+    may options that collect their values (``multiple``, counts)."""
+    options = {id(o): o for o in (*parser._long_opt.values(), *parser._short_opt.values())}
+    for opt in options.values():
+        if opt.action == "store":
+            opt.process = _stored_once(opt, opt.process, parser.ctx)
+    return parser
+
+
+def _stored_once(opt: Any, process: Callable[[Any, Any], None], ctx: Any
+                 ) -> Callable[[Any, Any], None]:
+    def once(value: Any, state: Any) -> None:
+        # resilient parsing (shell completion) reads what is typed so far, refusing nothing
+        if opt.dest in state.opts and not getattr(ctx, "resilient_parsing", False):
+            name = (opt._long_opts or opt._short_opts)[0]  # -c and --config: --config
+            raise OneLineUsageError(name, str(InputError(
+                name, f"given twice ({state.opts[opt.dest]!r}, then {value!r})", "once")), ctx)
+        process(value, state)
+    return once
+
+
 # a required argument in the usage line: newer typers write ``{CURRENT}`` (and
 # ``{CURRENT}...`` for several)
 _REQUIRED_PIECE = re.compile(r"\{([^{}]+)\}(\.\.\.)?")
@@ -68,6 +104,9 @@ class Command(TyperCommand):
 
     def get_params(self, ctx: Any) -> list[Any]:
         return plain_flags(super().get_params(ctx))
+
+    def make_parser(self, ctx: Any) -> Any:
+        return once_only(super().make_parser(ctx))
 
     def collect_usage_pieces(self, ctx: Any) -> list[str]:
         return [_REQUIRED_PIECE.sub(r"\1\2", p) for p in super().collect_usage_pieces(ctx)]

@@ -58,7 +58,7 @@ JOB_HELP = {
 
 
 # The option that sets each job field from the command line.
-_OPTION_OF = {"model": "--model", "algo": "--algo", "execution": "--execution",
+OPTION_OF = {"model": "--model", "algo": "--algo", "execution": "--execution",
               "reward": "--reward", "gpus": "--gpus",
               "cluster.device": "--device", "cluster.devices_per_node": "--devices-per-node",
               "workload.response_len": "--response-len",
@@ -89,7 +89,7 @@ def _as_option(e: InputError, typed: Mapping[str, object],
     against the config's ``ppo_mini_batches: 4``, or its default): then that option.
     ``typed``: the values of the options the user gave, by parameter name
     (``devices_per_node``); ``config``: the fields the config file gave."""
-    option = _OPTION_OF.get(e.field)
+    option = OPTION_OF.get(e.field)
     if option is not None and typed.get(_param(option)) is not None:
         return InputError(option, e.problem, e.allowed)
     changed = [o for o in _ALSO_SET_BY.get(e.field, ()) if typed.get(_param(o)) is not None]

@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationInfo, field_validator
 
-from nereus.errors import InputError
+from nereus.errors import InputError, count
 from nereus.files import read_yaml, validate
 from nereus.spec.cluster import MAX_DEVICES, MAX_DEVICES_PER_NODE, Cluster, GpuPool
 from nereus.spec.device import DEVICE_PRESETS, GiB, get_device
@@ -135,6 +135,11 @@ def build_job(cfg: JobConfig) -> JobSpec:
     per_node = cfg.cluster.devices_per_node or min(device.devices_per_node, need)
     nodes = cfg.cluster.nodes or -(-need // per_node)
     cluster = Cluster(device, nodes, per_node)
+    if need > cluster.num_devices and isinstance(cfg.gpus, int):
+        # a count: say it as one, not as the device ids it stands for
+        raise InputError("gpus", f"{count(need, 'GPU')} exceed the cluster's "
+                         f"{count(nodes, 'node')} x {per_node}",
+                         f"1..{cluster.num_devices:,}, or more cluster.nodes")
     if need > cluster.num_devices:
         raise InputError("gpus", f"device ids up to {need - 1} do not fit the cluster",
                          f"0..{cluster.num_devices - 1}")
