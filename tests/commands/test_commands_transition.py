@@ -2,6 +2,7 @@
 tiny model, and --execute with nothing to move."""
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -691,7 +692,9 @@ def test_a_recorded_config_json_that_is_gone_is_one_line(tmp_path: Path,
 def test_recorded_jobs_no_transition_spans_are_refused_naming_the_field(
         tmp_path: Path, other: list[str], field: str, says: str) -> None:
     paths = []
-    for name, extra in (("a.json", TINY), ("b.json", [*TINY, *other])):
+    # the other job's option replaces TINY's (an option given twice is refused)
+    other_job = [*TINY[2:], *other] if other[0] == "--model" else [*TINY, *other]
+    for name, extra in (("a.json", TINY), ("b.json", other_job)):
         r = runner.invoke(app, ["plan", *extra, "--gpus", "2", "--json"])
         assert r.exit_code == 0, r.output
         paths.append(tmp_path / name)
@@ -920,3 +923,84 @@ def test_json_carries_the_peak_memory_and_the_bytes_moved(tmp_path: Path) -> Non
     for name, n in moved.items():
         row = next(ln for ln in table.stdout.splitlines() if ln.startswith(f"│ {name} "))
         assert (format_bytes(n) if name in changed else "unchanged") in row, row
+
+
+@pytest.mark.parametrize("option,value,says", [
+    ("--algo", "foo", "error: --algo: 'foo' is not allowed"),
+    ("--device", "foo", "error: --device: unknown device 'foo'"),
+    ("--devices-per-node", "0", "error: --devices-per-node: 0 is not allowed"),
+])
+def test_a_bad_option_value_is_named_before_the_missing_model(
+        tiny_plans: tuple[str, str], tmp_path: Path, option: str, value: str,
+        says: str) -> None:
+    """`--algo foo` said only that --model is needed; adding --model then led to the option's
+    own error. A valid option alone still asks for the job (the records answer without it)."""
+    old = tmp_path / "old"
+    old.mkdir()
+    for pair in (tiny_plans, (_without_job(tiny_plans[0], old),
+                              _without_job(tiny_plans[1], old))):
+        r = runner.invoke(app, ["transition", *pair, option, value])
+        assert r.exit_code == 2, r.output
+        assert r.stderr.count("\n") == 1 and r.stderr.startswith(says), r.stderr
+        assert "(allowed: " in r.stderr, r.stderr
+    r = runner.invoke(app, ["transition", *tiny_plans, "--devices-per-node", "4"])
+    assert r.exit_code == 2 and r.stderr.startswith("error: --model: needed"), r.output
+
+
+def _edited(path: str, tmp: Path, edit: Callable[[dict], None]) -> str:
+    """``path``'s plan JSON after ``edit``, written to ``tmp``."""
+    data = json.loads(Path(path).read_text())
+    edit(data)
+    out = tmp / "edited.json"
+    out.write_text(json.dumps(data))
+    return str(out)
+
+
+def _set(data: dict, stage: int, field: str, value: object) -> None:
+    data["stages"][stage][field] = value
+
+
+@pytest.mark.parametrize("edit,says", [
+    (lambda d: _set(d, 0, "tp", 3),
+     ("error: target.stages.0: actor_gen: a replica lists 1 GPU for tp x pp = 3 (allowed: 4 "
+      "GPU lists (one per DP replica) of 3 GPU ids each (tp x pp), no GPU in two places)")),
+    (lambda d: _set(d, 0, "gpus", [[0], [1], [2], [0]]),
+     ("error: target.stages.0: actor_gen: a GPU appears twice (allowed: 4 GPU lists (one per "
+      "DP replica) of 1 GPU id each (tp x pp), no GPU in two places)")),
+    (lambda d: d.update(stages=[s for s in d["stages"] if s["name"] != "critic_train"]),
+     ("error: target.stages: lacks model-stage 'critic_train', which groups lists (allowed: "
+      "an entry under stages for every model-stage groups lists, or groups without "
+      "critic_train)")),
+    # a name no workflow has is the group's own mistake
+    (lambda d: d["groups"][0].__setitem__(0, "reference_inferr"),
+     ("error: target.groups: names model-stages not in the plan: ['reference_inferr'] "
+      "(allowed: actor_gen, reference_infer, reward_infer, critic_infer, actor_train, "
+      "critic_train)")),
+], ids=["tp", "gpu-twice", "stage-deleted", "group-typo"])
+def test_plan_file_errors_say_what_is_allowed(tiny_plans: tuple[str, str], tmp_path: Path,
+                                              edit: Callable[[dict], None], says: str) -> None:
+    """A replica of the wrong size or a GPU listed twice said no "allowed"; a model-stage
+    deleted from stages was blamed on the groups that still named it."""
+    bad = _edited(tiny_plans[1], tmp_path, edit)
+    for extra in ([], TINY):
+        r = runner.invoke(app, ["transition", tiny_plans[0], bad, *extra])
+        assert r.exit_code == 2 and r.stderr == says + "\n", r.output
+
+
+def test_gantt_of_an_infeasible_move_says_no_chart_was_written(tmp_path: Path) -> None:
+    """Exit 3 and the reason, but no PNG and no word of it."""
+    cur = plan_file(tmp_path, "a.json", [stage("reference_infer", 1, 4, [[0, 1, 2, 3]]),
+                                         stage("reward_infer", 1, 4, [[4, 5, 6, 7]])])
+    tgt = plan_file(tmp_path, "b.json", [stage("reference_infer", 1, 4, [[4, 5, 6, 7]]),
+                                         stage("reward_infer", 1, 4, [[0, 1, 2, 3]])])
+    out = tmp_path / "inf.png"
+    r = runner.invoke(app, ["transition", cur, tgt, "--model", "llama-3.1-8b", "--gantt",
+                            str(out)])
+    assert r.exit_code == 3, r.output
+    assert not out.exists()
+    note, reason = r.stderr.splitlines()
+    assert note == (f"note: no Gantt chart written to {out}: the transition is infeasible, so "
+                    "there is no schedule to draw")
+    assert reason.startswith("error: infeasible transition")
+    without = runner.invoke(app, ["transition", cur, tgt, "--model", "llama-3.1-8b"])
+    assert without.exit_code == 3 and without.stderr == reason + "\n"

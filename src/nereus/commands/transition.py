@@ -60,6 +60,7 @@ from nereus.plan.evaluate import StageLayoutSpec, evaluate_plan
 from nereus.plan.types import Plan
 from nereus.spec.cluster import MAX_DEVICES, GpuPool, format_gpus
 from nereus.spec.job import JobSpec, check_groups, parse_job
+from nereus.spec.model import MODEL_PRESETS
 from nereus.transition.global_dag import FEWER_STAGES
 from nereus.transition.planner import in_two_moves, plan_transition
 from nereus.transition.schedule import Schedule
@@ -334,6 +335,9 @@ def plans_for_job(args: tuple[PlanArg, PlanArg], config: Path | None, model: str
             raise InputError(where, f"GPU id {max(used)} is past the largest cluster",
                              f"GPU ids 0..{MAX_DEVICES - 1}")
     recorded = next((a for a in args if a.record), None)
+    if config is None and model is None:
+        _check_option_values(ids, least, recorded, algo, execution, device, devices_per_node,
+                             reward)
     if config is None and model is None and recorded is not None:
         # the plan says what it was made for: offer that, rather than only name the option;
         # where both files record their jobs, an option alone (--algo) is what stops them
@@ -348,6 +352,30 @@ def plans_for_job(args: tuple[PlanArg, PlanArg], config: Path | None, model: str
         check_record(a.record, job, a.which, a.path)
     out = {a.which: _plan_under(a, job, profile) for a in args}
     return job, out["current"], out["target"]
+
+
+def _check_option_values(ids: list[int], least: int, recorded: PlanArg | None,
+                         algo: str | None, execution: str | None, device: str | None,
+                         devices_per_node: int | None, reward: str | None) -> None:
+    """Without --config or --model, refuse a job option whose own value is wrong (``--algo
+    foo``) by that option, before saying --model is needed: adding --model would only lead to
+    that error. Checked on the job the options would build, with the model the files record
+    where it is a preset (else a tiny one: no option's own value depends on the model)."""
+    options = {"--algo": algo, "--execution": execution, "--device": device,
+               "--devices-per-node": devices_per_node, "--reward": reward}
+    given = [o for o, v in options.items() if v is not None]
+    if not given:
+        return
+    named = str((recorded.record or {}).get("model", "")) if recorded is not None else ""
+    probe = named if named in MODEL_PRESETS else "tiny-llama"
+    try:
+        job_for_plans(ids, None, probe, algo, execution, device, devices_per_node, reward,
+                      least)
+    except InputError as e:
+        if e.field in given:
+            raise
+    except InfeasibleError:
+        pass  # the job, not an option's value: the error below names what is missing
 
 
 def _plan_under(a: PlanArg, job: JobSpec, profile: Path | None) -> Plan:
@@ -694,6 +722,10 @@ def register(app: typer.Typer) -> None:
                     f"({two.first.estimated_s:.3f} s), then the rest "
                     f"({two.second.estimated_s:.3f} s), {two.estimated_s:.3f} s of L_tran in "
                     "all (estimated; --json gives the plan between them)")
+            if gantt_path is not None:  # the user asked for a file: say why none appeared
+                err_console.print(f"note: no Gantt chart written to {gantt_path}: the "
+                                  "transition is infeasible, so there is no schedule to draw",
+                                  markup=False, highlight=False, soft_wrap=True)
             raise fail(f"infeasible transition (bytes estimated by the transition's memory "
                        f"model; capacity {HEADROOM:.0%} of the device's memory): {reason}",
                        EXIT_INFEASIBLE)

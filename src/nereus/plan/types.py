@@ -14,6 +14,7 @@ from nereus.cost.candidate import Candidate, Layout
 from nereus.errors import InputError, count
 from nereus.files import read_json, validate
 from nereus.spec.cluster import MAX_DEVICES
+from nereus.spec.workflow import WORKFLOWS
 
 if TYPE_CHECKING:
     from nereus.cost.estimate import Estimate
@@ -32,6 +33,12 @@ def replica_problem(replicas: Sequence[Sequence[int]], dp: int, size: int) -> st
     if len(set(flat)) != len(flat):
         return "a GPU appears twice"
     return None
+
+
+def replica_rule(dp: int, size: int) -> str:
+    """What :func:`replica_problem` allows, as an error's "allowed" part."""
+    return (f"{count(dp, 'GPU list')} (one per DP replica) of {count(size, 'GPU id')} each "
+            "(tp x pp), no GPU in two places")
 
 
 @dataclass(frozen=True)
@@ -53,7 +60,8 @@ class StagePlan:
         c = self.candidate
         problem = replica_problem(self.replicas, c.dp, c.layout.size)
         if problem:
-            raise InputError(f"plan.{self.stage}.gpus", problem)
+            raise InputError(f"plan.{self.stage}.gpus", problem,
+                             replica_rule(c.dp, c.layout.size))
 
     @property
     def layout(self) -> Layout:
@@ -156,6 +164,13 @@ class Plan:
             raise InputError(f"{field}.stages", f"model-stages listed twice: {twice}")
         for g in f.groups:
             unknown = sorted(set(g) - set(names))
+            # a model-stage of some workflow that groups names but stages lacks: its entry
+            # under stages is what is missing (deleted, or the plan file cut short)
+            missing = [n for n in unknown if n in MODEL_STAGES]
+            if missing:
+                raise InputError(f"{field}.stages", f"lacks model-stage {missing[0]!r}, which "
+                                 "groups lists", "an entry under stages for every model-stage "
+                                 f"groups lists, or groups without {missing[0]}")
             if unknown:
                 raise InputError(f"{field}.groups",
                                  f"names model-stages not in the plan: {unknown}", names)
@@ -167,6 +182,8 @@ class Plan:
         return cls.from_dict(read_json(path, field), field)
 
 
+# every model-stage name a workflow has: a name in groups that is one of them is a model-stage
+MODEL_STAGES = frozenset(s.name for w in WORKFLOWS.values() for s in w().stages)
 MAX_GPU_ID = MAX_DEVICES - 1  # the largest cluster's last id: past it, a typo
 
 
@@ -190,7 +207,10 @@ class _StageFile(BaseModel):
     def _replicas(self) -> _StageFile:
         problem = replica_problem(self.gpus, self.dp, self.tp * self.pp)
         if problem:
-            raise ValueError(f"{self.name}: {problem}")
+            # the one-line error reads the allowed part from the message: a validator's
+            # error carries nothing else through pydantic
+            raise ValueError(f"{self.name}: {problem} (allowed: "
+                             f"{replica_rule(self.dp, self.tp * self.pp)})")
         return self
 
     def to_stage_plan(self) -> StagePlan:
