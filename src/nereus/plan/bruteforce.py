@@ -19,11 +19,9 @@ from nereus.cost.estimate import HEADROOM
 from nereus.cost.model import CostModel
 from nereus.plan.candidates import enumerate_candidates
 from nereus.plan.overlap import END, SYNC, overlap_graph
-from nereus.plan.search import set_partitions
+from nereus.plan.search import Keep, set_partitions
 from nereus.spec.job import JobSpec
 from nereus.spec.workflow import Execution, ModelStage, Phase, StageKind
-
-Keep = Callable[[ModelStage, Candidate], bool]
 
 
 def _fitting(cost: CostModel, job: JobSpec, max_combinations: int,

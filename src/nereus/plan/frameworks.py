@@ -22,19 +22,17 @@ idle models, its resharding of the rollout weights).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 
 from nereus.cost.candidate import Candidate, Layout
 from nereus.cost.efficiency import Efficiencies
 from nereus.cost.model import CostModel
 from nereus.errors import InfeasibleError, count
-from nereus.plan.search import Planner
+from nereus.plan.search import Keep, Planner
 from nereus.plan.types import Plan
 from nereus.spec.cluster import GpuPool
 from nereus.spec.job import JobSpec
 from nereus.spec.workflow import Execution, ModelStage, StageKind
-
-Keep = Callable[[ModelStage, Candidate], bool]
 
 
 def verl_keep(job: JobSpec, coupled: dict[str, Layout] | None = None) -> Keep:

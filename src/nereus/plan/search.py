@@ -66,6 +66,10 @@ from nereus.spec.workflow import Execution, ModelStage, Phase, StageKind
 GiB = 1024**3
 
 
+# which candidates of a model-stage a search may use (``Planner``'s ``keep``)
+Keep = Callable[[ModelStage, Candidate], bool]
+
+
 @dataclass(frozen=True)
 class GroupChoice:
     """Stages sharing one GPU set, their candidates and their latencies (without sync)."""
@@ -346,7 +350,7 @@ class Planner:
     def __init__(self, job: JobSpec, efficiencies: Efficiencies | None = None,
                  cost: CostModel | None = None, spread: bool = False,
                  evaluated: Mapping[str, Evaluation | None] | None = None,
-                 keep: Callable[[ModelStage, Candidate], bool] | None = None):
+                 keep: Keep | None = None):
         """``spread``: on a pool of several nodes, every model-stage keeps at least two
         replicas that each fit in a node and are placed on different nodes where the layouts
         allow, so losing one node leaves a copy of every stage's state (the controller asks
@@ -419,9 +423,8 @@ class Planner:
         if not self.spread:
             return None if keep is None else lambda c: keep(st, c)
         node = self.job.pool.largest_node_share()
-        if keep is None:
-            return lambda c: c.dp >= 2 and c.layout.size <= node
-        return lambda c: c.dp >= 2 and c.layout.size <= node and keep(st, c)
+        return lambda c: (c.dp >= 2 and c.layout.size <= node
+                          and (keep is None or keep(st, c)))
 
     # ---- search ----
     def search(self) -> SearchResult:

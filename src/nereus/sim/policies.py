@@ -151,6 +151,7 @@ class VerlStaticPolicy(StaticPolicy):
         super().__init__(truth, lengths, samples, candidates)
         # pools where verl's space has no plan for the whole trace, so ``static``'s ran
         self.fallback_pools: set[tuple[int, ...]] = set()
+        self._static = StaticPolicy(truth, lengths, samples, candidates)
 
     def best_at(self, job: JobSpec) -> Plan:
         return best_verl_plan(job, self.truth.hidden)
@@ -160,8 +161,7 @@ class VerlStaticPolicy(StaticPolicy):
             return self._plans[pool]
         plan = super().plan_for(pool)
         if plan is None:
-            plan = StaticPolicy(self.truth, self.lengths, self.samples,
-                                self.candidates).plan_for(pool)
+            plan = self._static.plan_for(pool)
             self._plans[pool] = plan
             if plan is not None:
                 self.fallback_pools.add(pool)
