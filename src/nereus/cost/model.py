@@ -83,6 +83,7 @@ LINK_KINDS = {"tp": ("TP group", "TP all-reduces"),
               "pp": ("pipeline hop", "pp activation send/recv"),
               "embed": ("first/last-block pair", "tied embedding grad all-reduce"),
               "dp": ("DP group", "gradient all-reduce")}
+_KIND_INDEX = {k: i for i, k in enumerate(LINK_KINDS)}
 SYNC_SPANS = ("a training or generation replica spans nodes (its GPU ids): resharding priced "
               "on the inter-node link")
 
@@ -478,22 +479,21 @@ class CostModel:
 
     def _link_key(self, st: ModelStage, c: Candidate, links: Links | None
                   ) -> tuple[bool | None, ...]:
-        """What one candidate's rows read of ``links``: for each kind of group it uses,
-        whether the group runs inside a node (as placed, else by its size: ``_intra``'s
-        tests); None for a kind it does not use, whose rows are zero either way. Equal keys
-        give equal rows, so a placement that keeps every group where its size would shares
-        the rows of the node-aligned estimate (``plan.evaluate``'s notes compare the two)."""
-        n = self.node_size
-        sized = {"tp": c.tp <= n, "pp": c.layout.size <= n, "embed": c.layout.size <= n,
-                 "dp": c.gpus <= n}
-        out: list[bool | None] = []
-        for kind in ("tp", "pp", "embed", "dp"):
-            placed = None if links is None else getattr(links, kind)
-            if not self.link_used(st, c, kind):
-                out.append(None)
-            else:
-                out.append(sized[kind] if placed is None else not placed)
-        return tuple(out)
+        """What one candidate's rows read of ``links``: for each kind of group it uses
+        (``LINK_KINDS``' order), whether the group runs inside a node (as placed, else by its
+        size: ``_intra``'s tests); None for a kind it does not use, whose rows are zero either
+        way. Equal keys give equal rows, so a placement that keeps every group where its size
+        would shares the rows of the node-aligned estimate (``plan.evaluate``'s notes compare
+        the two)."""
+        n, lay = self.node_size, c.layout
+        size = lay.size
+        sized = (lay.tp <= n, size <= n, size <= n, c.dp * size <= n)
+        used = self._used(st, c)
+        if links is None:
+            return tuple(s if u else None for u, s in zip(used, sized))
+        placed = (links.tp, links.pp, links.embed, links.dp)
+        return tuple(None if not u else s if p is None else not p
+                     for u, s, p in zip(used, sized, placed))
 
     def _as_sized(self, st: ModelStage, c: Candidate, links: Links) -> bool:
         """Whether ``c``'s estimate on ``links`` is its estimate without them: the same ops
@@ -1193,12 +1193,16 @@ class CostModel:
 
     def link_used(self, stage: ModelStage | str, c: Candidate, kind: str) -> bool:
         """Whether ``c`` runs ``kind``'s collective (a ``Links`` field) at all."""
-        st = self._stage(stage)
-        train = st.kind is StageKind.TRAIN
-        return {"tp": c.tp > 1, "pp": c.pp > 1, "dp": train and c.dp > 1,
-                "embed": (train and c.pp > 1 and self.job.model.tie_embeddings
-                          and self._head(st) is Head.LM)}[kind]
+        return self._used(self._stage(stage), c)[_KIND_INDEX[kind]]
 
+    def _used(self, st: ModelStage, c: Candidate) -> tuple[bool, bool, bool, bool]:
+        """``link_used`` of the four kinds at once, in ``LINK_KINDS``' order (tp, pp, embed,
+        dp): the estimates of a plan search ask it hundreds of thousands of times."""
+        train = st.kind is StageKind.TRAIN
+        multi = c.layout.pp > 1
+        return (c.layout.tp > 1, multi,
+                train and multi and self.job.model.tie_embeddings and self._head(st) is Head.LM,
+                train and c.dp > 1)
 
 
 @lru_cache(maxsize=4096)
