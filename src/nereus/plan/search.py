@@ -141,9 +141,14 @@ def group_points(members: Sequence[StageOptions], limit: float, budget: int,
         best = np.minimum.accumulate(ordered)
         corner = np.ones(len(order), dtype=bool)
         corner[1:] = ordered[1:] < best[:-1] - 1e-12
-        corners = order[corner].tolist()
-        return pareto([Point(int(o.gpus[i]), float(lat[i]), (_choice(members, [i]),),
-                             float(add[i])) for i in corners])
+        corners = order[corner]
+        # read as Python numbers once (a search makes thousands of these points)
+        name, cands = (o.stage.name,), o.candidates
+        return pareto([Point(g, t, (GroupChoice(name, (cands[i],), (own,)),), x)
+                       for i, g, t, own, x in zip(corners.tolist(), o.gpus[corners].tolist(),
+                                                  lat[corners].tolist(),
+                                                  o.latency[corners].tolist(),
+                                                  add[corners].tolist())])
     if any(o.stage.kind is StageKind.GENERATE for o in members):
         # a generation engine takes the memory it is given for its KV cache (vLLM's
         # gpu_memory_utilization), so it never shares its GPU set inside the phase
