@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import heapq
 import math
+from bisect import bisect_right
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -113,12 +114,6 @@ def set_partitions(items: Sequence[str]) -> Iterator[list[tuple[str, ...]]]:
             yield [*part[:i], (first, *part[i]), *part[i + 1:]]
 
 
-def _choice(members: Sequence[StageOptions], picks: Sequence[int]) -> GroupChoice:
-    return GroupChoice(tuple(o.stage.name for o in members),
-                       tuple(o.candidates[i] for o, i in zip(members, picks)),
-                       tuple(float(o.latency[i]) for o, i in zip(members, picks)))
-
-
 def group_points(members: Sequence[StageOptions], limit: float, budget: int,
                  extra: Mapping[str, np.ndarray] | None = None) -> list[Point]:
     """Pareto points (GPUs, latency) of one group of stages sharing a GPU set.
@@ -155,26 +150,61 @@ def group_points(members: Sequence[StageOptions], limit: float, budget: int,
         return []
     gpus = np.unique(np.concatenate([o.gpus for o in members]))
     sizes = [int(g) for g in gpus[gpus <= budget]]
+    lats = [o.latency + add for o, add in zip(members, adds)]
+    tables = [_fastest_within(lat, o.gpus) for o, lat in zip(members, lats)]
+    # Python lists: the loop below reads a few entries per size
+    lat_l = [lat.tolist() for lat in lats]
+    own_l = [o.latency.tolist() for o in members]
+    add_l = [add.tolist() for add in adds]
+    res_l = [o.resident.tolist() for o in members]
+    tra_l = [o.transient.tolist() for o in members]
+    gpu_l = [o.gpus.tolist() for o in members]
+    names = tuple(o.stage.name for o in members)
     pts: list[Point] = []
     for size in sizes:
-        masks = [o.gpus <= size for o in members]
-        if not all(m.any() for m in masks):
-            continue
-        lat = [np.where(m, o.latency + add, np.inf) for o, m, add in zip(members, masks, adds)]
-        picks = [int(np.argmin(x)) for x in lat]
-        res = sum(float(o.resident[i]) for o, i in zip(members, picks))
-        tra = max(float(o.transient[i]) for o, i in zip(members, picks))
+        picks: list[int] = []
+        for counts, fastest in tables:
+            k = bisect_right(counts, size) - 1
+            if k < 0:
+                break
+            picks.append(fastest[k])
+        if len(picks) < len(members):
+            continue  # a member has no option on this few GPUs
+        res = sum(r[i] for r, i in zip(res_l, picks))
+        tra = max(t[i] for t, i in zip(tra_l, picks))
         if res + tra <= limit:
             best = picks
         else:
+            masks = [o.gpus <= size for o in members]
             best = _exhaustive(members, masks, adds, limit)
             if best is None:
                 continue
-        total = sum(float(o.latency[i] + add[i]) for o, i, add in zip(members, best, adds))
-        gpus = max(int(o.gpus[i]) for o, i in zip(members, best))
-        pts.append(Point(gpus, total, (_choice(members, best),),
-                         sum(float(add[i]) for add, i in zip(adds, best))))
+        total = sum(lat[i] for lat, i in zip(lat_l, best))
+        used = max(g[i] for g, i in zip(gpu_l, best))
+        choice = GroupChoice(names, tuple(o.candidates[i] for o, i in zip(members, best)),
+                             tuple(t[i] for t, i in zip(own_l, best)))
+        pts.append(Point(used, total, (choice,), sum(a[i] for a, i in zip(add_l, best))))
     return pareto(pts)
+
+
+def _fastest_within(lat: np.ndarray, gpus: np.ndarray) -> tuple[list[int], list[int]]:
+    """For each GPU count among ``gpus`` (ascending), the option ``np.argmin`` would pick of
+    those on at most that many GPUs: the lowest ``lat``, of equal ones the first. One sort
+    per group, instead of a masked argmin per member and GPU count."""
+    order = np.lexsort((lat, gpus))  # by GPUs, then latency; stable, so then by index
+    g = gpus[order]
+    starts = np.flatnonzero(np.concatenate(([True], g[1:] != g[:-1]))).tolist()
+    counts: list[int] = []
+    fastest: list[int] = []
+    best_t, best_i = math.inf, -1
+    for s in starts:
+        i = int(order[s])  # the fastest on exactly this many GPUs
+        t = float(lat[i])
+        if best_i < 0 or t < best_t or (t == best_t and i < best_i):
+            best_t, best_i = t, i
+        counts.append(int(g[s]))
+        fastest.append(best_i)
+    return counts, fastest
 
 
 def _exhaustive(members: Sequence[StageOptions], masks: Sequence[np.ndarray],
