@@ -3,6 +3,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nereus.plan.candidates import _dominated, pareto_mask
+from nereus.plan.search import _fastest_within
 
 
 def naive(m: np.ndarray) -> np.ndarray:
@@ -38,3 +39,17 @@ def test_grouped_dominance_equals_one_pareto_mask_per_group(seed, n, groups):
         idx = np.flatnonzero(label == g)
         want[idx[pareto_mask([m[idx, c] for c in range(4)])]] = True
     assert np.array_equal(~_dominated(m, label), want)
+
+
+@given(st.integers(0, 10_000), st.integers(1, 60))
+@settings(max_examples=60)
+def test_fastest_within_each_gpu_count_is_the_masked_argmin(seed, n):
+    """``group_points`` reads each member's fastest option on at most ``c`` GPUs from one
+    sort; it must pick what a masked ``np.argmin`` picks, ties (the first) included."""
+    rng = np.random.default_rng(seed)
+    gpus = rng.choice([1, 2, 3, 4, 8, 16], n)
+    lat = rng.integers(0, 4, n).astype(float)  # many equal latencies
+    counts, fastest = _fastest_within(lat, gpus)
+    assert counts == sorted(set(gpus.tolist()))
+    for c, i in zip(counts, fastest):
+        assert i == int(np.argmin(np.where(gpus <= c, lat, np.inf)))
