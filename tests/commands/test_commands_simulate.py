@@ -642,3 +642,59 @@ def test_job_gpus_caps_the_pool_an_availability_file_gives(tmp_path: Path) -> No
         got = list(csv.DictReader(f))
     assert got and {g["pool_gpus"] for g in got} == {"12"}
     assert all(int(g["plan_gpus"]) <= 12 for g in got)
+
+
+@pytest.mark.parametrize("fields,start", [
+    ({"lengths": {"csv": "l.csv"}}, 7),        # the lengths file has 5 steps
+    ({"lengths": {"csv": "l.csv"}}, 5),        # step 5 is the first past them
+    ({"steps": 3}, 4),                         # steps: in the file
+])
+def test_a_drift_period_past_the_run_is_refused_naming_its_row(tmp_path: Path,
+                                                               fields: dict[str, object],
+                                                               start: int) -> None:
+    """A drift row starting past the run's last step was dropped with a note only --notes
+    printed: the run said nothing, and the user believed the drift was simulated."""
+    (tmp_path / "l.csv").write_text("step,response_len_mean,response_len_max\n"
+                                    + "".join(f"{k},500,700\n" for k in range(5)))
+    (tmp_path / "d.csv").write_text("start_step,end_step,op_class,factor\n"
+                                    f"1,3,gemm,0.5\n{start},{start + 4},gemm,0.5\n")
+    cfg = _scenario(tmp_path, drift={"csv": "d.csv"}, **fields)
+    r = runner.invoke(app, ["simulate", "--config", str(cfg), "--policies", "static"])
+    assert r.exit_code == 2, r.output
+    line = r.stderr.strip()
+    assert len(line.splitlines()) == 1 and "Traceback" not in r.output
+    last = fields.get("steps", 5)
+    assert line.startswith(f"error: drift (d.csv) row 3.start_step: {start} is past the run's "
+                           f"last step {last - 1}"), line
+    assert line.endswith(f"(allowed: 0..{last - 1}, or a longer run)"), line
+
+
+def test_a_drift_period_that_ends_past_the_run_is_cut_and_runs(tmp_path: Path) -> None:
+    """One that starts inside the run still runs (cut at its end, as the notes say)."""
+    (tmp_path / "d.csv").write_text("start_step,end_step,op_class,factor\n1,30,gemm,0.5\n")
+    cfg = _scenario(tmp_path, steps=3, drift={"csv": "d.csv"})
+    r = runner.invoke(app, ["simulate", "--config", str(cfg), "--notes"])
+    assert r.exit_code == 0, r.output
+    assert "1 period cut to end at step 3" in r.stdout.replace("\n", " ").replace("│", "")
+
+
+def test_an_availability_file_that_changes_only_after_the_run_is_refused(tmp_path: Path
+                                                                         ) -> None:
+    """A pool file whose only change comes after the run's last step (on the nominal clock)
+    was run as a constant pool, without a word: the outage the user wrote was never met."""
+    (tmp_path / "l.csv").write_text("step,response_len_mean,response_len_max\n"
+                                    + "".join(f"{k},500,700\n" for k in range(5)))
+    (tmp_path / "pool.csv").write_text("time_s,gpus\n0,0-15\n99999999,0-7\n")
+    cfg = _scenario(tmp_path, lengths={"csv": "l.csv"}, availability={"csv": "pool.csv"})
+    r = runner.invoke(app, ["simulate", "--config", str(cfg), "--policies", "static"])
+    assert r.exit_code == 2, r.output
+    line = r.stderr.strip()
+    assert len(line.splitlines()) == 1 and "Traceback" not in r.output
+    assert line.startswith("error: availability.csv: the first change of the job's pool in "
+                           "pool.csv, at 99999999 s, comes after the run ends: its 5 steps "
+                           "take about "), line
+    assert "(allowed: a change before " in line, line
+    # --steps cuts the run short on purpose (as it cuts drift periods): it runs
+    r = runner.invoke(app, ["simulate", "--config", str(cfg), "--policies", "static",
+                            "--steps", "2"])
+    assert r.exit_code == 0, r.output

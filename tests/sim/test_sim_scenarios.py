@@ -277,6 +277,9 @@ def test_churn_parameters_have_sane_bounds(tmp_path, churn, field):
     ("availability: {churn: {min_nodes: 2}}", "availability.churn.min_nodes"),
     ("availability: {spot: {start_tick: 99999999}}", "availability.spot.start_tick"),
     ("drift: {congestion: {op_classes: [gemm, flops]}}", "drift.congestion.op_classes"),
+    # periods that slow nothing, or one class twice (its factor squared): accepted silently
+    ("drift: {congestion: {op_classes: []}}", "drift.congestion.op_classes"),
+    ("drift: {congestion: {op_classes: [gemm, p2p.intra, gemm]}}", "drift.congestion.op_classes"),
 ])
 def test_errors_from_generated_traces_name_the_yaml_field(tmp_path, line, field):
     p = tmp_path / "run.yaml"

@@ -159,6 +159,28 @@ def test_csv_numbers_must_be_finite(tmp_path, bad):
         T.load_drift(p)
 
 
+def test_a_drift_period_must_start_inside_the_run(tmp_path):
+    """One that starts at or after the run's last step would never run: it was left out with
+    a note only --notes printed."""
+    p = tmp_path / "drift.csv"
+    p.write_text("start_step,end_step,op_class,factor\n0,10,gemm,0.5\n\n60,70,gemm,0.5\n")
+    with pytest.raises(InputError, match=r"^drift \(drift\.csv\) row 4\.start_step: 60 is past "
+                       r"the run's last step 59 \(60 steps\).*\(allowed: 0\.\.59, or a "
+                       r"longer run\)$") as e:
+        T.load_drift(p, 60)
+    assert "\n" not in str(e.value)
+    assert len(T.load_drift(p, 61).periods) == 2 and len(T.load_drift(p).periods) == 2
+
+
+def test_congestion_periods_slow_each_named_class_once():
+    with pytest.raises(InputError, match=r"^drift\.congestion\.op_classes: gemm is listed "
+                       r"twice"):
+        T.congestion(100, op_classes=("gemm", " gemm"))
+    with pytest.raises(InputError, match=r"^drift\.congestion\.op_classes: an empty list"):
+        T.congestion(100, op_classes=())
+    assert T.congestion(100, periods=0, op_classes=()).periods == ()
+
+
 def test_drift_factors_have_a_floor(tmp_path):
     p = tmp_path / "drift.csv"
     p.write_text("start_step,end_step,op_class,factor\n0,10,gemm,1e-300\n")

@@ -655,7 +655,7 @@ def load_scenario(path: str | Path) -> Scenario:
     if cfg.drift is not None:
         kind = _one("drift", cfg.drift)
         if kind == "csv":
-            drift = load_drift(read("drift.csv", str(cfg.drift.csv))).head(steps)
+            drift = load_drift(read("drift.csv", str(cfg.drift.csv)), steps).head(steps)
         else:
             c2 = cfg.drift.congestion
             assert c2 is not None
@@ -787,7 +787,27 @@ def simulator(sc: Scenario) -> Simulator:
     it. Building it finds what makes the scenario unrunnable (a trace that never gives a
     usable pool), so callers build it before they print anything."""
     truth = Truth(sc.job, sc.hidden, sc.drift, sc.noise, sc.seed)
-    return Simulator(truth, sc.lengths, sc.availability, sc.restart, sc.steps, clock=sc.clock)
+    sim = Simulator(truth, sc.lengths, sc.availability, sc.restart, sc.steps, clock=sc.clock)
+    _pool_file_changes_in_the_run(sc, sim)
+    return sim
+
+
+def _pool_file_changes_in_the_run(sc: Scenario, sim: Simulator) -> None:
+    """An availability file whose every change of the job's pool comes after the run ends
+    (on the nominal clock) changes nothing, and the user believes it does: an error. Rows past
+    the end beside ones inside it are a log longer than the run (kept); a run --steps cut
+    short of the scenario's is cut on purpose (its notes say so)."""
+    path = sc.inputs.get("availability.csv")
+    if path is None or (sc.clock is not None and len(sc.clock) > sc.steps):
+        return
+    first = sc.availability.next_change(0.0)
+    end = sum(sim.nominal) + sum(e.pause_s + sum(c[1] for c in e.changes) for e in sim.events)
+    if first is not None and first >= end:
+        raise InputError("availability.csv", f"the first change of the job's pool in "
+                         f"{path.name}, at {_tokens(first)} s, comes after the run ends: its "
+                         f"{count(sc.steps, 'step')} take about {end:.0f} s on the nominal "
+                         f"clock (README: trace time is replayed on it), so the pool never "
+                         f"changes", f"a change before {end:.0f} s, or a longer run")
 
 
 def _collect(procs: Sequence[Any], groups: Sequence[Sequence[str]], queue: Any,

@@ -9,7 +9,8 @@ many or too few are errors):
   that many device ids of the cluster) or device ids separated by spaces, ranges allowed
   (``0-7 12 13``); 0 or an empty field means no GPU (the job pauses);
 - drift: ``start_step,end_step,op_class,factor`` -- from ``start_step`` up to (not including)
-  ``end_step`` the op class achieves ``factor`` times its usual efficiency.
+  ``end_step`` the op class achieves ``factor`` times its usual efficiency; a period starts
+  inside the scenario's run (one past it would never run), and one that ends past it is cut.
 
 The real spot trace (``nereus/data/spot-traces``) counts single-GPU instances; it gives counts,
 not identities, so ``from_counts`` maps n instances to device ids 0..n-1: the instances acquired
@@ -590,6 +591,15 @@ def congestion(steps: int, periods: int = 3, length: tuple[int, int] = (40, 120)
     _check_factor(factor, "drift.congestion.factor")
     rng = np.random.default_rng(seed)
     cls = [_op_class(c, "drift.congestion.op_classes") for c in op_classes]
+    # no class, or one twice (its periods would multiply its factor), is not what was meant
+    if periods and not cls:
+        raise InputError("drift.congestion.op_classes", "an empty list: the periods would "
+                         "slow nothing", "one or more of " + ", ".join(c.value for c in OpClass))
+    twice = next((c for k, c in enumerate(cls) if c in cls[:k]), None)
+    if twice is not None:
+        raise InputError("drift.congestion.op_classes", f"{twice.value} is listed twice: its "
+                         f"factor would apply twice ({factor:g} x {factor:g})",
+                         "each op class once")
     out: list[DriftPeriod] = []
     spans: list[tuple[int, int]] = []
     span = steps / (periods + 1)
@@ -645,24 +655,30 @@ def save_drift(trace: DriftTrace, path: str | Path) -> None:
 
 
 @_names_its_file
-def load_drift(path: str | Path) -> DriftTrace:
+def load_drift(path: str | Path, steps: int | None = None) -> DriftTrace:
+    """The periods in a drift CSV; ``steps``: the run's, when known: a period that starts at or
+    after it would never run, and the user believes it does (an error, not a note)."""
     rows = _read_csv(path, ["start_step", "end_step", "op_class", "factor"], "drift")
     out = []
     for line, r in rows:
-        steps = []
+        ends = []
         for col in ("start_step", "end_step"):
             try:
-                steps.append(int(r[col]))
+                ends.append(int(r[col]))
             except (TypeError, ValueError):
                 raise InputError(f"drift row {line}.{col}", f"{r[col]!r} in "
                                  f"{Path(path).name} is not an integer",
                                  "a step number, 0 <= start_step < end_step") from None
-        a, b = steps
+        a, b = ends
         f = _finite(r, "factor", "drift", line, path, f"a finite number >= {MIN_DRIFT_FACTOR:g}")
         if not 0 <= a < b:
             raise InputError(f"drift row {line}", f"start_step {a} and end_step {b}",
                              "0 <= start_step < end_step; the period runs up to, not "
                              "including, end_step")
+        if steps is not None and a >= steps:
+            raise InputError(f"drift row {line}.start_step", f"{a} is past the run's last "
+                             f"step {steps - 1} ({count(steps, 'step')}): the period would "
+                             "never run", f"0..{steps - 1}, or a longer run")
         _check_factor(f, f"drift row {line}.factor")
         out.append(DriftPeriod(a, b, _op_class(r["op_class"], f"drift row {line}.op_class"), f))
     return DriftTrace(tuple(out), f"file {path}")
