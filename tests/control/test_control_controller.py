@@ -769,7 +769,8 @@ def test_an_urgent_move_dearer_over_the_horizon_than_a_planned_restart_restarts(
     assert f"{restart_total:.4g} s beats the best feasible move's {move_total:.4g} s" \
         in r.summary
     cheap = decisions[1.0]
-    assert cheap.action is Action.MOVE and cheap.reasons.chosen == "best"
+    # S* or one of its placements near the surviving units (as fast, as cheap to reach here)
+    assert cheap.action is Action.MOVE and cheap.reasons.chosen.startswith("best")
     assert cheap.reasons.l_tran_s == 1.0
     assert cheap.reasons.l_tran_s + cheap.reasons.target_step_s < rc + r.target_step_s
 

@@ -17,3 +17,11 @@ def searched_latency(job: JobSpec, plan: Plan, cost: CostModel | None = None) ->
     cost = cost or CostModel(job)
     t, g = plan.stage(sync[0]).candidate, plan.stage(sync[1]).candidate
     return plan.step_latency_s - plan.terms["weight_sync"] + cost.weight_sync(t, g).latency_s
+
+
+def divisors_only(job: JobSpec):
+    """A ``Planner`` keep filter of the space before uneven DP shares: every stage's DP
+    divides its batch (what a plan cost when only training's rule held everywhere)."""
+    cost = CostModel(job)
+    batch = {s.name: cost.stage_batch(s) for s in job.workflow.stages}
+    return lambda st, c: batch[st.name] % c.dp == 0

@@ -178,3 +178,31 @@ def test_micro_batch_and_recompute_are_chosen_beside_the_stages_sharing_the_gpus
     cap = HEADROOM * job.cluster.device.memory_bytes
     assert all(sp.peak_mem_bytes <= cap for sp in plan.stages)
     assert plan.stage("actor_train").candidate.recompute
+
+
+def test_a_dp_that_does_not_divide_the_batch_is_taken_for_a_stage_without_a_gradient():
+    """Generation and forward passes split their batch of 512 unevenly over dp = 3: the
+    largest replica's 171 sequences are its (b, a). Training's gradient accumulation covers its
+    batch exactly, so dp = 3 stays an error there, naming the field."""
+    plan = evaluate_plan(JOB, _with("actor_gen", dp=3))
+    c = plan.stage("actor_gen").candidate
+    assert (c.dp, c.micro_batch, c.grad_accum) == (3, 171, 1)
+    c = evaluate_plan(JOB, _with("critic_infer", dp=3)).stage("critic_infer").candidate
+    assert (c.dp, c.micro_batch * c.grad_accum) == (3, 171)
+    with pytest.raises(InputError) as e:
+        evaluate_plan(JOB, _with("critic_infer", dp=3, micro_batch=2))
+    assert e.value.field == "evaluate.critic_infer.micro_batch"
+    assert "171 sequences per replica" in str(e.value), e.value
+    with pytest.raises(InputError) as e:
+        evaluate_plan(JOB, _with("actor_train", dp=3))
+    assert e.value.field == "evaluate.actor_train.dp"
+    assert "does not divide" in str(e.value) and e.value.allowed, e.value
+
+
+def test_more_replicas_than_sequences_is_an_error():
+    job = load_job("examples/llama-3.1-8b-ppo.yaml")
+    data = {k: dict(v) for k, v in LAYOUT.items()}
+    data["reward_infer"] = {"tp": 1, "pp": 1, "dp": 513}
+    with pytest.raises(InputError) as e:
+        evaluate_plan(job, layout_spec_from_data(data))
+    assert e.value.field == "evaluate.reward_infer.dp" and e.value.allowed == "1 to 512"

@@ -9,13 +9,14 @@ same position) and TP groups inside a node (a TP group is a run of ``tp`` consec
 from pathlib import Path
 
 import pytest
+from plan_testlib import divisors_only
 
 from nereus.cost.model import CostModel, least_overlap, placed_overlap
 from nereus.files import read_yaml
 from nereus.plan.evaluate import StageLayoutSpec, evaluate_plan
 from nereus.plan.near import placed_near
 from nereus.plan.placement import tp_groups_off_node
-from nereus.plan.search import best_plan
+from nereus.plan.search import Planner, best_plan
 from nereus.plan.types import Plan, StagePlan
 from nereus.plan.validate import validate_plan
 from nereus.spec.job import JobSpec, parse_job
@@ -82,9 +83,11 @@ def _agrees_with_sorted(job: JobSpec, cur: Plan, near: Plan) -> None:
 
 @pytest.fixture(scope="module")
 def ppo24():
-    """8B PPO on 24 GPUs: actor training and generation both tp=4 on GPUs 0-15, 4 each."""
+    """8B PPO on 24 GPUs: actor training and generation both tp=4 on GPUs 0-15, 4 each, in
+    the space where every DP divides its batch (the best plan now generates on all 24, dp=6,
+    beside training of another layout)."""
     jobs = {n: _job(24, n) for n in (2048, 8192)}
-    plans = {n: best_plan(j) for n, j in jobs.items()}
+    plans = {n: Planner(j, keep=divisors_only(j)).best() for n, j in jobs.items()}
     for p in plans.values():
         assert p.stage(TRAIN).replicas == p.stage(GEN).replicas == QUADS
     return jobs, plans

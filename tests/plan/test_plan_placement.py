@@ -6,7 +6,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from plan_testlib import searched_latency
+from plan_testlib import divisors_only, searched_latency
 
 from nereus.cost.model import CostModel
 from nereus.plan.bruteforce import brute_force_latency, brute_force_placed_latency
@@ -73,15 +73,19 @@ def test_the_planner_equals_a_brute_force_over_placements(tag):
     assert got >= brute_force_latency(job) * (1 - 1e-9)  # sizes: a bound no placement beats
 
 
+GRPO20 = {"model": "llama-3.1-8b", "algo": "grpo", "execution": "async", "gpus": 20,
+          "cluster": {"devices_per_node": 8},
+          "workload": {"prompts_per_step": 64, "responses_per_prompt": 4,
+                       "response_len": 2048}}
+
+
 def test_one_nodes_replicas_stay_on_one_node():
     """Llama-3.1-8B GRPO on 20 H100s (8 + 8 + 4): actor_train's two replicas of tp2 pp2 went to
     GPUs 16-19 and 8-11 (their DP all-reduce across nodes, 19.145 s a step) where GPUs 8-15
-    hold both (17.979 s, the search's price)."""
-    job = parse_job({"model": "llama-3.1-8b", "algo": "grpo", "execution": "async", "gpus": 20,
-                     "cluster": {"devices_per_node": 8},
-                     "workload": {"prompts_per_step": 64, "responses_per_prompt": 4,
-                                  "response_len": 2048}})
-    planner = Planner(job)
+    hold both (17.979 s, the search's price). In the space where every DP divides its batch:
+    the planner's own space now finds a faster combination that placement misses (below)."""
+    job = parse_job(GRPO20)
+    planner = Planner(job, keep=divisors_only(job))
     searched = planner.search().latency
     plan = planner.best()
     assert validate_plan(job, plan) == []
@@ -89,6 +93,21 @@ def test_one_nodes_replicas_stay_on_one_node():
     for sp in plan.stages:
         if sp.candidate.gpus <= 8:
             assert job.cluster.same_node(sp.gpus), (sp.stage, sp.replicas)
+
+
+def test_uneven_inference_beside_training_places_at_the_searched_price():
+    """The same job in the planner's space: the search's best (17.550 s) infers on 10 GPUs
+    (reference dp=10, reward pp=2 dp=5, uneven shares of 256) and trains tp2 pp2 dp2 on 8.
+    Generation takes 8 GPUs of its own, so the 12 left for inference and training held no
+    whole node when a part of 10 was cut in chunks of a replica's size: every placement put
+    training over two nodes (18.716 s). "whole" now cuts a part no node holds into whole
+    nodes first, and training's DP group runs inside one, at the searched price."""
+    job = parse_job(GRPO20)
+    planner = Planner(job)
+    searched = planner.search().latency
+    plan = planner.best()
+    assert plan.step_latency_s < 17.979
+    assert plan.step_latency_s == pytest.approx(searched, rel=1e-9)
 
 
 def test_a_partly_filled_pool_plans_fast_and_beats_a_sub_pool_plan():

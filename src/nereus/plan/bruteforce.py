@@ -3,7 +3,9 @@
 It enumerates every grouping of every phase and every combination of memory-feasible candidates,
 checks memory with the per-stage estimates (a member's peak with its group-mates' resident
 state beside it), and scores each combination by the critical path of the execution-overlap
-graph. Nothing of the search's pruning, Pareto points or conditioning is reused.
+graph. Nothing of the search's pruning, Pareto points or conditioning is reused; the candidates
+are the search's own space (``enumerate_candidates``, with the uneven DP degrees of stages that
+take no gradient), so that the two answer the same question.
 """
 
 from __future__ import annotations

@@ -1,12 +1,17 @@
 """Candidate enumeration and pruning into per-stage option tables.
 
 For each model-stage: power-of-two TP (inside a node where the pool allows) and PP (dividing the
-layers), every DP degree that divides the stage's batch and fits the pool, power-of-two
-micro-batches up to ``MAX_MICRO_BATCH`` that divide the per-replica batch, recomputation on or
-off for training. The search is exact over this space, not beyond it. Candidates over 90 % of
-device memory are dropped; the rest are reduced to those no other candidate beats on all of
-GPU count, latency, resident state and transient memory -- the only quantities the search
-looks at, so the pruning loses no optimum. For the stages the weight sync couples (its cost
+layers), DP degrees that fit the pool (``dp_degrees``), power-of-two micro-batches up to
+``MAX_MICRO_BATCH`` that divide the per-replica batch, recomputation on or off for training.
+Training takes every DP degree that divides the stage's batch: its gradient accumulation must
+cover the batch exactly. A stage that takes no gradient (generation, forward passes) takes
+uneven shares as well -- its largest replica's ceil(batch / dp) sequences set its time -- so
+it also gets, per layout, the few degrees that fill the pool or an equal part of it for each
+way its phase can split the pool among its model-stages (``dp_degrees`` says which). The
+search is exact over this space, not beyond it. Candidates over 90 % of device memory are
+dropped; the rest are reduced to those no other candidate beats on all of GPU count, latency,
+resident state and transient memory -- the only quantities the search looks at, so the
+pruning loses no optimum. For the stages the weight sync couples (its cost
 depends on the training and generation layouts) candidates are compared within a layout only;
 in synchronous execution the sync also gets cheaper as training spans more of the generation
 GPUs, so training candidates are compared within a layout and GPU count only.
@@ -43,6 +48,32 @@ def powers_of_two(limit: int) -> list[int]:
     return out
 
 
+def dp_degrees(batch: int, most: int, uneven: bool, ways: int = 1) -> list[int]:
+    """DP degrees of a layout of which at most ``most`` replicas fit the pool, ascending.
+
+    The divisors of ``batch`` up to ``most``; where the stage takes ``uneven`` shares (no
+    gradient), also ``most // k`` for k = 1..``ways`` (the model-stages of the stage's phase:
+    the stage may get the whole pool, or an equal part of it beside k - 1 others), so that a
+    pool whose replica count divides no power of two still runs every replica it can (12
+    GPUs in TP 4: dp 3, not 2). Each of those is taken down to the least degree with the same
+    largest share ceil(batch / dp), which runs as fast on fewer GPUs (at batch 512, most =
+    300 gives 256, a divisor; 300 // 3 = 100 gives share 6, so 86); it is kept where that
+    degree does not divide ``batch``. At most ``ways`` degrees are added, so a cold replan of a
+    large pool stays about as fast (every degree up to ``most`` made one 2.6x slower)."""
+    out = [d for d in divisors(batch) if d <= most]
+    if not uneven:
+        return out
+    extra = set()
+    for k in range(1, ways + 1):
+        dp = most // k
+        if dp < 1:
+            break
+        dp = -(-batch // -(-batch // dp))  # the least dp with share ceil(batch / dp)
+        if batch % dp:
+            extra.add(dp)
+    return sorted(out + list(extra)) if extra else out
+
+
 def enumerate_candidates(cost: CostModel, stage: ModelStage, pool_size: int,
                          max_tp: int | None = None) -> list[Candidate]:
     """Every valid candidate of ``stage`` on at most ``pool_size`` devices."""
@@ -50,27 +81,31 @@ def enumerate_candidates(cost: CostModel, stage: ModelStage, pool_size: int,
     # TP groups of each degree that fit inside the pool's nodes (nodes may be partly in the
     # pool): a candidate needs dp x pp of them, unless TP is allowed to span nodes
     per_node = tuple(len(ids) for ids in cost.job.pool.by_node().values())
+    ways = len(cost.job.workflow.phase_stages(stage.phase))
     return list(_enumerate(cost.job.model, stage, cost.stage_batch(stage), per_node, node,
-                           pool_size, max_tp is None))
+                           pool_size, max_tp is None, ways))
 
 
 @lru_cache(maxsize=1024)
 def _enumerate(model: ModelSpec, stage: ModelStage, batch: int, per_node: tuple[int, ...],
-               node: int, pool_size: int, in_nodes: bool) -> tuple[Candidate, ...]:
+               node: int, pool_size: int, in_nodes: bool, ways: int = 1
+               ) -> tuple[Candidate, ...]:
     """``enumerate_candidates`` from what it reads of the job: every search enumerates each
     stage again (a controller's replans, under new efficiencies or lengths that leave the
-    batch and the pool as they were). ``in_nodes``: TP groups stay inside nodes."""
+    batch and the pool as they were). ``in_nodes``: TP groups stay inside nodes; ``ways``:
+    the model-stages of ``stage``'s phase (``dp_degrees``)."""
     out: list[Candidate] = []
+    train = stage.kind is StageKind.TRAIN
     for tp in powers_of_two(min(node, pool_size)):
         groups = sum(n // tp for n in per_node) if in_nodes else pool_size // tp
         for pp in powers_of_two(min(model.num_layers, pool_size // tp)):
             layout = Layout(tp, pp)
             if layout_problem(model, tp, pp):
                 continue
-            for dp in divisors(batch):
-                if dp * layout.size > pool_size or dp * pp > groups:
-                    break
-                per_replica = batch // dp
+            most = min(pool_size // layout.size, groups // pp)
+            for dp in dp_degrees(batch, most, not train, ways):
+                # the largest replica's share (all of them alike where dp divides the batch)
+                per_replica = -(-batch // dp)
                 if stage.kind is StageKind.GENERATE:
                     out.append(Candidate(layout, dp, per_replica, 1))
                     continue
@@ -79,7 +114,7 @@ def _enumerate(model: ModelSpec, stage: ModelStage, batch: int, per_node: tuple[
                         continue
                     a = per_replica // b
                     out.append(Candidate(layout, dp, b, a))
-                    if stage.kind is StageKind.TRAIN:
+                    if train:
                         out.append(Candidate(layout, dp, b, a, recompute=True))
     return tuple(out)
 

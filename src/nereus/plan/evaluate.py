@@ -138,7 +138,10 @@ def _where(name: str, spec: StageLayoutSpec) -> str:
 
 
 def _options(cost: CostModel, name: str, spec: StageLayoutSpec) -> list[Candidate]:
-    """The (b, a, recompute) choices ``spec`` leaves open, all on its layout and dp."""
+    """The (b, a, recompute) choices ``spec`` leaves open, all on its layout and dp. Training's
+    dp divides its batch (its gradient accumulation covers it exactly); a stage without a
+    gradient takes any dp up to its batch, split unevenly, and (b, a) covers the largest
+    replica's share, ceil(batch / dp), as the planner's candidates do."""
     st = cost.job.workflow.stage(name)
     batch = cost.stage_batch(st)
     layout = Layout(spec.tp, spec.pp)
@@ -147,10 +150,19 @@ def _options(cost: CostModel, name: str, spec: StageLayoutSpec) -> list[Candidat
     if why:
         bad = "pp" if cost.job.model.num_layers % spec.pp else "tp"
         raise InputError(f"{at}.{bad}", why, layout_sizes(cost.job.model))
-    if batch % spec.dp:
-        raise InputError(f"{at}.dp", f"dp={spec.dp} does not divide the stage's batch "
-                         f"of {batch} sequences", "a divisor of the stage's batch")
-    per = batch // spec.dp
+    train = st.kind is StageKind.TRAIN
+    if train and batch % spec.dp:
+        raise InputError(f"{at}.dp", f"dp={spec.dp} does not divide the training stage's batch "
+                         f"of {batch} sequences (its gradient accumulation must cover it "
+                         f"exactly)", "a divisor of the stage's batch")
+    if spec.dp > batch:
+        raise InputError(f"{at}.dp", f"dp={spec.dp} is more replicas than the stage's batch of "
+                         f"{batch} sequences", f"1 to {batch}")
+    # a stage without a gradient splits its batch unevenly: the largest replica's share
+    # sets its time, and (b, a) covers that share
+    per = -(-batch // spec.dp)
+    share = (f"batch {batch} / dp {spec.dp}" if batch % spec.dp == 0 else
+             f"the largest replica's share of batch {batch} over dp {spec.dp}")
     _unpriced_fields(at, st.kind, spec, per)
     if st.kind is StageKind.GENERATE:
         return [Candidate(layout, spec.dp, per, 1)]
@@ -158,18 +170,19 @@ def _options(cost: CostModel, name: str, spec: StageLayoutSpec) -> list[Candidat
         b = spec.micro_batch
         if per % b:
             raise InputError(f"{at}.micro_batch", f"{b} does not divide the "
-                             f"{per} sequences per replica (batch {batch} / dp {spec.dp})",
+                             f"{per} sequences per replica ({share})",
                              "a divisor of the sequences per replica")
         a = spec.grad_accum or per // b
-        if spec.dp * b * a != batch:
-            raise InputError(f"{at}.grad_accum",
-                             f"dp x b x a = {spec.dp}x{b}x{a} != batch {batch}", [per // b])
+        if b * a != per:
+            total = (f"dp x b x a = {spec.dp}x{b}x{a} != batch {batch}" if train else
+                     f"b x a = {b}x{a} != {per} sequences per replica ({share})")
+            raise InputError(f"{at}.grad_accum", total, [per // b])
         shapes = [(b, a)]
-    elif spec.grad_accum:  # b follows from a: dp x b x a = batch
+    elif spec.grad_accum:  # b follows from a: b x a = the sequences per replica
         a = spec.grad_accum
         if per % a:
             raise InputError(f"{at}.grad_accum", f"{a} does not divide the {per} "
-                             f"sequences per replica (batch {batch} / dp {spec.dp})",
+                             f"sequences per replica ({share})",
                              "a divisor of the sequences per replica")
         shapes = [(per // a, a)]
     else:

@@ -11,7 +11,9 @@ n_gpus_per_node`` GPUs for every worker group. What a user sweeps there, and wha
   micro-batch sizes and recomputation;
 - a trained model's forward stage (the critic's values) runs on its worker group's training
   layout, so it has the training stage's TP and PP (``best_verl_plan`` tries each);
-- a batch is dispatched in equal shares, so DP divides the stage's batch (as in every plan here).
+- a batch is dispatched in equal shares, so DP divides the stage's batch, for the rollout and
+  the forward passes too, which the planner's own space lets take uneven shares
+  (``verl_keep`` says where verl's code requires it).
 
 verl's resource pool has as many GPUs on every node it spans. Where no such plan fits the whole
 pool, a verl user runs on fewer GPUs: ``best_verl_plan`` takes the most that hold one, on as few
@@ -37,13 +39,29 @@ from nereus.spec.workflow import Execution, ModelStage, StageKind
 
 def verl_keep(job: JobSpec, coupled: dict[str, Layout] | None = None) -> Keep:
     """verl's space on ``job``'s whole pool: every candidate spans all of it, generation has no
-    pipeline. ``coupled``: model-stage -> the layout it must have (a forward stage on its
-    model's training layout)."""
+    pipeline, DP divides every stage's batch. ``coupled``: model-stage -> the layout it must
+    have (a forward stage on its model's training layout)."""
     gpus = job.pool.size
     fixed = coupled or {}
+    # Every stage's DP divides its batch, the rollout's and the forward passes' too, although
+    # the planner lets those take uneven shares (``candidates.dp_degrees``). verl's driver
+    # hands a step's batch to every worker group unpadded (``RayPPOTrainer.fit`` calls
+    # ``generate_sequences``, ``compute_log_prob``, ``compute_ref_log_prob`` and
+    # ``compute_values`` on it; only ``_validate`` pads the validation batch with
+    # ``pad_dataproto_to_divisor``), its dispatch splits it with ``DataProto.chunk``, which
+    # asserts "only support equal chunk", and ``_validate_config`` requires train_batch_size x
+    # rollout.n to be a multiple of the GPU count (FSDP) or of Megatron's DP x micro-batch
+    # (volcengine/verl: verl/trainer/ppo/ray_trainer.py, verl/protocol.py,
+    # verl/single_controller/base/decorator.py; auto-padding exists only for the
+    # DP_COMPUTE_PROTO dispatch, opt-in through VERL_AUTO_PADDING, and pads a batch with
+    # copies of its first rows, which the rollout would then generate too).
+    cost = CostModel(job)
+    batch = {st.name: cost.stage_batch(st) for st in job.workflow.stages}
 
     def keep(st: ModelStage, c: Candidate) -> bool:
         if c.gpus != gpus or (st.kind is StageKind.GENERATE and c.pp != 1):
+            return False
+        if batch[st.name] % c.dp:
             return False
         return st.name not in fixed or c.layout == fixed[st.name]
     return keep

@@ -69,14 +69,22 @@ def _take(node_free: dict[int, list[int]], total: int, unit: int, what: str,
     spans nodes only if it must. With ``prefer``, a chunk goes where it takes the most preferred
     GPUs, then to a node that had any, and takes those GPUs first. ``whole``: one chunk of
     ``total`` where a node holds it (a stage's replicas on one node: their DP groups, and
-    pipelines, then run on its fabric, as the search's sizes priced them). ``sizes``: these
+    pipelines, then run on its fabric, as the search's sizes priced them), else chunks of the
+    fullest node's free GPUs first. ``sizes``: these
     chunks instead."""
     ids: list[int] = []
     sign = -1 if spread else 1
     near = {n for n, free in node_free.items() if prefer.intersection(free)}
     if sizes is None:
-        one = whole and any(len(free) >= total for free in node_free.values())
-        sizes = [total] if one else _chunk_sizes(total, unit)
+        most = max((len(free) for free in node_free.values()), default=0)
+        if whole and most >= total:
+            sizes = [total]
+        elif whole and most > unit:
+            # no node holds it all: the fullest nodes whole, then the rest, so that a group
+            # of a node's size inside the part (a stage's DP group) still finds one node
+            sizes = _chunk_sizes(total, most)
+        else:
+            sizes = _chunk_sizes(total, unit)
     for size in sizes:
         fits = [n for n, free in node_free.items() if len(free) >= size]
         if fits:

@@ -3,6 +3,8 @@
 It shares nothing with the search but the cost model's per-stage estimates: memory is checked
 GPU by GPU from the placed replicas, not from the search's group bookkeeping. Whether a TP
 group may cross nodes is decided here (``contained_stages``), and the search asks the same.
+The batch rule follows what a stage's replicas can split: training exactly (dp x b x a =
+batch), a stage without a gradient unevenly (b x a = ceil(batch / dp), ``batch_problems``).
 """
 
 from __future__ import annotations
@@ -10,12 +12,13 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 
+from nereus.cost.candidate import Candidate
 from nereus.cost.estimate import HEADROOM
 from nereus.cost.model import CostModel
 from nereus.plan.types import Plan
 from nereus.spec.job import JobSpec
 from nereus.spec.sharding import layout_problem
-from nereus.spec.workflow import Execution, Phase
+from nereus.spec.workflow import Execution, Phase, StageKind
 
 GiB = 1024**3
 
@@ -133,6 +136,25 @@ def contained_stages(job: JobSpec, plan: Plan) -> set[str]:
     return out
 
 
+def batch_problems(stage: str, kind: StageKind, c: Candidate, batch: int) -> list[str]:
+    """How ``c`` fails to cover ``stage``'s batch. Training splits it exactly, dp x b x a =
+    batch: its gradient accumulation must. A stage that takes no gradient may split it
+    unevenly: its largest replica runs ceil(batch / dp) sequences as b x a, the others one
+    fewer, and every replica gets at least one (dp <= batch)."""
+    b, a = c.micro_batch, c.grad_accum
+    if kind is StageKind.TRAIN:
+        if c.dp * b * a != batch:
+            return [f"{stage}: dp x b x a = {c.dp}x{b}x{a} != batch {batch}"]
+        return []
+    if c.dp > batch:
+        return [f"{stage}: dp = {c.dp} > batch {batch} (a replica without a sequence)"]
+    per = -(-batch // c.dp)
+    if b * a != per:
+        return [(f"{stage}: b x a = {b}x{a} != {per}, the largest replica's share "
+                 f"ceil(batch {batch} / dp {c.dp})")]
+    return []
+
+
 def validate_plan(job: JobSpec, plan: Plan, cost: CostModel | None = None) -> list[str]:
     """Every way ``plan`` breaks the rules of a valid plan for ``job`` (empty when valid)."""
     cost = cost or CostModel(job)
@@ -155,10 +177,8 @@ def validate_plan(job: JobSpec, plan: Plan, cost: CostModel | None = None) -> li
         why = layout_problem(job.model, c.tp, c.pp)
         if why:
             problems.append(f"{sp.stage}: {why}")
-        batch = cost.stage_batch(sp.stage)
-        if c.dp * c.micro_batch * c.grad_accum != batch:
-            problems.append(f"{sp.stage}: dp x b x a = {c.dp}x{c.micro_batch}x{c.grad_accum} "
-                            f"!= batch {batch}")
+        problems += batch_problems(sp.stage, wf.stage(sp.stage).kind, c,
+                                   cost.stage_batch(sp.stage))
         if sp.stage not in held or c.tp > job.pool.largest_node_share():
             continue  # its TP groups may cross nodes (where no node holds one, or the pool
             #           cannot hold all of them beside what runs with it)
