@@ -8,9 +8,10 @@ and the current layout re-batched.
 - ``hybrids``: the best target S* with some of the current plan kept -- whole phases (each phase
   uses the pool afresh, so mixing phases keeps every phase valid) or single model-stages. They
   are the "slightly slower targets with cheaper transitions" of §4.3.
-- ``rebatched``: the surviving replicas with DP cut to a divisor of the batch and the fastest
-  micro-batch / recomputation that fits: the urgent path's "smaller per-replica batches and
-  recomputation", which moves no state (only Destroys).
+- ``rebatched``: the surviving replicas re-batched -- training's DP cut to a divisor of its
+  batch, every replica of a stage without a gradient kept with a larger, uneven share -- and
+  the fastest micro-batch / recomputation that fits: the urgent path's "smaller per-replica
+  batches and recomputation", which moves no state (only Destroys).
 Each comes back as layout specs that ``price`` turns into a placed, priced plan.
 """
 
@@ -28,7 +29,7 @@ from nereus.plan.evaluate import StageLayoutSpec, evaluate_plan
 from nereus.plan.overlap import step_and_terms
 from nereus.plan.types import Plan, StagePlan, stage_estimate, weight_sync_estimate
 from nereus.spec.job import JobSpec
-from nereus.spec.workflow import Execution, Phase, Workflow
+from nereus.spec.workflow import Execution, Phase, StageKind, Workflow
 
 Specs = dict[str, StageLayoutSpec]
 
@@ -137,19 +138,37 @@ def rebuild_s(job: JobSpec, target: Plan, rebuilt: Iterable[str], params: Restar
 
 
 def rebatched(cost: CostModel, survivors: Plan, every_stage: bool = True) -> Specs:
-    """Survivors with DP cut to the largest divisor of each stage's batch and (b, a, recompute)
-    re-chosen by the pricer (the fastest that fits). With ``every_stage`` False, stages whose
-    replicas still cover their batch keep their exact (b, a, recompute)."""
+    """Survivors re-batched, (b, a, recompute) re-chosen by the pricer (the fastest that fits).
+    A training stage has DP cut to the largest divisor of its batch (its gradient
+    accumulation covers the batch exactly); a stage without a gradient keeps every surviving
+    replica (at most one per sequence), whose shares grow to ceil(batch / dp). With
+    ``every_stage`` False, stages whose replicas still cover their batch keep their exact
+    (b, a, recompute): training's dp x b x a = batch; another stage's b x a the least share
+    that covers it, ceil(batch / dp) (so dp x b x a >= batch, and no replica is priced for
+    more sequences than it runs)."""
     out: Specs = {}
+    wf = cost.job.workflow
     for sp in survivors.stages:
         batch = cost.stage_batch(sp.stage)
         c = sp.candidate
-        if not every_stage and c.dp * c.micro_batch * c.grad_accum == batch:
+        train = wf.stage(sp.stage).kind is StageKind.TRAIN
+        if not every_stage and _covers(c, batch, train):
             out[sp.stage] = spec_of(sp)
             continue
-        dp = max(d for d in range(1, len(sp.replicas) + 1) if batch % d == 0)
+        if train:
+            dp = max(d for d in range(1, len(sp.replicas) + 1) if batch % d == 0)
+        else:
+            dp = min(len(sp.replicas), batch)
         out[sp.stage] = StageLayoutSpec(c.tp, c.pp, dp, sp.replicas[:dp])
     return out
+
+
+def _covers(c: Candidate, batch: int, train: bool) -> bool:
+    """Whether ``c``'s replicas run ``batch`` as the planner's candidates split it: training
+    exactly, another stage with each replica's b x a the largest share, ceil(batch / dp)."""
+    if train:
+        return c.dp * c.micro_batch * c.grad_accum == batch
+    return c.dp <= batch and c.micro_batch * c.grad_accum == -(-batch // c.dp)
 
 
 def _changed(a: StagePlan, b: StagePlan) -> bool:
