@@ -232,6 +232,36 @@ def test_critic_layout_equals_single_worker(runtime: tuple[WorkerPool, Rendezvou
         drop_units(pool, emus)
 
 
+def test_uneven_dp_forward_and_generation_equal_single_worker(
+        runtime: tuple[WorkerPool, Rendezvous]) -> None:
+    """8 sequences over dp = 3 (3, 3 and 2 of them, as the planner may place a generation or
+    forward stage on a pool whose replicas divide no power of two): the same log-probs, full
+    logits and tokens as one worker; micro-batches of 3 leave the last replica a short one.
+    Training refuses the split before any worker starts."""
+    pool, rv = runtime
+    spec = MODEL_PRESETS["tiny-llama"]
+    ref = reference("tiny-llama")
+    emus = layout_emus("actor_train", 1, 2, 3, "uneven", trainable=True)
+    place_seeded_units(pool, emus, StateSpec(spec, Head.LM), SEED)
+    try:
+        b = lm_batch(spec.vocab_size)
+        with StageRunner(pool, emus, rv, ADAM) as run:
+            torch.testing.assert_close(run.full_logits(b), ref.logits, atol=1e-5, rtol=0)
+            out, meas = run.forward(b, micro_batch=3)
+            torch.testing.assert_close(out.logprobs, ref.logprobs, atol=1e-5, rtol=0)
+            assert (meas.dp, meas.micro_batch, meas.grad_accum) == (3, 3, 1)
+            gen, _ = run.generate(prompts_of(b), SAMPLING, micro_batch=3)
+            assert torch.equal(gen.tokens, ref.tokens)
+            with pytest.raises(InputError, match="equal shares") as e:
+                run.train_step(b, weighted_nll, micro_batch=1)
+            assert e.value.field == "batch"
+            with pytest.raises(InputError, match="largest replica's 3") as e:
+                run.forward(b, micro_batch=2)
+            assert e.value.field == "micro_batch"
+    finally:
+        drop_units(pool, emus)
+
+
 def test_bad_micro_batch_fails_before_dispatch(runtime: tuple[WorkerPool, Rendezvous]) -> None:
     pool, rv = runtime
     spec = MODEL_PRESETS["tiny-llama"]

@@ -83,11 +83,14 @@ class Batch:
                              f"the vocabulary of {vocab_size}",
                              f"0..{vocab_size - 1} at real positions (attention_mask 1)")
 
-    def split(self, micro_batch: int) -> list[Batch]:
-        """Consecutive micro-batches of ``micro_batch`` sequences (the last one must be full)."""
+    def split(self, micro_batch: int, short_last: bool = False) -> list[Batch]:
+        """Consecutive micro-batches of ``micro_batch`` sequences. The last one must be full
+        unless ``short_last``: a stage without a gradient on an uneven DP split, whose smaller
+        replicas run one sequence fewer than the micro-batches the largest share is cut into
+        (``replica_rows``); training's accumulation must see equal micro-batches."""
         if self.size == 0:
             raise InputError("batch", "has no sequences", "at least one sequence")
-        if micro_batch < 1 or self.size % micro_batch:
+        if micro_batch < 1 or (self.size % micro_batch and not short_last):
             raise InputError("micro_batch", f"{micro_batch} does not divide the {self.size} "
                              "sequences of this replica's batch")
         return [self.rows(i, i + micro_batch) for i in range(0, self.size, micro_batch)]
@@ -111,10 +114,27 @@ class Batch:
         return int(self.attention_mask.sum())
 
 
-def replica_rows(n: int, dp: int, dp_rank: int) -> tuple[int, int]:
-    """Rows ``[start, stop)`` of a global batch of ``n`` sequences that replica ``dp_rank`` takes
-    (contiguous equal blocks: the global batch stays dp x b x a whatever dp is)."""
-    if n % dp:
-        raise InputError("batch", f"{n} sequences do not split over dp={dp} replicas")
-    per = n // dp
-    return dp_rank * per, (dp_rank + 1) * per
+def replica_rows(n: int, dp: int, dp_rank: int, uneven: bool = False) -> tuple[int, int]:
+    """Rows ``[start, stop)`` of a global batch of ``n`` sequences that replica ``dp_rank`` takes:
+    contiguous blocks in rank order.
+
+    Training (``uneven`` False) needs equal blocks: its gradient accumulation must cover the
+    batch exactly, dp x b x a = n, whatever dp is. A stage that takes no gradient (generation,
+    forward passes; ``uneven``) may split ``n`` over any dp up to ``n``: the first ``n % dp``
+    replicas take one row more, so the largest share is ceil(n / dp), the share the planner
+    prices such a stage by."""
+    if dp < 1 or not 0 <= dp_rank < dp:
+        raise InputError("dp_rank", f"{dp_rank} is not a replica of dp={dp}",
+                         f"0 to {dp - 1}" if dp >= 1 else "dp >= 1")
+    if not uneven:
+        if n % dp:
+            raise InputError("batch", f"{n} sequences do not split over dp={dp} replicas "
+                             "in equal shares, as training needs", f"a multiple of {dp}")
+        per = n // dp
+        return dp_rank * per, (dp_rank + 1) * per
+    if dp > n:
+        raise InputError("batch", f"{n} sequences leave some of dp={dp} replicas without one",
+                         f"at least {dp} sequences")
+    per, extra = divmod(n, dp)
+    start = dp_rank * per + min(dp_rank, extra)
+    return start, start + per + (dp_rank < extra)

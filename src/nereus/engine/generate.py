@@ -51,7 +51,9 @@ class Generator:
         if prompts.index is None:
             prompts = Batch(prompts.input_ids, prompts.attention_mask, prompts.extra,
                             torch.arange(prompts.size))
-        micros = prompts.to(self.model.device).split(micro_batch or prompts.size)
+        # a replica of an uneven DP split may end on a short micro-batch (``replica_rows``)
+        micros = prompts.to(self.model.device).split(micro_batch or prompts.size,
+                                                     short_last=True)
         parts = [self._one(mb, sampling) for mb in micros]
         return GenerationResult.cat(parts)
 

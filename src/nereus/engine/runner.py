@@ -4,7 +4,8 @@ operations over a global batch.
 For each EMU (one DP replica) the runner makes one TP group per pipeline block and one PP group
 per TP rank; for each (tp_rank, pp_rank) position one DP group across the replicas, ordered as
 the EMUs are given. Replica ``d`` takes rows ``replica_rows(n, dp, d)`` of the global batch, so
-``dp x b x a`` stays the batch whatever the layout. Groups are the runtime's communicators and
+``dp x b x a`` stays the batch whatever the layout; generation and forward passes may split it
+unevenly (the first ``n % dp`` replicas take one sequence more). Groups are the runtime's communicators and
 are closed with the runner (a layout change makes a new runner).
 """
 
@@ -183,21 +184,31 @@ class StageRunner:
 
     # ---------------------------------------------------------------- operations
     def _rows(self, batch: Batch, micro_batch: int | None = None, field: str = "batch",
-              temperature: float = 1.0) -> list[Batch]:
+              temperature: float = 1.0, uneven: bool = False) -> list[Batch]:
         """Each replica's rows, checked here so bad input fails before any worker starts (a
-        worker that refuses its rows would leave the others in a collective)."""
-        per = batch.size // self.dp
+        worker that refuses its rows would leave the others in a collective).
+
+        Training splits the batch evenly. ``uneven`` (generation, forward passes) lets dp not
+        divide it, as the planner prices such stages: the largest share, ceil(n / dp), is cut
+        into micro-batches of ``micro_batch`` and a replica with one sequence fewer ends on a
+        short one."""
+        n, dp = batch.size, self.dp
+        per = -(-n // dp)
         check_batch(self.vocab_size, batch, field, temperature)
-        if batch.size % self.dp:
-            raise InputError("batch", f"{batch.size} sequences do not split over dp={self.dp}",
-                             f"a multiple of {self.dp}")
+        if uneven and dp > n:
+            raise InputError(field, f"{n} sequences leave some of dp={dp} replicas without "
+                             "one", f"at least {dp} sequences")
+        if not uneven and n % dp:
+            raise InputError(field, f"{n} sequences do not split over dp={dp} in equal "
+                             "shares, as training needs", f"a multiple of {dp}")
         if micro_batch is not None and (micro_batch < 1 or per % micro_batch):
-            raise InputError("micro_batch", f"{micro_batch} does not divide the {per} sequences "
-                             "of a replica", [b for b in range(1, per + 1) if per % b == 0])
+            share = "the largest replica's" if n % dp else "a replica's"
+            raise InputError("micro_batch", f"{micro_batch} does not divide {share} {per} "
+                             "sequences", [b for b in range(1, per + 1) if per % b == 0])
         if batch.index is None:
             batch = Batch(batch.input_ids, batch.attention_mask, batch.extra,
-                          torch.arange(batch.size))
-        return [batch.rows(*replica_rows(batch.size, self.dp, d)) for d in range(self.dp)]
+                          torch.arange(n))
+        return [batch.rows(*replica_rows(n, dp, d, uneven)) for d in range(dp)]
 
     def _run(self, fn: Any, per_replica: list[Batch], *args: Any
              ) -> tuple[list[Any], tuple[WorkerMeasurement, ...]]:
@@ -213,7 +224,7 @@ class StageRunner:
 
     def _measurement(self, kind: str, workers: tuple[WorkerMeasurement, ...], batch: Batch,
                      micro_batch: int, tokens: int) -> StageMeasurement:
-        per_replica = batch.size // self.dp
+        per_replica = -(-batch.size // self.dp)  # the largest share: what the planner prices
         return StageMeasurement.combine(
             workers, stage=self.stage, kind=kind, device=self.device, tp=self.tp, pp=self.pp,
             dp=self.dp, micro_batch=micro_batch, grad_accum=per_replica // micro_batch,
@@ -235,7 +246,7 @@ class StageRunner:
     def forward(self, batch: Batch, micro_batch: int, track_memory: bool | None = None,
                 temperature: float = 1.0) -> tuple[Output, StageMeasurement]:
         """Log-probs at ``temperature`` (LM head) or values (scalar head) of ``batch``."""
-        rows = self._rows(batch, micro_batch, temperature=temperature)
+        rows = self._rows(batch, micro_batch, temperature=temperature, uneven=True)
         results, workers = self._run(remote.forward, rows, micro_batch, track_memory,
                                      temperature)
         return Output.cat(results), self._measurement("forward", workers, batch, micro_batch,
@@ -243,7 +254,7 @@ class StageRunner:
 
     def generate(self, prompts: Batch, sampling: SamplingParams, micro_batch: int | None = None,
                  track_memory: bool | None = None) -> tuple[GenerationResult, StageMeasurement]:
-        rows = self._rows(prompts, micro_batch, field="prompts")
+        rows = self._rows(prompts, micro_batch, field="prompts", uneven=True)
         mb = micro_batch or rows[0].size
         results, workers = self._run(remote.generate, rows, sampling, mb, track_memory)
         res = GenerationResult.cat(results)
@@ -252,7 +263,7 @@ class StageRunner:
 
     def full_logits(self, batch: Batch) -> torch.Tensor:
         """Full-vocabulary logits of the whole batch (checks only)."""
-        rows = self._rows(batch)
+        rows = self._rows(batch, uneven=True)
         out = self.pool.run({p.device: (remote.full_logits, (self.key, rows[p.pos.dp_rank]))
                              for p in self.places}, self.timeout_s)
         parts: list[Any] = [None] * self.dp

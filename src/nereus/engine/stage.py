@@ -44,7 +44,9 @@ def forward(model: ParallelModel, batch: Batch, micro_batch: int, temperature: f
     """Log-probs at ``temperature`` (LM head) or values (scalar head) of whole sequences, on
     the last block."""
     check_batch(model.spec.vocab_size, batch, "batch", temperature)
-    outs = forward_pipeline(model, batch.to(model.device).split(micro_batch), temperature)
+    # a replica of an uneven DP split may end on a short micro-batch (``replica_rows``)
+    micros = batch.to(model.device).split(micro_batch, short_last=True)
+    outs = forward_pipeline(model, micros, temperature)
     return Output.cat(outs) if outs is not None else None
 
 
