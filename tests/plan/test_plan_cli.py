@@ -174,3 +174,17 @@ def test_framework_errors_are_one_line_and_exit_2():
         r = runner.invoke(app, [*base, *args])
         lines = [ln for ln in r.output.splitlines() if ln.strip()]
         assert r.exit_code == 2 and len(lines) == 1 and lines[0].startswith(says), r.output
+
+
+def test_an_uneven_split_is_marked_and_said():
+    """On 12 GPUs generation runs dp=3 over 512 sequences: its b x a is the largest share, and
+    the caption says how the batch splits (3 x 171 is not 512)."""
+    r = runner.invoke(app, ["plan", "--config", "examples/llama-3.1-8b-ppo.yaml", "--gpus", "12"],
+                      terminal_width=200)
+    assert r.exit_code == 0, r.output
+    assert "171x1*" in r.output
+    assert "actor_gen splits 512 sequences over dp=3, 2 replicas 171 and the rest 170" \
+        in " ".join(r.output.split())
+    r = runner.invoke(app, ["plan", "--config", "examples/llama-3.1-8b-ppo.yaml"],
+                      terminal_width=200)
+    assert r.exit_code == 0 and "largest replica" not in r.output  # 16 GPUs: even shares

@@ -63,9 +63,21 @@ def plan_table(job: JobSpec, plan: Plan, title: str) -> Table:
     mem = job.cluster.device.memory_bytes
     limit = HEADROOM * mem
     letters = {name: chr(ord("A") + i) for i, g in enumerate(plan.groups) for name in g}
+    # a generation or forward stage whose dp does not divide its batch: b x a is the largest
+    # replica's share, and the caption says how the batch splits (3 x 171 is not 512)
+    cost = CostModel(job)
+    uneven = {}
+    for sp in plan.stages:
+        batch, dp = cost.stage_batch(sp.stage), sp.candidate.dp
+        if batch % dp:
+            per, more = divmod(batch, dp)
+            uneven[sp.stage] = (f"{sp.stage} splits {batch} sequences over dp={dp}, "
+                                f"{count(more, 'replica')} {per + 1} and the rest {per}")
+    split = f"; *: the largest replica's share ({'; '.join(uneven.values())})" if uneven \
+        else ""
     t = Table(title=f"{title} (latency and memory estimated)", title_justify="left",
               caption=f"shares: model-stages with the same letter take turns on the same GPUs; "
-                      f"limit: {HEADROOM * 100:.0f} % of {mem / GiB:.1f} GiB per GPU",
+                      f"limit: {HEADROOM * 100:.0f} % of {mem / GiB:.1f} GiB per GPU{split}",
               caption_justify="left")
     for col in ("model-stage", "phase", "tp", "pp", "dp", "b x a", "recomp", "GPUs", "shares",
                 "latency s", "peak/limit GiB"):
@@ -74,7 +86,8 @@ def plan_table(job: JobSpec, plan: Plan, title: str) -> Table:
     for sp in plan.stages:
         c = sp.candidate
         t.add_row(sp.stage, job.workflow.stage(sp.stage).phase.value, str(c.tp), str(c.pp),
-                  str(c.dp), f"{c.micro_batch}x{c.grad_accum}", "yes" if c.recompute else "no",
+                  str(c.dp), f"{c.micro_batch}x{c.grad_accum}{'*' if sp.stage in uneven else ''}",
+                  "yes" if c.recompute else "no",
                   gpu_ranges(sp.gpus), letters.get(sp.stage, "-"), f"{sp.latency_s:.3f}",
                   f"{sp.peak_mem_bytes / GiB:.1f}/{limit / GiB:.1f}")
     return t
