@@ -110,6 +110,21 @@ def test_uneven_inference_beside_training_places_at_the_searched_price():
     assert plan.step_latency_s == pytest.approx(searched, rel=1e-9)
 
 
+@pytest.mark.parametrize("ids", [[0, 3, 4, 9, 12, 13, 15, 16, 18, 20, 22, 23],
+                                 [1, 2, 5, 6, 9, 10, 15, 16, 18, 20, 22, 23]])
+def test_whole_nodes_first_never_split_a_replica_on_partly_filled_nodes(ids):
+    """8B PPO, asynchronous, on 12 GPUs spread 3/4/5 (or 4/4/4) over three nodes: cutting a
+    part no node holds into chunks of the fullest node's free GPUs (5) split a training
+    pipeline over two nodes, and the planner settled for 60.434 s after 50 placements; in
+    whole units of a replica's size the plan is placed at its searched price (60.273 s)."""
+    job = parse_job({"model": "llama-3.1-8b", "algo": "ppo", "execution": "async", "gpus": ids,
+                     "cluster": {"devices_per_node": 8, "nodes": 3}})
+    planner = Planner(job)
+    plan = planner.best()
+    assert validate_plan(job, plan) == []
+    assert plan.step_latency_s == pytest.approx(planner.search().latency, rel=1e-9)
+
+
 def test_a_partly_filled_pool_plans_fast_and_beats_a_sub_pool_plan():
     """Qwen3-14B PPO on GPUs 0-10 and 16-20 (nodes of 8, 3 and 5): the search ran 2000
     re-searches (a minute) and said the fastest plans need TP groups across nodes, while a

@@ -79,10 +79,11 @@ def _take(node_free: dict[int, list[int]], total: int, unit: int, what: str,
         most = max((len(free) for free in node_free.values()), default=0)
         if whole and most >= total:
             sizes = [total]
-        elif whole and most > unit:
-            # no node holds it all: the fullest nodes whole, then the rest, so that a group
-            # of a node's size inside the part (a stage's DP group) still finds one node
-            sizes = _chunk_sizes(total, most)
+        elif whole and most - most % unit > unit:
+            # no node holds it all: the fullest nodes whole (in whole units, so no replica
+            # straddles two chunks), then the rest, so that a group of a node's size inside
+            # the part (a stage's DP group) still finds one node
+            sizes = _chunk_sizes(total, most - most % unit)
         else:
             sizes = _chunk_sizes(total, unit)
     for size in sizes:
