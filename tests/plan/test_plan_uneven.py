@@ -141,3 +141,23 @@ def test_every_plan_with_uneven_shares_passes_the_validator(gpus):
     plan = best_plan(job)
     assert validate_plan(job, plan) == []
     assert any(512 % sp.dp for sp in plan.stages), "no uneven stage: the test tests nothing"
+
+
+def test_every_share_for_asynchronous_generation():
+    """Asynchronous generation runs on what inference and training leave, any number of GPUs:
+    it gets one degree per largest share that fits, not only the one that fills the pool."""
+    got = dp_degrees(512, 100, uneven=True, every=True)
+    shares = {_ceil(512, d) for d in range(1, 101)}
+    assert sorted({_ceil(512, d) for d in got}, reverse=True) == sorted(shares, reverse=True)
+    assert all(_ceil(512, d - 1) > _ceil(512, d) for d in got if d > 1)  # the least per share
+    assert dp_degrees(512, 100, uneven=False, every=True) == [d for d in divisors(512)
+                                                              if d <= 100]
+    job = parse_job({"model": "llama-3.1-8b", "algo": "remax", "execution": "async",
+                     "gpus": 14, "cluster": {"devices_per_node": 8}})
+    plan = best_plan(job)
+    assert validate_plan(job, plan) == []
+    gen = plan.stage("actor_gen").candidate
+    assert any(job.workflow.stage(sp.stage).kind is not StageKind.TRAIN
+               and CostModel(job).stage_batch(sp.stage) % sp.candidate.dp for sp in plan.stages)
+    old = Planner(job, keep=divisors_only(job)).best()
+    assert plan.step_latency_s < old.step_latency_s * (1 - 0.03), (gen, plan.step_latency_s)

@@ -28,9 +28,11 @@ class Layout:
 class Candidate:
     """One way to run a model-stage: ``dp`` replicas of ``layout``.
 
-    ``micro_batch`` (b) and ``grad_accum`` (a) satisfy ``dp * b * a`` = the stage's batch: the
-    sequences of one optimizer update for training, of the whole step for inference and
-    generation (where ``a`` counts micro-batches run one after another).
+    ``micro_batch`` (b) and ``grad_accum`` (a) are one replica's share of the stage's batch
+    (the sequences of one optimizer update for training, of the whole step for inference and
+    generation, where ``a`` counts micro-batches run one after another): training splits it
+    exactly, ``dp * b * a`` = the batch; a stage without a gradient may split it unevenly,
+    and ``b * a`` is then the largest replica's share, ceil(batch / dp).
     """
 
     layout: Layout

@@ -7,8 +7,9 @@ Training takes every DP degree that divides the stage's batch: its gradient accu
 cover the batch exactly. A stage that takes no gradient (generation, forward passes) takes
 uneven shares as well -- its largest replica's ceil(batch / dp) sequences set its time -- so
 it also gets, per layout, the few degrees that fill the pool or an equal part of it for each
-way its phase can split the pool among its model-stages (``dp_degrees`` says which). The
-search is exact over this space, not beyond it. Candidates over 90 % of device memory are
+way its phase can split the pool among its model-stages (``dp_degrees`` says which);
+asynchronous generation, on what the rest of the job leaves, gets one degree per largest
+share that fits. The search is exact over this space, not beyond it. Candidates over 90 % of device memory are
 dropped; the rest are reduced to those no other candidate beats on all of GPU count, latency,
 resident state and transient memory -- the only quantities the search looks at, so the
 pruning loses no optimum. For the stages the weight sync couples (its cost
@@ -48,7 +49,8 @@ def powers_of_two(limit: int) -> list[int]:
     return out
 
 
-def dp_degrees(batch: int, most: int, uneven: bool, ways: int = 1) -> list[int]:
+def dp_degrees(batch: int, most: int, uneven: bool, ways: int = 1,
+               every: bool = False) -> list[int]:
     """DP degrees of a layout of which at most ``most`` replicas fit the pool, ascending.
 
     The divisors of ``batch`` up to ``most``; where the stage takes ``uneven`` shares (no
@@ -59,13 +61,15 @@ def dp_degrees(batch: int, most: int, uneven: bool, ways: int = 1) -> list[int]:
     largest share ceil(batch / dp), which runs as fast on fewer GPUs (at batch 512, most =
     300 gives 256, a divisor; 300 // 3 = 100 gives share 6, so 86); it is kept where that
     degree does not divide ``batch``. At most ``ways`` degrees are added, so a cold replan of a
-    large pool stays about as fast (every degree up to ``most`` made one 2.6x slower)."""
+    large pool stays about as fast (every degree up to ``most`` for every such stage made one
+    2.6x slower). ``every``: all of them instead, one per largest share up to ``most`` (about
+    2 sqrt(batch) at most): asynchronous generation, whose GPUs are what the rest of the job
+    leaves, any number of them."""
     out = [d for d in divisors(batch) if d <= most]
     if not uneven:
         return out
     extra = set()
-    for k in range(1, ways + 1):
-        dp = most // k
+    for dp in range(1, most + 1) if every else (most // k for k in range(1, ways + 1)):
         if dp < 1:
             break
         dp = -(-batch // -(-batch // dp))  # the least dp with share ceil(batch / dp)
@@ -81,19 +85,22 @@ def enumerate_candidates(cost: CostModel, stage: ModelStage, pool_size: int,
     # TP groups of each degree that fit inside the pool's nodes (nodes may be partly in the
     # pool): a candidate needs dp x pp of them, unless TP is allowed to span nodes
     per_node = tuple(len(ids) for ids in cost.job.pool.by_node().values())
-    ways = len(cost.job.workflow.phase_stages(stage.phase))
+    wf = cost.job.workflow
+    ways = len(wf.phase_stages(stage.phase))
+    # asynchronous generation runs on GPUs of its own beside the rest of the job
+    every = wf.execution is Execution.ASYNC and stage.kind is StageKind.GENERATE
     return list(_enumerate(cost.job.model, stage, cost.stage_batch(stage), per_node, node,
-                           pool_size, max_tp is None, ways))
+                           pool_size, max_tp is None, ways, every))
 
 
 @lru_cache(maxsize=1024)
 def _enumerate(model: ModelSpec, stage: ModelStage, batch: int, per_node: tuple[int, ...],
-               node: int, pool_size: int, in_nodes: bool, ways: int = 1
-               ) -> tuple[Candidate, ...]:
+               node: int, pool_size: int, in_nodes: bool, ways: int = 1,
+               every: bool = False) -> tuple[Candidate, ...]:
     """``enumerate_candidates`` from what it reads of the job: every search enumerates each
     stage again (a controller's replans, under new efficiencies or lengths that leave the
-    batch and the pool as they were). ``in_nodes``: TP groups stay inside nodes; ``ways``:
-    the model-stages of ``stage``'s phase (``dp_degrees``)."""
+    batch and the pool as they were). ``in_nodes``: TP groups stay inside nodes; ``ways``,
+    ``every``: ``dp_degrees``'s."""
     out: list[Candidate] = []
     train = stage.kind is StageKind.TRAIN
     for tp in powers_of_two(min(node, pool_size)):
@@ -103,7 +110,7 @@ def _enumerate(model: ModelSpec, stage: ModelStage, batch: int, per_node: tuple[
             if layout_problem(model, tp, pp):
                 continue
             most = min(pool_size // layout.size, groups // pp)
-            for dp in dp_degrees(batch, most, not train, ways):
+            for dp in dp_degrees(batch, most, not train, ways, every):
                 # the largest replica's share (all of them alike where dp divides the batch)
                 per_replica = -(-batch // dp)
                 if stage.kind is StageKind.GENERATE:
