@@ -188,3 +188,8 @@ def test_an_uneven_split_is_marked_and_said():
     r = runner.invoke(app, ["plan", "--config", "examples/llama-3.1-8b-ppo.yaml"],
                       terminal_width=200)
     assert r.exit_code == 0 and "largest replica" not in r.output  # 16 GPUs: even shares
+    r = runner.invoke(app, ["plan", "--config", "examples/llama-3.1-8b-ppo.yaml", "--gpus", "12",
+                            "--frontier", "reference_infer"], terminal_width=200)
+    assert r.exit_code == 0, r.output
+    assert "1 x 86*" in r.output and "1 x 64*" not in r.output  # dp 6 uneven, dp 8 even
+    assert "where dp does not divide the 512 sequences" in " ".join(r.output.split())

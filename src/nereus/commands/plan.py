@@ -537,12 +537,19 @@ def register(app: typer.Typer) -> None:
                                           "frontier": rows}, job, given_model)))
             return
         kept = " (--spread: two or more replicas, each inside a node)" if planner.spread else ""
-        t = Table(title=f"{stage}: latency-GPU frontier{kept} (estimated)", title_justify="left")
+        batch = planner.cost.stage_batch(stage)
+        uneven = any(batch % r["dp"] for r in rows)
+        t = Table(title=f"{stage}: latency-GPU frontier{kept} (estimated)", title_justify="left",
+                  caption=(f"*: the largest replica's share where dp does not divide the "
+                           f"{batch} sequences (the rest run one fewer)") if uneven else None,
+                  caption_justify="left")
         for col in ("GPUs", "tp", "pp", "dp", "b x a", "recompute", "latency s", "peak GiB"):
             t.add_column(col, justify="right")
         for r in rows:
+            mark = "*" if batch % r["dp"] else ""
             t.add_row(str(r["gpus"]), str(r["tp"]), str(r["pp"]), str(r["dp"]),
-                      f"{r['micro_batch']} x {r['grad_accum']}", "yes" if r["recompute"] else "no",
+                      f"{r['micro_batch']} x {r['grad_accum']}{mark}",
+                      "yes" if r["recompute"] else "no",
                       f"{r['latency_s']:.3f}", f"{r['peak_mem_bytes'] / GiB:.1f}")
         console.print(t)
 
