@@ -28,6 +28,7 @@ from nereus.errors import InputError
 from nereus.plan.evaluate import StageLayoutSpec, evaluate_plan
 from nereus.plan.overlap import step_and_terms
 from nereus.plan.types import Plan, StagePlan, stage_estimate, weight_sync_estimate
+from nereus.plan.validate import batch_problems
 from nereus.spec.job import JobSpec
 from nereus.spec.workflow import Execution, Phase, StageKind, Workflow
 
@@ -151,24 +152,16 @@ def rebatched(cost: CostModel, survivors: Plan, every_stage: bool = True) -> Spe
     for sp in survivors.stages:
         batch = cost.stage_batch(sp.stage)
         c = sp.candidate
-        train = wf.stage(sp.stage).kind is StageKind.TRAIN
-        if not every_stage and _covers(c, batch, train):
+        kind = wf.stage(sp.stage).kind
+        if not every_stage and not batch_problems(sp.stage, kind, c, batch):
             out[sp.stage] = spec_of(sp)
             continue
-        if train:
+        if kind is StageKind.TRAIN:
             dp = max(d for d in range(1, len(sp.replicas) + 1) if batch % d == 0)
         else:
             dp = min(len(sp.replicas), batch)
         out[sp.stage] = StageLayoutSpec(c.tp, c.pp, dp, sp.replicas[:dp])
     return out
-
-
-def _covers(c: Candidate, batch: int, train: bool) -> bool:
-    """Whether ``c``'s replicas run ``batch`` as the planner's candidates split it: training
-    exactly, another stage with each replica's b x a the largest share, ceil(batch / dp)."""
-    if train:
-        return c.dp * c.micro_batch * c.grad_accum == batch
-    return c.dp <= batch and c.micro_batch * c.grad_accum == -(-batch // c.dp)
 
 
 def _changed(a: StagePlan, b: StagePlan) -> bool:

@@ -31,6 +31,7 @@ from nereus.engine.train import TrainResult
 from nereus.errors import InputError
 from nereus.runtime.comm import Rendezvous, close_groups, open_groups
 from nereus.runtime.workers import WorkerCallsFailed, WorkerPool
+from nereus.spec.workload import largest_share
 from nereus.transition.emu import Emu
 
 # Seconds an operation may take on the workers before the runner gives up on it (a peer that
@@ -193,7 +194,7 @@ class StageRunner:
         into micro-batches of ``micro_batch`` and a replica with one sequence fewer ends on a
         short one."""
         n, dp = batch.size, self.dp
-        per = -(-n // dp)
+        per = largest_share(n, dp)
         check_batch(self.vocab_size, batch, field, temperature)
         if uneven and dp > n:
             raise InputError(field, f"{n} sequences leave some of dp={dp} replicas without "
@@ -224,7 +225,7 @@ class StageRunner:
 
     def _measurement(self, kind: str, workers: tuple[WorkerMeasurement, ...], batch: Batch,
                      micro_batch: int, tokens: int) -> StageMeasurement:
-        per_replica = -(-batch.size // self.dp)  # the largest share: what the planner prices
+        per_replica = largest_share(batch.size, self.dp)  # what the planner prices
         return StageMeasurement.combine(
             workers, stage=self.stage, kind=kind, device=self.device, tp=self.tp, pp=self.pp,
             dp=self.dp, micro_batch=micro_batch, grad_accum=per_replica // micro_batch,

@@ -32,7 +32,7 @@ from nereus.cost.model import CostModel, Evaluation, Links
 from nereus.spec.model import ModelSpec
 from nereus.spec.sharding import layout_problem
 from nereus.spec.workflow import Execution, ModelStage, StageKind
-from nereus.spec.workload import divisors
+from nereus.spec.workload import divisors, largest_share
 
 # Sequences per micro-batch considered: a bound on the plan space (assumption). Larger ones add
 # activation memory and pipeline-bubble time; they save only per-message latency of fewer,
@@ -72,7 +72,7 @@ def dp_degrees(batch: int, most: int, uneven: bool, ways: int = 1,
     for dp in range(1, most + 1) if every else (most // k for k in range(1, ways + 1)):
         if dp < 1:
             break
-        dp = -(-batch // -(-batch // dp))  # the least dp with share ceil(batch / dp)
+        dp = largest_share(batch, largest_share(batch, dp))  # the least dp with its share
         if batch % dp:
             extra.add(dp)
     return sorted(out + list(extra)) if extra else out
@@ -112,7 +112,7 @@ def _enumerate(model: ModelSpec, stage: ModelStage, batch: int, per_node: tuple[
             most = min(pool_size // layout.size, groups // pp)
             for dp in dp_degrees(batch, most, not train, ways, every):
                 # the largest replica's share (all of them alike where dp divides the batch)
-                per_replica = -(-batch // dp)
+                per_replica = largest_share(batch, dp)
                 if stage.kind is StageKind.GENERATE:
                     out.append(Candidate(layout, dp, per_replica, 1))
                     continue

@@ -41,6 +41,7 @@ from nereus.spec.cluster import gpu_ranges
 from nereus.spec.job import JobSpec
 from nereus.spec.sharding import layout_problem, layout_sizes
 from nereus.spec.workflow import Execution, Phase, StageKind
+from nereus.spec.workload import largest_share
 
 
 @dataclass(frozen=True)
@@ -160,7 +161,7 @@ def _options(cost: CostModel, name: str, spec: StageLayoutSpec) -> list[Candidat
                          f"{batch} sequences", f"1 to {batch}")
     # a stage without a gradient splits its batch unevenly: the largest replica's share
     # sets its time, and (b, a) covers that share
-    per = -(-batch // spec.dp)
+    per = largest_share(batch, spec.dp)
     share = (f"batch {batch} / dp {spec.dp}" if batch % spec.dp == 0 else
              f"the largest replica's share of batch {batch} over dp {spec.dp}")
     _unpriced_fields(at, st.kind, spec, per)

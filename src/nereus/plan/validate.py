@@ -19,6 +19,7 @@ from nereus.plan.types import Plan
 from nereus.spec.job import JobSpec
 from nereus.spec.sharding import layout_problem
 from nereus.spec.workflow import Execution, Phase, StageKind
+from nereus.spec.workload import largest_share
 
 GiB = 1024**3
 
@@ -148,7 +149,7 @@ def batch_problems(stage: str, kind: StageKind, c: Candidate, batch: int) -> lis
         return []
     if c.dp > batch:
         return [f"{stage}: dp = {c.dp} > batch {batch} (a replica without a sequence)"]
-    per = -(-batch // c.dp)
+    per = largest_share(batch, c.dp)
     if b * a != per:
         return [(f"{stage}: b x a = {b}x{a} != {per}, the largest replica's share "
                  f"ceil(batch {batch} / dp {c.dp})")]

@@ -52,6 +52,12 @@ def divisors(n: int) -> list[int]:
     return small + [n // d for d in reversed(small) if d * d != n]
 
 
+def largest_share(batch: int, dp: int) -> int:
+    """The sequences the largest of ``dp`` replicas runs when ``batch`` is split as evenly as
+    it goes, ceil(batch / dp): what a generation or forward stage's time is priced by."""
+    return -(-batch // dp)
+
+
 def divisors_text(n: int, most: int = 12) -> str:
     """'a divisor of 512: 1, 2, 4, ..., 512': every one up to ``most``, else the smallest
     and largest few."""
