@@ -148,6 +148,20 @@ class StageOptions:
     def layouts(self) -> list[Layout]:
         return sorted({c.layout for c in self.candidates})
 
+    def by_layout(self) -> dict[Layout, StageOptions]:
+        """The options of each layout, in ``layouts()`` order, from one pass over the
+        candidates (a mask per layout compares every candidate's layout once per layout)."""
+        rows: dict[Layout, list[int]] = {}
+        for i, c in enumerate(self.candidates):
+            rows.setdefault(c.layout, []).append(i)
+        mask = np.zeros(len(self.candidates), dtype=bool)
+        out = {}
+        for lay in sorted(rows):
+            mask[:] = False
+            mask[rows[lay]] = True
+            out[lay] = self.subset(mask)
+        return out
+
 
 def pareto_mask(cols: list[np.ndarray], block: int = 64) -> np.ndarray:
     """Rows no other row dominates (<= in every column); of equal rows the first.

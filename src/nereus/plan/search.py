@@ -606,27 +606,29 @@ class Planner:
         trn = points(Phase.TRAINING, opts, local) if Phase.TRAINING in wf.phases else empty
         if not inf or not trn:
             return None
-        gen_layouts: list[Layout | None] = [None]
+        gen_layouts: dict[Layout | None, StageOptions | None] = {None: None}
         if sync and Phase.GENERATION in wf.phases:
-            gen_layouts = list(opts[sync[1]].layouts())
+            gen_layouts = dict(opts[sync[1]].by_layout())
+        # Pareto points: GPUs strictly rising, so the fastest within a budget is the last one
+        # at or under it
+        inf_gpus, trn_gpus = [p.gpus for p in inf], [p.gpus for p in trn]
         best: SearchResult | None = None
-        for lg in gen_layouts:
+        for lg, g in gen_layouts.items():
             gopts = dict(opts)
             sync_s = 0.0
-            if lg is not None and lt is not None:
-                g = gopts[sync[1]]
-                gopts[sync[1]] = g.subset(np.array([c.layout == lg for c in g.candidates]))
+            if g is not None and lt is not None:
+                gopts[sync[1]] = g
                 sync_s = self.cost.weight_sync(lt, lg).latency_s
             gen = points(Phase.GENERATION, gopts, {}) if Phase.GENERATION in wf.phases else empty
             for gp in gen:
                 rest = budget - gp.gpus
-                i = [p for p in inf if p.gpus <= rest]
-                t = [p for p in trn if p.gpus <= rest]
-                if not i or not t:
+                ki, kt = bisect_right(inf_gpus, rest), bisect_right(trn_gpus, rest)
+                if not ki or not kt:
                     continue
-                interval = max(gp.latency, i[-1].latency + t[-1].latency) + sync_s
+                i, t = inf[ki - 1], trn[kt - 1]
+                interval = max(gp.latency, i.latency + t.latency) + sync_s
                 if best is None or interval < best.latency - 1e-12:
-                    chosen = {Phase.GENERATION: gp, Phase.INFERENCE: i[-1], Phase.TRAINING: t[-1]}
+                    chosen = {Phase.GENERATION: gp, Phase.INFERENCE: i, Phase.TRAINING: t}
                     best = SearchResult(interval, {p: v for p, v in chosen.items()
                                                    if p in wf.phases}, sync_s, lt)
         return best
