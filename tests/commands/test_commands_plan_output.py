@@ -287,8 +287,8 @@ def test_evaluate_refuses_gpu_ids_outside_the_pool(tmp_path: Path) -> None:
     p.write_text(json.dumps(plan))
     r = runner.invoke(app, ["plan", "--config", CONFIG, "--evaluate", str(p)])
     assert r.exit_code == 2, r.output
-    assert r.stderr == ("error: evaluate.stages.0.gpus: GPU 100 is not in the pool (allowed: "
-                        "GPU ids 0-15)\n"), r.stderr
+    assert r.stderr == ("error: evaluate.stages.0.gpus.0: GPU 100 of replica 0 is not in the "
+                        "pool (allowed: GPU ids 0-15)\n"), r.stderr
 
 
 def test_a_plan_close_to_the_best_says_by_how_much(tmp_path: Path) -> None:

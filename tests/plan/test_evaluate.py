@@ -1,12 +1,17 @@
 """Scoring a user's layout (``nereus plan --evaluate``): reading it strictly and completing (b, a)."""
 
-import pytest
+import json
 
+import pytest
+from typer.testing import CliRunner
+
+from nereus.cli import app
 from nereus.errors import InputError
 from nereus.plan.evaluate import StageLayoutSpec, evaluate_plan, layout_spec_from_data
 from nereus.spec.job import load_job
 
-JOB = load_job("examples/llama-3.1-8b-ppo.yaml")  # 512 sequences, 4 mini-batches: batch 128
+CONFIG = "examples/llama-3.1-8b-ppo.yaml"
+JOB = load_job(CONFIG)  # 512 sequences, 4 mini-batches: batch 128
 LAYOUT = {"actor_gen": {"tp": 2, "pp": 1, "dp": 8}, "reference_infer": {"tp": 1, "pp": 1, "dp": 16},
           "reward_infer": {"tp": 1, "pp": 1, "dp": 16}, "critic_infer": {"tp": 1, "pp": 1, "dp": 16},
           "actor_train": {"tp": 4, "pp": 2, "dp": 2}, "critic_train": {"tp": 4, "pp": 2, "dp": 2}}
@@ -93,7 +98,7 @@ def test_a_generation_stage_takes_the_values_a_plan_json_writes():
     ({"recompute": 1}, "evaluate.actor_train.recompute"),
     ({"gpus": 5}, "evaluate.actor_train.gpus"),
     ({"gpus": [[0, "x"]]}, "evaluate.actor_train.gpus.0.1"),
-    ({"gpus": [list(range(8))]}, "evaluate.actor_train.gpus"),
+    ({"gpus": [[0, -1]]}, "evaluate.actor_train.gpus.0.1"),
 ])
 def test_layout_fields_are_strict(change, field):
     with pytest.raises(InputError) as e:
@@ -155,6 +160,7 @@ def test_async_layouts_without_gpu_ids_put_generation_on_gpus_of_its_own():
     with pytest.raises(InputError, match="generation leaves 8") as e:
         evaluate_plan(job, layout_spec_from_data(layout))
     assert e.value.field == "evaluate.actor_train"
+    assert e.value.allowed == "tp x pp x dp at most 8, on GPUs 8-15", e.value
 
 
 def test_micro_batch_and_recompute_are_chosen_beside_the_stages_sharing_the_gpus():
@@ -206,3 +212,112 @@ def test_more_replicas_than_sequences_is_an_error():
     with pytest.raises(InputError) as e:
         evaluate_plan(job, layout_spec_from_data(data))
     assert e.value.field == "evaluate.reward_infer.dp" and e.value.allowed == "1 to 512"
+
+
+# The GPU lists of a model-stage (actor_train: tp 4, pp 2, dp 2 on the pool 0-15) said what was
+# wrong but not what was allowed for this stage and pool ("a replica lists 3 GPUs for tp x pp =
+# 8 (allowed: one list of tp x pp GPU ids per DP replica, no GPU twice)"), and named neither
+# the replica nor the pool.
+R0, R1 = list(range(8)), list(range(8, 16))
+LISTS = "dp = 2 lists of tp x pp = 4 x 2 = 8 GPU ids each"
+SIZE = "8 GPU ids in each replica from the pool 0-15, e.g. [0, ..., 7]"
+DISTINCT = "16 distinct GPU ids (tp x pp x dp = 4 x 2 x 2) from the pool 0-15"
+BOUND = "a GPU id from 0 to 65,535, in the job's pool; "
+
+
+@pytest.mark.parametrize("gpus,field,says,allowed", [
+    ([R0], "gpus", "1 GPU list for dp = 2", f"{LISTS} from the pool 0-15"),
+    ([R0, R1, R0], "gpus", "3 GPU lists for dp = 2", f"{LISTS} from the pool 0-15"),
+    ([], "gpus", "0 GPU lists for dp = 2",
+     f"{LISTS} from the pool 0-15 (one list per DP replica), e.g. [[0, ..., 7], [8, ..., 15]]"),
+    ([R0, [8, 9, 10]], "gpus.1", "replica 1 lists 3 GPUs for tp x pp = 4 x 2 = 8", SIZE),
+    ([R0, R1 + [16]], "gpus.1", "replica 1 lists 9 GPUs", SIZE),
+    ([R0, []], "gpus.1", "replica 1 lists 0 GPUs", SIZE),
+    ([R0, R1[:-1] + [0]], "gpus.1", "GPU 0 is listed in replica 0 and again in replica 1",
+     DISTINCT),
+    ([R0, [8, 8, 9, 10, 11, 12, 13, 14]], "gpus.1", "GPU 8 is listed twice in replica 1",
+     DISTINCT),
+    ([R0, list(range(100, 108))], "gpus.1", "GPU 100 of replica 1 is not in the pool",
+     "GPU ids 0-15"),
+    ([R0, R1[:-1] + [-1]], "gpus.1.7", "-1 is not allowed", BOUND + LISTS),
+    ([R0, R1[:-1] + [70000]], "gpus.1.7", "70000 is not allowed", BOUND + LISTS),
+    ([R0, R1[:-1] + ["x"]], "gpus.1.7", "'x' is not an integer", LISTS),
+    ([R0, R1[:-1] + [15.5]], "gpus.1.7", "15.5 is not an integer", LISTS),
+    ([R0, R1[:-1] + [True]], "gpus.1.7", "true is not an integer", LISTS),
+    (R0 + R1, "gpus.0", "0 is not a list", f"{LISTS}, e.g. [[0, ..., 7], [8, ..., 15]]"),
+    ([[R0], [R1]], "gpus.0.0", "is not an integer", LISTS),
+    ([None, R1], "gpus.0", "is not a list", LISTS),
+    ("0-15", "gpus", "'0-15' is not a list", LISTS),
+    (5, "gpus", "5 is not a list", LISTS),
+], ids=["dp-1", "dp-3", "none", "short", "long", "empty", "across", "within", "outside",
+        "negative", "too-large", "text", "float", "bool", "flat", "too-deep", "null", "string",
+        "number"])
+def test_replica_errors_say_what_is_allowed(tmp_path, gpus, field, says, allowed):
+    """Every error about a layout's GPU lists is one line, exit 2, naming the stage and the
+    replica (the list, or the id in it) and saying what the lists must be for this stage's
+    tp, pp and dp and this job's pool."""
+    layout = json.loads(json.dumps(LAYOUT))
+    layout["actor_train"]["gpus"] = gpus
+    line = _cli_error(tmp_path, layout, f"evaluate.actor_train.{field}")
+    assert says in line and f"(allowed: {allowed}" in line, line
+
+
+def _cli_error(tmp_path, layout: object, field: str, config: str = CONFIG) -> str:
+    """``nereus plan --evaluate`` of ``layout`` written as YAML: its one-line error."""
+    import yaml
+
+    p = tmp_path / "layout.yaml"
+    p.write_text(yaml.safe_dump(layout))
+    r = CliRunner().invoke(app, ["plan", "--config", config, "--evaluate", str(p)])
+    assert r.exit_code == 2, r.output
+    assert "Traceback" not in r.output and r.stdout == "", r.output
+    assert r.stderr.count("\n") == 1 and r.stderr.startswith(f"error: {field}: "), r.stderr
+    return r.stderr
+
+
+def test_replica_errors_name_the_field_where_the_file_has_it(tmp_path):
+    """A plan JSON lists its stages by index: the replica is named under that index."""
+    layout = json.loads(json.dumps(LAYOUT))
+    layout["actor_train"]["gpus"] = [R0, [8, 9, 10]]
+    stages = {"stages": [{"name": k, **v} for k, v in layout.items()]}
+    line = _cli_error(tmp_path, stages, "evaluate.stages.4.gpus.1")
+    assert f"(allowed: {SIZE})" in line, line
+
+
+def test_replica_errors_count_ids_as_the_stage_and_pool_have_them(tmp_path):
+    """A stage of one GPU per replica, and a pool that does not start at GPU 0 (GPUs 8-15 of
+    two nodes): the allowed part uses that stage's degrees and that pool's ids."""
+    job = {"model": "llama-3.1-8b", "algo": "grpo", "gpus": list(range(8, 16)),
+           "cluster": {"device": "h100-sxm-80gb", "devices_per_node": 8, "nodes": 2},
+           "workload": {"responses_per_prompt": 8}}
+    config = tmp_path / "job.yaml"
+    config.write_text(json.dumps(job))
+    layout = {"actor_gen": {"tp": 2, "pp": 1, "dp": 4}, "reference_infer": {"tp": 1, "pp": 1,
+              "dp": 8, "gpus": [[g] for g in range(8, 15)]},
+              "reward_infer": {"tp": 1, "pp": 1, "dp": 8}, "actor_train": {"tp": 4, "pp": 1,
+                                                                           "dp": 2}}
+    line = _cli_error(tmp_path, layout, "evaluate.reference_infer.gpus", str(config))
+    assert ("7 GPU lists for dp = 8 (allowed: dp = 8 lists of tp x pp = 1 x 1 = 1 GPU id each "
+            "from the pool 8-15 (one list per DP replica), e.g. [[8], [9], ...])") in line, line
+    layout["reference_infer"]["gpus"] = [[g] for g in range(8)]
+    line = _cli_error(tmp_path, layout, "evaluate.reference_infer.gpus.0", str(config))
+    assert "GPU 0 of replica 0 is not in the pool (allowed: GPU ids 8-15)" in line, line
+    layout["reference_infer"]["gpus"] = [[g] for g in range(8, 16)]
+    layout["actor_train"]["gpus"] = [[8, 9, 10, 11], [12, 13, 14]]
+    line = _cli_error(tmp_path, layout, "evaluate.actor_train.gpus.1", str(config))
+    assert ("replica 1 lists 3 GPUs for tp x pp = 4 x 1 = 4 (allowed: 4 GPU ids in each "
+            "replica from the pool 8-15, e.g. [8, ..., 11])") in line, line
+
+
+@pytest.mark.parametrize("data,field,allowed", [
+    ({"stages": 5}, "evaluate.stages", "a list of {name, tp, pp, dp, ...}"),
+    ({"stages": [{"tp": 1}]}, "evaluate.stages.0.name", "the model-stage's name: actor_gen"),
+    ({"stages": [{"name": "x"}, {"name": "x"}]}, "evaluate.stages.1.name",
+     "each model-stage once (evaluate.stages.0 is x)"),
+    ({"actor_gen": None}, "evaluate.actor_gen", "{tp: 1, pp: 1, dp: 1} with the stage's"),
+])
+def test_layout_shape_errors_say_what_is_allowed(data, field, allowed):
+    """These said what was wrong and stopped there."""
+    with pytest.raises(InputError) as e:
+        layout_spec_from_data(data)
+    assert e.value.field == field and e.value.allowed and allowed in e.value.allowed, e.value

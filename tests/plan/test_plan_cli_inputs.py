@@ -30,9 +30,9 @@ def _one_line_error(args: list[str], field: str) -> str:
     ("actor_train", {"gpus": 5}, "evaluate.actor_train.gpus"),
     ("actor_train", {"gpus": [[0, "x"]]}, "evaluate.actor_train.gpus.0.1"),
     ("actor_train", {"gpus": [[0, 1, 2, 3, 4, 5, 6, 7]]}, "evaluate.actor_train.gpus"),  # dp 2
-    ("actor_train", {"gpus": [[0, 1], [2, 3]]}, "evaluate.actor_train.gpus"),  # tp x pp = 8
+    ("actor_train", {"gpus": [[0, 1], [2, 3]]}, "evaluate.actor_train.gpus.0"),  # tp x pp = 8
     ("actor_train", {"gpus": [[0, 1, 2, 3, 4, 5, 6, 7], [8, 9, 10, 11, 12, 13, 14, 0]]},
-     "evaluate.actor_train.gpus"),  # GPU 0 twice
+     "evaluate.actor_train.gpus.1"),  # GPU 0 twice
     ("actor_train", {"gpus": [[0, 1, 2, 3, 4, 5, 6, 7], [8, 9, 10, 11, 12, 13, 14, -1]]},
      "evaluate.actor_train.gpus.1.7"),
     ("actor_train", {"micro_batch": "abc"}, "evaluate.actor_train.micro_batch"),

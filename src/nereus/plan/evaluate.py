@@ -15,7 +15,7 @@ price it apart from a node-aligned placement of the same sizes (``Plan.notes``).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from dataclasses import field as dc_field
 from pathlib import Path
@@ -25,16 +25,16 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from nereus.cost.candidate import Candidate, Layout
 from nereus.cost.model import CostModel, Links
-from nereus.errors import InputError, count
+from nereus.errors import InputError, count, is_integer
 from nereus.files import read_yaml, validate
 from nereus.plan.overlap import step_and_terms
 from nereus.plan.types import (
     MAX_GPU_ID,
+    MODEL_STAGES,
     PLAN_FILE_KEYS,
     Plan,
     StagePlan,
     contiguous_replicas,
-    replica_problem,
     weight_sync_estimate,
 )
 from nereus.spec.cluster import gpu_ranges
@@ -77,16 +77,103 @@ class _LayoutStage(BaseModel):
     peak_mem_bytes: int | None = None
 
     def to_spec(self, field: str) -> StageLayoutSpec:
-        """The layout; GPU lists, where given, must be one per replica of tp x pp ids."""
-        replicas = None
-        if self.gpus is not None:
-            problem = replica_problem(self.gpus, self.dp, self.tp * self.pp)
-            if problem:
-                raise InputError(f"{field}.gpus", problem,
-                                 "one list of tp x pp GPU ids per DP replica, no GPU twice")
-            replicas = tuple(tuple(r) for r in self.gpus)
+        """The layout. Its GPU lists are checked against the job's pool (one per replica of
+        tp x pp ids from the pool, no GPU twice) where it is priced (``evaluate_plan``)."""
+        replicas = None if self.gpus is None else tuple(tuple(r) for r in self.gpus)
         return StageLayoutSpec(self.tp, self.pp, self.dp, replicas, self.micro_batch,
                                self.grad_accum, self.recompute, field)
+
+
+def _validated(raw: Any, field: str) -> _LayoutStage:
+    """``raw`` as a model-stage of a layout. An error in its GPU lists (not a list of lists of
+    integers, an id past the largest cluster) says what the lists must be for this stage's
+    tp, pp and dp, rather than the schema's generic description."""
+    try:
+        return validate(_LayoutStage, raw, field, prefix=f"{field}.")
+    except InputError as e:
+        if not (e.field == f"{field}.gpus" or e.field.startswith(f"{field}.gpus.")):
+            raise
+        # pydantic reports the first field in order: tp, pp and dp before gpus are valid
+        tp, pp, dp = (raw.get(k, 1) for k in ("tp", "pp", "dp"))
+        allowed = _lists_rule(tp, pp, dp, range(tp * pp * min(dp, 2)))
+        value = _at(raw, e.field[len(f"{field}."):])
+        if is_integer(value) and not 0 <= value <= MAX_GPU_ID:
+            allowed = f"a GPU id from 0 to {MAX_GPU_ID:,}, in the job's pool; {allowed}"
+        raise InputError(e.field, e.problem, allowed) from None
+
+
+def _at(data: Any, path: str) -> Any:
+    """The value at a dotted path (``gpus.1.7``) of parsed data, or None."""
+    for part in path.split("."):
+        if isinstance(data, Mapping):
+            data = data.get(part)
+        elif isinstance(data, list) and part.isdigit() and int(part) < len(data):
+            data = data[int(part)]
+        else:
+            return None
+    return data
+
+
+def _degrees(tp: int, pp: int) -> str:
+    return f"tp x pp = {tp} x {pp} = {tp * pp}"
+
+
+def _one(ids: Sequence[int]) -> str:
+    """A replica's GPU list as a layout writes it, shortened past two ids (``[0, ..., 7]``)."""
+    return f"[{', '.join(map(str, ids))}]" if len(ids) <= 2 else f"[{ids[0]}, ..., {ids[-1]}]"
+
+
+def _example(ids: Sequence[int], dp: int, size: int) -> str:
+    """The GPU lists of ``dp`` replicas of ``size`` ids each, laid in order on ``ids``, as a
+    layout writes them (``[[0, ..., 7], [8, ..., 15]]``): the first two replicas."""
+    shown = [_one(ids[i * size:(i + 1) * size]) for i in range(min(dp, 2))]
+    return f"[{', '.join(shown)}{', ...' if dp > 2 else ''}]"
+
+
+def _lists_rule(tp: int, pp: int, dp: int, ids: Sequence[int], pool: str = "") -> str:
+    """What a stage's ``gpus`` must be: dp lists of tp x pp ids (``pool``: from where)."""
+    each = " each" if dp > 1 else ""
+    return (f"dp = {dp} {'list' if dp == 1 else 'lists'} of {_degrees(tp, pp)} GPU "
+            f"{'id' if tp * pp == 1 else 'ids'}{each}{pool}, e.g. "
+            f"{_example(ids, dp, tp * pp)}")
+
+
+def _check_replicas(at: str, spec: StageLayoutSpec, pool: Sequence[int]) -> None:
+    """A layout's GPU lists: one per DP replica, tp x pp ids each, from the pool, no GPU in two
+    places. Each error names the list (``gpus.1``) where it is one, and says what is allowed
+    with the stage's degrees and the job's pool. The pool holds tp x pp x dp GPUs (checked
+    before)."""
+    reps = spec.gpus
+    if reps is None:
+        return
+    size = spec.tp * spec.pp
+    ranges = gpu_ranges(pool)
+    if len(reps) != spec.dp:
+        raise InputError(f"{at}.gpus", f"{count(len(reps), 'GPU list')} for dp = {spec.dp}",
+                         _lists_rule(spec.tp, spec.pp, spec.dp, pool,
+                                     f" from the pool {ranges} (one list per DP replica)"))
+    for i, r in enumerate(reps):
+        if len(r) != size:
+            raise InputError(f"{at}.gpus.{i}", f"replica {i} lists {count(len(r), 'GPU')} for "
+                             f"{_degrees(spec.tp, spec.pp)}", f"{count(size, 'GPU id')} in each "
+                             f"replica from the pool {ranges}, e.g. {_one(pool[:size])}")
+    ids = set(pool)
+    for i, r in enumerate(reps):
+        outside = sorted(set(r) - ids)
+        if outside:
+            raise InputError(f"{at}.gpus.{i}", f"GPU {outside[0]} of replica {i} is not in the "
+                             "pool", f"GPU ids {ranges}")
+    seen: dict[int, int] = {}
+    for i, r in enumerate(reps):
+        for g in r:
+            if g in seen:
+                where = (f"twice in replica {i}" if seen[g] == i else
+                         f"in replica {seen[g]} and again in replica {i}")
+                raise InputError(f"{at}.gpus.{i}", f"GPU {g} is listed {where}",
+                                 f"{spec.dp * size} distinct GPU ids (tp x pp x dp = {spec.tp} "
+                                 f"x {spec.pp} x {spec.dp}) from the pool {ranges}: no GPU in "
+                                 "two replicas or twice in one")
+            seen[g] = i
 
 
 def load_layout_spec(path: str | Path) -> dict[str, StageLayoutSpec]:
@@ -111,23 +198,28 @@ def layout_spec_from_data(data: Any) -> dict[str, StageLayoutSpec]:
     if isinstance(stages, Mapping):
         return {str(k): _stage(f"evaluate.stages.{k}", v, str(k)) for k, v in stages.items()}
     if not isinstance(stages, list) or not stages:
-        raise InputError("evaluate.stages", "must be a non-empty list of {name, tp, pp, dp, ...} "
-                         "or a mapping of model-stage to {tp, pp, dp}")
+        raise InputError("evaluate.stages", "must be a non-empty list or a mapping",
+                         "a list of {name, tp, pp, dp, ...} (as a plan JSON writes it) or a "
+                         "mapping of model-stage to {tp, pp, dp}")
     out: dict[str, StageLayoutSpec] = {}
     for i, raw in enumerate(stages):
-        f = validate(_LayoutStage, raw, f"evaluate.stages.{i}", prefix=f"evaluate.stages.{i}.")
+        f = _validated(raw, f"evaluate.stages.{i}")
         if f.name is None:
-            raise InputError(f"evaluate.stages.{i}.name", "required field is missing")
+            raise InputError(f"evaluate.stages.{i}.name", "required field is missing",
+                             f"the model-stage's name: {', '.join(sorted(MODEL_STAGES))}")
         if f.name in out:
-            raise InputError(f"evaluate.stages.{i}.name", f"model-stage {f.name!r} listed twice")
+            raise InputError(f"evaluate.stages.{i}.name", f"model-stage {f.name!r} listed twice",
+                             f"each model-stage once ({out[f.name].where} is {f.name})")
         out[f.name] = f.to_spec(f"evaluate.stages.{i}")
     return out
 
 
 def _stage(field: str, raw: Any, name: str) -> StageLayoutSpec:
     if raw is None:
-        raise InputError(field, "must be a mapping with tp, pp and dp")
-    f = validate(_LayoutStage, raw, field, prefix=f"{field}.")
+        raise InputError(field, "must be a mapping with tp, pp and dp",
+                         "{tp: 1, pp: 1, dp: 1} with the stage's degrees, and optionally gpus, "
+                         "micro_batch, grad_accum, recompute")
+    f = _validated(raw, field)
     if f.name is not None and f.name != name:
         raise InputError(f"{field}.name", f"{f.name!r} differs from the model-stage it is "
                          f"listed under", [name])
@@ -249,17 +341,12 @@ def evaluate_plan(job: JobSpec, specs: Mapping[str, StageLayoutSpec],
     opts = {s.name: _options(cost, s.name, specs[s.name]) for s in wf.stages}
     cands = {n: o[0] for n, o in opts.items()}
     replicas: dict[str, tuple[tuple[int, ...], ...]] = {}
-    pool = set(job.pool.ids)
     for name, c in cands.items():
         if c.gpus > job.pool.size:
             raise InputError(_where(name, specs[name]), f"needs {count(c.gpus, 'GPU')} (tp x pp "
                              f"x dp), the pool has {job.pool.size}",
                              f"tp x pp x dp at most {job.pool.size}")
-        outside = sorted({g for r in specs[name].gpus or () for g in r} - pool)
-        if outside:
-            raise InputError(f"{_where(name, specs[name])}.gpus",
-                             f"GPU {outside[0]} is not in the pool",
-                             f"GPU ids {gpu_ranges(job.pool.ids)}")
+        _check_replicas(_where(name, specs[name]), specs[name], job.pool.ids)
     # asynchronous generation runs on GPUs of its own: place it first, the rest beside it
     first = (Phase.GENERATION,) if wf.execution is Execution.ASYNC else ()
     taken: set[int] = set()
@@ -271,7 +358,8 @@ def evaluate_plan(job: JobSpec, specs: Mapping[str, StageLayoutSpec],
             if not given and c.gpus > len(ids):
                 raise InputError(_where(name, specs[name]), f"needs {count(c.gpus, 'GPU')} (tp "
                                  f"x pp x dp); asynchronous generation leaves {len(ids)} of the "
-                                 f"pool's {job.pool.size}")
+                                 f"pool's {job.pool.size}", f"tp x pp x dp at most {len(ids)}, "
+                                 f"on GPUs {gpu_ranges(ids)}")
         replicas[name] = given if given else contiguous_replicas(0, ids, c)
         if wf.stage(name).phase in first:
             taken |= {g for r in replicas[name] for g in r}
