@@ -7,6 +7,8 @@ what is allowed, and exits 2 with no traceback; a transition that cannot run exi
 
 from __future__ import annotations
 
+import errno
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -26,6 +28,7 @@ from nereus.commands.common import (
 from nereus.commands.common import click as _click
 from nereus.commands.jobopts import OPTION_OF
 from nereus.errors import InputError
+from nereus.files import os_reason
 from nereus.spec.cluster import MAX_DEVICES
 from nereus.spec.job import ClusterConfig, JobConfig, WorkloadConfig
 
@@ -63,6 +66,16 @@ class _OneLineGroup(TyperGroup):
             return super().main(args, prog_name, complete_var, False, **extra)
         try:
             rv = super().main(args, prog_name, complete_var, False, **extra)
+            sys.stdout.flush()  # output still buffered fails here, not past every handler
+        except OSError as e:
+            # the output refused (stdout on a full disk, a file written after its check
+            # passed): an error that names no file is the stream's, not a bug's
+            if e.filename is not None or e.errno not in _OUTPUT_ERRNOS:
+                raise
+            _discard_stdout()
+            err_console.print(f"error: cannot write the output: {os_reason(e)}", markup=False,
+                              highlight=False, soft_wrap=True)
+            sys.exit(EXIT_INPUT)
         except _NoArgsIsHelp as e:  # type: ignore[misc]
             e.show()  # the help text itself
             sys.exit(e.exit_code)
@@ -87,6 +100,21 @@ class _OneLineGroup(TyperGroup):
             err_console.print("error: aborted", markup=False, highlight=False)
             sys.exit(1)
         sys.exit(rv if isinstance(rv, int) else 0)
+
+
+# what writing an output stream fails with when the fault is where it goes, not nereus
+_OUTPUT_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO, errno.EROFS})
+
+
+def _discard_stdout() -> None:
+    """Point stdout at /dev/null, so what it still buffers is not written again (and refused
+    again, past every handler) when the interpreter exits."""
+    try:
+        fd = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(fd, sys.stdout.fileno())
+        os.close(fd)
+    except (OSError, ValueError, AttributeError):  # no file descriptor behind stdout
+        pass
 
 
 def _not_a_number(e: Exception) -> str | None:

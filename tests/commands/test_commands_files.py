@@ -10,6 +10,9 @@ import io
 import math
 import os
 import shutil
+import subprocess
+import sys
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -279,6 +282,57 @@ def test_transition_names_a_device_or_a_pipe_given_as_a_plan(tmp_path: Path, pla
     err = one_line(["transition", str(f), str(plan_json), *TINY])
     assert err == (f"error: current: {f} is not a regular file ({what}) (allowed: a plan "
                    ".json, a layout or a job .yaml)"), err
+
+
+@pytest.mark.parametrize("args,field", [
+    (["simulate", "--steps", "1", "--csv", "{f}"], "--csv"),
+    (["simulate", "--steps", "1", "--plot", "{f}"], "--plot"),
+    (["transition", "{a}", "{a}", *TINY, "--gantt", "{f}"], "--gantt"),
+])
+def test_an_output_pipe_that_nothing_reads_is_refused_at_once(tmp_path: Path, plan_json: Path,
+                                                              args: list[str],
+                                                              field: str) -> None:
+    """Opening a named pipe to write waits for a reader: the check before the run did, and the
+    command hung with nothing printed. A subprocess, so a hang fails the test."""
+    f = tmp_path / ("out.csv" if field == "--csv" else "out.png")
+    os.mkfifo(f)
+    r = subprocess.run([sys.executable, "-m", "nereus",
+                        *[x.format(f=f, a=plan_json) for x in args]],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr == (f"error: {field}: {f} is a named pipe that nothing reads (allowed: a "
+                        "file, or a pipe something reads)\n"), r.stderr
+
+
+def test_an_output_pipe_with_a_reader_gets_the_rows(tmp_path: Path) -> None:
+    """A pipe something reads is written as a file is; the check's own write end stays open,
+    so the reader does not see its input end before the rows come."""
+    f = tmp_path / "rows.csv"
+    os.mkfifo(f)
+    got: list[str] = []
+    reader = threading.Thread(target=lambda: got.append(f.read_text()), daemon=True)
+    reader.start()
+    r = subprocess.run([sys.executable, "-m", "nereus", "simulate", "--steps", "2", "--csv",
+                        str(f)], capture_output=True, text=True, timeout=300)
+    reader.join(60)
+    assert r.returncode == 0, r.stderr
+    rows = got[0].splitlines()
+    assert rows[0].startswith("scenario,seed,") and len(rows) == 1 + 4 * 2, rows[:3]
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="no /dev/full here")
+@pytest.mark.parametrize("args", [
+    ["plan", "--model", "llama-3.1-8b", "--gpus", "16", "--json"],
+    ["plan", "--model", "llama-3.1-8b", "--gpus", "16"],
+])
+def test_an_output_the_system_refuses_is_one_line(args: list[str]) -> None:
+    """stdout on a full disk ended in a traceback and exit 1 (the error names no file, and
+    was taken for a bug)."""
+    with open("/dev/full", "w") as full:
+        r = subprocess.run([sys.executable, "-m", "nereus", *args], stdout=full,
+                           stderr=subprocess.PIPE, text=True, timeout=300)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr == "error: cannot write the output: no space left on device\n", r.stderr
 
 
 # ---- the helpers ----

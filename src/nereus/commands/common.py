@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import errno
 import functools
 import inspect
 import os
 import re
+import stat
 import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -19,7 +21,7 @@ from typer.core import TyperCommand
 from typer.models import ArgumentInfo, OptionInfo
 
 from nereus.errors import InfeasibleError, InputError
-from nereus.files import is_dir, os_reason
+from nereus.files import is_dir, os_reason, path_stat
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -209,12 +211,33 @@ def output_path(path: Path | None, field: str, suffixes: tuple[str, ...]) -> Pat
     return path
 
 
+# write ends of named pipes given as outputs, held open until the process exits (see
+# ``writable``)
+_HELD_PIPES: list[int] = []
+
+
 def writable(path: Path | None, field: str) -> None:
     """Refuse, before any work, an output file that cannot be written (a read-only folder,
-    /proc): the results must not be printed and then lost to a traceback."""
+    /proc): the results must not be printed and then lost to a traceback.
+
+    A named pipe is written when something reads it: one with no reader is refused at once
+    (opening it to write would wait for one, with nothing printed). One with a reader keeps
+    this check's write end open until nereus exits: closing it would end the reader's input
+    before the output is written."""
     if path is None:
         return
-    existed = path.exists()
+    st = path_stat(path, field, writing=True)
+    if st is not None and stat.S_ISFIFO(st.st_mode):
+        try:
+            _HELD_PIPES.append(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
+        except OSError as e:
+            if e.errno == errno.ENXIO:
+                raise InputError(field, f"{path} is a named pipe that nothing reads",
+                                 "a file, or a pipe something reads") from None
+            raise InputError(field, f"cannot write {path}: {os_reason(e)}",
+                             "a file in a folder you can write") from None
+        return
+    existed = st is not None
     try:
         with path.open("ab"):
             pass
