@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -698,3 +699,16 @@ def test_an_availability_file_that_changes_only_after_the_run_is_refused(tmp_pat
     r = runner.invoke(app, ["simulate", "--config", str(cfg), "--policies", "static",
                             "--steps", "2"])
     assert r.exit_code == 0, r.output
+
+
+def test_steps_past_the_scenario_say_the_run_is_the_whole_scenario() -> None:
+    """--steps only cuts a scenario short: asking for more ran the whole scenario without a
+    word, and the user took it for the longer run."""
+    r = runner.invoke(app, ["simulate", "--scenario", "stationary", "--steps", "100000",
+                            "--json"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["run"]["steps"] == 300
+    assert r.stderr == ("note: --steps 100,000 is more than the scenario's 300 steps: all of "
+                        "them are simulated\n"), r.stderr
+    r = runner.invoke(app, ["simulate", "--scenario", "stationary", "--steps", "3", "--json"])
+    assert r.exit_code == 0 and r.stderr == "", r.output
