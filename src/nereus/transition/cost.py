@@ -108,6 +108,11 @@ class TransitionCost:
                          in self._bcast.items()}
         self._gather_s = {intra: (self._eff[c], bw, lat) for intra, (c, bw, lat)
                           in self._gather.items()}
+        # a Split's all-gather groups and what each member receives, per (model, held state,
+        # tp, pp, sub tp, sub pp): what sets its bytes, read once per kind of Split (a
+        # scheduler prices the same few kinds thousands of times; ``_gather_recv``'s own cache
+        # hashes the bytes of every position on each call)
+        self._recv: dict[tuple[object, ...], tuple[tuple[tuple[int, ...], int], ...]] = {}
         self._copy_eff = self._eff[OpClass.COPY]
 
     def link(self, a: int, b: int) -> Link:
@@ -177,8 +182,12 @@ class TransitionCost:
         """The all-gather groups run side by side: per link kind of a group (all inside one
         node, or not), the most one member receives (-1: no group of that kind); and the
         latency hops of one all-gather (group size - 1)."""
-        emu = p.emu
-        recv = _gather_recv(self.sizes.of(emu), emu.layout, p.sub)
+        emu, sub = p.emu, p.sub
+        lay = emu.layout
+        key = (emu.model, emu.holds, lay.tp, lay.pp, sub.tp, sub.pp)
+        recv = self._recv.get(key)
+        if recv is None:
+            recv = self._recv[key] = _gather_recv(self.sizes.of(emu), lay, sub)
         gpus, pn = emu.gpus, self._per_node
         inside = across = -1
         if min(gpus) // pn == max(gpus) // pn:  # one node: every group inside it
