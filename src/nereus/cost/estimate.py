@@ -15,7 +15,7 @@ from nereus.cost.candidate import Candidate
 from nereus.cost.efficiency import Efficiencies
 from nereus.cost.ops import Op, OpClass
 
-HEADROOM = 0.90  # memory feasibility: predicted peak within 90 % of capacity (DESIGN.md)
+HEADROOM = 0.90  # memory feasibility: predicted peak within 90 % of capacity (project design rule; an assumption, not measured)
 # The term of a pipeline's idle slots ((pp - 1) micro-batch slots per step): priced as work,
 # measured as waiting
 BUBBLE = "bubble"

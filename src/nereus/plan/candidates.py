@@ -8,9 +8,9 @@ cover the batch exactly. A stage that takes no gradient (generation, forward pas
 uneven shares as well -- its largest replica's ceil(batch / dp) sequences set its time -- so
 it also gets, per layout, the few degrees that fill the pool or an equal part of it for each
 way its phase can split the pool among its model-stages (``dp_degrees`` says which);
-asynchronous generation, on what the rest of the job leaves, gets one degree per largest
-share that fits. The search is exact over this space, not beyond it. Candidates over 90 % of device memory are
-dropped; the rest are reduced to those no other candidate beats on all of GPU count, latency,
+in an asynchronous job, generation and forward passes, on what the rest of the job leaves, get
+one degree per largest share that fits. The search is exact over this space, not beyond it.
+Candidates over 90 % of device memory are dropped; the rest are reduced to those no other candidate beats on all of GPU count, latency,
 resident state and transient memory -- the only quantities the search looks at, so the
 pruning loses no optimum. For the stages the weight sync couples (its cost
 depends on the training and generation layouts) candidates are compared within a layout only;

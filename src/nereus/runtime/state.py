@@ -107,7 +107,7 @@ class StateSpec:
 
 @dataclass(frozen=True)
 class StateMeta:
-    """The scalars of a logical state (DESIGN.md: c, v, p, plus the Adam step and RNG)."""
+    """A logical state's scalars beside its tensors: Adam step, versions, batch position, RNG."""
 
     adam_step: int = 0
     update_count: int = 0

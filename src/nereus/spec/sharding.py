@@ -1,6 +1,6 @@
 """How a Llama-style decoder's state is sharded over a (tp, pp) layout.
 
-This is the one sharding format of the project (DESIGN.md): the runtime stores state in it, the
+This is the one sharding format of the project: the runtime stores state in it, the
 engine computes on it, and the transition planner counts the bytes each shard moves with it.
 Pure Python, so the planning layers can use it.
 
