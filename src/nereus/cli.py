@@ -24,6 +24,7 @@ from nereus.commands.common import (
     err_console,
     once_only,
     plain_flags,
+    release_pipes,
 )
 from nereus.commands.common import click as _click
 from nereus.commands.jobopts import OPTION_OF
@@ -63,11 +64,16 @@ class _OneLineGroup(TyperGroup):
              complete_var: str | None = None, standalone_mode: bool = True,
              **extra: Any) -> Any:
         if not standalone_mode:
-            return super().main(args, prog_name, complete_var, False, **extra)
+            try:
+                return super().main(args, prog_name, complete_var, False, **extra)
+            finally:
+                release_pipes()
         try:
-            rv = super().main(args, prog_name, complete_var, False, **extra)
-            sys.stdout.flush()  # output still buffered fails here, not past every handler
+            rv = self._main(args, prog_name, complete_var, **extra)
         except OSError as e:
+            if e.errno == errno.EPIPE:  # the reader of stdout quit (``| head``): nothing to say
+                _discard_stdout()
+                sys.exit(1)
             # the output refused (stdout on a full disk, a file written after its check
             # passed): an error that names no file is the stream's, not a bug's
             if e.filename is not None or e.errno not in _OUTPUT_ERRNOS:
@@ -100,6 +106,24 @@ class _OneLineGroup(TyperGroup):
             err_console.print("error: aborted", markup=False, highlight=False)
             sys.exit(1)
         sys.exit(rv if isinstance(rv, int) else 0)
+
+    def _main(self, args: Sequence[str] | None, prog_name: str | None,
+              complete_var: str | None, **extra: Any) -> Any:
+        """Run the command, release the pipes it wrote, and flush stdout here, so output still
+        buffered fails where ``main`` handles it, not past every handler. A command that
+        failed already (exit 2 with its one line) exits with its own code: a refused stdout
+        adds no second line."""
+        try:
+            rv = super().main(args, prog_name, complete_var, False, **extra)
+        finally:
+            release_pipes()
+        try:
+            sys.stdout.flush()
+        except OSError:
+            if not isinstance(rv, int) or rv == 0:
+                raise
+            _discard_stdout()
+        return rv
 
 
 # what writing an output stream fails with when the fault is where it goes, not nereus

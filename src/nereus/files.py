@@ -6,6 +6,7 @@ missing file, a parse error or a wrong field always reads the same way: one line
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import os
@@ -55,6 +56,18 @@ def path_stat(path: str | Path, field: str, writing: bool = False) -> os.stat_re
                              "a file in a folder you can write") from None
         raise InputError(field, f"cannot read {path}: {os_reason(e)}",
                          "a readable file") from None
+
+
+def save_figure(fig: Any, path: str | Path, **kw: Any) -> Path:
+    """Write a matplotlib figure to ``path`` in the format its suffix names. It is rendered in
+    memory first: the PNG and PDF writers seek back in their file, which a named pipe (an
+    output nereus accepts where something reads it) cannot do."""
+    out = Path(path)
+    buf = io.BytesIO()
+    fig.savefig(buf, format=out.suffix.lstrip(".").lower(), **kw)
+    with out.open("wb") as f:
+        f.write(buf.getbuffer())
+    return out
 
 
 def exists(path: str | Path, field: str) -> bool:

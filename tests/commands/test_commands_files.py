@@ -298,26 +298,66 @@ def test_an_output_pipe_that_nothing_reads_is_refused_at_once(tmp_path: Path, pl
     os.mkfifo(f)
     r = subprocess.run([sys.executable, "-m", "nereus",
                         *[x.format(f=f, a=plan_json) for x in args]],
-                       capture_output=True, text=True, timeout=120)
+                       capture_output=True, text=True, timeout=120, check=False)
     assert r.returncode == 2, r.stderr
     assert r.stderr == (f"error: {field}: {f} is a named pipe that nothing reads (allowed: a "
                         "file, or a pipe something reads)\n"), r.stderr
 
 
-def test_an_output_pipe_with_a_reader_gets_the_rows(tmp_path: Path) -> None:
+def test_an_output_pipe_with_a_reader_gets_the_rows_and_the_figure(tmp_path: Path) -> None:
     """A pipe something reads is written as a file is; the check's own write end stays open,
-    so the reader does not see its input end before the rows come."""
+    so the reader does not see its input end before the rows come. A PNG came out empty and
+    the run failed after its work ("UnsupportedOperation"): its writer seeks back."""
+    rows_f, png_f = tmp_path / "rows.csv", tmp_path / "steps.png"
+    got: dict[Path, bytes] = {}
+    readers = []
+    for f in (rows_f, png_f):
+        os.mkfifo(f)
+        readers.append(threading.Thread(target=lambda f=f: got.update({f: f.read_bytes()}),
+                                        daemon=True))
+        readers[-1].start()
+    r = subprocess.run([sys.executable, "-m", "nereus", "simulate", "--steps", "2", "--csv",
+                        str(rows_f), "--plot", str(png_f)],
+                       capture_output=True, text=True, timeout=300, check=False)
+    for reader in readers:
+        reader.join(60)
+    assert r.returncode == 0, r.stderr
+    rows = got[rows_f].decode().splitlines()
+    assert rows[0].startswith("scenario,seed,") and len(rows) == 1 + 4 * 2, rows[:3]
+    assert got[png_f].startswith(b"\x89PNG"), got[png_f][:16]
+
+
+def test_an_output_pipe_is_closed_when_the_command_returns(tmp_path: Path) -> None:
+    """Run in-process (a test, a notebook), the write end the check held stayed open until
+    the interpreter exited: the reader never saw the end of its input."""
     f = tmp_path / "rows.csv"
     os.mkfifo(f)
     got: list[str] = []
     reader = threading.Thread(target=lambda: got.append(f.read_text()), daemon=True)
     reader.start()
-    r = subprocess.run([sys.executable, "-m", "nereus", "simulate", "--steps", "2", "--csv",
-                        str(f)], capture_output=True, text=True, timeout=300)
-    reader.join(60)
-    assert r.returncode == 0, r.stderr
-    rows = got[0].splitlines()
-    assert rows[0].startswith("scenario,seed,") and len(rows) == 1 + 4 * 2, rows[:3]
+    r = CliRunner().invoke(app, ["simulate", "--scenario", "stationary", "--steps", "1",
+                                 "--csv", str(f)])
+    reader.join(30)
+    assert r.exit_code == 0, r.output
+    assert not reader.is_alive() and got[0].startswith("scenario,seed,"), got
+
+
+def _no_unbuffered() -> dict[str, str]:
+    """The environment without PYTHONUNBUFFERED: stdout buffered, as a user's shell has it."""
+    return {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+
+
+def test_stdout_whose_reader_quit_ends_quietly() -> None:
+    """``nereus plan --json | head -c 1`` printed a traceback of a BrokenPipeError."""
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        r = subprocess.run([sys.executable, "-m", "nereus", "plan", "--model", "llama-3.1-8b",
+                            "--gpus", "16", "--json"], stdout=write, stderr=subprocess.PIPE,
+                           text=True, timeout=300, env=_no_unbuffered(), check=False)
+    finally:
+        os.close(write)
+    assert r.returncode == 1 and r.stderr == "", r.stderr
 
 
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="no /dev/full here")
@@ -330,9 +370,26 @@ def test_an_output_the_system_refuses_is_one_line(args: list[str]) -> None:
     was taken for a bug)."""
     with open("/dev/full", "w") as full:
         r = subprocess.run([sys.executable, "-m", "nereus", *args], stdout=full,
-                           stderr=subprocess.PIPE, text=True, timeout=300)
+                           stderr=subprocess.PIPE, text=True, timeout=300,
+                           env=_no_unbuffered(), check=False)
     assert r.returncode == 2, r.stderr
     assert r.stderr == "error: cannot write the output: no space left on device\n", r.stderr
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="no /dev/full here")
+def test_a_failed_command_on_a_refused_stdout_says_one_line(tmp_path: Path) -> None:
+    """The --csv file and stdout on the same full disk: the command's own error, then a
+    second one for stdout."""
+    csv = tmp_path / "rows.csv"
+    csv.symlink_to("/dev/full")
+    with open("/dev/full", "w") as full:
+        r = subprocess.run([sys.executable, "-m", "nereus", "simulate", "--scenario",
+                            "stationary", "--steps", "1", "--json", "--csv", str(csv)],
+                           stdout=full, stderr=subprocess.PIPE, text=True, timeout=300,
+                           env=_no_unbuffered(), check=False)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr == (f"error: --csv: cannot write {csv}: no space left on device\n"), \
+        r.stderr
 
 
 # ---- the helpers ----

@@ -712,3 +712,6 @@ def test_steps_past_the_scenario_say_the_run_is_the_whole_scenario() -> None:
                         "them are simulated\n"), r.stderr
     r = runner.invoke(app, ["simulate", "--scenario", "stationary", "--steps", "3", "--json"])
     assert r.exit_code == 0 and r.stderr == "", r.output
+    r = runner.invoke(app, ["simulate", "--scenario", "stationary", "--steps", "100000",
+                            "--notes"])  # simulates nothing: no word of what it simulates
+    assert r.exit_code == 0 and r.stderr == "", r.output

@@ -340,6 +340,13 @@ def test_a_layout_file_is_a_plan_for_transition(tmp_path: Path) -> None:
     bad.write_text("actor_gen: {tp: 2, pp: 1}\n")
     r = runner.invoke(app, ["transition", str(best), str(bad), "--config", CONFIG_8B])
     assert r.exit_code == 2 and r.stderr.startswith("error: target.actor_gen.dp: "), r.stderr
+    # the allowed part names the other entry by the same prefix as the field
+    bad.write_text("stages:\n- {name: actor_gen, tp: 1, pp: 1, dp: 1}\n"
+                   "- {name: actor_gen, tp: 1, pp: 1, dp: 1}\n")
+    r = runner.invoke(app, ["transition", str(best), str(bad), "--config", CONFIG_8B])
+    assert r.exit_code == 2 and r.stderr == (
+        "error: target.stages.1.name: model-stage 'actor_gen' listed twice (allowed: each "
+        "model-stage once (target.stages.0 is actor_gen))\n"), r.stderr
 
 
 def test_staged_primitives_are_marked_in_the_table_and_the_json(tmp_path: Path) -> None:

@@ -321,3 +321,14 @@ def test_layout_shape_errors_say_what_is_allowed(data, field, allowed):
     with pytest.raises(InputError) as e:
         layout_spec_from_data(data)
     assert e.value.field == field and e.value.allowed and allowed in e.value.allowed, e.value
+
+
+def test_a_replica_past_the_largest_cluster_says_so_beside_a_bad_id(tmp_path):
+    """tp and pp of 2**32 beside a negative id: the example of right lists ran out of memory
+    counting 2**64 ids, and the error was an OverflowError's traceback."""
+    layout = json.loads(json.dumps(LAYOUT))
+    layout["actor_train"] = {"tp": 2**32, "pp": 2**32, "dp": 2, "gpus": [[0, -1]]}
+    line = _cli_error(tmp_path, layout, "evaluate.actor_train.gpus.0.1")
+    assert line.endswith(f"(allowed: {BOUND}tp x pp = 4294967296 x 4294967296 = "
+                         f"{2**64} GPUs a replica, more than the largest cluster holds "
+                         "(65,536))\n"), line

@@ -211,9 +211,19 @@ def output_path(path: Path | None, field: str, suffixes: tuple[str, ...]) -> Pat
     return path
 
 
-# write ends of named pipes given as outputs, held open until the process exits (see
-# ``writable``)
+# write ends of named pipes given as outputs, held open until the command returns (see
+# ``writable``; ``release_pipes`` closes them)
 _HELD_PIPES: list[int] = []
+
+
+def release_pipes() -> None:
+    """Close the write ends ``writable`` held: the command has written its outputs, and each
+    pipe's reader sees its end once nereus closes its last write end."""
+    while _HELD_PIPES:
+        try:
+            os.close(_HELD_PIPES.pop())
+        except OSError:  # closed already
+            pass
 
 
 def writable(path: Path | None, field: str) -> None:
@@ -222,8 +232,8 @@ def writable(path: Path | None, field: str) -> None:
 
     A named pipe is written when something reads it: one with no reader is refused at once
     (opening it to write would wait for one, with nothing printed). One with a reader keeps
-    this check's write end open until nereus exits: closing it would end the reader's input
-    before the output is written."""
+    this check's write end open until the command returns (``release_pipes``): closing it
+    here would end the reader's input before the output is written."""
     if path is None:
         return
     st = path_stat(path, field, writing=True)

@@ -4,6 +4,7 @@ current plan compares."""
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
@@ -329,7 +330,9 @@ def renamed_field(field: str) -> Iterator[None]:
     except InputError as e:
         if field == "evaluate" or not (e.field == "evaluate" or e.field.startswith("evaluate.")):
             raise
-        raise InputError(field + e.field[len("evaluate"):], e.problem, e.allowed) from None
+        # the allowed text may name another stage of the same file (``evaluate.stages.0``)
+        allowed = e.allowed and re.sub(r"\bevaluate\.(?=\w)", f"{field}.", e.allowed)
+        raise InputError(field + e.field[len("evaluate"):], e.problem, allowed) from None
 
 
 def register(app: typer.Typer) -> None:

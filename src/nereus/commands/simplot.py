@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from nereus.errors import InputError, first_line
-from nereus.files import os_reason
+from nereus.files import os_reason, save_figure
 from nereus.sim.simulator import PolicyResult, SimResult, StepRow
 
 if TYPE_CHECKING:
@@ -125,7 +125,7 @@ def draw(res: SimResult, title: str, path: Path) -> None:
         fig.align_ylabels([ax_step, ax_gap, ax_pool])
         fig.tight_layout()
         try:
-            fig.savefig(path, dpi=120)
+            save_figure(fig, path, dpi=120)
         except OSError as e:
             raise InputError("--plot", f"cannot write {path}: {os_reason(e)}") from None
         except ValueError as e:  # matplotlib's own (text it cannot lay out): one line

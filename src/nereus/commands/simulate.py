@@ -279,7 +279,7 @@ def register(app: typer.Typer) -> None:
         else:
             sc = builtin(scenario or "default", seed=seed or 0)
         sc = with_overrides(sc, steps=steps, gamma=gamma)
-        if steps is not None and steps > sc.steps:  # --steps only cuts a scenario short
+        if not notes and steps is not None and steps > sc.steps:  # --steps cuts a scenario short
             err_console.print(f"note: --steps {steps:,} is more than the scenario's "
                               f"{count(sc.steps, 'step')}: all of them are simulated",
                               markup=False, highlight=False, soft_wrap=True)

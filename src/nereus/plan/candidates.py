@@ -5,17 +5,18 @@ layers), DP degrees that fit the pool (``dp_degrees``), power-of-two micro-batch
 ``MAX_MICRO_BATCH`` that divide the per-replica batch, recomputation on or off for training.
 Training takes every DP degree that divides the stage's batch: its gradient accumulation must
 cover the batch exactly. A stage that takes no gradient (generation, forward passes) takes
-uneven shares as well -- its largest replica's ceil(batch / dp) sequences set its time -- so
-it also gets, per layout, the few degrees that fill the pool or an equal part of it for each
-way its phase can split the pool among its model-stages (``dp_degrees`` says which);
-in an asynchronous job, generation and forward passes, on what the rest of the job leaves, get
-one degree per largest share that fits. The search is exact over this space, not beyond it.
-Candidates over 90 % of device memory are dropped; the rest are reduced to those no other candidate beats on all of GPU count, latency,
-resident state and transient memory -- the only quantities the search looks at, so the
-pruning loses no optimum. For the stages the weight sync couples (its cost
-depends on the training and generation layouts) candidates are compared within a layout only;
-in synchronous execution the sync also gets cheaper as training spans more of the generation
-GPUs, so training candidates are compared within a layout and GPU count only.
+uneven shares as well -- its largest replica's ceil(batch / dp) sequences set its time -- so it
+also gets, per layout, the few degrees that fill the pool or an equal part of it for each way
+its phase can split the pool among its model-stages (``dp_degrees`` says which); in an
+asynchronous job, generation (on GPUs of its own) and the forward passes (on the GPUs generation
+leaves, before training) get one degree per largest share that fits. The search is exact over
+this space, not beyond it. Candidates over 90 % of device memory are dropped; the rest are
+reduced to those no other candidate beats on all of GPU count, latency, resident state and
+transient memory -- the only quantities the search looks at, so the pruning loses no optimum.
+For the stages the weight sync couples (its cost depends on the training and generation layouts)
+candidates are compared within a layout only; in synchronous execution the sync also gets
+cheaper as training spans more of the generation GPUs, so training candidates are compared
+within a layout and GPU count only.
 """
 
 from __future__ import annotations
@@ -88,8 +89,9 @@ def enumerate_candidates(cost: CostModel, stage: ModelStage, pool_size: int,
     wf = cost.job.workflow
     ways = len(wf.phase_stages(stage.phase))
     # asynchronous generation runs on GPUs of its own beside the rest of the job, and the
-    # forward passes on what generation and training leave: any number of GPUs (ReMax async,
-    # the example, on 34 GPUs: 20.883 -> 18.825 s a step, estimated)
+    # forward passes, then training, one after the other on the GPUs generation leaves: any
+    # number of GPUs (ReMax async, the example, on 34 GPUs: 20.883 -> 18.825 s a step,
+    # estimated)
     every = wf.execution is Execution.ASYNC and stage.kind is not StageKind.TRAIN
     return list(_enumerate(cost.job.model, stage, cost.stage_batch(stage), per_node, node,
                            pool_size, max_tp is None, ways, every))

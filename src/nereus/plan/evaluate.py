@@ -95,7 +95,11 @@ def _validated(raw: Any, field: str) -> _LayoutStage:
             raise
         # pydantic reports the first field in order: tp, pp and dp before gpus are valid
         tp, pp, dp = (raw.get(k, 1) for k in ("tp", "pp", "dp"))
-        allowed = _lists_rule(tp, pp, dp, range(tp * pp * min(dp, 2)))
+        if tp * pp > MAX_GPU_ID + 1:  # no list can be right: say why, not an example
+            allowed = (f"{_degrees(tp, pp)} GPUs a replica, more than the largest cluster "
+                       f"holds ({MAX_GPU_ID + 1:,})")
+        else:
+            allowed = _lists_rule(tp, pp, dp, range(tp * pp * min(dp, 2)))
         value = _at(raw, e.field[len(f"{field}."):])
         if is_integer(value) and not 0 <= value <= MAX_GPU_ID:
             allowed = f"a GPU id from 0 to {MAX_GPU_ID:,}, in the job's pool; {allowed}"

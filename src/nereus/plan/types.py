@@ -23,7 +23,9 @@ if TYPE_CHECKING:
 
 def replica_problem(replicas: Sequence[Sequence[int]], dp: int, size: int) -> str | None:
     """What is wrong with a model-stage's GPU lists (one per DP replica, tp x pp = ``size``
-    ids each, no GPU twice), or None: the one rule for plans, plan files and layouts."""
+    ids each, no GPU twice), or None: the rule for plans and plan files. A layout's lists are
+    checked by ``nereus.plan.evaluate`` against the same rule, with errors that name the list
+    and the job's pool."""
     if len(replicas) != dp:
         return f"{len(replicas)} GPU lists for dp = {dp}"
     bad = [r for r in replicas if len(r) != size]

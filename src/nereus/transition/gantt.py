@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from nereus.files import save_figure
 from nereus.spec.device import GiB
 from nereus.transition.schedule import Schedule
 
@@ -24,12 +25,10 @@ def gantt(schedule: Schedule, path: str | Path, title: str | None = None) -> Pat
     import matplotlib.pyplot as plt
 
     fig = figure(schedule, title)
-    out = Path(path)
     try:  # "tight": no label may be cut at the figure's edge, whatever its length
-        fig.savefig(out, dpi=120, bbox_inches="tight")
+        return save_figure(fig, path, dpi=120, bbox_inches="tight")
     finally:
         plt.close(fig)
-    return out
 
 
 def _bars(x0: Sequence[float], width: Sequence[float], rows: Sequence[int], **kw: Any) -> Any:
