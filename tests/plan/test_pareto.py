@@ -2,8 +2,16 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nereus.plan.candidates import _dominated, pareto_mask
+from nereus.cost.candidate import Candidate, Layout
+from nereus.plan.candidates import (
+    PAIRWISE_ROWS,
+    StageOptions,
+    _dominated,
+    dominance_mask,
+    pareto_mask,
+)
 from nereus.plan.search import _fastest_within
+from nereus.spec import parse_job
 
 
 def naive(m: np.ndarray) -> np.ndarray:
@@ -39,6 +47,35 @@ def test_grouped_dominance_equals_one_pareto_mask_per_group(seed, n, groups):
         idx = np.flatnonzero(label == g)
         want[idx[pareto_mask([m[idx, c] for c in range(4)])]] = True
     assert np.array_equal(~_dominated(m, label), want)
+
+
+@given(st.integers(0, 10_000), st.integers(PAIRWISE_ROWS + 1, 3 * PAIRWISE_ROWS), st.booleans())
+@settings(max_examples=20, deadline=None)
+def test_dominance_over_many_candidates_equals_one_pareto_set_per_group(seed, n, by_gpus):
+    """Past PAIRWISE_ROWS candidates, ``dominance_mask`` packs whole layout groups into
+    passes of at most that many rows, and a larger group goes through ``pareto_mask`` alone:
+    either way it keeps what each group's own pairwise pass keeps, ties included."""
+    rng = np.random.default_rng(seed)
+    layouts = [Layout(1, 1), Layout(2, 1), Layout(1, 2), Layout(4, 2), Layout(8, 1)]
+    # most rows on one layout: from about 370 rows its group no longer fits one pass, and it
+    # comes after two groups that share one (the first two rows are theirs)
+    lay = rng.choice(len(layouts), n, p=[0.1, 0.1, 0.7, 0.05, 0.05])
+    lay[:2] = [0, 1]
+    cands = tuple(Candidate(layouts[k], int(dp), 1, 1)
+                  for k, dp in zip(lay, rng.choice([1, 2, 3, 4], n)))
+    gpus = np.array([c.gpus for c in cands])
+    m = rng.integers(0, 5, size=(n, 3)).astype(float)  # many ties and equal rows
+    opts = StageOptions(STAGE, cands, gpus, m[:, 0], m[:, 1], m[:, 2])
+    key = [(c.layout, c.gpus) if by_gpus else c.layout for c in cands]
+    want = np.zeros(n, dtype=bool)
+    for k in set(key):
+        idx = np.flatnonzero([x == k for x in key])
+        want[idx] = ~_dominated(np.column_stack([gpus[idx], m[idx]]).astype(float))
+    assert np.array_equal(dominance_mask(opts, by_layout=True, by_gpus=by_gpus), want)
+
+
+STAGE = parse_job({"model": "tiny-llama", "algo": "ppo", "gpus": 1,
+                   "cluster": {"device": "cpu"}}).workflow.stages[0]
 
 
 @given(st.integers(0, 10_000), st.integers(1, 60))
