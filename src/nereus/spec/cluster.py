@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from itertools import groupby
 
 from nereus.errors import InputError
 from nereus.spec.device import DeviceSpec
@@ -85,10 +86,14 @@ class GpuPool:
         return len(self.ids)
 
     def by_node(self) -> dict[int, tuple[int, ...]]:
-        out: dict[int, list[int]] = {}
-        for i in self.ids:
-            out.setdefault(self.cluster.node_of(i), []).append(i)
-        return {n: tuple(v) for n, v in sorted(out.items())}
+        """The pool's ids on each node, nodes in order: a new dict each call, worked out once
+        per pool (a plan search asks dozens of times)."""
+        got = self.__dict__.get("_by_node")
+        if got is None:
+            per = self.cluster.devices_per_node  # ids are sorted: a node's ids are one run
+            got = {n: tuple(ids) for n, ids in groupby(self.ids, key=lambda i: i // per)}
+            object.__setattr__(self, "_by_node", got)
+        return dict(got)
 
     def largest_node_share(self) -> int:
         """Most devices of this pool on any one node (bounds a TP group kept inside a node)."""
