@@ -28,6 +28,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property, lru_cache
+from operator import attrgetter
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -84,6 +85,8 @@ LINK_KINDS = {"tp": ("TP group", "TP all-reduces"),
               "embed": ("first/last-block pair", "tied embedding grad all-reduce"),
               "dp": ("DP group", "gradient all-reduce")}
 _KIND_INDEX = {k: i for i, k in enumerate(LINK_KINDS)}
+# what ``_columns`` reads of a candidate, in one C-level call
+_CANDIDATE_FIELDS = attrgetter("layout", "dp", "micro_batch", "grad_accum", "recompute")
 SYNC_SPANS = ("a training or generation replica spans nodes (its GPU ids): resharding priced "
               "on the inter-node link")
 
@@ -817,17 +820,23 @@ class CostModel:
                  links: Links | None = None) -> Columns:
         head = self.job.workflow.model(st.model).head
         m = self.job.model
-        by_layout: dict[Layout, int] = {}  # a few layouts among many candidates
-        rows = []
-        for c in cands:
-            lay = c.layout
-            numel = by_layout.get(lay)
-            if numel is None:
-                numel = by_layout[lay] = max_shard_numel(m, head, lay.tp, lay.pp)
-            rows.append((lay.tp, lay.pp, c.dp, c.micro_batch, c.grad_accum, c.recompute, numel))
-        t = np.array(rows, dtype=float).reshape(len(rows), 7).T
-        return Columns(tp=t[0], pp=t[1], dp=t[2], b=t[3], a=t[4], recompute=t[5] > 0,
-                       numel=t[6], resident=t[6] * self._resident_per_param(st), links=links)
+        if not cands:
+            layouts: tuple[Layout, ...] = ()
+            dp = b = a = recompute = ()
+        else:
+            layouts, dp, b, a, recompute = zip(*map(_CANDIDATE_FIELDS, cands))
+        # a few layouts among many candidates, told apart by identity (ints hash in C; an
+        # equal layout that is another object only gets a row of its own)
+        distinct = {id(lay): lay for lay in layouts}
+        slot = {key: i for i, key in enumerate(distinct)}
+        per_layout = np.array([(lay.tp, lay.pp, max_shard_numel(m, head, lay.tp, lay.pp))
+                               for lay in distinct.values()], dtype=float).reshape(-1, 3)
+        which = np.fromiter(map(slot.__getitem__, map(id, layouts)), dtype=np.intp,
+                            count=len(layouts))
+        tp, pp, numel = per_layout[which].T
+        return Columns(tp=tp, pp=pp, dp=np.array(dp, dtype=float), b=np.array(b, dtype=float),
+                       a=np.array(a, dtype=float), recompute=np.array(recompute, dtype=bool),
+                       numel=numel, resident=numel * self._resident_per_param(st), links=links)
 
     def _workspace(self) -> float:
         return float(CPU_WORKSPACE_BYTES if self.device.name == "cpu" else GPU_WORKSPACE_BYTES)
