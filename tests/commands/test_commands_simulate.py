@@ -715,3 +715,11 @@ def test_steps_past_the_scenario_say_the_run_is_the_whole_scenario() -> None:
     r = runner.invoke(app, ["simulate", "--scenario", "stationary", "--steps", "100000",
                             "--notes"])  # simulates nothing: no word of what it simulates
     assert r.exit_code == 0 and r.stderr == "", r.output
+
+
+def test_stderr_to_a_file_gets_no_progress_bar_and_no_blank_line() -> None:
+    """The bar is for a terminal: with stderr sent to a file, Rich left an empty line there
+    after every run (and a user's log of errors read as one)."""
+    r = runner.invoke(app, ["simulate", "--scenario", "stationary", "--steps", "2"])
+    assert r.exit_code == 0, r.output
+    assert r.stderr == "", repr(r.stderr)

@@ -432,3 +432,13 @@ def test_a_decode_step_holds_the_mean_of_the_capped_context():
     assert _within(4096, 2000, 512.0) == 2000  # contexts 512..3,488: never past the window
     assert _within(4096, 6000, 5000.0) == 4096  # always past it
     assert _within(4096, 6000) == 4096 and _within(4096, 100) == 100
+
+
+def test_explain_keeps_its_columns_aligned_whatever_the_op_names(cm):
+    """An op name longer than the name column ("tp allreduce (attention out, mlp out)
+    (latency)") pushed its class and count right of every other row's."""
+    e = cm.estimate("actor_gen", Candidate(Layout(4, 1), 4, 128, 1))
+    ops = [ln for ln in e.explain().splitlines() if ln.startswith("      ") and " x" in ln]
+    assert any(len(op.name) > 34 for op in e.ops), [op.name for op in e.ops]
+    assert len({ln.index(" x") for ln in ops}) == 1, ops
+    assert len({ln.index(" s (ideal") for ln in ops}) == 1, ops

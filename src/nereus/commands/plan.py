@@ -246,7 +246,7 @@ def no_plan_error(e: InfeasibleError, job: JobSpec, fields: Mapping[str, Any],
 def job_header(job: JobSpec) -> str:
     """The job a plan is priced for, in one line: the best plan and a user's plan (--evaluate)
     are both read against it."""
-    return (f"[bold]{job.workflow.algo.upper()}[/] {job.model.name} on "
+    return (f"[bold]{job.workflow.algo_name}[/] {job.model.name} on "
             f"{job.pool.size} x {job.cluster.device.name} ({pool_nodes(job)}), "
             f"response {job.workload.response_len_mean} tokens (max "
             f"{job.workload.response_len_max}), {job.workflow.execution.value}"

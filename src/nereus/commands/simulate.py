@@ -301,7 +301,9 @@ def register(app: typer.Typer) -> None:
                                         f"{', '.join(names)} (simulated)"))
         with Progress(TextColumn("simulating"), BarColumn(), MofNCompleteColumn(),
                       TimeElapsedColumn(), console=err_console, transient=True,
-                      disable=as_json) as bar:
+                      disable=as_json or not err_console.is_terminal) as bar:
+            # a bar is for a person watching: stderr sent to a file or a pipe gets none (Rich
+            # would leave an empty line there)
             task = bar.add_task("steps", total=sc.steps)
             res = run_scenario(sc, names, lambda k: bar.update(task, completed=k), on_log,
                                sim=sim)

@@ -592,7 +592,7 @@ def measured_json(result: dict, schedule: Schedule | None = None,
 
 
 def print_schedule(job: JobSpec, schedule: Schedule, current: Plan, target: Plan) -> None:
-    console.print(f"{job.model.name}, {job.workflow.algo.upper()} on "
+    console.print(f"{job.model.name}, {job.workflow.algo_name} on "
                   f"{job.cluster.num_devices} x {job.cluster.device.name} "
                   f"({job.cluster.devices_per_node} per node)")
     console.print(stage_table(schedule, current, target, StateSizes(job)))

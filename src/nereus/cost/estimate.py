@@ -94,6 +94,9 @@ class Estimate:
                   f"peak {self.peak_mem_bytes / GiB:.2f} GiB of {self.capacity_bytes / GiB:.2f} "
                   f"GiB per GPU ({self.source})")]
         terms = self.terms
+        # columns as wide as this estimate's longest op name and op class
+        name_w = max([34, *(len(op.name) for op in self.ops)])
+        cls_w = max([16, *(len(op.cls.value) for op in self.ops)])
         for term, secs in sorted(terms.items(), key=lambda kv: -kv[1]):
             share = secs / lat if lat else 0.0
             lines.append(f"  {term:<12} {secs:10.4f} s  {share:6.1%}")
@@ -101,11 +104,12 @@ class Estimate:
                 if op.term != term:
                     continue
                 eff = self.efficiencies[op.cls]
-                lines.append(f"      {op.name:<34} {op.cls.value:<16} x{op.count:<8.4g} "
+                lines.append(f"      {op.name:<{name_w}} {op.cls.value:<{cls_w}} "
+                             f"x{op.count:<10.4g} "
                              f"{op.ideal_s / eff:9.4f} s (ideal {op.ideal_s:.4f} s / eff {eff:.2f})")
         lines.append("  memory per GPU:")
         for term, b in sorted(self.memory.items(), key=lambda kv: -kv[1]):
             if b:
-                lines.append(f"      {term:<34} {b / GiB:9.3f} GiB")
+                lines.append(f"      {term:<{name_w}} {b / GiB:9.3f} GiB")
         lines.extend(f"  note: {n}" for n in self.notes)
         return "\n".join(lines)

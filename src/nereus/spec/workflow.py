@@ -96,6 +96,11 @@ class Workflow:
                 raise InputError("workflow.stages", f"duplicate model-stage {s.name!r}")
             seen.add(s.name)
 
+    @property
+    def algo_name(self) -> str:
+        """The algorithm as its paper writes it (PPO, GRPO, ReMax), for what a person reads."""
+        return ALGO_NAMES.get(self.algo, self.algo.upper())
+
     def scored_by_rule(self) -> Workflow:
         """This workflow with a rule in place of the reward model: no reward role, no stage."""
         return replace(self, models=tuple(m for m in self.models if m.name != _REWARD.name),
@@ -202,6 +207,7 @@ def remax(execution: Execution = Execution.SYNC) -> Workflow:
 
 
 WORKFLOWS = {"ppo": ppo, "grpo": grpo, "remax": remax}
+ALGO_NAMES = {"ppo": "PPO", "grpo": "GRPO", "remax": "ReMax"}
 
 
 def get_workflow(algo: str, execution: str | Execution = Execution.SYNC,
