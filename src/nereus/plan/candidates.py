@@ -146,9 +146,14 @@ class StageOptions:
         return len(self.candidates)
 
     def subset(self, mask: np.ndarray) -> StageOptions:
-        idx = np.flatnonzero(mask)
-        return StageOptions(self.stage, tuple(self.candidates[i] for i in idx), self.gpus[idx],
-                            self.latency[idx], self.resident[idx], self.transient[idx])
+        return self.take(np.flatnonzero(mask))
+
+    def take(self, idx: list[int] | np.ndarray) -> StageOptions:
+        """The options at positions ``idx``, in that order."""
+        at = np.asarray(idx, dtype=np.intp)
+        cands = self.candidates
+        return StageOptions(self.stage, tuple(cands[i] for i in at.tolist()), self.gpus[at],
+                            self.latency[at], self.resident[at], self.transient[at])
 
     def layouts(self) -> list[Layout]:
         return sorted({c.layout for c in self.candidates})
@@ -159,13 +164,7 @@ class StageOptions:
         rows: dict[Layout, list[int]] = {}
         for i, c in enumerate(self.candidates):
             rows.setdefault(c.layout, []).append(i)
-        mask = np.zeros(len(self.candidates), dtype=bool)
-        out = {}
-        for lay in sorted(rows):
-            mask[:] = False
-            mask[rows[lay]] = True
-            out[lay] = self.subset(mask)
-        return out
+        return {lay: self.take(rows[lay]) for lay in sorted(rows)}
 
 
 def pareto_mask(cols: list[np.ndarray], block: int = 64) -> np.ndarray:

@@ -486,11 +486,13 @@ class Planner:
 
         best: SearchResult | None = None
         pricer: _SyncPrices | None = None
-        for lt in (self.options[sync[0]].layouts() if sync else [None]):
+        # the training stage's options one layout at a time, split in one pass
+        by_layout: dict[Layout | None, StageOptions | None] = (
+            dict(self.options[sync[0]].by_layout()) if sync else {None: None})
+        for lt, train in by_layout.items():
             opts = dict(self.options)
-            if sync and lt is not None:
-                t = opts[sync[0]]
-                opts[sync[0]] = t.subset(np.array([c.layout == lt for c in t.candidates]))
+            if sync and train is not None:
+                opts[sync[0]] = train
             local: dict[object, list[Point]] = {}
             if wf.execution is Execution.SYNC and sync and lt is not None:
                 pricer = pricer or _SyncPrices(self.cost, self.options[sync[1]])
