@@ -98,6 +98,20 @@ def enumerate_candidates(cost: CostModel, stage: ModelStage, pool_size: int,
                            pool_size, max_tp is None, ways, every))
 
 
+# Equal candidates of different stages as one object (stages of one model share layouts and
+# batches): the cost model's memos key on candidate tuples, and tuples of the same objects
+# compare by identity instead of a dataclass ``__eq__`` per candidate. Only an optimisation:
+# cleared past its bound.
+_INTERNED: dict[Candidate, Candidate] = {}
+_INTERNED_LIMIT = 200_000
+
+
+def _interned(c: Candidate) -> Candidate:
+    if len(_INTERNED) >= _INTERNED_LIMIT:
+        _INTERNED.clear()
+    return _INTERNED.setdefault(c, c)
+
+
 @lru_cache(maxsize=1024)
 def _enumerate(model: ModelSpec, stage: ModelStage, batch: int, per_node: tuple[int, ...],
                node: int, pool_size: int, in_nodes: bool, ways: int = 1,
@@ -119,15 +133,15 @@ def _enumerate(model: ModelSpec, stage: ModelStage, batch: int, per_node: tuple[
                 # the largest replica's share (all of them alike where dp divides the batch)
                 per_replica = largest_share(batch, dp)
                 if stage.kind is StageKind.GENERATE:
-                    out.append(Candidate(layout, dp, per_replica, 1))
+                    out.append(_interned(Candidate(layout, dp, per_replica, 1)))
                     continue
                 for b in powers_of_two(min(MAX_MICRO_BATCH, per_replica)):
                     if per_replica % b:
                         continue
                     a = per_replica // b
-                    out.append(Candidate(layout, dp, b, a))
+                    out.append(_interned(Candidate(layout, dp, b, a)))
                     if train:
-                        out.append(Candidate(layout, dp, b, a, recompute=True))
+                        out.append(_interned(Candidate(layout, dp, b, a, recompute=True)))
     return tuple(out)
 
 
