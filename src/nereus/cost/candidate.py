@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
+from functools import cached_property
 
 
 @dataclass(frozen=True, order=True)
@@ -13,7 +14,9 @@ class Layout:
     tp: int
     pp: int
 
-    @property
+    # cached in the instance (a plain attribute read after the first): a plan search reads
+    # these of the same candidates tens of thousands of times
+    @cached_property
     def size(self) -> int:
         return self.tp * self.pp
 
@@ -41,15 +44,15 @@ class Candidate:
     grad_accum: int
     recompute: bool = False
 
-    @property
+    @cached_property
     def tp(self) -> int:
         return self.layout.tp
 
-    @property
+    @cached_property
     def pp(self) -> int:
         return self.layout.pp
 
-    @property
+    @cached_property
     def gpus(self) -> int:
         return self.dp * self.layout.size
 
