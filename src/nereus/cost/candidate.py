@@ -21,7 +21,14 @@ class Layout:
         return self.tp * self.pp
 
     def __hash__(self) -> int:
-        return _field_hash(self, (self.tp, self.pp))
+        return self._hash
+
+    @cached_property
+    def _hash(self) -> int:
+        """The hash a frozen dataclass derives from its fields (the same value, so sets and
+        dicts of them behave as before), taken once per object: candidates and layouts key
+        the cost model's and the planner's memos, thousands of lookups per plan search."""
+        return hash((self.tp, self.pp))
 
     def __str__(self) -> str:
         return f"(tp={self.tp}, pp={self.pp})"
@@ -57,8 +64,12 @@ class Candidate:
         return self.dp * self.layout.size
 
     def __hash__(self) -> int:
-        return _field_hash(self, (self.layout, self.dp, self.micro_batch, self.grad_accum,
-                                  self.recompute))
+        return self._hash
+
+    @cached_property
+    def _hash(self) -> int:
+        """As ``Layout._hash``."""
+        return hash((self.layout, self.dp, self.micro_batch, self.grad_accum, self.recompute))
 
     def __str__(self) -> str:
         rc = ", recompute" if self.recompute else ""
@@ -66,18 +77,6 @@ class Candidate:
                 f"a={self.grad_accum}{rc}")
 
 
-def _field_hash(obj: object, fields: tuple[object, ...]) -> int:
-    """The hash a frozen dataclass derives from its fields (the same value, so sets and dicts
-    of them behave as before), taken once per object: candidates and layouts key the cost
-    model's and the planner's memos, thousands of lookups per plan search."""
-    h = obj.__dict__.get("_hash")
-    if h is None:
-        h = hash(fields)
-        object.__setattr__(obj, "_hash", h)
-    return h
-
-
 class Link(str, Enum):
     INTRA = "intra"  # inside a node: NVLink, Infinity Fabric, loopback
     INTER = "inter"  # across nodes: InfiniBand, Slingshot, Ethernet
-
