@@ -87,6 +87,16 @@ def _take(node_free: dict[int, list[int]], total: int, unit: int, what: str,
         else:
             sizes = _chunk_sizes(total, unit)
     for size in sizes:
+        if not prefer:  # the common case, the same choice without the preference's terms
+            best, best_key = None, None
+            for n, free in node_free.items():
+                left = len(free)
+                if left >= size and (best_key is None or (sign * left, n) < best_key):
+                    best, best_key = n, (sign * left, n)
+            if best is not None:
+                ids += node_free[best][:size]
+                node_free[best] = node_free[best][size:]
+                continue
         fits = [n for n, free in node_free.items() if len(free) >= size]
         if fits:
             hits = {n: min(size, len(prefer.intersection(node_free[n]))) for n in fits} \
