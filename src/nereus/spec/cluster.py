@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from functools import cached_property
 from itertools import groupby
 
 from nereus.errors import InputError
@@ -86,14 +87,14 @@ class GpuPool:
         return len(self.ids)
 
     def by_node(self) -> dict[int, tuple[int, ...]]:
-        """The pool's ids on each node, nodes in order: a new dict each call, worked out once
-        per pool (a plan search asks dozens of times)."""
-        got = self.__dict__.get("_by_node")
-        if got is None:
-            per = self.cluster.devices_per_node  # ids are sorted: a node's ids are one run
-            got = {n: tuple(ids) for n, ids in groupby(self.ids, key=lambda i: i // per)}
-            object.__setattr__(self, "_by_node", got)
-        return dict(got)
+        """The pool's ids on each node, nodes in order (a new dict each call)."""
+        return dict(self._nodes)
+
+    @cached_property
+    def _nodes(self) -> dict[int, tuple[int, ...]]:
+        """``by_node``, worked out once per pool: a plan search asks dozens of times. The ids
+        are sorted, so a node's ids are one run."""
+        return {n: tuple(ids) for n, ids in groupby(self.ids, key=self.cluster.node_of)}
 
     def largest_node_share(self) -> int:
         """Most devices of this pool on any one node (bounds a TP group kept inside a node)."""
