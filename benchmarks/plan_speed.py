@@ -79,7 +79,8 @@ def random_small_job(rng: random.Random):
                      "prompt_len": rng.choice([16, 64]),
                      "response_len": rng.choice([32, 256, 1024]), "ppo_mini_batches": 2}})
     wf = job.workflow
-    return replace(job, workflow=replace(wf, stages=tuple(s for s in wf.stages if s.name in stages)))
+    return replace(job, workflow=replace(wf, stages=tuple(s for s in wf.stages
+                                                          if s.name in stages)))
 
 
 def brute_force_cases(n: int, seed: int = 0) -> tuple[int, int]:
@@ -126,7 +127,8 @@ def main() -> None:
     if args.json:
         print(json.dumps({"gpus": list(GPU_COUNTS), "median_ms": [round(m, 2) for m in medians],
                           "cpu_median_ms": [round(m, 2) for m in cpu_medians],
-                          "peak_mib": [round(m, 1) for m in peaks], "bruteforce_cases": cases, "bruteforce_agree": agree,
+                          "peak_mib": [round(m, 1) for m in peaks], "bruteforce_cases": cases,
+                          "bruteforce_agree": agree,
                           "load_avg_1m": round(load, 2), "source": "measured"}))
 
 

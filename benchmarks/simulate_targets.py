@@ -65,7 +65,8 @@ def main() -> None:
                                                 for ev in sim.events)
         row["tokens_per_s"]["static_verl"] = round(v.tokens_per_s, 1)
         out[name] = row
-        print(f"{name:<11} {sc.steps} steps in {wall:5.1f} s wall ({cpu:.0f} s CPU): Nereus {row['nereus_vs_static']}x"
+        print(f"{name:<11} {sc.steps} steps in {wall:5.1f} s wall ({cpu:.0f} s CPU): "
+              f"Nereus {row['nereus_vs_static']}x"
               f" static, {row['nereus_vs_replan_always']}x replan-always "
               f"({n.transitions} vs {a.transitions} transitions), oracle "
               f"{row['oracle_vs_static']}x static, calibration error after 10 steps "

@@ -41,7 +41,6 @@ import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Any
 
 import ray
@@ -54,11 +53,11 @@ from nereus.runtime.checkpoint import Checkpointer
 from nereus.runtime.comm import Rendezvous, close_groups, open_groups
 from nereus.runtime.executor import ExecutionReport, Executor, state_specs
 from nereus.runtime.faults import TransitionFailed
+from nereus.runtime.inventory import measure_cpu_device
 from nereus.runtime.placement import place_units, verify_units
 from nereus.runtime.state import position_bytes
 from nereus.runtime.workers import WorkerContext, WorkerPool
 from nereus.spec.cluster import Cluster, GpuPool
-from nereus.runtime.inventory import measure_cpu_device
 from nereus.spec.device import DeviceSpec, GiB, get_device
 from nereus.spec.job import JobSpec
 from nereus.spec.model import ModelSpec
@@ -256,9 +255,10 @@ def _cpu_name() -> str:
     import os
 
     try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return f"{line.split(':', 1)[1].strip()}, {os.cpu_count()} logical CPUs"
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return f"{line.split(':', 1)[1].strip()}, {os.cpu_count()} logical CPUs"
     except OSError:
         pass
     return f"{os.cpu_count()} logical CPUs"

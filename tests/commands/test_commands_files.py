@@ -435,7 +435,7 @@ def _app(body: Callable[[Path], None]) -> typer.Typer:
     @a.command(cls=Command)
     @one_line_errors
     # declared as the commands declare theirs; the parameter's name is not the option's
-    def cmd(scenario_file: Path = typer.Option(..., "-c", "--config")) -> None:  # noqa: B008
+    def cmd(scenario_file: Path = typer.Option(..., "-c", "--config")) -> None:
         body(scenario_file)
 
     return a

@@ -527,8 +527,8 @@ def test_plans_past_the_configs_pool_grow_it_and_say_so(tiny_plans: tuple[str, s
 
 @pytest.mark.parametrize("field,value,says", [
     ("tp", 0, "error: target.stages.0.tp: 0 is not allowed (allowed: >= 1)"),
-    ("gpus", [[70_000]], "error: target.stages.0.gpus.0.0: 70000 is not allowed (allowed: "
-                         "<= 65,535)"),
+    ("gpus", [[70_000]], ("error: target.stages.0.gpus.0.0: 70000 is not allowed (allowed: "
+                          "<= 65,535)")),
 ])
 def test_a_value_out_of_bounds_in_a_plan_file_reads_like_every_other(
         tiny_plans: tuple[str, str], tmp_path: Path, field: str, value: object,

@@ -89,7 +89,8 @@ def test_profile_round_trip_and_reuse(tmp_path, setup):
     assert again.memory_scale()[StageKind.TRAIN] == pytest.approx(1.1)
     # a new model whose op classes match reuses it directly
     other = parse_job({"model": "qwen3-14b", "gpus": 16})
-    est = CostModel(other, again.efficiencies()).estimate("actor_train", Candidate(Layout(4, 2), 2, 1, 64))
+    est = CostModel(other, again.efficiencies()).estimate("actor_train",
+                                                          Candidate(Layout(4, 2), 2, 1, 64))
     assert est.efficiencies[OpClass.GEMM] == pytest.approx(1 / 1.6, rel=0.05)
     with pytest.raises(InputError, match="profile.device") as e:
         Calibrator.from_profile(path, "mi250x")

@@ -26,8 +26,10 @@ def test_timed_classes_separate_latency_from_bandwidth():
     job = parse_job({"model": "llama-3.1-8b", "gpus": 8})
     base, truth = CostModel(job), CostModel(job, HIDDEN)
     cal = Calibrator()
-    cases = [("actor_gen", Candidate(Layout(tp, 1), 8 // tp, 512 // (8 // tp), 1)) for tp in (2, 4, 8)]
-    cases += [("actor_train", Candidate(Layout(tp, 1), 8 // tp, 1, 128 // (8 // tp))) for tp in (2, 4, 8)]
+    cases = [("actor_gen", Candidate(Layout(tp, 1), 8 // tp, 512 // (8 // tp), 1))
+             for tp in (2, 4, 8)]
+    cases += [("actor_train", Candidate(Layout(tp, 1), 8 // tp, 1, 128 // (8 // tp)))
+              for tp in (2, 4, 8)]
     for stage, cand in cases:
         timed: dict[OpClass, float] = {}
         for op in truth.estimate(stage, cand).ops:  # what a framework's timers would report

@@ -11,7 +11,6 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from engine_testlib import logical_state, on_replica, shards_for
 from test_engine_runner_close import EMUS, _Pool, _Rendezvous
 
 from nereus.engine import remote
@@ -25,6 +24,8 @@ from nereus.engine.stage import StageEngine
 from nereus.engine.train import TrainStep
 from nereus.errors import InputError
 from nereus.spec.model import MODEL_PRESETS, Head
+
+from engine_testlib import logical_state, on_replica, shards_for
 
 LLAMA = MODEL_PRESETS["tiny-llama"]
 QWEN = MODEL_PRESETS["tiny-qwen3"]   # vocabulary 250, padded to 256: 252 is a padding row

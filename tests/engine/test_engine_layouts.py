@@ -18,11 +18,10 @@ import pytest
 import ray
 import torch
 
-from engine_testlib import drop_units, gather_unit, layout_emus, place_seeded_units
 from nereus.engine.batch import Batch
+from nereus.engine.groups import Position
 from nereus.engine.losses import weighted_mse, weighted_nll
 from nereus.engine.optim import AdamConfig, AdamState
-from nereus.engine.groups import Position
 from nereus.engine.runner import StageRunner
 from nereus.engine.sampling import SamplingParams
 from nereus.engine.stage import StageEngine
@@ -33,6 +32,8 @@ from nereus.runtime.state import EXP_AVG, EXP_AVG_SQ, PARAM, LogicalState, State
 from nereus.runtime.workers import WorkerPool
 from nereus.spec.model import MODEL_PRESETS, Head
 from nereus.spec.sharding import layout_problem
+
+from engine_testlib import drop_units, gather_unit, layout_emus, place_seeded_units
 
 WORKERS = 8
 SEED = 11
@@ -144,6 +145,7 @@ def _reference(name: str) -> Ref:
     toks = eng.generate(prompts_of(b).rows(0, 8), SAMPLING, 4).result.tokens  # type: ignore
     res = eng.train_step(b, weighted_nll, 2).result
     from dataclasses import replace
+
     from nereus.runtime.state import gather
     st.meta = replace(st.meta, adam_step=eng.adam_state.step,  # type: ignore[union-attr]
                       update_count=st.meta.update_count + 1)

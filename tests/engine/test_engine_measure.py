@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from engine_testlib import logical_state, shards_for
 
 from nereus.cost.ops import OpClass
 from nereus.engine.batch import Batch
@@ -23,6 +22,8 @@ from nereus.engine.optim import AdamConfig, AdamState
 from nereus.engine.sampling import SamplingParams
 from nereus.engine.stage import StageEngine
 from nereus.spec.model import MODEL_PRESETS, Head
+
+from engine_testlib import logical_state, shards_for
 
 
 def test_backward_of_a_timed_matmul_is_timed_too() -> None:

@@ -15,7 +15,6 @@ import torch.distributed as dist
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine_testlib import in_threads, logical_state, shards_for
 from nereus.engine import generate as generate_mod
 from nereus.engine import pipeline as pipeline_mod
 from nereus.engine.batch import Batch
@@ -29,6 +28,8 @@ from nereus.engine.sampling import SamplingParams
 from nereus.engine.train import TrainStep
 from nereus.errors import InputError
 from nereus.spec.model import MODEL_PRESETS, Head
+
+from engine_testlib import in_threads, logical_state, shards_for
 
 
 @settings(max_examples=60, deadline=None, derandomize=True)

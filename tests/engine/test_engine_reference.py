@@ -12,7 +12,6 @@ import transformers
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine_testlib import logical_state, on_replica, shards_for
 from nereus.engine.batch import Batch
 from nereus.engine.groups import ParallelGroups, Position
 from nereus.engine.losses import weighted_nll
@@ -20,9 +19,11 @@ from nereus.engine.model import ParallelModel
 from nereus.engine.optim import AdamConfig, AdamState
 from nereus.engine.pipeline import Output, forward_pipeline, micro_inputs
 from nereus.engine.sampling import SamplingParams
-from nereus.errors import InputError
 from nereus.engine.stage import StageEngine
+from nereus.errors import InputError
 from nereus.spec.model import MODEL_PRESETS, Head, ModelSpec, RopeScaling
+
+from engine_testlib import logical_state, on_replica, shards_for
 
 MODELS = ["tiny-llama", "tiny-qwen3", "tiny-qwen2"]
 # scaled RoPE on the tiny Llama; llama3 with an original window of 32 tokens, so its 16-wide
@@ -292,7 +293,7 @@ def test_bf16_parameters_train_on_fp32_master_weights() -> None:
 
     spec = MODEL_PRESETS["tiny-qwen3"]
     cfg = AdamConfig(lr=1e-3, max_grad_norm=1.0)
-    e16, st16 = _seeded_engine(spec, "bf16", True, cfg)
+    e16, _ = _seeded_engine(spec, "bf16", True, cfg)
     e32, _ = _seeded_engine(spec, "fp32", False, cfg)
     master0 = {n: t.clone() for n, t in e16.adam_state.master.items()}  # type: ignore[union-attr]
     b = _nll_batch(spec)

@@ -17,15 +17,6 @@ from typing import Any
 
 import pytest
 import torch
-from engine_testlib import (
-    FirstCalls,
-    Tapped,
-    gloo_group,
-    in_threads,
-    logical_state,
-    on_replica,
-    shards_for,
-)
 
 from nereus.cost.ops import OpClass
 from nereus.engine import comm, measure
@@ -42,6 +33,16 @@ from nereus.engine.stage import StageEngine
 from nereus.engine.telemetry import telemetry
 from nereus.engine.train import TrainStep
 from nereus.spec.model import MODEL_PRESETS, Head
+
+from engine_testlib import (
+    FirstCalls,
+    Tapped,
+    gloo_group,
+    in_threads,
+    logical_state,
+    on_replica,
+    shards_for,
+)
 
 SPEC = MODEL_PRESETS["tiny-llama"]
 P2P, ALLREDUCE, BROADCAST = "p2p.intra", "allreduce.intra", "broadcast.intra"

@@ -1,4 +1,4 @@
-"""Scoring a user's layout (``nereus plan --evaluate``): reading it strictly and completing (b, a)."""
+"""Scoring a user's layout (``nereus plan --evaluate``): read strictly, (b, a) completed."""
 
 import json
 
@@ -13,7 +13,8 @@ from nereus.spec.job import load_job
 CONFIG = "examples/llama-3.1-8b-ppo.yaml"
 JOB = load_job(CONFIG)  # 512 sequences, 4 mini-batches: batch 128
 LAYOUT = {"actor_gen": {"tp": 2, "pp": 1, "dp": 8}, "reference_infer": {"tp": 1, "pp": 1, "dp": 16},
-          "reward_infer": {"tp": 1, "pp": 1, "dp": 16}, "critic_infer": {"tp": 1, "pp": 1, "dp": 16},
+          "reward_infer": {"tp": 1, "pp": 1, "dp": 16},
+          "critic_infer": {"tp": 1, "pp": 1, "dp": 16},
           "actor_train": {"tp": 4, "pp": 2, "dp": 2}, "critic_train": {"tp": 4, "pp": 2, "dp": 2}}
 
 

@@ -23,7 +23,8 @@ EXAMPLES = sorted(p.name for p in Path("examples").glob("*.yaml"))
 JOB = load_job("examples/llama-3.1-8b-ppo.yaml")  # 16 GPUs, 2 nodes x 8
 LAYOUT = {"actor_gen": {"tp": 2, "pp": 1, "dp": 8},
           "reference_infer": {"tp": 1, "pp": 1, "dp": 16},
-          "reward_infer": {"tp": 1, "pp": 1, "dp": 16}, "critic_infer": {"tp": 1, "pp": 1, "dp": 16},
+          "reward_infer": {"tp": 1, "pp": 1, "dp": 16},
+          "critic_infer": {"tp": 1, "pp": 1, "dp": 16},
           "actor_train": {"tp": 4, "pp": 1, "dp": 4, "micro_batch": 2},
           "critic_train": {"tp": 4, "pp": 2, "dp": 2}}
 ALIGNED = [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11], [12, 13, 14, 15]]

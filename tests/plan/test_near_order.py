@@ -9,7 +9,6 @@ same position) and TP groups inside a node (a TP group is a run of ``tp`` consec
 from pathlib import Path
 
 import pytest
-from plan_testlib import divisors_only
 
 from nereus.cost.model import CostModel, least_overlap, placed_overlap
 from nereus.files import read_yaml
@@ -22,6 +21,8 @@ from nereus.plan.validate import validate_plan
 from nereus.spec.job import JobSpec, parse_job
 from nereus.transition.planner import plan_transition
 from nereus.transition.validate import validate
+
+from plan_testlib import divisors_only
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 TRAIN, GEN = "actor_train", "actor_gen"

@@ -1,3 +1,4 @@
+import itertools
 import json
 
 from typer.testing import CliRunner
@@ -28,7 +29,7 @@ def test_table_explain_and_frontier():
     r = runner.invoke(app, [*BASE, "--frontier", "actor_train", "--json"])
     rows = json.loads(r.stdout)["frontier"]
     assert [x["gpus"] for x in rows] == sorted(x["gpus"] for x in rows)
-    assert all(a["latency_s"] > b["latency_s"] for a, b in zip(rows, rows[1:]))
+    assert all(a["latency_s"] > b["latency_s"] for a, b in itertools.pairwise(rows))
 
 
 def test_config_and_evaluate(tmp_path):

@@ -11,7 +11,8 @@ from nereus.cli import app
 runner = CliRunner()
 CONFIG = "examples/llama-3.1-8b-ppo.yaml"
 LAYOUT = {"actor_gen": {"tp": 2, "pp": 1, "dp": 8}, "reference_infer": {"tp": 1, "pp": 1, "dp": 16},
-          "reward_infer": {"tp": 1, "pp": 1, "dp": 16}, "critic_infer": {"tp": 1, "pp": 1, "dp": 16},
+          "reward_infer": {"tp": 1, "pp": 1, "dp": 16},
+          "critic_infer": {"tp": 1, "pp": 1, "dp": 16},
           "actor_train": {"tp": 4, "pp": 2, "dp": 2}, "critic_train": {"tp": 4, "pp": 2, "dp": 2}}
 HF = {"model_type": "llama", "hidden_size": 256, "intermediate_size": 688, "num_hidden_layers": 4,
       "num_attention_heads": 8, "num_key_value_heads": 4, "vocab_size": 2048,

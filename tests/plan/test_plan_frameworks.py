@@ -7,7 +7,6 @@ from dataclasses import replace
 import pytest
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
-from plan_testlib import searched_latency
 
 from nereus.cost.candidate import Candidate
 from nereus.errors import InfeasibleError
@@ -22,6 +21,8 @@ from nereus.plan.search import best_plan
 from nereus.plan.validate import validate_plan
 from nereus.spec import GpuPool, parse_job
 from nereus.spec.job import JobSpec
+
+from plan_testlib import searched_latency
 
 
 def _job(gpus, algo: str = "ppo", response_len: int = 4096, **extra) -> JobSpec:

@@ -6,7 +6,6 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from plan_testlib import divisors_only, searched_latency
 
 from nereus.cost.model import CostModel
 from nereus.plan.bruteforce import brute_force_latency, brute_force_placed_latency
@@ -14,6 +13,8 @@ from nereus.plan.evaluate import evaluate_plan, load_layout_spec
 from nereus.plan.search import Planner, best_plan
 from nereus.plan.validate import contained_stages, validate_plan
 from nereus.spec import parse_job
+
+from plan_testlib import divisors_only, searched_latency
 
 CPU = {"device": "cpu", "device_memory_gib": 0.2}
 # small jobs on pools of partly filled nodes, found by a reviewer's fuzzing (tag: its seed)

@@ -6,7 +6,6 @@ from dataclasses import replace
 import pytest
 from hypothesis import assume, event, given, settings
 from hypothesis import strategies as st
-from plan_testlib import searched_latency
 
 from nereus.cost.model import CostModel
 from nereus.errors import InfeasibleError
@@ -15,6 +14,8 @@ from nereus.plan.candidates import enumerate_candidates
 from nereus.plan.search import Planner, best_plan
 from nereus.plan.validate import validate_plan
 from nereus.spec import GiB, parse_job
+
+from plan_testlib import searched_latency
 
 STAGE_SETS = [
     ("grpo", ("actor_gen", "reference_infer", "actor_train")),
@@ -46,7 +47,8 @@ def small_jobs(draw):
     }
     job = parse_job(data)
     wf = job.workflow
-    return replace(job, workflow=replace(wf, stages=tuple(s for s in wf.stages if s.name in stages)))
+    return replace(job, workflow=replace(wf, stages=tuple(s for s in wf.stages
+                                                          if s.name in stages)))
 
 
 def _combinations(job) -> int:
@@ -101,7 +103,8 @@ def test_validator_catches_broken_plans():
         broken = replace(plan, stages=tuple(moved if s.stage == "actor_train" else s
                                             for s in plan.stages))
         assert any("concurrently" in p for p in validate_plan(job, broken))
-    tiny = replace(job, cluster=replace(job.cluster, device=job.cluster.device.with_memory(20 * GiB)))
+    tiny = replace(job, cluster=replace(job.cluster,
+                                        device=job.cluster.device.with_memory(20 * GiB)))
     assert any("GiB" in p for p in validate_plan(tiny, plan))
 
 

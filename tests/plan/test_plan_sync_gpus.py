@@ -7,7 +7,6 @@ import random
 from dataclasses import replace
 
 import pytest
-from plan_testlib import searched_latency
 
 from nereus.cost.candidate import Candidate, Layout
 from nereus.cost.efficiency import Efficiencies
@@ -21,6 +20,8 @@ from nereus.plan.placement import GroupAssignment, place_phase
 from nereus.plan.search import Planner
 from nereus.plan.types import weight_sync_estimate
 from nereus.spec import parse_job
+
+from plan_testlib import searched_latency
 
 
 def _tiny_ppo(per_node: int = 2, stages=("actor_gen", "actor_train", "critic_train"), **work):

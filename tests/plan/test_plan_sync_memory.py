@@ -3,7 +3,6 @@ validator refuse a plan whose sync does not fit the GPUs it runs on (``CostModel
 weight_sync_fits``), as they refuse a stage that does not."""
 
 import pytest
-from plan_testlib import searched_latency
 
 from nereus.cost.candidate import Candidate, Layout
 from nereus.cost.model import CostModel
@@ -12,6 +11,8 @@ from nereus.plan.evaluate import StageLayoutSpec, evaluate_plan
 from nereus.plan.search import Planner
 from nereus.plan.validate import validate_plan
 from nereus.spec import parse_job
+
+from plan_testlib import searched_latency
 
 
 def _small():

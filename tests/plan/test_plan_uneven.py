@@ -8,7 +8,6 @@ from dataclasses import replace
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from plan_testlib import divisors_only
 
 from nereus.cost.candidate import Candidate, Layout
 from nereus.cost.model import CostModel
@@ -21,6 +20,8 @@ from nereus.spec import parse_job
 from nereus.spec.job import JobSpec
 from nereus.spec.workflow import StageKind
 from nereus.spec.workload import divisors
+
+from plan_testlib import divisors_only
 
 # Llama-3.1-8B PPO on 12 H100s (a node of 8 and one of 4): 512 sequences a step, 128 an update
 JOB12 = parse_job({"model": "llama-3.1-8b", "gpus": 12})

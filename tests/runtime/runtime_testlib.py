@@ -68,7 +68,8 @@ def listening_ports(pid: int | str = "self") -> set[int]:
     ports = set()
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         try:
-            lines = open(table).read().splitlines()[1:]
+            with open(table) as f:
+                lines = f.read().splitlines()[1:]
         except OSError:
             continue
         for line in lines:

@@ -24,7 +24,6 @@ from typing import Any
 
 import pytest
 import ray
-from runtime_testlib import cpu_job, plan_of
 
 from nereus.cost.candidate import Layout
 from nereus.errors import InfeasibleError
@@ -43,6 +42,8 @@ from nereus.transition.emu import Emu, phi
 from nereus.transition.planner import plan_transition
 from nereus.transition.primitives import Destroy, Extend, Primitive
 from nereus.transition.schedule import Schedule
+
+from runtime_testlib import cpu_job, plan_of
 
 STAGE = "actor_train"
 REF = "reference_infer"
@@ -784,7 +785,8 @@ def test_a_target_that_leaves_out_a_held_stage_is_refused_before_anything_moves(
     for target in (plan_of(job, {REF: (1, 1, [[1]]), STAGE: (2, 1, [[4, 5]])}),
                    plan_of(job, {GEN: (1, 1, [[0]]), REF: (1, 1, [[1]])})):
         with pytest.raises(RuntimeError) as info:
-            recover(pool, _StubExecutor(pool, _specs()), job, report, lambda ids: target, ck)
+            recover(pool, _StubExecutor(pool, _specs()), job, report,
+                    lambda ids, target=target: target, ck)
         left = sorted({GEN, REF, STAGE} - set(target.names))
         assert str(info.value).startswith(f"the target plan places no {left[0]}, which the "
                                           "job holds"), info.value

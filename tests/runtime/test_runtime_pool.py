@@ -10,14 +10,6 @@ import pytest
 import ray
 import torch
 from ray.util import placement_group_table
-from runtime_testlib import (
-    gone,
-    leaves_nothing,
-    listening_ports,
-    pids,
-    worker_pool,
-    worker_resources,
-)
 
 from nereus.errors import InputError
 from nereus.runtime import movement as mv
@@ -28,6 +20,15 @@ from nereus.runtime.memory import CapacityError
 from nereus.runtime.state import StateSpec, arena_layout
 from nereus.runtime.workers import NCCL_ERROR_HANDLING, WorkerContext, WorkerPool
 from nereus.spec.model import MODEL_PRESETS, Head
+
+from runtime_testlib import (
+    gone,
+    leaves_nothing,
+    listening_ports,
+    pids,
+    worker_pool,
+    worker_resources,
+)
 
 CAPACITY = 4 * 1024**2
 

@@ -14,7 +14,6 @@ from collections.abc import Mapping
 from dataclasses import replace
 
 import pytest
-from runtime_testlib import cpu_job
 
 from nereus.runtime import movement as mv
 from nereus.runtime.executor import state_specs
@@ -25,6 +24,8 @@ from nereus.transition.instances import random_pair, stage_names
 from nereus.transition.planner import plan_transition
 from nereus.transition.primitives import Merge, Primitive, Split
 from nereus.transition.sizes import StateSizes
+
+from runtime_testlib import cpu_job
 
 
 def _check(p: Primitive, specs: Mapping[str, StateSpec], sizes: StateSizes) -> int:

@@ -19,13 +19,6 @@ from pathlib import Path
 import pytest
 import ray
 import torch
-from runtime_testlib import (
-    check_stages,
-    cpu_job,
-    leaves_nothing,
-    stage_seeds,
-    worker_pool,
-)
 
 from nereus.cost.candidate import Candidate, Layout
 from nereus.errors import InfeasibleError
@@ -54,6 +47,14 @@ from nereus.transition.planner import plan_transition
 from nereus.transition.primitives import Merge, Primitive, Split
 from nereus.transition.schedule import Schedule
 from nereus.transition.sizes import StateSizes
+
+from runtime_testlib import (
+    check_stages,
+    cpu_job,
+    leaves_nothing,
+    stage_seeds,
+    worker_pool,
+)
 
 SPEC = StateSpec(MODEL_PRESETS["tiny-llama"])
 

@@ -183,7 +183,7 @@ def test_split_segments_rebuild_every_target_position(model: str, big: tuple[int
         out.append(tgt)
     want = gather(_unit(spec, *sub, seed=3))
     for tgt in out:
-        ref = [s for s in _unit(spec, *sub, seed=3) if s.position == tgt.position][0]
+        ref = next(s for s in _unit(spec, *sub, seed=3) if s.position == tgt.position)
         for e in tgt.layout.entries:
             assert torch.equal(tgt.tensor(e.kind, e.shard.name), ref.tensor(e.kind, e.shard.name))
     assert want is not None

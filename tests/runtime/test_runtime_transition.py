@@ -16,18 +16,6 @@ from dataclasses import dataclass
 import pytest
 import ray
 import torch
-from runtime_testlib import (
-    check_stages,
-    clear_units,
-    cpu_job,
-    gone,
-    leaves_nothing,
-    pids,
-    plan_of,
-    stage_seeds,
-    worker_pool,
-    worker_resources,
-)
 
 from nereus.cost.candidate import Layout
 from nereus.plan.types import Plan
@@ -53,6 +41,19 @@ from nereus.transition.instances import random_pair, stage_names
 from nereus.transition.planner import plan_transition
 from nereus.transition.primitives import Primitive
 from nereus.transition.schedule import Schedule
+
+from runtime_testlib import (
+    check_stages,
+    clear_units,
+    cpu_job,
+    gone,
+    leaves_nothing,
+    pids,
+    plan_of,
+    stage_seeds,
+    worker_pool,
+    worker_resources,
+)
 
 
 @pytest.fixture(scope="module")

@@ -12,14 +12,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from runtime_testlib import (
-    check_stages,
-    cpu_job,
-    leaves_nothing,
-    plan_of,
-    stage_seeds,
-    worker_pool,
-)
 
 from nereus.runtime import demo
 from nereus.runtime import executor as ex_mod
@@ -32,6 +24,15 @@ from nereus.runtime.workers import WorkerContext, WorkerPool
 from nereus.transition.emu import Emu
 from nereus.transition.planner import plan_transition
 from nereus.transition.primitives import Destroy, Merge
+
+from runtime_testlib import (
+    check_stages,
+    cpu_job,
+    leaves_nothing,
+    plan_of,
+    stage_seeds,
+    worker_pool,
+)
 
 STAGE = "actor_train"
 DP2 = (1, 1, [[0], [1]])

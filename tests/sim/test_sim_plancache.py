@@ -42,7 +42,7 @@ def test_same_efficiencies_reuse_the_plan(setup):
 
 
 def test_a_major_class_moving_past_the_grid_searches_again(setup):
-    job, eff, cache, plan, shares = setup
+    job, eff, cache, _, shares = setup
     assert shares[OpClass.GEMM] >= MAJOR_SHARE
     before = cache.searches
     cache(job, CostModel(job, moved(eff, OpClass.GEMM, 1.06)))

@@ -1,4 +1,4 @@
-"""The sharding format: shards tile each logical tensor, and layouts nest (Split/Merge stay local)."""
+"""The sharding format: shards tile each logical tensor; layouts nest (Split/Merge stay local)."""
 
 import itertools
 
@@ -71,7 +71,8 @@ def test_vocab_padding_and_tied_copy_on_last_block():
 
 def test_kv_heads_replicate_beyond_their_count():
     m = MODEL_PRESETS["tiny-llama"]  # 2 KV heads
-    ks = [next(s for s in shard_plan(m, Head.LM, 4, 1, t, 0) if s.name.endswith("0.self_attn.k_proj.weight"))
+    ks = [next(s for s in shard_plan(m, Head.LM, 4, 1, t, 0)
+               if s.name.endswith("0.self_attn.k_proj.weight"))
           for t in range(4)]
     assert [k.start for k in ks] == [0, 0, m.head_dim, m.head_dim]
 

@@ -21,7 +21,8 @@ def test_minimal_job_fills_defaults():
     ({"model": "llama-3.1-8b", "gpus": 4, "algo": "dpo"}, "algo"),
     ({"model": "llama-3.1-8b", "gpus": 4, "cluster": {"device": "tpu"}}, "cluster.device"),
     ({"gpus": 4}, "model"),
-    ({"model": "llama-3.1-8b", "gpus": 4, "workload": {"param_dtype": "int3"}}, "workload.param_dtype"),
+    ({"model": "llama-3.1-8b", "gpus": 4, "workload": {"param_dtype": "int3"}},
+     "workload.param_dtype"),
 ])
 def test_bad_fields_are_named(data, field):
     with pytest.raises(InputError) as e:

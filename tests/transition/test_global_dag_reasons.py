@@ -21,7 +21,7 @@ def test_a_swap_of_concurrent_70b_trainers_names_gpu_ranges_once() -> None:
     the actor. The reason was 'GPU 0 stays with actor_train, ...' 64 times (~5 KB)."""
     job = parse_job({"model": "llama-3.3-70b", "gpus": 128,
                      "cluster": {"device": "h100-sxm-80gb"}})
-    lo, hi = range(0, 64), range(64, 128)
+    lo, hi = range(64), range(64, 128)
     cur = Plan((sp("actor_train", 4, 8, [lo[:32], lo[32:]]), sp("critic_train", 4, 16, [hi])))
     tgt = Plan((sp("actor_train", 4, 8, [hi[:32], hi[32:]]), sp("critic_train", 4, 16, [lo])))
     s = plan_transition(job, cur, tgt)
@@ -37,11 +37,11 @@ def test_memory_the_gpus_lack_is_one_clause_with_the_largest_amount() -> None:
     frees enough there, and the amounts differ by GPU: 'up to' the largest, per GPU."""
     job = make_job("tiny-llama", 8, device="cpu", memory_gib=0.0035)
     both = (("actor_train", "critic_train"),)
-    cur = Plan((sp("actor_train", 2, 2, [range(0, 4)]),
-                sp("critic_train", 2, 1, [range(0, 2), range(2, 4), range(4, 6)])),
+    cur = Plan((sp("actor_train", 2, 2, [range(4)]),
+                sp("critic_train", 2, 1, [range(2), range(2, 4), range(4, 6)])),
                groups=both)
-    tgt = Plan((sp("actor_train", 1, 2, [range(0, 2), range(2, 4)]),
-                sp("critic_train", 1, 4, [range(0, 4), range(4, 8)])), groups=both)
+    tgt = Plan((sp("actor_train", 1, 2, [range(2), range(2, 4)]),
+                sp("critic_train", 1, 4, [range(4), range(4, 8)])), groups=both)
     s = plan_transition(job, cur, tgt)
     assert not s.feasible
     assert re.search(r"GPUs 0-3 each lack up to \d+\.\d\d MiB", s.reason), s.reason

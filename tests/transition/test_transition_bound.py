@@ -10,7 +10,6 @@ from itertools import pairwise, permutations
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from transition_testlib import example_a, example_b, job8b
 
 from nereus.transition import search as search_mod
 from nereus.transition.bound import (
@@ -25,6 +24,8 @@ from nereus.transition.instances import make_job, random_pair, stage_names
 from nereus.transition.planner import plan_transition, transition_dag
 from nereus.transition.search import TOLERANCE, search
 from nereus.transition.validate import validate
+
+from transition_testlib import example_a, example_b, job8b
 
 
 def test_bound_is_the_critical_path_when_nothing_shares_a_gpu() -> None:

@@ -78,8 +78,8 @@ def test_config_sizes_the_state(plans: tuple[Path, Path], tmp_path: Path) -> Non
 
 
 def test_infeasible_exits_3_with_the_reason(tmp_path: Path) -> None:
-    cur = Plan((sp("reference_infer", 1, 4, [range(0, 4)]), sp("reward_infer", 1, 4, [range(4, 8)])))
-    tgt = Plan((sp("reference_infer", 1, 4, [range(4, 8)]), sp("reward_infer", 1, 4, [range(0, 4)])))
+    cur = Plan((sp("reference_infer", 1, 4, [range(4)]), sp("reward_infer", 1, 4, [range(4, 8)])))
+    tgt = Plan((sp("reference_infer", 1, 4, [range(4, 8)]), sp("reward_infer", 1, 4, [range(4)])))
     a, b = write(tmp_path, "a.json", cur), write(tmp_path, "b.json", tgt)
     r = runner.invoke(app, ["transition", str(a), str(b), "--model", "llama-3.1-8b"])
     assert r.exit_code == 3
@@ -100,7 +100,7 @@ def test_bad_input_exits_2_with_one_line(args: list[str], field: str,
                                          plans: tuple[Path, Path], tmp_path: Path) -> None:
     txt = tmp_path / "t.txt"
     txt.write_text("x")
-    other = write(tmp_path, "o.json", Plan((sp("actor_gen", 1, 4, [range(0, 4)]),)))
+    other = write(tmp_path, "o.json", Plan((sp("actor_gen", 1, 4, [range(4)]),)))
     subs = {"cur": str(plans[0]), "tgt": str(plans[1]), "txt": str(txt), "other": str(other)}
     r = runner.invoke(app, ["transition", *(a.format(**subs) for a in args)])
     assert r.exit_code == 2, r.output
@@ -232,7 +232,7 @@ def _fake_run(monkeypatch: pytest.MonkeyPatch) -> None:
     """--execute without workers: every primitive 'measured' at fixed numbers."""
     from nereus.runtime import demo
 
-    def run(job, current, target, schedule, **kwargs):  # noqa: ANN001, ANN003, ANN202
+    def run(job, current, target, schedule, **kwargs):
         timings = [SimpleNamespace(gpus=p.gpus, duration_s=0.25, setup_s=0.125, bytes=3 << 20,
                                    start_s=p.start_s, end_s=p.start_s + 0.25)
                    for p in schedule.primitives]

@@ -33,7 +33,8 @@ def cases():
         seed += 1
 
 
-@pytest.mark.parametrize("name,job,cur,tgt", list(cases()), ids=lambda x: x if isinstance(x, str) else "")
+@pytest.mark.parametrize("name,job,cur,tgt", list(cases()),
+                         ids=lambda x: x if isinstance(x, str) else "")
 def test_cpsat_optimum_bounds_the_list_schedule_and_is_valid(name, job, cur, tgt) -> None:
     dag, cost = transition_dag(job, cur, tgt)
     assert dag.feasible and dag.primitives, name

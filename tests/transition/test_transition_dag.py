@@ -31,8 +31,8 @@ def edges_of(dag, kind: str | None = None) -> set[tuple[str, str]]:
 
 def test_unchanged_stages_do_nothing_and_hold_no_memory() -> None:
     job = job8b(16)
-    plan = Plan((sp("actor_gen", 2, 2, [range(0, 4)]), sp("reward_infer", 1, 4, [range(4, 8)])))
-    moved = Plan((sp("actor_gen", 2, 2, [range(0, 4)]), sp("reward_infer", 1, 4, [range(8, 12)])))
+    plan = Plan((sp("actor_gen", 2, 2, [range(4)]), sp("reward_infer", 1, 4, [range(4, 8)])))
+    moved = Plan((sp("actor_gen", 2, 2, [range(4)]), sp("reward_infer", 1, 4, [range(8, 12)])))
     dag, _ = transition_dag(job, plan, moved)
     assert dag.changed == ("reward_infer",)
     assert all(p.stage == "reward_infer" for p in dag.primitives)
@@ -45,7 +45,7 @@ def test_unchanged_stages_do_nothing_and_hold_no_memory() -> None:
 
 def test_a_move_copies_before_it_destroys_the_last_copy() -> None:
     job = job8b(16)
-    cur = Plan((sp("reward_infer", 2, 2, [range(0, 4)]),))
+    cur = Plan((sp("reward_infer", 2, 2, [range(4)]),))
     tgt = Plan((sp("reward_infer", 2, 2, [range(8, 12)]),))
     dag, _ = transition_dag(job, cur, tgt)
     assert edges_of(dag, STATE) == {("Extend(reward_infer/0)", "Destroy(reward_infer/0)")}
@@ -57,7 +57,7 @@ def test_split_destroy_extend_merge_order_and_resident_pieces_are_kept() -> None
     of them in place; the second target unit is filled by Extends; current unit 1 has no
     piece anyone keeps, so it is destroyed whole, unsplit."""
     job = job8b(16)
-    cur = Plan((sp("actor_gen", 2, 2, [range(0, 4), range(4, 8)]),))
+    cur = Plan((sp("actor_gen", 2, 2, [range(4), range(4, 8)]),))
     tgt = Plan((sp("actor_gen", 4, 1, [[0, 2, 1, 3], [8, 10, 9, 11]]),))
     dag, _ = transition_dag(job, cur, tgt)
     assert dag.feasible, dag.problem
@@ -110,7 +110,7 @@ def test_with_no_piece_kept_only_the_extends_source_is_split() -> None:
 
 def test_pure_dp_shrink_is_destroys_alone() -> None:
     job = job8b(16)
-    cur = Plan((sp("critic_infer", 1, 2, [range(0, 2), range(2, 4), range(4, 6)]),))
+    cur = Plan((sp("critic_infer", 1, 2, [range(2), range(2, 4), range(4, 6)]),))
     tgt = Plan((sp("critic_infer", 1, 2, [range(2, 4)]),))
     dag, _ = transition_dag(job, cur, tgt)
     assert sorted(type(p).__name__ for p in dag.primitives) == ["Destroy", "Destroy"]
@@ -138,9 +138,9 @@ def test_blocked_extend_waits_for_a_destroy_that_frees_its_gpus() -> None:
 
 def test_release_before_acquire_then_stage_order() -> None:
     job = job8b(24)
-    cur = Plan((sp("actor_gen", 1, 4, [range(0, 4)]), sp("reward_infer", 1, 4, [range(4, 8)]),
+    cur = Plan((sp("actor_gen", 1, 4, [range(4)]), sp("reward_infer", 1, 4, [range(4, 8)]),
                 sp("actor_train", 2, 4, [range(8, 16)])))
-    tgt = Plan((sp("actor_gen", 1, 4, [range(0, 4), range(16, 20)]),
+    tgt = Plan((sp("actor_gen", 1, 4, [range(4), range(16, 20)]),
                 sp("reward_infer", 1, 4, [range(20, 24)]),
                 sp("actor_train", 2, 4, [range(8, 16), [0, 1, 2, 3, 4, 5, 6, 7]])))
     dag, _ = transition_dag(job, cur, tgt)
@@ -159,18 +159,18 @@ def test_concurrent_stages_never_share_a_gpu_but_may_meet_where_a_plan_shares() 
     reward model moves onto GPUs the reference model leaves: its Extend waits for the
     reference's Destroy there even though memory would allow both."""
     job = job8b(16)
-    cur = Plan((sp("reference_infer", 1, 4, [range(0, 4), range(4, 8)]),
+    cur = Plan((sp("reference_infer", 1, 4, [range(4), range(4, 8)]),
                 sp("reward_infer", 1, 4, [range(8, 12)])))
-    tgt = Plan((sp("reference_infer", 1, 4, [range(0, 4)]),
+    tgt = Plan((sp("reference_infer", 1, 4, [range(4)]),
                 sp("reward_infer", 1, 4, [range(4, 8)])))
     dag, _ = transition_dag(job, cur, tgt)
     assert ("Destroy(reference_infer/1)", "Extend(reward_infer/0)") in edges_of(dag, RESOURCE)
     s = plan_transition(job, cur, tgt)
     assert validate(job, cur, tgt, s) == []
     # the same move between stages of different phases needs no such edge
-    cur2 = Plan((sp("reference_infer", 1, 4, [range(0, 4), range(4, 8)]),
+    cur2 = Plan((sp("reference_infer", 1, 4, [range(4), range(4, 8)]),
                  sp("critic_train", 1, 4, [range(8, 12)])))
-    tgt2 = Plan((sp("reference_infer", 1, 4, [range(0, 4)]),
+    tgt2 = Plan((sp("reference_infer", 1, 4, [range(4)]),
                  sp("critic_train", 1, 4, [range(4, 8)])))
     dag2, _ = transition_dag(job, cur2, tgt2)
     assert not edges_of(dag2, RESOURCE)
@@ -178,8 +178,8 @@ def test_concurrent_stages_never_share_a_gpu_but_may_meet_where_a_plan_shares() 
 
 def test_a_swap_of_concurrent_stages_is_infeasible_and_says_where() -> None:
     job = job8b(16)
-    cur = Plan((sp("reference_infer", 1, 4, [range(0, 4)]), sp("reward_infer", 1, 4, [range(4, 8)])))
-    tgt = Plan((sp("reference_infer", 1, 4, [range(4, 8)]), sp("reward_infer", 1, 4, [range(0, 4)])))
+    cur = Plan((sp("reference_infer", 1, 4, [range(4)]), sp("reward_infer", 1, 4, [range(4, 8)])))
+    tgt = Plan((sp("reference_infer", 1, 4, [range(4, 8)]), sp("reward_infer", 1, 4, [range(4)])))
     s = plan_transition(job, cur, tgt)
     assert not s.feasible
     assert "reference_infer" in s.reason and "reward_infer" in s.reason
@@ -188,7 +188,7 @@ def test_a_swap_of_concurrent_stages_is_infeasible_and_says_where() -> None:
 
 def test_not_enough_memory_is_infeasible_and_names_gpus_and_stages() -> None:
     job = tiny_job(8, memory_gib=CAP_1MB)  # a (1, 2) shard of θ and ω takes 1.4 MB
-    cur = Plan((sp("actor_train", 2, 2, [range(0, 4)]),))
+    cur = Plan((sp("actor_train", 2, 2, [range(4)]),))
     tgt = Plan((sp("actor_train", 1, 2, [[0, 1]]),))
     s = plan_transition(job, cur, tgt)
     assert not s.feasible
@@ -202,11 +202,11 @@ def test_not_enough_memory_is_infeasible_and_names_gpus_and_stages() -> None:
 
 def test_bad_plan_pairs_are_input_errors() -> None:
     job = job8b(16)
-    a = Plan((sp("actor_gen", 1, 4, [range(0, 4)]),))
-    b = Plan((sp("reward_infer", 1, 4, [range(0, 4)]),))
+    a = Plan((sp("actor_gen", 1, 4, [range(4)]),))
+    b = Plan((sp("reward_infer", 1, 4, [range(4)]),))
     with pytest.raises(InputError, match="target.stages"):
         plan_transition(job, a, b)
-    c = Plan((sp("actor_gen", 3, 1, [range(0, 3)]),))
+    c = Plan((sp("actor_gen", 3, 1, [range(3)]),))
     with pytest.raises(InputError, match="current.actor_gen"):
         plan_transition(job, c, c)
     d = Plan((sp("no_such_stage", 1, 1, [[0]]),))
@@ -389,7 +389,7 @@ def test_the_gantt_chart_of_no_move_says_so() -> None:
     from nereus.transition.gantt import SAME, figure
 
     job = job8b(16)
-    plan = Plan((sp("actor_gen", 2, 2, [range(0, 4)]), sp("reward_infer", 1, 4, [range(4, 8)])))
+    plan = Plan((sp("actor_gen", 2, 2, [range(4)]), sp("reward_infer", 1, 4, [range(4, 8)])))
     s = plan_transition(job, plan, plan)
     assert s.feasible and not s.primitives
     fig = figure(s)

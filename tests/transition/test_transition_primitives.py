@@ -10,8 +10,8 @@ from nereus.cost.candidate import Layout
 from nereus.cost.state import emu_state_bytes
 from nereus.errors import InputError
 from nereus.plan.types import Plan
-from nereus.spec.model import Head
 from nereus.spec.cluster import format_gpus
+from nereus.spec.model import Head
 from nereus.transition.emu import Emu, Holds, phi, realization_problem, realizes
 from nereus.transition.nesting import (
     common_layout,
@@ -37,7 +37,7 @@ def unit(stage: str, n: int, tp: int, pp: int, gpus: range | list[int],
 # ---------------------------------------------------------------- EMUs
 def test_phi_names_replicas_by_stage_and_index_and_holds_by_stage_kind() -> None:
     job = job8b(16)
-    plan = Plan((sp("actor_gen", 2, 2, [range(0, 4), range(4, 8)]),
+    plan = Plan((sp("actor_gen", 2, 2, [range(4), range(4, 8)]),
                  sp("actor_train", 4, 2, [range(8, 16)])))
     e = phi(job, plan)
     assert [u.id for u in e["actor_gen"]] == ["actor_gen/0", "actor_gen/1"]
@@ -46,7 +46,7 @@ def test_phi_names_replicas_by_stage_and_index_and_holds_by_stage_kind() -> None
     assert e["actor_train"][0].holds is Holds.THETA_OMEGA  # training holds θ and ω
     assert e["actor_train"][0].position(5) == (1, 1)       # TP innermost
     assert realizes([u for us in e.values() for u in us], plan)
-    moved = [unit("actor_gen", 0, 2, 2, range(0, 4), model="actor"),
+    moved = [unit("actor_gen", 0, 2, 2, range(4), model="actor"),
              unit("actor_gen", 1, 2, 2, range(8, 12), model="actor"), *e["actor_train"]]
     assert "actor_gen" in (realization_problem(moved, plan) or "")
 
@@ -113,7 +113,7 @@ def test_split_produces_complete_pieces_and_keeps_sources_until_the_gather_ends(
     model, head = job.model, Head.SCALAR
     for i, g in enumerate(src.gpus):
         got = sum(b for (a, d), b in pairs.items() if d == g)
-        j, k = sub_index(i, src.layout, s.sub)
+        _, k = sub_index(i, src.layout, s.sub)
         want = emu_state_bytes(model, head, s.sub, False, job.workload, k % 2, k // 2)
         assert got + src_b[i] == want
     with pytest.raises(PrimitiveError, match="k >= 2"):
@@ -129,7 +129,7 @@ def test_merge_moves_nothing_and_needs_complete_units_of_one_layout() -> None:
     m = Merge.of([a, b], Layout(2, 2), "reward_infer/3")
     assert m.output.gpus == (0, 1, 2, 3)
     assert m.transfers(sizes) == ()
-    for g, st_ in m.memory(sizes).items():
+    for st_ in m.memory(sizes).values():
         assert st_.after <= st_.before <= st_.during <= st_.before + st_.after
     with pytest.raises(PrimitiveError, match="takes 2 units"):
         Merge.of([a, b, unit("reward_infer", 4, 1, 2, [4, 5])], Layout(2, 2), "x/9")

@@ -22,9 +22,9 @@ from transition_testlib import example_a, example_b, job8b, sp
 
 def test_a_copy_inside_a_node_is_faster_than_across_nodes() -> None:
     job = job8b(32)
-    cur = Plan((sp("reward_infer", 1, 2, [range(0, 2)]),))
-    near = plan_transition(job, cur, Plan((sp("reward_infer", 1, 2, [range(0, 2), [2, 3]]),)))
-    far = plan_transition(job, cur, Plan((sp("reward_infer", 1, 2, [range(0, 2), [8, 9]]),)))
+    cur = Plan((sp("reward_infer", 1, 2, [range(2)]),))
+    near = plan_transition(job, cur, Plan((sp("reward_infer", 1, 2, [range(2), [2, 3]]),)))
+    far = plan_transition(job, cur, Plan((sp("reward_infer", 1, 2, [range(2), [8, 9]]),)))
     dev = job.cluster.device
     b = max(emu_state_bytes(job.model, job.workflow.model("reward").head,
                             near.final["reward_infer"][0].layout, False, job.workload, 0, r)
@@ -107,7 +107,7 @@ def test_calibration_recovers_setup_and_bandwidth_efficiencies() -> None:
     """Exact times from known efficiencies are fitted back exactly, and re-planning with the
     fitted efficiencies predicts those times."""
     job = job8b(64)
-    cur = Plan((sp("reward_infer", 4, 4, [range(0, 16)]), sp("critic_train", 2, 4, [range(16, 24)]),
+    cur = Plan((sp("reward_infer", 4, 4, [range(16)]), sp("critic_train", 2, 4, [range(16, 24)]),
                 sp("actor_gen", 2, 2, [range(24, 28)])))
     tgt = Plan((sp("reward_infer", 4, 2, [[0, 1, 2, 3, 8, 9, 10, 11], [4, 5, 6, 7, 12, 13, 14, 15],
                                           range(32, 40)]),
@@ -219,8 +219,8 @@ def test_calibration_fits_the_copy_efficiency_from_merge_times() -> None:
 
 def test_planning_is_deterministic() -> None:
     job = job8b(64)
-    cur = Plan((sp("reward_infer", 4, 4, [range(0, 16)]), sp("critic_train", 2, 4, [range(16, 24)])))
-    tgt = Plan((sp("reward_infer", 2, 2, [range(0, 4), range(32, 36), range(40, 44)]),
+    cur = Plan((sp("reward_infer", 4, 4, [range(16)]), sp("critic_train", 2, 4, [range(16, 24)])))
+    tgt = Plan((sp("reward_infer", 2, 2, [range(4), range(32, 36), range(40, 44)]),
                 sp("critic_train", 2, 4, [range(16, 24), range(48, 56)])))
     a, b = plan_transition(job, cur, tgt), plan_transition(job, cur, tgt)
     assert [(p.op, p.start_s, p.gpus) for p in a.primitives] == \

@@ -5,8 +5,6 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, replace
 
-from transition_testlib import example_a, example_b, job8b, sp, tiny_job
-
 from nereus.cost.candidate import Layout
 from nereus.plan.types import Plan
 from nereus.spec.job import parse_job
@@ -18,6 +16,8 @@ from nereus.transition.primitives import Destroy, Extend, Merge, Primitive, Spli
 from nereus.transition.schedule import Schedule, ScheduledPrimitive
 from nereus.transition.sizes import StateSizes
 from nereus.transition.validate import validate
+
+from transition_testlib import example_a, example_b, job8b, sp, tiny_job
 
 
 def shifted(s: Schedule, index: int, start: float) -> Schedule:

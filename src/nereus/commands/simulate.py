@@ -16,8 +16,8 @@ from rich.table import Table
 from rich.text import Text
 
 from nereus.commands.common import (
-    Command,
     FIGURE_FORMATS,
+    Command,
     console,
     err_console,
     one_line_errors,

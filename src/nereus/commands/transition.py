@@ -26,10 +26,10 @@ import typer
 from rich.table import Table
 
 from nereus.commands.common import (
-    Command,
     EXIT_INFEASIBLE,
     EXIT_RUN_FAILED,
     FIGURE_FORMATS,
+    Command,
     console,
     err_console,
     fail,

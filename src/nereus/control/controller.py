@@ -298,7 +298,7 @@ class Controller:
     def _job(self, pool: tuple[int, ...], mean: float, longest: float,
              margin: bool = True) -> JobSpec:
         m = 1.0 + (self.config.length_margin if margin else 0.0)
-        w = self.job.workload.with_response_len(int(round(mean)), int(math.ceil(longest * m)))
+        w = self.job.workload.with_response_len(int(round(mean)), math.ceil(longest * m))
         return self.job.with_pool(GpuPool(self.job.cluster, pool)).with_workload(w)
 
     def _longest(self, tel: Telemetry) -> float:
@@ -747,7 +747,8 @@ class Controller:
             if rc.seconds + h * best_l < move_score and idx is not None:
                 r = Reasons(step, triggers, True, horizon, cfg.gamma, cur_s, s0.step_s, None,
                             rc.seconds, None, rc.seconds, "planned checkpoint/restart", verdicts,
-                            f"restart + H·(L_step + risk) = {rc.seconds + h * best_l:.4g} s beats the "
+                            "restart + H·(L_step + risk) = "
+                            f"{rc.seconds + h * best_l:.4g} s beats the "
                             f"best feasible move's {move_score:.4g} s over H = {h:.3g}",
                             cur_risk, s0.risk_s)
                 return Decision(Action.RESTART, s0.plan, None, rc, r)

@@ -89,9 +89,10 @@ class Telemetry:
 
 
 def _gpu_id(g: object) -> int:
-    """An integer GPU id (an integral float such as 3.0 too); ValueError otherwise."""
+    """An integer GPU id (an integral float such as 3.0 too); TypeError for what is no number
+    or string, ValueError for any other value."""
     if isinstance(g, bool) or not isinstance(g, (int, float, str)):
-        raise ValueError(g)
+        raise TypeError(g)
     v = float(g)
     if not v.is_integer():
         raise ValueError(g)

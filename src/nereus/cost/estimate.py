@@ -15,7 +15,9 @@ from nereus.cost.candidate import Candidate
 from nereus.cost.efficiency import Efficiencies
 from nereus.cost.ops import Op, OpClass
 
-HEADROOM = 0.90  # memory feasibility: predicted peak within 90 % of capacity (project design rule; an assumption, not measured)
+# memory feasibility: predicted peak within 90 % of capacity (project design rule; an
+# assumption, not measured)
+HEADROOM = 0.90
 # The term of a pipeline's idle slots ((pp - 1) micro-batch slots per step): priced as work,
 # measured as waiting
 BUBBLE = "bubble"
@@ -106,7 +108,8 @@ class Estimate:
                 eff = self.efficiencies[op.cls]
                 lines.append(f"      {op.name:<{name_w}} {op.cls.value:<{cls_w}} "
                              f"x{op.count:<10.4g} "
-                             f"{op.ideal_s / eff:9.4f} s (ideal {op.ideal_s:.4f} s / eff {eff:.2f})")
+                             f"{op.ideal_s / eff:9.4f} s "
+                             f"(ideal {op.ideal_s:.4f} s / eff {eff:.2f})")
         lines.append("  memory per GPU:")
         for term, b in sorted(self.memory.items(), key=lambda kv: -kv[1]):
             if b:

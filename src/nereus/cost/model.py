@@ -981,7 +981,8 @@ class CostModel:
         layers = m.num_layers / cols.pp
         in_flight = np.minimum(cols.pp, cols.a)
         stored = layers * tok_m * m.hidden_size * w.param_bytes   # layer inputs (recompute)
-        first = np.where(rc, in_flight * stored + tok_m * per_tok, in_flight * layers * tok_m * per_tok)
+        first = np.where(rc, in_flight * stored + tok_m * per_tok,
+                         in_flight * layers * tok_m * per_tok)
         last = np.where(rc, stored + tok_m * per_tok, layers * tok_m * per_tok)
         logits = (LOGIT_BYTES * tok_m * m.vocab_size / cols.tp if self._head(st) is Head.LM
                   else 0.0 * tok_m)
@@ -1179,9 +1180,9 @@ class CostModel:
         kv = f"(KV cache {kv_seq / MiB:.1f} MiB per sequence per GPU)"
         if self.job.workflow.greedy_baseline:
             greedy = c.micro_batch * c.grad_accum * self._greedy_share()
-            notes = [f"decode batch {batch} of {c.micro_batch * c.grad_accum - greedy:g} "
-                     f"sampled sequences per replica, then a second run of the {greedy:g} "
-                     f"greedy baselines {kv}"]
+            notes = [(f"decode batch {batch} of {c.micro_batch * c.grad_accum - greedy:g} "
+                      f"sampled sequences per replica, then a second run of the {greedy:g} "
+                      f"greedy baselines {kv}")]
         else:
             notes = [f"decode batch {batch} of {c.micro_batch} sequences per replica {kv}"]
         if sum(memory.values()) > HEADROOM * self.device.memory_bytes:

@@ -25,7 +25,8 @@ from nereus.errors import InputError
 from nereus.spec.model import COMPUTED_ROPE, RopeScaling
 
 __all__ = ["TP", "apply_rotary", "attention", "column_linear", "gather_vocab",
-           "heads_row_linear", "inverse_frequencies", "mask_padding", "matmul", "rms_norm", "rotary_tables",
+           "heads_row_linear", "inverse_frequencies", "mask_padding", "matmul", "rms_norm",
+           "rotary_tables",
            "row_linear", "swiglu", "vocab_embedding", "vocab_logprob"]
 
 

@@ -18,10 +18,23 @@ import torch
 import torch.utils.checkpoint
 
 from nereus.engine.groups import ParallelGroups, Position
-from nereus.engine.layers import (TP, apply_rotary, attention, column_linear, gather_vocab,
-                                  heads_row_linear, inverse_frequencies, mask_padding, matmul,
-                                  rms_norm, rotary_tables, row_linear, swiglu, vocab_embedding,
-                                  vocab_logprob)
+from nereus.engine.layers import (
+    TP,
+    apply_rotary,
+    attention,
+    column_linear,
+    gather_vocab,
+    heads_row_linear,
+    inverse_frequencies,
+    mask_padding,
+    matmul,
+    rms_norm,
+    rotary_tables,
+    row_linear,
+    swiglu,
+    vocab_embedding,
+    vocab_logprob,
+)
 from nereus.engine.measure import Recorder
 from nereus.errors import InputError
 from nereus.spec.model import COMPUTED, Head, ModelSpec

@@ -5,8 +5,8 @@ For each EMU (one DP replica) the runner makes one TP group per pipeline block a
 per TP rank; for each (tp_rank, pp_rank) position one DP group across the replicas, ordered as
 the EMUs are given. Replica ``d`` takes rows ``replica_rows(n, dp, d)`` of the global batch, so
 ``dp x b x a`` stays the batch whatever the layout; generation and forward passes may split it
-unevenly (the first ``n % dp`` replicas take one sequence more). Groups are the runtime's communicators and
-are closed with the runner (a layout change makes a new runner).
+unevenly (the first ``n % dp`` replicas take one sequence more). Groups are the runtime's
+communicators and are closed with the runner (a layout change makes a new runner).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -33,6 +33,9 @@ from nereus.runtime.comm import Rendezvous, close_groups, open_groups
 from nereus.runtime.workers import WorkerCallsFailed, WorkerPool
 from nereus.spec.workload import largest_share
 from nereus.transition.emu import Emu
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
 
 # Seconds an operation may take on the workers before the runner gives up on it (a peer that
 # stopped answering must not hang the job; the runtime's collectives time out after 120 s).
@@ -173,7 +176,7 @@ class StageRunner:
         except Exception as e:  # noqa: BLE001 - the caller needs the first error
             error.add_note(f"StageRunner.close() failed as well: {type(e).__name__}: {e}")
 
-    def __enter__(self) -> StageRunner:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,

@@ -647,11 +647,11 @@ class Planner:
         it fixed and the second without its candidate, and so on -- and each part is searched
         again; the fastest part is expanded next. The first placeable plan placed at the
         price the search gave it is the fastest placeable one; one placed dearer is split off
-        the same way and the search goes on (``MAX_REPRICED``). Where the options were dominance-pruned across layouts they are first
-        rebuilt pruned within each layout (placement depends on the layout, so a candidate
-        beaten by one of another layout may be the one that places). Raises
-        :class:`InfeasibleError` when no combination places (or after ``MAX_REPLACEMENTS``
-        searches).
+        the same way and the search goes on (``MAX_REPRICED``). Where the options were
+        dominance-pruned across layouts they are first rebuilt pruned within each layout
+        (placement depends on the layout, so a candidate beaten by one of another layout may
+        be the one that places). Raises :class:`InfeasibleError` when no combination places
+        (or after ``MAX_REPLACEMENTS`` searches).
 
         Without ``spread``, where the weight sync of that plan crosses nodes, the best plan
         with replicas spread over nodes is returned where its step is shorter: the search

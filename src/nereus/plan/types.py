@@ -283,7 +283,8 @@ def weight_sync_estimate(cost: CostModel, train: StagePlan, gen: StagePlan,
     return cost.weight_sync(train.candidate, gen.candidate, receivers, overlap, intra)
 
 
-def contiguous_replicas(start: int, ids: Iterable[int], cand: Candidate) -> tuple[tuple[int, ...], ...]:
+def contiguous_replicas(start: int, ids: Iterable[int],
+                        cand: Candidate) -> tuple[tuple[int, ...], ...]:
     """Replicas of ``cand`` laid over ``ids[start:]`` in order, TP innermost."""
     pool = list(ids)[start:start + cand.gpus]
     size = cand.layout.size

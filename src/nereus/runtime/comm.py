@@ -35,6 +35,8 @@ import torch
 import torch.distributed as dist
 
 if TYPE_CHECKING:
+    from typing_extensions import Self
+
     from nereus.runtime.workers import WorkerContext, WorkerPool
 
 DEFAULT_TIMEOUT_S = 120.0
@@ -87,7 +89,7 @@ class Rendezvous:
         """Stop the server: frees the port, and rendezvous still waiting on it fail at once."""
         self._store = None
 
-    def __enter__(self) -> Rendezvous:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -289,16 +291,12 @@ class Group:
     def abort(self) -> None:
         """Stop waiting (a member died); the group is unusable afterwards."""
         self.aborted.set()
-        try:
+        with contextlib.suppress(Exception):  # not every backend implements abort
             self.backend.abort()
-        except Exception:  # noqa: BLE001 - not every backend implements abort
-            pass
 
     def close(self) -> None:
-        try:
+        with contextlib.suppress(Exception):  # not every backend implements shutdown
             self.backend.shutdown()
-        except Exception:  # noqa: BLE001 - not every backend implements shutdown
-            pass
         self.backend = None
         with self._lock:
             self._pending = []

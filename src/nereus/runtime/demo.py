@@ -30,6 +30,7 @@ from nereus.transition.emu import phi
 from nereus.transition.planner import plan_transition
 from nereus.transition.schedule import Schedule
 
+
 class RunFailed(RuntimeError):
     """The transition did not run to its end (a worker died, a collective failed, a worker ran
     out of its capacity, Ray could not start the workers): one line, for the command to print."""
@@ -143,7 +144,8 @@ def _check_fits_machine(job: JobSpec, schedule: Schedule, workers: int) -> None:
     procs = workers * WORKER_BYTES
     if 2 * need + procs > ram:  # the state, the copies a transition makes, the processes
         raise InputError("model", f"{job.model.name}: its state takes {need / GiB:.1f} GiB on "
-                         f"{workers} CPU workers (and the processes {procs / GiB:.1f} GiB, estimated), "
+                         f"{workers} CPU workers (and the processes {procs / GiB:.1f} GiB, "
+                         "estimated), "
                          f"this machine has {ram / GiB:.1f} GiB",
                          "a small model for --execute on CPU (tiny-llama, tiny-qwen3, "
                          "small-llama)")

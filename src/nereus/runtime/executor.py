@@ -325,7 +325,7 @@ class Executor:
         except WorkerCallsFailed as e:
             dead |= e.dead
             hung |= e.hung
-        except Exception:  # noqa: BLE001 - reconcile reports whatever is left
+        except Exception:
             log.debug("finishing the rename failed", exc_info=True)
         final = [_renamed(e, mapping.get(e.id, e.id)) for es in units.values() for e in es]
         # a renamed unit may be held under either id; one whose id stays is a candidate once

@@ -9,9 +9,9 @@ transition's memory bound is checked on both.
 The engine's transients (activations, gradients, KV cache: what a stage operation allocates
 while it runs) are not reserved here, so a CPU worker does not refuse them past its capacity;
 they are measured instead (``nereus.engine.measure``; on CPU a stage's peak is what this
-counter holds plus the transients' peak) and bounded by the planner's memory check. Transitions and stage
-operations never overlap on a worker (its calls run one at a time), so a transition's count
-is not disturbed by them.
+counter holds plus the transients' peak) and bounded by the planner's memory check. Transitions
+and stage operations never overlap on a worker (its calls run one at a time), so a transition's
+count is not disturbed by them.
 """
 
 from __future__ import annotations

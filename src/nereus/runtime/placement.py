@@ -40,7 +40,8 @@ def place_units(pool: WorkerPool, units: Iterable[Emu], specs: Mapping[str, Stat
 
 
 def place_plan(pool: WorkerPool, job: object, plan: object, specs: Mapping[str, StateSpec],
-               seed: int | Mapping[str, int] = 0, stages: Sequence[str] | None = None, warm: bool = True,
+               seed: int | Mapping[str, int] = 0, stages: Sequence[str] | None = None,
+               warm: bool = True,
                checkpoint: str | Path | None = None) -> dict[str, tuple[Emu, ...]]:
     """Place Φ(plan) (optionally only ``stages``) and return it."""
     from nereus.transition.emu import phi

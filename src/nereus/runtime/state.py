@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import itertools
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -86,8 +87,8 @@ class StateSpec:
     def for_stage(cls, job: object, stage: str, device_kind: str = "cpu") -> StateSpec:
         """The state a model-stage of ``job`` (a ``JobSpec``) keeps on ``device_kind`` workers.
 
-        A training stage holds θ and ω of its model; forward and generation stages hold θ only
-        (contracts.md). On a CPU device parameters are fp32 whatever the workload says, so the
+        A training stage holds θ and ω of its model; forward and generation stages hold θ only.
+        On a CPU device parameters are fp32 whatever the workload says, so the
         master copy is the parameter itself.
         """
         from nereus.spec.job import JobSpec
@@ -367,7 +368,7 @@ def _covers(boxes: list[Box], want: Box) -> bool:
             pos = max(pos, b)
         return pos >= want[0][1]
     cuts = sorted({want[1][0], want[1][1], *(x for bx in boxes for x in bx[1])})
-    for c0, c1 in zip(cuts, cuts[1:]):
+    for c0, c1 in itertools.pairwise(cuts):
         if c1 <= want[1][0] or c0 >= want[1][1]:
             continue
         rows = [bx[0] for bx in boxes if bx[1][0] <= c0 and bx[1][1] >= c1]
@@ -494,10 +495,9 @@ def gather(shards: Sequence[ShardedState]) -> LogicalState:
                 region = dst.narrow(sh.split_dim, sh.start, n)
                 rows = slice(sh.start, sh.start + n)
             w = written[key][rows]
-            if bool(w.any()):
-                # A replica of rows already written: it must be identical where it overlaps.
-                if bool(w.all()) and not torch.equal(region, part):
-                    raise StateMismatch(f"copies of {e.kind}:{sh.logical} differ in the unit")
+            # a replica of rows already written must be identical where it overlaps
+            if bool(w.any()) and bool(w.all()) and not torch.equal(region, part):
+                raise StateMismatch(f"copies of {e.kind}:{sh.logical} differ in the unit")
             region.copy_(part)
             written[key][rows] = True
     holes = [f"{k[0]}:{k[1]}" for k, w in written.items() if not bool(w.all())]

@@ -1,6 +1,6 @@
 """Ray workers, one per device, and the pool that owns them.
 
-Contract (contracts.md): ``WorkerPool`` owns one Ray actor per device; an actor's ``call(fn,
+The contract: ``WorkerPool`` owns one Ray actor per device; an actor's ``call(fn,
 *args, **kwargs)`` runs a picklable module-level ``fn(ctx, *args, **kwargs)`` inside the worker,
 where ``ctx`` is its ``WorkerContext``: the device, the device id (the GPU id plans use), the
 ``ShardedState`` units it holds keyed by EMU id, the process groups it belongs to keyed by name,
@@ -25,7 +25,7 @@ import os
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ray
 import torch
@@ -38,9 +38,12 @@ from nereus.runtime.inventory import SLOT_RESOURCE, detect_inventory
 from nereus.runtime.memory import ArenaCache, ByteCounter, CapacityError, MemoryStats, block_bytes
 from nereus.runtime.state import ShardedState, StateMeta, StateSpec, arena_layout
 
+if TYPE_CHECKING:
+    from typing_extensions import Self
+
 DEFAULT_CPU_CAPACITY = int(0.9 * 2 * 1024**3)  # 90 % of the ``cpu`` device preset's 2 GiB
 NCCL_ERROR_HANDLING = "TORCH_NCCL_ASYNC_ERROR_HANDLING"
-GPU_HEADROOM = 0.9                               # contracts.md: capacity = 90 % of memory
+GPU_HEADROOM = 0.9                               # capacity = 90 % of memory, as the planner's
 # How long past its expected end a worker call may take before its worker is taken as hung
 # (alive, but the call never returns) and stopped. A communicator raises by its own timeout,
 # and a short call (an abort, a listing of units) answers at once, so a live call has
@@ -512,7 +515,7 @@ class WorkerPool:
         self._slots.clear()
         self._spare.clear()
 
-    def __enter__(self) -> WorkerPool:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -43,7 +43,7 @@ def bucket(x: float, ratio: float = LENGTH_BUCKET) -> int:
 
 
 def edge(b: int, ratio: float = LENGTH_BUCKET) -> int:
-    return int(math.ceil(ratio ** b))
+    return math.ceil(ratio ** b)
 
 
 class PlanCache:

@@ -20,9 +20,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from nereus.control.targets import reprice
 from nereus.cost.efficiency import Efficiencies
 from nereus.cost.model import CostModel
-from nereus.control.targets import reprice
 from nereus.errors import InputError
 from nereus.plan.overlap import step_latency
 from nereus.plan.types import Plan

@@ -45,7 +45,8 @@ class Cluster:
         return len({self.node_of(i) for i in ids}) <= 1
 
     @classmethod
-    def for_gpus(cls, device: DeviceSpec, gpus: int, devices_per_node: int | None = None) -> Cluster:
+    def for_gpus(cls, device: DeviceSpec, gpus: int,
+                 devices_per_node: int | None = None) -> Cluster:
         """The smallest cluster of whole nodes that holds ``gpus`` devices."""
         if not 1 <= gpus <= MAX_DEVICES:
             raise InputError("gpus", f"{gpus} devices is not allowed", f"1..{MAX_DEVICES:,}")

@@ -50,7 +50,8 @@ def _count_text(most: int) -> str:
 
 class ClusterConfig(_Strict):
     # descriptions are what a wrong type's error lists as allowed (nereus.files)
-    device: str = Field("h100-sxm-80gb", description=f"a device preset: {', '.join(DEVICE_PRESETS)}")
+    device: str = Field("h100-sxm-80gb",
+                        description=f"a device preset: {', '.join(DEVICE_PRESETS)}")
     nodes: int | None = Field(None, description=f"{_count_text(MAX_DEVICES)} (nodes; default: "
                               "enough for gpus)")
     devices_per_node: int | None = Field(None, description=_count_text(MAX_DEVICES_PER_NODE))
@@ -195,7 +196,8 @@ def check_groups(job: JobSpec) -> None:
     n = job.workload.responses_per_prompt
     if least is not None and n < least:
         raise InputError("workload.responses_per_prompt",
-                         f"{n} response{'s' if n != 1 else ''} per prompt leave{'' if n != 1 else 's'} "
+                         f"{n} response{'s' if n != 1 else ''} per prompt "
+                         f"leave{'' if n != 1 else 's'} "
                          f"{job.workflow.algo} no group to compute its group-relative "
                          f"advantage over", f">= {least} for {job.workflow.algo}")
 

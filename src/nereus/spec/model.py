@@ -378,7 +378,8 @@ class ModelSpec:
             "mlp_bias": False,
         } | ({} if self.max_position_embeddings is None
              else {"max_position_embeddings": self.max_position_embeddings}) \
-          | ({} if self.rope_scaling is None else {"rope_scaling": self.rope_scaling.to_hf_dict()}) \
+          | ({} if self.rope_scaling is None
+             else {"rope_scaling": self.rope_scaling.to_hf_dict()}) \
           | self._window_fields()
 
     def _window_fields(self) -> dict[str, Any]:
@@ -451,8 +452,8 @@ def get_model(name_or_path: str) -> ModelSpec:
     if key in MODEL_PRESETS:
         return MODEL_PRESETS[key]
     if not name_or_path.strip():  # Path("") is the working directory
-        raise InputError("model", "empty", [*MODEL_PRESETS, "a path to a Hugging Face "
-                                            "config.json", "a Hugging Face id (ORG/NAME)"])
+        raise InputError("model", "empty", [*MODEL_PRESETS, "a path to a Hugging Face config.json",
+                                            "a Hugging Face id (ORG/NAME)"])
     if exists(name_or_path, "model"):
         return ModelSpec.from_hf_config(name_or_path)
     if _looks_like_path(name_or_path):  # no preset or id has a .json suffix or a ./ in it

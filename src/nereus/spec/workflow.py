@@ -62,7 +62,8 @@ class ModelStage:
                     StageKind.TRAIN: Phase.TRAINING}[self.kind]
         if self.phase is not expected:
             raise InputError(f"workflow.{self.name}.phase",
-                             f"a {self.kind.value} stage runs in {expected.value}, not {self.phase.value}")
+                             f"a {self.kind.value} stage runs in {expected.value}, "
+                             f"not {self.phase.value}")
 
 
 # How responses are scored: by a reward model as large as the actor (a model-stage of its own),

@@ -106,7 +106,8 @@ class Workload:
                              f"at least {self.response_len_mean}")
         for f in ("param_dtype", "grad_dtype"):
             if getattr(self, f) not in DTYPE_BYTES:
-                raise InputError(f"workload.{f}", f"unknown dtype {getattr(self, f)!r}", DTYPE_BYTES)
+                raise InputError(f"workload.{f}", f"unknown dtype {getattr(self, f)!r}",
+                                 DTYPE_BYTES)
         if self.sequences_per_step % self.ppo_mini_batches:
             raise InputError("workload.ppo_mini_batches",
                              f"{self.ppo_mini_batches} does not divide the "

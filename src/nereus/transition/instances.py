@@ -180,7 +180,7 @@ def paper_example_a() -> tuple[Plan, Plan]:
     grows to 32 and responses to 4K. The actor goes to (TP=2, PP=4, DP=2), the critic to
     (TP=1, PP=4, DP=4). Each actor target unit is the Merge of two (1, 4) units laid
     TP-innermost: the first from the current replicas, the second from their Extends."""
-    cur = Plan((_sp("actor_gen", 1, 4, [range(0, 4), range(4, 8)]),
+    cur = Plan((_sp("actor_gen", 1, 4, [range(4), range(4, 8)]),
                 _sp("critic_train", 1, 4, [range(8, 12), range(12, 16)])))
     tgt = Plan((_sp("actor_gen", 2, 4, [[0, 4, 1, 5, 2, 6, 3, 7],
                                         [16, 20, 17, 21, 18, 22, 19, 23]]),

@@ -137,14 +137,14 @@ def local_dag(current: Sequence[Emu], target: StagePlan, model: ModelSpec,
     too_big: tuple[Layout, str] | None = None  # the largest T_sub whose Split or Merge alone
     for sub in ranked:                          # exceeds a GPU's capacity, and why
         dag = _through(current, target, tgt_units, sub, cost, reserved)
-        if dag.problem is None and capacity_bytes is not None and not fits(sub):
-            if _over_capacity(dag, lay, tlay, sub, cost, capacity_bytes) is not None:
-                dag = _staged(dag, cost, capacity_bytes)
-                over = _over_capacity(dag, lay, tlay, sub, cost, capacity_bytes)
-                if over is not None:
-                    if too_big is None or sub.size > too_big[0].size:
-                        too_big = (sub, over)
-                    continue
+        if (dag.problem is None and capacity_bytes is not None and not fits(sub)
+                and _over_capacity(dag, lay, tlay, sub, cost, capacity_bytes) is not None):
+            dag = _staged(dag, cost, capacity_bytes)
+            over = _over_capacity(dag, lay, tlay, sub, cost, capacity_bytes)
+            if over is not None:
+                if too_big is None or sub.size > too_big[0].size:
+                    too_big = (sub, over)
+                continue
         if dag.problem is None:
             return dag
         first = first or dag

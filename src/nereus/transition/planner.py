@@ -51,7 +51,8 @@ def check_plans(job: JobSpec, current: Plan, target: Plan) -> None:
 
 
 def transition_dag(job: JobSpec, current: Plan, target: Plan,
-                   efficiencies: Efficiencies | None = None) -> tuple[TransitionDag, TransitionCost]:
+                   efficiencies: Efficiencies | None = None
+                   ) -> tuple[TransitionDag, TransitionCost]:
     """The global DAG (with resource edges) and the cost model that prices its primitives."""
     check_plans(job, current, target)
     eff = efficiencies if efficiencies is not None else Efficiencies(device=job.cluster.device.name)

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import ClassVar, NamedTuple, Union
+from typing import ClassVar, NamedTuple
 
 from nereus.cost.candidate import Layout
 from nereus.spec.model import ModelSpec
@@ -367,7 +367,7 @@ class Destroy:
                                  f"{self.emu.stage}'s state")
 
 
-Primitive = Union[Split, Merge, Extend, Destroy]
+Primitive = Split | Merge | Extend | Destroy
 
 
 def _merge_problem(emus: Sequence[Emu], layout: Layout) -> str | None:
