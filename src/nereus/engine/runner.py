@@ -11,6 +11,7 @@ communicators and are closed with the runner (a layout change makes a new runner
 
 from __future__ import annotations
 
+import sys
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -174,7 +175,12 @@ class StageRunner:
         try:
             self.close()
         except Exception as e:  # noqa: BLE001 - the caller needs the first error
-            error.add_note(f"StageRunner.close() failed as well: {type(e).__name__}: {e}")
+            note = f"StageRunner.close() failed as well: {type(e).__name__}: {e}"
+            if sys.version_info >= (3, 11):
+                error.add_note(note)
+            else:  # no add_note before 3.11: keep the note where it would be (not printed);
+                # setattr, as 3.10's BaseException declares no __notes__
+                setattr(error, "__notes__", [*getattr(error, "__notes__", ()), note])  # noqa: B010
 
     def __enter__(self) -> Self:
         return self

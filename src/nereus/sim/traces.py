@@ -253,7 +253,8 @@ def from_counts(counts: Sequence[int], tick_s: float, source: str = "") -> Avail
 
 def spot_counts(name: str = SPOT_TRACE) -> tuple[list[int], float]:
     """Instance counts and tick length of a spot trace shipped with the package."""
-    ref = resources.files("nereus").joinpath("data", "spot-traces", name)
+    # one part a call: Traversable.joinpath takes one on Python 3.10
+    ref = resources.files("nereus").joinpath("data").joinpath("spot-traces").joinpath(name)
     if not ref.is_file():
         raise InputError("availability.spot", f"no spot trace {name!r}", [SPOT_TRACE])
     data = json.loads(ref.read_text())
