@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import typer
+from pydantic import BaseModel
 from typer.core import TyperGroup
 
 from nereus import __version__
@@ -62,14 +63,15 @@ class _OneLineGroup(TyperGroup):
 
     def main(self, args: Sequence[str] | None = None, prog_name: str | None = None,
              complete_var: str | None = None, standalone_mode: bool = True,
-             **extra: Any) -> Any:
+             windows_expand_args: bool = True, **extra: Any) -> Any:
         if not standalone_mode:
             try:
-                return super().main(args, prog_name, complete_var, False, **extra)
+                return super().main(args, prog_name, complete_var, False, windows_expand_args,
+                                    **extra)
             finally:
                 release_pipes()
         try:
-            rv = self._main(args, prog_name, complete_var, **extra)
+            rv = self._main(args, prog_name, complete_var, windows_expand_args, **extra)
         except OSError as e:
             if e.errno == errno.EPIPE:  # the reader of stdout quit (``| head``): nothing to say
                 _discard_stdout()
@@ -82,7 +84,7 @@ class _OneLineGroup(TyperGroup):
             err_console.print(f"error: cannot write the output: {os_reason(e)}", markup=False,
                               highlight=False, soft_wrap=True)
             sys.exit(EXIT_INPUT)
-        except _NoArgsIsHelp as e:  # type: ignore[misc]
+        except _NoArgsIsHelp as e:
             e.show()  # the help text itself
             sys.exit(e.exit_code)
         except OneLineUsageError as e:
@@ -108,13 +110,14 @@ class _OneLineGroup(TyperGroup):
         sys.exit(rv if isinstance(rv, int) else 0)
 
     def _main(self, args: Sequence[str] | None, prog_name: str | None,
-              complete_var: str | None, **extra: Any) -> Any:
+              complete_var: str | None, windows_expand_args: bool, **extra: Any) -> Any:
         """Run the command, release the pipes it wrote, and flush stdout here, so output still
         buffered fails where ``main`` handles it, not past every handler. A command that
         failed already (exit 2 with its one line) exits with its own code: a refused stdout
         adds no second line."""
         try:
-            rv = super().main(args, prog_name, complete_var, False, **extra)
+            rv = super().main(args, prog_name, complete_var, False, windows_expand_args,
+                              **extra)
         finally:
             release_pipes()
         try:
@@ -149,6 +152,7 @@ def _not_a_number(e: Exception) -> str | None:
     kind = _number_kind(param)
     if kind is None or not isinstance(e, _exc.BadParameter):
         return None
+    assert param is not None  # _number_kind(None) is None
     option = next((o for o in param.opts if o.startswith("--")), param.opts[0])
     # typer converts with pydantic, whose error keeps the value; click's did not
     errors = getattr(e.__cause__, "errors", None)
@@ -164,7 +168,7 @@ def _number_kind(param: Any) -> type | None:
         return None
     kind = getattr(getattr(param, "type_descriptor", None), "annotation", None)
     if kind in (int, float):
-        return kind  # type: ignore[no-any-return]
+        return kind
     # older typers: click's INT and FLOAT types
     return {"integer": int, "float": float}.get(getattr(getattr(param, "type", None), "name", ""))
 
@@ -172,7 +176,8 @@ def _number_kind(param: Any) -> type | None:
 def _field_allows(field: str) -> str | None:
     """What the job YAML allows in ``field`` (``workload.prompts_per_step``), from its schema."""
     *section, name = field.split(".")
-    schema = {"": JobConfig, "cluster": ClusterConfig, "workload": WorkloadConfig}
+    schema: dict[str, type[BaseModel]] = {"": JobConfig, "cluster": ClusterConfig,
+                                          "workload": WorkloadConfig}
     info = schema[".".join(section)].model_fields.get(name)
     return info.description if info is not None else None
 

@@ -18,6 +18,7 @@ from typing import Any, TypeVar, get_args
 import yaml
 from pydantic import BaseModel, ValidationError
 from pydantic.fields import FieldInfo
+from pydantic_core import ErrorDetails
 
 from nereus.errors import InputError
 
@@ -266,7 +267,7 @@ def _quoted(v: object) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
-def _first_error(e: ValidationError) -> dict[str, Any]:
+def _first_error(e: ValidationError) -> ErrorDetails:
     """The error to report: the first, or for a union (``gpus: 16 | [0, 1]``) the branch the
     value went furthest into (``gpus: [0, 'a']`` is a list with a bad id, not a bad integer)."""
     errs = e.errors()
@@ -338,7 +339,7 @@ _BOUNDS = {"greater_than_equal": (">=", "ge"), "greater_than": (">", "gt"),
            "less_than_equal": ("<=", "le"), "less_than": ("<", "lt")}
 
 
-def _range(fi: FieldInfo | None, err: dict[str, Any]) -> str:
+def _range(fi: FieldInfo | None, err: ErrorDetails) -> str:
     """What a bounded field allows: ``lo..hi`` where the field declares both inclusive
     bounds, else the bound the value broke (``>= 1``)."""
     lo = hi = None

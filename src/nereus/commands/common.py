@@ -58,7 +58,12 @@ def reflowed(text: str) -> str:
 click = getattr(typer.core, "_click", None) or typer.core.click  # type: ignore[attr-defined]
 
 
-class OneLineUsageError(click.exceptions.BadOptionUsage):  # type: ignore[misc]
+# the base as a name: mypy reads ``click`` (a module chosen at run time) as Any, and takes
+# an Any only through a name as a base class
+_BadOptionUsage: Any = click.exceptions.BadOptionUsage
+
+
+class OneLineUsageError(_BadOptionUsage):
     """A usage error whose message is already the one line ``field: what (allowed: ...)``: the
     CLI prints it as it is, without click's wording or a pointer to the help."""
 

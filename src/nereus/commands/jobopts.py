@@ -194,9 +194,9 @@ def job_and_fields_from_options(
                                  "prompt to compare, and the config leaves it at the default 1",
                                  f"{e.allowed}, e.g. responses_per_prompt: 8 under workload, or "
                                  "--responses-per-prompt 8") from None
-            given = responses_per_prompt is not None
+            option_given = responses_per_prompt is not None
             raise InputError("--responses-per-prompt",
-                             e.problem if given else f"{job.workflow.algo} needs several "
+                             e.problem if option_given else f"{job.workflow.algo} needs several "
                              "responses per prompt to compare, and the default is 1",
                              f"{e.allowed}, e.g. --responses-per-prompt 8") from None
     return job, data

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from nereus.errors import InputError, first_line
 from nereus.files import os_reason, save_figure
 from nereus.sim.simulator import PolicyResult, SimResult, StepRow
 
 if TYPE_CHECKING:
+    from matplotlib.artist import Artist
     from matplotlib.axes import Axes
 
 # the step panel's y axis: what each point is, and what it leaves out
@@ -204,11 +205,13 @@ def _context(ax: Axes, r: PolicyResult) -> None:
     twin.tick_params(axis="y", colors="C4")
     # below the pool's line where it is full: the two stay apart
     twin.set_ylim(0, max((row.response_len_mean for row in r.rows), default=1.0) * 1.5)
-    handles = ax.get_lines() + twin.get_lines()
+    handles: list[Artist] = [*ax.get_lines(), *twin.get_lines()]
     # a pause (no GPU, or too few for any plan) is not in the pool a step ended on: a tick
     # on the axis before each step that waited
     paused = [row.step for row in r.rows if row.paused_s > 0]
     if paused:
         handles.append(ax.scatter(paused, [0.0] * len(paused), marker="|", s=300, color="C3",
                                   linewidths=1.5, zorder=3, clip_on=False, label=PAUSE_LABEL))
-    ax.legend(handles, [h.get_label() for h in handles], loc="lower right", fontsize=9)
+    # matplotlib stores a label as str(label) (its stubs say object)
+    ax.legend(handles, [cast(str, h.get_label()) for h in handles], loc="lower right",
+              fontsize=9)

@@ -269,9 +269,9 @@ def register(app: typer.Typer) -> None:
         if seed is not None and seed < 0:
             raise InputError("--seed", f"must be >= 0, got {seed}")
         if config is not None:
-            for opt, given, where in (("--scenario", scenario, "the file is the scenario"),
+            for opt, value, where in (("--scenario", scenario, "the file is the scenario"),
                                       ("--seed", seed, "set seed: in the file")):
-                if given is not None:
+                if value is not None:
                     raise InputError(opt, f"cannot be combined with --config ({where})")
             sc = load_scenario(_scenario_file(config))
             refuse_overwriting_inputs({"--csv": csv_path, "--plot": plot_path},

@@ -343,6 +343,7 @@ def plans_for_job(args: tuple[PlanArg, PlanArg], config: Path | None, model: str
         # where both files record their jobs, an option alone (--algo) is what stops them
         alone = (", or no job options: both files record their jobs"
                  if all(a.record and JOB_KEY in a.record for a in args) else "")
+        assert recorded.record is not None  # picked above for its record
         raise InputError("--model", "needed without --config", f"--config the job's YAML, or "
                          f"{record_options(recorded.record)} as {recorded.path.name} "
                          f"records{alone}")
@@ -756,12 +757,12 @@ def register(app: typer.Typer) -> None:
             from nereus.transition.gantt import gantt
 
             try:
-                out = gantt(schedule, gantt_path)
+                written = gantt(schedule, gantt_path)
             except OSError as e:  # the folder changed since the check above
                 raise fail(f"--gantt: cannot write {gantt_path}: "
                            f"{os_reason(e)}") from None
             if not as_json:
-                console.print(f"wrote {out}")
+                console.print(f"wrote {written}")
         if execute and not schedule.primitives:  # no worker to start, nothing to check
             if as_json:
                 print(json.dumps({**estimated_json(job, schedule, cur), "executed": False}))

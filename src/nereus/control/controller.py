@@ -667,6 +667,7 @@ class Controller:
             if best is None:
                 return self._restart(base, now, best, why_none, after_failure=False,
                                      why=f"no plan to rebuild {', '.join(rebuilt)} on")
+            assert best.plan is not None  # _best returns S* only where it fits
             survivors = fill(partial, best.plan)
 
         def option(label: str, plan: Plan, step_s: float) -> Option:
@@ -693,6 +694,7 @@ class Controller:
 
         options: list[Option] = []
         if best is not None:
+            assert best.plan is not None  # _best returns S* only where it fits
             s_star = option("best", best.plan, best.step_s)
             # the near placements' transitions are priced up front only where S* may be moved
             # to at all (select prices lazily, and gives up on a target that is not faster or
@@ -704,16 +706,21 @@ class Controller:
         star = options[0].plan if options else None  # S*, placed where its move is cheapest
         source_specs = rebatched(cost, survivors, every_stage=False)
         if best is not None:
+            assert best.plan is not None  # as above
             for label, specs in hybrids(now, survivors, source_specs, best.plan):
                 p = price(now, cost, specs)
                 if p.fits:
+                    assert p.plan is not None  # a plan that fits is one
                     options.append(option(label, p.plan, p.step_s))
         if urgent:
             for label, specs in (("re-batched in place", rebatched(cost, survivors)),
                                  ("survivors as they are", source_specs)):
                 p = price(now, cost, specs)
-                if p.fits and not any(o.plan.to_dict()["stages"] == p.plan.to_dict()["stages"]
-                                      for o in options):
+                if not p.fits:
+                    continue
+                assert p.plan is not None  # a plan that fits is one
+                if not any(o.plan.to_dict()["stages"] == p.plan.to_dict()["stages"]
+                           for o in options):
                     options.append(replace(option(label, p.plan, p.step_s), in_place=True))
 
         def schedule_of(opt: Option) -> Schedule:
@@ -739,6 +746,7 @@ class Controller:
                 opt = options[idx]
                 move_score = sched.estimated_s + h * opt.expected_s
                 if opt.plan is not star and h > 1.0:
+                    assert star is not None  # best is not None: options[0] is S*
                     # or move on from there to S* at the next boundary (see ONWARD below)
                     onward = self.transition(transition_job, opt.plan, star, eff)
                     if onward.feasible:
@@ -846,8 +854,10 @@ class Controller:
 def _noted(decision: Decision, best: Priced | None, note: str) -> Decision:
     """``decision`` with ``note`` added to its summary when it runs S* (``best``), as the
     search placed it or near the current GPUs."""
-    if not note or best is None or decision.plan is None or \
-            [sp.candidate for sp in decision.plan.stages] != \
+    if not note or best is None or decision.plan is None:
+        return decision
+    assert best.plan is not None  # _best returns S* only where it fits
+    if [sp.candidate for sp in decision.plan.stages] != \
             [sp.candidate for sp in best.plan.stages]:
         return decision
     r = decision.reasons

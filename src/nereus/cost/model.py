@@ -29,7 +29,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property, lru_cache
 from operator import attrgetter
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import numpy as np
 
@@ -122,7 +122,7 @@ class Row(NamedTuple):
     term: str
     name: str
     cls: OpClass
-    count: Arr
+    calls: Arr       # times each candidate runs the op (``Op.count``; ``count``: tuple's)
     flops: Arr
     nbytes: Arr
     ideal: Arr
@@ -132,7 +132,7 @@ class Row(NamedTuple):
 
     def eff(self, e: Efficiencies) -> Arr | float:
         """Each candidate's efficiency (one float when the class does not depend on it)."""
-        if self.cls_inter is None:
+        if self.cls_inter is None or self.intra is None:  # both or neither (``cls_at``)
             return e[self.cls]
         return np.where(self.intra, e[self.cls], e[self.cls_inter])
 
@@ -511,7 +511,7 @@ class CostModel:
                      memory_by_term: Mapping[str, Arr], resident: Arr, links: Links | None,
                      i: int, eff: Efficiencies | None = None) -> Estimate:
         """Candidate ``i`` of evaluated rows and memory as an estimate with its op list."""
-        ops = tuple(Op(r.cls_at(i), r.term, r.name, float(r.count[i]), float(r.flops[i]),
+        ops = tuple(Op(r.cls_at(i), r.term, r.name, float(r.calls[i]), float(r.flops[i]),
                        float(r.nbytes[i]), float(r.ideal[i]), r.timed_at(i))
                     for r in rows if r.ideal[i] > 0)
         memory = {k: int(v[i]) for k, v in memory_by_term.items()}
@@ -682,9 +682,10 @@ class CostModel:
                 got = self._sync_parts(train, gen, key[2], overlap, intra)
                 _SYNC.put(shared, got, 1)
             memory, parts = got
-            hit = self._sync[key] = tuple(  # type: ignore[assignment]
+            # three parts (``_sync_parts``), which ``tuple`` of a generator cannot tell
+            hit = self._sync[key] = cast("tuple[Estimate, Estimate, Estimate]", tuple(
                 Estimate(name, cand, ops, self.eff, memory, 0, self.device.memory_bytes, notes)
-                for ops, notes in parts)
+                for ops, notes in parts))
         return hit
 
     def _sync_parts(self, train: Layout, gen: Layout, colocated: int | None,
@@ -692,7 +693,7 @@ class CostModel:
         """``weight_sync_parts`` but the efficiencies: the memory, and per kind of receiver its
         ops and notes."""
         rows, need = self._sync_rows(train, [gen], colocated, overlap, intra)
-        parts = []
+        parts: list[tuple[tuple[Op, ...], tuple[str, ...]]] = []
         for j in range(3):
             if need[j] <= 0:
                 parts.append(((), ("generation shards already resident: no weight movement",)))

@@ -22,7 +22,7 @@ somewhat low there; on NCCL both ends are timed on the stream.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -52,7 +52,7 @@ def all_reduce(t: torch.Tensor, pg: Any, rec: Recorder, intra: bool = True,
     if wait_peers:
         _await_peers(pg, rec, t)
     opts = dist.AllreduceOptions()
-    opts.reduceOp = op
+    opts.reduceOp = cast(dist.ReduceOp, op)  # pybind converts RedOpType; torch's stubs miss it
     with rec.span(comm_class("allreduce", intra)):
         pg.allreduce([t], opts).wait()
     return t

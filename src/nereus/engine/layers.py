@@ -79,6 +79,7 @@ def inverse_frequencies(head_dim: int, theta: float, scaling: RopeScaling | None
     if scaling is None or scaling.kind == "default":
         return inv
     if scaling.kind == "linear":
+        assert scaling.factor is not None  # RopeScaling.__post_init__ requires it for linear
         return inv / scaling.factor
     if scaling.kind != "llama3":
         raise InputError("model.rope_scaling", f"rope_type {scaling.kind!r} is planned, but "
@@ -87,6 +88,8 @@ def inverse_frequencies(head_dim: int, theta: float, scaling: RopeScaling | None
     # band between (in 1 / wavelength) -- Meta's Llama 3.1 reference code
     factor, low, high = scaling.factor, scaling.low_freq_factor, scaling.high_freq_factor
     original = scaling.original_max_position_embeddings
+    # RopeScaling.__post_init__ requires all four for llama3
+    assert factor is not None and low is not None and high is not None and original is not None
     wavelen = 2 * math.pi / inv
     scaled = torch.where(wavelen > original / low, inv / factor, inv)
     smooth = (original / wavelen - low) / (high - low)

@@ -210,6 +210,7 @@ def train_pipeline(model: ParallelModel, micros: list[Batch], loss_fn: LossFn,
             links.settle(_tag(i, _FWD))
             torch.autograd.backward(out, g)
         if inp_t is not None:
+            assert inp_t.grad is not None  # the backward above reached the received input
             links.send(inp_t.grad, pos.pp_rank - 1, _tag(i, _BWD))
 
     for op, i in one_f_one_b(len(micros), pos.pp, pos.pp_rank):

@@ -114,7 +114,10 @@ def forward(ctx: Any, key: str, batch: Batch, micro_batch: int, track_memory: bo
             temperature: float = 1.0) -> tuple[Any, WorkerMeasurement]:
     eng = _attached(ctx, key).engine
     out = eng.forward(batch, micro_batch, track_memory, temperature)
-    return (out.result.cpu() if _reports(eng) else None), out.measurement
+    if not _reports(eng):
+        return None, out.measurement
+    assert out.result is not None  # the last block has the outputs
+    return out.result.cpu(), out.measurement
 
 
 def generate(ctx: Any, key: str, prompts: Batch, sampling: SamplingParams,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Generic, TypeVar
 
 import torch
 
@@ -50,11 +51,14 @@ def forward(model: ParallelModel, batch: Batch, micro_batch: int, temperature: f
     return Output.cat(outs) if outs is not None else None
 
 
+T = TypeVar("T")
+
+
 @dataclass(frozen=True)
-class Measured:
+class Measured(Generic[T]):
     """An operation's result on this worker and what it cost here."""
 
-    result: object
+    result: T
     measurement: WorkerMeasurement
 
 
@@ -91,16 +95,15 @@ class StageEngine:
     def resident_bytes(self) -> int:
         return self._resident() if self._resident is not None else self.state_bytes()
 
-    def _measure(self, fn: object, track_memory: bool | None
-                 ) -> tuple[object, WorkerMeasurement]:
+    def _measure(self, fn: Callable[[], T], track_memory: bool | None
+                 ) -> tuple[T, WorkerMeasurement]:
         """``track_memory`` None: where it is free (CUDA's allocator statistics), not on CPU
         (the profiler it needs slows the run)."""
         dev = self.model.device
         if track_memory is None:
             track_memory = dev.type == "cuda"
         resident = self.resident_bytes()
-        result, wall, op_s, peak = measured(fn, self.rec, dev,  # type: ignore[arg-type]
-                                            resident, track_memory)
+        result, wall, op_s, peak = measured(fn, self.rec, dev, resident, track_memory)
         p = self.pos
         profiled = track_memory and dev.type == "cpu"
         return result, WorkerMeasurement(p.tp_rank, p.pp_rank, p.dp_rank, wall, op_s, peak,
@@ -109,7 +112,8 @@ class StageEngine:
     # ---------------------------------------------------------------- operations
     def train_step(self, batch: Batch, loss_fn: LossFn, micro_batch: int,
                    adam: AdamConfig | None = None, track_memory: bool | None = None,
-                   recompute: bool = False, temperature: float = 1.0) -> Measured:
+                   recompute: bool = False, temperature: float = 1.0
+                   ) -> Measured[TrainResult]:
         """One update; ``temperature``: that of the log-probs ``loss_fn`` sees."""
         if self.adam_state is None:
             raise InputError("train_step", "this worker holds no optimizer state (a forward or "
@@ -120,7 +124,7 @@ class StageEngine:
         return Measured(res, meas)
 
     def forward(self, batch: Batch, micro_batch: int, track_memory: bool | None = None,
-                temperature: float = 1.0) -> Measured:
+                temperature: float = 1.0) -> Measured[Output | None]:
         """Log-probs at ``temperature`` (LM head) or values (scalar head); ``forward``
         checks the batch."""
         res, meas = self._measure(lambda: forward(self.model, batch, micro_batch, temperature),
@@ -128,7 +132,7 @@ class StageEngine:
         return Measured(res, meas)
 
     def generate(self, prompts: Batch, sampling: SamplingParams, micro_batch: int | None = None,
-                 track_memory: bool | None = None) -> Measured:
+                 track_memory: bool | None = None) -> Measured[GenerationResult]:
         check_batch(self.model.spec.vocab_size, prompts, "prompts")
         gen = Generator(self.model)
         res, meas = self._measure(lambda: gen.generate(prompts, sampling, micro_batch),

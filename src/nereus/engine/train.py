@@ -100,6 +100,7 @@ class TrainStep:
                 p.grad = None
 
                 def acc(t: torch.Tensor, buf: torch.Tensor = view) -> None:
+                    assert t.grad is not None  # set when a post-accumulate hook runs
                     buf.add_(t.grad)
                     t.grad = None
                 hooks.append(p.register_post_accumulate_grad_hook(acc))

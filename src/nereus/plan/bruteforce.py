@@ -175,8 +175,9 @@ def brute_force_placed_latency(job: JobSpec, cost: CostModel | None = None,
             if sync is not None and not cost.weight_sync_fits(choice[sync[0]].layout,
                                                               choice[sync[1]].layout):
                 continue
-            lat = {n: cost.estimate(n, c, _idle(cost, n, groups, choice)).latency_s
-                   for n, c in choice.items()}
+            lat: dict[str, float] = {
+                n: cost.estimate(n, c, _idle(cost, n, groups, choice)).latency_s
+                for n, c in choice.items()}
             s = cost.weight_sync(choice[sync[0]], choice[sync[1]]).latency_s if sync else 0.0
             step, _ = step_and_terms(wf, groups, lat, s)
             sized.append((step, len(sized), grouping, choice))
@@ -252,7 +253,7 @@ def brute_force_placed_latency(job: JobSpec, cost: CostModel | None = None,
         parts = dict(zip(wf.phases, grouping))
         groups = [g for part in grouping for g in part]
         if not is_async:
-            lat: dict[str, float] = {}
+            lat = {}
             ok = True
             for part in parts.values():
                 inside = need_fits(need(part, choice), caps)

@@ -267,7 +267,7 @@ def stage_options(cost: CostModel, stage: ModelStage, pool_size: int,
     will sit once placed (``CostModel.evaluate``), where sizes do not say it.
     """
     wf = cost.job.workflow
-    sync = wf.weight_sync() or ()
+    sync: tuple[str, ...] = wf.weight_sync() or ()
     if by_layout is None:
         by_layout = stage.name in sync
     # synchronous sync: more training GPUs leave fewer generation GPUs without a training shard

@@ -389,8 +389,8 @@ def evaluate_plan(job: JobSpec, specs: Mapping[str, StageLayoutSpec],
     latency: dict[str, float] = {}
     notes: list[str] = []
     for name in list(cands):
-        grp = next(g for g in groups if name in g)
-        idle = sum(cost.resident_bytes(o, cands[o].layout) for o in grp if o != name)
+        group = next(g for g in groups if name in g)
+        idle = sum(cost.resident_bytes(o, cands[o].layout) for o in group if o != name)
         links = cost.placed_links(cands[name].layout, replicas[name])
         c = cands[name] = _choose(cost, name, opts[name], idle, links)
         est = cost.estimate(name, c, idle, links)

@@ -133,9 +133,9 @@ def group_points(members: Sequence[StageOptions], limit: float, budget: int,
         order = np.lexsort((lat, o.gpus))
         order = order[o.gpus[order] <= budget]
         ordered = lat[order]
-        best = np.minimum.accumulate(ordered)
+        best_lat = np.minimum.accumulate(ordered)
         corner = np.ones(len(order), dtype=bool)
-        corner[1:] = ordered[1:] < best[:-1] - 1e-12
+        corner[1:] = ordered[1:] < best_lat[:-1] - 1e-12
         corners = order[corner]
         # read as Python numbers once (a search makes thousands of these points)
         name, cands = (o.stage.name,), o.candidates
@@ -176,9 +176,10 @@ def group_points(members: Sequence[StageOptions], limit: float, budget: int,
             best = picks
         else:
             masks = [o.gpus <= size for o in members]
-            best = _exhaustive(members, masks, adds, limit)
-            if best is None:
+            found = _exhaustive(members, masks, adds, limit)
+            if found is None:
                 continue
+            best = found
         total = sum(lat[i] for lat, i in zip(lat_l, best))
         used = max(g[i] for g, i in zip(gpu_l, best))
         choice = GroupChoice(names, tuple(o.candidates[i] for o, i in zip(members, best)),
@@ -488,7 +489,7 @@ class Planner:
         pricer: _SyncPrices | None = None
         # the training stage's options one layout at a time, split in one pass
         by_layout: dict[Layout | None, StageOptions | None] = (
-            dict(self.options[sync[0]].by_layout()) if sync else {None: None})
+            dict(self.options[sync[0]].by_layout().items()) if sync else {None: None})
         for lt, train in by_layout.items():
             opts = dict(self.options)
             if sync and train is not None:
@@ -531,7 +532,9 @@ class Planner:
         (``bound`` or one found here).
         """
         wf = self.job.workflow
-        train_name, gen_name = wf.weight_sync()
+        pair = wf.weight_sync()
+        assert pair is not None  # search() calls this only for a job with a weight sync
+        train_name, gen_name = pair
         others = [p for p in wf.phases if p not in (Phase.GENERATION, Phase.TRAINING)]
         fixed: dict[Phase, Point] = {}
         for p in others:
@@ -609,8 +612,10 @@ class Planner:
         if not inf or not trn:
             return None
         gen_layouts: dict[Layout | None, StageOptions | None] = {None: None}
+        gen_name = ""  # read below only with a generation layout: only with a weight sync
         if sync and Phase.GENERATION in wf.phases:
-            gen_layouts = dict(opts[sync[1]].by_layout())
+            gen_name = sync[1]
+            gen_layouts = dict(opts[gen_name].by_layout().items())
         # Pareto points: GPUs strictly rising, so the fastest within a budget is the last one
         # at or under it
         inf_gpus, trn_gpus = [p.gpus for p in inf], [p.gpus for p in trn]
@@ -618,8 +623,8 @@ class Planner:
         for lg, g in gen_layouts.items():
             gopts = dict(opts)
             sync_s = 0.0
-            if g is not None and lt is not None:
-                gopts[sync[1]] = g
+            if lg is not None and g is not None and lt is not None:
+                gopts[gen_name] = g
                 sync_s = self.cost.weight_sync(lt, lg).latency_s
             gen = points(Phase.GENERATION, gopts, {}) if Phase.GENERATION in wf.phases else empty
             for gp in gen:
@@ -688,7 +693,8 @@ class Planner:
         pricing) or, with ``spread``, replicas over nodes; ``best`` weighs both."""
         res = self.search()
         plan, bad, _ = self._placed(res)
-        if not bad and plan.step_latency_s <= res.latency * (1 + PRICE_TOLERANCE):
+        if plan is not None and not bad \
+                and plan.step_latency_s <= res.latency * (1 + PRICE_TOLERANCE):
             return plan
         saved = self.options
         try:
@@ -753,12 +759,12 @@ class Planner:
 
     def _best_placeable(self) -> Plan:
         wf = self.job.workflow
-        base = {}
+        base: dict[str, StageOptions] = {}
         for st in wf.stages:
-            opts, _ = stage_options(self.cost, st, self.job.pool.size, keep=self._keep(st),
-                                    by_layout=True,
-                                    links=self._apart() if st.kind is StageKind.TRAIN else None)
-            base[st.name] = opts
+            st_opts, _ = stage_options(
+                self.cost, st, self.job.pool.size, keep=self._keep(st), by_layout=True,
+                links=self._apart() if st.kind is StageKind.TRAIN else None)
+            base[st.name] = st_opts
         heap: list[tuple[float, int, dict[str, StageOptions], SearchResult]] = []
         pushed = 0
 
@@ -783,7 +789,7 @@ class Planner:
                 break  # every combination left is searched at least as slow as it
             self.options = opts
             plan, bad, first = self._placed(res)
-            if not bad:
+            if plan is not None and not bad:  # no plan comes with every stage bad
                 if best is None or plan.step_latency_s < best.step_latency_s:
                     best = plan
                 if plan.step_latency_s <= res.latency * (1 + PRICE_TOLERANCE) \

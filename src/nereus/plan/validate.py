@@ -234,10 +234,10 @@ def validate_plan(job: JobSpec, plan: Plan, cost: CostModel | None = None) -> li
     # the colocated weight sync: training parameters and generation weights on one GPU at once
     pair = wf.colocated_sync()
     if pair is not None and pair[0] in names and pair[1] in names:
-        t, g = plan.stage(pair[0]), plan.stage(pair[1])
-        held = cost.weight_sync_peak_bytes(t.layout, g.layout)
-        if held > limit:
+        train_sp, gen_sp = plan.stage(pair[0]), plan.stage(pair[1])
+        sync_bytes = cost.weight_sync_peak_bytes(train_sp.layout, gen_sp.layout)
+        if sync_bytes > limit:
             problems.append(f"weight sync {pair[0]} -> {pair[1]}: its fullest GPU holds "
-                            f"{held / GiB:.1f} GiB (training parameters, generation weights, "
+                            f"{sync_bytes / GiB:.1f} GiB (training parameters, generation weights, "
                             f"gather buffer), over {limit / GiB:.1f} GiB (estimated)")
     return problems

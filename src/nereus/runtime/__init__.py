@@ -13,6 +13,8 @@
 - ``cli_execute`` (demo.py): what ``nereus transition --execute`` runs.
 """
 
+from typing import Any
+
 from nereus.runtime.checkpoint import Checkpointer
 from nereus.runtime.comm import Group, GroupSpec, Rendezvous, close_groups, open_groups
 from nereus.runtime.executor import ExecutionReport, Executor, state_specs
@@ -26,14 +28,14 @@ from nereus.runtime.state import LogicalState, ShardedState, StateMeta, StateSpe
 from nereus.runtime.workers import WorkerContext, WorkerPool
 
 
-def cli_execute(*args: object, **kwargs: object) -> int:
+def cli_execute(*args: Any, **kwargs: Any) -> int:
     """``nereus transition --execute``: ``nereus.runtime.demo.cli_execute(job, current, target,
     schedule=None, *, seed=0, kind="cpu", address=None, as_json=False)`` runs the schedule on
     local workers on a seeded model, prints measured vs estimated per primitive, and returns
     the exit code (0 when the state survived bitwise)."""
     from nereus.runtime.demo import cli_execute as run
 
-    return run(*args, **kwargs)  # type: ignore[arg-type]
+    return run(*args, **kwargs)
 
 
 __all__ = [

@@ -22,7 +22,7 @@ import shutil
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -33,6 +33,9 @@ from nereus.runtime.state import ShardedState, StateMeta, StateSpec
 from nereus.runtime.workers import GRACE_S, WorkerContext, WorkerPool
 from nereus.spec.sharding import EMBED, LM_HEAD, is_kv
 from nereus.transition.emu import Emu
+
+if TYPE_CHECKING:
+    from torch.distributed.tensor import Placement
 
 _ASIDE = re.compile(r"\.step-(?P<tag>.+)\.(?P<kind>partial|old)-(?P<stamp>\d+)")
 COMPLETE = "COMPLETE"  # marker written after every model-stage of a checkpoint is saved
@@ -78,6 +81,7 @@ def _state_dict(st: ShardedState, base: int, for_load: bool) -> dict[str, Any]:
             continue  # the tied copy: saved once, as the embedding
         local = st.tensor(e.kind, sh.name)
         shape = list(sh.full_shape)
+        placements: list[Placement]
         if sh.split_dim is None:
             m, placements = mesh([tp_group]), [Replicate()]
         elif kv_rep and is_kv(sh.logical):

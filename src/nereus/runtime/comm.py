@@ -29,7 +29,7 @@ import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 import torch.distributed as dist
@@ -245,7 +245,7 @@ class Group:
     def all_reduce(self, tensor: torch.Tensor, op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM
                    ) -> None:
         opts = dist.AllreduceOptions()
-        opts.reduceOp = op
+        opts.reduceOp = cast(dist.ReduceOp, op)  # pybind converts; torch's stubs miss it
         self._wait(self._start(lambda b: b.allreduce([tensor], opts)))
 
     def start_broadcast(self, tensor: torch.Tensor, src: int = 0) -> Any:
@@ -308,10 +308,11 @@ def _make_backend(store: dist.Store, rank: int, size: int, device: torch.device,
         opts = dist.ProcessGroupNCCL.Options()
         opts._timeout = timeout
         return dist.ProcessGroupNCCL(store, rank, size, opts)
-    opts = dist.ProcessGroupGloo._Options()
-    opts._timeout = timeout
-    opts._devices = [dist.ProcessGroupGloo.create_device(hostname=host)]
-    return dist.ProcessGroupGloo(store, rank, size, opts)
+    # torch's stubs lack ProcessGroupGloo._Options, the options that take devices
+    gloo_opts = dist.ProcessGroupGloo._Options()  # type: ignore[attr-defined]
+    gloo_opts._timeout = timeout
+    gloo_opts._devices = [dist.ProcessGroupGloo.create_device(hostname=host)]
+    return dist.ProcessGroupGloo(store, rank, size, gloo_opts)
 
 
 class PendingJoin:

@@ -39,6 +39,7 @@ import logging
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -349,7 +350,7 @@ class Executor:
         return _Running(i, p, refs, groups, start, time.monotonic() + timeout + self.grace_s,
                         f"within its {timeout:.6g} s timeout + {self.grace_s:g} s grace")
 
-    def _settle(self, r: _Running, keep: bool, skip: set[int] = frozenset()
+    def _settle(self, r: _Running, keep: bool, skip: AbstractSet[int] = frozenset()
                 ) -> dict[int, int]:
         """The second phase of a Split or Merge whose calls have all ended, on the members
         that made their part (``mv.settle_member``) and are not in ``skip`` (dead or hung):

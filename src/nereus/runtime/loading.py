@@ -12,6 +12,7 @@ import json
 from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -206,7 +207,7 @@ def load_safetensors(path: str | Path, spec: StateSpec, tp: int, pp: int, tp_ran
     meta = seeded_meta(seed, warm=False)
     state = ShardedState.empty(spec, tp, pp, tp_rank, pp_rank, meta, device)
     with ExitStack() as stack:
-        handles: dict[Path, object] = {}
+        handles: dict[Path, Any] = {}  # safetensors' safe_open handles (untyped)
 
         def read(shard: Shard) -> torch.Tensor:
             name = shard.logical
@@ -224,7 +225,7 @@ def load_safetensors(path: str | Path, spec: StateSpec, tp: int, pp: int, tp_ran
             f = where[name]
             if f not in handles:
                 handles[f] = stack.enter_context(safe_open(str(f), framework="pt"))
-            sl = handles[f].get_slice(name)  # type: ignore[attr-defined]
+            sl = handles[f].get_slice(name)
             shape = tuple(sl.get_shape())
             if shape != shard.full_shape:
                 raise InputError("checkpoint", f"{name} has shape {shape}, the model "

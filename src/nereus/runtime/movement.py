@@ -359,10 +359,9 @@ def extend_member(ctx: WorkerContext, group: GroupSpec, src_id: str | None, out_
     """This worker's part of Extend: rank 0 (``src_id`` given) broadcasts its arena to rank 1,
     which keeps it as unit ``out_id``."""
     t0 = time.perf_counter()
-    sending = src_id is not None
     target: ShardedState | None = None
-    if sending:
-        state = ctx.units[src_id]  # type: ignore[index]
+    if src_id is not None:  # sending
+        state = ctx.units[src_id]
         buf = state.buffer
         meta_t = _meta_tensor(state.meta, ctx.device)
     else:

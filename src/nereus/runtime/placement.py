@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import ray
 
@@ -17,6 +18,10 @@ from nereus.runtime.state import LogicalState, StateMismatch, StateSpec, gather
 from nereus.runtime.workers import WorkerPool
 from nereus.transition.emu import Emu, stage_of
 
+if TYPE_CHECKING:
+    from nereus.plan.types import Plan
+    from nereus.spec.job import JobSpec
+
 
 def place_units(pool: WorkerPool, units: Iterable[Emu], specs: Mapping[str, StateSpec],
                 seed: int | Mapping[str, int] = 0, warm: bool = True,
@@ -24,7 +29,7 @@ def place_units(pool: WorkerPool, units: Iterable[Emu], specs: Mapping[str, Stat
     """Build every position of ``units`` on its worker: seeded (``seed``, one for all stages
     or one per stage; ``warm`` optimizer state) or read from a Hugging Face ``checkpoint``.
     Returns bytes placed per worker."""
-    refs: dict[int, list[object]] = {}
+    refs: dict[int, list[ray.ObjectRef[int]]] = {}
     for e in units:
         spec = specs[e.stage]
         lay = (e.layout.tp, e.layout.pp)
@@ -39,14 +44,14 @@ def place_units(pool: WorkerPool, units: Iterable[Emu], specs: Mapping[str, Stat
     return {g: sum(ray.get(rs)) for g, rs in refs.items()}
 
 
-def place_plan(pool: WorkerPool, job: object, plan: object, specs: Mapping[str, StateSpec],
+def place_plan(pool: WorkerPool, job: JobSpec, plan: Plan, specs: Mapping[str, StateSpec],
                seed: int | Mapping[str, int] = 0, stages: Sequence[str] | None = None,
                warm: bool = True,
                checkpoint: str | Path | None = None) -> dict[str, tuple[Emu, ...]]:
     """Place Φ(plan) (optionally only ``stages``) and return it."""
     from nereus.transition.emu import phi
 
-    units = phi(job, plan)  # type: ignore[arg-type]
+    units = phi(job, plan)
     if stages is not None:
         units = {s: units[s] for s in stages}
     place_units(pool, [e for es in units.values() for e in es], specs, seed, warm, checkpoint)

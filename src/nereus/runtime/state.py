@@ -476,8 +476,8 @@ def gather(shards: Sequence[ShardedState]) -> LogicalState:
     for kind in spec.kinds:
         for name, p in params.items():
             full[(kind, name)] = torch.zeros(p.shape, dtype=spec.dtype(kind))
-            rows = p.shape[p.split_dim] if p.split_dim is not None else 1
-            written[(kind, name)] = torch.zeros(rows, dtype=torch.bool)
+            n_rows = p.shape[p.split_dim] if p.split_dim is not None else 1
+            written[(kind, name)] = torch.zeros(n_rows, dtype=torch.bool)
     for s in shards:
         for e in s.layout.entries:
             sh = e.shard

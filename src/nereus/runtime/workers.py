@@ -33,7 +33,7 @@ from ray.util.placement_group import PlacementGroup, placement_group, remove_pla
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from nereus.errors import InfeasibleError, InputError, first_line
-from nereus.runtime.comm import Group, node_ip
+from nereus.runtime.comm import Group, PendingJoin, node_ip
 from nereus.runtime.inventory import SLOT_RESOURCE, detect_inventory
 from nereus.runtime.memory import ArenaCache, ByteCounter, CapacityError, MemoryStats, block_bytes
 from nereus.runtime.state import ShardedState, StateMeta, StateSpec, arena_layout
@@ -68,7 +68,7 @@ class WorkerContext:
         self.pending: dict[str, tuple[str, ShardedState | None]] = {}
         self.groups: dict[str, Group] = {}
         self.zombies: list[Any] = []  # aborted groups / joins whose backend is still busy
-        self._joining: dict[str, Any] = {}  # PendingJoin by group name
+        self._joining: dict[str, PendingJoin] = {}  # by group name
         self._refused: set[str] = set()  # prefixes of aborted group instances
         self.scratch: dict[str, Any] = {}  # the engine's per-worker objects (models, caches)
         self._renames: set[str] = set()  # tokens of the renames applied here
@@ -180,7 +180,7 @@ class WorkerContext:
         with self._lock:
             return self.groups.pop(name, None)
 
-    def add_pending(self, join: Any) -> None:
+    def add_pending(self, join: PendingJoin) -> None:
         """Register a join in progress; one of a refused group instance is aborted at once."""
         with self._lock:
             self._joining[join.spec.name] = join
@@ -193,7 +193,7 @@ class WorkerContext:
         with self._lock:
             self._refused.update(prefixes)
 
-    def finish_join(self, join: Any, group: Group | None) -> bool:
+    def finish_join(self, join: PendingJoin, group: Group | None) -> bool:
         """End a join atomically with respect to ``abort_groups``: register ``group`` unless
         the join was aborted (then park it until its thread ends). True when registered."""
         with self._lock:
@@ -303,7 +303,9 @@ class Worker:
         return self.ctx.memory_stats()
 
 
-RemoteWorker = ray.remote(concurrency_groups={"work": 1, "control": 4})(Worker)
+# ray's overloads of remote() lack the actor option concurrency_groups
+RemoteWorker = ray.remote(  # type: ignore[call-overload]
+    concurrency_groups={"work": 1, "control": 4})(Worker)
 
 
 class WorkerHung(TimeoutError):
@@ -457,6 +459,7 @@ class WorkerPool:
             for d, (g, b) in reused.items():
                 actors[d] = self._spawn(d, g, b)
             for i, d in enumerate(fresh):
+                assert group is not None  # made above, fresh being non-empty
                 actors[d] = self._spawn(d, group, i)
             ray.get([a.info.remote() for a in actors.values()], timeout=self.ready_timeout_s)
         except BaseException:
@@ -472,6 +475,7 @@ class WorkerPool:
         for d, (g, b) in reused.items():
             self._slots[d] = _Slot(actors[d], g, b)
         for i, d in enumerate(fresh):
+            assert group is not None  # made above, fresh being non-empty
             self._slots[d] = _Slot(actors[d], group, i)
 
     def shrink(self, device_ids: Iterable[int]) -> None:

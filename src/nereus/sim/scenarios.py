@@ -901,6 +901,6 @@ def run_scenario(sc: Scenario, policies: Sequence[str] = POLICIES,
     for i in range(len(groups)):
         results.update(done[i][0])
         if on_log is not None:
-            for p, line in done[i][1]:
-                on_log(p, line)
+            for policy, line in done[i][1]:
+                on_log(policy, line)
     return SimResult(sc.name, {n: results[n] for n in names}, dict(sc.notes))

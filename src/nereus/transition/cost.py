@@ -25,6 +25,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import cast
 
 from nereus.cost.candidate import Layout, Link
 from nereus.cost.comm import link_bw, link_latency
@@ -131,11 +132,13 @@ class TransitionCost:
         if kind is Extend or kind is Split:
             terms = (self._extend_terms(p) if kind is Extend  # type: ignore[arg-type]
                      else self._split_terms(p))  # type: ignore[arg-type]
-            host = self._host_s(p) if p.staged else 0.0
+            # only a Split is ever staged (Extend.staged is False); mypy does not narrow
+            # ``p`` on ``kind is ...``, so the staged path (only) says which it is
+            host = self._host_s(cast(Split, p)) if p.staged else 0.0
             return Duration(self._comm_s(terms) + host,
                             (*terms, (OpClass.SETUP, self.setup_ideal_s)), host)
         if kind is Merge:
-            local = LOCAL_OP_S + self._host_s(p) if p.staged else LOCAL_OP_S
+            local = LOCAL_OP_S + self._host_s(cast(Merge, p)) if p.staged else LOCAL_OP_S
             copy = self._copy_ideal(p)  # type: ignore[arg-type]
             return Duration(self.seconds(p), ((OpClass.COPY, copy),), local)
         if kind is Destroy:
@@ -151,10 +154,10 @@ class TransitionCost:
             return self._extend_s(p)  # type: ignore[arg-type]
         if kind is Split:
             t = self._split_s(p)  # type: ignore[arg-type]
-            return t + self._host_s(p) if p.staged else t
+            return t + self._host_s(cast(Split, p)) if p.staged else t
         if kind is Merge:
             t = LOCAL_OP_S + self._copy_ideal(p) / self._copy_eff  # type: ignore[arg-type]
-            return t + self._host_s(p) if p.staged else t
+            return t + self._host_s(cast(Merge, p)) if p.staged else t
         if kind is Destroy:
             return LOCAL_OP_S
         raise TypeError(f"not a primitive: {p!r}")

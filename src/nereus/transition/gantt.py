@@ -85,7 +85,7 @@ def figure(schedule: Schedule, title: str | None = None) -> Any:
             continue
         rs = sorted(row[g] for g in p.gpus)
         if row_pt >= 7:  # a name fits a row: on the primitive's first GPU
-            y = rs[0]
+            y: float = rs[0]
         elif rs[-1] - rs[0] + 1 == len(rs) and len(rs) * row_pt >= 7:  # its block of rows
             y = (rs[0] + rs[-1]) / 2
         else:

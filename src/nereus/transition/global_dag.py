@@ -318,9 +318,9 @@ class _Replay:
             parked.append(i)
         if len(order) < len(self.prims):
             stuck = parked or [i for i in range(len(self.prims)) if not self.done[i]][:1]
-            blocked = parked or [i for i in self.why if not self.done[i]] or stuck
+            held_up = parked or [i for i in self.why if not self.done[i]] or stuck
             return _Result(self.edges, order, "; ".join(self._reason(i) for i in stuck[:3]),
-                           blocked)
+                           held_up)
         return _Result(self.edges, order, None)
 
     def _restage(self, i: int) -> bool:

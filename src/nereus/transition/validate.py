@@ -382,10 +382,10 @@ def _check_moment(J: _Job, t: float, alive: dict[str, _Unit],
             if u.stage in J.changed and u.id not in on_host and (
                     J.loaded_at.get(u.id, math.inf) <= t + EPS or u.id not in J.initial_ids):
                 mem[gpu] = mem.get(gpu, 0) + J.bytes_at(u, i)
-    for gpu, b in mem.items():
-        peak[gpu] = max(peak.get(gpu, 0), b)
-        if b > J.cap:
-            errs.append(f"t={t:.6f}: GPU {gpu} holds {b} bytes, over the capacity {J.cap}")
+    for gpu, used in mem.items():
+        peak[gpu] = max(peak.get(gpu, 0), used)
+        if used > J.cap:
+            errs.append(f"t={t:.6f}: GPU {gpu} holds {used} bytes, over the capacity {J.cap}")
     for gpu, stages in owners.items():
         for (a, b), shared in J.rivals.items():
             if a in stages and b in stages and gpu not in shared:
