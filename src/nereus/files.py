@@ -13,6 +13,7 @@ import os
 import re
 import stat
 from pathlib import Path
+from types import GenericAlias
 from typing import Any, TypeVar, get_args
 
 import yaml
@@ -222,7 +223,8 @@ def _yaml_number(value: object) -> str | None:
 
 def _nested_model(ann: object) -> type[BaseModel] | None:
     """The model a field holds, itself or inside a list, dict or optional."""
-    if isinstance(ann, type) and issubclass(ann, BaseModel):
+    # list[int] passes isinstance(..., type) on Python 3.10, and issubclass refuses it
+    if isinstance(ann, type) and not isinstance(ann, GenericAlias) and issubclass(ann, BaseModel):
         return ann
     for arg in get_args(ann):
         found = _nested_model(arg)

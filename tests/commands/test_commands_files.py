@@ -116,9 +116,14 @@ class Deny:
                 return False
             return real_access(path, mode, *args, **kwargs)  # type: ignore[arg-type]
 
+        def path_open(path: Path, mode: str = "r", *args: object, **kwargs: object) -> object:
+            return opener(path, mode, *args, **kwargs)
+
         self.mp.setattr(os, "stat", stat)
         self.mp.setattr(io, "open", opener)
         self.mp.setattr("builtins.open", opener)
+        # Python 3.10's Path.open calls the io.open it bound at import, not the patched one
+        self.mp.setattr(Path, "open", path_open)
         self.mp.setattr(os, "access", access)
 
 
