@@ -8,7 +8,7 @@ import re
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import typer
 from rich.table import Table
@@ -260,7 +260,7 @@ FRAMEWORKS = ("verl",)
 MAX_PROBLEMS_SHOWN = 10
 
 
-def cost_model(job: JobSpec, profile: Optional[Path]) -> CostModel:
+def cost_model(job: JobSpec, profile: Path | None) -> CostModel:
     """The cost model, with a profile's calibrated efficiencies and memory scale where given."""
     if profile is None:
         return CostModel(job)
@@ -341,38 +341,38 @@ def register(app: typer.Typer) -> None:
     def plan_cmd(
         # readable=False on every file: nereus.files says why one cannot be read, in one
         # line naming the option, where typer would say only that it "is not readable"
-        config: Optional[Path] = typer.Option(None, "--config", "-c", readable=False,
-                                              help="job YAML (nereus examples writes some)"),
-        model: Optional[str] = typer.Option(None, help=JOB_HELP["model"]),
-        algo: Optional[str] = typer.Option(None, help=JOB_HELP["algo"]),
-        execution: Optional[str] = typer.Option(None, help=JOB_HELP["execution"]),
-        reward: Optional[str] = typer.Option(None, help=JOB_HELP["reward"]),
-        gpus: Optional[int] = typer.Option(None, help=JOB_HELP["gpus"]),
-        device: Optional[str] = typer.Option(None, help=JOB_HELP["device"]),
-        devices_per_node: Optional[int] = typer.Option(None, help=JOB_HELP["devices_per_node"]),
-        response_len: Optional[int] = typer.Option(None, help=JOB_HELP["response_len"]),
-        response_len_max: Optional[int] = typer.Option(None, help=JOB_HELP["response_len_max"]),
-        prompt_len: Optional[int] = typer.Option(None, help=JOB_HELP["prompt_len"]),
-        prompts: Optional[int] = typer.Option(None, help=JOB_HELP["prompts"]),
-        responses_per_prompt: Optional[int] = typer.Option(
+        config: Path | None = typer.Option(None, "--config", "-c", readable=False,
+                                           help="job YAML (nereus examples writes some)"),
+        model: str | None = typer.Option(None, help=JOB_HELP["model"]),
+        algo: str | None = typer.Option(None, help=JOB_HELP["algo"]),
+        execution: str | None = typer.Option(None, help=JOB_HELP["execution"]),
+        reward: str | None = typer.Option(None, help=JOB_HELP["reward"]),
+        gpus: int | None = typer.Option(None, help=JOB_HELP["gpus"]),
+        device: str | None = typer.Option(None, help=JOB_HELP["device"]),
+        devices_per_node: int | None = typer.Option(None, help=JOB_HELP["devices_per_node"]),
+        response_len: int | None = typer.Option(None, help=JOB_HELP["response_len"]),
+        response_len_max: int | None = typer.Option(None, help=JOB_HELP["response_len_max"]),
+        prompt_len: int | None = typer.Option(None, help=JOB_HELP["prompt_len"]),
+        prompts: int | None = typer.Option(None, help=JOB_HELP["prompts"]),
+        responses_per_prompt: int | None = typer.Option(
             None, help=JOB_HELP["responses_per_prompt"]),
-        ppo_mini_batches: Optional[int] = typer.Option(None, help=JOB_HELP["ppo_mini_batches"]),
+        ppo_mini_batches: int | None = typer.Option(None, help=JOB_HELP["ppo_mini_batches"]),
         explain: bool = typer.Option(False, "--explain", help="break every estimate down by term"),
-        frontier_stage: Optional[str] = typer.Option(None, "--frontier", metavar="STAGE",
-                                                     help="list STAGE's latency-GPU frontier"),
-        evaluate: Optional[Path] = typer.Option(
+        frontier_stage: str | None = typer.Option(None, "--frontier", metavar="STAGE",
+                                                  help="list STAGE's latency-GPU frontier"),
+        evaluate: Path | None = typer.Option(
             None, "--evaluate", metavar="PLAN", readable=False,
             help="score your plan beside the best: a plan JSON (plan --json) or a YAML "
                  "mapping each model-stage to tp, pp and dp, and optionally gpus (one list "
                  "of tp x pp GPU ids per DP replica), micro_batch and grad_accum (not on "
                  "generation) and recompute (training only) (nereus examples writes two, "
                  "under layouts/)"),
-        profile: Optional[Path] = typer.Option(None, readable=False, help=JOB_HELP["profile"]),
+        profile: Path | None = typer.Option(None, readable=False, help=JOB_HELP["profile"]),
         spread: bool = typer.Option(False, "--spread",
                                     help="keep two or more replicas of every model-stage on "
                                     "different nodes, so losing any one node (a spot "
                                     "reclaim) leaves a copy of all state"),
-        framework: Optional[str] = typer.Option(
+        framework: str | None = typer.Option(
             None, "--framework", metavar="NAME",
             help="the fastest plan within what a framework's users configure, beside the "
                  "planner's best, with the framework's config overrides: verl (every "

@@ -7,11 +7,19 @@ import csv
 import json
 import os
 import shlex
+from contextlib import nullcontext
+from functools import partial
 from pathlib import Path
-from typing import Optional
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+)
 from rich.table import Table
 from rich.text import Text
 
@@ -206,33 +214,33 @@ def register(app: typer.Typer) -> None:
     @app.command("simulate", cls=Command)
     @one_line_errors
     def simulate_cmd(
-        scenario: Optional[str] = typer.Option(
+        scenario: str | None = typer.Option(
             None, "--scenario", "-s",
             help=with_default(f"built-in scenario: {', '.join(SCENARIOS)}", "default")),
         # readable=False on every file: nereus.files says why one cannot be read, in one line
-        config: Optional[Path] = typer.Option(
+        config: Path | None = typer.Option(
             None, "--config", "-c", readable=False,
             help="scenario YAML: a job: section, trace files, truth (nereus examples writes "
                  "two)"),
-        steps: Optional[int] = typer.Option(
+        steps: int | None = typer.Option(
             None, metavar="N", help=with_default("simulate only the first N steps",
                                     "all of the scenario's; a larger N runs them all")),
-        seed: Optional[int] = typer.Option(
+        seed: int | None = typer.Option(
             None, help=with_default("seed of the generated traces and noise (built-in "
                                     "scenarios; a --config file sets seed: itself)", 0)),
-        gamma: Optional[float] = typer.Option(
+        gamma: float | None = typer.Option(
             None, help=with_default("Nereus's confidence margin γ, 0 to 1",
                                     "the scenario's; 0.5 in the built-in ones")),
         policies: str = typer.Option(",".join(POLICIES), help="policies to compare, "
                                      "comma-separated; also static_verl: static within the "
                                      "plans a verl user can configure"),
-        plot_path: Optional[Path] = typer.Option(
+        plot_path: Path | None = typer.Option(
             None, "--plot", metavar="OUT.png", readable=False,
             help="draw, over steps: each step's time without checkpoint writes, restarts "
                  "and lost work; the time lost so far behind the oracle (without it, the "
                  "fastest policy), all counted; the pool and response length (.png, .pdf or "
                  ".svg)"),
-        csv_path: Optional[Path] = typer.Option(
+        csv_path: Path | None = typer.Option(
             None, "--csv", metavar="OUT.csv", readable=False,
             help="write per-step rows of every policy; a row's transitions (moves before the "
                  "step, the oracle's free ones too) sum to the table's"),
@@ -299,14 +307,16 @@ def register(app: typer.Typer) -> None:
                                         f"{count(sc.steps, 'step')}, "
                                         f"polic{'y' if len(names) == 1 else 'ies'} "
                                         f"{', '.join(names)} (simulated)"))
-        with Progress(TextColumn("simulating"), BarColumn(), MofNCompleteColumn(),
-                      TimeElapsedColumn(), console=err_console, transient=True,
-                      disable=as_json or not err_console.is_terminal) as bar:
-            # a bar is for a person watching: stderr sent to a file or a pipe gets none (Rich
-            # would leave an empty line there)
-            task = bar.add_task("steps", total=sc.steps)
-            res = run_scenario(sc, names, lambda k: bar.update(task, completed=k), on_log,
-                               sim=sim)
+        # a bar is for a person watching: stderr sent to a file or a pipe gets none, and no
+        # Progress at all (with rich 13.8 a disabled one still leaves an empty line there)
+        watched = not as_json and err_console.is_terminal
+        with (Progress(TextColumn("simulating"), BarColumn(), MofNCompleteColumn(),
+                       TimeElapsedColumn(), console=err_console, transient=True)
+              if watched else nullcontext()) as bar:
+            progress = None
+            if bar is not None:
+                progress = partial(_show_step, bar, bar.add_task("steps", total=sc.steps))
+            res = run_scenario(sc, names, progress, on_log, sim=sim)
         label = run_label(sc, config, seed, steps, gamma)
         if as_json:
             command = run_command(sc, config, seed, steps, gamma, names)
@@ -323,6 +333,10 @@ def register(app: typer.Typer) -> None:
             plot(res, sc, plot_path, label)
             if not as_json:
                 console.print(f"wrote plot to {plot_path}", markup=False, highlight=False)
+
+
+def _show_step(bar: Progress, task: TaskID, step: int) -> None:
+    bar.update(task, completed=step)
 
 
 def print_results(sc: Scenario, res: SimResult, lines: list[tuple[str, str]],

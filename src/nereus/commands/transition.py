@@ -20,7 +20,7 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import typer
 from rich.table import Table
@@ -622,24 +622,24 @@ def register(app: typer.Typer) -> None:
         target: Path = typer.Argument(..., metavar="TARGET", readable=False,
                                       help="target plan .json, layout (as plan --evaluate "
                                       "reads), or job .yaml"),
-        config: Optional[Path] = typer.Option(None, "--config", "-c", readable=False,
-                                              help="job YAML sizing the state (plan files and "
-                                              "layouts); default: the jobs both plan files "
+        config: Path | None = typer.Option(None, "--config", "-c", readable=False,
+                                           help="job YAML sizing the state (plan files and "
+                                           "layouts); default: the jobs both plan files "
                                               "record"),
-        model: Optional[str] = typer.Option(None, help=JOB_HELP["model"] + " (plan files "
-                                            "and layouts, without --config: the pool is "
-                                            "sized to the GPU ids the files use, and to the "
-                                            "largest tp x pp x dp of a layout's model-stages)"),
-        algo: Optional[str] = typer.Option(None, help=JOB_HELP["algo"]),
-        execution: Optional[str] = typer.Option(None, help=JOB_HELP["execution"]),
-        reward: Optional[str] = typer.Option(None, help=JOB_HELP["reward"]),
-        device: Optional[str] = typer.Option(None, help=JOB_HELP["device"]),
-        devices_per_node: Optional[int] = typer.Option(None, help=JOB_HELP["devices_per_node"]),
-        profile: Optional[Path] = typer.Option(None, readable=False, help=JOB_HELP["profile"]),
-        gantt_path: Optional[Path] = typer.Option(None, "--gantt", metavar="OUT.png",
-                                                  readable=False,
-                                                  help="draw a Gantt chart per GPU (.png, "
-                                                  ".pdf or .svg)"),
+        model: str | None = typer.Option(None, help=JOB_HELP["model"] + " (plan files "
+                                         "and layouts, without --config: the pool is "
+                                         "sized to the GPU ids the files use, and to the "
+                                         "largest tp x pp x dp of a layout's model-stages)"),
+        algo: str | None = typer.Option(None, help=JOB_HELP["algo"]),
+        execution: str | None = typer.Option(None, help=JOB_HELP["execution"]),
+        reward: str | None = typer.Option(None, help=JOB_HELP["reward"]),
+        device: str | None = typer.Option(None, help=JOB_HELP["device"]),
+        devices_per_node: int | None = typer.Option(None, help=JOB_HELP["devices_per_node"]),
+        profile: Path | None = typer.Option(None, readable=False, help=JOB_HELP["profile"]),
+        gantt_path: Path | None = typer.Option(None, "--gantt", metavar="OUT.png",
+                                               readable=False,
+                                               help="draw a Gantt chart per GPU (.png, "
+                                               ".pdf or .svg)"),
         as_json: bool = typer.Option(False, "--json", help="print one JSON object: source "
                                      "(estimated), estimated_s (null when infeasible, with "
                                      "a reason), feasible, primitives (op, stage, gpus, "
