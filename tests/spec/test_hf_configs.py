@@ -273,6 +273,8 @@ def test_a_config_with_both_rope_keys_is_read_as_transformers_reads_it():
     """transformers takes rope_scaling over rope_parameters where a config has both."""
     import transformers
 
+    if int(transformers.__version__.split(".")[0]) < 5:
+        pytest.skip("rope_parameters is transformers 5's key: 4.x keeps it unread")
     cfg = {**LLAMA_3_1_8B, "rope_theta": None,
            "rope_scaling": {"rope_type": "linear", "factor": 2.0},
            "rope_parameters": {"rope_type": "default", "rope_theta": 1e6}}
