@@ -367,6 +367,25 @@ def test_a_drift_trigger_says_by_how_much_it_passed_its_threshold():
     assert t.describe() == "response_len 1304 vs ref 1000 (+30.4%, past δ=30%)"
 
 
+def test_a_crossing_a_hair_past_its_threshold_does_not_print_as_equal_to_it():
+    """+30.05 % printed as '+30.0%, past δ=30%': more decimals where one does not show it."""
+    m = Monitor({"response_len": 0.3})
+    m, _ = m.check({"response_len": 2000.0})
+    _, (t,) = m.check({"response_len": 2601.0})
+    assert t.describe() == "response_len 2601 vs ref 2000 (+30.05%, past δ=30%)"
+    _, (t,) = m.check({"response_len": 1399.0})
+    assert t.describe() == "response_len 1399 vs ref 2000 (-30.05%, past δ=30%)"
+
+
+def test_a_payback_a_hair_over_gamma_h_is_rejected_with_numbers_that_show_it():
+    """A payback of 5.000001 steps against γ·H = 5 printed as '0.5 > 0.5'-like equals."""
+    f, _ = _schedules({"o0": _Sched(10.000002)})
+    idx, _, (v,) = select(_opts(8.0), 10.0, urgent=False, gamma=0.5, horizon_steps=10.0,
+                          schedule_of=f)
+    assert idx is None and not v.admitted
+    assert v.why == "rejected: payback 5.000001 steps > γ·H = 5"
+
+
 def test_the_controller_and_select_refuse_an_unpriced_move_by_one_rule() -> None:
     """What ``select`` refuses before pricing a transition is what the controller asks before
     pricing the near placements' transitions: one rule, so the two cannot drift apart."""

@@ -76,6 +76,16 @@ def profitable(l_tran_s: float, delta_l_s: float, gamma: float, horizon_steps: f
     return payback_steps(l_tran_s, delta_l_s) <= gamma * horizon_steps
 
 
+def apart(a: float, b: float) -> tuple[str, str]:
+    """``a`` and ``b`` to three significant digits, or as many more (up to twelve) as it
+    takes to tell them apart: a payback a hair over γ·H must not print as equal to it."""
+    for digits in range(3, 13):
+        x, y = f"{a:.{digits}g}", f"{b:.{digits}g}"
+        if x != y:
+            break
+    return x, y
+
+
 def _delta(current_step_s: float | None, step_s: float) -> float | None:
     return None if current_step_s is None else current_step_s - step_s
 
@@ -179,9 +189,9 @@ def select(options: Sequence[Option], current_step_s: float | None, *, urgent: b
                                      f"admitted: payback {pb:.3g} steps <= γ·H = "
                                      f"{gamma * horizon_steps:.3g}"))
             return _index(options, opt), sched, tuple(verdicts)
+        shown_pb, shown_gh = apart(pb, gamma * horizon_steps)
         verdicts.append(_verdict(opt, delta, l_tran, True, pb, False,
-                                 f"rejected: payback {pb:.3g} steps > γ·H = "
-                                 f"{gamma * horizon_steps:.3g}"))
+                                 f"rejected: payback {shown_pb} steps > γ·H = {shown_gh}"))
     return None, None, tuple(verdicts)
 
 

@@ -42,9 +42,19 @@ class Trigger:
     def describe(self) -> str:
         if self.kind is TriggerKind.DRIFT and self.reference:
             change = relative_change(self.value or 0.0, self.reference)
+            delta = self.threshold or 0.0
             return (f"{self.signal} {self.value:.4g} vs ref {self.reference:.4g} "
-                    f"({change:+.1%}, past δ={self.threshold:.0%})")
+                    f"({_past(change, delta)}, past δ={delta * 100:.6g}%)")
         return f"{self.kind.value}{': ' + self.detail if self.detail else ''}"
+
+
+def _past(change: float, delta: float) -> str:
+    """``change`` as a percentage with one decimal, or as many more (up to six) as it takes
+    to read as past δ: +30.05 % against δ = 30 % prints +30.05%, not +30.0%."""
+    for digits in range(1, 7):
+        if round(abs(change) * 100, digits) > delta * 100:
+            break
+    return f"{change:+.{digits}%}"
 
 
 def relative_change(value: float, reference: float) -> float:
