@@ -15,6 +15,7 @@ from nereus.cost.efficiency import Efficiencies
 from nereus.cost.estimate import BUBBLE
 from nereus.cost.model import CostModel
 from nereus.cost.ops import OpClass
+from nereus.errors import InputError
 from nereus.plan.search import Planner, best_plan
 from nereus.spec import GpuPool, parse_job
 
@@ -41,6 +42,11 @@ def packed(job, cost, spread=False):
 def plans(job):
     small = best_plan(job.with_pool(GpuPool(job.cluster, tuple(range(8)))))
     return {"best16": Planner(job).best_placed(), "best8": small}
+
+
+def _at_length(job, mean):
+    """``job`` planned for responses of ``mean`` tokens: the length reference it starts from."""
+    return job.with_workload(job.workload.with_response_len(mean, job.workload.response_len_max))
 
 
 class _Sched:
@@ -584,6 +590,45 @@ def test_a_replan_at_a_boundary_without_times_resets_the_efficiency_references(j
     assert not [t for t in nxt.reasons.triggers if t.signal.startswith("eff.")]
 
 
+def test_telemetry_the_cluster_cannot_hold_changes_nothing(job, plans):
+    """A pool with ids outside the cluster is refused before the controller learns from it:
+    its times, its longest response and its pool change are not kept."""
+    c = Controller(job, plans["best16"], on_log=lambda s: None)
+    c.on_boundary(_tel(job, plans["best16"], 0, 2000))
+    samples, window, horizons = c.calibrator.samples, list(c._recent_longest), c.horizons
+    bad = replace(_tel(job, plans["best16"], 1, 2000, longest=9000),
+                  pool=tuple(range(job.cluster.num_devices + 2)))
+    for call in (c.on_boundary, c.on_failure):
+        with pytest.raises(InputError, match="outside the cluster"):
+            call(bad)
+    assert c.calibrator.samples == samples and list(c._recent_longest) == window
+    assert c.horizons == horizons and c._seen_pool == job.pool.ids and not c.stopped
+    d = c.on_boundary(_tel(job, plans["best16"], 2, 2000))
+    assert d.action is Action.KEEP and d.reasons.triggers == ()
+
+
+def test_a_step_run_beside_a_transition_teaches_the_calibrator_nothing(job, plans):
+    """Its times were measured while state moved over the same GPUs and links, and the
+    controller's plan is already the transition's target: neither plan ran it alone."""
+    c = Controller(job, plans["best16"], on_log=lambda s: None)
+    busy = replace(_tel(job, plans["best16"], 0, 2000, eff=HIDDEN), transition_running=True)
+    before = c.calibrator.efficiencies()
+    c.on_boundary(busy)
+    assert c.calibrator.samples == 0 and c.calibrator.efficiencies() == before
+    c.on_boundary(_tel(job, plans["best16"], 1, 2000, eff=HIDDEN))
+    assert c.calibrator.samples > 0
+
+
+def test_the_first_length_reference_is_the_length_the_first_plan_was_made_for(job, plans):
+    """A first step at twice the planned mean is a drift, as a first pool without the planned
+    GPUs is a pool change; it does not become the reference quietly."""
+    c = Controller(job, plans["best16"], on_log=lambda s: None)
+    assert c.monitor.references["response_len"] == job.workload.response_len_mean
+    d = c.on_boundary(_tel(job, plans["best16"], 0, 2 * job.workload.response_len_mean))
+    assert [t.signal for t in d.reasons.triggers] == ["response_len"]
+    assert d.reasons.triggers[0].reference == job.workload.response_len_mean
+
+
 def test_h_len_counts_steps_from_the_reset_a_pool_replan_made_not_from_the_last_crossing(
         job, plans):
     """Responses cross at step 1; a pool gain replans at step 5 and resets the length's
@@ -592,7 +637,7 @@ def test_h_len_counts_steps_from_the_reset_a_pool_replan_made_not_from_the_last_
     signal takes to cross again)."""
     p = plans["best8"]
     n8, n16 = tuple(range(8)), tuple(range(16))
-    start = job.with_pool(GpuPool(job.cluster, n8))
+    start = _at_length(job.with_pool(GpuPool(job.cluster, n8)), 1000)
     c = Controller(start, p, transition=lambda j, s, t, e: _Sched(1e9), on_log=lambda s: None)
     c.on_boundary(_tel(job, p, 0, 1000, pool=n8))
     d1 = c.on_boundary(_tel(job, p, 1, 1350, pool=n8))
@@ -613,7 +658,7 @@ def test_h_len_counts_steps_from_a_deferred_replan_not_from_the_crossing_it_wait
     reference, and the next crossing at step 6 closes an interval of 2 steps, not 5."""
     p = plans["best8"]
     n8 = tuple(range(8))
-    start = job.with_pool(GpuPool(job.cluster, n8))
+    start = _at_length(job.with_pool(GpuPool(job.cluster, n8)), 1000)
     c = Controller(start, p, transition=lambda j, s, t, e: _Sched(1e9), on_log=lambda s: None)
     c.on_boundary(_tel(job, p, 0, 1000, pool=n8))
     for step in (1, 2, 3):

@@ -274,8 +274,11 @@ class Controller:
         self.on_log = on_log or log.info
         self.pool: tuple[int, ...] = job.pool.ids  # the pool the plan was last chosen for
         self._seen_pool: tuple[int, ...] = job.pool.ids  # at the last boundary
+        # the length the first plan is made for is the length reference, as the pool it is
+        # made for is the pool's: a first step far from it is a drift, not the new normal
         self.monitor = Monitor({"response_len": self.config.delta_len,
-                                "eff.*": self.config.delta_eff})
+                                "eff.*": self.config.delta_eff},
+                               {"response_len": float(job.workload.response_len_mean)})
         self.horizons = Horizons(self.config.horizon_alpha)
         self.pending: tuple[Trigger, ...] = ()
         self.steps_seen = 0
@@ -323,6 +326,11 @@ class Controller:
         learned from every stage with its wall time or with op-class times, or both."""
         self._recent_longest.append(tel.response_len_max)
         if not tel.latency_s and not tel.peak_mem_bytes and not tel.op_time_s:
+            return {}
+        if tel.transition_running:
+            # the step shared its GPUs and links with a transition that moves state between
+            # two plans: its times and peaks measure neither plan alone (and ``self.plan`` is
+            # already the target), so the calibrator does not learn from them
             return {}
         if not self.pool or self.stopped:
             # no plan runs (the pool emptied, or the job stopped and waits for a restart):
@@ -423,7 +431,15 @@ class Controller:
 
     # ------------------------------------------------------------------ the boundary
     def on_boundary(self, tel: Telemetry) -> Decision:
+        self._check_pool(tel)
         return self._boundary(tel, self._learn(tel))
+
+    def _check_pool(self, tel: Telemetry) -> None:
+        """Telemetry whose pool the cluster cannot hold is refused before it changes anything:
+        a rejected boundary leaves the calibrator, the length window and H_pool as they were.
+        An empty pool is valid (every GPU lost: the controller waits)."""
+        if tel.pool:
+            GpuPool(self.job.cluster, tel.pool)
 
     def _boundary(self, tel: Telemetry, shares: Mapping[str, float]) -> Decision:
         cfg = self.config
@@ -527,8 +543,10 @@ class Controller:
         after an unmeasured one never ran) is learned to need at least the whole device there
         (a lower bound: the stage that ran out measured none), so the restart plans for more
         memory."""
+        self._check_pool(tel)
         shares = self._learn(tel)  # the plan ran until it crashed
-        if out_of_memory and not self.stopped and self.pool and tel.pool:
+        if out_of_memory and not self.stopped and self.pool and tel.pool \
+                and not tel.transition_running:  # which plan ran out is not known then
             self._learn_oom(tel)
         self.stopped = True
         # what the restart's log line says it restarts after

@@ -22,7 +22,8 @@ class Telemetry:
     the step shows here. ``latency_s`` and ``peak_mem_bytes`` are per model-stage of the plan
     that ran the step; ``op_time_s[stage][op_class]`` are measured seconds of one op class inside
     a stage. ``transition_running`` tells the controller a transition has not finished yet
-    (asynchronous execution), so replans wait for it; only a loss of GPUs replans at once.
+    (asynchronous execution), so replans wait for it; only a loss of GPUs replans at once. Such
+    a step's times and peaks are not learned from: it shared the GPUs with the transition.
     """
 
     step: int
