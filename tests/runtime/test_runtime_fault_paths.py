@@ -203,6 +203,9 @@ class _Pool:
     def alive(self, timeout_s: float = 10.0) -> dict[int, bool]:
         return {d: d not in self.killed for d in self.workers}
 
+    def liveness(self, timeout_s: float = 10.0) -> tuple[set[int], set[int]]:
+        return {d for d in self.workers if d in self.killed}, set()
+
     def kill(self, device_ids: Sequence[int]) -> None:
         self.log.append(("kill", sorted(device_ids)))
         self.killed.update(device_ids)

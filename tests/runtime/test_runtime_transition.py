@@ -6,8 +6,10 @@ One Ray session for the module; the pool grows and shrinks with each case's plan
 
 from __future__ import annotations
 
+import os
 import random
 import signal
+import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -248,6 +250,45 @@ def test_worker_killed_mid_transition_loses_nothing_while_another_copy_exists(
         assert len(rec.units[stage]) == 5
     finally:
         _restore(pool, killed)
+
+
+STALL_S = 15.0  # past the 5 s ping that once declared a worker dead; within GRACE_S (30 s)
+
+
+def test_a_worker_slow_to_answer_during_a_fault_keeps_its_shards_and_its_partners(
+        pool: WorkerPool) -> None:
+    """Worker 2, of the replica on 2-3 that the Extend does not touch, stops answering for
+    STALL_S (SIGSTOP: a loaded host, a long pause) as the Extend's receiver dies. Reconcile
+    waits for it up to its grace: it is neither dead nor hung, and the replica on 2-3 stays
+    intact, its half on worker 3 included (a 5 s ping once called it dead and dropped that
+    half as an orphan)."""
+    e = _extend_placed(pool, 12)
+    pid = pids(pool)[2]
+    stopped: list[int] = []
+
+    def hook(kind: str, index: int, p: Primitive) -> None:
+        if kind == "start" and not stopped:
+            os.kill(pid, signal.SIGSTOP)
+            stopped.append(pid)
+            ray.kill(pool.actor(5), no_restart=True)
+
+    wake = threading.Timer(STALL_S, os.kill, (pid, signal.SIGCONT))
+    try:
+        ex = Executor(pool, e.specs, min_timeout_s=5.0, on_event=hook)
+        with pytest.raises(TransitionFailed) as info:
+            wake.start()
+            ex.run(e.schedule)
+        rep = info.value.report
+        assert rep.dead == frozenset({5}) and not rep.hung
+        assert [(u.id, u.gpus) for u in rep.intact[e.stage]] == [("actor_train/0", (0, 1)),
+                                                                 ("actor_train/1", (2, 3))]
+        assert _held_by(pool, [2, 3]) == {2: ["actor_train/1"], 3: ["actor_train/1"]}
+        check_stages(pool, e.job, rep.intact, e.seeds)
+    finally:
+        wake.cancel()
+        if stopped:
+            os.kill(pid, signal.SIGCONT)
+        _restore(pool, [5])
 
 
 def test_a_driver_error_mid_transition_aborts_and_reports_what_is_intact(

@@ -317,12 +317,13 @@ class Executor:
         ``token``), then each final unit is intact under its new id, or under its old one
         where no worker renamed it (a live worker whose rename failed for another reason).
         A worker whose rename did not return in time is hung: it is not asked again."""
-        alive = self.pool.alive(timeout_s=5.0)
-        dead = {d for d, ok in alive.items() if not ok}
+        # a worker slow to answer is asked too (it holds its shards): the rename waits
+        # ``grace_s`` for it, and reconcile stops it if it stays silent
+        dead, _ = self.pool.liveness(timeout_s=5.0)
         hung = cause.hung if isinstance(cause, WorkerCallsFailed) else set()
         try:
             self._rename(units, mapping, token,
-                         [d for d, ok in alive.items() if ok and d not in hung])
+                         [d for d in self.pool.device_ids if d not in dead and d not in hung])
         except WorkerCallsFailed as e:
             dead |= e.dead
             hung |= e.hung
@@ -423,9 +424,12 @@ class Executor:
         dead = {d for d, e in errors.items() if is_actor_death(e)}
         involved = {d for r in running.values() for d in r.refs}
         log.debug("fault at %.3f s: errors from %s", time.perf_counter() - t0, sorted(errors))
-        alive = self.pool.alive(timeout_s=5.0)
-        log.debug("liveness at %.3f s: %s", time.perf_counter() - t0, alive)
-        dead |= {d for d in involved if not alive.get(d, False)}
+        # a worker that died is skipped by the aborts below; one that is only slow to answer
+        # is asked to abort like the others, and counts as hung if it never answers
+        died, silent_now = self.pool.liveness(timeout_s=5.0)
+        log.debug("liveness at %.3f s: dead %s, silent %s", time.perf_counter() - t0,
+                  sorted(died), sorted(silent_now))
+        dead |= involved & died
         silent = self._abort(running, dead, dead | set(errors), abort_all)
         log.debug("aborted at %.3f s", time.perf_counter() - t0)
         while any(r.pending() for r in running.values()):

@@ -109,12 +109,15 @@ def reconcile(pool: WorkerPool, candidates: Iterable[Emu], dead: set[int],
     ``cause``: the driver-side error that stopped the run, when no worker's call failed.
     ``hung``: workers whose calls never returned; they are stopped first (any call to them
     would queue behind the stuck one) and count as dead. Each call to a live worker here may
-    take ``timeout_s``: one that does not answer by then is hung too."""
+    take ``timeout_s``: one that does not answer by then is hung too, and stopped. Only a
+    stopped or dead worker's units are lost: a worker that is merely slow to answer still
+    holds its shards, and its partners' halves of them are kept."""
     candidates = list(candidates)
     gone = _Gone(pool, set(dead), set())
     gone.stop(set(hung))
-    alive = pool.alive(timeout_s=5.0)
-    gone.dead |= {d for d in pool.device_ids if not alive.get(d, False)}
+    died, silent = pool.liveness(timeout_s)
+    gone.dead |= died
+    gone.stop(silent - gone.dead)
     live = [d for d in pool.device_ids if d not in gone.dead]
     listed = gone.ask({d: (mv.held_units, ()) for d in live}, timeout_s)
     held = {d: set(ids) for d, ids in listed.items()}

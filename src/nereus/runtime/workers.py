@@ -567,13 +567,21 @@ class WorkerPool:
         """Which workers answer within ``timeout_s`` (all asked at once); a dead actor or a
         silent one is not alive. A worker whose ``call`` is stuck still answers here (its
         control threads do)."""
-        results, errors = wait_each({d: s.actor.info.remote() for d, s in self._slots.items()},
-                                    timeout_s)
+        dead, silent = self.liveness(timeout_s)
+        return {d: d not in dead and d not in silent for d in self._slots}
+
+    def liveness(self, timeout_s: float = 10.0) -> tuple[set[int], set[int]]:
+        """(dead, silent): the workers whose actor died, and those that did not answer within
+        ``timeout_s`` (all asked at once). A silent worker may only be slow (a loaded host, a
+        long pause, swapping): it still holds its state, so it is not dead until stopped."""
+        _, errors = wait_each({d: s.actor.info.remote() for d, s in self._slots.items()},
+                              timeout_s)
         other = [e for e in errors.values() if not (is_actor_death(e) or
                                                      isinstance(e, WorkerHung))]
         if other:
             raise other[0]
-        return {d: d in results for d in self._slots}
+        silent = {d for d, e in errors.items() if isinstance(e, WorkerHung)}
+        return set(errors) - silent, silent
 
 
 def _set_capacity(ctx: WorkerContext, capacity_bytes: int) -> None:
