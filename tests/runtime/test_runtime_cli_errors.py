@@ -33,3 +33,46 @@ def test_a_failed_run_is_one_line_and_exit_4(monkeypatch, tmp_path, error) -> No
         assert "Traceback" not in r.output
     else:  # a bug is not dressed up as a user-facing failure
         assert isinstance(r.exception, RuntimeError) and "a bug" in str(r.exception)
+
+
+def _in_a_worker(error: BaseException) -> BaseException:
+    """``error`` as Ray raises it on the driver when a worker's call raised it: its task name
+    coloured, its traceback attached."""
+    from ray.exceptions import RayTaskError
+
+    try:
+        raise error
+    except type(error):
+        import traceback
+        tb = traceback.format_exc()
+    return RayTaskError("Worker.call", tb, error, proctitle="\x1b[36mray::Worker.call()"
+                        "\x1b[39m").as_instanceof_cause()
+
+
+@pytest.mark.parametrize("wrap", ["task", "batch"])
+def test_a_workers_error_keeps_its_reason_in_the_one_line(monkeypatch, tmp_path, wrap) -> None:
+    """A CapacityError raised inside a worker reached the line as Ray's coloured task name,
+    its reason (what the worker needed and held) dropped; in a batch, with Ray's whole
+    traceback in the message."""
+    from nereus.runtime.workers import WorkerCallsFailed
+
+    inner = CapacityError(3, 9 << 30, 0, 8 << 30, "a Merge")
+    error = _in_a_worker(inner)
+    if wrap == "batch":
+        error = WorkerCallsFailed({3: error}, {})
+
+    def boom(*args, **kwargs):
+        raise error
+
+    monkeypatch.setattr(demo, "execute_transition", boom)
+    paths = []
+    for name, plan in zip(("cur.json", "tgt.json"), paper_example_b()):
+        paths.append(tmp_path / name)
+        paths[-1].write_text(plan.to_json())
+    r = runner.invoke(app, ["transition", *map(str, paths), "--model", "llama-3.1-8b",
+                            "--execute"])
+    assert r.exit_code == EXIT_RUN_FAILED, r.output
+    err = r.stderr.strip().splitlines()
+    assert len(err) == 1, r.stderr
+    assert str(inner) in err[0] and "CapacityError" in err[0]
+    assert "\x1b" not in err[0] and "ray::" not in err[0] and "Traceback" not in err[0]

@@ -16,14 +16,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from nereus.cost.efficiency import Efficiencies
-from nereus.errors import InfeasibleError, InputError, first_line
+from nereus.errors import InfeasibleError, InputError
 from nereus.plan.types import Plan
 from nereus.runtime.comm import GroupAborted
 from nereus.runtime.executor import ExecutionReport, Executor, state_specs
 from nereus.runtime.faults import TransitionFailed
 from nereus.runtime.memory import CapacityError
 from nereus.runtime.placement import place_units, verify_units
-from nereus.runtime.workers import RayStartFailed, WorkerCallsFailed, WorkerPool
+from nereus.runtime.workers import RayStartFailed, WorkerCallsFailed, WorkerPool, describe_error
 from nereus.spec.device import GiB
 from nereus.spec.job import JobSpec
 from nereus.transition.emu import phi
@@ -202,7 +202,8 @@ def cli_execute(job: JobSpec, current: Plan, target: Plan, schedule: Schedule | 
         # InfeasibleError here comes from the run (no placement for the workers in time, the
         # executor's memory check before a primitive, a worker lacking a unit): a run that
         # failed, exit 4, not input to fix (2)
-        raise RunFailed(f"the transition did not run to its end ({type(e).__name__}): "
-                        f"{first_line(e)}") from None
+        # the worker's own error where Ray wrapped it: its type and its one line
+        kind, _, why = describe_error(e).partition(": ")
+        raise RunFailed(f"the transition did not run to its end ({kind}): {why}") from None
     echo(render(check, as_json).rstrip("\n"))
     return 0 if check.bitwise_equal else 1

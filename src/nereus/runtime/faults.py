@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from nereus.runtime import movement as mv
-from nereus.runtime.workers import GRACE_S, WorkerCallsFailed
+from nereus.runtime.workers import GRACE_S, WorkerCallsFailed, describe_error
 from nereus.transition.emu import Emu
 
 if TYPE_CHECKING:
@@ -86,15 +86,6 @@ class TransitionFailed(RuntimeError):
         super().__init__(f"transition failed ({report.describe()})")
 
 
-def _describe_error(e: BaseException) -> str:
-    """One line: the worker's own exception where Ray wrapped it."""
-    cause = getattr(e, "cause", None)
-    inner = cause if isinstance(cause, BaseException) else e
-    text = f"{type(inner).__name__}: {inner}".strip()
-    lines = [ln for ln in text.splitlines() if ln.strip()]
-    return (lines[-1] if isinstance(cause, BaseException) and len(lines) > 1 else lines[0])[:300]
-
-
 def _drop_all(ctx: Any, ids: Sequence[str]) -> int:
     for i in ids:  # an unsettled new unit (its worker's settle call failed) goes with its
         ctx.pending.pop(i, None)  # host copy of the source
@@ -129,13 +120,13 @@ def reconcile(pool: WorkerPool, candidates: Iterable[Emu], dead: set[int],
     # a worker lost while dropping takes its units with it
     intact, lost = _sort_out(candidates, {d: h for d, h in held.items() if d not in gone.dead})
     return FaultReport(frozenset(gone.dead),
-                       {i: {d: _describe_error(e) for d, e in errs.items()}
+                       {i: {d: describe_error(e) for d, e in errs.items()}
                         for i, errs in failed.items()},
                        {s: tuple(sorted(es, key=lambda e: e.id)) for s, es in intact.items()},
                        tuple(sorted(lost, key=lambda e: e.id)), timings, dropped,
                        {i: {d: str(e)[-4000:] for d, e in errs.items()}
                         for i, errs in failed.items()},
-                       None if cause is None else _describe_error(cause), frozenset(gone.hung))
+                       None if cause is None else describe_error(cause), frozenset(gone.hung))
 
 
 @dataclass

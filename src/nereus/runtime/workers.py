@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
+import re
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -313,6 +314,19 @@ class WorkerHung(TimeoutError):
     silent."""
 
 
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")  # Ray colours the task names in its error text
+
+
+def describe_error(e: BaseException) -> str:
+    """One line, ``Type: message``: the worker's own exception where Ray wrapped it (a
+    ``RayTaskError``'s ``cause``), without Ray's traceback and colour codes."""
+    cause = getattr(e, "cause", None)
+    inner = cause if isinstance(cause, BaseException) else e
+    text = _ANSI.sub("", f"{type(inner).__name__}: {inner}").strip()
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    return (lines[-1] if isinstance(cause, BaseException) and len(lines) > 1 else lines[0])[:300]
+
+
 class WorkerCallsFailed(RuntimeError):
     """Some calls of a batch failed; ``errors`` by device id, ``results`` of the others."""
 
@@ -320,8 +334,9 @@ class WorkerCallsFailed(RuntimeError):
         self.errors = dict(errors)
         self.results = dict(results)
         first = next(iter(self.errors.items()))
+        # one line: the full errors (Ray's tracebacks) stay in ``errors``
         super().__init__(f"{len(self.errors)} worker call(s) failed; worker {first[0]}: "
-                         f"{type(first[1]).__name__}: {first[1]}")
+                         f"{describe_error(first[1])}")
 
     @property
     def dead(self) -> set[int]:
