@@ -76,3 +76,30 @@ def test_a_workers_error_keeps_its_reason_in_the_one_line(monkeypatch, tmp_path,
     assert len(err) == 1, r.stderr
     assert str(inner) in err[0] and "CapacityError" in err[0]
     assert "\x1b" not in err[0] and "ray::" not in err[0] and "Traceback" not in err[0]
+
+
+def test_ctrl_c_mid_transition_is_an_interruption_with_what_stayed_intact(monkeypatch,
+                                                                           tmp_path) -> None:
+    """Ctrl-C during the run reached the command as a TransitionFailed: 'did not run to its
+    end' and exit 4, where Ctrl-C anywhere else is 'interrupted' and exit 130."""
+    from nereus.runtime.faults import FaultReport, TransitionFailed
+    from nereus.transition.emu import phi_stage
+    from nereus.transition.instances import make_job
+
+    cur, tgt = paper_example_b()
+    (kept,) = phi_stage(make_job("llama-3.1-8b", 32), cur.stages[0])
+    report = FaultReport(frozenset(), {}, {kept.stage: (kept,)}, (),
+                         cause="KeyboardInterrupt: ")
+
+    def stopped(*args, **kwargs):
+        raise TransitionFailed(report) from KeyboardInterrupt()
+
+    monkeypatch.setattr(demo, "execute_transition", stopped)
+    paths = []
+    for name, plan in zip(("cur.json", "tgt.json"), (cur, tgt)):
+        paths.append(tmp_path / name)
+        paths[-1].write_text(plan.to_json())
+    r = runner.invoke(app, ["transition", *map(str, paths), "--model", "llama-3.1-8b",
+                            "--execute"])
+    assert r.exit_code == 130, r.output
+    assert r.stderr == f"error: interrupted mid-transition; intact units: {kept.id}\n"

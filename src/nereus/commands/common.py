@@ -28,6 +28,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 EXIT_INPUT = 2        # bad input: a field with a value that is not allowed
 EXIT_INFEASIBLE = 3   # a transition that cannot run (commands say where they use it)
 EXIT_RUN_FAILED = 4   # a run on real workers that failed (a worker died, a collective failed)
+EXIT_INTERRUPTED = 130  # Ctrl-C (128 + SIGINT, as a shell reports it)
 
 # Tables are wide; when output goes to a pipe or a file, do not squeeze them into 80 columns.
 console = Console(width=None if sys.stdout.isatty() else 160)
@@ -154,7 +155,7 @@ def one_line_errors(fn: F) -> F:
         except InfeasibleError as e:
             raise fail(str(e)) from None
         except KeyboardInterrupt:
-            raise fail("interrupted", 130) from None
+            raise fail("interrupted", EXIT_INTERRUPTED) from None
 
     return wrapper  # type: ignore[return-value]
 

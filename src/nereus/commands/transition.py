@@ -27,6 +27,7 @@ from rich.table import Table
 
 from nereus.commands.common import (
     EXIT_INFEASIBLE,
+    EXIT_INTERRUPTED,
     EXIT_RUN_FAILED,
     FIGURE_FORMATS,
     Command,
@@ -738,7 +739,7 @@ def register(app: typer.Typer) -> None:
             # one line, not every table and then the error
             quiet_ray()
             from nereus.runtime import cli_execute
-            from nereus.runtime.demo import RunFailed
+            from nereus.runtime.demo import RunFailed, RunInterrupted
 
             printed: list[str] = []
             try:  # as JSON always: the table is drawn here, with every column's source
@@ -748,7 +749,8 @@ def register(app: typer.Typer) -> None:
                     code = cli_execute(job, cur, tgt, schedule, as_json=True,
                                        echo=printed.append)
             except RunFailed as e:
-                raise fail(str(e), EXIT_RUN_FAILED) from None
+                raise fail(str(e), EXIT_INTERRUPTED if isinstance(e, RunInterrupted)
+                           else EXIT_RUN_FAILED) from None
             result = measured_json(json.loads(printed[-1]), schedule, profile,
                                    job.cluster.device.name)
         if not as_json:

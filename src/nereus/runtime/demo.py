@@ -36,6 +36,10 @@ class RunFailed(RuntimeError):
     out of its capacity, Ray could not start the workers): one line, for the command to print."""
 
 
+class RunInterrupted(RunFailed):
+    """Ctrl-C stopped the transition part-way: one line, with the units that stayed intact."""
+
+
 @dataclass(frozen=True)
 class ExecutionCheck:
     """A schedule executed on real workers: what was measured and whether the state held."""
@@ -197,8 +201,16 @@ def cli_execute(job: JobSpec, current: Plan, target: Plan, schedule: Schedule | 
     try:
         check = execute_transition(job, current, target, schedule, seed=seed, kind=kind,
                                    address=address)
-    except (TransitionFailed, WorkerCallsFailed, CapacityError, GroupAborted, RayError,
-            RayStartFailed, InfeasibleError) as e:
+    except TransitionFailed as e:
+        if isinstance(e.__cause__, KeyboardInterrupt):  # the user's stop, not a failure
+            keep = ", ".join(u.id for us in e.report.intact.values() for u in us) or "none"
+            lost = ", ".join(u.id for u in e.report.lost)
+            raise RunInterrupted(f"interrupted mid-transition; intact units: {keep}"
+                                 + (f"; lost: {lost}" if lost else "")) from None
+        kind, _, why = describe_error(e).partition(": ")
+        raise RunFailed(f"the transition did not run to its end ({kind}): {why}") from None
+    except (WorkerCallsFailed, CapacityError, GroupAborted, RayError, RayStartFailed,
+            InfeasibleError) as e:
         # InfeasibleError here comes from the run (no placement for the workers in time, the
         # executor's memory check before a primitive, a worker lacking a unit): a run that
         # failed, exit 4, not input to fix (2)
