@@ -147,3 +147,30 @@ def test_a_pipeline_gets_a_second_communicator_for_its_gradients() -> None:
         assert names.pp in pp and names.pp_grad in grad
         assert pp[names.pp] == grad[names.pp_grad]
     runner.close()
+
+
+def test_after_a_failed_operation_the_runner_refuses_the_next_until_made_anew() -> None:
+    """A replica whose step raised left its peers in a collective that fails at the
+    communicators' timeout; every later step on those groups failed at once with gloo's
+    'connection closed by peer', which reads as a crashed worker. The runner now refuses them
+    itself, naming the first failure, and still closes every group."""
+    import torch
+
+    from nereus.engine.batch import Batch
+    from nereus.engine.runner import RunnerFailed
+
+    pool = _Pool(fail={remote.forward: {0}})
+    runner = StageRunner(pool, EMUS, _Rendezvous())
+    batch = Batch(torch.ones(2, 4, dtype=torch.long), None)
+    with pytest.raises(WorkerCallsFailed, match="forward failed on worker 0"):
+        runner.forward(batch, 1)
+    want = _groups_of(runner)
+    asked = len(pool.calls)
+    with pytest.raises(RunnerFailed, match=r"^actor_train: an earlier operation failed "
+                       r"\(forward: 1 worker call\(s\) failed; worker 0: RuntimeError: "
+                       r"forward failed on worker 0\).*make a new StageRunner$"):
+        runner.forward(batch, 1)
+    assert len(pool.calls) == asked  # no worker was asked
+    runner.close()
+    assert pool.left() == want
+

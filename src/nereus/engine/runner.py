@@ -29,7 +29,7 @@ from nereus.engine.pipeline import LossFn, Output
 from nereus.engine.sampling import SamplingParams
 from nereus.engine.stage import check_batch
 from nereus.engine.train import TrainResult
-from nereus.errors import InputError
+from nereus.errors import InputError, first_line
 from nereus.runtime.comm import Rendezvous, close_groups, open_groups
 from nereus.runtime.workers import WorkerCallsFailed, WorkerPool
 from nereus.spec.workload import largest_share
@@ -80,12 +80,22 @@ def placements(emus: Sequence[Emu], key: str, same_node: Any = None) -> list[Pla
     return out
 
 
+class RunnerFailed(RuntimeError):
+    """An operation of this runner failed earlier: its communicators cannot be trusted."""
+
+
 class StageRunner:
     """Runs train_step / forward / generate of one model-stage on its EMUs' workers.
 
     Every call waits at most ``timeout_s`` for the workers (``WorkerCallsFailed`` after).
     ``rv`` must stay open while the runner runs: on NCCL a pipeline's point-to-point
-    communicators are made at their first send, through the rendezvous store."""
+    communicators are made at their first send, through the rendezvous store.
+
+    An operation that fails on any worker ends the runner's use: a replica that raised left
+    its peers inside a collective, which fails only at the communicators' timeout and leaves
+    them unusable, so every later operation is refused (``RunnerFailed``, naming the first
+    failure) until the caller closes this runner and makes a new one. The state is unchanged
+    by a failed step."""
 
     def __init__(self, pool: WorkerPool, emus: Sequence[Emu], rv: Rendezvous,
                  adam: AdamConfig | None = None, stage: str | None = None,
@@ -101,6 +111,7 @@ class StageRunner:
         self.device = str(infos[self.places[0].device].device)
         self.groups = self._members()
         self.setup_s: dict[str, float] = {}
+        self.failed: str | None = None  # the first failed operation's error, one line
         try:  # a failure partway (a member that never joined) closes what was opened
             if self.groups:
                 self.setup_s = open_groups(pool, self.groups, rv)
@@ -222,9 +233,17 @@ class StageRunner:
 
     def _run(self, fn: Any, per_replica: list[Batch], *args: Any
              ) -> tuple[list[Any], tuple[WorkerMeasurement, ...]]:
+        if self.failed is not None:
+            raise RunnerFailed(f"{self.stage}: an earlier operation failed ({self.failed}), "
+                               "which may have left peers inside a collective: close this "
+                               "runner and make a new StageRunner")
         calls = {p.device: (fn, (self.key, per_replica[p.pos.dp_rank], *args))
                  for p in self.places}
-        out = self.pool.run(calls, self.timeout_s)
+        try:
+            out = self.pool.run(calls, self.timeout_s)
+        except BaseException as e:
+            self.failed = f"{fn.__name__}: {first_line(e)}"
+            raise
         results: list[Any] = [None] * self.dp
         for p in self.places:
             res, _ = out[p.device]
