@@ -103,3 +103,23 @@ def test_ctrl_c_mid_transition_is_an_interruption_with_what_stayed_intact(monkey
                             "--execute"])
     assert r.exit_code == 130, r.output
     assert r.stderr == f"error: interrupted mid-transition; intact units: {kept.id}\n"
+
+
+def test_ctrl_c_while_ray_starts_waits_for_the_start_and_a_second_acts_at_once() -> None:
+    """Shutting down a half-started Ray crashed the process (SIGSEGV) and left its agents
+    running: a first Ctrl-C is held until the start ends, a second is not."""
+    import os
+    import signal
+
+    from nereus.runtime.workers import _ctrl_c_deferred
+
+    before = signal.getsignal(signal.SIGINT)
+    with _ctrl_c_deferred() as interrupted:
+        assert not interrupted()
+        os.kill(os.getpid(), signal.SIGINT)  # delivered here, held
+        assert interrupted()
+    assert signal.getsignal(signal.SIGINT) is before
+    with pytest.raises(KeyboardInterrupt), _ctrl_c_deferred():
+        os.kill(os.getpid(), signal.SIGINT)
+        os.kill(os.getpid(), signal.SIGINT)
+    assert signal.getsignal(signal.SIGINT) is before

@@ -23,8 +23,9 @@ import contextlib
 import gc
 import os
 import re
+import signal
 import threading
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -364,24 +365,53 @@ class RayStartFailed(RuntimeError):
     worker ever ran."""
 
 
+@contextlib.contextmanager
+def _ctrl_c_deferred() -> Iterator[Callable[[], bool]]:
+    """Hold a first Ctrl-C until the block ends; yields whether one came. A second acts at
+    once. Outside the main thread (where Python delivers no signal) it holds nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield lambda: False
+        return
+    seen: list[int] = []
+    before = signal.getsignal(signal.SIGINT)
+    again = before if callable(before) or before in (signal.SIG_DFL, signal.SIG_IGN) \
+        else signal.default_int_handler
+
+    def hold(signum: int, frame: object) -> None:
+        seen.append(signum)
+        signal.signal(signal.SIGINT, again)
+
+    signal.signal(signal.SIGINT, hold)
+    try:
+        yield lambda: bool(seen)
+    finally:
+        if signal.getsignal(signal.SIGINT) is hold:
+            signal.signal(signal.SIGINT, again)
+
+
 def _init_ray(address: str | None, slots: int, slot_resource: str) -> None:
     if ray.is_initialized():
         return
-    try:
-        if address is None:  # a local Ray: this machine offers the device slots (a
-            # RAY_ADDRESS in the environment would make ray.init join that cluster instead)
-            ray.init(address="local", include_dashboard=False,
-                     resources={slot_resource: slots}, object_store_memory=512 * 1024**2)
-        else:
-            ray.init(address=address)
-    except KeyboardInterrupt:
-        # interrupted while Ray's own agents start: stop them, or they outlive the command
+    # Ctrl-C while Ray starts waits until it has started, then stops it: shutting down a
+    # half-started Ray crashed the process (SIGSEGV) and left its agents running
+    with _ctrl_c_deferred() as interrupted:
+        try:
+            if address is None:  # a local Ray: this machine offers the device slots (a
+                # RAY_ADDRESS in the environment would make ray.init join that cluster)
+                ray.init(address="local", include_dashboard=False,
+                         resources={slot_resource: slots}, object_store_memory=512 * 1024**2)
+            else:
+                ray.init(address=address)
+        except KeyboardInterrupt:  # a second Ctrl-C: stop what started, as well as it goes
+            ray.shutdown()
+            raise
+        except (OSError, RuntimeError, ValueError) as e:  # ConnectionError is an OSError
+            ray.shutdown()
+            raise RayStartFailed(f"Ray could not start ({type(e).__name__}: "
+                                 f"{first_line(e)})") from e
+    if interrupted():
         ray.shutdown()
-        raise
-    except (OSError, RuntimeError, ValueError) as e:  # ConnectionError is an OSError
-        ray.shutdown()
-        raise RayStartFailed(f"Ray could not start ({type(e).__name__}: {first_line(e)})") \
-            from e
+        raise KeyboardInterrupt
 
 
 class WorkerPool:
