@@ -195,7 +195,9 @@ def check_reference(rt: Any, spec: ModelSpec, device: str, n: int, s: int) -> di
     del ref16
     eng16 = engine_on(rt, unit(rt, spec, "bf16", False, device))
     got16 = engine_logits(eng16, b)
-    lp_eng = eng16.forward(b, micro_batch=n).result.logprobs   # the engine's vocab log-softmax
+    res16 = eng16.forward(b, micro_batch=n).result
+    assert res16 is not None and res16.logprobs is not None  # the LM head's last block
+    lp_eng = res16.logprobs   # the engine's vocab log-softmax
     del eng16
     e_mean, e_max = _errors(got16, ref32)
     h_mean, h_max = _errors(hf16, ref32)
@@ -439,6 +441,7 @@ def run_case(eng: StageEngine, c: Case, spec: ModelSpec, device: str, repeats: i
     peak = best.peak_mem_bytes
     if peak is None:   # CPU: memory from a profiled run of its own
         peak = op(True).measurement.peak_mem_bytes
+    assert peak is not None  # a memory run measures it
     free()
     return Measured(c, best.wall_s, tuple(m.wall_s for m in runs), int(peak), dict(best.op_s))
 

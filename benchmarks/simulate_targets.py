@@ -20,6 +20,7 @@ import json
 import os
 import resource
 import time
+from typing import Any
 
 from nereus.sim.policies import VerlStaticPolicy
 from nereus.sim.scenarios import builtin, run_scenario, simulator
@@ -46,7 +47,7 @@ def main() -> None:
         cpu = _cpu() - c0
         r = res.results
         s, a, n, o = r["static"], r["replan_always"], r["nereus"], r["oracle"]
-        row = {
+        row: dict[str, Any] = {
             "steps": sc.steps, "wall_s": round(wall, 1), "cpu_s": round(cpu, 1),
             "tokens_per_s": {k: round(v.tokens_per_s, 1) for k, v in r.items()},
             "transitions": {k: v.transitions for k, v in r.items()},

@@ -295,8 +295,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             results = [run_case(n, pool, job, ex, ck, args.repeats, log) for n in args.cases]
         except TransitionFailed as e:
-            for errs in e.report.tracebacks.values():
-                for d, tb in errs.items():
+            for tbs in e.report.tracebacks.values():
+                for d, tb in tbs.items():
                     log(f"worker {d}: {tb}")
             raise
         ext = extend_ratio(pool, job, ex, args.repeats)
@@ -316,9 +316,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                  "bitwise_equal": not r.differences} for r in results]
     for row in per_case:
         log(json.dumps({**row, "source": "measured"}))
-    for e in errs:
-        log(f"estimate {e['case']} (fold {e['fold']}): estimated {e['estimated_s']:.3f} s, "
-            f"measured {e['measured_s']:.3f} s, error {e['relative_error']:.2f}")
+    for est in errs:
+        log(f"estimate {est['case']} (fold {est['fold']}): estimated {est['estimated_s']:.3f} "
+            f"s, measured {est['measured_s']:.3f} s, error {est['relative_error']:.2f}")
     log(f"extend: {ext['extend_bw'] / 1e9:.2f} GB/s vs raw broadcast "
         f"{ext['raw_bw'] / 1e9:.2f} GB/s (measured)")
     out = {
