@@ -224,6 +224,25 @@ def test_yaml_numbers_and_switches_are_strict(tmp_path, line, field):
     assert "\n" not in str(e.value)
 
 
+@pytest.mark.parametrize("line,field", [
+    ("restart: {storage_write_gb_per_s_per_node: 1.0e-320}",
+     "restart.storage_write_gb_per_s_per_node"),
+    ("restart: {storage_read_gb_per_s_per_node: 1.0e-300}",
+     "restart.storage_read_gb_per_s_per_node"),
+    ("restart: {startup_s: 1.0e+308}", "restart.startup_s"),
+    ("hidden_efficiency: {gemm: 5.0e-324}", "hidden_efficiency.gemm"),
+])
+def test_values_that_would_make_simulated_times_overflow_are_refused(tmp_path, line, field):
+    """A write bandwidth of 1e-320 GB/s ran, and printed "mean_step_s": Infinity (not JSON);
+    a GEMM efficiency of 5e-324 failed on an internal telemetry field after numpy's
+    warnings."""
+    p = tmp_path / "run.yaml"
+    p.write_text(JOB + line + "\n")
+    with pytest.raises(InputError, match=rf"^{field}: ") as e:
+        load_scenario(p)
+    assert "\n" not in str(e.value)
+
+
 def test_yaml_ints_still_count_where_floats_are_expected(tmp_path):
     p = tmp_path / "run.yaml"
     p.write_text(JOB + "steps: 3\nnoise: 0\ncontrol: {gamma: 1, length_margin: 0}\n"

@@ -355,6 +355,8 @@ def test_a_row_is_named_by_its_line_in_the_file_blank_lines_included(tmp_path):
      "step 0 on this row"),
     ("0,500,700\n1,500,700\n1,500,700\n", "row 4.step: step 1 after step 1: a repeated step",
      "step 2 on this row"),
+    # read as "step -1 after step -1: a repeated step": there was no step before it
+    ("-1,500,700\n", "row 2.step: step -1 is negative", "step 0 on this row"),
 ])
 def test_a_lengths_row_out_of_order_says_which_step_is_missing(tmp_path, rows, problem, allowed):
     """A gap read "step 5 out of order (allowed: 1)"."""
@@ -414,3 +416,28 @@ def test_count_says_one_in_the_singular():
     d = T.DriftTrace((T.DriftPeriod(0, 10, OpClass.GEMM, 0.5),))
     assert d.head(1).source.endswith("cut to its first 1 step: 1 period cut to end at step 1")
     assert "whole-node churn of 2 x 1 GPU, 1 change every" in T.node_churn(2, 1, 10, 1).source
+
+
+@pytest.mark.parametrize("what, text, column", [
+    ("lengths", "step,response_len_mean,response_len_max\n0,5_00,7_00\n", "response_len_mean"),
+    ("lengths", "step,response_len_mean,response_len_max\n1_0,500,700\n", "step"),
+    ("lengths", "step,response_len_mean,response_len_max\n0,\u0665\u0660\u0660,700\n",
+     "response_len_mean"),
+    ("availability", "time_s,gpus\n0_0,8\n", "time_s"),
+    ("drift", "start_step,end_step,op_class,factor\n0,1_0,gemm,0.5\n", "end_step"),
+    ("drift", "start_step,end_step,op_class,factor\n0,10,gemm,0_5\n", "factor"),
+])
+def test_csv_numbers_are_plain_decimals(tmp_path, what, text, column):
+    """float() and int() take Python's '5_00' and other scripts' digits: a lengths row
+    '0,5_00,7_00' loaded as 500 and 700 tokens."""
+    p = tmp_path / "t.csv"
+    p.write_text(text, encoding="utf-8")
+    with pytest.raises(InputError, match=rf"^{what} row 2\.{column}: '.+' in t\.csv is not "):
+        _LOADERS[what](p)
+
+
+@pytest.mark.parametrize("text", ["1e3", "+5", "5.", ".5e3", "1E+02", " 7 "])
+def test_csv_numbers_in_the_forms_a_spreadsheet_writes_still_load(tmp_path, text):
+    p = tmp_path / "t.csv"
+    p.write_text(f"step,response_len_mean,response_len_max\n0,{text},2000\n")
+    assert T.load_lengths(p).mean == (float(text),)

@@ -320,7 +320,7 @@ def register(app: typer.Typer) -> None:
         label = run_label(sc, config, seed, steps, gamma)
         if as_json:
             command = run_command(sc, config, seed, steps, gamma, names)
-            print(json.dumps(result_json(res, sc, command)))
+            print(json.dumps(result_json(res, sc, command), allow_nan=False))
         else:
             print_results(sc, res, lines, log)
         # the files after the results: one that cannot be saved costs no printed result

@@ -447,12 +447,22 @@ class _Drift(_Strict):
     congestion: _Congestion | None = None
 
 
+# Bounds that keep simulated times finite (assumptions: no real job restarts for more than a
+# day, or reads its checkpoint at under 1 MB/s per node, or runs an op class at under 0.1 % of
+# its peak); past them a run's sums overflowed to inf and its JSON to "Infinity"
+MAX_STARTUP_S = 86_400.0
+MIN_STORAGE_GB_PER_S = 1e-3
+MIN_HIDDEN_EFFICIENCY = 1e-3
+
+
 class _Restart(_Strict):
-    startup_s: float = Field(RestartParams.startup_s, ge=0, allow_inf_nan=False)
+    startup_s: float = Field(RestartParams.startup_s, ge=0, le=MAX_STARTUP_S,
+                             allow_inf_nan=False)
     storage_read_gb_per_s_per_node: float = Field(RestartParams.storage_read_bw_per_node / GB,
-                                                  gt=0, allow_inf_nan=False)
+                                                  ge=MIN_STORAGE_GB_PER_S, allow_inf_nan=False)
     storage_write_gb_per_s_per_node: float = Field(
-        RestartParams.storage_write_bw_per_node / GB, gt=0, allow_inf_nan=False)
+        RestartParams.storage_write_bw_per_node / GB, ge=MIN_STORAGE_GB_PER_S,
+        allow_inf_nan=False)
     checkpoint_interval_steps: int = Field(RestartParams.checkpoint_interval_steps, ge=1)
 
 
@@ -491,7 +501,8 @@ class _ScenarioFile(_Strict):
     lengths: _Lengths = _Lengths(growth=_Growth())
     availability: _Availability = _Availability(constant=True)
     drift: _Drift | None = None
-    hidden_efficiency: dict[str, Annotated[float, Field(gt=0, allow_inf_nan=False)]] = {}
+    hidden_efficiency: dict[str, Annotated[float, Field(ge=MIN_HIDDEN_EFFICIENCY,
+                                                        allow_inf_nan=False)]] = {}
     noise: float = Field(0.01, ge=0, le=MAX_NOISE, allow_inf_nan=False)
     restart: _Restart = _Restart()
     control: _Control = _Control()

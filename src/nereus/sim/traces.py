@@ -26,6 +26,7 @@ import io
 import itertools
 import json
 import math
+import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from importlib import resources
@@ -156,7 +157,7 @@ def load_lengths(path: str | Path, fits: Callable[[int, str], None] | None = Non
     in_order = "the rows number the steps 0, 1, 2, ... in order, one row each"
     for i, (line, r) in enumerate(rows):
         try:
-            step = int(r["step"])
+            step = int(_plain(r["step"], _INTEGER))
         except (TypeError, ValueError):
             raise InputError(f"lengths row {line}.step", f"{r['step']!r} in {Path(path).name} "
                              "is not an integer",
@@ -168,6 +169,9 @@ def load_lengths(path: str | Path, fits: Callable[[int, str], None] | None = Non
             missing = f"step {i}" if step == i + 1 else f"steps {i}..{step - 1}"
             raise InputError(f"lengths row {line}.step", f"step {step} where step {i} is "
                              f"expected: {missing} missing",
+                             f"step {i} on this row; {in_order}")
+        if step < 0:
+            raise InputError(f"lengths row {line}.step", f"step {step} is negative",
                              f"step {i} on this row; {in_order}")
         if step < i:
             raise InputError(f"lengths row {line}.step", f"step {step} after step {i - 1}: "
@@ -665,7 +669,7 @@ def load_drift(path: str | Path, steps: int | None = None) -> DriftTrace:
         ends = []
         for col in ("start_step", "end_step"):
             try:
-                ends.append(int(r[col]))
+                ends.append(int(_plain(r[col], _INTEGER)))
             except (TypeError, ValueError):
                 raise InputError(f"drift row {line}.{col}", f"{r[col]!r} in "
                                  f"{Path(path).name} is not an integer",
@@ -690,13 +694,27 @@ def _check_factor(factor: float, fld: str) -> None:
         raise InputError(fld, f"got {factor:g}", f"a finite number >= {MIN_DRIFT_FACTOR:g}")
 
 
+# Numbers as a CSV writes them: ASCII digits, a sign, a point and an exponent; not Python's
+# "5_00" or other scripts' digits, which float() and int() also take
+_INTEGER = re.compile(r"[+-]?[0-9]+")
+_DECIMAL = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?")
+
+
+def _plain(text: str | None, pattern: re.Pattern[str]) -> str:
+    """``text`` stripped where it is a plain number by ``pattern``; raises ValueError."""
+    t = (text or "").strip()
+    if not pattern.fullmatch(t):
+        raise ValueError(f"not a plain number: {text!r}")
+    return t
+
+
 def _finite(row: dict[str, str], col: str, what: str, line: int, path: str | Path,
             allowed: str = "a finite number") -> float:
     """Column ``col`` of the row on ``line`` as a finite number (NaN would pass every
     comparison); ``allowed``: what the column takes, for the error."""
     text = row.get(col, "")
     try:
-        v = float(text)
+        v = float(_plain(text, _DECIMAL))
     except (TypeError, ValueError):
         v = math.nan
     if not math.isfinite(v):
