@@ -512,3 +512,16 @@ def test_a_llama_with_biases_is_refused_by_nereus_plan_with_one_line(tmp_path):
     assert r.exit_code == 2, r.output
     assert "Traceback" not in r.output and r.stderr.count("\n") == 1, r.stderr
     assert r.stderr.startswith("error: model.config.attention_bias: true"), r.stderr
+
+
+@pytest.mark.parametrize("change, field, allowed", [
+    ({"num_attention_heads": 30}, "num_attention_heads",
+     "(allowed: a divisor of 4096, or a head_dim)"),
+    ({"num_key_value_heads": 7}, "num_key_value_heads", "(allowed: 1, 2, 4, 8, 16, 32)"),
+])
+def test_heads_that_do_not_divide_say_what_would(change, field, allowed):
+    """Both errors named the field but not what it allows, as every other error does."""
+    with pytest.raises(InputError) as e:
+        ModelSpec.from_hf_dict({**LLAMA_3_1_8B, **change}, "m")
+    msg = str(e.value)
+    assert msg.startswith(f"model.config.{field}: ") and msg.endswith(allowed), msg

@@ -320,11 +320,14 @@ class ModelSpec:
         if c.hidden_size % c.num_attention_heads and head_dim is None:
             raise InputError("model.config.num_attention_heads",
                              f"{c.num_attention_heads} does not divide hidden_size "
-                             f"{c.hidden_size} and no head_dim is given")
+                             f"{c.hidden_size} and no head_dim is given",
+                             f"a divisor of {c.hidden_size}, or a head_dim")
         kv = c.num_key_value_heads or c.num_attention_heads
         if c.num_attention_heads % kv:
+            heads = c.num_attention_heads
             raise InputError("model.config.num_key_value_heads",
-                             f"{kv} does not divide num_attention_heads {c.num_attention_heads}")
+                             f"{kv} does not divide num_attention_heads {heads}",
+                             [d for d in range(1, heads + 1) if heads % d == 0])
         tie = c.tie_word_embeddings
         return cls(
             name=name,
