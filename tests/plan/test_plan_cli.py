@@ -194,3 +194,19 @@ def test_an_uneven_split_is_marked_and_said():
     assert r.exit_code == 0, r.output
     assert "1 x 86*" in r.output and "1 x 64*" not in r.output  # dp 6 uneven, dp 8 even
     assert "where dp does not divide the 512 sequences" in " ".join(r.output.split())
+
+
+def test_a_plan_the_search_did_not_prove_the_fastest_says_so(tmp_path):
+    """On stdout in the table, on stderr with --json (stdout stays a plan file)."""
+    cfg = tmp_path / "holes.yaml"
+    cfg.write_text("model: llama-3.1-8b\nalgo: remax\nexecution: async\n"
+                   "gpus: [0, 2, 4, 8, 9, 11, 13, 17, 19, 22, 24, 26, 30, 31]\n")
+    r = runner.invoke(app, ["plan", "--config", str(cfg)], terminal_width=400)
+    assert r.exit_code == 0, r.output
+    assert "note: the fastest plan found, not proven the fastest" in r.stdout
+    r = runner.invoke(app, ["plan", "--config", str(cfg), "--json"])
+    assert r.exit_code == 0, r.output
+    json.loads(r.stdout)
+    assert r.stderr.startswith("note: the fastest plan found, not proven the fastest")
+    r = runner.invoke(app, ["plan", "--model", "llama-3.1-8b", "--gpus", "16"])
+    assert r.exit_code == 0 and "not proven" not in r.output

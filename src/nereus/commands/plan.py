@@ -31,7 +31,7 @@ from nereus.plan.candidates import frontier
 from nereus.plan.evaluate import StageLayoutSpec, evaluate_plan, layout_spec_from_data
 from nereus.plan.exposure import exposed_by_node, spans_nodes
 from nereus.plan.frameworks import best_verl_plan, verl_overrides
-from nereus.plan.search import Planner, ReplicaExceedsNode
+from nereus.plan.search import MAX_REPRICED, Planner, ReplicaExceedsNode
 from nereus.plan.types import Plan, stage_estimate, weight_sync_estimate
 from nereus.plan.validate import validate_plan
 from nereus.spec.cluster import gpu_ranges
@@ -106,6 +106,15 @@ def _summary(plan: Plan, job: JobSpec) -> str:
         return f"step latency {plan.step_latency_s:.3f} s (estimated) = {how} s (asynchronous)"
     parts = ", ".join(f"{k} {v:.3f} s" for k, v in t.items())
     return f"step latency {plan.step_latency_s:.3f} s (estimated): {parts}"
+
+
+UNPROVEN = ("note: the fastest plan found, not proven the fastest: on this pool of partly "
+            "filled nodes the search stopped after {n} plans placed dearer than it priced them")
+
+
+def _unproven(plan: Plan) -> str | None:
+    """The note for a plan the search did not prove the fastest of its space, else None."""
+    return None if plan.proven else UNPROVEN.format(n=MAX_REPRICED)
 
 
 def _comparison(yours: Plan, best: Plan, problems: list[str]) -> str:
@@ -440,14 +449,19 @@ def register(app: typer.Typer) -> None:
             plan = Planner(job, cost=cost, spread=spread).best()
         except InfeasibleError as e:
             raise no_plan_error(e, job, fields, config, options, profile, spread) from None
+        note = _unproven(plan)
         if as_json:  # with the job it was planned for, which nereus transition checks and uses
             print(json.dumps(with_record(plan.to_dict(), job, given_model)))
+            if note is not None:  # stdout stays a plan file
+                err_console.print(note, markup=False, highlight=False)
             return
         console.print(job_header(job))
         if profile is not None:
             console.print(f"cost model calibrated with {profile.name}")
         console.print(plan_table(job, plan, "best plan"))
         console.print(_summary(plan, job))
+        if note is not None:
+            console.print(note, markup=False, highlight=False)
         console.print(_node_loss(job, plan, spread))
         if explain:
             _explain(cost, plan, "best plan")
@@ -593,6 +607,8 @@ def register(app: typer.Typer) -> None:
             out["best_step_latency_s"] = None if best is None else best.step_latency_s
             if failed is not None:
                 out["notes"].append(f"no best plan: {failed}")
+            elif best is not None and (note := _unproven(best)) is not None:
+                out["notes"].append(f"best plan: {note.removeprefix('note: ')}")
             print(json.dumps(out))
             if failed is not None:
                 raise failed
@@ -619,6 +635,8 @@ def register(app: typer.Typer) -> None:
         if best is not None:
             console.print(plan_table(job, best, theirs))
             console.print(_summary(best, job))
+            if (note := _unproven(best)) is not None:
+                console.print(note, markup=False, highlight=False)
             console.print(_node_loss(job, best, spread))
             console.print(_comparison(yours, best, problems))
         else:

@@ -36,7 +36,7 @@ import heapq
 import math
 from bisect import bisect_right
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -783,6 +783,7 @@ class Planner:
         push(base)
         searches = repriced = 0
         best: Plan | None = None  # the fastest placeable plan as placed, so far
+        proven = True  # False once the search stops before the bound proves ``best``
         while heap:
             bound, _, opts, res = heapq.heappop(heap)
             if best is not None and bound >= best.step_latency_s * (1 - PRICE_TOLERANCE):
@@ -792,8 +793,10 @@ class Planner:
             if plan is not None and not bad:  # no plan comes with every stage bad
                 if best is None or plan.step_latency_s < best.step_latency_s:
                     best = plan
-                if plan.step_latency_s <= res.latency * (1 + PRICE_TOLERANCE) \
-                        or repriced >= MAX_REPRICED:
+                if plan.step_latency_s <= res.latency * (1 + PRICE_TOLERANCE):
+                    break
+                if repriced >= MAX_REPRICED:
+                    proven = best.step_latency_s <= bound * (1 + PRICE_TOLERANCE)
                     break
                 # placed dearer than searched (a DP group or a pipeline of a node's size
                 # across two nodes): a combination searched slower may place faster, so this
@@ -804,6 +807,7 @@ class Planner:
             searches += 1
             if searches > MAX_REPLACEMENTS:
                 if best is not None:
+                    proven = False
                     break
                 raise InfeasibleError(
                     f"no placeable plan found within {MAX_REPLACEMENTS} searches: the fastest "
@@ -831,7 +835,7 @@ class Planner:
                 push(child)
                 fixed[name] = o.subset(same)
         if best is not None:
-            return best
+            return best if proven else replace(best, proven=False)
         raise InfeasibleError(
             f"no plan fits {count(self.job.pool.size, 'GPU')} of {self.cost.device.name} with "
             f"every TP group inside a node of the pool (estimated)")

@@ -107,7 +107,8 @@ class Plan:
 
     ``notes``: one line per way the plan's GPU ids make its price differ from pricing by sizes
     (``evaluate_plan``); not in the JSON form, which ``nereus plan --evaluate --json`` extends
-    with them.
+    with them. ``proven``: False where the search stopped before it proved this plan the
+    fastest of its space (``search.MAX_REPRICED``: pools of partly filled nodes).
     """
 
     stages: tuple[StagePlan, ...]
@@ -116,6 +117,7 @@ class Plan:
     terms: Mapping[str, float] = field(default_factory=dict)  # step latency by phase / sync
     groups: tuple[tuple[str, ...], ...] = ()
     notes: tuple[str, ...] = field(default=(), compare=False)
+    proven: bool = field(default=True, compare=False)
 
     def __post_init__(self) -> None:
         names = [s.stage for s in self.stages]
