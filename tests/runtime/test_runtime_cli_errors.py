@@ -12,9 +12,9 @@ from nereus.transition.instances import paper_example_b
 runner = CliRunner()
 
 
-@pytest.mark.parametrize("error", [CapacityError(3, 9 << 30, 0, 8 << 30, "a Merge"),
-                                   RuntimeError("a bug")])
-def test_a_failed_run_is_one_line_and_exit_4(monkeypatch, tmp_path, error) -> None:
+def _execute_raising(monkeypatch, tmp_path, error: BaseException):
+    """``nereus transition cur.json tgt.json --execute`` (the paper's example b) whose run
+    raises ``error``."""
     def boom(*args, **kwargs):
         raise error
 
@@ -23,8 +23,14 @@ def test_a_failed_run_is_one_line_and_exit_4(monkeypatch, tmp_path, error) -> No
     for name, plan in zip(("cur.json", "tgt.json"), paper_example_b()):
         paths.append(tmp_path / name)
         paths[-1].write_text(plan.to_json())
-    r = runner.invoke(app, ["transition", *map(str, paths), "--model", "llama-3.1-8b",
-                            "--execute"])
+    return runner.invoke(app, ["transition", *map(str, paths), "--model", "llama-3.1-8b",
+                               "--execute"])
+
+
+@pytest.mark.parametrize("error", [CapacityError(3, 9 << 30, 0, 8 << 30, "a Merge"),
+                                   RuntimeError("a bug")])
+def test_a_failed_run_is_one_line_and_exit_4(monkeypatch, tmp_path, error) -> None:
+    r = _execute_raising(monkeypatch, tmp_path, error)
     if isinstance(error, CapacityError):
         assert r.exit_code == EXIT_RUN_FAILED == 4, r.output
         err = r.stderr.strip().splitlines()
@@ -61,16 +67,7 @@ def test_a_workers_error_keeps_its_reason_in_the_one_line(monkeypatch, tmp_path,
     if wrap == "batch":
         error = WorkerCallsFailed({3: error}, {})
 
-    def boom(*args, **kwargs):
-        raise error
-
-    monkeypatch.setattr(demo, "execute_transition", boom)
-    paths = []
-    for name, plan in zip(("cur.json", "tgt.json"), paper_example_b()):
-        paths.append(tmp_path / name)
-        paths[-1].write_text(plan.to_json())
-    r = runner.invoke(app, ["transition", *map(str, paths), "--model", "llama-3.1-8b",
-                            "--execute"])
+    r = _execute_raising(monkeypatch, tmp_path, error)
     assert r.exit_code == EXIT_RUN_FAILED, r.output
     err = r.stderr.strip().splitlines()
     assert len(err) == 1, r.stderr
@@ -86,21 +83,14 @@ def test_ctrl_c_mid_transition_is_an_interruption_with_what_stayed_intact(monkey
     from nereus.transition.emu import phi_stage
     from nereus.transition.instances import make_job
 
-    cur, tgt = paper_example_b()
+    cur, _ = paper_example_b()
     (kept,) = phi_stage(make_job("llama-3.1-8b", 32), cur.stages[0])
     report = FaultReport(frozenset(), {}, {kept.stage: (kept,)}, (),
                          cause="KeyboardInterrupt: ")
 
-    def stopped(*args, **kwargs):
-        raise TransitionFailed(report) from KeyboardInterrupt()
-
-    monkeypatch.setattr(demo, "execute_transition", stopped)
-    paths = []
-    for name, plan in zip(("cur.json", "tgt.json"), (cur, tgt)):
-        paths.append(tmp_path / name)
-        paths[-1].write_text(plan.to_json())
-    r = runner.invoke(app, ["transition", *map(str, paths), "--model", "llama-3.1-8b",
-                            "--execute"])
+    stopped = TransitionFailed(report)
+    stopped.__cause__ = KeyboardInterrupt()  # as the executor raises it: from the interrupt
+    r = _execute_raising(monkeypatch, tmp_path, stopped)
     assert r.exit_code == 130, r.output
     assert r.stderr == f"error: interrupted mid-transition; intact units: {kept.id}\n"
 
