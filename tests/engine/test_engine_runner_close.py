@@ -170,6 +170,8 @@ def test_after_a_failed_operation_the_runner_refuses_the_next_until_made_anew() 
                        r"\(forward: 1 worker call\(s\) failed; worker 0: RuntimeError: "
                        r"forward failed on worker 0\).*make a new StageRunner$"):
         runner.forward(batch, 1)
+    with pytest.raises(RunnerFailed, match="an earlier operation failed"):
+        runner.full_logits(batch)
     assert len(pool.calls) == asked  # no worker was asked
     runner.close()
     assert pool.left() == want

@@ -12,6 +12,7 @@ from nereus.errors import InfeasibleError
 from nereus.plan.bruteforce import brute_force_latency
 from nereus.plan.candidates import enumerate_candidates
 from nereus.plan.search import Planner, best_plan
+from nereus.plan.types import Plan
 from nereus.plan.validate import validate_plan
 from nereus.spec import GiB, parse_job
 
@@ -171,3 +172,14 @@ def test_a_search_stopped_by_its_repricing_cap_says_its_plan_is_not_proven(monke
     exact = Planner(job).best()
     assert exact.proven and exact.step_latency_s < capped.step_latency_s * 0.9
     assert Planner(parse_job({"model": "llama-3.1-8b", "gpus": 16})).best().proven
+
+
+def test_the_faster_of_packed_and_spread_is_proven_only_where_both_searches_were():
+    """best() returned the packed plan as proven though the spread search it was weighed
+    against had stopped at its cap (helper-145's scan of 1,155 pools found three)."""
+    planner = Planner(parse_job({"model": "qwen3-14b", "algo": "ppo", "gpus": [
+        1, 2, 7, 9, 10, 11, 13, 16, 17, 18, 19, 24, 25, 26, 28, 30, 31]}))
+    best = planner.best()
+    spread = planner.spread_plan
+    assert isinstance(spread, Plan) and not spread.proven
+    assert spread.step_latency_s > best.step_latency_s and not best.proven

@@ -113,3 +113,41 @@ def test_ctrl_c_while_ray_starts_waits_for_the_start_and_a_second_acts_at_once()
         os.kill(os.getpid(), signal.SIGINT)
         os.kill(os.getpid(), signal.SIGINT)
     assert signal.getsignal(signal.SIGINT) is before
+
+
+def test_a_long_fault_report_keeps_the_intact_units_at_its_end(monkeypatch, tmp_path) -> None:
+    """Cut to 300 characters, the line lost 'intact units: ...', which comes last."""
+    from nereus.runtime.faults import FaultReport, TransitionFailed
+    from nereus.transition.emu import phi_stage
+    from nereus.transition.instances import make_job
+
+    (kept,) = phi_stage(make_job("llama-3.1-8b", 32), paper_example_b()[0].stages[0])
+    why = "CapacityError: " + "needs more than it holds " * 10
+    report = FaultReport(frozenset(), {0: {3: why, 4: why}}, {kept.stage: (kept,)}, ())
+    r = _execute_raising(monkeypatch, tmp_path, TransitionFailed(report))
+    assert r.exit_code == EXIT_RUN_FAILED, r.output
+    assert r.stderr.count("\n") == 1 and r.stderr.endswith(f"intact units: {kept.id})\n")
+
+
+def test_an_error_without_a_message_is_named_alone(monkeypatch, tmp_path) -> None:
+    from nereus.runtime.comm import GroupAborted
+
+    r = _execute_raising(monkeypatch, tmp_path, GroupAborted(""))
+    assert r.stderr == "error: the transition did not run to its end (GroupAborted)\n"
+
+
+def test_an_ignored_sigint_stays_ignored_while_ray_starts() -> None:
+    """Under nohup or `cmd &` SIGINT is ignored; holding it turned it into a Ctrl-C."""
+    import os
+    import signal
+
+    from nereus.runtime.workers import _ctrl_c_deferred
+
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        with _ctrl_c_deferred() as interrupted:
+            os.kill(os.getpid(), signal.SIGINT)
+            assert not interrupted()
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, before)

@@ -31,7 +31,7 @@ from nereus.plan.candidates import frontier
 from nereus.plan.evaluate import StageLayoutSpec, evaluate_plan, layout_spec_from_data
 from nereus.plan.exposure import exposed_by_node, spans_nodes
 from nereus.plan.frameworks import best_verl_plan, verl_overrides
-from nereus.plan.search import MAX_REPRICED, Planner, ReplicaExceedsNode
+from nereus.plan.search import MAX_REPLACEMENTS, MAX_REPRICED, Planner, ReplicaExceedsNode
 from nereus.plan.types import Plan, stage_estimate, weight_sync_estimate
 from nereus.plan.validate import validate_plan
 from nereus.spec.cluster import gpu_ranges
@@ -109,12 +109,14 @@ def _summary(plan: Plan, job: JobSpec) -> str:
 
 
 UNPROVEN = ("note: the fastest plan found, not proven the fastest: on this pool of partly "
-            "filled nodes the search stopped after {n} plans placed dearer than it priced them")
+            "filled nodes the search stopped before its bound ruled out a faster placement "
+            f"(after {MAX_REPRICED} plans placed dearer than it priced them, or "
+            f"{MAX_REPLACEMENTS} that did not place)")
 
 
 def _unproven(plan: Plan) -> str | None:
     """The note for a plan the search did not prove the fastest of its space, else None."""
-    return None if plan.proven else UNPROVEN.format(n=MAX_REPRICED)
+    return None if plan.proven else UNPROVEN
 
 
 def _comparison(yours: Plan, best: Plan, problems: list[str]) -> str:

@@ -233,23 +233,26 @@ class StageRunner:
 
     def _run(self, fn: Any, per_replica: list[Batch], *args: Any
              ) -> tuple[list[Any], tuple[WorkerMeasurement, ...]]:
-        if self.failed is not None:
-            raise RunnerFailed(f"{self.stage}: an earlier operation failed ({self.failed}), "
-                               "which may have left peers inside a collective: close this "
-                               "runner and make a new StageRunner")
-        calls = {p.device: (fn, (self.key, per_replica[p.pos.dp_rank], *args))
-                 for p in self.places}
-        try:
-            out = self.pool.run(calls, self.timeout_s)
-        except BaseException as e:
-            self.failed = f"{fn.__name__}: {first_line(e)}"
-            raise
+        out = self._call(fn, {p.device: (fn, (self.key, per_replica[p.pos.dp_rank], *args))
+                              for p in self.places})
         results: list[Any] = [None] * self.dp
         for p in self.places:
             res, _ = out[p.device]
             if res is not None:
                 results[p.pos.dp_rank] = res
         return results, tuple(out[p.device][1] for p in self.places)
+
+    def _call(self, fn: Any, calls: dict[int, tuple[Any, tuple[Any, ...]]]) -> dict[int, Any]:
+        """Every operation's calls: refused after a failed one, and a failure marks it."""
+        if self.failed is not None:
+            raise RunnerFailed(f"{self.stage}: an earlier operation failed ({self.failed}), "
+                               "which may have left peers inside a collective: close this "
+                               "runner and make a new StageRunner")
+        try:
+            return self.pool.run(calls, self.timeout_s)
+        except BaseException as e:
+            self.failed = f"{fn.__name__}: {first_line(e)}"
+            raise
 
     def _measurement(self, kind: str, workers: tuple[WorkerMeasurement, ...], batch: Batch,
                      micro_batch: int, tokens: int) -> StageMeasurement:
@@ -293,8 +296,9 @@ class StageRunner:
     def full_logits(self, batch: Batch) -> torch.Tensor:
         """Full-vocabulary logits of the whole batch (checks only)."""
         rows = self._rows(batch, uneven=True)
-        out = self.pool.run({p.device: (remote.full_logits, (self.key, rows[p.pos.dp_rank]))
-                             for p in self.places}, self.timeout_s)
+        out = self._call(remote.full_logits, {
+            p.device: (remote.full_logits, (self.key, rows[p.pos.dp_rank]))
+            for p in self.places})
         parts: list[Any] = [None] * self.dp
         for p in self.places:
             if out[p.device] is not None:

@@ -674,7 +674,9 @@ class Planner:
             self.spread_plan = e
             return plan
         self.spread_plan = other
-        return other if other.step_latency_s < plan.step_latency_s * (1 - 1e-9) else plan
+        chosen = other if other.step_latency_s < plan.step_latency_s * (1 - 1e-9) else plan
+        # the faster of two searches is proven the fastest only where both searches were
+        return chosen if plan.proven and other.proven else replace(chosen, proven=False)
 
     def _sync_crosses_nodes(self, plan: Plan) -> bool:
         """Whether ``plan``'s synchronous weight sync sends to generation GPUs on nodes without

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from nereus.cost.efficiency import Efficiencies
-from nereus.errors import InfeasibleError, InputError
+from nereus.errors import InfeasibleError, InputError, first_line
 from nereus.plan.types import Plan
 from nereus.runtime.comm import GroupAborted
 from nereus.runtime.executor import ExecutionReport, Executor, state_specs
@@ -207,15 +207,16 @@ def cli_execute(job: JobSpec, current: Plan, target: Plan, schedule: Schedule | 
             lost = ", ".join(u.id for u in e.report.lost)
             raise RunInterrupted(f"interrupted mid-transition; intact units: {keep}"
                                  + (f"; lost: {lost}" if lost else "")) from None
-        kind, _, why = describe_error(e).partition(": ")
-        raise RunFailed(f"the transition did not run to its end ({kind}): {why}") from None
+        # its line is the whole fault report, what stayed intact last: kept whole
+        raise RunFailed(f"the transition did not run to its end (TransitionFailed): "
+                        f"{first_line(e)}") from None
     except (WorkerCallsFailed, CapacityError, GroupAborted, RayError, RayStartFailed,
             InfeasibleError) as e:
         # InfeasibleError here comes from the run (no placement for the workers in time, the
         # executor's memory check before a primitive, a worker lacking a unit): a run that
-        # failed, exit 4, not input to fix (2)
-        # the worker's own error where Ray wrapped it: its type and its one line
-        kind, _, why = describe_error(e).partition(": ")
-        raise RunFailed(f"the transition did not run to its end ({kind}): {why}") from None
+        # failed, exit 4, not input to fix (2). The worker's own error where Ray wrapped it.
+        kind, sep, why = describe_error(e).partition(": ")
+        raise RunFailed(f"the transition did not run to its end ({kind.rstrip(':')})"
+                        + (f": {why}" if sep else "")) from None
     echo(render(check, as_json).rstrip("\n"))
     return 0 if check.bitwise_equal else 1

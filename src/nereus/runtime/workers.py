@@ -368,12 +368,14 @@ class RayStartFailed(RuntimeError):
 @contextlib.contextmanager
 def _ctrl_c_deferred() -> Iterator[Callable[[], bool]]:
     """Hold a first Ctrl-C until the block ends; yields whether one came. A second acts at
-    once. Outside the main thread (where Python delivers no signal) it holds nothing."""
-    if threading.current_thread() is not threading.main_thread():
+    once. Outside the main thread (where Python delivers no signal), or where SIGINT is
+    ignored, it holds nothing."""
+    before = signal.getsignal(signal.SIGINT) \
+        if threading.current_thread() is threading.main_thread() else signal.SIG_IGN
+    if before is signal.SIG_IGN:  # not this thread's to hold, or ignored (nohup, `cmd &`)
         yield lambda: False
         return
     seen: list[int] = []
-    before = signal.getsignal(signal.SIGINT)
     again = before if callable(before) or before in (signal.SIG_DFL, signal.SIG_IGN) \
         else signal.default_int_handler
 
