@@ -103,16 +103,21 @@ def test_ctrl_c_while_ray_starts_waits_for_the_start_and_a_second_acts_at_once()
 
     from nereus.runtime.workers import _ctrl_c_deferred
 
-    before = signal.getsignal(signal.SIGINT)
-    with _ctrl_c_deferred() as interrupted:
-        assert not interrupted()
-        os.kill(os.getpid(), signal.SIGINT)  # delivered here, held
-        assert interrupted()
-    assert signal.getsignal(signal.SIGINT) is before
-    with pytest.raises(KeyboardInterrupt), _ctrl_c_deferred():
-        os.kill(os.getpid(), signal.SIGINT)
-        os.kill(os.getpid(), signal.SIGINT)
-    assert signal.getsignal(signal.SIGINT) is before
+    # Python's own handler, whatever this process inherited (a shell's background job
+    # ignores SIGINT)
+    outer = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with _ctrl_c_deferred() as interrupted:
+            assert not interrupted()
+            os.kill(os.getpid(), signal.SIGINT)  # delivered here, held
+            assert interrupted()
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        with pytest.raises(KeyboardInterrupt), _ctrl_c_deferred():
+            os.kill(os.getpid(), signal.SIGINT)
+            os.kill(os.getpid(), signal.SIGINT)
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    finally:
+        signal.signal(signal.SIGINT, outer)
 
 
 def test_a_long_fault_report_keeps_the_intact_units_at_its_end(monkeypatch, tmp_path) -> None:
