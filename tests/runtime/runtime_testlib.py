@@ -124,8 +124,9 @@ def pids(pool: WorkerPool) -> dict[int, int]:
 
 def live_pids(pool: WorkerPool) -> list[int]:
     """The pids of the workers that answer (a test that failed may have left one dead)."""
-    alive = pool.alive()
-    return [ray.get(pool.actor(d).info.remote()).pid for d, ok in alive.items() if ok]
+    dead, silent = pool.liveness()
+    return [ray.get(pool.actor(d).info.remote()).pid for d in pool.device_ids
+            if d not in dead and d not in silent]
 
 
 def gone(pid_list: Sequence[int], timeout_s: float = 20.0) -> bool:

@@ -200,9 +200,6 @@ class _Pool:
                                                    f"{timeout_s} s") for d in mute}, results)
         return results
 
-    def alive(self, timeout_s: float = 10.0) -> dict[int, bool]:
-        return {d: d not in self.killed for d in self.workers}
-
     def liveness(self, timeout_s: float = 10.0) -> tuple[set[int], set[int]]:
         return {d for d in self.workers if d in self.killed}, set()
 

@@ -313,9 +313,8 @@ def register(app: typer.Typer) -> None:
         with (Progress(TextColumn("simulating"), BarColumn(), MofNCompleteColumn(),
                        TimeElapsedColumn(), console=err_console, transient=True)
               if watched else nullcontext()) as bar:
-            progress = None
-            if bar is not None:
-                progress = partial(_show_step, bar, bar.add_task("steps", total=sc.steps))
+            progress = None if bar is None else partial(
+                _show_step, bar, bar.add_task("steps", total=sc.steps))
             res = run_scenario(sc, names, progress, on_log, sim=sim)
         label = run_label(sc, config, seed, steps, gamma)
         if as_json:

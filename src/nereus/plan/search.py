@@ -797,8 +797,8 @@ class Planner:
                     best = plan
                 if plan.step_latency_s <= res.latency * (1 + PRICE_TOLERANCE):
                     break
-                if repriced >= MAX_REPRICED:
-                    proven = best.step_latency_s <= bound * (1 + PRICE_TOLERANCE)
+                if repriced >= MAX_REPRICED:  # a plan at or under ``bound`` broke above
+                    proven = False
                     break
                 # placed dearer than searched (a DP group or a pipeline of a node's size
                 # across two nodes): a combination searched slower may place faster, so this

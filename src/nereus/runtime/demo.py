@@ -216,7 +216,6 @@ def cli_execute(job: JobSpec, current: Plan, target: Plan, schedule: Schedule | 
         # executor's memory check before a primitive, a worker lacking a unit): a run that
         # failed, exit 4, not input to fix (2). The worker's own error where Ray wrapped it.
         kind, sep, why = describe_error(e).partition(": ")
-        raise RunFailed(f"the transition did not run to its end ({kind.rstrip(':')})"
-                        + (f": {why}" if sep else "")) from None
+        raise RunFailed(f"the transition did not run to its end ({kind}){sep}{why}") from None
     echo(render(check, as_json).rstrip("\n"))
     return 0 if check.bitwise_equal else 1

@@ -319,11 +319,13 @@ _ANSI = re.compile(r"\x1b\[[0-9;]*m")  # Ray colours the task names in its error
 
 
 def describe_error(e: BaseException) -> str:
-    """One line, ``Type: message``: the worker's own exception where Ray wrapped it (a
+    """One line, ``Type: message`` (``Type`` alone for an empty message): the worker's own
+    exception where Ray wrapped it (a
     ``RayTaskError``'s ``cause``), without Ray's traceback and colour codes."""
     cause = getattr(e, "cause", None)
     inner = cause if isinstance(cause, BaseException) else e
-    text = _ANSI.sub("", f"{type(inner).__name__}: {inner}").strip()
+    said = str(inner).strip()
+    text = _ANSI.sub("", f"{type(inner).__name__}: {said}" if said else type(inner).__name__)
     lines = [ln for ln in text.splitlines() if ln.strip()]
     return (lines[-1] if isinstance(cause, BaseException) and len(lines) > 1 else lines[0])[:300]
 
@@ -376,8 +378,8 @@ def _ctrl_c_deferred() -> Iterator[Callable[[], bool]]:
         yield lambda: False
         return
     seen: list[int] = []
-    again = before if callable(before) or before in (signal.SIG_DFL, signal.SIG_IGN) \
-        else signal.default_int_handler
+    # None: a handler set outside Python, which cannot be put back; Python's own stands in
+    again = signal.default_int_handler if before is None else before
 
     def hold(signum: int, frame: object) -> None:
         seen.append(signum)
@@ -610,17 +612,11 @@ class WorkerPool:
         refs = {d: s.actor.memory.remote() for d, s in self._slots.items()}
         return {d: ray.get(r) for d, r in refs.items()}
 
-    def alive(self, timeout_s: float = 10.0) -> dict[int, bool]:
-        """Which workers answer within ``timeout_s`` (all asked at once); a dead actor or a
-        silent one is not alive. A worker whose ``call`` is stuck still answers here (its
-        control threads do)."""
-        dead, silent = self.liveness(timeout_s)
-        return {d: d not in dead and d not in silent for d in self._slots}
-
     def liveness(self, timeout_s: float = 10.0) -> tuple[set[int], set[int]]:
         """(dead, silent): the workers whose actor died, and those that did not answer within
         ``timeout_s`` (all asked at once). A silent worker may only be slow (a loaded host, a
-        long pause, swapping): it still holds its state, so it is not dead until stopped."""
+        long pause, swapping): it still holds its state, so it is not dead until stopped. A
+        worker whose ``call`` is stuck still answers here (its control threads do)."""
         _, errors = wait_each({d: s.actor.info.remote() for d, s in self._slots.items()},
                               timeout_s)
         other = [e for e in errors.values() if not (is_actor_death(e) or
