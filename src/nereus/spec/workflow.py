@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
+from functools import cached_property
 from enum import Enum
 
 from nereus.errors import InputError
@@ -152,11 +153,19 @@ class Workflow:
         return tuple(gone), rebuilt
 
     def phase_stages(self, phase: Phase) -> tuple[ModelStage, ...]:
-        return tuple(s for s in self.stages if s.phase is phase)
+        return self._by_phase.get(phase, ())
 
     @property
     def phases(self) -> tuple[Phase, ...]:
-        return tuple(p for p in Phase if self.phase_stages(p))
+        return tuple(self._by_phase)
+
+    @cached_property
+    def _by_phase(self) -> dict[Phase, tuple[ModelStage, ...]]:
+        """Each phase with stages, in ``Phase`` order, and its stages in declaration order:
+        read by the planner thousands of times a search (the value is frozen, so computed
+        once; not a field, so equality and hashing do not see it)."""
+        return {p: got for p in Phase
+                if (got := tuple(s for s in self.stages if s.phase is p))}
 
     def stage_order(self) -> tuple[ModelStage, ...]:
         """Stages sorted generation -> inference -> training, then by declaration order."""
