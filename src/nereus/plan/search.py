@@ -864,10 +864,10 @@ class Planner:
         shape at a time, and may all fail alike for hundreds of re-pricings. A plan found here
         at ``res``'s price ends the search (nothing left costs less); one above it is only a
         better incumbent, which ends the search sooner. The bound is untouched, so the search
-        stays exact. Tried in order of their price as the search prices it: for each stage that
-        shares no GPUs inside its phase, the fastest candidate of every other (layout,
-        replicas) shape, each placed as ``_placed`` places it, cheapest first: up to
-        ``REPAIR_TRIES`` at ``res``'s price and as many above it, none twice (``tried``)."""
+        stays exact. Tried: for each stage that shares no GPUs inside its phase, the fastest
+        candidate of every other (layout, replicas) shape, cheapest first as the search prices
+        them, each placed as ``_placed`` places it; up to ``REPAIR_TRIES`` at ``res``'s price
+        and as many above it, none twice in a search (``tried``)."""
         bound = res.latency * (1 + PRICE_TOLERANCE)
         own = {p: max((sum(g.latencies) for g in pt.groups), default=0.0)
                for p, pt in res.phases.items()}
