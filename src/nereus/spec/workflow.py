@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
-from functools import cached_property
 from enum import Enum
+from functools import cached_property
 
 from nereus.errors import InputError
 from nereus.spec.model import Head
