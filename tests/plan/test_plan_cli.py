@@ -210,3 +210,22 @@ def test_a_plan_the_search_did_not_prove_the_fastest_says_so(tmp_path):
     assert r.stderr.startswith("note: the fastest plan found, not proven the fastest")
     r = runner.invoke(app, ["plan", "--model", "llama-3.1-8b", "--gpus", "16"])
     assert r.exit_code == 0 and "not proven" not in r.output
+
+
+def test_exhaustive_searches_until_the_plan_is_proven(tmp_path):
+    """The note says how to get the proof; --exhaustive lifts the cap (about 2 s here), and
+    the same plan comes out, proven, with no note. A search it cannot change is refused."""
+    cfg = tmp_path / "holes.yaml"
+    cfg.write_text("model: llama-3.1-8b\nalgo: remax\nexecution: async\n"
+                   "gpus: [0, 2, 4, 8, 9, 11, 13, 17, 19, 22, 24, 26, 30, 31]\n")
+    capped = runner.invoke(app, ["plan", "--config", str(cfg), "--json"])
+    assert capped.exit_code == 0, capped.output
+    assert "--exhaustive searches on until it is proven" in capped.stderr
+    r = runner.invoke(app, ["plan", "--config", str(cfg), "--json", "--exhaustive"])
+    assert r.exit_code == 0, r.output
+    assert r.stderr == ""
+    assert json.loads(r.stdout)["step_latency_s"] == json.loads(capped.stdout)["step_latency_s"]
+    r = runner.invoke(app, ["plan", "--config", str(cfg), "--exhaustive", "--frontier",
+                            "actor_train"])
+    assert r.exit_code == 2
+    assert r.output.count("\n") == 1 and "--exhaustive" in r.output

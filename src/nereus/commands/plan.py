@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -112,11 +112,26 @@ UNPROVEN = ("note: the fastest plan found, not proven the fastest: on this pool 
             "filled nodes the search stopped before its bound ruled out a faster placement "
             f"(after {MAX_REPRICED} plans placed dearer than it priced them, or "
             f"{MAX_REPLACEMENTS} that did not place)")
+EXHAUSTIVE = "; --exhaustive searches on until it is proven (up to tens of seconds)"
 
 
-def _unproven(plan: Plan) -> str | None:
-    """The note for a plan the search did not prove the fastest of its space, else None."""
-    return None if plan.proven else UNPROVEN
+def _searching(exhaustive: bool) -> AbstractContextManager[object]:
+    """A spinner while an exhaustive search runs, for a person watching (stderr a terminal;
+    nothing at all otherwise, so the one-line output rules hold)."""
+    if exhaustive and err_console.is_terminal:
+        return err_console.status("searching until the plan is proven the fastest ...")
+    return nullcontext()
+
+
+def _unproven(plan: Plan, exhaustive: bool = False) -> str | None:
+    """The note for a plan the search did not prove the fastest of its space, else None;
+    without ``exhaustive``, it says how to search on."""
+    if plan.proven:
+        return None
+    if exhaustive:  # only the cap on searches that did not place stopped it
+        return UNPROVEN.replace(f"after {MAX_REPRICED} plans placed dearer than it priced "
+                                "them, or ", "after ")
+    return UNPROVEN + EXHAUSTIVE
 
 
 def _comparison(yours: Plan, best: Plan, problems: list[str]) -> str:
@@ -388,6 +403,10 @@ def register(app: typer.Typer) -> None:
             help="the fastest plan within what a framework's users configure, beside the "
                  "planner's best, with the framework's config overrides: verl (every "
                  "model-stage on the same GPUs, Megatron TP/PP, the rollout's TP)"),
+        exhaustive: bool = typer.Option(
+            False, "--exhaustive",
+            help="on a pool of partly filled nodes, search until the plan is proven the "
+                 "fastest, without the cap of 50 re-placed plans (may take tens of seconds)"),
         as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
     ) -> None:
         """Find the fastest execution plan that fits, and show where its time and memory go.
@@ -401,11 +420,13 @@ def register(app: typer.Typer) -> None:
                         "--frontier STAGE with --json or --spread")
         refuse_together("--json", as_json, "--explain", explain,
                         "--explain with the tables, or --json alone")
+        refuse_together("--exhaustive", exhaustive, "--frontier", on,
+                        "--exhaustive with the best plan or --evaluate")
         if framework is not None:
             if framework not in FRAMEWORKS:
                 raise InputError("--framework", f"unknown framework {framework!r}", FRAMEWORKS)
             for option, given in (("--evaluate", evaluate is not None), ("--frontier", on),
-                                  ("--spread", spread)):
+                                  ("--spread", spread), ("--exhaustive", exhaustive)):
                 refuse_together("--framework", True, option, given,
                                 "--framework with --json or --explain")
         # the job's options, once: the search for a pool that fits rebuilds it with other gpus
@@ -435,7 +456,7 @@ def register(app: typer.Typer) -> None:
                 return no_plan_error(e, job, fields, config, options, profile, spread)
 
             _evaluate(job, cost, evaluate, explain, as_json, spread, given_model, profile,
-                      no_plan)
+                      no_plan, exhaustive)
             return
         if framework is not None:
             _framework(job, cost, explain, as_json, given_model, profile)
@@ -448,10 +469,11 @@ def register(app: typer.Typer) -> None:
             _frontier(job, planner, frontier_stage, as_json, given_model)
             return
         try:
-            plan = Planner(job, cost=cost, spread=spread).best()
+            with _searching(exhaustive):
+                plan = Planner(job, cost=cost, spread=spread, exhaustive=exhaustive).best()
         except InfeasibleError as e:
             raise no_plan_error(e, job, fields, config, options, profile, spread) from None
-        note = _unproven(plan)
+        note = _unproven(plan, exhaustive)
         if as_json:  # with the job it was planned for, which nereus transition checks and uses
             print(json.dumps(with_record(plan.to_dict(), job, given_model)))
             if note is not None:  # stdout stays a plan file
@@ -574,7 +596,8 @@ def register(app: typer.Typer) -> None:
 
     def _evaluate(job: JobSpec, cost: CostModel, path: Path, explain: bool, as_json: bool,
                   spread: bool, given_model: str, profile: Path | None,
-                  no_plan: Callable[[InfeasibleError], Exception]) -> None:
+                  no_plan: Callable[[InfeasibleError], Exception],
+                  exhaustive: bool = False) -> None:
         """Score the user's plan beside the best one. Where no plan fits the job, the user's
         is still scored and printed, then ``no_plan``'s error ends it (exit 2), as the plain
         command's does: a script reading only the exit code is not told the job fits."""
@@ -596,7 +619,9 @@ def register(app: typer.Typer) -> None:
         problems = validate_plan(job, yours, cost)
         failed: Exception | None = None
         try:
-            best: Plan | None = Planner(job, cost=cost, spread=spread).best()
+            with _searching(exhaustive):
+                best: Plan | None = Planner(job, cost=cost, spread=spread,
+                                            exhaustive=exhaustive).best()
         except InfeasibleError as e:  # context: a job that fits nowhere still scores yours
             best, failed = None, no_plan(e)
         if as_json:
@@ -609,7 +634,7 @@ def register(app: typer.Typer) -> None:
             out["best_step_latency_s"] = None if best is None else best.step_latency_s
             if failed is not None:
                 out["notes"].append(f"no best plan: {failed}")
-            elif best is not None and (note := _unproven(best)) is not None:
+            elif best is not None and (note := _unproven(best, exhaustive)) is not None:
                 out["notes"].append(f"best plan: {note.removeprefix('note: ')}")
             print(json.dumps(out))
             if failed is not None:
@@ -637,7 +662,7 @@ def register(app: typer.Typer) -> None:
         if best is not None:
             console.print(plan_table(job, best, theirs))
             console.print(_summary(best, job))
-            if (note := _unproven(best)) is not None:
+            if (note := _unproven(best, exhaustive)) is not None:
                 console.print(note, markup=False, highlight=False)
             console.print(_node_loss(job, best, spread))
             console.print(_comparison(yours, best, problems))

@@ -386,7 +386,7 @@ class Planner:
     def __init__(self, job: JobSpec, efficiencies: Efficiencies | None = None,
                  cost: CostModel | None = None, spread: bool = False,
                  evaluated: Mapping[str, Evaluation | None] | None = None,
-                 keep: Keep | None = None):
+                 keep: Keep | None = None, exhaustive: bool = False):
         """``spread``: on a pool of several nodes, every model-stage keeps at least two
         replicas that each fit in a node and are placed on different nodes where the layouts
         allow, so losing one node leaves a copy of every stage's state (the controller asks
@@ -395,9 +395,12 @@ class Planner:
         under ``cost`` by a planner of the same job (``best`` passes its own to the spread
         planner it asks). ``keep``: the candidates of each stage the search may use (a
         framework's plan space, say; the search is exact within them), as well as
-        ``spread``'s."""
+        ``spread``'s. ``exhaustive``: no cap on re-pricings (``MAX_REPRICED``); on a pool of
+        partly filled nodes the search then goes on until its bound proves the plan the
+        fastest, which may take tens of seconds."""
         self.job = job
         self.keep = keep
+        self.exhaustive = exhaustive
         self.cost = cost or CostModel(job, efficiencies)
         self.limit = HEADROOM * self.cost.device.memory_bytes
         # what a ``spread`` planner's ``best`` gives, where ``best`` searched it on the way
@@ -670,8 +673,8 @@ class Planner:
         if self.spread or not self._sync_crosses_nodes(plan):
             return plan
         try:
-            other = Planner(self.job, cost=self.cost, spread=True,
-                            evaluated=self.evaluated, keep=self.keep).best_placed()
+            other = Planner(self.job, cost=self.cost, spread=True, evaluated=self.evaluated,
+                            keep=self.keep, exhaustive=self.exhaustive).best_placed()
         except InfeasibleError as e:
             self.spread_plan = e
             return plan
@@ -788,6 +791,7 @@ class Planner:
         searches = repriced = 0
         best: Plan | None = None  # the fastest placeable plan as placed, so far
         tried: set[tuple[Candidate, ...]] = set()  # combinations ``_repair`` placed
+        cap = math.inf if self.exhaustive else MAX_REPRICED
         proven = True  # False once the search stops before the bound proves ``best``
         while heap:
             bound, _, opts, res = heapq.heappop(heap)
@@ -806,7 +810,7 @@ class Planner:
                 if best.step_latency_s <= bound * (1 + PRICE_TOLERANCE):
                     break  # placed at the least any combination left can cost
             if plan is not None and not bad:
-                if repriced >= MAX_REPRICED:  # a plan at or under ``bound`` broke above
+                if repriced >= cap:  # a plan at or under ``bound`` broke above
                     proven = False
                     break
                 # placed dearer than searched (a DP group or a pipeline of a node's size
