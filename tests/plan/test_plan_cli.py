@@ -221,6 +221,7 @@ def test_exhaustive_searches_until_the_plan_is_proven(tmp_path):
     capped = runner.invoke(app, ["plan", "--config", str(cfg), "--json"])
     assert capped.exit_code == 0, capped.output
     assert "--exhaustive searches on until it is proven" in capped.stderr
+    assert capped.stderr.count("\n") == 1  # one line, whatever the width, for a script
     r = runner.invoke(app, ["plan", "--config", str(cfg), "--json", "--exhaustive"])
     assert r.exit_code == 0, r.output
     assert r.stderr == ""

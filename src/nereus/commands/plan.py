@@ -477,7 +477,7 @@ def register(app: typer.Typer) -> None:
         if as_json:  # with the job it was planned for, which nereus transition checks and uses
             print(json.dumps(with_record(plan.to_dict(), job, given_model)))
             if note is not None:  # stdout stays a plan file
-                err_console.print(note, markup=False, highlight=False)
+                err_console.print(note, markup=False, highlight=False, soft_wrap=True)
             return
         console.print(job_header(job))
         if profile is not None:
