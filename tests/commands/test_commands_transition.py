@@ -523,6 +523,10 @@ def test_plans_past_the_configs_pool_grow_it_and_say_so(tiny_plans: tuple[str, s
     assert r.stdout.startswith("tiny-llama, PPO on 4 x cpu "), r.stdout
     r = runner.invoke(app, ["transition", tiny_plans[0], tiny_plans[0], "--config", str(cfg)])
     assert r.exit_code == 0 and r.stderr == "", r.output
+    long = tmp_path / f"{'a-long-config-name-' * 12}tiny.yaml"  # one line still, for a script
+    long.write_text(cfg.read_text())
+    r = runner.invoke(app, ["transition", *tiny_plans, "--config", str(long)])
+    assert r.exit_code == 0 and r.stderr.count("\n") == 1, r.stderr
 
 
 @pytest.mark.parametrize("field,value,says", [

@@ -289,7 +289,7 @@ def job_for_plans(gpu_ids: tuple[int, ...] | list[int], config: Path | None,
     grown = build(config, needed)  # a cluster that cannot grow says so, with no note first
     err_console.print(f"note: the plans use GPU ids up to {needed - 1}; {config.name}'s "
                       f"{job.cluster.num_devices} GPUs are taken as {needed}", markup=False,
-                      highlight=False)
+                      highlight=False, soft_wrap=True)
     return grown
 
 
