@@ -50,7 +50,9 @@ class _Pool:
         return {d: _Info() for d in self.device_ids}
 
     def run(self, calls: Mapping[int, tuple[Callable[..., Any], tuple[Any, ...]]],
-            timeout_s: float | None = None) -> dict[int, Any]:
+            timeout_s: float | None = None,
+            release: Mapping[int, tuple[Callable[..., Any], tuple[Any, ...]]] | None = None
+            ) -> dict[int, Any]:
         results: dict[int, Any] = {}
         errors: dict[int, BaseException] = {}
         for d, (fn, args) in calls.items():
@@ -64,6 +66,8 @@ class _Pool:
             else:
                 results[d] = None
         if errors:
+            for d, (fn, args) in (release or {}).items():   # every call here has ended
+                self.calls.append((fn, d, args))
             raise WorkerCallsFailed(errors, results)
         return results
 
@@ -165,6 +169,8 @@ def test_after_a_failed_operation_the_runner_refuses_the_next_until_made_anew() 
     with pytest.raises(WorkerCallsFailed, match="forward failed on worker 0"):
         runner.forward(batch, 1)
     want = _groups_of(runner)
+    released = {d: set(args[1]) for fn, d, args in pool.calls if fn is remote.release}
+    assert released == want  # each worker left its groups as its call ended: peers are free
     asked = len(pool.calls)
     with pytest.raises(RunnerFailed, match=r"^actor_train: an earlier operation failed "
                        r"\(forward: 1 worker call\(s\) failed; worker 0: RuntimeError: "

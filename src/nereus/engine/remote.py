@@ -91,6 +91,22 @@ def detach(ctx: Any, key: str) -> None:
     ctx.scratch.pop(key, None)
 
 
+def release(ctx: Any, key: str, names: tuple[str, ...]) -> None:
+    """Detach and close this worker's groups ``names`` at once, after an operation failed
+    here or on a peer (``WorkerPool.run``'s ``release``). Neither gloo's ``abort`` nor its
+    ``shutdown`` wakes a peer blocked on this worker; destroying the backend does: its sockets
+    close and the peer's operation fails at once. The engine holds the backends, as does the
+    failed call's traceback (in reference cycles), hence the collection."""
+    import gc
+
+    from nereus.runtime.comm import leave_group
+
+    ctx.scratch.pop(key, None)
+    for name in names:
+        leave_group(ctx, name)
+    gc.collect()
+
+
 def _reports(eng: StageEngine) -> bool:
     """The worker whose results stand for its replica: last block, tp_rank 0."""
     return eng.pos.last and eng.pos.tp_rank == 0

@@ -92,10 +92,13 @@ class StageRunner:
     communicators are made at their first send, through the rendezvous store.
 
     An operation that fails on any worker ends the runner's use: a replica that raised left
-    its peers inside a collective, which fails only at the communicators' timeout and leaves
-    them unusable, so every later operation is refused (``RunnerFailed``, naming the first
-    failure) until the caller closes this runner and makes a new one. The state is unchanged
-    by a failed step."""
+    its peers inside a collective, which would fail only at the communicators' timeout. So
+    the runner does not wait for it: as each worker's call ends after the failure, that
+    worker leaves this runner's groups, which makes the peers' collectives with it fail at
+    once; the operation raises the first failure within seconds, every worker free again.
+    Every later operation is refused (``RunnerFailed``, naming the first failure) until the
+    caller closes this runner and makes a new one. The state is unchanged by a failed step
+    and stays on the workers."""
 
     def __init__(self, pool: WorkerPool, emus: Sequence[Emu], rv: Rendezvous,
                  adam: AdamConfig | None = None, stage: str | None = None,
@@ -248,8 +251,12 @@ class StageRunner:
             raise RunnerFailed(f"{self.stage}: an earlier operation failed ({self.failed}), "
                                "which may have left peers inside a collective: close this "
                                "runner and make a new StageRunner")
+        # once a call fails, its peers are freed by closing this runner's groups on each
+        # worker as its call ends, instead of waiting out the communicators' timeout
+        release = {p.device: (remote.release, (self.key, tuple(
+            n for n, m in self.groups.items() if p.device in m))) for p in self.places}
         try:
-            return self.pool.run(calls, self.timeout_s)
+            return self.pool.run(calls, self.timeout_s, release=release)
         except BaseException as e:
             self.failed = f"{fn.__name__}: {first_line(e)}"
             raise

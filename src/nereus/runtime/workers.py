@@ -25,6 +25,7 @@ import os
 import re
 import signal
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -584,13 +585,27 @@ class WorkerPool:
         return self.actor(device_id).control.remote(fn, *args, **kwargs)
 
     def run(self, calls: Mapping[int, tuple[Callable[..., Any], tuple[Any, ...]]],
-            timeout_s: float | None = None) -> dict[int, Any]:
+            timeout_s: float | None = None,
+            release: Mapping[int, tuple[Callable[..., Any], tuple[Any, ...]]] | None = None
+            ) -> dict[int, Any]:
         """Run one call per worker concurrently and wait for all; raises ``WorkerCallsFailed``
         (after every call ended) when any failed, and ``InputError`` for a device without a
-        worker before any call starts."""
+        worker before any call starts.
+
+        ``release`` (one call per worker) frees the peers of a failed call: a worker that
+        raised leaves the others inside a collective, which ends only at the communicators'
+        timeout. Once a call failed, each worker's ``release`` runs as soon as its own call has
+        ended (on the ``work`` thread, so never under a running call): closing a worker's
+        communicators makes the peers' operations with it fail at once ("connection closed by
+        peer"), whose calls then end and are released in turn. The first failure is the
+        first error raised; the other calls are waited for ``GRACE_S`` at most after it, and
+        one still running then is reported as hung (``WorkerHung``), not stopped: its worker
+        keeps its state."""
         actors = {d: self.actor(d) for d in calls}  # every id checked before anything runs
         refs = {d: actors[d].call.remote(fn, *args) for d, (fn, args) in calls.items()}
-        return wait_all(refs, timeout_s)
+        if release is None:
+            return wait_all(refs, timeout_s)
+        return _wait_releasing(actors, refs, release, timeout_s)
 
     def run_all(self, fn: Callable[..., Any], *args: Any,
                 device_ids: Iterable[int] | None = None) -> dict[int, Any]:
@@ -649,6 +664,50 @@ def wait_each(refs: Mapping[int, Any], timeout_s: float | None = None
         except Exception as e:  # noqa: BLE001 - handed to the caller
             errors[d] = e
     return results, errors
+
+
+def _wait_releasing(actors: Mapping[int, Any], refs: Mapping[int, Any],
+                    release: Mapping[int, tuple[Callable[..., Any], tuple[Any, ...]]],
+                    timeout_s: float | None) -> dict[int, Any]:
+    """``wait_all`` that stops waiting for the collective timeout once a call failed (see
+    ``WorkerPool.run``): results by key, or ``WorkerCallsFailed`` whose first error is the
+    first failure (the errors after it are mostly its peers, freed by the releases)."""
+    results: dict[int, Any] = {}
+    errors: dict[int, BaseException] = {}
+    released: list[Any] = []
+    pending = dict(refs)
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    failed_at: float | None = None
+    while pending:
+        left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        ready, _ = ray.wait(list(pending.values()), num_returns=1, timeout=left)
+        if not ready:
+            break
+        d = next(k for k, r in pending.items() if r == ready[0])
+        del pending[d]
+        try:
+            results[d] = ray.get(ready[0])
+        except Exception as e:  # noqa: BLE001 - handed to the caller
+            errors[d] = e
+        if errors:
+            if failed_at is None:  # release every call that has ended, then each as it ends
+                failed_at = time.monotonic()
+                cut = failed_at + GRACE_S
+                deadline = cut if deadline is None else min(deadline, cut)
+                ended = [*results, *errors]
+            else:
+                ended = [d]
+            released += [actors[k].call.remote(release[k][0], *release[k][1])
+                         for k in ended if k in release]
+    for d in pending:
+        errors[d] = WorkerHung(
+            f"worker {d} did not answer within {timeout_s} s" if failed_at is None else
+            f"worker {d} did not return within {GRACE_S:g} s of the first failed call")
+    if released:  # their own errors change nothing: the caller closes the groups anyway
+        ray.wait(released, num_returns=len(released), timeout=GRACE_S)
+    if errors:
+        raise WorkerCallsFailed(errors, results)
+    return results
 
 
 def wait_all(refs: Mapping[int, Any], timeout_s: float | None = None) -> dict[int, Any]:

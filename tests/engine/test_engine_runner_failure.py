@@ -1,0 +1,152 @@
+"""A step that fails on one replica fails fast: its peers, left inside a collective with the
+failed worker, are freed at once instead of at the communicators' timeout, and the runner
+reports the first failure with every worker free, its state kept, and ready for a new runner.
+
+The communicators' timeout here is ten minutes, far beyond the runner's own wait (a minute):
+a runner that waited for its peers' collectives would report them as hung, and leave them
+blocked, so the checks below would fail rather than hang.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import ray
+import torch
+
+from nereus.engine.batch import Batch
+from nereus.engine.losses import weighted_nll
+from nereus.engine.optim import AdamConfig
+from nereus.engine.pipeline import LossFn, Output
+from nereus.engine.runner import RunnerFailed, StageRunner
+from nereus.runtime.comm import Rendezvous
+from nereus.runtime.movement import destroy_member
+from nereus.runtime.state import StateSpec
+from nereus.runtime.workers import WorkerCallsFailed, WorkerHung, WorkerPool
+from nereus.spec.model import MODEL_PRESETS, Head
+
+from engine_testlib import gather_unit, layout_emus, place_seeded_units
+
+WORKERS = 4
+SEED = 13
+COMM_TIMEOUT_S = 600.0  # the collectives' own timeout: what the old runner waited out
+RUNNER_TIMEOUT_S = 60.0
+ADAM = AdamConfig(lr=1e-3)
+
+
+@pytest.fixture(scope="module")
+def runtime() -> Iterator[tuple[WorkerPool, Rendezvous]]:
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+             resources={"nereus_slot": WORKERS})
+    pool = rv = None
+    pids: list[int] = []
+    try:
+        pool = WorkerPool.start(WORKERS, kind="cpu")
+        pids = [i.pid for i in pool.infos().values()]
+        rv = Rendezvous("127.0.0.1", timeout_s=COMM_TIMEOUT_S)
+        yield pool, rv
+    finally:
+        port = rv.port if rv is not None else None
+        if rv is not None:
+            rv.close()
+        if pool is not None:
+            pool.shutdown()   # stops workers still blocked, should a check below have failed
+        ray.shutdown()
+        if port is not None:   # the rendezvous port is free again
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", port))
+        assert _all_gone(pids), "worker processes outlived the Ray session"
+
+
+def _all_gone(pids: list[int], timeout_s: float = 20.0) -> bool:
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        alive = []
+        for pid in pids:
+            try:
+                os.kill(pid, 0)
+                alive.append(pid)
+            except ProcessLookupError:
+                pass
+        if not alive:
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def lm_batch(vocab: int) -> Batch:
+    g = torch.Generator().manual_seed(SEED)
+    n, s = 8, 10
+    ids = torch.randint(0, vocab, (n, s), generator=g)
+    am = torch.ones(n, s, dtype=torch.long)
+    w = torch.rand(n, s - 1, generator=g) / (n * (s - 1))
+    return Batch(ids, am, {"weight": w})
+
+
+def refusing_first_replica() -> LossFn:
+    """``weighted_nll``, except that it raises on replica 0's rows (the global batch's first
+    sequences): only that replica's last block fails, while its first block waits for the
+    gradient and replica 1 waits in the DP all-reduce. A closure, so Ray ships it by value."""
+
+    def loss(out: Output, batch: Batch) -> torch.Tensor:
+        if batch.index is not None and int(batch.index.min()) == 0:
+            raise ValueError("loss refused replica 0's rows")
+        return weighted_nll(out, batch)
+
+    return loss
+
+
+def held_units_and_groups() -> Any:
+    """``fn(ctx, key)``: the units a worker holds and the groups of runner ``key`` it is
+    still in (a closure, so Ray ships it by value)."""
+
+    def held(ctx: Any, key: str) -> tuple[list[str], list[str]]:
+        return sorted(ctx.units), sorted(n for n in ctx.groups if n.startswith(key))
+
+    return held
+
+
+def test_a_step_failing_on_one_replica_frees_every_peer_and_keeps_the_state(
+        runtime: tuple[WorkerPool, Rendezvous]) -> None:
+    pool, rv = runtime
+    torch.manual_seed(SEED)
+    held_by = held_units_and_groups()
+    spec = MODEL_PRESETS["tiny-llama"]
+    # tp=1, pp=2, dp=2: replica 0 on workers 0 (first block), 1 (last); replica 1 on 2, 3
+    emus = layout_emus("actor_train", 1, 2, 2, "fail", trainable=True)
+    place_seeded_units(pool, emus, StateSpec(spec, Head.LM), SEED)
+    try:
+        before = [gather_unit(pool, e) for e in emus]
+        b = lm_batch(spec.vocab_size)
+        with StageRunner(pool, emus, rv, ADAM, timeout_s=RUNNER_TIMEOUT_S) as run:
+            key = run.key
+            with pytest.raises(WorkerCallsFailed) as info:
+                run.train_step(b, refusing_first_replica(), micro_batch=2)
+            # the failed worker comes first, named with its reason, in one line
+            assert re.fullmatch(r"\d worker call\(s\) failed; worker 1: ValueError: loss "
+                                r"refused replica 0's rows", str(info.value))
+            # every peer's call returned (freed, not waited out): none is hung
+            errors = info.value.errors
+            assert set(errors) == {0, 1, 2, 3}
+            assert not any(isinstance(e, WorkerHung) for e in errors.values()), errors
+            # every worker answers at once, holds its unit and has left the runner's groups
+            held = pool.run({d: (held_by, (key,)) for d in range(WORKERS)}, timeout_s=30.0)
+            assert held == {d: ([emus[d // 2].id], []) for d in range(WORKERS)}
+            with pytest.raises(RunnerFailed, match=r"\(train: \d worker call\(s\) failed; "
+                               r"worker 1: ValueError: loss refused"):
+                run.forward(b, micro_batch=2)
+        for e, was in zip(emus, before):   # the failed step changed no state
+            assert gather_unit(pool, e).first_difference(was) is None
+        # the same workers run the next step on a new runner
+        with StageRunner(pool, emus, rv, ADAM, timeout_s=RUNNER_TIMEOUT_S) as run:
+            res, _ = run.train_step(b, weighted_nll, micro_batch=2)
+        assert torch.isfinite(torch.tensor(res.loss))
+    finally:   # bounded: workers still blocked (the old runner) must fail the test, not hang it
+        pool.run({dev: (destroy_member, (e.id,)) for e in emus for dev in e.gpus},
+                 timeout_s=RUNNER_TIMEOUT_S)
