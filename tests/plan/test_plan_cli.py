@@ -230,3 +230,22 @@ def test_exhaustive_searches_until_the_plan_is_proven(tmp_path):
                             "actor_train"])
     assert r.exit_code == 2
     assert r.output.count("\n") == 1 and "--exhaustive" in r.output
+
+
+def test_the_note_names_only_what_can_stop_the_search_it_ran():
+    """With --exhaustive only combinations that do not place can stop the search: the note
+    names that alone and does not offer --exhaustive again (reviewer's finding: it blamed
+    the wrong limit, built by editing the capped note's text)."""
+    from dataclasses import replace
+
+    from nereus.commands.plan import _unproven
+    from nereus.plan.search import MAX_REPLACEMENTS, MAX_REPRICED, best_plan
+    from nereus.spec import parse_job
+
+    plan = replace(best_plan(parse_job({"model": "llama-3.1-8b", "gpus": 16})), proven=False)
+    capped, exhaustive = _unproven(plan), _unproven(plan, exhaustive=True)
+    assert capped is not None and exhaustive is not None
+    assert f"after {MAX_REPRICED} plans placed dearer" in capped and "--exhaustive" in capped
+    assert exhaustive.endswith(f"(after {MAX_REPLACEMENTS} combinations that did not place)")
+    assert "--exhaustive" not in exhaustive
+    assert _unproven(replace(plan, proven=True), exhaustive=True) is None

@@ -176,6 +176,18 @@ def test_a_search_stopped_by_its_repricing_cap_says_its_plan_is_not_proven(monke
     assert Planner(parse_job({"model": "llama-3.1-8b", "gpus": 16})).best().proven
 
 
+def test_an_exhaustive_search_is_stopped_only_by_combinations_that_do_not_place(monkeypatch):
+    """``MAX_REPLACEMENTS`` counted every search, the re-priced ones too, so an exhaustive
+    search stopped unproven at it (a reviewer's 14B PPO pool after 2,001 re-pricings, its note
+    blaming combinations that did not place). Here every combination places: a limit of 5
+    such combinations leaves the exhaustive search to its proof."""
+    from nereus.plan import search
+
+    monkeypatch.setattr(search, "MAX_REPLACEMENTS", 5)
+    plan = Planner(parse_job(HOLES), exhaustive=True).best()
+    assert plan.proven
+
+
 # Qwen3-14B ReMax, asynchronous, on 14 GPUs of nodes holding 5, 2, 3 and 4: generation on six
 # GPUs (tp2 dp3, 88.17 s) sets the interval, and the search's cheapest combinations train tp2
 # or tp4 beside it. Seven TP groups of two do not fit inside those nodes (six do), so each

@@ -109,10 +109,7 @@ def _summary(plan: Plan, job: JobSpec) -> str:
 
 
 UNPROVEN = ("note: the fastest plan found, not proven the fastest: on this pool of partly "
-            "filled nodes the search stopped before its bound ruled out a faster placement "
-            f"(after {MAX_REPRICED} plans placed dearer than it priced them, or "
-            f"{MAX_REPLACEMENTS} that did not place)")
-EXHAUSTIVE = "; --exhaustive searches on until it is proven (up to tens of seconds)"
+            "filled nodes the search stopped before its bound ruled out a faster placement")
 
 
 def _searching(exhaustive: bool) -> AbstractContextManager[object]:
@@ -124,14 +121,15 @@ def _searching(exhaustive: bool) -> AbstractContextManager[object]:
 
 
 def _unproven(plan: Plan, exhaustive: bool = False) -> str | None:
-    """The note for a plan the search did not prove the fastest of its space, else None;
-    without ``exhaustive``, it says how to search on."""
+    """The note for a plan the search did not prove the fastest of its space, else None:
+    why the search stopped and, without ``exhaustive``, how to search on."""
     if plan.proven:
         return None
-    if exhaustive:  # only the cap on searches that did not place stopped it
-        return UNPROVEN.replace(f"after {MAX_REPRICED} plans placed dearer than it priced "
-                                "them, or ", "after ")
-    return UNPROVEN + EXHAUSTIVE
+    unplaced = f"{MAX_REPLACEMENTS} combinations that did not place"
+    if exhaustive:  # only the combinations that did not place can stop it
+        return f"{UNPROVEN} (after {unplaced})"
+    return (f"{UNPROVEN} (after {MAX_REPRICED} plans placed dearer than it priced them, or "
+            f"{unplaced}); --exhaustive searches on until it is proven (it may take minutes)")
 
 
 def _comparison(yours: Plan, best: Plan, problems: list[str]) -> str:
@@ -406,7 +404,8 @@ def register(app: typer.Typer) -> None:
         exhaustive: bool = typer.Option(
             False, "--exhaustive",
             help="on a pool of partly filled nodes, search until the plan is proven the "
-                 "fastest, without the cap of 50 re-placed plans (may take tens of seconds)"),
+                 f"fastest, past {MAX_REPRICED} plans placed dearer than priced (it may take "
+                 "minutes)"),
         as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
     ) -> None:
         """Find the fastest execution plan that fits, and show where its time and memory go.

@@ -395,9 +395,10 @@ class Planner:
         under ``cost`` by a planner of the same job (``best`` passes its own to the spread
         planner it asks). ``keep``: the candidates of each stage the search may use (a
         framework's plan space, say; the search is exact within them), as well as
-        ``spread``'s. ``exhaustive``: no cap on re-pricings (``MAX_REPRICED``); on a pool of
-        partly filled nodes the search then goes on until its bound proves the plan the
-        fastest, which may take tens of seconds."""
+        ``spread``'s. ``exhaustive``: no cap on plans placed dearer than priced
+        (``MAX_REPRICED``); on a pool of partly filled nodes the search then goes on until its
+        bound proves the plan the fastest (or ``MAX_REPLACEMENTS`` combinations did not place
+        at all), which may take minutes."""
         self.job = job
         self.keep = keep
         self.exhaustive = exhaustive
@@ -788,9 +789,9 @@ class Planner:
             heapq.heappush(heap, (res.latency, pushed, opts, res))
 
         push(base)
-        searches = repriced = 0
+        repriced = unplaced = repairs = 0
         best: Plan | None = None  # the fastest placeable plan as placed, so far
-        tried: set[tuple[Candidate, ...]] = set()  # combinations ``_repair`` placed
+        tried: set[object] = set()  # combinations ``_repair`` placed
         cap = math.inf if self.exhaustive else MAX_REPRICED
         proven = True  # False once the search stops before the bound proves ``best``
         while heap:
@@ -804,29 +805,32 @@ class Planner:
                     best = plan
                 if plan.step_latency_s <= res.latency * (1 + PRICE_TOLERANCE):
                     break
-            fixed_up = self._repair(res, opts, best, tried)
-            if fixed_up is not None:
-                best = fixed_up
-                if best.step_latency_s <= bound * (1 + PRICE_TOLERANCE):
-                    break  # placed at the least any combination left can cost
+            if repairs < MAX_REPAIRED:
+                repairs += 1
+                fixed_up = self._repair(res, opts, best, tried)
+                if fixed_up is not None:
+                    best = fixed_up
+                    if best.step_latency_s <= bound * (1 + PRICE_TOLERANCE):
+                        break  # placed at the least any combination left can cost
             if plan is not None and not bad:
-                if repriced >= cap:  # a plan at or under ``bound`` broke above
-                    proven = False
-                    break
                 # placed dearer than searched (a DP group or a pipeline of a node's size
                 # across two nodes): a combination searched slower may place faster, so this
                 # one is split off like one that did not place, the stages placed dearer
                 # first (every stage where none is, the sync having risen)
-                repriced += 1
-                bad = self._dearer(first or plan) or [st.name for st in wf.stages]
-            searches += 1
-            if searches > MAX_REPLACEMENTS:
-                if best is not None:
+                if repriced >= cap:
                     proven = False
                     break
-                raise InfeasibleError(
-                    f"no placeable plan found within {MAX_REPLACEMENTS} searches: the fastest "
-                    f"plans need TP groups across nodes of the pool (estimated)")
+                repriced += 1
+                bad = self._dearer(first or plan) or [st.name for st in wf.stages]
+            else:
+                unplaced += 1
+                if unplaced > MAX_REPLACEMENTS:
+                    if best is not None:
+                        proven = False
+                        break
+                    raise InfeasibleError(
+                        f"no placeable plan found in {MAX_REPLACEMENTS} combinations: the "
+                        f"fastest plans need TP groups across nodes of the pool (estimated)")
             chosen = {n: c for p in res.phases.values() for g in p.groups
                       for n, c in zip(g.stages, g.candidates)}
             # the stages whose candidates decide the failed placement: in synchronous execution
@@ -856,7 +860,7 @@ class Planner:
             f"every TP group inside a node of the pool (estimated)")
 
     def _repair(self, res: SearchResult, opts: Mapping[str, StageOptions],
-                best: Plan | None, tried: set[tuple[Candidate, ...]]) -> Plan | None:
+                best: Plan | None, tried: set[object]) -> Plan | None:
         """The fastest placeable plan found one model-stage away from ``res`` that beats
         ``best``, or None.
 
@@ -880,15 +884,15 @@ class Planner:
             for k, gc in enumerate(point.groups):
                 if len(gc.stages) == 1:
                     trials += self._substitutes(res, opts, own, phase, k)
-        trials.sort(key=lambda t: t[0])
+        trials.sort(key=lambda t: t[0])  # stable: ties in the order of the stages
         worth = best.step_latency_s * (1 - PRICE_TOLERANCE) if best is not None else math.inf
         found: Plan | None = None
         tries = [0, 0]  # placed at the bound, above it
-        for priced, _, trial in trials:
+        for priced, trial in trials:
             if priced >= worth:
                 break
-            key = tuple(c for pt in trial.phases.values() for g in pt.groups
-                        for c in g.candidates)
+            key = tuple((g.stages, g.candidates) for pt in trial.phases.values()
+                        for g in pt.groups)
             above = priced > bound
             if key in tried or tries[above] >= REPAIR_TRIES:
                 continue  # placed before (from another combination), or enough of its kind
@@ -903,10 +907,10 @@ class Planner:
 
     def _substitutes(self, res: SearchResult, opts: Mapping[str, StageOptions],
                      own: Mapping[Phase, float], phase: Phase, k: int
-                     ) -> list[tuple[float, int, SearchResult]]:
+                     ) -> list[tuple[float, SearchResult]]:
         """``res`` with the single stage of ``phase``'s group ``k`` on the fastest candidate of
-        each of its other shapes that keeps the pool and the weight sync's memory: (price as
-        the search prices it, a tie-breaker, the combination)."""
+        each of its other shapes that keeps the pool and the weight sync's memory, with its
+        price as the search prices it (``_priced``)."""
         wf = self.job.workflow
         point = res.phases[phase]
         name, cur = point.groups[k].stages[0], point.groups[k].candidates[0]
@@ -937,8 +941,9 @@ class Planner:
             lat = max(sum(g.latencies) for g in groups)
             phases = dict(res.phases)
             phases[phase] = Point(gpus, point.latency - own[phase] + lat, groups, point.extra)
-            out.append((self._priced(own, phase, lat, res, sync_s), i,
-                        SearchResult(res.latency, phases, sync_s, res.train_layout)))
+            lt = c.layout if sync is not None and name == sync[0] else res.train_layout
+            out.append((self._priced(own, phase, lat, res, sync_s),
+                        SearchResult(res.latency, phases, sync_s, lt)))
         return out
 
     def _fits(self, res: SearchResult, phase: Phase, gpus: int) -> bool:
@@ -955,7 +960,9 @@ class Planner:
                 res: SearchResult, sync_s: float) -> float:
         """The step of ``res`` with ``phase``'s own latency (without the sync) at ``lat``, as
         the search prices it: phases add up in synchronous execution; in asynchronous,
-        generation runs beside inference and training."""
+        generation runs beside inference and training. One difference: in synchronous
+        execution the sync keeps ``res``'s price where the substitute is one of its two
+        stages (placement prices it anew), so such a trial's price only orders the trials."""
         own_before = own[phase]
         own = {**own, phase: lat}
         if self.job.workflow.execution is Execution.ASYNC:
@@ -1050,7 +1057,7 @@ class Planner:
         return Plan(ordered, step, "estimated", terms, tuple(groups))
 
 
-MAX_REPLACEMENTS = 2000  # plans that failed placement before the search gives up
+MAX_REPLACEMENTS = 2000  # combinations that did not place before the search gives up
 # A placed plan may cost more than the search priced it (its groups as placed cross nodes where
 # sizes said they would not): the search then goes on for a combination that places faster,
 # up to this many such plans, and keeps the fastest as placed. The search's price bounds
@@ -1063,6 +1070,10 @@ PRICE_TOLERANCE = 1e-9  # relative: a placed plan "at" its searched price
 # (each costs one to three placements, 2-5 ms apiece). On ``benchmarks/plan_holes.py``'s 120
 # pools 8 finds what 16 does; unlimited, one pool more (14B GRPO, 23.5 %) for 2x its time.
 REPAIR_TRIES = 8
+# Combinations ``_repair`` runs for per search: it finds its plans among the first (on the
+# benchmark's pools, in the capped search's first 50); past them an exhaustive search only
+# pays for it
+MAX_REPAIRED = 50
 # How ``Planner`` places a combination, tried in this order until one costs what the search
 # priced: "packed" (chunks of a replica's size, best fit: keeps whole nodes free), "whole" (a
 # group on one node where one holds it, so its DP groups and pipelines run on the node's
