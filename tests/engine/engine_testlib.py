@@ -7,13 +7,20 @@ process; they follow ``nereus.spec.sharding.shard_plan`` and nothing else.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import os
+import socket
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
+import ray
 import torch
 import torch.distributed as dist
 
 from nereus.engine.groups import ParallelGroups, Position
+from nereus.runtime.comm import Rendezvous
+from nereus.runtime.workers import WorkerPool
 from nereus.spec.model import Head, ModelSpec
 from nereus.spec.sharding import Shard, logical_params, shard_plan
 
@@ -225,3 +232,49 @@ def on_replica(spec: ModelSpec, head: Head, tp: int, pp: int,
 
     out = in_threads(tp * pp, one)
     return {divmod(i, tp): v for i, v in out.items()}
+
+
+@contextmanager
+def worker_session(workers: int, rv_timeout_s: float | None = None
+                   ) -> Iterator[tuple[WorkerPool, Rendezvous]]:
+    """A Ray session with ``workers`` CPU workers and a rendezvous (``rv_timeout_s``: its
+    communicators' timeout; the default where None), for one test module. Afterwards, also
+    when a test failed: the workers stopped (those still blocked too), Ray shut down, the
+    rendezvous port free again and every worker process gone."""
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+             resources={"nereus_slot": workers})
+    pool = rv = None
+    pids: list[int] = []
+    try:
+        pool = WorkerPool.start(workers, kind="cpu")
+        pids = [i.pid for i in pool.infos().values()]
+        rv = (Rendezvous("127.0.0.1") if rv_timeout_s is None
+              else Rendezvous("127.0.0.1", timeout_s=rv_timeout_s))
+        yield pool, rv
+    finally:
+        port = rv.port if rv is not None else None
+        if rv is not None:
+            rv.close()
+        if pool is not None:
+            pool.shutdown()
+        ray.shutdown()
+        if port is not None:   # the rendezvous port is free again
+            with socket.socket() as sock:
+                sock.bind(("127.0.0.1", port))
+        assert _all_gone(pids), "worker processes outlived the Ray session"
+
+
+def _all_gone(pids: list[int], timeout_s: float = 20.0) -> bool:
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        alive = []
+        for pid in pids:
+            try:
+                os.kill(pid, 0)
+                alive.append(pid)
+            except ProcessLookupError:
+                pass
+        if not alive:
+            return True
+        time.sleep(0.2)
+    return False

@@ -9,15 +9,11 @@ blocked, so the checks below would fail rather than hang.
 
 from __future__ import annotations
 
-import os
 import re
-import socket
-import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
-import ray
 import torch
 
 from nereus.engine.batch import Batch
@@ -31,7 +27,7 @@ from nereus.runtime.state import StateSpec
 from nereus.runtime.workers import WorkerCallsFailed, WorkerHung, WorkerPool
 from nereus.spec.model import MODEL_PRESETS, Head
 
-from engine_testlib import gather_unit, layout_emus, place_seeded_units
+from engine_testlib import gather_unit, layout_emus, place_seeded_units, worker_session
 
 WORKERS = 4
 SEED = 13
@@ -42,42 +38,8 @@ ADAM = AdamConfig(lr=1e-3)
 
 @pytest.fixture(scope="module")
 def runtime() -> Iterator[tuple[WorkerPool, Rendezvous]]:
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
-             resources={"nereus_slot": WORKERS})
-    pool = rv = None
-    pids: list[int] = []
-    try:
-        pool = WorkerPool.start(WORKERS, kind="cpu")
-        pids = [i.pid for i in pool.infos().values()]
-        rv = Rendezvous("127.0.0.1", timeout_s=COMM_TIMEOUT_S)
-        yield pool, rv
-    finally:
-        port = rv.port if rv is not None else None
-        if rv is not None:
-            rv.close()
-        if pool is not None:
-            pool.shutdown()   # stops workers still blocked, should a check below have failed
-        ray.shutdown()
-        if port is not None:   # the rendezvous port is free again
-            with socket.socket() as s:
-                s.bind(("127.0.0.1", port))
-        assert _all_gone(pids), "worker processes outlived the Ray session"
-
-
-def _all_gone(pids: list[int], timeout_s: float = 20.0) -> bool:
-    end = time.monotonic() + timeout_s
-    while time.monotonic() < end:
-        alive = []
-        for pid in pids:
-            try:
-                os.kill(pid, 0)
-                alive.append(pid)
-            except ProcessLookupError:
-                pass
-        if not alive:
-            return True
-        time.sleep(0.2)
-    return False
+    with worker_session(WORKERS, COMM_TIMEOUT_S) as got:
+        yield got
 
 
 def lm_batch(vocab: int) -> Batch:
