@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -112,12 +112,13 @@ UNPROVEN = ("note: the fastest plan found, not proven the fastest: on this pool 
             "filled nodes the search stopped before its bound ruled out a faster placement")
 
 
-def _searching(exhaustive: bool) -> AbstractContextManager[object]:
-    """A spinner while an exhaustive search runs, for a person watching (stderr a terminal;
-    nothing at all otherwise, so the one-line output rules hold)."""
-    if exhaustive and err_console.is_terminal:
-        return err_console.status("searching until the plan is proven the fastest ...")
-    return nullcontext()
+def _best(job: JobSpec, cost: CostModel, spread: bool, exhaustive: bool) -> Plan:
+    """``Planner.best``; an exhaustive search shows a spinner to a person watching (stderr a
+    terminal; nothing at all otherwise, so the one-line output rules hold)."""
+    watched = exhaustive and err_console.is_terminal
+    with (err_console.status("searching until the plan is proven the fastest ...")
+          if watched else nullcontext()):
+        return Planner(job, cost=cost, spread=spread, exhaustive=exhaustive).best()
 
 
 def _unproven(plan: Plan, exhaustive: bool = False) -> str | None:
@@ -468,8 +469,7 @@ def register(app: typer.Typer) -> None:
             _frontier(job, planner, frontier_stage, as_json, given_model)
             return
         try:
-            with _searching(exhaustive):
-                plan = Planner(job, cost=cost, spread=spread, exhaustive=exhaustive).best()
+            plan = _best(job, cost, spread, exhaustive)
         except InfeasibleError as e:
             raise no_plan_error(e, job, fields, config, options, profile, spread) from None
         note = _unproven(plan, exhaustive)
@@ -618,9 +618,7 @@ def register(app: typer.Typer) -> None:
         problems = validate_plan(job, yours, cost)
         failed: Exception | None = None
         try:
-            with _searching(exhaustive):
-                best: Plan | None = Planner(job, cost=cost, spread=spread,
-                                            exhaustive=exhaustive).best()
+            best: Plan | None = _best(job, cost, spread, exhaustive)
         except InfeasibleError as e:  # context: a job that fits nowhere still scores yours
             best, failed = None, no_plan(e)
         if as_json:

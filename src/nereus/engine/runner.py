@@ -113,6 +113,10 @@ class StageRunner:
                                  lambda ids: len({node[i] for i in ids}) == 1)
         self.device = str(infos[self.places[0].device].device)
         self.groups = self._members()
+        # what frees each worker's peers after a failed call (``_call``): its leaving this
+        # runner's groups, which are fixed from here on
+        self._release = {p.device: (remote.release, (self.key, tuple(
+            n for n, m in self.groups.items() if p.device in m))) for p in self.places}
         self.setup_s: dict[str, float] = {}
         self.failed: str | None = None  # the first failed operation's error, one line
         try:  # a failure partway (a member that never joined) closes what was opened
@@ -251,12 +255,8 @@ class StageRunner:
             raise RunnerFailed(f"{self.stage}: an earlier operation failed ({self.failed}), "
                                "which may have left peers inside a collective: close this "
                                "runner and make a new StageRunner")
-        # once a call fails, its peers are freed by closing this runner's groups on each
-        # worker as its call ends, instead of waiting out the communicators' timeout
-        release = {p.device: (remote.release, (self.key, tuple(
-            n for n, m in self.groups.items() if p.device in m))) for p in self.places}
-        try:
-            return self.pool.run(calls, self.timeout_s, release=release)
+        try:  # once a call fails, each worker leaves the groups as its own call ends
+            return self.pool.run(calls, self.timeout_s, release=self._release)
         except BaseException as e:
             self.failed = f"{fn.__name__}: {first_line(e)}"
             raise

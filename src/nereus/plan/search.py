@@ -879,11 +879,13 @@ class Planner:
         bound = res.latency * (1 + PRICE_TOLERANCE)
         own = {p: max((sum(g.latencies) for g in pt.groups), default=0.0)
                for p, pt in res.phases.items()}
+        layouts = {n: c.layout for pt in res.phases.values() for g in pt.groups
+                   for n, c in zip(g.stages, g.candidates)}
         trials = []
         for phase, point in res.phases.items():
             for k, gc in enumerate(point.groups):
                 if len(gc.stages) == 1:
-                    trials += self._substitutes(res, opts, own, phase, k)
+                    trials += self._substitutes(res, opts, own, layouts, phase, k)
         trials.sort(key=lambda t: t[0])  # stable: ties in the order of the stages
         worth = best.step_latency_s * (1 - PRICE_TOLERANCE) if best is not None else math.inf
         found: Plan | None = None
@@ -906,11 +908,11 @@ class Planner:
         return found
 
     def _substitutes(self, res: SearchResult, opts: Mapping[str, StageOptions],
-                     own: Mapping[Phase, float], phase: Phase, k: int
-                     ) -> list[tuple[float, SearchResult]]:
+                     own: Mapping[Phase, float], layouts: Mapping[str, Layout], phase: Phase,
+                     k: int) -> list[tuple[float, SearchResult]]:
         """``res`` with the single stage of ``phase``'s group ``k`` on the fastest candidate of
         each of its other shapes that keeps the pool and the weight sync's memory, with its
-        price as the search prices it (``_priced``)."""
+        price as the search prices it (``_priced``). ``layouts``: every stage's in ``res``."""
         wf = self.job.workflow
         point = res.phases[phase]
         name, cur = point.groups[k].stages[0], point.groups[k].candidates[0]
@@ -921,8 +923,6 @@ class Planner:
             if sh != _shape(cur) and (sh not in fastest or o.latency[i] < o.latency[fastest[sh]]):
                 fastest[sh] = i
         sync = wf.weight_sync()
-        layouts = {n: c.layout for pt in res.phases.values() for g in pt.groups
-                   for n, c in zip(g.stages, g.candidates)}
         out = []
         for i in fastest.values():
             c, t = o.candidates[i], float(o.latency[i])
@@ -930,7 +930,7 @@ class Planner:
             gpus = sum(g.gpus for g in groups)
             if not self._fits(res, phase, gpus):
                 continue
-            sync_s = res.sync_s
+            sync_s, train_layout = res.sync_s, res.train_layout
             if sync is not None and name in sync:
                 lt = c.layout if name == sync[0] else layouts.get(sync[0])
                 lg = c.layout if name == sync[1] else layouts.get(sync[1])
@@ -938,12 +938,12 @@ class Planner:
                     continue
                 if wf.execution is Execution.ASYNC:
                     sync_s = self.cost.weight_sync(lt, lg).latency_s
+                train_layout = lt
             lat = max(sum(g.latencies) for g in groups)
             phases = dict(res.phases)
             phases[phase] = Point(gpus, point.latency - own[phase] + lat, groups, point.extra)
-            lt = c.layout if sync is not None and name == sync[0] else res.train_layout
             out.append((self._priced(own, phase, lat, res, sync_s),
-                        SearchResult(res.latency, phases, sync_s, lt)))
+                        SearchResult(res.latency, phases, sync_s, train_layout)))
         return out
 
     def _fits(self, res: SearchResult, phase: Phase, gpus: int) -> bool:
@@ -969,8 +969,6 @@ class Planner:
             gen = own.get(Phase.GENERATION, 0.0)
             rest = sum(v for p, v in own.items() if p is not Phase.GENERATION)
             return max(gen, rest) + sync_s
-        # the phases add up; a sync priced into a phase's point stays as it was (the
-        # placement prices it anew)
         return res.latency - own_before + lat
 
     def _dearer(self, plan: Plan) -> list[str]:
