@@ -151,8 +151,9 @@ def test_a_finished_sequence_never_feeds_its_pad_token_back() -> None:
 class _VocabPool(_Pool):
     """The stand-in pool, its workers' attach answering the model's vocabulary size."""
 
-    def run(self, calls: Any, timeout_s: float | None = None) -> dict[int, Any]:
-        out = super().run(calls, timeout_s)
+    def run(self, calls: Any, timeout_s: float | None = None,
+            release: Any = None) -> dict[int, Any]:
+        out = super().run(calls, timeout_s, release)
         return {d: QWEN.vocab_size if calls[d][0] is remote.attach else r
                 for d, r in out.items()}
 
