@@ -343,3 +343,35 @@ def test_the_best_plan_is_the_faster_of_packed_and_spread() -> None:
     assert "step latency 46.033 s (estimated)" in text and "weight_sync 0.161 s" in text
     assert "node loss: the last copy of a model-stage goes with a node" in text
     assert "--spread looks for a plan that keeps a copy on another node" in text
+
+
+@pytest.mark.parametrize("width", [72, 80, 100, 200])
+def test_a_narrow_terminal_cuts_no_number_of_the_plan_table(width: int) -> None:
+    """Every column was no-wrap: below about 110 columns Rich cut them to an ellipsis, and at
+    80 the tp, pp and dp cells printed empty. Where the boxed table is too wide it loses its
+    box, headers wrap and only names fold; every number stays whole."""
+    from io import StringIO
+
+    from rich.console import Console
+
+    from nereus.commands.plan import plan_table
+    from nereus.plan.search import Planner
+    from nereus.spec.job import load_job
+
+    job = load_job(CONFIG)
+    plan = Planner(job).best()
+    out = StringIO()
+    Console(file=out, width=width).print(plan_table(job, plan, "best plan"))
+    text = out.getvalue()
+    lines = text.splitlines()
+    assert "…" not in text
+    assert max(map(len, lines)) <= width
+    boxed = "┃" in text
+    assert boxed == (width == 200)  # the box stays where it fits
+    for sp in plan.stages:
+        c = sp.candidate
+        row = (f"{c.tp} {c.pp} {c.dp} {c.micro_batch}x{c.grad_accum}" if not boxed else
+               f"{c.tp} │ {c.pp} │ {c.dp} │ {c.micro_batch}x{c.grad_accum}")
+        (line,) = [" ".join(ln.strip("│┃ ").split()) for ln in lines
+                   if ln.strip("│┃ ") and sp.stage.startswith(ln.strip("│┃ ").split()[0])]
+        assert row in line and f"{sp.latency_s:.3f}" in line, (sp.stage, text)

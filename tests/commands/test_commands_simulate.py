@@ -723,3 +723,22 @@ def test_stderr_to_a_file_gets_no_progress_bar_and_no_blank_line() -> None:
     r = runner.invoke(app, ["simulate", "--scenario", "stationary", "--steps", "2"])
     assert r.exit_code == 0, r.output
     assert r.stderr == "", repr(r.stderr)
+
+
+def test_the_policy_table_keeps_every_figure_whole_at_80_columns(
+        churn: tuple[Scenario, SimResult]) -> None:
+    """At 80 columns the table printed '…' for the policy names and most figures."""
+    from io import StringIO
+
+    from rich.console import Console
+
+    from nereus.commands.simulate import summary_table
+
+    sc, res = churn
+    out = StringIO()
+    Console(file=out, width=80).print(summary_table(sc, res))
+    text = out.getvalue()
+    assert "…" not in text and max(map(len, text.splitlines())) <= 80
+    for name, r in res.results.items():
+        (line,) = [ln for ln in text.splitlines() if ln.startswith(name + " ")]
+        assert f"{r.tokens_per_s:,.0f}" in line and f"{r.mean_step_s:.1f}" in line, text

@@ -9,14 +9,18 @@ import os
 import re
 import stat
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
 import typer
 import typer.core
-from rich.console import Console
+from rich import box
+from rich.cells import cell_len
+from rich.console import Console, ConsoleOptions, RenderResult
 from rich.markup import escape
+from rich.measure import Measurement
+from rich.table import Table
 from typer.core import TyperCommand
 from typer.models import ArgumentInfo, OptionInfo
 
@@ -33,6 +37,31 @@ EXIT_INTERRUPTED = 130  # Ctrl-C (128 + SIGINT, as a shell reports it)
 # Tables are wide; when output goes to a pipe or a file, do not squeeze them into 80 columns.
 console = Console(width=None if sys.stdout.isatty() else 160)
 err_console = Console(stderr=True, width=None if sys.stderr.isatty() else 200)
+
+
+class FitTable(Table):
+    """A table that stays whole in a narrow terminal. Where its boxed form is wider than the
+    console, it drops the box for a rule under the header and one space between columns,
+    headers wrap at their spaces, and only the ``fold`` columns (names, lists) fold onto more
+    lines: every other column is as wide as its widest cell and its header's longest word,
+    so no number or id is ever cut to an ellipsis (Rich's no-wrap columns were, below about
+    110 columns: ``nereus plan`` printed empty tp, pp and dp cells at 80)."""
+
+    def __init__(self, *args: Any, fold: Collection[str] = (), **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.fold = frozenset(fold)
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        natural = Measurement.get(console, options.update_width(10_000), self).maximum
+        if self.columns and natural > options.max_width:
+            self.box, self.padding, self.show_edge = box.SIMPLE_HEAD, (0, 0), False
+            for c in self.columns:
+                c.no_wrap, c.overflow = False, "fold"
+                if str(c.header) not in self.fold:
+                    words = str(c.header).split() or [""]
+                    c.min_width = max([cell_len(str(v)) for v in c.cells]
+                                      + [cell_len(w) for w in words])
+        yield from super().__rich_console__(console, options)
 
 
 def plain_flags(params: list[Any]) -> list[Any]:

@@ -15,6 +15,7 @@ from rich.table import Table
 
 from nereus.commands.common import (
     Command,
+    FitTable,
     console,
     err_console,
     one_line_errors,
@@ -76,10 +77,12 @@ def plan_table(job: JobSpec, plan: Plan, title: str) -> Table:
                                 f"{count(more, 'replica')} {per + 1} and the rest {per}")
     split = f"; *: the largest replica's share ({'; '.join(uneven.values())})" if uneven \
         else ""
-    t = Table(title=f"{title} (latency and memory estimated)", title_justify="left",
-              caption=f"shares: model-stages with the same letter take turns on the same GPUs; "
-                      f"limit: {HEADROOM * 100:.0f} % of {mem / GiB:.1f} GiB per GPU{split}",
-              caption_justify="left")
+    t = FitTable(title=f"{title} (latency and memory estimated)", title_justify="left",
+                 fold=("model-stage", "phase", "GPUs"),
+                 caption=f"shares: model-stages with the same letter take turns on the same "
+                         f"GPUs; limit: {HEADROOM * 100:.0f} % of {mem / GiB:.1f} GiB per "
+                         f"GPU{split}",
+                 caption_justify="left")
     for col in ("model-stage", "phase", "tp", "pp", "dp", "b x a", "recomp", "GPUs", "shares",
                 "latency s", "peak/limit GiB"):
         t.add_column(col, justify="right" if col in ("tp", "pp", "dp", "latency s") else "left",
@@ -579,16 +582,17 @@ def register(app: typer.Typer) -> None:
         kept = " (--spread: two or more replicas, each inside a node)" if planner.spread else ""
         batch = planner.cost.stage_batch(stage)
         uneven = any(batch % r["dp"] for r in rows)
-        t = Table(title=f"{stage}: latency-GPU frontier{kept} (estimated)", title_justify="left",
-                  caption=(f"*: the largest replica's share where dp does not divide the "
-                           f"{batch} sequences (the rest run one fewer)") if uneven else None,
-                  caption_justify="left")
+        t = FitTable(title=f"{stage}: latency-GPU frontier{kept} (estimated)",
+                     title_justify="left",
+                     caption=(f"*: the largest replica's share where dp does not divide the "
+                              f"{batch} sequences (the rest run one fewer)") if uneven else None,
+                     caption_justify="left")
         for col in ("GPUs", "tp", "pp", "dp", "b x a", "recompute", "latency s", "peak GiB"):
             t.add_column(col, justify="right")
         for r in rows:
             mark = "*" if batch % r["dp"] else ""
             t.add_row(str(r["gpus"]), str(r["tp"]), str(r["pp"]), str(r["dp"]),
-                      f"{r['micro_batch']} x {r['grad_accum']}{mark}",
+                      f"{r['micro_batch']}x{r['grad_accum']}{mark}",  # as the plan table
                       "yes" if r["recompute"] else "no",
                       f"{r['latency_s']:.3f}", f"{r['peak_mem_bytes'] / GiB:.1f}")
         console.print(t)

@@ -26,6 +26,7 @@ from rich.text import Text
 from nereus.commands.common import (
     FIGURE_FORMATS,
     Command,
+    FitTable,
     console,
     err_console,
     one_line_errors,
@@ -130,9 +131,9 @@ MEAN_STEP = ("mean step s: the step plus its transitions, restarts, lost work an
 def summary_table(sc: Scenario, res: SimResult) -> Table:
     base = res.results.get("static")
     # Text: a scenario's name is the user's, not Rich markup ("[red]run[/red]" prints as given)
-    t = Table(title=Text(f"{sc.name}: {count(sc.steps, 'step')} (simulated)"),
-              title_justify="left",
-              caption=MEAN_STEP, caption_justify="left")
+    t = FitTable(title=Text(f"{sc.name}: {count(sc.steps, 'step')} (simulated)"),
+                 title_justify="left", caption=MEAN_STEP, caption_justify="left",
+                 fold=("policy",))
     for col in ("policy", "tokens/s", "vs static", "mean step s", "transitions",
                 "transition s", "restarts", "restart s", "lost s", "paused s",
                 "checkpoint s"):
@@ -360,7 +361,8 @@ def notes_table(sc: Scenario) -> Table:
     """Every parameter of ``sc`` and where its value comes from (``--notes``). They are the
     scenario's, set when it is built or loaded (and by --steps and --gamma): the simulator
     adds none, so they are listed without a run."""
-    t = Table(title="parameters and their sources", title_justify="left")
+    t = FitTable(title="parameters and their sources", title_justify="left",
+                 fold=("parameter", "value", "source"))
     t.add_column("parameter", no_wrap=True)
     t.add_column("value", no_wrap=True)
     t.add_column("source")

@@ -31,6 +31,7 @@ from nereus.commands.common import (
     EXIT_RUN_FAILED,
     FIGURE_FORMATS,
     Command,
+    FitTable,
     console,
     err_console,
     fail,
@@ -468,7 +469,8 @@ def estimated_json(job: JobSpec, schedule: Schedule, current: Plan) -> dict[str,
 
 
 def stage_table(schedule: Schedule, current: Plan, target: Plan, sizes: StateSizes) -> Table:
-    t = Table(title="primitives per model-stage", title_justify="left")
+    t = FitTable(title="primitives per model-stage", title_justify="left",
+                 fold=("model-stage", "current", "target"))
     for col in ("model-stage", "current", "target", *OPS, "bytes moved (estimated)"):
         t.add_column(col, justify="left" if col in ("model-stage", "current", "target")
                      else "right", no_wrap=True)
@@ -486,7 +488,8 @@ def stage_table(schedule: Schedule, current: Plan, target: Plan, sizes: StateSiz
 
 
 def schedule_table(schedule: Schedule) -> Table:
-    t = Table(title="schedule (times estimated)", title_justify="left")
+    t = FitTable(title="schedule (times estimated)", title_justify="left",
+                 fold=("op", "model-stage", "units", "GPUs", "after"))
     for col in ("#", "op", "model-stage", "units", "GPUs", "start s", "end s", "after"):
         # long lists fold onto more lines rather than end in an ellipsis: a dependency cut
         # off is a wrong schedule to whoever reads it
@@ -514,8 +517,8 @@ def op_label(op: str, staged: bool) -> str:
 
 def execution_table(result: dict) -> Table:
     """``--execute``'s result per primitive; every column says where its numbers come from."""
-    t = Table(title=f"executed on {result['device']} workers: measured vs estimated",
-              title_justify="left")
+    t = FitTable(title=f"executed on {result['device']} workers: measured vs estimated",
+                 title_justify="left", fold=("op", "stage", "gpus"))
     for col in ("#", "op", "stage", "gpus", "estimated s", "measured s", "setup s (measured)",
                 "MiB (measured)"):
         t.add_column(col, justify="left" if col in ("op", "stage") else "right")
@@ -551,7 +554,8 @@ def execution_summary(result: dict) -> str:
                else "DIFFERS: " + "; ".join(result["differences"][:3]))
     return (f"L_tran estimated {result['estimated_s']:.4f} s (estimated), measured "
             f"{result['measured_s']:.4f} s (measured); state after the transition: {verdict}; "
-            f"peak bytes within capacity: {result['within_capacity']}")
+            f"peak bytes within capacity (measured): "
+            f"{'yes' if result['within_capacity'] else 'NO'}")
 
 
 def quiet_ray() -> None:

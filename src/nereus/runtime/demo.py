@@ -182,7 +182,8 @@ def render(check: ExecutionCheck, as_json: bool = False) -> str:
         check.differences[:3])
     con.print(f"L_tran estimated {check.schedule.estimated_s:.4f} s (estimated), "
               f"measured {check.report.wall_s:.4f} s (measured); state after the transition: "
-              f"{verdict}; peak bytes within capacity: {check.report.within_capacity()}")
+              f"{verdict}; peak bytes within capacity (measured): "
+              f"{'yes' if check.report.within_capacity() else 'NO'}")
     return buf.getvalue()
 
 
