@@ -22,6 +22,7 @@ from pydantic.fields import FieldInfo
 from pydantic_core import ErrorDetails
 
 from nereus.errors import InputError
+from nereus.writes import whole_file
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -63,11 +64,12 @@ def path_stat(path: str | Path, field: str, writing: bool = False) -> os.stat_re
 def save_figure(fig: Any, path: str | Path, **kw: Any) -> Path:
     """Write a matplotlib figure to ``path`` in the format its suffix names. It is rendered in
     memory first: the PNG and PDF writers seek back in their file, which a named pipe (an
-    output nereus accepts where something reads it) cannot do."""
+    output nereus accepts where something reads it) cannot do. The file is written whole or
+    not at all (``nereus.writes.whole_file``)."""
     out = Path(path)
     buf = io.BytesIO()
     fig.savefig(buf, format=out.suffix.lstrip(".").lower(), **kw)
-    with out.open("wb") as f:
+    with whole_file(out, "wb") as f:
         f.write(buf.getbuffer())
     return out
 

@@ -242,7 +242,8 @@ def output_path(path: Path | None, field: str, suffixes: tuple[str, ...]) -> Pat
         raise InputError(field, f"unsupported file type {path.suffix or '(none)'!r}", suffixes)
     parent = path.parent if str(path.parent) else Path(".")
     if not is_dir(parent, field, writing=True):
-        raise InputError(field, f"no folder {parent} to write {path.name} in")
+        raise InputError(field, f"no folder {parent} to write {path.name} in",
+                         "a path in an existing folder")
     return path
 
 

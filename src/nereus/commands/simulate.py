@@ -50,6 +50,7 @@ from nereus.sim.scenarios import (
     with_overrides,
 )
 from nereus.sim.simulator import PolicyResult, SimResult
+from nereus.writes import whole_file
 
 
 def _policies(text: str) -> list[str]:
@@ -158,7 +159,7 @@ def write_csv(res: SimResult, path: Path, sc: Scenario) -> None:
               "tokens", "calib_error"]
     run = [sc.name, sc.seed, sc.control.gamma]
     try:
-        with open(path, "w", newline="") as f:
+        with whole_file(path, "w", newline="") as f:
             w = csv.writer(f)
             w.writerow(["scenario", "seed", "gamma", *fields, "source"])
             for r in res.results.values():
