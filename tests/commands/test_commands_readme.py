@@ -31,7 +31,6 @@ def run_line(line: str, where: Path) -> None:
     if ">" in words:
         i = words.index(">")
         words, out = words[:i], words[i + 1]
-    words = [str(ROOT / w) if w.startswith("examples/") else w for w in words]
     r = runner.invoke(app, words)
     assert r.exit_code == 0, (line, r.output)
     if out is not None:
@@ -40,11 +39,16 @@ def run_line(line: str, where: Path) -> None:
 
 def test_quick_start_plan_and_transition_lines_run(tmp_path: Path,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """As a user of the installed package runs them, from an empty folder: the first line
+    copies the shipped examples there (it came after the first line that read them)."""
     monkeypatch.chdir(tmp_path)
     lines = [ln for ln in readme_block("Quick start")
-             if ln.startswith(("nereus plan", "nereus transition")) and "--execute" not in ln]
-    assert len(lines) >= 9
-    for line in lines:
+             if ln.startswith(("nereus examples", "nereus plan", "nereus transition"))
+             and "--execute" not in ln]
+    assert len(lines) >= 10 and lines[0] == "nereus examples examples"
+    run_line(lines[0], tmp_path)
+    assert (tmp_path / "examples" / "llama-3.1-8b-ppo.yaml").is_file()
+    for line in lines[1:]:
         run_line(line, tmp_path)
     assert (tmp_path / "gantt.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 

@@ -404,7 +404,8 @@ def register(app: typer.Typer) -> None:
             None, "--framework", metavar="NAME",
             help="the fastest plan within what a framework's users configure, beside the "
                  "planner's best, with the framework's config overrides: verl (every "
-                 "model-stage on the same GPUs, Megatron TP/PP, the rollout's TP)"),
+                 "model-stage on the same GPUs, Megatron TP/PP, the rollout's TP); with "
+                 "--json, that plan alone, as a plan file nereus transition reads"),
         exhaustive: bool = typer.Option(
             False, "--exhaustive",
             help="on a pool of partly filled nodes, search until the plan is proven the "
