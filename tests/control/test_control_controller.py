@@ -590,18 +590,44 @@ def test_a_replan_at_a_boundary_without_times_resets_the_efficiency_references(j
     assert not [t for t in nxt.reasons.triggers if t.signal.startswith("eff.")]
 
 
+def test_the_length_window_counts_steps_not_decisions(job, plans):
+    """Memory is planned for the longest response of the last ``length_window`` steps. The
+    simulator decides again within a step (a pause, GPUs lost mid-step, a crash), and each
+    repeat took a place in the window: 17 boundaries of step 4 pushed step 0's 6,000 tokens
+    out, and the controller planned for 3,000 with step 0 among the last 5 steps."""
+    c = Controller(job, plans["best16"], config=ControlConfig(length_window=5),
+                   on_log=lambda s: None)
+    full = tuple(range(16))
+
+    def at(step, longest):
+        return Telemetry(step, 2000.0, longest, full)
+
+    c.on_boundary(at(0, 6000))
+    for k in range(1, 4):
+        c.on_boundary(at(k, 3000))
+    for _ in range(17):
+        c.on_boundary(at(4, 3000))
+    assert c._longest(at(4, 3000)) == 6000
+    c.on_boundary(at(5, 3000))                      # steps 1-5: step 0 leaves the window
+    assert c._longest(at(5, 3000)) == 3000
+    # a step seen again keeps the longest of its sightings (a crash heard of a longer one)
+    for longest in (3000, 5000, 3000):
+        c.on_failure(at(6, longest), out_of_memory=False)
+    assert c._recent_longest[6] == 5000 and len(c._recent_longest) == 5
+
+
 def test_telemetry_the_cluster_cannot_hold_changes_nothing(job, plans):
     """A pool with ids outside the cluster is refused before the controller learns from it:
     its times, its longest response and its pool change are not kept."""
     c = Controller(job, plans["best16"], on_log=lambda s: None)
     c.on_boundary(_tel(job, plans["best16"], 0, 2000))
-    samples, window, horizons = c.calibrator.samples, list(c._recent_longest), c.horizons
+    samples, window, horizons = c.calibrator.samples, dict(c._recent_longest), c.horizons
     bad = replace(_tel(job, plans["best16"], 1, 2000, longest=9000),
                   pool=tuple(range(job.cluster.num_devices + 2)))
     for call in (c.on_boundary, c.on_failure):
         with pytest.raises(InputError, match="outside the cluster"):
             call(bad)
-    assert c.calibrator.samples == samples and list(c._recent_longest) == window
+    assert c.calibrator.samples == samples and c._recent_longest == window
     assert c.horizons == horizons and c._seen_pool == job.pool.ids and not c.stopped
     d = c.on_boundary(_tel(job, plans["best16"], 2, 2000))
     assert d.action is Action.KEEP and d.reasons.triggers == ()

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import logging
 import math
-from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import Enum
@@ -285,7 +284,9 @@ class Controller:
         self.stopped = False  # after a wait: the state on the GPUs is gone until a restart
         self._crash = ""      # why the job stopped, where it crashed (``on_failure``)
         self._observed = ""   # the source of the telemetry of this boundary
-        self._recent_longest: deque[int] = deque(maxlen=self.config.length_window)
+        # step -> its longest response, for the last ``length_window`` steps seen (a step
+        # decided on again -- a pause, a mid-step loss, a crash -- keeps one entry: its max)
+        self._recent_longest: dict[int, int] = {}
         self._mem_bound: tuple[object, float, float, Trigger | None] | None = None
         # this boundary's job at the longest response itself (no margin), and (pool, need) once
         # no plan fitted a need with the margin: the margin is then waived, not the job stopped
@@ -307,7 +308,19 @@ class Controller:
     def _longest(self, tel: Telemetry) -> float:
         """The longest response of the last ``length_window`` steps: the noise envelope that
         memory must cover (planning for the last step alone flip-flops with noise)."""
-        return max([tel.response_len_max, *self._recent_longest])
+        return max([tel.response_len_max, *self._recent_longest.values()])
+
+    def _remember_longest(self, tel: Telemetry) -> None:
+        """Enter ``tel``'s longest response in the window, one entry per step: the simulator
+        and a framework decide again within a step (a pause, GPUs lost mid-step, an
+        out-of-memory crash), and such repeats must not push older steps out of the window.
+        A repeat keeps the larger of its step's lengths and counts as the latest step seen."""
+        window = self._recent_longest
+        prev = window.pop(tel.step, None)
+        window[tel.step] = tel.response_len_max if prev is None else max(prev,
+                                                                         tel.response_len_max)
+        while len(window) > self.config.length_window:
+            del window[next(iter(window))]
 
     def _cost(self, job: JobSpec) -> CostModel:
         return CostModel(job, self.calibrator.efficiencies(), self.calibrator.memory_scale())
@@ -324,7 +337,7 @@ class Controller:
         Memory is learned from every stage with a measured peak, timed or not: a framework may
         measure a stage's memory in a profiled run whose times it does not report. Times are
         learned from every stage with its wall time or with op-class times, or both."""
-        self._recent_longest.append(tel.response_len_max)
+        self._remember_longest(tel)
         if not tel.latency_s and not tel.peak_mem_bytes and not tel.op_time_s:
             return {}
         if tel.transition_running:
