@@ -149,3 +149,42 @@ def test_examples_counts_one_file_as_one(tmp_path, monkeypatch) -> None:
     r = runner.invoke(app, ["examples", str(tmp_path / "out")])
     assert r.exit_code == 0, r.output
     assert f"wrote 1 file under {tmp_path / 'out'}:" in r.stdout, r.stdout
+
+
+def test_ctrl_c_while_the_command_imports_is_one_line(monkeypatch, capsys):
+    """The console script imports the command's modules for a second or two; a Ctrl-C then
+    printed a 35-line traceback, and the shell saw a kill by SIGINT instead of exit 130."""
+    import sys
+    import types
+
+    from nereus.__main__ import main
+
+    class Interrupted(types.ModuleType):
+        def __getattr__(self, name: str) -> object:
+            raise KeyboardInterrupt  # as if it came while the module was read
+
+    monkeypatch.setitem(sys.modules, "nereus.cli", Interrupted("nereus.cli"))
+    with pytest.raises(SystemExit) as e:
+        main()
+    assert e.value.code == 130
+    assert capsys.readouterr().err == "error: interrupted\n"
+
+
+def test_the_console_script_runs_the_command(monkeypatch, capsys):
+    from nereus.__main__ import main
+
+    monkeypatch.setattr("sys.argv", ["nereus", "--version"])
+    with pytest.raises(SystemExit) as e:
+        main()
+    assert e.value.code == 0 and capsys.readouterr().out.strip()
+
+
+def test_text_to_a_pipe_is_not_broken_mid_sentence(capsys):
+    """Piped, lines were hard-wrapped at 160 columns: a saved log no longer grepped."""
+    from nereus.commands.common import console, err_console
+
+    line = " ".join(f"word{i}" for i in range(60))  # about 400 characters
+    console.print(line)
+    err_console.print(line)
+    out, err = capsys.readouterr()
+    assert out == err == line + "\n"

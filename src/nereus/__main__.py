@@ -1,5 +1,22 @@
-"""``python -m nereus``: the ``nereus`` command, where the console script is not on PATH."""
+"""``nereus`` (the console script) and ``python -m nereus``.
 
-from nereus.cli import app
+The command's modules (numpy, pydantic, matplotlib, ...) take a second or two to import; a
+Ctrl-C in that time printed a 35-line traceback. It is the same one line as a Ctrl-C later.
+"""
 
-app(prog_name="nereus")
+import sys
+
+EXIT_INTERRUPTED = 130  # as nereus.commands.common says it (128 + SIGINT), without its imports
+
+
+def main() -> None:
+    try:
+        from nereus.cli import app
+    except KeyboardInterrupt:
+        sys.stderr.write("error: interrupted\n")
+        raise SystemExit(EXIT_INTERRUPTED) from None
+    app(prog_name="nereus")
+
+
+if __name__ == "__main__":
+    main()

@@ -215,11 +215,3 @@ def _root(
 
 
 register(app)
-
-
-def main() -> None:  # pragma: no cover - console entry point
-    app()
-
-
-if __name__ == "__main__":  # pragma: no cover
-    main()

@@ -101,18 +101,18 @@ def test_ctrl_c_while_ray_starts_waits_for_the_start_and_a_second_acts_at_once()
     import os
     import signal
 
-    from nereus.runtime.workers import _ctrl_c_deferred
+    from nereus.interrupts import ctrl_c_deferred
 
     # Python's own handler, whatever this process inherited (a shell's background job
     # ignores SIGINT)
     outer = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
-        with _ctrl_c_deferred() as interrupted:
+        with ctrl_c_deferred() as interrupted:
             assert not interrupted()
             os.kill(os.getpid(), signal.SIGINT)  # delivered here, held
             assert interrupted()
         assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
-        with pytest.raises(KeyboardInterrupt), _ctrl_c_deferred():
+        with pytest.raises(KeyboardInterrupt), ctrl_c_deferred():
             os.kill(os.getpid(), signal.SIGINT)
             os.kill(os.getpid(), signal.SIGINT)
         assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
@@ -146,11 +146,11 @@ def test_an_ignored_sigint_stays_ignored_while_ray_starts() -> None:
     import os
     import signal
 
-    from nereus.runtime.workers import _ctrl_c_deferred
+    from nereus.interrupts import ctrl_c_deferred
 
     before = signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
-        with _ctrl_c_deferred() as interrupted:
+        with ctrl_c_deferred() as interrupted:
             os.kill(os.getpid(), signal.SIGINT)
             assert not interrupted()
         assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN

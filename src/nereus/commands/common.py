@@ -34,9 +34,12 @@ EXIT_INFEASIBLE = 3   # a transition that cannot run (commands say where they us
 EXIT_RUN_FAILED = 4   # a run on real workers that failed (a worker died, a collective failed)
 EXIT_INTERRUPTED = 130  # Ctrl-C (128 + SIGINT, as a shell reports it)
 
-# Tables are wide; when output goes to a pipe or a file, do not squeeze them into 80 columns.
-console = Console(width=None if sys.stdout.isatty() else 160)
-err_console = Console(stderr=True, width=None if sys.stderr.isatty() else 200)
+# Tables are wide; when output goes to a pipe or a file, do not squeeze them into 80 columns,
+# and print each line of text whole (soft wrap): a line broken at 160 columns mid-sentence no
+# longer greps as one.
+console = Console(width=None if sys.stdout.isatty() else 160, soft_wrap=not sys.stdout.isatty())
+err_console = Console(stderr=True, width=None if sys.stderr.isatty() else 200,
+                      soft_wrap=not sys.stderr.isatty())
 
 
 class FitTable(Table):

@@ -58,6 +58,7 @@ from nereus.cost.estimate import HEADROOM
 from nereus.cost.model import CostModel
 from nereus.errors import InfeasibleError, InputError
 from nereus.files import existing_file, os_reason, read_json, read_yaml
+from nereus.interrupts import ctrl_c_deferred
 from nereus.plan.evaluate import StageLayoutSpec, evaluate_plan
 from nereus.plan.types import Plan
 from nereus.spec.cluster import MAX_DEVICES, GpuPool, format_gpus
@@ -742,14 +743,22 @@ def register(app: typer.Typer) -> None:
             # anything is printed: a state this machine cannot hold, or a run that fails, is
             # one line, not every table and then the error
             quiet_ray()
-            from nereus.runtime import cli_execute
-            from nereus.runtime.demo import RunFailed, RunInterrupted
+            with ctrl_c_deferred() as interrupted:  # a half-imported ray printed a traceback
+                from nereus.runtime import cli_execute
+                from nereus.runtime.demo import RunFailed, RunInterrupted
+            if interrupted():
+                raise KeyboardInterrupt
 
             printed: list[str] = []
             try:  # as JSON always: the table is drawn here, with every column's source
                 # Ray prints its own warnings to stdout from a thread (a raylet's "worker
                 # processes have been started" notice): stderr is theirs, stdout the command's
-                with contextlib.redirect_stdout(sys.stderr):
+                # a person at a terminal sees that it runs (Ray's start alone takes seconds)
+                n = len(schedule.primitives)
+                with (err_console.status(f"running {n} primitive{'s' if n != 1 else ''} on "
+                                         "local Ray workers ...")
+                      if err_console.is_terminal else contextlib.nullcontext()), \
+                        contextlib.redirect_stdout(sys.stderr):
                     code = cli_execute(job, cur, tgt, schedule, as_json=True,
                                        echo=printed.append)
             except RunFailed as e:

@@ -23,10 +23,9 @@ import contextlib
 import gc
 import os
 import re
-import signal
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -36,6 +35,7 @@ from ray.util.placement_group import PlacementGroup, placement_group, remove_pla
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from nereus.errors import InfeasibleError, InputError, first_line
+from nereus.interrupts import ctrl_c_deferred
 from nereus.runtime.comm import Group, PendingJoin, node_ip
 from nereus.runtime.inventory import SLOT_RESOURCE, detect_inventory
 from nereus.runtime.memory import ArenaCache, ByteCounter, CapacityError, MemoryStats, block_bytes
@@ -368,38 +368,12 @@ class RayStartFailed(RuntimeError):
     worker ever ran."""
 
 
-@contextlib.contextmanager
-def _ctrl_c_deferred() -> Iterator[Callable[[], bool]]:
-    """Hold a first Ctrl-C until the block ends; yields whether one came. A second acts at
-    once. Outside the main thread (where Python delivers no signal), or where SIGINT is
-    ignored, it holds nothing."""
-    before = signal.getsignal(signal.SIGINT) \
-        if threading.current_thread() is threading.main_thread() else signal.SIG_IGN
-    if before is signal.SIG_IGN:  # not this thread's to hold, or ignored (nohup, `cmd &`)
-        yield lambda: False
-        return
-    seen: list[int] = []
-    # None: a handler set outside Python, which cannot be put back; Python's own stands in
-    again = signal.default_int_handler if before is None else before
-
-    def hold(signum: int, frame: object) -> None:
-        seen.append(signum)
-        signal.signal(signal.SIGINT, again)
-
-    signal.signal(signal.SIGINT, hold)
-    try:
-        yield lambda: bool(seen)
-    finally:
-        if signal.getsignal(signal.SIGINT) is hold:
-            signal.signal(signal.SIGINT, again)
-
-
 def _init_ray(address: str | None, slots: int, slot_resource: str) -> None:
     if ray.is_initialized():
         return
     # Ctrl-C while Ray starts waits until it has started, then stops it: shutting down a
     # half-started Ray crashed the process (SIGSEGV) and left its agents running
-    with _ctrl_c_deferred() as interrupted:
+    with ctrl_c_deferred() as interrupted:
         try:
             if address is None:  # a local Ray: this machine offers the device slots (a
                 # RAY_ADDRESS in the environment would make ray.init join that cluster)
