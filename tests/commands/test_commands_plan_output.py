@@ -119,8 +119,9 @@ def test_the_table_shows_the_memory_limit_and_says_what_shares_means() -> None:
     assert any("peak/limit GiB" in ln for ln in lines) and "peak/cap" not in r.stdout
     rows = [ln for ln in lines if ln.startswith("│ ")]
     assert len(rows) == len(STAGES) and all(ln.rstrip(" │").endswith("/71.7") for ln in rows)
-    assert ("shares: model-stages with the same letter take turns on the same GPUs; limit: "
-            "90 % of 79.6 GiB per GPU") in r.stdout
+    assert ("shares: model-stages of a phase with the same letter run one after another on the "
+            "same GPUs (-: on GPUs of its own in its phase); limit: 90 % of 79.6 GiB per GPU"
+            ) in r.stdout
 
 
 def test_explain_prices_the_weight_sync_as_the_plan_does() -> None:

@@ -79,9 +79,9 @@ def plan_table(job: JobSpec, plan: Plan, title: str) -> Table:
         else ""
     t = FitTable(title=f"{title} (latency and memory estimated)", title_justify="left",
                  fold=("model-stage", "phase", "GPUs"),
-                 caption=f"shares: model-stages with the same letter take turns on the same "
-                         f"GPUs; limit: {HEADROOM * 100:.0f} % of {mem / GiB:.1f} GiB per "
-                         f"GPU{split}",
+                 caption=f"shares: model-stages of a phase with the same letter run one after "
+                         f"another on the same GPUs (-: on GPUs of its own in its phase); "
+                         f"limit: {HEADROOM * 100:.0f} % of {mem / GiB:.1f} GiB per GPU{split}",
                  caption_justify="left")
     for col in ("model-stage", "phase", "tp", "pp", "dp", "b x a", "recomp", "GPUs", "shares",
                 "latency s", "peak/limit GiB"):

@@ -39,6 +39,7 @@ from nereus.cost.comm import STEPS, WIRE_FRACTION
 from nereus.cost.efficiency import Efficiencies
 from nereus.cost.estimate import BUBBLE, HEADROOM, Estimate
 from nereus.cost.ops import Op, OpClass, comm_class
+from nereus.errors import count as words
 from nereus.spec.cluster import Cluster
 from nereus.spec.job import JobSpec
 from nereus.spec.model import Head, ModelSpec
@@ -1169,13 +1170,15 @@ class CostModel:
     def _notes(self, st: ModelStage, c: Candidate, memory: Mapping[str, int]) -> tuple[str, ...]:
         w = self.job.workload
         if st.kind is StageKind.TRAIN:
-            notes = [(f"1F1B pipeline: {c.grad_accum} micro-batches + {c.pp - 1} bubble slots "
-                      f"per update, {w.updates_per_step} updates per step")]
+            micro = words(c.grad_accum, "micro-batch", "micro-batches")
+            notes = [(f"1F1B pipeline: {micro} + {words(c.pp - 1, 'bubble slot')} per update, "
+                      f"{words(w.updates_per_step, 'update')} per step")]
             if c.recompute:
                 notes.append("full activation recomputation: one extra forward per micro-batch")
             return tuple(notes)
         if st.kind is StageKind.FORWARD:
-            return (f"forward pipeline: {c.grad_accum} micro-batches + {c.pp - 1} bubble slots",)
+            micro = words(c.grad_accum, "micro-batch", "micro-batches")
+            return (f"forward pipeline: {micro} + {words(c.pp - 1, 'bubble slot')}",)
         kv_seq = int(self._kv_seq(_f(c.tp), _f(c.pp), w.prompt_len + w.response_len_max))
         batch = memory.get("kv cache", 0) // max(1, kv_seq)
         kv = f"(KV cache {kv_seq / MiB:.1f} MiB per sequence per GPU)"
