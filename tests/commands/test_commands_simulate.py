@@ -742,3 +742,27 @@ def test_the_policy_table_keeps_every_figure_whole_at_80_columns(
     for name, r in res.results.items():
         (line,) = [ln for ln in text.splitlines() if ln.startswith(name + " ")]
         assert f"{r.tokens_per_s:,.0f}" in line and f"{r.mean_step_s:.1f}" in line, text
+
+
+def test_the_context_panels_legend_sits_above_its_data(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, churn: tuple[Scenario, SimResult]) -> None:
+    """Inside the panel (lower right) it hid the length line and the pause ticks at the end
+    of a short run."""
+    from matplotlib.figure import Figure
+
+    from nereus.commands.simulate import plot
+
+    seen: list[tuple[float, float]] = []
+
+    def record(self: Figure, *args: object, **kwargs: object) -> None:
+        self.canvas.draw()
+        ax = self.axes[2]  # the pool and the lengths (its twin is the last axes)
+        legend = ax.get_legend()
+        assert legend is not None
+        seen.append((legend.get_window_extent().y0, ax.get_window_extent().y1))
+
+    monkeypatch.setattr(Figure, "savefig", record)
+    sc, res = churn
+    plot(res, sc, tmp_path / "steps.png")
+    ((legend_bottom, panel_top),) = seen
+    assert legend_bottom >= panel_top - 1e-6

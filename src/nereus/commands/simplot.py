@@ -213,5 +213,8 @@ def _context(ax: Axes, r: PolicyResult) -> None:
         handles.append(ax.scatter(paused, [0.0] * len(paused), marker="|", s=300, color="C3",
                                   linewidths=1.5, zorder=3, clip_on=False, label=PAUSE_LABEL))
     # matplotlib stores a label as str(label) (its stubs say object)
-    ax.legend(handles, [cast(str, h.get_label()) for h in handles], loc="lower right",
-              fontsize=9)
+    # above the panel, in one row: inside, wherever it sat, it hid the length line or the
+    # pause ticks of some run
+    ax.legend(handles, [cast(str, h.get_label()) for h in handles], loc="lower left",
+              bbox_to_anchor=(0.0, 1.0), ncol=len(handles), fontsize=9, frameon=False,
+              borderaxespad=0.2, handlelength=1.5, columnspacing=1.2)
