@@ -51,7 +51,9 @@ def test_one_node_is_singular() -> None:
 def test_a_spread_frontier_says_so() -> None:
     r = runner.invoke(app, ["plan", "--config", CONFIG, "--frontier", "actor_train", "--spread"])
     assert r.exit_code == 0, r.output
-    assert "frontier (--spread: two or more replicas" in " ".join(r.stdout.split())
+    lines = r.stdout.splitlines()
+    assert lines[0] == "actor_train: latency-GPU frontier (estimated)"  # one short line
+    assert "--spread: two or more replicas, each inside a node" in lines
 
 
 def test_a_plan_from_a_profile_says_so(tmp_path: Path) -> None:

@@ -580,14 +580,14 @@ def register(app: typer.Typer) -> None:
             print(json.dumps(with_record({"stage": stage, "source": "estimated",
                                           "frontier": rows}, job, given_model)))
             return
-        kept = " (--spread: two or more replicas, each inside a node)" if planner.spread else ""
         batch = planner.cost.stage_batch(stage)
-        uneven = any(batch % r["dp"] for r in rows)
-        t = FitTable(title=f"{stage}: latency-GPU frontier{kept} (estimated)",
-                     title_justify="left",
-                     caption=(f"*: the largest replica's share where dp does not divide the "
-                              f"{batch} sequences (the rest run one fewer)") if uneven else None,
-                     caption_justify="left")
+        notes = ["--spread: two or more replicas, each inside a node"] if planner.spread else []
+        if any(batch % r["dp"] for r in rows):
+            notes.append(f"*: the largest replica's share where dp does not divide the {batch} "
+                         "sequences (the rest run one fewer)")
+        # the title stays one short line: a long one wrapped to the narrow table's width
+        t = FitTable(title=f"{stage}: latency-GPU frontier (estimated)", title_justify="left",
+                     caption="; ".join(notes) or None, caption_justify="left")
         for col in ("GPUs", "tp", "pp", "dp", "b x a", "recompute", "latency s", "peak GiB"):
             t.add_column(col, justify="right")
         for r in rows:
