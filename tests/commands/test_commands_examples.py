@@ -82,3 +82,16 @@ def test_the_hint_quotes_a_folder_the_shell_would_split(tmp_path: Path) -> None:
     scenario = shlex.quote(str(dest / "scenarios" / "node-outage-8b.yaml"))
     assert job.startswith("'") and f"try: nereus plan --config {job} --explain" in r.stdout
     assert f"nereus simulate --config {scenario}" in r.stdout
+
+
+def test_without_a_folder_they_land_where_every_example_path_points(
+        tmp_path: Path, monkeypatch) -> None:
+    """The default was nereus-examples/, while the README, the help and the files' own
+    comments say examples/...: a user who ran `nereus examples` could run none of them."""
+    monkeypatch.chdir(tmp_path)
+    r = runner.invoke(app, ["examples"])
+    assert r.exit_code == 0, r.output
+    job = Path("examples") / "llama-3.1-8b-ppo.yaml"
+    assert job.is_file()
+    r = runner.invoke(app, ["plan", "--config", str(job), "--json"])
+    assert r.exit_code == 0, r.output

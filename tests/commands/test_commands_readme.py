@@ -45,7 +45,7 @@ def test_quick_start_plan_and_transition_lines_run(tmp_path: Path,
     lines = [ln for ln in readme_block("Quick start")
              if ln.startswith(("nereus examples", "nereus plan", "nereus transition"))
              and "--execute" not in ln]
-    assert len(lines) >= 10 and lines[0] == "nereus examples examples"
+    assert len(lines) >= 10 and lines[0] == "nereus examples"
     run_line(lines[0], tmp_path)
     assert (tmp_path / "examples" / "llama-3.1-8b-ppo.yaml").is_file()
     for line in lines[1:]:

@@ -73,7 +73,9 @@ def register(app: typer.Typer) -> None:
     def examples_cmd(
         # text, not a Path: Path("") is the working folder, and ``nereus examples ""`` (an
         # unset shell variable) copied every example into it
-        dest: str = typer.Argument("nereus-examples", metavar="DEST", show_default=True,
+        # examples/ by default: the paths the README, the help and the files' own comments
+        # use (nereus plan --config examples/llama-3.1-8b-ppo.yaml)
+        dest: str = typer.Argument("examples", metavar="DEST", show_default=True,
                                    help="folder to copy them into (made if missing)"),
         force: bool = typer.Option(False, "--force", help="overwrite files that exist"),
     ) -> None:
