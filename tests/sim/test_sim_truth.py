@@ -1,4 +1,7 @@
-"""The simulator's ground truth prices a plan the same whatever it priced before (simulated)."""
+"""The simulator's ground truth prices a plan the same whatever it priced before, and draws its
+noise from (seed, step, stage) alone (simulated)."""
+
+import pytest
 
 from nereus.cost.efficiency import Efficiencies
 from nereus.plan.search import best_plan
@@ -74,3 +77,59 @@ def test_a_weight_sync_the_gpus_cannot_hold_does_not_fit_the_truth(monkeypatch):
                         lambda self, t, g: {**real(self, t, g), "gather buffer": 2**40})
     over = Truth(job, eff, DriftTrace(), 0.0).price(plan, pool, 0, 1000, 1500)
     assert over.peak_bytes == got.peak_bytes and not truth.fits(over)
+
+
+def _noisy(noise, seed=0):
+    job = parse_job(DEFAULT_JOB)
+    eff = Efficiencies(dict(HIDDEN_EFFICIENCY), job.cluster.device.name)
+    return Truth(job, eff, DriftTrace(), noise, seed)
+
+
+def test_with_noise_a_plans_stage_times_differ_from_step_to_step():
+    """Every stage of a plan run at the same lengths takes its noise-free time times
+    exp(N(0, σ)), a new draw each step: the times differ between steps, within a few σ of the
+    noise-free time, and their log-ratios spread by about σ."""
+    import math
+
+    import numpy as np
+
+    quiet, noisy = _noisy(0.0), _noisy(0.05)
+    pool = tuple(range(16))
+    plan = best_plan(quiet.job_at(pool, 1000, 1500), quiet.hidden)
+    base = quiet.price(plan, pool, 0, 1000, 1500)
+    logs = {s: [] for s in base.stage_s}
+    for k in range(40):
+        stage = quiet.run_step(plan, pool, k, 1000, 1500)[1]
+        assert stage == dict(base.stage_s)  # no noise: the same every step
+        stage = noisy.run_step(plan, pool, k, 1000, 1500)[1]
+        for s, v in stage.items():
+            logs[s].append(math.log(v / base.stage_s[s]))
+    for s, xs in logs.items():
+        assert len(set(xs)) == len(xs), s
+        assert max(abs(x) for x in xs) < 5 * 0.05, s
+        assert 0.03 < float(np.std(xs)) < 0.07, s
+    # the stages of one step draw apart: a stage is not one step-wide factor
+    assert len({round(v[0], 12) for v in logs.values()}) == len(logs)
+
+
+def test_the_noise_is_drawn_from_seed_step_and_stage_alone():
+    """Two policies running plans side by side must meet the same noise on the same stage of
+    the same step, whatever either priced before: the factor comes from (seed, step, stage),
+    not from a stream the calls share. Another seed draws other noise."""
+    one, two, other = _noisy(0.05, seed=3), _noisy(0.05, seed=3), _noisy(0.05, seed=4)
+    pool = tuple(range(16))
+    plan = best_plan(one.job_at(pool, 1000, 1500), one.hidden)
+    small = best_plan(one.job_at(tuple(range(8)), 1000, 1500), one.hidden)
+    forward = [one.run_step(plan, pool, k, 1000, 1500)[1] for k in range(5)]
+    two.run_step(small, tuple(range(8)), 2, 1000, 1500)  # another plan priced first
+    backward = [two.run_step(plan, pool, k, 1000, 1500)[1] for k in reversed(range(5))]
+    assert forward == backward[::-1]
+    assert other.run_step(plan, pool, 0, 1000, 1500)[1] != forward[0]
+    # a stage's factor is the same whatever plan runs it
+    for k in range(5):
+        a = one.run_step(small, tuple(range(8)), k, 1000, 1500)[1]
+        q = one.price(small, tuple(range(8)), k, 1000, 1500).stage_s
+        for s, v in a.items():
+            assert v == q[s] * one.factor(k, s)
+            assert forward[k][s] / one.price(plan, pool, k, 1000, 1500).stage_s[s] \
+                == pytest.approx(one.factor(k, s), rel=1e-12)
