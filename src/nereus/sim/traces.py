@@ -39,6 +39,7 @@ from nereus.cost.efficiency import Efficiencies, peak_bound
 from nereus.cost.ops import OpClass
 from nereus.errors import InputError, count
 from nereus.files import read_json, read_text
+from nereus.spec.cluster import format_gpus
 
 T_ = TypeVar("T_")
 
@@ -473,6 +474,13 @@ def parse_ids(text: str, field: str = "availability.gpus", max_gpus: int | None 
                              "ranges first-last with first <= last, e.g. 0-7")
         if hi >= cap:
             raise InputError(field, f"device id {hi} is above {cap - 1:,}", allowed)
+        # a repeated id is a typo for another device, as in a job's gpus: the set would hold
+        # fewer GPUs than the row lists
+        twice = out.intersection(range(lo, hi + 1))
+        if twice:
+            raise InputError(field, f"device id{'s' if len(twice) > 1 else ''} "
+                             f"{format_gpus(twice)} listed more than once",
+                             f"distinct device ids 0..{cap - 1:,}, e.g. 0-7 12")
         out.update(range(lo, hi + 1))
     return tuple(sorted(out))
 
