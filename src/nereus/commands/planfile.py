@@ -128,10 +128,21 @@ def recorded_job(record: Mapping[str, Any] | None, field: str, path: Path) -> Jo
                          "the config.json back at that path, or the job from --config or "
                          "--model")
     try:
-        return parse_job(data)
+        job = parse_job(data)
     except InputError as e:
         name = where if e.field == "config" else f"{where}.{e.field}"
         raise InputError(name, f"{path.name}: {e.problem}", e.allowed) from None
+    # nereus plan --json writes the names from the job it records: a name that differs from
+    # its job's was edited by hand, and which of the two the plan was made for is unknown
+    # (the architecture alone would let a renamed model pass)
+    mine = planned_for(job)
+    for k in RECORD_FIELDS:
+        if k in record and k in mine and record[k] != mine[k]:
+            raise InputError(f"{field}.{RECORD_KEY}.{k}", f"{path.name} records "
+                             f"{record[k]!r}, but its {RECORD_KEY}.{JOB_KEY} says {mine[k]!r}",
+                             f"the {k} of {RECORD_KEY}.{JOB_KEY}, as nereus plan --json "
+                             f"writes it")
+    return job
 
 
 def _missing_config(model: Any, field: str) -> Path | None:
