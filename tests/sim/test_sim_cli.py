@@ -147,7 +147,8 @@ def test_options_config_ignores_or_bad_seed_are_refused(tmp_path, args, field):
 
 def test_negative_seed_on_a_builtin_scenario_is_one_line():
     r = _run("--seed", "-1", "--steps", "2")
-    assert r.exit_code == 2 and r.output.strip() == "error: --seed: must be >= 0, got -1"
+    assert r.exit_code == 2 and r.output.strip() == ("error: --seed: must be >= 0, got -1 "
+                                                     "(allowed: an integer >= 0)")
 
 
 @pytest.mark.parametrize("pool, problem", [

@@ -275,24 +275,24 @@ def register(app: typer.Typer) -> None:
         writable(plot_path, "--plot")  # before the run: its results must not be lost
         writable(csv_path, "--csv")
         if gamma is not None and not 0.0 <= gamma <= 1.0:
-            raise InputError("--gamma", f"must be in [0, 1], got {gamma}")
+            raise InputError("--gamma", f"must be in [0, 1], got {gamma}", "a number in [0, 1]")
         if seed is not None and seed < 0:
-            raise InputError("--seed", f"must be >= 0, got {seed}")
+            raise InputError("--seed", f"must be >= 0, got {seed}", "an integer >= 0")
         if config is not None:
-            for opt, value, where in (("--scenario", scenario, "the file is the scenario"),
-                                      ("--seed", seed, "set seed: in the file")):
+            for opt, value, where, instead in (
+                    ("--scenario", scenario, "the file is the scenario",
+                     "one of them: --config FILE or --scenario NAME"),
+                    ("--seed", seed, "set seed: in the file",
+                     "seed: in the --config file, or --seed with a built-in --scenario")):
                 if value is not None:
-                    raise InputError(opt, f"cannot be combined with --config ({where})")
+                    raise InputError(opt, f"cannot be combined with --config ({where})",
+                                     instead)
             sc = load_scenario(_scenario_file(config))
             refuse_overwriting_inputs({"--csv": csv_path, "--plot": plot_path},
                                       {"--config": config, **sc.inputs})
         else:
-            sc = builtin(scenario or "default", seed=seed or 0)
+            sc = builtin("default" if scenario is None else scenario, seed=seed or 0)
         sc = with_overrides(sc, steps=steps, gamma=gamma)
-        if not notes and steps is not None and steps > sc.steps:  # --steps cuts a scenario short
-            err_console.print(f"note: --steps {steps:,} is more than the scenario's "
-                              f"{count(sc.steps, 'step')}: all of them are simulated",
-                              markup=False, highlight=False, soft_wrap=True)
         if notes:  # the scenario holds every source: none depends on how the run goes
             console.print(Text.assemble((sc.name, "bold"), f": {sc.description} -- "
                                         f"{count(sc.steps, 'step')}"))
@@ -302,6 +302,11 @@ def register(app: typer.Typer) -> None:
         # error must stay one line
         check_runs(names, sc.job, "--policies")
         sim = simulator(sc)
+        # after the checks: an error that follows stays the one line on stderr
+        if steps is not None and steps > sc.steps:  # --steps cuts a scenario short
+            err_console.print(f"note: --steps {steps:,} is more than the scenario's "
+                              f"{count(sc.steps, 'step')}: all of them are simulated",
+                              markup=False, highlight=False, soft_wrap=True)
         lines: list[tuple[str, str]] = []
         on_log = (lambda policy, line: lines.append((policy, line))) if log else None
         if not as_json:  # the name and description are the user's text, not Rich markup

@@ -437,8 +437,8 @@ class _Congestion(_Strict):
     @classmethod
     def _shortest_first(cls, v: tuple[int, int]) -> tuple[int, int]:
         if v[0] > v[1]:
-            raise ValueError(f"shortest {v[0]} > longest {v[1]}: give [shortest, longest] "
-                             f"steps")
+            raise ValueError(f"shortest {v[0]} > longest {v[1]} (allowed: [shortest, "
+                             f"longest] steps, shortest <= longest)")
         return v
 
 
@@ -495,7 +495,8 @@ class _Control(_Strict):
 class _ScenarioFile(_Strict):
     name: str = "custom"
     description: str = ""
-    job: dict[str, Any]
+    job: dict[str, Any] = Field(description="a job as nereus plan --config reads it (model, "
+                                            "algo, gpus, cluster, workload)")
     steps: int | None = Field(None, ge=1, le=MAX_STEPS)
     seed: int = Field(0, ge=0)
     lengths: _Lengths = _Lengths(growth=_Growth())
@@ -629,8 +630,11 @@ def load_scenario(path: str | Path) -> Scenario:
         # the file is the cluster's pool over time, read as it is written (ids past the job's
         # cluster too: a scheduler log of a larger cluster); the job holds the GPUs of it
         # that it asked for (job.gpus), as with a spot trace
-        avail = _within(load_availability(read("availability.csv",
-                                               str(cfg.availability.csv))), job.pool.ids)
+        pool_file = load_availability(read("availability.csv", str(cfg.availability.csv)))
+        if not any(pool_file.pools):  # else the simulator finds it, with no file to name
+            raise InputError(f"availability ({Path(str(cfg.availability.csv)).name})",
+                             "the trace never gives a GPU", "at least one row with GPUs")
+        avail = _within(pool_file, job.pool.ids)
     elif kind == "spot":
         sp = cfg.availability.spot
         spot_file = read("availability.spot.file", sp.file) if sp and sp.file is not None \
@@ -726,7 +730,7 @@ def with_overrides(sc: Scenario, *, steps: int | None = None, gamma: float | Non
     notes = dict(sc.notes)
     if steps is not None:
         if steps < 1:
-            raise InputError("--steps", f"must be >= 1, got {steps}")
+            raise InputError("--steps", f"must be >= 1, got {steps}", "an integer >= 1")
         n = min(steps, len(sc.lengths))
         lengths, drift = sc.lengths.head(n), sc.drift.head(n)
         if lengths is not sc.lengths:
@@ -745,7 +749,7 @@ def with_overrides(sc: Scenario, *, steps: int | None = None, gamma: float | Non
         out = replace(out, steps=n, lengths=lengths, drift=drift, clock=clock)
     if gamma is not None:
         if not 0.0 <= gamma <= 1.0:
-            raise InputError("--gamma", f"must be in [0, 1], got {gamma}")
+            raise InputError("--gamma", f"must be in [0, 1], got {gamma}", "a number in [0, 1]")
         out = replace(out, control=replace(out.control, gamma=gamma))
         notes["control.gamma"] = f"--gamma on the command line ({gamma:g})"
     return replace(out, notes=notes)
