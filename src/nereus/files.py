@@ -14,7 +14,7 @@ import re
 import stat
 from pathlib import Path
 from types import GenericAlias
-from typing import Any, TypeVar, get_args
+from typing import Any, TypeVar, get_args, get_origin
 
 import yaml
 from pydantic import BaseModel, ValidationError
@@ -91,15 +91,29 @@ def existing_file(path: str | Path, field: str, allowed: str = "a file") -> Path
     """``path``, a regular file; else an InputError naming ``field`` that says what is there
     instead (nothing, a folder, a device or a pipe: ``/dev/zero`` would be read forever, and
     a named pipe blocks until something writes to it)."""
+    if str(path) in ("", "."):
+        # typer reads an empty argument (``--config "$UNSET"``) as Path(""), which is ".":
+        # "'.' is a directory" would name a folder the user never typed
+        raise InputError(field, "the path is empty" if not str(path) else
+                         "the path is empty or '.' (the working folder)", "a file path")
     st = path_stat(path, field)
     if st is None:
-        raise InputError(field, f"no file at {path}")
+        raise InputError(field, f"no file at {path}{_examples_hint(path)}", "an existing file")
     if stat.S_ISDIR(st.st_mode):
         raise InputError(field, f"{path} is a directory", allowed)
     if not stat.S_ISREG(st.st_mode):
         what = _NOT_REGULAR.get(stat.S_IFMT(st.st_mode), "another kind")
         raise InputError(field, f"{path} is not a regular file ({what})", allowed)
     return Path(path)
+
+
+def _examples_hint(path: str | Path) -> str:
+    """Where a missing ``examples/...`` path comes from: the README's commands name the
+    shipped examples by that folder, which an installed nereus has only once copied there."""
+    p = Path(path)
+    if p.is_absolute() or not p.parts or p.parts[0] != "examples":
+        return ""
+    return "; `nereus examples` copies the shipped examples into ./examples"
 
 
 def read_text(path: str | Path, field: str) -> str:
@@ -116,18 +130,79 @@ def read_text(path: str | Path, field: str) -> str:
         raise InputError(field, f"cannot read {p}: {os_reason(e)}", "a readable file") from None
 
 
+class _KeyTwice(dict):
+    """A JSON object that set ``key`` twice (the later value kept, as json.loads keeps it)."""
+
+    key: str
+
+
 def read_json(path: str | Path, field: str) -> Any:
+    """JSON; a key given twice in one object is an error, as in :func:`read_yaml`, not the
+    last one winning (json.loads keeps it silently: a plan that set ``tp`` twice moved to the
+    second)."""
     p = Path(path)
     text = read_text(p, field)
     if not text.strip():  # what the JSON parser calls "Expecting value: line 1, column 1"
         raise InputError(field, f"{p} is empty", "a JSON document")
+    twice: list[_KeyTwice] = []
+
+    def unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        obj = dict(pairs)
+        if len(obj) == len(pairs) or twice:
+            return obj
+        marked = _KeyTwice(obj)
+        seen: set[str] = set()
+        for k, _ in pairs:
+            if k in seen:
+                marked.key = k
+                break
+            seen.add(k)
+        twice.append(marked)
+        return marked
+
     try:
-        return json.loads(text)
+        data = json.loads(text, object_pairs_hook=unique)
     except json.JSONDecodeError as e:
         raise InputError(field, f"{p} is not valid JSON ({e.msg}: line {e.lineno}, column "
-                         f"{e.colno})") from None
+                         f"{e.colno})", "a JSON object") from None
     except RecursionError:
         raise _too_deep(p, field) from None
+    if twice:
+        try:
+            where = _path_to(data, twice[0])
+        except RecursionError:  # nested as deep as json.loads goes: say the key alone
+            where = None
+        key = twice[0].key
+        raise InputError(field, f"{p} sets {key!r} twice{f' in {where}' if where else ''}"
+                         f"{_key_lines(text, key)}", "each key once per object")
+    return data
+
+
+def _path_to(data: Any, target: object, at: str = "") -> str | None:
+    """The dotted path (``stages.0``) of the object ``target`` within ``data``; "" for the
+    whole document, None where it is not."""
+    if data is target:
+        return at
+    items = (data.items() if isinstance(data, dict) else enumerate(data)
+             if isinstance(data, list) else ())
+    for k, v in items:
+        if isinstance(v, (dict, list)):
+            found = _path_to(v, target, f"{at}.{k}" if at else str(k))
+            if found is not None:
+                return found
+    return None
+
+
+def _key_lines(text: str, key: str) -> str:
+    """Where ``key`` is set, as the YAML reader's error says it (``(line 3, then line 9)``),
+    when the text names it just twice (else the two cannot be told from the others)."""
+    at = [m.start() for m in re.finditer(re.escape(json.dumps(key)) + r"\s*:", text)]
+    if len(at) != 2:
+        return ""
+    (l1, c1), (l2, c2) = ((text.count("\n", 0, i) + 1, i - text.rfind("\n", 0, i))
+                          for i in at)
+    return f" (line {l1}, then line {l2})" if l1 != l2 else f" (line {l1}, column {c1}, then "\
+        f"column {c2})"
 
 
 def _too_deep(p: Path, field: str) -> InputError:
@@ -181,7 +256,8 @@ def read_yaml(path: str | Path, field: str) -> Any:
         mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
         what = getattr(e, "problem", None) or str(e).splitlines()[0]
         at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-        raise InputError(field, f"{p} is not valid YAML ({what}{at})") from None
+        raise InputError(field, f"{p} is not valid YAML ({what}{at})",
+                         "a YAML mapping of fields") from None
     except RecursionError:
         raise _too_deep(p, field) from None
 
@@ -301,7 +377,8 @@ def validation_error(e: ValidationError, root: type[BaseModel]) -> InputError:
                 model = inner
         return InputError(loc, "unknown field", list(model.model_fields))
     if kind == "missing":
-        return InputError(loc, "required field is missing")
+        return InputError(loc, "required field is missing",
+                          _wanted(_field_info(root, tuple(err["loc"]))))
     if kind == "literal_error":
         return InputError(loc, f"{err.get('input')!r} is not allowed",
                           str(err.get("ctx", {}).get("expected", "")))
@@ -309,8 +386,12 @@ def validation_error(e: ValidationError, root: type[BaseModel]) -> InputError:
         # a section given a value (``cluster: h100``): the fields it takes are what is allowed
         fi = _field_info(root, tuple(err["loc"]))
         inner = _nested_model(fi.annotation) if fi is not None else None
+        if inner is not None:
+            return InputError(loc, "must be a mapping of fields", list(inner.model_fields))
+        # a free-form section (``job:`` of a scenario, ``notes:``): what its schema says
         return InputError(loc, "must be a mapping of fields",
-                          list(inner.model_fields) if inner is not None else None)
+                          fi.description if fi is not None and fi.description else
+                          "a mapping of name: value pairs")
     inp = err.get("input")
     if kind in _TYPE_WORDS:
         # one wording for every wrong type: the value, what it should have been, and what
@@ -335,7 +416,30 @@ def validation_error(e: ValidationError, root: type[BaseModel]) -> InputError:
         items = "no items" if n == 0 else "1 item" if n == 1 else f"{n} items"
         return InputError(loc, f"has {items}", f"at least {ctx.get('min_length')}"
                           if kind == "too_short" else f"at most {ctx.get('max_length')}")
-    return InputError(loc, str(err["msg"]).removeprefix("Value error, "))
+    # a validator's own message, which ends in what is allowed as "... (allowed: ...)"
+    msg = str(err["msg"]).removeprefix("Value error, ")
+    problem, _, allowed = msg.partition(" (allowed: ")
+    if not allowed.endswith(")"):
+        return InputError(loc, msg)
+    return InputError(loc, problem, allowed.removesuffix(")"))
+
+
+def _wanted(fi: FieldInfo | None) -> str:
+    """What a missing field takes, for the error that says it is missing: its schema
+    description, the fields of the section it holds, or its type in words."""
+    if fi is None:
+        return "a value for it"
+    if fi.description:
+        return fi.description
+    inner = _nested_model(fi.annotation)
+    if inner is not None:
+        many = get_origin(fi.annotation) in (list, tuple)
+        return (f"{'a list of mappings' if many else 'a mapping'} of "
+                f"{', '.join(inner.model_fields)}")
+    words: dict[object, str] = {int: "an integer", float: "a number", str: "text",
+                                bool: "true, false", list: "a list", tuple: "a list",
+                                dict: "a mapping of name: value pairs"}
+    return words.get(get_origin(fi.annotation) or fi.annotation, "a value for it")
 
 
 # pydantic's bound errors: the comparison and its key in the error's context

@@ -400,7 +400,8 @@ def test_a_failed_command_on_a_refused_stdout_says_one_line(tmp_path: Path) -> N
 # ---- the helpers ----
 
 def test_existing_file_says_what_is_there_instead(tmp_path: Path) -> None:
-    with pytest.raises(InputError, match=r"^x: no file at .*nothing$"):
+    with pytest.raises(InputError, match=r"^x: no file at .*nothing \(allowed: an existing "
+                       r"file\)$"):
         existing_file(tmp_path / "nothing", "x")
     with pytest.raises(InputError, match=r"is a directory \(allowed: a file\)$"):
         existing_file(tmp_path, "x")
@@ -552,7 +553,9 @@ def test_a_section_given_as_a_value_lists_the_fields_it_takes() -> None:
     assert said({"cluster": "h100"}) == ("cluster: must be a mapping of fields (allowed: "
                                          "device, nodes)")
     assert said({"many": [{}, 3]}) == "many.1: must be a mapping of fields (allowed: device, nodes)"
-    assert said({"table": 3}) == "table: must be a mapping of fields"  # no fields to list
+    # no fields to list: a free-form section
+    assert said({"table": 3}) == ("table: must be a mapping of fields (allowed: a mapping of "
+                                  "name: value pairs)")
 
 
 def test_an_empty_json_file_is_said_to_be_empty(tmp_path: Path) -> None:

@@ -777,7 +777,8 @@ def test_a_plan_file_without_its_stages_says_they_are_missing(
     bad.write_text(json.dumps(data))
     r = runner.invoke(app, ["transition", tiny_plans[0], str(bad)])
     assert r.exit_code == 2, r.output
-    assert r.stderr == "error: target.stages: required field is missing\n", r.stderr
+    assert r.stderr.startswith("error: target.stages: required field is missing (allowed: "
+                               "a list of mappings of name, tp, pp, dp, gpus, "), r.stderr
 
 
 def test_a_plan_outside_the_pool_it_records_is_refused(tiny_plans: tuple[str, str],

@@ -287,7 +287,8 @@ class ModelSpec:
                              "a preset name or a path to a Hugging Face config.json or its folder")
         cfg = read_json(p, "model")
         if not isinstance(cfg, dict):
-            raise InputError("model", f"{p} must hold a JSON object")
+            raise InputError("model", f"{p} must hold a JSON object",
+                             "a Hugging Face config.json: a JSON object of the model's fields")
         return cls.from_hf_dict(cfg, name or name_from_path(p))
 
     @classmethod
