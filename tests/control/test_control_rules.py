@@ -188,6 +188,21 @@ def test_rejected_target_falls_back_to_a_slower_cheaper_one_before_keeping():
     assert "o3" not in calls
 
 
+def test_a_fallback_whose_transition_costs_as_much_as_s_stars_is_not_cheaper():
+    """Fallbacks are tried for a cheaper transition; one that costs exactly S*'s L_tran is
+    not one, even where its own payback would pass: S* saves 2 s/step for 100 s (payback
+    50 > γ·H = 40); o1, priced a little faster than S*, saves 3 s/step for the same 100 s
+    (payback 33) and is refused as no cheaper; o2 costs a hair less and is weighed."""
+    f, calls = _schedules({"o0": _Sched(100.0), "o1": _Sched(100.0), "o2": _Sched(99.99)})
+    idx, _, v = select(_opts(8.0, 7.0, 9.5), 10.0, urgent=False, gamma=0.5,
+                       horizon_steps=80.0, schedule_of=f)
+    assert idx is None and calls == ["o0", "o1", "o2"]
+    assert [x.label for x in v] == ["o0", "o1", "o2"]
+    assert "rejected: payback 50" in v[0].why
+    assert not v[1].admitted and "not cheaper" in v[1].why and v[1].payback_steps is None
+    assert "rejected: payback" in v[2].why and v[2].payback_steps == pytest.approx(199.98)
+
+
 def test_nothing_admitted_keeps_the_plan_and_gamma_zero_prices_nothing():
     f, calls = _schedules({"o0": _Sched(100.0)})
     idx, sched, v = select(_opts(8.0), 10.0, urgent=False, gamma=0.5, horizon_steps=1.0,
