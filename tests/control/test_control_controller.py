@@ -9,7 +9,7 @@ from nereus.control.controller import Action, ControlConfig, Controller
 from nereus.control.horizon import Horizons
 from nereus.control.monitor import TriggerKind
 from nereus.control.restart import RestartParams, checkpoint_bytes, restart_cost
-from nereus.control.targets import intact, reprice
+from nereus.control.targets import reprice, survive
 from nereus.control.telemetry import Telemetry
 from nereus.cost.efficiency import Efficiencies
 from nereus.cost.estimate import BUBBLE
@@ -194,8 +194,8 @@ def test_urgent_path_moves_from_the_intact_units_when_a_gpu_is_lost(job, plans):
     c.on_boundary(_tel(job, p, 0, 2000))
     gone = p.stage("actor_train").replicas[-1][-1]  # one of two actor replicas loses a GPU
     pool = tuple(g for g in range(16) if g != gone)
-    survivors, lost = intact(p, pool)
-    assert survivors is not None and not lost
+    survivors, lost, rebuilt = survive(p, pool, job.workflow)
+    assert survivors is not None and not lost and not rebuilt
     d = c.on_boundary(_tel(job, p, 1, 2000, pool=pool))
     assert d.reasons.urgent
     assert any(t.kind is TriggerKind.POOL_LOSS and t.urgent for t in d.reasons.triggers)
@@ -209,7 +209,7 @@ def test_losing_the_last_copy_of_trained_state_restarts_from_the_checkpoint(job,
     p = plans["best16"]
     critic = p.stage("critic_train")
     pool = tuple(g for g in range(16) if g not in critic.replicas[0])
-    assert intact(p, pool)[0] is None
+    assert survive(p, pool, job.workflow)[:2] == (None, ("critic_train",))
     c = Controller(job, p, on_log=lambda s: None)
     d = c.on_boundary(_tel(job, p, 0, 2000, pool=pool))
     assert d.action is Action.RESTART and d.restart is not None
@@ -744,6 +744,21 @@ def test_an_efficiency_the_measurements_do_not_pin_down_is_not_watched(job, plan
     c.calibrator = _Spread(eff, {OpClass.GEMM: 0.02, OpClass.DECODE: 0.068})
     sig = c._signals(tel, {"gemm": 0.5, "decode": 0.4, "latency.intra": 0.1})
     assert sig.keys() == {"response_len", "eff.gemm"}  # an unmeasured class is not watched
+
+
+def test_efficiency_signals_arm_only_after_the_calibration_warm_up(job, plans):
+    """An efficiency fitted from fewer than ``warmup_steps`` measured steps is not watched,
+    however well the calibrator says it is pinned down: early fits move with every sample,
+    and a drift trigger on them would replan for nothing."""
+    c = Controller(job, plans["best16"], config=ControlConfig(warmup_steps=10),
+                   on_log=lambda s: None)
+    c.calibrator = _Spread(Efficiencies({OpClass.GEMM: 0.6}), {OpClass.GEMM: 0.01})
+    tel = _tel(job, plans["best16"], 0, 2000)
+    for seen in (0, 9):
+        c.steps_seen = seen
+        assert c._signals(tel, {"gemm": 1.0}).keys() == {"response_len"}, seen
+    c.steps_seen = 10
+    assert c._signals(tel, {"gemm": 1.0}) == {"response_len": 2000.0, "eff.gemm": 0.6}
 
 
 def _moved_to(plan, shift):

@@ -4,7 +4,7 @@ its batch, which its gradient accumulation covers exactly."""
 
 from dataclasses import replace
 
-from nereus.control.targets import intact, price, rebatched
+from nereus.control.targets import price, rebatched, survive
 from nereus.cost.candidate import Candidate, Layout
 from nereus.cost.model import CostModel
 from nereus.plan.search import best_plan
@@ -18,8 +18,8 @@ def _after_losing_gpu_0():
     plan = best_plan(JOB)
     gen = plan.stage("actor_gen")
     assert (gen.tp, gen.dp) == (4, 4) and (0, 1, 2, 3) in gen.replicas
-    survivors, lost = intact(plan, range(1, 16))
-    assert survivors is not None and not lost
+    survivors, lost, rebuilt = survive(plan, range(1, 16), JOB.workflow)
+    assert survivors is not None and not lost and not rebuilt
     return plan, survivors
 
 

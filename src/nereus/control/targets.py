@@ -1,9 +1,9 @@
 """The plans a replan weighs besides the planner's best: what survives a loss, cheaper hybrids,
 and the current layout re-batched.
 
-- ``intact``: the current plan without the replicas that lost a GPU (the units a transition can
-  start from); ``survive`` says whether a model-stage with no replica left has lost its last
-  copy (a restart) or is made again without one (``Workflow.after_loss``: a frozen model's
+- ``survive``: the current plan without the replicas that lost a GPU (the units a transition
+  can start from), and for each model-stage with no replica left, whether its last copy is
+  lost (a restart) or it is made again without one (``Workflow.after_loss``: a frozen model's
   weights read again, a copy of θ given by its training stage; ``fill``, ``rebuild_s``).
 - ``hybrids``: the best target S* with some of the current plan kept -- whole phases (each phase
   uses the pool afresh, so mixing phases keeps every phase valid) or single model-stages. They
@@ -44,23 +44,11 @@ def spec_of(sp: StagePlan, rechoose: bool = False) -> StageLayoutSpec:
                            c.recompute)
 
 
-def specs_of(plan: Plan) -> Specs:
-    return {sp.stage: spec_of(sp) for sp in plan.stages}
-
-
-def intact(plan: Plan, pool: Iterable[int]) -> tuple[Plan | None, tuple[str, ...]]:
-    """The replicas of ``plan`` whose GPUs are all in ``pool``, and the stages left with none.
-
-    The result describes state, not a runnable plan: a stage that lost replicas keeps its
-    (b, a), so dp x b x a may fall short of the batch until a target re-batches it.
-    """
-    survivors, lost = _surviving(plan, pool)
-    return (None, lost) if lost else (survivors, ())
-
-
 def _surviving(plan: Plan, pool: Iterable[int]) -> tuple[Plan, tuple[str, ...]]:
     """(``plan`` with the replicas whose GPUs are all in ``pool``, the stages left with
-    none, which it lacks)."""
+    none, which it lacks). The plan describes state, not a runnable plan: a stage that lost
+    replicas keeps its (b, a), so dp x b x a may fall short of the batch until a target
+    re-batches it."""
     alive = set(pool)
     stages: list[StagePlan] = []
     lost: list[str] = []
