@@ -192,3 +192,20 @@ def test_a_record_whose_names_contradict_its_job_is_refused(plan_json: Path, tmp
     err = one_line(["transition", str(plan_json), str(edited)])
     assert err.startswith(f"error: target.planned_for.{key}: t.json records {value!r}, but "
                           "its planned_for.job says "), err
+
+
+def test_an_empty_output_path_is_said_so() -> None:
+    """`--csv ''` (an unset shell variable) said '. is a directory'."""
+    err = one_line(["simulate", "--steps", "2", "--csv", ""])
+    assert err == ("error: --csv: the path is empty or '.' (the working folder) (allowed: a "
+                   "file path ending in .csv)")
+
+
+def test_a_model_stage_given_twice_in_a_plan_says_what_is_allowed(plan_json: Path,
+                                                                   tmp_path: Path) -> None:
+    data = json.loads(plan_json.read_text())
+    data["stages"].append(dict(data["stages"][0]))
+    twice = tmp_path / "twice.json"
+    twice.write_text(json.dumps(data))
+    err = one_line(["transition", str(plan_json), str(twice)])
+    assert "listed twice" in err and err.endswith("(allowed: each model-stage once)"), err

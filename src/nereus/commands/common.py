@@ -237,6 +237,9 @@ def output_path(path: Path | None, field: str, suffixes: tuple[str, ...]) -> Pat
     folder, not a folder itself (a typo should not cost a finished run)."""
     if path is None:
         return None
+    if str(path) in ("", "."):  # typer reads an empty argument ("$UNSET") as Path("") == "."
+        raise InputError(field, "the path is empty or '.' (the working folder)",
+                         f"a file path ending in {' or '.join(suffixes)}")
     # before the suffix: a directory has none, and that is not the problem
     if is_dir(path, field, writing=True):
         raise InputError(field, f"{path} is a directory",

@@ -165,7 +165,8 @@ class Plan:
         names = [s.name for s in f.stages]
         twice = sorted({n for n in names if names.count(n) > 1})
         if twice:
-            raise InputError(f"{field}.stages", f"model-stages listed twice: {twice}")
+            raise InputError(f"{field}.stages", f"model-stages listed twice: {twice}",
+                             "each model-stage once")
         for g in f.groups:
             unknown = sorted(set(g) - set(names))
             # a model-stage of some workflow that groups names but stages lacks: its entry
