@@ -205,6 +205,54 @@ def test_urgent_path_moves_from_the_intact_units_when_a_gpu_is_lost(job, plans):
     assert c.plan is d.plan and c.pool == pool
 
 
+@pytest.mark.parametrize("max_tries", [3, 6, 12])
+def test_an_urgent_replan_prices_at_most_max_tries_schedules(job, plans, max_tries):
+    """A GPU of actor training is lost and only moves that leave actor training where it is
+    can run. The replan prices S* and its placements near the current GPUs, the move that
+    carries no state, the other options fastest first, and -- for a stopgap -- the move on
+    from it to S*: max_tries bounds them all (it priced 14 schedules under max_tries = 12)."""
+    p = plans["best16"]
+    calls = []
+
+    def transition(j, source, target, e):
+        calls.append((source, target))
+        stays = target.stage("actor_train").replicas == source.stage("actor_train").replicas
+        return _Sched(1.0, feasible=stays)
+
+    c = Controller(job, p, config=ControlConfig(max_tries=max_tries), transition=transition,
+                   on_log=lambda s: None)
+    c.on_boundary(_tel(job, p, 0, 2000))
+    c.horizons = c.horizons.crossed("pool", 0).crossed("pool", 40)  # H_pool = 40: onward pays
+    gone = p.stage("actor_train").replicas[-1][-1]
+    pool = tuple(g for g in range(16) if g != gone)
+    d = c.on_boundary(_tel(job, p, 1, 2000, pool=pool))
+    assert d.reasons.urgent and len(calls) <= max_tries
+    # the move in place is priced within every budget: it is what an urgent move falls back on
+    assert ("re-batched in place", True) in [(v.label, v.feasible) for v in d.reasons.verdicts]
+    if max_tries == 12:  # a stopgap, whose move on to S* was priced within the budget
+        assert d.action is Action.MOVE and c.pending[0].kind is TriggerKind.ONWARD
+        assert calls[-1][0] is d.plan and len(calls) == 12
+
+
+@pytest.mark.parametrize("max_tries", [2, 12])
+def test_an_opportunistic_replan_prices_at_most_max_tries_schedules(job, plans, max_tries):
+    """No move can run: the replan prices S*'s placements near the current GPUs, then the
+    fallbacks, and stops at max_tries (it priced 3 under max_tries = 2: all of S*'s
+    placements came before the count)."""
+    calls = []
+
+    def transition(j, source, target, e):
+        calls.append(target)
+        return _Sched(0.0, feasible=False)
+
+    c = Controller(job, plans["best8"], config=ControlConfig(max_tries=max_tries),
+                   transition=transition, on_log=lambda s: None)
+    c.on_boundary(_tel(job, plans["best8"], 0, 2000))
+    d = c.on_boundary(_tel(job, plans["best8"], 1, 2700))
+    assert not d.reasons.urgent and d.action is Action.KEEP
+    assert len(calls) == len(d.reasons.verdicts) == max_tries
+
+
 def test_losing_the_last_copy_of_trained_state_restarts_from_the_checkpoint(job, plans):
     p = plans["best16"]
     critic = p.stage("critic_train")

@@ -327,7 +327,8 @@ def test_telemetry_rejects_bad_fields_by_name():
 
 
 def test_the_urgent_path_always_prices_the_moves_that_carry_no_state():
-    """More fast options than max_tries, none feasible: the slow in-place one still runs."""
+    """More fast options than max_tries, none feasible: the slow in-place one is priced
+    first, within the budget, and still runs."""
     fast = [Option(f"hybrid {k}", None, 10.0 + k) for k in range(13)]
     slow = Option("re-batched in place", None, 99.0, in_place=True)
 
@@ -337,7 +338,9 @@ def test_the_urgent_path_always_prices_the_moves_that_carry_no_state():
     idx, sched, verdicts = select([*fast, slow], None, urgent=True, gamma=0.5,
                                   horizon_steps=10, schedule_of=schedule_of, max_tries=12)
     assert idx == 13 and sched.feasible and verdicts[-1].admitted
-    assert len(verdicts) == 13  # 12 tried within the budget, then the in-place one
+    # the in-place one and the 11 fastest: 12 schedules, verdicts in the order of the step
+    assert len(verdicts) == 12 and verdicts[-1].label == "re-batched in place"
+    assert [v.label for v in verdicts[:-1]] == [f"hybrid {k}" for k in range(11)]
 
 
 def test_control_config_rejects_bad_knobs_by_name():

@@ -133,13 +133,17 @@ def unpriced_refusal(current_step_s: float | None, step_s: float, *, urgent: boo
 
 
 def select(options: Sequence[Option], current_step_s: float | None, *, urgent: bool,
-           gamma: float, horizon_steps: float, schedule_of: Callable[[Option], Schedule],
+           gamma: float, horizon_steps: float,
+           schedule_of: Callable[[Option], Schedule | None],
            profitability: bool = True, max_tries: int = 8
            ) -> tuple[int | None, Schedule | None, tuple[Verdict, ...]]:
     """Pick the option to move to (index into ``options``), its schedule, and every verdict.
 
     ``options[0]`` is the planner's best target S*; the rest are fallbacks. Schedules are
-    computed lazily (they cost milliseconds each) and at most ``max_tries`` of them.
+    computed lazily (they cost milliseconds each) and at most ``max_tries`` of them; the urgent
+    path prices the options that move no state (``in_place``) within that number first.
+    ``schedule_of`` answers None for an option its caller's own budget leaves unpriced (the
+    controller counts every schedule of a replan): the option is passed over.
     ``current_step_s`` and every option's latency count expected restarts (``risk_s``).
     """
     verdicts: list[Verdict] = []
@@ -166,6 +170,8 @@ def select(options: Sequence[Option], current_step_s: float | None, *, urgent: b
             break
         tries += 1
         sched = schedule_of(opt)
+        if sched is None:
+            continue  # the caller's budget leaves it unpriced
         if not sched.feasible:
             verdicts.append(_verdict(opt, delta, math.inf, False, None, False,
                                      f"infeasible: {sched.reason}"))
@@ -196,14 +202,25 @@ def select(options: Sequence[Option], current_step_s: float | None, *, urgent: b
 
 
 def _urgent(options: Sequence[Option], current_step_s: float | None, horizon_steps: float,
-            schedule_of: Callable[[Option], Schedule], max_tries: int
+            schedule_of: Callable[[Option], Schedule | None], max_tries: int
             ) -> tuple[int | None, Schedule | None, tuple[Verdict, ...]]:
     verdicts: list[Verdict] = []
     scored: list[tuple[float, int, Schedule, Option]] = []
     h = max(1.0, horizon_steps)
     ranked = sorted(options, key=lambda o: o.expected_s)
-    for opt in ranked[:max_tries] + [o for o in ranked[max_tries:] if o.in_place]:
-        sched = schedule_of(opt)
+    # the moves that carry no state are what the urgent path can always fall back on: they are
+    # asked for first, then the others fastest first, until max_tries schedules are in hand
+    priced: dict[int, Schedule] = {}
+    for opt in [o for o in ranked if o.in_place] + [o for o in ranked if not o.in_place]:
+        if len(priced) >= max_tries:
+            break
+        got = schedule_of(opt)
+        if got is not None:  # None: the caller's budget leaves it unpriced
+            priced[id(opt)] = got
+    for opt in ranked:  # verdicts, and ties, in the order of the step
+        sched = priced.get(id(opt))
+        if sched is None:
+            continue
         delta = _delta(current_step_s, opt.expected_s)
         if not sched.feasible:
             verdicts.append(_verdict(opt, delta, math.inf, False, None, False,

@@ -114,7 +114,8 @@ class ControlConfig:
     length_window: int = 20         # assumption: memory is planned for the longest of 20 steps
     length_margin: float = 0.05     # assumption: ... plus 5 %
     admission: bool = True          # False: replan every boundary, move whenever faster
-    max_tries: int = 12             # transition schedules priced per replan at most
+    max_tries: int = 12             # transition schedules priced per replan at most (every
+    #                                 target's, the onward move's of the urgent path included)
     restart_moves: bool = True      # extension: a planned restart when no transition can run
     spread_on_churn: bool = True    # extension: once the pool has lost GPUs, weigh a lost last
     #                                 copy's expected restart cost against spreading replicas
@@ -709,10 +710,32 @@ class Controller:
         transition_job = self.job.with_pool(now.pool)
         eff = self.calibrator.efficiencies()
         schedules: dict[int, Schedule] = {}  # id(plan) -> its schedule, computed once
+        # the moves that carry no state, which the urgent path can always fall back on
+        source_specs = rebatched(cost, survivors, every_stage=False)
+        in_place: list[Option] = []
+        if urgent:
+            for label, specs in (("re-batched in place", rebatched(cost, survivors)),
+                                 ("survivors as they are", source_specs)):
+                p = price(now, cost, specs)
+                if p.fits:
+                    assert p.plan is not None  # a plan that fits is one
+                    in_place.append(replace(option(label, p.plan, p.step_s), in_place=True))
+        # at most max_tries schedules a replan, each counted where it is priced. On the urgent
+        # path S*'s placements leave room for the moves in place, and every target leaves
+        # room for the move on from a stopgap to S* (ONWARD below)
+        onward_kept = int(urgent and cfg.restart_moves and best is not None and cfg.max_tries > 1)
+        held = min(onward_kept + len(in_place), cfg.max_tries - 1)  # S* is always priced
+        priced = 0
 
-        def schedule_for(plan: Plan) -> Schedule:
+        def schedule_for(plan: Plan) -> Schedule | None:
+            """The schedule from the surviving units to ``plan``; None once the budget is
+            spent (a plan priced before still has its schedule)."""
+            nonlocal priced
             got = schedules.get(id(plan))
             if got is None:
+                if priced >= cfg.max_tries - held:
+                    return None
+                priced += 1
                 got = self.transition(transition_job, fill(partial, plan), plan, eff)
                 if rebuilt and got.feasible:
                     extra = rebuild_s(now, plan, rebuilt, cfg.restart)
@@ -734,8 +757,8 @@ class Controller:
                                         gamma=cfg.gamma, profitability=cfg.admission) is None
             options += self._nearest(s_star, now, cost, survivors, option,
                                      schedule_for if may_move else None)
+        held = onward_kept
         star = options[0].plan if options else None  # S*, placed where its move is cheapest
-        source_specs = rebatched(cost, survivors, every_stage=False)
         if best is not None:
             assert best.plan is not None  # as above
             for label, specs in hybrids(now, survivors, source_specs, best.plan):
@@ -743,18 +766,18 @@ class Controller:
                 if p.fits:
                     assert p.plan is not None  # a plan that fits is one
                     options.append(option(label, p.plan, p.step_s))
-        if urgent:
-            for label, specs in (("re-batched in place", rebatched(cost, survivors)),
-                                 ("survivors as they are", source_specs)):
-                p = price(now, cost, specs)
-                if not p.fits:
-                    continue
-                assert p.plan is not None  # a plan that fits is one
-                if not any(o.plan.to_dict()["stages"] == p.plan.to_dict()["stages"]
-                           for o in options):
-                    options.append(replace(option(label, p.plan, p.step_s), in_place=True))
+        for opt in in_place:
+            # one that another option already is moves no state either: ``select`` prices
+            # it first as well
+            stages = opt.plan.to_dict()["stages"]
+            twin = next((i for i, o in enumerate(options)
+                         if o.plan.to_dict()["stages"] == stages), None)
+            if twin is None:
+                options.append(opt)
+            else:
+                options[twin] = replace(options[twin], in_place=True)
 
-        def schedule_of(opt: Option) -> Schedule:
+        def schedule_of(opt: Option) -> Schedule | None:
             return schedule_for(opt.plan)
 
         idx, sched, verdicts = select(options, cur_l, urgent=urgent, gamma=cfg.gamma,
@@ -776,9 +799,10 @@ class Controller:
             if idx is not None and sched is not None:
                 opt = options[idx]
                 move_score = sched.estimated_s + h * opt.expected_s
-                if opt.plan is not star and h > 1.0:
+                if opt.plan is not star and h > 1.0 and priced < cfg.max_tries:
                     assert star is not None  # best is not None: options[0] is S*
                     # or move on from there to S* at the next boundary (see ONWARD below)
+                    priced += 1
                     onward = self.transition(transition_job, opt.plan, star, eff)
                     if onward.feasible:
                         move_score = min(move_score, sched.estimated_s + opt.expected_s
@@ -829,7 +853,7 @@ class Controller:
 
     def _nearest(self, best: Option, now: JobSpec, cost: CostModel, survivors: Plan,
                  option: Callable[[str, Plan, float], Option],
-                 schedule_for: Callable[[Plan], Schedule] | None) -> list[Option]:
+                 schedule_for: Callable[[Plan], Schedule | None] | None) -> list[Option]:
         """S* and its placements near the surviving units (``placed_near``): the one of them
         with the cheapest feasible transition among those no slower than S* comes first, as
         the target; a slower one follows as a fallback (a slower target with a cheaper
@@ -845,8 +869,10 @@ class Controller:
         same = [best] + [o for o in nears if o.expected_s <= limit]
         slower = [o for o in nears if o.expected_s > limit]
         if len(same) > 1 and schedule_for is not None:
-            first = cheapest_to_reach(same, lambda o: schedule_for(o.plan),
-                                      lambda o: o.expected_s)
+            # the placements the replan's budget prices (S* first: it always is)
+            scheds = {id(o): got for o in same if (got := schedule_for(o.plan)) is not None}
+            first = cheapest_to_reach([o for o in same if id(o) in scheds],
+                                      lambda o: scheds[id(o)], lambda o: o.expected_s)
             same = [first] + [o for o in same if o is not first]
         return same + slower
 
