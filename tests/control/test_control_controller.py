@@ -131,7 +131,7 @@ def test_the_log_line_labels_the_triggers_with_the_telemetrys_source(job, plans)
                               source="simulated"))
     assert d.reasons.triggers[0].kind is TriggerKind.POOL_LOSS
     assert lines[-1].startswith(f"step 1 {d.action.value} [pool_loss: lost GPUs 8-15 (8), "
-                                "the plan used 8-15 (8)] (simulated) "), lines[-1]
+                                "the plan used all of them] (simulated) "), lines[-1]
 
 
 def test_a_memory_trigger_beside_a_telemetry_trigger_is_labelled_estimated():

@@ -62,7 +62,7 @@ def test_pool_loss_is_urgent_only_when_the_plan_used_a_lost_gpu():
 def test_pool_trigger_names_lost_gpus_as_runs_not_a_first_to_last_span():
     # regression: {0,1,2,11..15} read "lost GPUs 0..15 (8)", naming GPUs 3-10 still in the pool
     t = pool_triggers(range(16), range(3, 11), range(16))
-    assert t[0].detail == "lost GPUs 0-2,11-15 (8), the plan used 0-2,11-15 (8)"
+    assert t[0].detail == "lost GPUs 0-2,11-15 (8), the plan used all of them"
     t = pool_triggers(range(16), [i for i in range(16) if i not in (0, 15)], [4])
     assert t[0].detail == "lost GPUs 0,15 (2), none used by the plan"
     t = pool_triggers(range(8), [*range(8), 9, 12, 13], [])
@@ -419,3 +419,13 @@ def test_the_controller_and_select_refuse_an_unpriced_move_by_one_rule() -> None
     _, _, verdicts = select(opts, 10.0, urgent=False, gamma=0.0, horizon_steps=10,
                             schedule_of=lambda o: pytest.fail("priced under γ = 0"))
     assert [v.why for v in verdicts] == [GAMMA_ZERO]
+
+
+def test_one_lost_gpu_is_named_as_one_gpu():
+    """'lost GPUs 7, the plan used 7' read as seven GPUs."""
+    (t,) = pool_triggers(range(8), range(7), range(8))
+    assert t.detail == "lost GPU 7, the plan used it"
+    (t,) = pool_triggers(range(8), [0, 1, 2, 3, 4, 5], [5, 6])
+    assert t.detail == "lost GPUs 6-7 (2), the plan used GPU 6"
+    (t,) = pool_triggers(range(7), range(8), range(7))
+    assert t.detail == "gained GPU 7"

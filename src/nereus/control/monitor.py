@@ -69,13 +69,15 @@ def pool_triggers(old_pool: Iterable[int], new_pool: Iterable[int],
     lost, gained = sorted(old - new), sorted(new - old)
     if lost:
         hit = sorted(set(lost) & used)
-        detail = f"lost GPUs {_ids(lost)}" + (f", the plan used {_ids(hit)}" if hit else
-                                              ", none used by the plan")
+        used_part = (", none used by the plan" if not hit
+                     else f", the plan used {'it' if len(hit) == 1 else 'all of them'}"
+                     if hit == lost else f", the plan used {_gpus(hit)}")
+        detail = f"lost {_gpus(lost)}{used_part}"
         out.append(Trigger(TriggerKind.POOL_LOSS, "pool", bool(hit), float(len(new)),
                            float(len(old)), None, detail))
     if gained:
         out.append(Trigger(TriggerKind.POOL_GAIN, "pool", False, float(len(new)),
-                           float(len(old)), None, f"gained GPUs {_ids(gained)}"))
+                           float(len(old)), None, f"gained {_gpus(gained)}"))
     return out
 
 
@@ -132,7 +134,8 @@ class Monitor:
         return replace(self, references=refs)
 
 
-def _ids(ids: list[int]) -> str:
-    # Runs, as the rest of the project writes GPU sets ("0-2,11-15 (8)"): a first..last span
-    # would name GPUs that are still in the pool. The count saves adding up the runs.
-    return gpu_ranges(ids) if len(ids) == 1 else f"{gpu_ranges(ids)} ({len(ids)})"
+def _gpus(ids: list[int]) -> str:
+    """"GPU 7" for one (a bare "GPUs 7" read as seven GPUs); else runs, as the rest of the
+    project writes GPU sets, and their count: "GPUs 0-2,11-15 (8)" (a first..last span would
+    name GPUs still in the pool; the count saves adding up the runs)."""
+    return f"GPU {ids[0]}" if len(ids) == 1 else f"GPUs {gpu_ranges(ids)} ({len(ids)})"
