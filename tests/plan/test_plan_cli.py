@@ -192,7 +192,7 @@ def test_an_uneven_split_is_marked_and_said():
     r = runner.invoke(app, ["plan", "--config", "examples/llama-3.1-8b-ppo.yaml", "--gpus", "12",
                             "--frontier", "reference_infer"], terminal_width=200)
     assert r.exit_code == 0, r.output
-    assert "1 x 86*" in r.output and "1 x 64*" not in r.output  # dp 6 uneven, dp 8 even
+    assert "1x86*" in r.output and "1x64*" not in r.output  # dp 6 uneven, dp 8 even
     assert "where dp does not divide the 512 sequences" in " ".join(r.output.split())
 
 
