@@ -6,7 +6,7 @@ Ctrl-C in that time printed a 35-line traceback. It is the same one line as a Ct
 
 import sys
 
-EXIT_INTERRUPTED = 130  # as nereus.commands.common says it (128 + SIGINT), without its imports
+from nereus.errors import EXIT_INTERRUPTED  # a light module: the command's imports come below
 
 
 def main() -> None:

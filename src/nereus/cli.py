@@ -20,7 +20,6 @@ from typer.core import TyperGroup
 from nereus import __version__
 from nereus.commands import register
 from nereus.commands.common import (
-    EXIT_INPUT,
     OneLineUsageError,
     err_console,
     once_only,
@@ -29,7 +28,7 @@ from nereus.commands.common import (
 )
 from nereus.commands.common import click as _click
 from nereus.commands.jobopts import OPTION_OF
-from nereus.errors import InputError
+from nereus.errors import EXIT_INPUT, InputError
 from nereus.files import os_reason
 from nereus.spec.cluster import MAX_DEVICES
 from nereus.spec.job import ClusterConfig, JobConfig, WorkloadConfig

@@ -10,6 +10,12 @@ import math
 import numbers
 from collections.abc import Iterable
 
+# the command line's exit codes (the CLI's, and the console script's before it loads)
+EXIT_INPUT = 2        # bad input: a field with a value that is not allowed
+EXIT_INFEASIBLE = 3   # a transition that cannot run (commands say where they use it)
+EXIT_RUN_FAILED = 4   # a run on real workers that failed (a worker died, a collective failed)
+EXIT_INTERRUPTED = 130  # Ctrl-C (128 + SIGINT, as a shell reports it)
+
 
 class InputError(ValueError):
     """A value a user supplied is not allowed: names the field and what is allowed."""

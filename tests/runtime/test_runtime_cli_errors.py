@@ -4,7 +4,7 @@ import pytest
 from typer.testing import CliRunner
 
 from nereus.cli import app
-from nereus.commands.common import EXIT_RUN_FAILED
+from nereus.errors import EXIT_RUN_FAILED
 from nereus.runtime import demo
 from nereus.runtime.memory import CapacityError
 from nereus.transition.instances import paper_example_b

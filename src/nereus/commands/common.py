@@ -24,15 +24,10 @@ from rich.table import Table
 from typer.core import TyperCommand
 from typer.models import ArgumentInfo, OptionInfo
 
-from nereus.errors import InfeasibleError, InputError
+from nereus.errors import EXIT_INPUT, EXIT_INTERRUPTED, InfeasibleError, InputError
 from nereus.files import is_dir, os_reason, path_stat
 
 F = TypeVar("F", bound=Callable[..., Any])
-
-EXIT_INPUT = 2        # bad input: a field with a value that is not allowed
-EXIT_INFEASIBLE = 3   # a transition that cannot run (commands say where they use it)
-EXIT_RUN_FAILED = 4   # a run on real workers that failed (a worker died, a collective failed)
-EXIT_INTERRUPTED = 130  # Ctrl-C (128 + SIGINT, as a shell reports it)
 
 # Tables are wide; when output goes to a pipe or a file, do not squeeze them into 80 columns,
 # and print each line of text whole (soft wrap): a line broken at 160 columns mid-sentence no

@@ -26,9 +26,6 @@ import typer
 from rich.table import Table
 
 from nereus.commands.common import (
-    EXIT_INFEASIBLE,
-    EXIT_INTERRUPTED,
-    EXIT_RUN_FAILED,
     FIGURE_FORMATS,
     Command,
     FitTable,
@@ -56,7 +53,13 @@ from nereus.commands.planfile import (
 from nereus.cost.efficiency import Efficiencies
 from nereus.cost.estimate import HEADROOM
 from nereus.cost.model import CostModel
-from nereus.errors import InfeasibleError, InputError
+from nereus.errors import (
+    EXIT_INFEASIBLE,
+    EXIT_INTERRUPTED,
+    EXIT_RUN_FAILED,
+    InfeasibleError,
+    InputError,
+)
 from nereus.files import existing_file, os_reason, read_json, read_yaml
 from nereus.interrupts import ctrl_c_deferred
 from nereus.plan.evaluate import StageLayoutSpec, evaluate_plan
