@@ -315,7 +315,12 @@ def _nested_model(ann: object) -> type[BaseModel] | None:
 _TYPE_WORDS = {"int_type": "an integer", "float_type": "a number", "string_type": "a string",
                "list_type": "a list", "tuple_type": "a list", "bool_type": "a switch"}
 _TYPE_ALLOWED = {"int_type": "an integer", "float_type": "a number", "string_type": "text",
-                 "list_type": "a list", "tuple_type": "a list", "bool_type": "true, false"}
+                 "list_type": "a list", "tuple_type": "a list", "bool_type": "true, false",
+                 "dict_type": "a mapping of name: value pairs"}
+# a field's Python type -> pydantic's name for it (a missing field says what it takes)
+_KIND_OF: dict[object, str] = {int: "int_type", float: "float_type", str: "string_type",
+                               bool: "bool_type", list: "list_type", tuple: "tuple_type",
+                               dict: "dict_type"}
 
 
 def _field_info(root: type[BaseModel], loc: tuple[object, ...]) -> FieldInfo | None:
@@ -436,10 +441,8 @@ def _wanted(fi: FieldInfo | None) -> str:
         many = get_origin(fi.annotation) in (list, tuple)
         return (f"{'a list of mappings' if many else 'a mapping'} of "
                 f"{', '.join(inner.model_fields)}")
-    words: dict[object, str] = {int: "an integer", float: "a number", str: "text",
-                                bool: "true, false", list: "a list", tuple: "a list",
-                                dict: "a mapping of name: value pairs"}
-    return words.get(get_origin(fi.annotation) or fi.annotation, "a value for it")
+    kind = _KIND_OF.get(get_origin(fi.annotation) or fi.annotation)
+    return _TYPE_ALLOWED[kind] if kind is not None else "a value for it"
 
 
 # pydantic's bound errors: the comparison and its key in the error's context
