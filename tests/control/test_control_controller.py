@@ -388,6 +388,23 @@ def test_a_running_transition_defers_a_memory_replan_too(job, plans):
     assert d.action is Action.MOVE
 
 
+def test_a_deferred_memory_trigger_is_checked_again_not_listed_as_urgent(job, plans):
+    """Memory is predicted anew at every boundary, as pool changes are counted anew: a
+    violation that waited for a transition and no longer holds (the longest response left the
+    window) is not listed at the replan, where it would be an urgent trigger of a replan that
+    ``Reasons.urgent`` says is not urgent."""
+    p = plans["best16"]
+    c = Controller(job, p, config=ControlConfig(length_window=1),
+                   transition=lambda j, s, t, e: _Sched(1.0), on_log=lambda s: None)
+    d = c.on_boundary(replace(_tel(job, p, 0, 6000, longest=24000), transition_running=True))
+    assert "deferred" in d.reasons.summary
+    assert [t.kind for t in d.reasons.triggers if t.urgent] == [TriggerKind.MEMORY]
+    d = c.on_boundary(_tel(job, p, 1, 2000, longest=3000))
+    assert not d.reasons.urgent
+    assert [t.kind for t in d.reasons.triggers] == [TriggerKind.DRIFT]  # the crossing waited
+    assert all(t.urgent == d.reasons.urgent for t in d.reasons.triggers)
+
+
 def test_no_feasible_transition_prices_a_planned_restart_under_eq2(job, plans):
     fast = RestartParams(startup_s=1.0, storage_read_bw_per_node=1e12,
                          storage_write_bw_per_node=1e12)

@@ -494,11 +494,13 @@ class Controller:
         if not cfg.admission and not triggers:
             triggers.append(Trigger(TriggerKind.ALWAYS, "always", False))
         fresh = {t.signal for t in triggers}
-        # a waiting pool change is measured anew each boundary (GPUs that came and went since
-        # are no change to answer)
+        # a waiting pool change or memory violation is measured anew each boundary (GPUs that
+        # came and went since are no change to answer; a plan that fits the window's longest
+        # response now has no violation, and an urgent trigger listed but not weighed as
+        # urgent would contradict ``Reasons.urgent``)
         pending = tuple(t for t in self.pending if t.kind is TriggerKind.ONWARD or (
-            t.signal not in fresh and t.kind not in (TriggerKind.POOL_LOSS,
-                                                     TriggerKind.POOL_GAIN))) + tuple(triggers)
+            t.signal not in fresh and t.kind not in (TriggerKind.POOL_LOSS, TriggerKind.POOL_GAIN,
+                                                     TriggerKind.MEMORY))) + tuple(triggers)
         if not pending:
             self.pending = ()
             return self._log(Decision(Action.KEEP, self.plan, reasons=Reasons(
