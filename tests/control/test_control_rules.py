@@ -421,6 +421,21 @@ def test_the_controller_and_select_refuse_an_unpriced_move_by_one_rule() -> None
     assert [v.why for v in verdicts] == [GAMMA_ZERO]
 
 
+def test_a_target_refused_before_pricing_is_not_recorded_as_feasible():
+    """A verdict given before the transition was priced knows nothing of its feasibility:
+    it says so (None, L_tran nan), where it once said feasible."""
+    from nereus.control.admission import GAMMA_ZERO, NOT_FASTER
+
+    for steps, gamma, why in (((10.0,), 0.5, NOT_FASTER), ((9.0,), 0.0, GAMMA_ZERO)):
+        _, _, (v,) = select(_opts(*steps), 10.0, urgent=False, gamma=gamma, horizon_steps=10,
+                            schedule_of=lambda o: pytest.fail("priced"))
+        assert v.why == why and v.feasible is None and math.isnan(v.l_tran_s)
+    f, _ = _schedules({"o0": _Sched(0, False)})
+    _, _, (v,) = select(_opts(9.0), 10.0, urgent=False, gamma=0.5, horizon_steps=10,
+                        schedule_of=f)
+    assert v.feasible is False  # priced, and infeasible
+
+
 def test_one_lost_gpu_is_named_as_one_gpu():
     """'lost GPUs 7, the plan used 7' read as seven GPUs."""
     (t,) = pool_triggers(range(8), range(7), range(8))

@@ -52,8 +52,8 @@ class Verdict:
     step_s: float
     delta_l_s: float | None      # L(current) - L(option), each with its risk_s; None when the
     #                              current plan cannot run
-    l_tran_s: float              # inf when the transition is infeasible
-    feasible: bool
+    l_tran_s: float              # inf when the transition is infeasible; nan when not priced
+    feasible: bool | None        # None: refused before its transition was priced (unknown)
     payback_steps: float | None  # L_tran / ΔL; inf when ΔL <= 0 (nothing saved), None unknown
     admitted: bool
     why: str
@@ -162,7 +162,7 @@ def select(options: Sequence[Option], current_step_s: float | None, *, urgent: b
         refused = unpriced_refusal(current_step_s, opt.expected_s, urgent=False, gamma=gamma,
                                    profitability=profitability)
         if refused is not None:
-            verdicts.append(_verdict(opt, delta, math.nan, True, None, False, refused))
+            verdicts.append(_verdict(opt, delta, math.nan, None, None, False, refused))
             if refused == GAMMA_ZERO:
                 break  # and every later target alike
             continue
@@ -242,7 +242,7 @@ def _urgent(options: Sequence[Option], current_step_s: float | None, horizon_ste
     return _index(options, chosen), sched, tuple(verdicts)
 
 
-def _verdict(opt: Option, delta: float | None, l_tran_s: float, feasible: bool,
+def _verdict(opt: Option, delta: float | None, l_tran_s: float, feasible: bool | None,
              payback: float | None, admitted: bool, why: str) -> Verdict:
     return Verdict(opt.label, opt.step_s, delta, l_tran_s, feasible, payback, admitted, why,
                    opt.risk_s)

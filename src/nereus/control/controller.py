@@ -788,7 +788,7 @@ class Controller:
         first = verdicts[0] if verdicts else None
         restart = None
         if cfg.admission and cfg.restart_moves and not urgent and best is not None \
-                and cur_s is not None and first is not None and not first.feasible:
+                and cur_s is not None and first is not None and first.feasible is False:
             restart = self._restart_move(step, triggers, horizon, cur_s, cur_risk, options[0],
                                          now, verdicts)
         if urgent and cfg.restart_moves and best is not None:
