@@ -85,3 +85,26 @@ def test_the_spread_plan_a_packed_search_weighed_answers_the_spread_question():
     assert cache.searches == searched and cache.hits == 1
     fresh = PlanCache()
     assert spread == fresh(job, cost, True) and fresh.searches == 1
+
+
+def test_a_larger_memory_scale_that_rounds_alike_gets_a_plan_that_fits_it():
+    """The key holds the memory scale to two decimals, and 0.9951 and 1.0049 round alike; the
+    plan searched under the first fills the device within 1 % (4 GPUs, both lengths at their
+    buckets' edges), so under the second it is over the limit while another plan fits. The
+    cache once returned it anyway: the controller then found no plan for the pool."""
+    from nereus.control.targets import reprice
+    from nereus.sim.plancache import bucket, edge
+    from nereus.spec import GpuPool
+    from nereus.spec.workflow import StageKind
+
+    base = builtin("default", steps=10).job
+    b = bucket(1157)
+    job = base.with_pool(GpuPool(base.cluster, (0, 1, 2, 3))).with_workload(
+        base.workload.with_response_len(edge(b - 7), edge(b)))
+    lo = CostModel(job, None, dict.fromkeys(StageKind, 0.9951))
+    hi = CostModel(job, None, dict.fromkeys(StageKind, 1.0049))
+    cache = PlanCache()
+    first = cache(job, lo)
+    assert not reprice(job, hi, first).fits  # the case: the plan searched under lo
+    assert reprice(job, hi, cache(job, hi)).fits
+    assert cache(job, lo) is first  # a scale no larger still gets the cached plan

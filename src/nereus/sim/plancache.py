@@ -7,6 +7,12 @@ with length, so a plan that fits there fits anywhere in the bucket), and reuses 
 efficiencies stay close to those it was solved under. Callers re-price the cached plan at the
 actual lengths and efficiencies.
 
+The calibrated memory scale is keyed to two decimals, and a plan is solved under the scale of
+the call that searched: a later call whose scale rounds alike but is larger may find the plan
+over the memory limit (the planner's best plans often fill the device within 1 %). Such a
+call gets an exact search at its own lengths and scale; a call whose scale is no larger gets
+the cached plan, which fits it as it fits the bucket's edge.
+
 "Close" is weighed by time: an op class that takes at least 5 % of the cached plan's time must
 stay within 5 % (log scale); a smaller one may move further, in inverse proportion to its share
 (so it moves the plan's time by at most about 0.25 %), and one the plan does not use at most
@@ -21,6 +27,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 
+from nereus.control.targets import reprice
 from nereus.cost.efficiency import Efficiencies
 from nereus.cost.model import CostModel
 from nereus.cost.ops import OpClass
@@ -30,7 +37,9 @@ from nereus.plan.types import Plan, stage_estimate
 from nereus.spec.job import JobSpec
 from nereus.spec.workflow import StageKind
 
-_Entry = tuple[Efficiencies, "Plan | InfeasibleError", "dict[OpClass, float] | None"]
+# efficiencies and memory scale searched under, the answer, its op classes' time shares
+_Entry = tuple[Efficiencies, "Mapping[StageKind, float]", "Plan | InfeasibleError",
+               "dict[OpClass, float] | None"]
 
 LENGTH_BUCKET = 1.10   # response-length buckets of 10 %
 EFF_GRID = 1.05        # efficiencies rounded to a 5 % (log) grid for the cache key
@@ -63,10 +72,11 @@ class PlanCache:
 
     @staticmethod
     def _entry(eff: Efficiencies, hit: Plan | InfeasibleError, cost: CostModel) -> _Entry:
-        return (eff, hit, None if isinstance(hit, InfeasibleError) else time_shares(cost, hit))
+        return (eff, dict(cost.memory_scale), hit,
+                None if isinstance(hit, InfeasibleError) else time_shares(cost, hit))
 
     def _close(self, entry: _Entry, b: Efficiencies) -> bool:
-        a, shares = entry[0], entry[2]
+        a, shares = entry[0], entry[3]
         for c in set(a.values) | set(b.values):
             w = 1.0 if shares is None else \
                 min(1.0, max(UNUSED_WEIGHT, shares.get(c, 0.0) / MAJOR_SHARE))
@@ -79,7 +89,14 @@ class PlanCache:
         bm, bx = bucket(w.response_len_mean, self.ratio), bucket(w.response_len_max, self.ratio)
         key = (job.pool.ids, bm, bx, _scale_key(cost.memory_scale), spread)
         entries = self._plans.setdefault(key, [])
-        hit = next((e[1] for e in entries if self._close(e, cost.eff)), None)
+        found = next((e for e in entries if self._close(e, cost.eff)), None)
+        hit = None if found is None else found[2]
+        if found is not None and isinstance(found[2], Plan) \
+                and _larger(cost.memory_scale, found[1]) \
+                and not reprice(job, cost, found[2]).fits:
+            # solved under a scale that rounds alike, but smaller: over the limit here
+            self.searches += 1
+            return Planner(job, cost=cost, spread=spread).best()
         if hit is None:
             mean = min(edge(bm, self.ratio), edge(bx, self.ratio))
             rep = job.with_workload(w.with_response_len(mean, edge(bx, self.ratio)))
@@ -115,6 +132,12 @@ def time_shares(cost: CostModel, plan: Plan) -> dict[OpClass, float]:
             by_class[c] = by_class.get(c, 0.0) + t
     total = sum(by_class.values()) or 1.0
     return {c: t / total for c, t in by_class.items()}
+
+
+def _larger(scale: Mapping[StageKind, float], searched: Mapping[StageKind, float]) -> bool:
+    """Whether ``scale`` scales some stage kind's memory more than the search's did."""
+    return any(v > searched.get(k, 1.0) for k, v in scale.items()) or \
+        any(scale.get(k, 1.0) > v for k, v in searched.items())
 
 
 def _scale_key(scale: Mapping[StageKind, float]) -> tuple[tuple[str, float], ...]:
