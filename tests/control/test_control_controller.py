@@ -444,6 +444,22 @@ def test_once_nodes_come_and_go_the_best_target_spreads_replicas_over_nodes(job,
     assert "a loss every 20 steps" in last.reasons.summary
 
 
+def test_an_emptied_pool_is_no_node_loss_in_the_loss_rate(job, plans):
+    """Every GPU goes and comes back, then node 1 goes and comes back: one node loss, so no
+    loss rate yet, and the return is not replanned to spread replicas. The emptied pool took
+    every plan's state alike (spread or not); once it counted as a loss, the one node loss
+    made a rate of one every 20 steps and the return spread replicas over nodes."""
+    c = Controller(job, plans["best16"], planner=packed,
+                   transition=lambda j, s, t, e: _Sched(1.0), on_log=lambda s: None)
+    full, node0 = tuple(range(16)), tuple(range(8))
+    for step, pool in ((0, full), (10, ()), (10, full), (30, node0), (40, full)):
+        d = c.on_boundary(_tel(job, c.plan, step, 2000, pool=pool))
+    assert "pool_loss" not in c.horizons.ema and c.horizons.last_crossing["pool_loss"] == 30
+    assert c.horizons.of("pool") == pytest.approx(15.0)  # every change of the pool counts
+    assert d.reasons.current_risk_s == d.reasons.target_risk_s == 0.0
+    assert "spreads" not in d.reasons.summary
+
+
 def test_spreading_is_off_with_spread_on_churn_false(job, plans):
     decisions, exposed = _churn(job, plans, ControlConfig(spread_on_churn=False))
     assert exposed > 0 and "spreads" not in decisions[-1].reasons.summary

@@ -463,7 +463,7 @@ class Controller:
         # for a running transition (the pool may change again meanwhile); the replan answers
         # the change since the pool it last planned for
         self._count_pool_changes(pool_triggers(self._seen_pool, tel.pool, self.plan.gpus()),
-                                 step)
+                                 step, emptied=not tel.pool)
         self._seen_pool = tel.pool
         triggers = pool_triggers(self.pool, tel.pool, self.plan.gpus())
         if not tel.pool:
@@ -532,12 +532,15 @@ class Controller:
                           - waiting):
             self.horizons = self.horizons.crossed(sig, step)
 
-    def _count_pool_changes(self, changes: Sequence[Trigger], step: int) -> None:
+    def _count_pool_changes(self, changes: Sequence[Trigger], step: int, *,
+                            emptied: bool = False) -> None:
         """A change of the pool since the last boundary is a crossing of "pool"; a loss also
-        one of the losses alone (the hazard ``_loss_risk_s`` prices)."""
+        one of the losses alone (the hazard ``_loss_risk_s`` prices), unless it ``emptied``
+        the pool: a loss of every GPU takes every plan's state, spread over nodes or not, so
+        it says nothing of how often a node takes a last copy that another could keep."""
         if changes:
             self.horizons = self.horizons.crossed("pool", step)
-        if any(t.kind is TriggerKind.POOL_LOSS for t in changes):
+        if not emptied and any(t.kind is TriggerKind.POOL_LOSS for t in changes):
             self.horizons = self.horizons.crossed(LOSS_SIGNAL, step)
 
     def _adopt(self, decision: Decision) -> None:
