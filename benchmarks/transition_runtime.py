@@ -289,7 +289,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         device_spec = measure_cpu_device(pool, base) if args.kind == "cpu" else base
         log(f"device: {device_spec.source}")
         job = make_job(device_spec, args.kind)
-        specs = state_specs(job, "cpu" if args.kind == "cpu" else "gpu")
+        specs = state_specs(job)
         ex = Executor(pool, specs)
         ck = Checkpointer(args.ckpt_dir, sync_files=False)
         try:

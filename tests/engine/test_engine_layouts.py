@@ -280,7 +280,7 @@ def test_transition_between_steps_keeps_the_losses(runtime: tuple[WorkerPool, Re
     plan = _plan(2, 1, [(0, 1), (2, 3)])
     emus = list(phi(job, plan)["actor_train"])
     place_seeded_units(pool, emus, sspec, SEED)
-    executor = Executor(pool, state_specs(job, "cpu"))
+    executor = Executor(pool, state_specs(job))
     got = []
     try:
         for k, b in enumerate(batches):

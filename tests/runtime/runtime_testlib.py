@@ -185,7 +185,7 @@ def leaves_nothing(pool: WorkerPool, clear: bool = True) -> Iterator[None]:
 def check_stages(pool: WorkerPool, job: JobSpec, units: Mapping[str, Sequence[Emu]],
                  seeds: Mapping[str, int]) -> None:
     """Every unit the workers hold equals its model-stage's seeded state, bitwise."""
-    specs = state_specs(job, "cpu")
+    specs = state_specs(job)
     for stage, es in units.items():
         want = seeded_logical(specs[stage], seeds[stage])
         for e in es:

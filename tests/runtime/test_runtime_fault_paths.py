@@ -308,7 +308,7 @@ def _job(memory_mib: float | None = None) -> JobSpec:
 
 @cache
 def _specs(memory_mib: float | None = None) -> dict[str, StateSpec]:
-    return state_specs(_job(memory_mib), "cpu")
+    return state_specs(_job(memory_mib))
 
 
 

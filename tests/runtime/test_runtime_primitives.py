@@ -61,7 +61,7 @@ def test_workers_allocate_what_the_planner_charged(model: str, seed: int) -> Non
                            rng.choice([4, 6, 8]))
     schedule = plan_transition(job, *pair)
     assert schedule.feasible, schedule.reason
-    specs = state_specs(job, "cpu")
+    specs = state_specs(job)
     sizes = StateSizes(job)
     checked = staged = 0
     for sp in schedule.primitives:
@@ -85,7 +85,7 @@ def test_staged_need_is_what_the_new_shard_takes_beyond_the_source() -> None:
     from nereus.transition.emu import Emu, Holds
 
     job = cpu_job("tiny-llama", 2)
-    spec = state_specs(job, "cpu")["actor_train"]
+    spec = state_specs(job)["actor_train"]
     a = Emu("a", "actor_train", "actor", Layout(1, 1), (0,), Holds.THETA_OMEGA)
     b = Emu("b", "actor_train", "actor", Layout(1, 1), (1,), Holds.THETA_OMEGA)
     full = position_bytes(spec, 1, 1, 0, 0)

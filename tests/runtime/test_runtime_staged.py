@@ -195,7 +195,7 @@ def _move(model: str, gpus: int, seed: int, cur: tuple[int, int, list[list[int]]
     job = cpu_job(model, gpus)
     current, target = _plan(job, STAGE, *cur), _plan(job, STAGE, *tgt)
     return (job, current, target, plan_transition(job, current, target),
-            state_specs(job, "cpu"), stage_seeds(job, seed))
+            state_specs(job), stage_seeds(job, seed))
 
 
 # (model, seed, current pool size, target pool size): random plan pairs whose schedules hold
@@ -212,7 +212,7 @@ def _random_staged(pool: WorkerPool, model: str, seed: int, cur: int, tgt: int
     ops = {sp.op for sp in schedule.primitives if sp.primitive.staged}
     assert ops == {"Split", "Merge"}
     pool.set_capacity(schedule.capacity_bytes)
-    specs = state_specs(job, "cpu")
+    specs = state_specs(job)
     seeds = stage_seeds(job, seed)
     place_plan(pool, job, current, specs, seeds)
     return job, target, schedule, specs, seeds
@@ -317,7 +317,7 @@ def test_a_move_that_fits_a_worker_only_staged(clean: WorkerPool) -> None:
     pool = clean
     job = cpu_job("tiny-llama", 2)
     stage = "actor_train"
-    specs = state_specs(job, "cpu")
+    specs = state_specs(job)
     spec = specs[stage]
     seeds = stage_seeds(job, 21)
     two = _plan(job, stage, 1, 1, [[0], [1]])

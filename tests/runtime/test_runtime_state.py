@@ -10,6 +10,8 @@ from hypothesis import strategies as st
 from nereus.cost.candidate import Layout
 from nereus.cost.state import emu_state_bytes
 from nereus.errors import InputError
+from nereus.plan.search import best_plan
+from nereus.runtime.executor import state_specs
 from nereus.runtime.loading import (
     load_safetensors,
     save_safetensors,
@@ -27,10 +29,14 @@ from nereus.runtime.state import (
     arena_layout,
     assemble,
     gather,
+    position_bytes,
 )
+from nereus.spec.job import parse_job
 from nereus.spec.model import MODEL_PRESETS, Head
 from nereus.spec.sharding import EMBED, LM_HEAD, layout_problem
 from nereus.spec.workload import Workload
+from nereus.transition.emu import phi
+from nereus.transition.sizes import StateSizes
 
 TINY = ("tiny-llama", "tiny-qwen3")
 LAYOUTS = [(tp, pp) for tp in (1, 2, 4, 8) for pp in (1, 2, 4)]
@@ -64,6 +70,25 @@ def test_arena_bytes_equal_the_planners_count(model: str, dtype: str, master: bo
             for r in range(pp):
                 want = emu_state_bytes(spec.model, Head.LM, Layout(tp, pp), trainable, wl, t, r)
                 assert arena_layout(spec, tp, pp, t, r).nbytes == want
+
+
+@pytest.mark.parametrize("model", TINY)
+@pytest.mark.parametrize("device", ["cpu", "h100-sxm-80gb"])
+@pytest.mark.parametrize("dtypes", [{}, {"param_dtype": "fp32"}, {"master_weights": False}])
+def test_every_stage_of_a_job_holds_what_its_transition_plan_sizes(model: str, device: str,
+                                                                   dtypes: dict) -> None:
+    """The state a job's stages hold on workers of any kind (``state_specs``) is, unit by unit
+    and position by position, what the transition planner sizes for that job: with the
+    workload's dtypes (bf16 and an fp32 master copy by default), CPU workers included."""
+    job = parse_job({"model": model, "algo": "ppo", "gpus": 8,
+                     "cluster": {"device": device}, "workload": {"prompts_per_step": 8, **dtypes}})
+    specs = state_specs(job)
+    sizes = StateSizes(job)
+    for units in phi(job, best_plan(job)).values():
+        for e in units:
+            held = [position_bytes(specs[e.stage], e.layout.tp, e.layout.pp, *e.position(i))
+                    for i in range(len(e.gpus))]
+            assert tuple(held) == sizes.of(e), e
 
 
 @settings(max_examples=12)

@@ -126,7 +126,7 @@ def test_random_transition_keeps_every_copy_bitwise(pool: WorkerPool, model: str
     else:
         _fit_pool(pool, sorted(set(current.gpus()) | set(target.gpus())))
         pool.set_capacity(schedule.capacity_bytes)
-    specs = state_specs(job, "cpu")
+    specs = state_specs(job)
     seeds = stage_seeds(job, seed)
     place_plan(pool, job, current, specs, seeds)
     report = Executor(pool, specs).run(schedule)
@@ -211,7 +211,7 @@ def _extend_placed(pool: WorkerPool, seed: int) -> _Extend:
     target = _one_stage_plan(job, stage, 2, 1, [[0, 1], [2, 3], [4, 5]])
     schedule = plan_transition(job, current, target)
     assert [p.op for p in schedule.primitives] == ["Extend"]
-    specs = state_specs(job, "cpu")
+    specs = state_specs(job)
     seeds = stage_seeds(job, seed)
     place_plan(pool, job, current, specs, seeds)
     return _Extend(job, stage, target, schedule, specs, seeds)
@@ -372,7 +372,7 @@ def test_a_worker_dying_before_the_final_rename_is_a_fault_with_a_report(
     target = _one_stage_plan(job, stage, 2, 1, reps)
     schedule = plan_transition(job, current, target)
     assert schedule.renames() == renames
-    specs = state_specs(job, "cpu")
+    specs = state_specs(job)
     seeds = stage_seeds(job, 18)
     place_plan(pool, job, current, specs, seeds)
     last = len(schedule.primitives) - 1
@@ -415,7 +415,7 @@ def test_an_emptied_worker_dying_at_the_end_does_not_fail_the_transition(
     current = _one_stage_plan(job, stage, 2, 1, [[0, 1], [2, 3]])
     target = _one_stage_plan(job, stage, 2, 1, [[0, 1], [4, 5]])
     schedule = plan_transition(job, current, target)
-    specs = state_specs(job, "cpu")
+    specs = state_specs(job)
     seeds = stage_seeds(job, 19)
     place_plan(pool, job, current, specs, seeds)
     last = len(schedule.primitives) - 1
@@ -515,7 +515,7 @@ def test_a_worker_hung_in_a_primitive_is_stopped_and_reported(pool: WorkerPool) 
     current = _one_stage_plan(job, stage, 2, 1, [[0, 1], [2, 3]])
     schedule = plan_transition(job, current, _one_stage_plan(job, stage, 2, 1, [[0, 1], [4, 5]]))
     assert [sp.op for sp in schedule.primitives] == ["Destroy", "Extend"]
-    specs = state_specs(job, "cpu")
+    specs = state_specs(job)
     seeds = stage_seeds(job, 21)
     place_plan(pool, job, current, specs, seeds)
     pid = pids(pool)[3]
@@ -580,7 +580,7 @@ def test_last_copy_lost_mid_transition_restores_from_the_checkpoint(pool: Worker
     current = _one_stage_plan(job, stage, 2, 2, [[0, 1, 2, 3]])
     target = _one_stage_plan(job, stage, 2, 1, [[4, 5], [2, 3]])
     schedule = plan_transition(job, current, target)
-    specs = state_specs(job, "cpu")
+    specs = state_specs(job)
     seeds = stage_seeds(job, 12)
     units = place_plan(pool, job, current, specs, seeds)
     ck = Checkpointer(tmp_path / "ckpt")
@@ -639,7 +639,7 @@ def test_losing_training_rolls_generation_back_to_the_checkpoint(pool: WorkerPoo
     job = cpu_job("tiny-qwen3", 6)
     _fit_pool(pool, range(6))
     current, target = _actor_plan(job, 4, [0, 1]), _actor_plan(job, 4, [2, 3])
-    specs = state_specs(job, "cpu")
+    specs = state_specs(job)
     seeds = stage_seeds(job, 14)
     units = place_plan(pool, job, current, specs, seeds)
     ck = Checkpointer(tmp_path / "ckpt")
@@ -668,7 +668,7 @@ def test_losing_generation_rebuilds_it_from_training_without_a_rollback(pool: Wo
     job = cpu_job("tiny-qwen3", 6)
     _fit_pool(pool, range(6))
     current, target = _actor_plan(job, 4, [0, 1]), _actor_plan(job, 2, [0, 1])
-    specs = state_specs(job, "cpu")
+    specs = state_specs(job)
     units = place_plan(pool, job, current, specs, stage_seeds(job, 15))
     (train,) = units["actor_train"]
     pool.run({0: (_step_on, (train.id,)), 1: (_step_on, (train.id,))})
@@ -702,7 +702,7 @@ def test_checkpoint_restores_into_any_layout(pool: WorkerPool, tmp_path, model: 
     job = cpu_job(model, 6)
     stage = "actor_train"
     _fit_pool(pool, range(6))
-    specs = state_specs(job, "cpu")
+    specs = state_specs(job)
     seeds = stage_seeds(job, 13)
     n = save[0] * save[1]
     units = place_plan(pool, job, _one_stage_plan(job, stage, *save, [list(range(n))]),

@@ -83,7 +83,7 @@ def _run(pool: WorkerPool, cur: tuple, tgt: tuple, seed: int
     job = cpu_job("tiny-llama", 4)
     current, target = plan_of(job, {STAGE: cur}), plan_of(job, {STAGE: tgt})
     schedule = plan_transition(job, current, target)
-    specs = state_specs(job, "cpu")
+    specs = state_specs(job)
     seeds = stage_seeds(job, seed)
     place_plan(pool, job, current, specs, seeds)
     report = Executor(pool, specs).run(schedule)
@@ -135,7 +135,7 @@ def test_a_leftover_or_missing_shard_beside_a_unit_is_reported_unit_by_unit(
     """Checked one unit at a time, a GPU of the unit holding a second unit of its model-stage
     (a Split's or Merge's source left behind) is reported, and so is a shard gone."""
     job, final, seeds = _run(pool, DP2, TP2PP2, 4)
-    spec = state_specs(job, "cpu")[STAGE]
+    spec = state_specs(job)[STAGE]
     pool.run({2: (mv.place_seeded, ("actor_train/7", spec, (1, 1), (0, 0), seeds[STAGE])),
               3: (mv.destroy_member, ("actor_train/0",))})
     want = ["actor_train/0 on GPU 3: expected position (1, 1) of tp=2,pp=2, found no such unit",

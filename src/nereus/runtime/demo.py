@@ -90,7 +90,7 @@ def execute_transition(job: JobSpec, current: Plan, target: Plan,
                                 ready_timeout_s=_ready_timeout_s(len(ids)))
         if kind != "cpu":  # a GPU holds at most the planner's capacity, and its own
             pool.set_capacity(min(schedule.capacity_bytes, pool.capacity_bytes))
-        specs = state_specs(job, "cpu" if pool.kind == "cpu" else "gpu")
+        specs = state_specs(job)
         changed = set(schedule.changed)
         units = [e for s, es in phi(job, current).items() if s in changed for e in es]
         seeds = _seeds(job, seed)
@@ -137,7 +137,7 @@ def _check_fits_machine(job: JobSpec, schedule: Schedule, workers: int) -> None:
         raise InputError("--execute", f"the plans use {workers} GPU ids, so {workers} CPU "
                          f"worker processes; this machine has {cores} cores",
                          f"plans on at most {MAX_WORKERS_PER_CORE * cores} GPUs here")
-    specs = state_specs(job, "cpu")
+    specs = state_specs(job)
     need = 0
     for stage in schedule.changed:
         for e in schedule.initial.get(stage, ()):

@@ -149,9 +149,9 @@ def _rename(ctx: Any, mapping: Mapping[str, str], token: str) -> bool:
     return bool(ctx.rename(mapping, token))
 
 
-def state_specs(job: Any, device_kind: str) -> dict[str, StateSpec]:
-    """The ``StateSpec`` of every model-stage of ``job`` (a ``JobSpec``) on this device kind."""
-    return {s.name: StateSpec.for_stage(job, s.name, device_kind) for s in job.workflow.stages}
+def state_specs(job: Any) -> dict[str, StateSpec]:
+    """The ``StateSpec`` of every model-stage of ``job`` (a ``JobSpec``)."""
+    return {s.name: StateSpec.for_stage(job, s.name) for s in job.workflow.stages}
 
 
 class Executor:

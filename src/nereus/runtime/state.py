@@ -84,12 +84,15 @@ class StateSpec:
         return TORCH_DTYPES[self.param_dtype] if kind == PARAM else torch.float32
 
     @classmethod
-    def for_stage(cls, job: object, stage: str, device_kind: str = "cpu") -> StateSpec:
-        """The state a model-stage of ``job`` (a ``JobSpec``) keeps on ``device_kind`` workers.
+    def for_stage(cls, job: object, stage: str) -> StateSpec:
+        """The state a model-stage of ``job`` (a ``JobSpec``) keeps, on any device kind.
 
         A training stage holds θ and ω of its model; forward and generation stages hold θ only.
-        On a CPU device parameters are fp32 whatever the workload says, so the
-        master copy is the parameter itself.
+        Parameters are in the workload's ``param_dtype``, with an fp32 master copy where it is
+        narrower and ``master_weights`` is set: what the transition planner sizes
+        (``nereus.cost.state``), on CPU workers too, so that their byte counts and capacity
+        checks compare with its plan. A transition moves arenas as bytes and computes nothing,
+        so a CPU worker holds bf16 as well as a GPU does.
         """
         from nereus.spec.job import JobSpec
         from nereus.spec.workflow import StageKind
@@ -99,8 +102,6 @@ class StateSpec:
         role = job.workflow.model(st.model)
         trainable = role.trainable and st.kind is StageKind.TRAIN
         wl = job.workload
-        if device_kind == "cpu":
-            return cls(job.model, role.head, trainable, "fp32", False)
         narrow = wl.param_bytes < 4
         return cls(job.model, role.head, trainable, wl.param_dtype,
                    trainable and narrow and wl.master_weights)
@@ -182,21 +183,20 @@ class ArenaLayout:
         return self._index[(kind, shard_name)]
 
 
-def _align(n: int, size: int) -> int:
-    return -(-n // size) * size
-
-
 @lru_cache(maxsize=1024)
 def arena_layout(spec: StateSpec, tp: int, pp: int, tp_rank: int, pp_rank: int) -> ArenaLayout:
-    """The arena of position (tp_rank, pp_rank) of a (tp, pp) unit: kind-major, each tensor
-    aligned to its element size (no gaps when the dtypes of consecutive kinds match)."""
+    """The arena of position (tp_rank, pp_rank) of a (tp, pp) unit: kind-major, the widest
+    dtypes first (fp32 master and moments before a bf16 parameter), so that every tensor is
+    aligned to its element size without a gap and the arena holds exactly the bytes the
+    transition planner counts (an odd count of bf16 elements before fp32 would need two)."""
     shards = shard_plan(spec.model, spec.head, tp, pp, tp_rank, pp_rank)
     entries: list[ArenaEntry] = []
     off = 0
-    for kind in spec.kinds:
+    sizes = {k: torch.empty((), dtype=spec.dtype(k)).element_size() for k in spec.kinds}
+    for kind in sorted(spec.kinds, key=lambda k: -sizes[k]):  # stable: kinds order in a tie
         dt = spec.dtype(kind)
-        size = torch.empty((), dtype=dt).element_size()
-        off = _align(off, size)
+        size = sizes[kind]
+        assert off % size == 0, "a wider kind placed after a narrower one"
         for s in shards:
             nb = s.numel * size
             entries.append(ArenaEntry(kind, s, dt, off, nb))
