@@ -28,7 +28,6 @@ from nereus.runtime.comm import GroupSpec, Rendezvous, StoreAddress
 from nereus.runtime.executor import Executor, state_specs
 from nereus.runtime.faults import TransitionFailed, recover
 from nereus.runtime.loading import seeded_meta
-from nereus.runtime.memory import block_bytes
 from nereus.runtime.placement import place_plan
 from nereus.runtime.primitives import (
     launch,
@@ -231,29 +230,22 @@ def test_staged_schedule_keeps_every_copy_bitwise(clean: WorkerPool, model: str,
     assert [t.op for t in report.timings] == [sp.op for sp in schedule.primitives]
 
 
-def _fresh_count(ctx: WorkerContext, inputs: Sequence[str]) -> tuple[int, int]:
-    """Empty the arena cache (a reused larger block is counted whole) and restart the peak;
-    returns the bytes held and the slack of the ``inputs`` held here (bytes of their blocks
-    beyond their arenas: an arena placed in a reused block counts the whole block, and a
-    staged primitive releases it whole when it drops its source)."""
-    if ctx.cache is not None:
-        ctx.cache.clear()
+def _fresh_count(ctx: WorkerContext) -> int:
+    """Restart the peak; returns the bytes held (arenas count their own bytes, a reused
+    larger block's slack not)."""
     ctx.memory.reset_peak()
-    slack = sum(block_bytes(ctx.units[u].buffer) - ctx.units[u].nbytes
-                for u in inputs if u in ctx.units)
-    return ctx.memory.stats().held, slack
+    return ctx.memory.stats().held
 
 
 def _run_one_by_one(pool: WorkerPool, schedule: Schedule, specs: Mapping[str, StateSpec]
-                    ) -> list[tuple[Primitive, dict[int, tuple[int, int]], dict[int, int]]]:
+                    ) -> list[tuple[Primitive, dict[int, int], dict[int, int]]]:
     """Each primitive alone, in schedule order (a topological order), with its workers' peaks
-    restarted before it: (primitive, (bytes held, inputs' slack) before, peak) per worker."""
+    restarted before it: (primitive, bytes held before, peak) per worker."""
     out = []
     with Rendezvous() as rv:
         for sp in schedule.primitives:
             p = sp.primitive
-            ids = [e.id for e in p.inputs]
-            before = pool.run({g: (_fresh_count, (ids,)) for g in workers_of(p)})
+            before = pool.run({g: (_fresh_count, ()) for g in workers_of(p)})
             refs, _ = launch(p, pool, rv, specs[p.stage], f"t{sp.index}", 60.0)
             peak = {g: r.peak for g, r in zip(refs, ray.get(list(refs.values())))}
             pool.run(settle_calls(p, refs, keep=True))
@@ -277,11 +269,9 @@ def test_each_staged_primitive_peaks_where_the_planner_said(clean: WorkerPool, m
     for p, held, peak in _run_one_by_one(pool, schedule, specs):
         planned = p.memory(sizes)
         need = need_bytes(p, specs[p.stage])
-        for g, (before, slack) in held.items():
+        for g, before in held.items():
             measured = peak[g] - before
-            # staged, the source's whole block goes before the new shard comes
-            want = max(0, need.get(g, 0) - slack) if p.staged else need.get(g, 0)
-            assert measured == want, (p.op, p.staged, g, measured, need.get(g), slack)
+            assert measured == need.get(g, 0), (p.op, p.staged, g, measured, need.get(g))
             assert peak[g] <= cap[g].capacity
             if not p.staged:
                 continue
@@ -298,7 +288,7 @@ def test_each_staged_primitive_peaks_where_the_planner_said(clean: WorkerPool, m
                                                p.emu.layout.pp, members, (p.sub.tp, p.sub.pp),
                                                mv.BUCKET_BYTES)
             # the worker's own units peaked at the planner's peak (plus the window)
-            others = before - slack - planned[g].before
+            others = before - planned[g].before
             assert peak[g] - others <= planned[g].during + window
     assert all(staged_seen.values()), staged_seen
     check_stages(pool, job, {s: es for s, es in schedule.final.items()}, seeds)

@@ -104,8 +104,9 @@ class ArenaCache:
     does for GPU workers. A buffer is cached only when nothing else still views it (an engine
     holding views of a dropped unit keeps its memory to itself); cached bytes count against
     the worker's capacity together with live ones and are freed first when live state needs
-    the room. A block handed out for a smaller arena stays whole, so its holder counts the
-    whole block (``block_bytes``), not the arena's bytes.
+    the room. A block handed out for a smaller arena stays whole (resident), but its holder
+    counts the arena's bytes, as the transition planner does: the slack, at most ``max_slack``
+    of the arena, is not counted, so work that fits by the planner's bytes is not refused.
     """
 
     def __init__(self, max_slack: float = 0.25):

@@ -38,7 +38,7 @@ from nereus.errors import InfeasibleError, InputError, first_line
 from nereus.interrupts import ctrl_c_deferred
 from nereus.runtime.comm import Group, PendingJoin, node_ip
 from nereus.runtime.inventory import SLOT_RESOURCE, detect_inventory
-from nereus.runtime.memory import ArenaCache, ByteCounter, CapacityError, MemoryStats, block_bytes
+from nereus.runtime.memory import ArenaCache, ByteCounter, MemoryStats
 from nereus.runtime.state import ShardedState, StateMeta, StateSpec, arena_layout
 
 if TYPE_CHECKING:
@@ -78,8 +78,10 @@ class WorkerContext:
         self._lock = threading.Lock()
 
     # ---- state units (bytes counted)
-    # A unit counts the bytes of the memory block its arena lives in (``block_bytes``): a block
-    # reused from the cache may be larger than the arena, and what is resident is the block.
+    # A unit counts its arena's bytes, what the transition planner counts: a block reused from
+    # the cache may be up to ``ArenaCache.max_slack`` larger, and that slack is not counted (it
+    # would refuse work that fits by the planner's bytes). It is bounded, CPU only (GPU workers
+    # have no arena cache), and the capacity of a CPU worker is an emulated budget anyway.
     # ``allocate`` reserves exactly what ``drop``/``free`` release.
     def allocate(self, spec: StateSpec, tp: int, pp: int, tp_rank: int, pp_rank: int,
                  meta: StateMeta, what: str = "state") -> ShardedState:
@@ -94,22 +96,18 @@ class WorkerContext:
         try:
             return ShardedState(spec, tp, pp, tp_rank, pp_rank, buf, meta)
         except BaseException:
-            self.memory.release(block_bytes(buf))
+            self.memory.release(n)
             raise
 
     def buffer(self, nbytes: int, what: str = "arena") -> torch.Tensor:
         """Uninitialised bytes for an arena whose ``nbytes`` are already reserved: reused from
-        the cache where a block fits (its bytes past ``nbytes`` are reserved here too, and the
-        block goes back when they do not fit), else new (after evicting cached memory past the
-        capacity). The caller releases ``block_bytes`` of the result."""
+        the cache where a block fits (a view of its first ``nbytes``), else new (after evicting
+        cached memory past the capacity). The caller releases ``nbytes`` (the result's
+        ``numel()``)."""
         if self.cache is not None:
             buf = self.cache.take(nbytes)
             if buf is not None:
-                try:
-                    self.memory.reserve(block_bytes(buf) - nbytes, what)
-                    return buf
-                except CapacityError:
-                    self.cache.give(buf)
+                return buf
             self.cache.evict(max(0, self.memory.capacity - self.memory.stats().held))
         return torch.empty(nbytes, dtype=torch.uint8, device=self.device)
 
@@ -135,7 +133,7 @@ class WorkerContext:
             return 0
         buf = state.buffer
         del state  # callers drop their own references to the unit before dropping it
-        n = block_bytes(buf)
+        n = buf.numel()
         self.memory.release(n)
         self._recycle(buf)
         return n
@@ -164,7 +162,7 @@ class WorkerContext:
         """Release an arena from ``allocate`` that was never held (a failed primitive)."""
         buf = state.buffer
         del state
-        self.memory.release(block_bytes(buf))
+        self.memory.release(buf.numel())
         self._recycle(buf)
 
     def memory_stats(self) -> MemoryStats:
