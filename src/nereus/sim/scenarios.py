@@ -188,7 +188,9 @@ def _common_notes(job: JobSpec) -> dict[str, str]:
         "availability_replay": "progress-aligned: trace time maps to steps on a nominal clock "
                                "(the best full-pool plan under the true efficiencies) that stops "
                                "while the pool is empty, so every policy meets each change at "
-                               "the same step; pools too small for any plan count as empty",
+                               "the same step; a pool no plan fits at the run's longest "
+                               "responses counts as empty, for every policy alike, also where "
+                               "a plan fits it at the step's own (shorter) responses",
         "control.spread_on_churn": "extension beyond §4.3: after two pool losses, S* is the plan "
                                    "with replicas of every model-stage on two nodes when its "
                                    "step time beats the fastest plan's plus the expected "
@@ -275,7 +277,8 @@ def scenario_default(seed: int = 0, steps: int = 1000) -> Scenario:
                f"synchronous, and the batch of examples/llama-3.1-8b-ppo.yaml (512 prompts of "
                f"512 tokens, one response each, 4 mini-batches, one PPO epoch); the job's pool "
                f"is not a fixed 16 GPUs: it follows the availability trace, up to {most} GPUs "
-               f"({begins}; a pool no plan fits is waited out)",
+               f"({begins}; a pool no plan fits at the run's longest responses is waited "
+               f"out)",
         "lengths": _growth_note(steps),
         "availability": (f"real AWS spot trace (16 x p3.2xlarge, us-west-2a, 2023-08-27; "
                          f"Wu et al., NSDI 2024, the study the paper cites) from tick {start}: "
@@ -290,7 +293,7 @@ def scenario_default(seed: int = 0, steps: int = 1000) -> Scenario:
     })
     return Scenario("default", f"Llama-3.1-8B PPO on up to {most} H100s (2 nodes of 8) as the "
                     f"real AWS spot trace gives them: {begins}, then outages and returns "
-                    f"(a pool no plan fits is waited out); "
+                    f"(a pool no plan fits at the run's longest responses is waited out); "
                     f"responses 500->8,000 tokens over {count(steps, 'step', fmt=',')}", job,
                     steps,
                     growth(steps, 500, 8000, 0.05, 1.5, seed), avail,
