@@ -214,3 +214,6 @@ def _root(
 
 
 register(app)
+
+if __name__ == "__main__":  # python -m nereus.cli: without this it ran nothing and exited 0
+    app(prog_name="nereus")

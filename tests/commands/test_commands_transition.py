@@ -246,7 +246,7 @@ def test_execute_prints_nothing_of_rays_own(tmp_path: Path) -> None:
         plans.append(tmp_path / f"p{gpus}.json")
         plans[-1].write_text(r.stdout)
     env = {k: v for k, v in __import__("os").environ.items() if not k.startswith("RAY_")}
-    p = subprocess.run([sys.executable, "-m", "nereus.cli", "transition", *map(str, plans),
+    p = subprocess.run([sys.executable, "-m", "nereus", "transition", *map(str, plans),
                         *TINY, "--execute", "--json"], capture_output=True, text=True,
                        env=env, timeout=600, check=False)
     assert p.returncode == 0, p.stderr
