@@ -34,8 +34,10 @@ def test_a_swap_of_concurrent_70b_trainers_names_gpu_ranges_once() -> None:
 
 def test_memory_the_gpus_lack_is_one_clause_with_the_largest_amount() -> None:
     """A Split of actor_train grows on GPUs 0-3, which critic_train also holds; no Destroy
-    frees enough there, and the amounts differ by GPU: 'up to' the largest, per GPU."""
-    job = make_job("tiny-llama", 8, device="cpu", memory_gib=0.0035)
+    frees enough there, and the amounts differ by GPU: 'up to' the largest, per GPU. (At
+    3.5 MiB, since Splits count their staging buffers, the critic's Splits are blocked too and
+    the actor's GPUs lack equal amounts: 3.6 MiB keeps the case this test is about.)"""
+    job = make_job("tiny-llama", 8, device="cpu", memory_gib=0.0036)
     both = (("actor_train", "critic_train"),)
     cur = Plan((sp("actor_train", 2, 2, [range(4)]),
                 sp("critic_train", 2, 1, [range(2), range(2, 4), range(4, 6)])),

@@ -121,14 +121,16 @@ def local_dag(current: Sequence[Emu], target: StagePlan, model: ModelSpec,
             nesting_problem(model, tlay, common_layout(lay, tlay))
         return LocalDag(stage, (), (), (), f"{stage}: {lay} -> {tlay}: {p}")
     e0 = current[0]
-    # a Split holds the current shard and the sub-shard, a Merge the sub-shard and the target's
+    # a Split holds the current shard, the sub-shard and its staging buffers, a Merge the
+    # sub-shard and the target's
     ends_max = max(max(cost.sizes.of(e0)),
                    max(cost.sizes.of_layout(e0.model, e0.trainable, tlay)))
 
     def fits(sub: Layout) -> bool:
         if capacity_bytes is None:
             return True
-        return ends_max + max(cost.sizes.of_layout(e0.model, e0.trainable, sub)) \
+        work = cost.sizes.split_staging(e0.model, e0.trainable, lay, sub) if sub != lay else 0
+        return ends_max + max(cost.sizes.of_layout(e0.model, e0.trainable, sub)) + work \
             <= capacity_bytes
 
     ranked = sorted(subs, key=lambda s: (not fits(s), sum(_pieces(current, tgt_units, lay, tlay,
@@ -189,7 +191,8 @@ def _over_capacity(dag: LocalDag, lay: Layout, tlay: Layout, sub: Layout, cost: 
     op = max(worst, key=lambda o: (worst[o][0], o == "Split"))  # ties: the Split runs first
     (peak, before, extra), gpus = worst[op], sorted(crowded[op])
     if any(p.staged for p in dag.primitives if p.op == op):
-        what = ("its new shard, even with its source staged through host memory"
+        what = ("its new shard and staging buffers, even with its source staged through "
+                "host memory"
                 if op == "Split" else "its sub-shard, even with the new one staged through "
                 "host memory")
     else:

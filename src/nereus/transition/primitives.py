@@ -2,7 +2,11 @@
 
 - ``Split(emu, T_sub)``: one unit of layout T becomes k = (tp/tp_sub)(pp/pp_sub) complete units
   of T_sub on the same GPUs, by a position-wise all-gather inside each group of k GPUs that
-  share a T_sub-position. Source shards stay until the all-gather ends.
+  share a T_sub-position. Source shards stay until the all-gather ends. While it runs, each
+  GPU also holds the all-gather's staging buffers for the regions that land strided in the
+  new shard (when TP shrinks): counted at the smallest chunk the runtime shrinks them to, with
+  the formula the runtime reserves them by (``nereus.transition.workspace``), so a Split the
+  planner fits is one the runtime's memory check admits.
 - ``Merge(emus, T)``: k complete units of T_sub become one unit of T; each GPU allocates its
   new shard and cuts it out of the sub-shard it holds, which is freed when the cut ends (the
   runtime keeps a unit's state in one contiguous arena, so the sub-shard cannot be freed a
@@ -12,9 +16,8 @@
   above: each GPU first copies what it needs of its source position to host memory and frees
   it there, then allocates the new shard and fills it from the host copy (a Split's
   all-gather sends from it). The peak is the larger of the two shards, at the price of the
-  host copies; same semantics, same transfers between GPUs. (A Split's all-gather window,
-  at most a few 64 MiB chunks and shrunk to fit by the runtime, is left to the 10 % of
-  device memory the planner keeps free, staged or not.)
+  host copies; same semantics, same transfers between GPUs. A staged Split still holds its
+  staging buffers beside the new shard.
 - ``Extend(emu, R')``: a new unit with the same layout on disjoint GPUs R'; GPU i of the source
   sends its shard to GPU i of R'. The receiving copy is allocated when the primitive starts.
 - ``Destroy(emu)``: local teardown; its bytes are freed when it ends. Allowed only while another
@@ -148,13 +151,17 @@ class Split:
         return tuple(out)
 
     def memory(self, sizes: StateSizes) -> dict[int, MemStep]:
+        """The source and the new shard (only the larger when staged), plus the all-gather's
+        staging buffers while it runs."""
         src = sizes.of(self.emu)
         dst = sizes.of(self.outputs[0])
         lay, sub = self.emu.layout, self.sub
+        work = sizes.split_staging(self.emu.model, self.emu.trainable, lay, sub)
         out: dict[int, MemStep] = {}
         for i, g in enumerate(self.emu.gpus):
             s = dst[sub_index(i, lay, sub)[1]]
-            out[g] = MemStep(src[i], max(src[i], s) if self.staged else src[i] + s, s)
+            peak = max(src[i], s + work) if self.staged else src[i] + s + work
+            out[g] = MemStep(src[i], peak, s)
         return out
 
     def host_bytes(self, sizes: StateSizes) -> dict[int, int]:

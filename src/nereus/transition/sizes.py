@@ -17,6 +17,7 @@ from nereus.spec.model import Head, ModelSpec
 from nereus.spec.sharding import layout_problem
 from nereus.spec.workload import Workload
 from nereus.transition.emu import Emu, Holds
+from nereus.transition.workspace import split_staging_bytes, state_element_bytes
 
 
 @lru_cache(maxsize=1024)
@@ -44,6 +45,7 @@ class StateSizes:
         # per (model, held state, tp, pp): the shared cache hashes the whole model spec on
         # every call, which costs more than the lookup itself when a schedule asks thousands
         self._of: dict[tuple[str, Holds, int, int], tuple[int, ...]] = {}
+        self._staging: dict[tuple[str, bool, int, int, int, int], int] = {}
 
     def head(self, model: str) -> Head:
         return self._heads[model]
@@ -62,6 +64,18 @@ class StateSizes:
     def of_layout(self, model: str, trainable: bool, layout: Layout) -> tuple[int, ...]:
         return position_bytes(self.job.model, self._heads[model], trainable, self.job.workload,
                               layout.tp, layout.pp)
+
+    def split_staging(self, model: str, trainable: bool, layout: Layout, sub: Layout) -> int:
+        """Bytes of staging buffers each GPU of a Split of a ``layout`` unit into ``sub`` holds
+        while it runs, at the smallest all-gather chunk the runtime shrinks to
+        (``nereus.transition.workspace``)."""
+        key = (model, trainable, layout.tp, layout.pp, sub.tp, sub.pp)
+        got = self._staging.get(key)
+        if got is None:
+            got = self._staging[key] = split_staging_bytes(
+                self.job.model, self._heads[model], (layout.tp, layout.pp), (sub.tp, sub.pp),
+                state_element_bytes(self.job.workload, trainable))
+        return got
 
     def total(self, emu: Emu) -> int:
         return sum(self.of(emu))

@@ -8,11 +8,12 @@ copy covers every logical tensor (from the sharding format) and holds its stage'
 workflow and the plans. It checks that the DAG is acyclic and respected, no GPU runs two
 primitives at once, no GPU is held by two concurrent model-stages, per-GPU memory stays within
 capacity (counting, as the cost model's offload between phases has it, the units primitives
-make and the current units a Split, Merge or Extend reads), every model-stage keeps a complete
-copy of its state at every moment (every stage the plans change or the schedule touches), each
-primitive lasts its estimate (priced again by the transition cost model, under the efficiencies
-the schedule names), the schedule's own memory timeline and L_tran agree with the
-replay, and the end state realizes the target plan.
+make and the current units a Split, Merge or Extend reads, and a running Split's staging
+buffers by the runtime's formula, ``nereus.transition.workspace``), every model-stage keeps a
+complete copy of its state at every moment (every stage the plans change or the schedule
+touches), each primitive lasts its estimate (priced again by the transition cost model, under
+the efficiencies the schedule names), the schedule's own memory timeline and L_tran agree with
+the replay, and the end state realizes the target plan.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from nereus.transition.emu import Emu, Holds
 from nereus.transition.primitives import Destroy, Extend, Merge, Split
 from nereus.transition.schedule import Schedule, ScheduledPrimitive
 from nereus.transition.sizes import StateSizes
+from nereus.transition.workspace import split_staging_bytes, state_element_bytes
 
 EPS = 1e-9
 
@@ -140,6 +142,14 @@ class _Job:
         m = self.model_of[u.stage]
         return emu_state_bytes(self.job.model, self.head[m], u.layout, self.trains[u.stage],
                                self.job.workload, i % u.layout.tp, i // u.layout.tp)
+
+    def staging_bytes(self, split: Split) -> int:
+        """Bytes of the staging buffers each GPU of a running Split holds, by the runtime's
+        formula (at the smallest all-gather chunk, the least it runs with)."""
+        stage, lay = split.emu.stage, split.emu.layout
+        return split_staging_bytes(self.job.model, self.head[self.model_of[stage]],
+                                   (lay.tp, lay.pp), (split.sub.tp, split.sub.pp),
+                                   state_element_bytes(self.job.workload, self.trains[stage]))
 
     def complete(self, u: _Unit) -> bool:
         return len(u.gpus) == u.layout.size and _complete(
@@ -367,6 +377,10 @@ def _check_moment(J: _Job, t: float, alive: dict[str, _Unit],
     mem: dict[int, int] = {}
     for p in running.values():
         prim = p.primitive
+        if isinstance(prim, Split) and prim.stage in J.changed:  # its all-gather's buffers
+            work = J.staging_bytes(prim)
+            for gpu in prim.emu.gpus:
+                mem[gpu] = mem.get(gpu, 0) + work
         if prim.staged and prim.op == "Merge":  # the new shard comes once the old one is gone
             continue
         if prim.staged:
