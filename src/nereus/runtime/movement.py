@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from nereus.runtime.comm import Group, GroupSpec, join_group, leave_group
-from nereus.runtime.splitting import WINDOW, split_segments, staging_bytes
+from nereus.runtime.splitting import split_segments, staging_bytes
 from nereus.runtime.state import (
     Coverage,
     ShardedState,
@@ -40,10 +40,14 @@ from nereus.runtime.state import (
     copy_block,
 )
 from nereus.runtime.workers import WorkerContext
+from nereus.transition import workspace
+from nereus.transition.workspace import WINDOW
 
 META_BYTES = 16 * 1024  # fixed size of the scalars' message (JSON; the RNG state is ~7 KB)
-BUCKET_BYTES = 64 * 1024**2  # all-gather chunk of Split
-MIN_BUCKET_BYTES = 64 * 1024  # smallest chunk the executor shrinks to under memory pressure
+# the all-gather chunk of Split and the smallest the executor shrinks it to under memory
+# pressure: the staging formula the transition planner charges (at the smallest) owns them
+BUCKET_BYTES = workspace.BUCKET_BYTES
+MIN_BUCKET_BYTES = workspace.MIN_BUCKET_BYTES
 
 
 @dataclass(frozen=True)
@@ -121,10 +125,17 @@ def _split_into(ctx: WorkerContext, group: GroupSpec, src_id: str, host: Sharded
     # the segments first: layouts that do not nest raise here, before anything is allocated
     segs, local = split_segments(spec, tp, pp, tuple(member_positions), tuple(sub_layout),
                                  bucket_bytes)
+    # the staging buffers the planner charged (one formula, ``transition.workspace``): a
+    # segment they cannot hold is a bug, raised before anything is allocated
+    stage_bytes = staging_bytes(spec, tp, pp, member_positions, sub_layout, bucket_bytes)
+    slot = stage_bytes // WINDOW
+    staged = [sg.nbytes for sg in segs if sg.dst is None]
+    if max(staged, default=0) > slot:
+        raise AssertionError(f"split {src_id}: a strided segment of {max(staged)} bytes "
+                             f"outgrows the {slot}-byte staging slot the transition layer's "
+                             "formula gives; the two no longer agree")
     target = ctx.allocate(spec, tp_sub, pp_sub, t // m_tp, r // m_pp, src.meta,
                           f"split {src_id} -> {out_id}")
-    staged = [sg.nbytes for sg in segs if sg.dst is None]
-    stage_bytes = WINDOW * max(staged, default=0)
     held_stage = False
     stage: torch.Tensor | None = None
     g: Group | None = None
@@ -134,7 +145,6 @@ def _split_into(ctx: WorkerContext, group: GroupSpec, src_id: str, host: Sharded
         ctx.memory.reserve(stage_bytes, f"split {src_id} staging buffers")
         held_stage = True
         stage = torch.empty(stage_bytes, dtype=torch.uint8, device=ctx.device)
-        slot = max(staged, default=0)
         g = join_group(ctx, group)
         setup = g.setup_s
         tm = time.perf_counter()

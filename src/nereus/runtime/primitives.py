@@ -46,9 +46,11 @@ def need_bytes(p: Primitive, spec: StateSpec, bucket_bytes: int = mv.BUCKET_BYTE
                ) -> dict[int, int]:
     """Bytes each worker must have free when ``p`` starts: what it allocates then (its inputs
     stay until it ends); for a Split, its new shard plus the all-gather buffers of chunks of
-    ``bucket_bytes``. A staged Split or Merge frees its source position on the device before
-    it allocates (``nereus.runtime.movement``), so it needs only what the new shard (and a
-    Split's buffers) take beyond the source: max(0, new + buffers - source)."""
+    ``bucket_bytes`` (``nereus.transition.workspace``: at ``MIN_BUCKET_BYTES`` exactly what
+    the transition planner's ``MemStep`` charges). A staged Split or Merge frees its source
+    position on the device before it allocates (``nereus.runtime.movement``), so it needs only
+    what the new shard (and a Split's buffers) take beyond the source:
+    max(0, new + buffers - source)."""
     if isinstance(p, Split):
         m_tp, m_pp = factors(p.emu.layout, p.sub)
         out = {}
@@ -80,7 +82,8 @@ def need_bytes(p: Primitive, spec: StateSpec, bucket_bytes: int = mv.BUCKET_BYTE
 def fit_bucket(p: Primitive, spec: StateSpec, free: Mapping[int, int]) -> int | None:
     """The largest all-gather chunk (<= ``BUCKET_BYTES``) for which every worker of ``p`` has
     the bytes it needs free; None when even the smallest chunk does not fit. Only a Split's
-    need depends on it (the transition planner counts its new shards, not these buffers)."""
+    need depends on it; the transition planner charges the smallest chunk's buffers, so a
+    schedule it certified always finds one."""
     bucket = mv.BUCKET_BYTES
     while bucket >= mv.MIN_BUCKET_BYTES:
         need = need_bytes(p, spec, bucket)

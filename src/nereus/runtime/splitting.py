@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from nereus.runtime.state import ArenaEntry, Box, StateSpec, arena_layout, valid_box
+from nereus.transition.workspace import split_staging_bytes
 
 
 @dataclass(frozen=True)
@@ -151,14 +152,20 @@ def _pieces(seg: Segment, et: ArenaEntry, bucket_bytes: int) -> list[Segment]:
     return out
 
 
-WINDOW = 4  # broadcasts in flight per member (staging buffers for strided regions)
+def element_bytes(spec: StateSpec) -> tuple[int, ...]:
+    """Element sizes of the tensor kinds a position of ``spec`` holds."""
+    return tuple(spec.dtype(k).itemsize for k in spec.kinds)
 
 
 def staging_bytes(spec: StateSpec, tp: int, pp: int,
                   member_positions: Sequence[tuple[int, int]], sub: tuple[int, int],
                   bucket_bytes: int) -> int:
     """Buffers one member needs for the segments that land strided (zero for a pipeline-only
-    split): ``WINDOW`` times the largest such piece."""
-    segs, _ = split_segments(spec, tp, pp, tuple(member_positions), tuple(sub), bucket_bytes)
-    staged = [s.nbytes for s in segs if s.dst is None]
-    return WINDOW * max(staged, default=0)
+    split): ``WINDOW`` times the largest such piece. The transition layer's formula
+    (``nereus.transition.workspace``), which its planner charges a Split at the smallest
+    chunk: one formula, so the two cannot drift apart. It is the same for every member of
+    every group; ``member_positions`` (the group, as ``split_segments`` takes it) only names
+    whose buffers these are, and ``split_member`` checks its segments fit them."""
+    del member_positions  # the same for every group (see the docstring)
+    return split_staging_bytes(spec.model, spec.head, (tp, pp), sub, element_bytes(spec),
+                               bucket_bytes)
