@@ -74,7 +74,9 @@ def test_arena_bytes_equal_the_planners_count(model: str, dtype: str, master: bo
 
 @pytest.mark.parametrize("model", TINY)
 @pytest.mark.parametrize("device", ["cpu", "h100-sxm-80gb"])
-@pytest.mark.parametrize("dtypes", [{}, {"param_dtype": "fp32"}, {"master_weights": False}])
+@pytest.mark.parametrize("dtypes", [{}, {"param_dtype": "fp32"}, {"master_weights": False},
+                                    {"optimizer": "sgd"},
+                                    {"optimizer": "sgd", "param_dtype": "fp32"}])
 def test_every_stage_of_a_job_holds_what_its_transition_plan_sizes(model: str, device: str,
                                                                    dtypes: dict) -> None:
     """The state a job's stages hold on workers of any kind (``state_specs``) is, unit by unit

@@ -19,6 +19,7 @@ from nereus.engine.optim import AdamConfig, AdamState
 from nereus.engine.pipeline import LossFn
 from nereus.engine.sampling import SamplingParams
 from nereus.engine.stage import StageEngine
+from nereus.errors import InputError
 
 
 @dataclass(frozen=True)
@@ -75,6 +76,10 @@ def attach(ctx: Any, key: str, unit_id: str, pos: Position, names: GroupNames,
         raise ValueError(f"unit {unit_id} holds position {st.position} of tp={st.tp} "
                          f"pp={st.pp}, the engine expected {pos}")
     state = None
+    if spec.trainable and not spec.moments:
+        raise InputError("workload.optimizer", f"unit {unit_id} holds SGD state (no Adam "
+                         "moments); the engine's optimizer is Adam", "adam for a job the "
+                         "engine trains")
     if spec.trainable:
         state = AdamState(st.exp_avg, st.exp_avg_sq, st.kind(MASTER) if spec.master else {},
                           st.meta.adam_step)

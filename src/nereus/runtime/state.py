@@ -2,17 +2,17 @@
 
 One position (tp_rank, pp_rank) of an EMU holds the shards ``nereus.spec.sharding.shard_plan``
 gives it, for each kind of tensor the model-stage keeps: the parameter θ and, for a trainable
-stage, the Adam moments (``exp_avg``, ``exp_avg_sq``) and, where the parameter dtype is narrower
-than fp32 and the workload asks for it, an fp32 master copy. On a CPU device the parameters are
-fp32, so the master copy *is* the parameter and none is stored (``StateSpec.master`` is False).
+stage, the Adam moments (``exp_avg``, ``exp_avg_sq``; none under SGD) and, where the parameter
+dtype is narrower than fp32 and the workload asks for it, an fp32 master copy. An fp32
+parameter is its own master copy, and none is stored (``StateSpec.master`` is False).
 
-All tensors of a position live in one contiguous byte buffer (the arena), kind-major
-(all θ, then master, then moments), each tensor a typed view at an offset aligned to its element
-size, so an arena holds exactly the bytes the planner counts (``nereus.cost.state``). Why:
-Extend sends a position as one contiguous buffer with no packing, the receiver's tensors are views
-of what it received, θ alone is one contiguous region (weight sync), and the bytes a worker holds
-are exactly the arenas it keeps. The arena layout depends only on (spec, layout, position), so a
-receiver computes it without being told.
+All tensors of a position live in one contiguous byte buffer (the arena), kind-major, the widest
+dtypes first (master and moments, then a bf16 θ), each tensor a typed view at an offset aligned to
+its element size without a gap, so an arena holds exactly the bytes the planner counts
+(``nereus.cost.state``). Why: Extend sends a position as one contiguous buffer with no packing, the
+receiver's tensors are views of what it received, θ alone is one contiguous region (weight sync),
+and the bytes a worker holds are exactly the arenas it keeps. The arena layout depends only on
+(spec, layout, position), so a receiver computes it without being told.
 
 Scalars (Adam step, update counter, versions, minibatch position, seed and RNG state) are
 ``StateMeta``; every position of every copy holds the same value.
@@ -33,6 +33,7 @@ import torch
 from nereus.errors import InputError
 from nereus.spec.model import Head, ModelSpec
 from nereus.spec.sharding import Shard, check_layout, logical_params, shard_plan
+from nereus.spec.workload import Optimizer
 
 PARAM = "param"
 MASTER = "master"
@@ -51,8 +52,9 @@ class StateMismatch(RuntimeError):
 class StateSpec:
     """What one model-stage's EMU holds, whatever its layout.
 
-    ``trainable``: holds the Adam moments (a training stage). ``master``: holds an fp32 master
-    copy besides a narrower parameter (bf16 / fp16 on a GPU with master weights).
+    ``trainable``: a training stage's state, θ and ω. ``moments``: ω has Adam's two moments
+    (a training stage under Adam; SGD keeps none). ``master``: holds an fp32 master copy
+    besides a narrower parameter (bf16 / fp16 with master weights).
     """
 
     model: ModelSpec
@@ -60,6 +62,7 @@ class StateSpec:
     trainable: bool = True
     param_dtype: str = "fp32"
     master: bool = False
+    moments: bool = True
 
     def __post_init__(self) -> None:
         if self.param_dtype not in TORCH_DTYPES:
@@ -76,7 +79,7 @@ class StateSpec:
         out = [PARAM]
         if self.master:
             out.append(MASTER)
-        if self.trainable:
+        if self.trainable and self.moments:
             out += [EXP_AVG, EXP_AVG_SQ]
         return tuple(out)
 
@@ -104,7 +107,7 @@ class StateSpec:
         wl = job.workload
         narrow = wl.param_bytes < 4
         return cls(job.model, role.head, trainable, wl.param_dtype,
-                   trainable and narrow and wl.master_weights)
+                   trainable and narrow and wl.master_weights, wl.optimizer is Optimizer.ADAM)
 
 
 @dataclass(frozen=True)
