@@ -263,8 +263,11 @@ def test_transition_between_steps_keeps_the_losses(runtime: tuple[WorkerPool, Re
     from nereus.transition.planner import plan_transition
 
     pool, rv = runtime
-    job = parse_job({"model": "tiny-llama", "gpus": WORKERS, "cluster": {"device": "cpu"}})
+    # fp32 without a master copy: the state the engine's reference below trains (sspec)
+    job = parse_job({"model": "tiny-llama", "gpus": WORKERS, "cluster": {"device": "cpu"},
+                     "workload": {"param_dtype": "fp32"}})
     spec, sspec = job.model, StateSpec(job.model, Head.LM)
+    assert state_specs(job)["actor_train"] == sspec
     steps = len(moves) + 1
     g = torch.Generator().manual_seed(21)
     batches = []
