@@ -376,7 +376,8 @@ def _fake_execute(monkeypatch: pytest.MonkeyPatch) -> None:
         timings = [SimpleNamespace(gpus=p.gpus, duration_s=0.3, setup_s=0.01, bytes=1 << 20,
                                    start_s=p.start_s, end_s=p.start_s + 0.3)
                    for p in schedule.primitives]
-        report = SimpleNamespace(timings=timings, wall_s=0.3, within_capacity=lambda: True)
+        report = SimpleNamespace(timings=timings, wall_s=0.3, within_capacity=lambda: True,
+                                  peak_bytes={}, device_peak_bytes={})
         return demo.ExecutionCheck(schedule, report, True, (), "cpu")
 
     monkeypatch.setattr(demo, "execute_transition", run)

@@ -76,13 +76,29 @@ class _Worker:
         self.device_id = device_id
         self.capacity = capacity
         self.units: dict[str, _Arena] = {}
+        self.offloaded: set[str] = set()  # held in host memory: not counted
         self.pending: dict[str, Any] = {}
+        self.extra = 0  # bytes it holds beyond its units (``_Pool(bloat=...)``)
         self.peak = 0
         self.memory = SimpleNamespace(reset_peak=self.reset_peak, stats=self.stats)
 
     @property
     def held(self) -> int:
-        return sum(a.nbytes for a in self.units.values())
+        return self.extra + sum(a.nbytes for u, a in self.units.items()
+                                if u not in self.offloaded)
+
+    def offload(self, unit_id: str) -> int:
+        self.offloaded.add(unit_id)
+        return self.units[unit_id].nbytes
+
+    def load(self, unit_id: str) -> int:
+        self.offloaded.discard(unit_id)
+        self.peak = max(self.peak, self.held)
+        return self.units[unit_id].nbytes
+
+    def reset_peaks(self) -> MemoryStats:
+        self.reset_peak()
+        return self.stats()
 
     def add(self, unit_id: str, nbytes: int) -> None:
         assert unit_id not in self.units, (self.device_id, unit_id)
@@ -97,7 +113,9 @@ class _Worker:
 
     def drop(self, unit_id: str) -> int:
         arena = self.units.pop(unit_id, None)
-        return 0 if arena is None else arena.nbytes
+        host = unit_id in self.offloaded
+        self.offloaded.discard(unit_id)
+        return 0 if arena is None or host else arena.nbytes
 
     def rename(self, mapping: Mapping[str, str], token: str) -> bool:
         moved = {new: self.units.pop(old) for old, new in mapping.items() if old in self.units}
@@ -158,8 +176,9 @@ class _Pool:
 
     def __init__(self, devices: Sequence[int], capacity: int = 1 << 40,
                  hang: Sequence[int] = (), fail: Sequence[int] = (), mute: Sequence[int] = (),
-                 silent: Sequence[int] = ()):
+                 silent: Sequence[int] = (), bloat: Mapping[int, int] | None = None):
         self.workers = {d: _Worker(d, capacity) for d in devices}
+        self.bloat = dict(bloat or {})  # device -> bytes it takes beyond each copy it receives
         self.silent = set(silent)  # their memory() never answers
         self.log: list[tuple[Any, ...]] = []
         self.hang = set(hang)
@@ -225,6 +244,12 @@ class _Pool:
             _, src, new, spec, layout, pos = args
             if src is None:  # the receiving rank allocates the copy
                 w.add(new, position_bytes(spec, *layout, *pos))
+                w.extra += self.bloat.get(d, 0)
+                w.peak = max(w.peak, w.held)
+        elif fn is mv.merge_member:  # (source id, new id, layout, position, staged)
+            src, new, layout, pos, _ = args
+            w.add(new, position_bytes(_specs()[STAGE], *layout, *pos))
+            w.pending[new] = (src, None, False)  # the source goes as it settles
         elif fn is mv.destroy_member:
             w.drop(args[0])
         else:
@@ -604,43 +629,66 @@ def _recorder() -> tuple[list[tuple[str, int]], Any]:
 
 
 def test_executor_waits_for_a_running_primitive_before_a_memory_refusal() -> None:
-    """#2 (Extend onto worker 2) is ready at once but worker 2 is full; #0 runs on other
-    workers, and #1 (Destroy on worker 2) waits for #0. The executor waits instead of
-    refusing: #0 ends, #1 frees worker 2, then #2 runs; worker 2 never holds two units."""
-    u, to3, to2, destroy, size = _three_tp1_units()
-    schedule = _schedule([(to3, ()), (destroy, (0,)), (to2, ())], u,
-                         [u[0], u[1], to3.output, to2.output])
+    """#2 (Extend onto worker 2) is ready at once but worker 2 is full: #0 reads worker 2's
+    unit (so it is loaded), and #1 (its Destroy) waits for #0. The executor waits instead of
+    refusing (its turn on worker 2 comes after #0 and #1): #1 frees worker 2, then #2 runs;
+    worker 2 never holds two units."""
+    u, _, to2, _, size = _three_tp1_units()
+    from3 = Extend.of(u[2], (3,), "actor_train/3")
+    schedule = _schedule([(from3, ()), (Destroy(u[2]), (0,)), (to2, ())], u,
+                         [u[0], u[1], from3.output, to2.output])
     pool = _tight_pool(u, size)
     events, hook = _recorder()
     report = Executor(pool, _specs(), on_event=hook).run(schedule)
     assert events == [("start", 0), ("end", 0), ("start", 1), ("end", 1),
                       ("start", 2), ("end", 2)]
     assert [(d, fn) for _, d, fn in _calls(pool, "submit")] == [
-        (0, "extend_member"), (3, "extend_member"), (2, "destroy_member"),
+        (2, "extend_member"), (3, "extend_member"), (2, "destroy_member"),
         (1, "extend_member"), (2, "extend_member")]
-    assert report.peak_bytes == {0: size, 1: size, 2: size, 3: size}
+    assert report.peak_bytes == {1: size, 2: size, 3: size}  # worker 0's unit: offloaded
     assert report.within_capacity()
     assert pool.held() == {0: ["actor_train/0"], 1: ["actor_train/1"], 2: ["actor_train/3"],
                            3: ["actor_train/2"]}
 
 
-def test_executor_refuses_memory_once_nothing_runs_that_could_free_it() -> None:
-    """The same without the Destroy: once #0 has ended nothing can free worker 2, and the
-    run fails with a report whose cause names worker 2 and the bytes short."""
-    u, to3, to2, _, size = _three_tp1_units()
-    schedule = _schedule([(to3, ()), (to2, ())], u, [u[0], u[1], u[2], to3.output,
-                                                     to2.output])
+def test_executor_refuses_memory_before_anything_moves_where_nothing_frees_it() -> None:
+    """The same without the Destroy: worker 2 keeps the unit #0 reads, and #1 needs a second
+    unit's bytes there. The preflight replays each worker's primitives in the schedule's
+    order and refuses #1 before any call: the error names worker 2 and the bytes short."""
+    u, _, to2, _, size = _three_tp1_units()
+    from3 = Extend.of(u[2], (3,), "actor_train/3")
+    schedule = _schedule([(from3, ()), (to2, ())], u, [*u, from3.output, to2.output])
     pool = _tight_pool(u, size)
+    with pytest.raises(InfeasibleError) as info:
+        Executor(pool, _specs()).run(schedule)
+    assert str(info.value) == (
+        f"transition: Extend(actor_train) needs more memory than workers [2] have free "
+        f"(2: {size} > {size // 2}), when its turn comes (#1; nothing has moved)")
+    assert _calls(pool, "submit") == []
+    assert all(not w.offloaded for w in pool.workers.values())  # residency left as it was
+
+
+def test_executor_refuses_memory_once_nothing_runs_that_could_free_it() -> None:
+    """Worker 2 takes more than the copy it receives in #0 (another allocation, which the
+    preflight could not foresee): after #1 frees that copy, #2 does not fit, nothing runs
+    that could free it, and the run fails with a report whose cause names worker 2 and the
+    bytes short."""
+    u, _, to2, _, size = _three_tp1_units()
+    to2_first = Extend.of(u[0], (2,), "actor_train/3")
+    schedule = _schedule([(to2_first, ()), (Destroy(to2_first.output), (0,)), (to2, ())], u,
+                         [*u, to2.output])
+    pool = _Pool(range(4), capacity=size + size // 2, bloat={2: size // 2 + 1}).holding(
+        u, size)
     events, hook = _recorder()
     with pytest.raises(TransitionFailed) as info:
-        Executor(pool, _specs(), on_event=hook).run(schedule)
-    assert events == [("start", 0), ("end", 0)]
+        Executor(pool, _specs(), on_event=hook).run(schedule, rename=False)
+    assert events == [("start", 0), ("end", 0), ("start", 1), ("end", 1)]
     rep = info.value.report
     assert rep.cause == (f"InfeasibleError: transition: Extend(actor_train) needs more memory "
-                         f"than workers [2] have free (2: {size} > {size // 2})")
-    assert [t.index for t in rep.timings] == [0]
+                         f"than workers [2] have free (2: {size} > {size - 1})")
+    assert [t.index for t in rep.timings] == [0, 1]
     assert {e.id for e in rep.intact[STAGE]} == {"actor_train/0", "actor_train/1",
-                                                 "actor_train/2", "actor_train/3"}
+                                                 "actor_train/2"}
 
 
 def test_executor_reports_a_stall_before_anything_moved_as_it_is() -> None:

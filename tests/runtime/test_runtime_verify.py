@@ -52,11 +52,11 @@ def no_leaks(pool: WorkerPool) -> Iterator[None]:
 
 
 def swapped_merge(p: Any, pool: WorkerPool, rv: Any, spec: Any, tag: str, timeout_s: float,
-                  bucket_bytes: int = mv.BUCKET_BYTES) -> Any:
+                  bucket_bytes: int = mv.BUCKET_BYTES, offloaded: Any = frozenset()) -> Any:
     """The reviewer's mutation: a Merge cuts each GPU its neighbour's position (0<->1, 2<->3);
     every shard is still bitwise right for the position it claims."""
     if not isinstance(p, Merge):
-        return launch(p, pool, rv, spec, tag, timeout_s, bucket_bytes)
+        return launch(p, pool, rv, spec, tag, timeout_s, bucket_bytes, offloaded)
     o = p.output
     src_of = {g: e.id for e in p.emus for g in e.gpus}
     refs = {g: pool.submit(g, mv.merge_member, src_of[g], o.id, (o.layout.tp, o.layout.pp),
@@ -70,10 +70,10 @@ def _keep(ctx: WorkerContext, unit_id: str) -> mv.MoveResult:
 
 
 def leaky_destroy(p: Any, pool: WorkerPool, rv: Any, spec: Any, tag: str, timeout_s: float,
-                  bucket_bytes: int = mv.BUCKET_BYTES) -> Any:
+                  bucket_bytes: int = mv.BUCKET_BYTES, offloaded: Any = frozenset()) -> Any:
     """A Destroy that reports success and leaves its source on the workers."""
     if not isinstance(p, Destroy):
-        return launch(p, pool, rv, spec, tag, timeout_s, bucket_bytes)
+        return launch(p, pool, rv, spec, tag, timeout_s, bucket_bytes, offloaded)
     return {g: pool.submit(g, _keep, p.emu.id) for g in p.emu.gpus}, {}
 
 

@@ -236,7 +236,8 @@ def _fake_run(monkeypatch: pytest.MonkeyPatch) -> None:
         timings = [SimpleNamespace(gpus=p.gpus, duration_s=0.25, setup_s=0.125, bytes=3 << 20,
                                    start_s=p.start_s, end_s=p.start_s + 0.25)
                    for p in schedule.primitives]
-        report = SimpleNamespace(timings=timings, wall_s=1.5, within_capacity=lambda: True)
+        report = SimpleNamespace(timings=timings, wall_s=1.5, within_capacity=lambda: True,
+                                  peak_bytes={}, device_peak_bytes={})
         return demo.ExecutionCheck(schedule, report, True, (), "cpu")
 
     monkeypatch.setattr(demo, "execute_transition", run)
@@ -259,5 +260,5 @@ def test_execute_table_says_which_columns_are_measured(plans: tuple[Path, Path],
     out = json.loads(r.stdout)
     assert out["primitives"][0]["setup_s"] == 0.125 and out["bitwise_equal"] is True
     assert out["sources"]["setup_s"].startswith("measured")
-    assert out["sources"]["bytes"].startswith("measured")
+    assert out["sources"]["bytes"].startswith("counted")  # summed, not measured
     assert out["estimated_for"] == "h100-sxm-80gb" and out["device"] == "cpu"

@@ -558,8 +558,18 @@ def execution_summary(result: dict) -> str:
                else "DIFFERS: " + "; ".join(result["differences"][:3]))
     return (f"L_tran estimated {result['estimated_s']:.4f} s (estimated), measured "
             f"{result['measured_s']:.4f} s (measured); state after the transition: {verdict}; "
-            f"peak bytes within capacity (measured): "
-            f"{'yes' if result['within_capacity'] else 'NO'}")
+            f"peak bytes within capacity (counted: runtime byte counter): "
+            f"{'yes' if result['within_capacity'] else 'NO'}"
+            + _device_peak_note(result.get("device_peak_bytes") or {}))
+
+
+def _device_peak_note(device_peak: Mapping[str, int]) -> str:
+    """GPU workers' measured peaks (torch.cuda.max_memory_allocated), '' on CPU workers."""
+    if not device_peak:
+        return ""
+    g, most = max(device_peak.items(), key=lambda kv: kv[1])
+    return (f"; peak allocated {most / 2**20:.1f} MiB on GPU {g} (measured: "
+            "torch.cuda.max_memory_allocated)")
 
 
 def quiet_ray() -> None:
@@ -594,7 +604,7 @@ def measured_json(result: dict, schedule: Schedule | None = None,
         staged="planned (the transition schedule: a Split or Merge staged through host "
                "memory)",
         setup_s="measured (per primitive, on the workers)",
-        bytes="measured (moved per primitive, on the workers)",
+        bytes="counted (bytes each primitive's workers received, summed by the runtime)",
         start_s="measured (per primitive, driver clock from the start of the transition)",
         end_s="measured (per primitive, driver clock from the start of the transition)")
     return {"source": "measured", **{k: v for k, v in result.items() if k != "source"},

@@ -70,6 +70,8 @@ def attach(ctx: Any, key: str, unit_id: str, pos: Position, names: GroupNames,
     (the driver checks token ids against it before it hands a batch to any worker)."""
     from nereus.runtime.state import MASTER
 
+    if unit_id in getattr(ctx, "offloaded", ()):  # a transition left it in host memory
+        ctx.load(unit_id)
     st = ctx.units[unit_id]
     spec = st.spec
     if (st.tp, st.pp) != (pos.tp, pos.pp) or st.position != (pos.tp_rank, pos.pp_rank):

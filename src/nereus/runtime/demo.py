@@ -22,13 +22,16 @@ from nereus.runtime.comm import GroupAborted
 from nereus.runtime.executor import ExecutionReport, Executor, state_specs
 from nereus.runtime.faults import TransitionFailed
 from nereus.runtime.memory import CapacityError
-from nereus.runtime.placement import place_units, verify_units
+from nereus.runtime.placement import place_current, verify_units
 from nereus.runtime.workers import RayStartFailed, WorkerCallsFailed, WorkerPool, describe_error
 from nereus.spec.device import GiB
 from nereus.spec.job import JobSpec
-from nereus.transition.emu import phi
 from nereus.transition.planner import plan_transition
 from nereus.transition.schedule import Schedule
+
+# the runtime's byte counter sums the arenas and buffers it reserves: a count, not a measurement
+# of resident memory
+COUNTED = "counted (runtime byte counter)"
 
 
 class RunFailed(RuntimeError):
@@ -64,9 +67,16 @@ class ExecutionCheck:
                 "differences": list(self.differences),
                 "estimated_s": self.schedule.estimated_s, "measured_s": self.report.wall_s,
                 "within_capacity": self.report.within_capacity(),
+                "peak_bytes": {str(g): b for g, b in sorted(self.report.peak_bytes.items())},
+                **({"device_peak_bytes": {str(g): b for g, b in
+                                          sorted(self.report.device_peak_bytes.items())}}
+                   if self.report.device_peak_bytes else {}),
                 "primitives": self.rows(),
                 "sources": {"estimated_s": "estimated (transition cost model)",
-                            "measured_s": "measured (wall clock on the driver)"}}
+                            "measured_s": "measured (wall clock on the driver)",
+                            "within_capacity": COUNTED, "peak_bytes": COUNTED,
+                            "device_peak_bytes": "measured (torch.cuda.max_memory_allocated "
+                                                 "on each GPU worker)"}}
 
 
 def execute_transition(job: JobSpec, current: Plan, target: Plan,
@@ -92,9 +102,14 @@ def execute_transition(job: JobSpec, current: Plan, target: Plan,
             pool.set_capacity(min(schedule.capacity_bytes, pool.capacity_bytes))
         specs = state_specs(job)
         changed = set(schedule.changed)
-        units = [e for s, es in phi(job, current).items() if s in changed for e in es]
         seeds = _seeds(job, seed)
-        place_units(pool, units, specs, seeds)
+        try:  # held as the schedule assumes: what it loads later, or never, offloaded
+            place_current(pool, schedule, specs, seeds)
+        except (CapacityError, WorkerCallsFailed) as e:
+            why = describe_error(e)
+            raise RunFailed(f"could not place the current plan's state on the workers "
+                            f"(capacity {pool.capacity_bytes} B each): "
+                            f"{why.partition(': ')[2] or why}") from None
         report = Executor(pool, specs).run(schedule)
         final = [e for s, es in report.units.items() if s in changed for e in es]
         # every worker holds exactly the target's units (only changed stages were placed),
@@ -182,9 +197,19 @@ def render(check: ExecutionCheck, as_json: bool = False) -> str:
         check.differences[:3])
     con.print(f"L_tran estimated {check.schedule.estimated_s:.4f} s (estimated), "
               f"measured {check.report.wall_s:.4f} s (measured); state after the transition: "
-              f"{verdict}; peak bytes within capacity (measured): "
-              f"{'yes' if check.report.within_capacity() else 'NO'}")
+              f"{verdict}; peak bytes within capacity ({COUNTED}): "
+              f"{'yes' if check.report.within_capacity() else 'NO'}"
+              + device_peak_note(check.report.device_peak_bytes))
     return buf.getvalue()
+
+
+def device_peak_note(device_peak: Mapping[int, int] | Mapping[str, int]) -> str:
+    """'; peak allocated on a GPU ...' for GPU workers' measured peaks, '' on CPU workers."""
+    if not device_peak:
+        return ""
+    g, most = max(device_peak.items(), key=lambda kv: kv[1])
+    return (f"; peak allocated {most / 2**20:.1f} MiB on GPU {g} (measured: "
+            "torch.cuda.max_memory_allocated)")
 
 
 def cli_execute(job: JobSpec, current: Plan, target: Plan, schedule: Schedule | None = None, *,

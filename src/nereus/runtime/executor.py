@@ -4,7 +4,15 @@ The schedule (``nereus.transition.schedule``) gives the primitives, their depend
 estimated times. The executor starts a primitive when its dependencies have ended, none of its
 workers is busy with another one, and every worker it touches has the bytes it will allocate
 (checked against the worker's capacity with the bytes it holds now); ready primitives on
-disjoint workers run at the same time. Each primitive's measured start, end, communicator set-up
+disjoint workers run at the same time.
+
+Before anything moves, the current units are held as the planner assumed
+(``nereus.runtime.residency``: read ones on their devices, at the start or loaded by their
+first reader; the others offloaded to host memory), and a preflight replays each worker's
+primitives in that order with the bytes the memory check will ask (``need_bytes``,
+``held_change``) from what the worker holds then, another model-stage's state included:
+a transition that would be refused part-way is refused before it starts, naming the
+primitive and the workers short. Each primitive's measured start, end, communicator set-up
 and bytes are reported in the schedule's shape (same index), so the transition cost model can be
 calibrated against them. At the end, units are renamed to the ids Φ(target) gives them, so the
 next transition's Φ(current) finds them.
@@ -53,11 +61,13 @@ from nereus.runtime.memory import MemoryStats
 from nereus.runtime.primitives import (
     PrimitiveTiming,
     fit_bucket,
+    held_change,
     launch,
     need_bytes,
     settle_calls,
     workers_of,
 )
+from nereus.runtime.residency import Residency, residency
 from nereus.runtime.state import StateSpec
 from nereus.runtime.workers import (
     GRACE_S,
@@ -90,6 +100,9 @@ class ExecutionReport:
     # workers that held no unit of the target and did not answer afterwards: stopped (their
     # slots stay, as a dead worker's do, until the caller shrinks or replaces them)
     stopped: tuple[int, ...] = ()
+    # ``peak_bytes`` is counted (the runtime's byte counter: arenas and buffers it reserved),
+    # not measured; on GPU workers torch.cuda.max_memory_allocated is measured, here
+    device_peak_bytes: Mapping[int, int] = field(default_factory=dict)
 
     def measured_seconds(self) -> dict[int, float]:
         """Measured seconds of each primitive, by schedule index."""
@@ -111,6 +124,8 @@ class ExecutionReport:
                 "bytes": self.bytes, "setup_s": self.setup_s,
                 "primitives": [t.to_dict() for t in self.timings],
                 "peak_bytes": {str(g): b for g, b in sorted(self.peak_bytes.items())},
+                "device_peak_bytes": {str(g): b for g, b in
+                                      sorted(self.device_peak_bytes.items())},
                 "capacity_bytes": {str(g): b for g, b in sorted(self.capacity_bytes.items())}}
 
 
@@ -140,9 +155,43 @@ class _Running:
         return f"{self.prim.op}({self.prim.stage}) #{self.index}"
 
 
+def replay(prims: Sequence[Primitive], specs: Mapping[str, StateSpec], held: Mapping[int, int],
+           cap: Mapping[int, int], offloaded: AbstractSet[str]) -> dict[int, int]:
+    """The most bytes each worker holds while ``prims`` run in their order on it, from
+    ``held`` (with the current units ``offloaded`` in host memory): at each primitive's start
+    what it holds plus what the memory check asks (``need_bytes`` at the smallest all-gather
+    chunk), and after it. ``InfeasibleError`` for the first primitive that would not fit
+    ``cap``, as the executor's check would refuse it part-way."""
+    now, off = dict(held), set(offloaded)
+    peak = dict(now)
+    for i, p in enumerate(prims):
+        spec = specs[p.stage]
+        need = need_bytes(p, spec, mv.MIN_BUCKET_BYTES, off)
+        why = _short(p, need, now, cap)
+        if why:
+            raise InfeasibleError(f"{why}, when its turn comes (#{i}; nothing has moved)")
+        for g, n in need.items():
+            peak[g] = max(peak.get(g, 0), now.get(g, 0) + n)
+        for g, n in held_change(p, spec, off).items():
+            now[g] = now.get(g, 0) + n
+            peak[g] = max(peak[g], now[g])
+        off.difference_update(e.id for e in p.inputs)
+    return peak
+
+
+def _short(p: Primitive, need: Mapping[int, int], held: Mapping[int, int],
+           cap: Mapping[int, int]) -> str:
+    """'transition: Split(s) needs more memory than workers [..] have free (g: need > free)'
+    where ``p`` does not fit the workers' ``held`` bytes and capacities; '' where it does."""
+    short = sorted(g for g, n in need.items() if held.get(g, 0) + n > cap[g])
+    if not short:
+        return ""
+    return (f"transition: {p.op}({p.stage}) needs more memory than workers {short} have free "
+            "(" + ", ".join(f"{g}: {need[g]} > {cap[g] - held.get(g, 0)}" for g in short) + ")")
+
+
 def _reset_peak(ctx: Any) -> MemoryStats:
-    ctx.memory.reset_peak()
-    return ctx.memory.stats()
+    return ctx.reset_peaks()
 
 
 def _rename(ctx: Any, mapping: Mapping[str, str], token: str) -> bool:
@@ -185,10 +234,13 @@ class Executor:
             raise InfeasibleError(f"transition: no worker for devices {missing}; grow the pool")
         units: dict[str, Emu] = {e.id: e for es in schedule.initial.values() for e in es}
         self._check_held(units, involved, prims)
+        plan = residency(schedule)
+        self._hold_as_planned(prims, plan, involved)
         stats = ray.get([self.pool.submit_control(d, _reset_peak) for d in involved],
                         timeout=self.grace_s)
         held = {d: s.held for d, s in zip(involved, stats)}
         cap = {d: s.capacity for d, s in zip(involved, stats)}
+        offloaded = set(plan.offloaded_at_start)  # current units in host memory now
 
         timings: dict[int, PrimitiveTiming] = {}
         done: set[int] = set()
@@ -205,17 +257,15 @@ class Executor:
                     if busy.intersection(ws):
                         continue
                     spec = self.specs[p.stage]
-                    bucket = fit_bucket(p, spec, {g: cap[g] - held[g] for g in ws})
+                    bucket = fit_bucket(p, spec, {g: cap[g] - held[g] for g in ws}, offloaded)
                     if bucket is None:  # the memory check before each primitive
                         if running:
                             continue  # wait: a running primitive may release memory
-                        need = need_bytes(p, spec, mv.MIN_BUCKET_BYTES)
-                        short = sorted(g for g, n in need.items() if held[g] + n > cap[g])
-                        raise InfeasibleError(
-                            f"transition: {p.op}({p.stage}) needs more memory than workers "
-                            f"{short} have free (" + ", ".join(
-                                f"{g}: {need[g]} > {cap[g] - held[g]}" for g in short) + ")")
-                    running[i] = self._start(i, p, spec, bucket, rv, time.perf_counter() - t0)
+                        need = need_bytes(p, spec, mv.MIN_BUCKET_BYTES, offloaded)
+                        raise InfeasibleError(_short(p, need, held, cap) or
+                                              f"transition: {p.op}({p.stage}) does not fit")
+                    running[i] = self._start(i, p, spec, bucket, rv, time.perf_counter() - t0,
+                                             offloaded)
                     busy.update(ws)
                     self._event("start", i, p)
                 if not running:
@@ -235,6 +285,7 @@ class Executor:
                         held[d] = settled.get(d, res.held_after)
                     for e in r.prim.consumed:  # an Extend's source stays
                         units.pop(e.id, None)
+                    offloaded.difference_update(e.id for e in r.prim.inputs)  # loaded or gone
                     units.update({e.id: e for e in r.prim.outputs})
                     busy.difference_update(workers_of(r.prim))
                     done.add(i)
@@ -264,19 +315,21 @@ class Executor:
             raise TransitionFailed(report) from e
         final_units = {s: tuple(_renamed(e, mapping.get(e.id, e.id)) for e in es)
                        for s, es in final_units.items()}
-        peaks, stopped = self._peaks(involved, final_units, timings)
+        peaks, stopped, device = self._peaks(involved, final_units, timings)
         return ExecutionReport(
             tuple(timings[i] for i in range(len(prims))), wall, final_units, peaks, cap,
-            schedule.estimated_s, stopped=stopped)
+            schedule.estimated_s, stopped=stopped, device_peak_bytes=device)
 
     def _peaks(self, involved: Sequence[int], units: Mapping[str, Sequence[Emu]],
-               timings: Mapping[int, PrimitiveTiming]) -> tuple[dict[int, int], tuple[int, ...]]:
+               timings: Mapping[int, PrimitiveTiming]
+               ) -> tuple[dict[int, int], tuple[int, ...], dict[int, int]]:
         """Each worker's peak bytes during the transition. A worker that died after the
         rename is a fault only where it holds a final unit; one that holds none (an emptied
         source) is left out of the peaks, and the transition stands; one such worker that is
         stuck rather than dead is stopped, so that the next call to it fails at once as a
         dead worker's does instead of queueing behind the stuck one (the report lists it).
-        Returns the peaks and the workers stopped."""
+        Returns the counted peaks, the workers stopped, and the GPU workers' measured peaks
+        (torch.cuda.max_memory_allocated)."""
         stats, gone = wait_each({d: self.pool.actor(d).memory.remote() for d in involved},
                                 self.grace_s)  # a worker that died since, or is stuck
         hung = {d for d, e in gone.items() if isinstance(e, WorkerHung)}
@@ -290,7 +343,8 @@ class Executor:
             log.warning("workers %s hold no unit of the new plan and did not answer within "
                         "%.0f s: stopped", sorted(hung), self.grace_s)
             self.pool.kill(hung)
-        return {d: st.peak for d, st in stats.items()}, tuple(sorted(hung))
+        return ({d: st.peak for d, st in stats.items()}, tuple(sorted(hung)),
+                {d: st.device_peak for d, st in stats.items() if st.device_peak is not None})
 
     def _rename(self, units: Mapping[str, Sequence[Emu]], mapping: Mapping[str, str],
                 token: str, device_ids: Iterable[int] | None = None) -> None:
@@ -342,12 +396,13 @@ class Executor:
 
     # ---- helpers
     def _start(self, i: int, p: Primitive, spec: StateSpec, bucket: int, rv: Rendezvous,
-               start: float) -> _Running:
-        """Submit primitive ``i``'s calls. Its communicators time out after ``timeout``; a
-        call that has not returned ``grace_s`` after that is hung."""
-        need = need_bytes(p, spec, bucket)
+               start: float, offloaded: AbstractSet[str] = frozenset()) -> _Running:
+        """Submit primitive ``i``'s calls (loading the ``offloaded`` units it reads first).
+        Its communicators time out after ``timeout``; a call that has not returned
+        ``grace_s`` after that is hung."""
+        need = need_bytes(p, spec, bucket, offloaded)
         timeout = self.min_timeout_s + max(need.values(), default=0) / SLOW_BW
-        refs, groups = launch(p, self.pool, rv, spec, f"t{i}", timeout, bucket)
+        refs, groups = launch(p, self.pool, rv, spec, f"t{i}", timeout, bucket, offloaded)
         return _Running(i, p, refs, groups, start, time.monotonic() + timeout + self.grace_s,
                         f"within its {timeout:.6g} s timeout + {self.grace_s:g} s grace")
 
@@ -370,6 +425,40 @@ class Executor:
     def _event(self, kind: str, i: int, p: Primitive) -> None:
         if self.on_event is not None:
             self.on_event(kind, i, p)
+
+    def _hold_as_planned(self, prims: Sequence[Primitive], res: Residency,
+                         involved: Sequence[int]) -> None:
+        """Before anything moves: hold the current units as the schedule assumes
+        (``nereus.runtime.residency``), offloading those it takes as offloaded and loading
+        those it takes as loaded at the start, after a preflight: from the bytes each worker
+        would then hold (another model-stage's state included), its primitives replayed in
+        the schedule's order (the order the executor runs them in on that worker) with the
+        bytes the memory check will ask; the first that would not fit is refused in one line
+        (``InfeasibleError``), as it would be part-way. Reads go to the workers' control
+        threads (one stuck in a call still answers)."""
+        ask = sorted(set(involved) | {g for e in res.units.values() for g in e.gpus
+                                      if g in self.pool.device_ids})
+        got = dict(zip(ask, ray.get([self.pool.submit_control(g, mv.unit_residency)
+                                     for g in ask], timeout=self.grace_s)))
+        calls: dict[int, tuple[Any, tuple[Any, ...]]] = {}
+        held: dict[int, int] = {}
+        cap: dict[int, int] = {}
+        for g, (stats, here) in got.items():
+            off = [u for u, (_, host) in here.items()
+                   if u in res.units and not host and u not in res.loaded_at_start]
+            on = [u for u, (_, host) in here.items() if host and u in res.loaded_at_start]
+            held[g] = stats.held - sum(here[u][0] for u in off) + sum(here[u][0] for u in on)
+            cap[g] = stats.capacity
+            if off or on:
+                calls[g] = (mv.set_residency, (off, on))
+        over = sorted(g for g in involved if held[g] > cap[g])
+        if over:
+            raise InfeasibleError(
+                "transition: the units it reads do not fit on their workers at the start "
+                "(" + ", ".join(f"{g}: {held[g]} > {cap[g]}" for g in over) + ")")
+        replay(prims, self.specs, held, cap, res.offloaded_at_start)
+        if calls:
+            self.pool.run(calls, self.grace_s)
 
     def _check_held(self, units: Mapping[str, Emu], involved: Sequence[int],
                     prims: Sequence[Primitive]) -> None:

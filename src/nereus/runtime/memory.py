@@ -41,6 +41,9 @@ class MemoryStats:
     peak: int       # the largest ``held`` since the last reset
     capacity: int
     cached: int = 0  # freed arena memory kept for reuse (CPU workers; see ArenaCache)
+    # a GPU worker's torch.cuda.max_memory_allocated since the last reset (measured, unlike
+    # the counted bytes above); None on a CPU worker
+    device_peak: int | None = None
 
 
 class ByteCounter:

@@ -15,7 +15,11 @@
 - Extend: the source position broadcasts its arena as one contiguous buffer to the
   rank-aligned device of the new unit, over a two-member communicator; the receiver's tensors
   are views of the buffer it received.
-- Destroy: drop the arena and release its bytes.
+- Destroy: drop the arena and release its bytes (an offloaded unit's: its host memory only).
+- Offloaded units (the transition planner's idle state, ``nereus.runtime.residency``) live in
+  host memory, uncounted; a primitive that reads one loads it first (``loading``), except a
+  staged Split or Merge, which takes it from host memory as its host copy (put back
+  offloaded if the primitive fails).
 Every function reserves bytes before it allocates (``CapacityError`` past capacity), joins and
 leaves its communicator itself, and reports what it measured.
 """
@@ -30,6 +34,7 @@ from typing import Any
 import torch
 
 from nereus.runtime.comm import Group, GroupSpec, join_group, leave_group
+from nereus.runtime.memory import MemoryStats
 from nereus.runtime.splitting import split_segments, staging_bytes
 from nereus.runtime.state import (
     Coverage,
@@ -95,19 +100,20 @@ def split_member(ctx: WorkerContext, group: GroupSpec, src_id: str, out_id: str,
     ``staged``: the source goes to host memory and is freed on the device first (see the
     module docstring); it comes back from there if the Split fails."""
     t0 = time.perf_counter()
+    was_host = src_id in ctx.offloaded
     host = stage_out(ctx, src_id) if staged else None
     try:
         target, setup, move, sent, received, detail = _split_into(
             ctx, group, src_id, host, out_id, sub_layout, member_positions, bucket_bytes)
     except BaseException:
         if host is not None:
-            restore(ctx, src_id, host)
+            restore(ctx, src_id, host, was_host)
         raise
     # The source stays until the Split settles (``settle_member``). When it goes, nothing may
     # view it (its memory is reused): the group's last operations held its tensors until the
     # backend was destroyed, which ``_split_into`` did before returning.
     ctx.hold(out_id, target)
-    ctx.pending[out_id] = (src_id, host)
+    ctx.pending[out_id] = (src_id, host, was_host)
     return _result(ctx, t0, setup, move, sent, received, target.meta.digest(), detail)
 
 
@@ -241,17 +247,18 @@ def merge_member(ctx: WorkerContext, src_id: str, out_id: str, layout: tuple[int
     ``staged``: out of a host copy of the replica, which is freed on the device first (see the
     module docstring); it comes back from there if the Merge fails."""
     t0 = time.perf_counter()
+    was_host = src_id in ctx.offloaded
     host = stage_out(ctx, src_id) if staged else None
     try:
         target = _merge_into(ctx, host if host is not None else ctx.units[src_id], out_id,
                              layout, position)
     except BaseException:
         if host is not None:
-            restore(ctx, src_id, host)
+            restore(ctx, src_id, host, was_host)
         raise
     move = time.perf_counter() - t0
     ctx.hold(out_id, target)
-    ctx.pending[out_id] = (src_id, host)  # the source stays until the Merge settles
+    ctx.pending[out_id] = (src_id, host, was_host)  # the source stays until it settles
     return _result(ctx, t0, 0.0, move, 0, 0, target.meta.digest())
 
 
@@ -266,14 +273,14 @@ def settle_member(ctx: WorkerContext, out_id: str, keep: bool) -> int:
     A new unit settled before is left as it is. Returns the bytes held after."""
     entry = ctx.pending.pop(out_id, None)
     if entry is not None:
-        src_id, host = entry
+        src_id, host, was_host = entry
         if keep:
             if host is None:
                 ctx.drop(src_id)
         else:
             ctx.drop(out_id)
             if host is not None:
-                restore(ctx, src_id, host)
+                restore(ctx, src_id, host, was_host)
     return ctx.memory.stats().held
 
 
@@ -323,17 +330,26 @@ def host_copy(ctx: WorkerContext, st: ShardedState) -> ShardedState:
 
 def stage_out(ctx: WorkerContext, unit_id: str) -> ShardedState:
     """Copy a held unit's position to host memory and drop it on the device (its bytes
-    released); returns the host copy."""
+    released); returns the host copy. An offloaded unit is in host memory already: it is
+    taken as it is (nothing copied, no device bytes released)."""
     if unit_id not in ctx.units:
         raise KeyError(f"worker {ctx.device_id} holds no unit {unit_id}")
+    host = ctx.take_offloaded(unit_id)
+    if host is not None:
+        return host
     host = host_copy(ctx, ctx.units[unit_id])
     ctx.drop(unit_id)  # no reference of ours to the device arena is left
     return host
 
 
-def restore(ctx: WorkerContext, unit_id: str, host: ShardedState) -> None:
-    """Put a unit that ``stage_out`` dropped back on the device from its host copy, under its
-    id (a staged primitive failed: what was held before stays held)."""
+def restore(ctx: WorkerContext, unit_id: str, host: ShardedState,
+            offloaded: bool = False) -> None:
+    """Put a unit that ``stage_out`` took back under its id (a staged primitive failed: what
+    was held before stays held, as it was): on the device from its host copy, or, when it
+    was held ``offloaded``, as the host arena it is."""
+    if offloaded:
+        ctx.hold(unit_id, host, offloaded=True)
+        return
     st = ctx.allocate(host.spec, host.tp, host.pp, *host.position, host.meta,
                       f"restore {unit_id} from host memory")
     try:
@@ -419,14 +435,49 @@ def export_unit(ctx: WorkerContext, unit_id: str) -> ShardedState:
 
 
 def held_units(ctx: WorkerContext) -> dict[str, int]:
+    """Every unit held here (offloaded ones included) and its arena's bytes."""
     return {k: v.nbytes for k, v in ctx.units.items()}
 
 
+def unit_residency(ctx: WorkerContext) -> tuple[MemoryStats, dict[str, tuple[int, bool]]]:
+    """(this worker's byte counter, each held unit's (arena bytes, offloaded))."""
+    units = {k: (v.nbytes, k in ctx.offloaded) for k, v in list(ctx.units.items())}
+    return ctx.memory.stats(), units
+
+
+def set_residency(ctx: WorkerContext, offload: Sequence[str], load: Sequence[str]) -> int:
+    """Offload the units ``offload`` (first: their bytes make room), then load ``load``;
+    units not held are skipped. Returns the bytes counted after."""
+    for u in offload:
+        if u in ctx.units:
+            ctx.offload(u)
+    for u in load:
+        if u in ctx.units:
+            ctx.load(u)
+    return ctx.memory.stats().held
+
+
+def loading(ctx: WorkerContext, load: Sequence[str], fn: Any, *args: Any) -> Any:
+    """Load the offloaded units ``load`` onto the device (counted; ``CapacityError`` when they
+    do not fit), then run ``fn(ctx, *args)``: a primitive that first reads offloaded units."""
+    for u in load:
+        ctx.load(u)
+    return fn(ctx, *args)
+
+
 def place_seeded(ctx: WorkerContext, unit_id: str, spec: StateSpec, layout: tuple[int, int],
-                 position: tuple[int, int], seed: int, warm: bool = True) -> int:
-    """Build this worker's position of a seeded unit in place (bytes counted)."""
+                 position: tuple[int, int], seed: int, warm: bool = True,
+                 offloaded: bool = False) -> int:
+    """Build this worker's position of a seeded unit in place (bytes counted), or in host
+    memory, uncounted, when ``offloaded``."""
     from nereus.runtime.loading import fill_seeded
 
+    if offloaded:
+        n = arena_layout(spec, *layout, *position).nbytes
+        st = ShardedState(spec, *layout, *position, ctx.host_arena(n), StateMeta())
+        fill_seeded(st, seed, warm)
+        ctx.hold(unit_id, st, offloaded=True)
+        return st.nbytes
     st = ctx.allocate(spec, *layout, *position, StateMeta(), f"seeded {unit_id}")
     try:
         fill_seeded(st, seed, warm)
@@ -438,11 +489,18 @@ def place_seeded(ctx: WorkerContext, unit_id: str, spec: StateSpec, layout: tupl
 
 
 def place_safetensors(ctx: WorkerContext, unit_id: str, path: str, spec: StateSpec,
-                      layout: tuple[int, int], position: tuple[int, int], seed: int = 0) -> int:
-    """Build this worker's position of a unit from a Hugging Face checkpoint (bytes counted)."""
+                      layout: tuple[int, int], position: tuple[int, int], seed: int = 0,
+                      offloaded: bool = False) -> int:
+    """Build this worker's position of a unit from a Hugging Face checkpoint (bytes counted),
+    or in host memory, uncounted, when ``offloaded``."""
     from nereus.runtime.loading import load_safetensors
 
     n = arena_layout(spec, *layout, *position).nbytes
+    if offloaded:
+        st = load_safetensors(path, spec, layout[0], layout[1], position[0], position[1], seed,
+                              torch.device("cpu"))
+        ctx.hold(unit_id, st, offloaded=True)
+        return n
     ctx.memory.reserve(n, f"checkpoint {unit_id}")
     try:
         st = load_safetensors(path, spec, layout[0], layout[1], position[0], position[1], seed,

@@ -21,27 +21,46 @@ from nereus.transition.emu import Emu, stage_of
 if TYPE_CHECKING:
     from nereus.plan.types import Plan
     from nereus.spec.job import JobSpec
+    from nereus.transition.schedule import Schedule
 
 
 def place_units(pool: WorkerPool, units: Iterable[Emu], specs: Mapping[str, StateSpec],
                 seed: int | Mapping[str, int] = 0, warm: bool = True,
-                checkpoint: str | Path | None = None) -> dict[int, int]:
+                checkpoint: str | Path | None = None,
+                offloaded: Collection[str] = ()) -> dict[int, int]:
     """Build every position of ``units`` on its worker: seeded (``seed``, one for all stages
     or one per stage; ``warm`` optimizer state) or read from a Hugging Face ``checkpoint``.
-    Returns bytes placed per worker."""
+    Units whose ids are in ``offloaded`` are built in host memory, not counted against the
+    workers' capacity until loaded. Returns bytes placed per worker."""
     refs: dict[int, list[ray.ObjectRef[int]]] = {}
     for e in units:
         spec = specs[e.stage]
         lay = (e.layout.tp, e.layout.pp)
         s = seed if isinstance(seed, int) else seed[e.stage]
+        host = e.id in offloaded
         for i, g in enumerate(e.gpus):
             if checkpoint is None:
-                ref = pool.submit(g, mv.place_seeded, e.id, spec, lay, e.position(i), s, warm)
+                ref = pool.submit(g, mv.place_seeded, e.id, spec, lay, e.position(i), s, warm,
+                                  host)
             else:
                 ref = pool.submit(g, mv.place_safetensors, e.id, str(checkpoint), spec, lay,
-                                  e.position(i), s)
+                                  e.position(i), s, host)
             refs.setdefault(g, []).append(ref)
     return {g: sum(ray.get(rs)) for g, rs in refs.items()}
+
+
+def place_current(pool: WorkerPool, schedule: Schedule, specs: Mapping[str, StateSpec],
+                  seed: int | Mapping[str, int] = 0, stages: Collection[str] | None = None,
+                  warm: bool = True) -> list[Emu]:
+    """Place the current units of ``schedule`` (of ``stages``; by default the model-stages it
+    changes) held as the schedule assumes at its start (``nereus.runtime.residency``):
+    those it loads later, or never, in host memory. Returns the units placed."""
+    from nereus.runtime.residency import residency
+
+    keep = set(schedule.changed if stages is None else stages)
+    units = [e for s, es in schedule.initial.items() if s in keep for e in es]
+    place_units(pool, units, specs, seed, warm, offloaded=residency(schedule).offloaded_at_start)
+    return units
 
 
 def place_plan(pool: WorkerPool, job: JobSpec, plan: Plan, specs: Mapping[str, StateSpec],

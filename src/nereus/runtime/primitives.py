@@ -13,7 +13,8 @@ source is freed on the device before its new shard is allocated.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Set as AbstractSet
+from dataclasses import dataclass, replace
 from typing import Any
 
 from nereus.runtime import movement as mv
@@ -42,15 +43,35 @@ def split_member_groups(p: Split) -> list[tuple[tuple[int, int], tuple[int, ...]
     return out
 
 
-def need_bytes(p: Primitive, spec: StateSpec, bucket_bytes: int = mv.BUCKET_BYTES
-               ) -> dict[int, int]:
+def need_bytes(p: Primitive, spec: StateSpec, bucket_bytes: int = mv.BUCKET_BYTES,
+               offloaded: AbstractSet[str] = frozenset()) -> dict[int, int]:
     """Bytes each worker must have free when ``p`` starts: what it allocates then (its inputs
     stay until it ends); for a Split, its new shard plus the all-gather buffers of chunks of
     ``bucket_bytes`` (``nereus.transition.workspace``: at ``MIN_BUCKET_BYTES`` exactly what
     the transition planner's ``MemStep`` charges). A staged Split or Merge frees its source
     position on the device before it allocates (``nereus.runtime.movement``), so it needs only
     what the new shard (and a Split's buffers) take beyond the source:
-    max(0, new + buffers - source)."""
+    max(0, new + buffers - source).
+
+    ``offloaded``: ids of units held offloaded now (``nereus.runtime.residency``). A Split,
+    Merge or Extend loads those it reads first (``loads``), so their bytes are needed too;
+    a staged one reads its source from host memory as it is, so on a worker whose source is
+    offloaded it needs what the unstaged one allocates (there is nothing to free first)."""
+    if offloaded and not isinstance(p, Destroy):
+        host = {g for e in p.inputs if e.id in offloaded for g in e.gpus}
+        if isinstance(p, (Split, Merge)) and p.staged:
+            if not host:
+                return need_bytes(p, spec, bucket_bytes)
+            plain = need_bytes(replace(p, staged=False), spec, bucket_bytes)
+            return {g: plain[g] if g in host else n
+                    for g, n in need_bytes(p, spec, bucket_bytes).items()}
+        out = need_bytes(p, spec, bucket_bytes)
+        for g, ids in loads(p, offloaded).items():
+            for e in p.inputs:
+                if e.id in ids:
+                    out[g] = out.get(g, 0) + position_bytes(
+                        spec, *_layout(e), *e.position(e.gpus.index(g)))
+        return out
     if isinstance(p, Split):
         m_tp, m_pp = factors(p.emu.layout, p.sub)
         out = {}
@@ -79,14 +100,54 @@ def need_bytes(p: Primitive, spec: StateSpec, bucket_bytes: int = mv.BUCKET_BYTE
     return {}
 
 
-def fit_bucket(p: Primitive, spec: StateSpec, free: Mapping[int, int]) -> int | None:
+def held_change(p: Primitive, spec: StateSpec, offloaded: AbstractSet[str] = frozenset()
+                ) -> dict[int, int]:
+    """Counted bytes each worker holds once ``p`` has ended (and settled) minus before it
+    started: its new units' positions, less the resident ones it consumes; an Extend's
+    ``offloaded`` source is loaded and stays. A consumed unit held offloaded changes nothing:
+    a Split or Merge loads it and drops it, or (staged) takes it from host memory; a Destroy
+    frees its host memory only. The executor's preflight replays a schedule with it."""
+    out: dict[int, int] = {}
+
+    def add(e: Emu, sign: int) -> None:
+        for i, g in enumerate(e.gpus):
+            out[g] = out.get(g, 0) + sign * position_bytes(spec, *_layout(e), *e.position(i))
+
+    consumed = {e.id for e in p.consumed}
+    for e in p.inputs:
+        if e.id in consumed and e.id not in offloaded:
+            add(e, -1)
+        elif e.id not in consumed and e.id in offloaded:
+            add(e, 1)
+    for e in p.outputs:
+        add(e, 1)
+    return out
+
+
+def loads(p: Primitive, offloaded: AbstractSet[str]) -> dict[int, tuple[str, ...]]:
+    """The offloaded units ``p`` loads before it runs, by worker: those it reads, unless it
+    is a Destroy (which frees an offloaded unit's host memory) or a staged Split or Merge
+    (which reads its source from host memory as it is)."""
+    if isinstance(p, Destroy) or (isinstance(p, (Split, Merge)) and p.staged):
+        return {}
+    out: dict[int, list[str]] = {}
+    for e in p.inputs:
+        if e.id in offloaded:
+            for g in e.gpus:
+                out.setdefault(g, []).append(e.id)
+    return {g: tuple(us) for g, us in out.items()}
+
+
+def fit_bucket(p: Primitive, spec: StateSpec, free: Mapping[int, int],
+               offloaded: AbstractSet[str] = frozenset()) -> int | None:
     """The largest all-gather chunk (<= ``BUCKET_BYTES``) for which every worker of ``p`` has
-    the bytes it needs free; None when even the smallest chunk does not fit. Only a Split's
+    the bytes it needs free (``need_bytes``, with the ``offloaded`` units it loads); None when
+    even the smallest chunk does not fit. Only a Split's
     need depends on it; the transition planner charges the smallest chunk's buffers, so a
     schedule it certified always finds one."""
     bucket = mv.BUCKET_BYTES
     while bucket >= mv.MIN_BUCKET_BYTES:
-        need = need_bytes(p, spec, bucket)
+        need = need_bytes(p, spec, bucket, offloaded)
         if all(n <= free.get(g, 0) for g, n in need.items()):
             return bucket
         if not isinstance(p, Split):
@@ -101,25 +162,35 @@ def workers_of(p: Primitive) -> tuple[int, ...]:
 
 
 def launch(p: Primitive, pool: WorkerPool, rv: Rendezvous, spec: StateSpec, tag: str,
-           timeout_s: float, bucket_bytes: int = mv.BUCKET_BYTES
+           timeout_s: float, bucket_bytes: int = mv.BUCKET_BYTES,
+           offloaded: AbstractSet[str] = frozenset()
            ) -> tuple[dict[int, Any], dict[str, GroupSpec]]:
-    """Submit the workers' calls of ``p``; returns refs by device and its groups by name."""
+    """Submit the workers' calls of ``p``; returns refs by device and its groups by name.
+    A worker holding offloaded units that ``p`` reads (``loads``) loads them first, in the
+    same call (``movement.loading``)."""
     refs: dict[int, Any] = {}
     groups: dict[str, GroupSpec] = {}
+    first = loads(p, offloaded)
+
+    def submit(g: int, fn: Callable[..., Any], *args: Any) -> Any:
+        if g in first:
+            return pool.submit(g, mv.loading, first[g], fn, *args)
+        return pool.submit(g, fn, *args)
+
     if isinstance(p, Split):
         for sub_pos, members, positions in split_member_groups(p):
             name = f"{tag}.split.{sub_pos[0]}.{sub_pos[1]}"
             gs = GroupSpec.new(name, members, rv, timeout_s)
             groups[name] = gs
             for j, g in enumerate(members):
-                refs[g] = pool.submit(g, mv.split_member, gs, p.emu.id, p.outputs[j].id,
+                refs[g] = submit(g, mv.split_member, gs, p.emu.id, p.outputs[j].id,
                                       (p.sub.tp, p.sub.pp), positions, bucket_bytes,
                                       p.staged)
     elif isinstance(p, Merge):
         o = p.output
         src_of = {g: e.id for e in p.emus for g in e.gpus}
         for i, g in enumerate(o.gpus):
-            refs[g] = pool.submit(g, mv.merge_member, src_of[g], o.id, _layout(o),
+            refs[g] = submit(g, mv.merge_member, src_of[g], o.id, _layout(o),
                                   o.position(i), p.staged)
     elif isinstance(p, Extend):
         o = p.output
@@ -128,12 +199,12 @@ def launch(p: Primitive, pool: WorkerPool, rv: Rendezvous, spec: StateSpec, tag:
             gs = GroupSpec.new(name, (a, b), rv, timeout_s)  # one communicator per rank pair
             groups[name] = gs
             pos = o.position(i)
-            refs[a] = pool.submit(a, mv.extend_member, gs, p.emu.id, o.id, spec, _layout(o),
+            refs[a] = submit(a, mv.extend_member, gs, p.emu.id, o.id, spec, _layout(o),
                                   pos)
-            refs[b] = pool.submit(b, mv.extend_member, gs, None, o.id, spec, _layout(o), pos)
+            refs[b] = submit(b, mv.extend_member, gs, None, o.id, spec, _layout(o), pos)
     elif isinstance(p, Destroy):
         for g in p.emu.gpus:
-            refs[g] = pool.submit(g, mv.destroy_member, p.emu.id)
+            refs[g] = submit(g, mv.destroy_member, p.emu.id)
     else:
         raise TypeError(f"not a primitive: {p!r}")
     return refs, groups

@@ -66,9 +66,14 @@ class WorkerContext:
         # CUDA's caching allocator already reuses GPU memory; CPU workers reuse arenas here.
         self.cache = ArenaCache() if device.type == "cpu" else None
         self.units: dict[str, ShardedState] = {}
+        # held units that are offloaded (the transition planner's idle state): their arenas
+        # live in host memory and are not counted against the capacity until ``load``ed. On a
+        # CPU worker host and device memory are one, so only the count differs.
+        self.offloaded: set[str] = set()
         # a Split's or Merge's new units whose primitive has not settled (``movement.
-        # settle_member``): new id -> (source id, the host copy of a staged source)
-        self.pending: dict[str, tuple[str, ShardedState | None]] = {}
+        # settle_member``): new id -> (source id, the host copy of a staged source, whether
+        # that source was held offloaded)
+        self.pending: dict[str, tuple[str, ShardedState | None, bool]] = {}
         self.groups: dict[str, Group] = {}
         self.zombies: list[Any] = []  # aborted groups / joins whose backend is still busy
         self._joining: dict[str, PendingJoin] = {}  # by group name
@@ -118,24 +123,99 @@ class WorkerContext:
             self.cache.give(buf)
             self.cache.evict(max(0, self.memory.capacity - self.memory.stats().held))
 
-    def hold(self, unit_id: str, state: ShardedState) -> None:
-        """Keep an arena made by ``allocate`` under ``unit_id``."""
+    def hold(self, unit_id: str, state: ShardedState, offloaded: bool = False) -> None:
+        """Keep an arena made by ``allocate`` under ``unit_id``; ``offloaded``: an arena in
+        host memory, not counted (see ``host_arena``)."""
         with self._lock:
             if unit_id in self.units:
                 raise KeyError(f"worker {self.device_id} already holds unit {unit_id}")
             self.units[unit_id] = state
+            if offloaded:
+                self.offloaded.add(unit_id)
+
+    def host_arena(self, nbytes: int) -> torch.Tensor:
+        """Uncounted bytes in host memory for an offloaded unit's arena: pinned on a GPU
+        worker (its loads copy asynchronously-capable memory), plain on a CPU one."""
+        if self.device.type == "cuda":
+            return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+        return torch.empty(nbytes, dtype=torch.uint8)
 
     def drop(self, unit_id: str) -> int:
-        """Free a unit's arena; returns the bytes released (0 if not held)."""
+        """Free a unit's arena; returns the device bytes released (0 if not held, or held
+        offloaded: its host memory goes, no counted bytes)."""
         with self._lock:
             state = self.units.pop(unit_id, None)
+            host = unit_id in self.offloaded
+            self.offloaded.discard(unit_id)
         if state is None:
             return 0
         buf = state.buffer
         del state  # callers drop their own references to the unit before dropping it
-        n = buf.numel()
+        n = 0 if host else buf.numel()
         self.memory.release(n)
-        self._recycle(buf)
+        if self.device.type == "cpu" or not host:
+            self._recycle(buf)
+        return n
+
+    def take_offloaded(self, unit_id: str) -> ShardedState | None:
+        """Remove an offloaded unit and hand its host arena to the caller (a staged primitive
+        reads its source from there); None, and nothing removed, when the unit is not held
+        offloaded."""
+        with self._lock:
+            if unit_id not in self.offloaded:
+                return None
+            self.offloaded.discard(unit_id)
+            return self.units.pop(unit_id)
+
+    def load(self, unit_id: str) -> int:
+        """Bring an offloaded unit onto the device, its bytes counted first (CapacityError
+        when they do not fit: it stays offloaded); returns the bytes loaded (0 when it was
+        resident). On a GPU worker the arena is copied into device memory and the host copy
+        freed; on a CPU worker it stays where it is and is counted from now on."""
+        with self._lock:
+            if unit_id not in self.units:
+                raise KeyError(f"worker {self.device_id} holds no unit {unit_id}")
+            if unit_id not in self.offloaded:
+                return 0
+            host = self.units[unit_id]
+        n = host.nbytes
+        if self.device.type == "cpu":
+            self.memory.reserve(n, f"load {unit_id}")
+            dev = host
+        else:
+            dev = self.allocate(host.spec, host.tp, host.pp, *host.position, host.meta,
+                                f"load {unit_id}")
+            try:
+                dev.buffer.copy_(host.buffer)
+                torch.cuda.synchronize(self.device)
+            except BaseException:
+                self.free(dev)
+                raise
+        with self._lock:
+            self.units[unit_id] = dev
+            self.offloaded.discard(unit_id)
+        return n
+
+    def offload(self, unit_id: str) -> int:
+        """Move a resident unit to host memory (pinned on a GPU worker), its device bytes
+        released; returns them (0 when it was offloaded already)."""
+        with self._lock:
+            if unit_id not in self.units:
+                raise KeyError(f"worker {self.device_id} holds no unit {unit_id}")
+            if unit_id in self.offloaded:
+                return 0
+            dev = self.units[unit_id]
+        n = dev.nbytes
+        host = dev
+        if self.device.type != "cpu":
+            buf = self.host_arena(n)
+            buf.copy_(dev.buffer)
+            host = ShardedState(dev.spec, dev.tp, dev.pp, *dev.position, buf, dev.meta)
+        with self._lock:
+            self.units[unit_id] = host
+            self.offloaded.add(unit_id)
+        del dev, host
+        self.memory.release(n)  # the device arena is freed with the last reference to it
         return n
 
     def rename(self, mapping: Mapping[str, str], token: str) -> bool:
@@ -155,6 +235,10 @@ class WorkerContext:
                         self.units[old] = moved.pop(new)
                 raise KeyError(f"worker {self.device_id}: units {clash} exist already")
             self.units.update(moved)
+            host = {new for old, new in mapping.items() if new in moved
+                    and old in self.offloaded}
+            self.offloaded = (self.offloaded - {old for old, new in mapping.items()
+                                                if new in moved}) | host
             self._renames.add(token)
             return True
 
@@ -168,7 +252,16 @@ class WorkerContext:
     def memory_stats(self) -> MemoryStats:
         st = self.memory.stats()
         cached = self.cache.bytes if self.cache is not None else 0
-        return MemoryStats(st.held, st.peak, st.capacity, cached)
+        device_peak = (int(torch.cuda.max_memory_allocated(self.device))
+                       if self.device.type == "cuda" else None)
+        return MemoryStats(st.held, st.peak, st.capacity, cached, device_peak)
+
+    def reset_peaks(self) -> MemoryStats:
+        """Restart the counted peak (and, on a GPU worker, torch's measured one)."""
+        self.memory.reset_peak()
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+        return self.memory_stats()
 
     # ---- process groups
     def add_group(self, group: Group) -> None:
