@@ -40,7 +40,7 @@ from nereus.runtime.workers import WorkerCallsFailed, WorkerHung
 from nereus.spec.job import JobSpec
 from nereus.transition.emu import Emu, phi
 from nereus.transition.planner import plan_transition
-from nereus.transition.primitives import Destroy, Extend, Primitive
+from nereus.transition.primitives import Destroy, Extend, Merge, Primitive
 from nereus.transition.schedule import Schedule
 
 from runtime_testlib import cpu_job, plan_of
@@ -689,6 +689,31 @@ def test_executor_refuses_memory_once_nothing_runs_that_could_free_it() -> None:
     assert [t.index for t in rep.timings] == [0, 1]
     assert {e.id for e in rep.intact[STAGE]} == {"actor_train/0", "actor_train/1",
                                                  "actor_train/2"}
+
+
+def test_executor_runs_each_workers_primitives_in_the_schedules_order() -> None:
+    """#1 merges two tp=1 units on workers 0-1 (both held until it settles), #2 extends a
+    tp=2 unit onto 0-1; the planner ran the Merge first, which fits (a unit and a half at its
+    peak, half a unit after). #1 waits for #0 on other workers, #2 is ready at once: started
+    as soon as its dependencies ended, #2 took half a unit on 0-1 first and the Merge no
+    longer fit; the executor keeps each worker's primitives in the schedule's order, so #2
+    waits for #1, and the run ends within capacity."""
+    job = _job()
+    u = _units(job, STAGE, 1, 1, [[0], [1], [4]])
+    v = _units(job, STAGE, 2, 1, [[2, 3]], ids=[3])[0]
+    merge = Merge.of(u[:2], Layout(2, 1), "actor_train/4")
+    aside = Extend.of(u[2], (5,), "actor_train/5")
+    onto = Extend.of(v, (0, 1), "actor_train/6")
+    schedule = _schedule([(aside, ()), (merge, (0,)), (onto, ())], [*u, v],
+                         [merge.output, u[2], aside.output, v, onto.output])
+    spec = _specs()[STAGE]
+    full, half = (position_bytes(spec, 1, 1, 0, 0), position_bytes(spec, 2, 1, 0, 0))
+    pool = _Pool(range(6), capacity=full + half).holding(u, full).holding([v], half)
+    events, hook = _recorder()
+    report = Executor(pool, _specs(), on_event=hook).run(schedule, rename=False)
+    assert events.index(("end", 1)) < events.index(("start", 2)), events
+    assert report.within_capacity(), (report.peak_bytes, report.capacity_bytes)
+    assert report.peak_bytes[0] == full + half and pool.workers[0].held == 2 * half
 
 
 def test_executor_reports_a_stall_before_anything_moved_as_it_is() -> None:

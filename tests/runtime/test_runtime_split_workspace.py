@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterator
-from dataclasses import replace
 
 import pytest
 
@@ -167,27 +166,16 @@ def _pair(model: str, memory_mib: float, seed: int) -> tuple[JobSpec, Plan, Plan
     return job, *pair
 
 
-def _serial(schedule: Schedule) -> Schedule:
-    """``schedule`` with each primitive waiting for the one before it: the executor then runs
-    them one at a time in the schedule's order, in which each finds at least the memory the
-    planner's timeline gives it (those before it have ended, none after it has started).
-    Unchanged, the executor starts a primitive as soon as its dependencies end, which can run
-    one ahead of the schedule's order and take memory the planner gave an earlier one: a
-    separate question from what each primitive is charged, which is what this file checks."""
-    prims = tuple(replace(sp, deps=tuple(sorted({*sp.deps, sp.index - 1} - {-1})))
-                  for sp in schedule.primitives)
-    return replace(schedule, primitives=prims)
-
-
 def _run(pool: WorkerPool, job: JobSpec, current: Plan, schedule: Schedule, seed: int) -> None:
-    """Run a certified ``schedule`` (in its order, ``_serial``) on workers of the planner's
-    capacity: it completes (the memory check refuses nothing), within capacity, every copy
-    bitwise."""
+    """Run a certified ``schedule`` on workers of the planner's capacity: it completes (the
+    memory check refuses nothing), within capacity, every copy bitwise. The executor runs
+    each worker's primitives in the schedule's order, so each finds at least the memory the
+    planner's timeline gives it."""
     specs = _specs(job)
     seeds = stage_seeds(job, seed)
     pool.set_capacity(schedule.capacity_bytes)
     place_plan(pool, job, current, specs, seeds)
-    report = Executor(pool, specs).run(_serial(schedule))
+    report = Executor(pool, specs).run(schedule)
     assert report.within_capacity(), (report.peak_bytes, report.capacity_bytes)
     check_stages(pool, job, report.units, seeds)
 
@@ -234,9 +222,10 @@ def test_a_transition_at_the_tightest_certified_memory_runs(clean: WorkerPool, m
                                                            ) -> None:
     """At the least memory the planner certifies the draw with, the workers run it: every
     primitive passes the memory check (at some all-gather chunk), within capacity. Needs an
-    executor that holds idle state offloaded as the planner assumes (``runtime.residency``):
-    at this margin one that keeps every current unit on its device is refused for that."""
-    pytest.importorskip("nereus.runtime.residency")
+    executor that holds idle state offloaded as the planner assumes (``runtime.residency``)
+    and runs each worker's primitives in the schedule's order: at this margin one that keeps
+    every current unit on its device, or starts a primitive as soon as its dependencies end
+    (tiny-llama's Extend #16 before Split #14 on worker 0), is refused part-way."""
     job, current, schedule = _tightest(model, memory_mib, seed)
     assert any(isinstance(sp.primitive, Split) for sp in schedule.primitives)
     _run(clean, job, current, schedule, seed)

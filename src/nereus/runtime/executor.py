@@ -1,10 +1,16 @@
 """Runs a transition ``Schedule`` on the workers: real data movement, measured per primitive.
 
 The schedule (``nereus.transition.schedule``) gives the primitives, their dependencies and the
-estimated times. The executor starts a primitive when its dependencies have ended, none of its
-workers is busy with another one, and every worker it touches has the bytes it will allocate
-(checked against the worker's capacity with the bytes it holds now); ready primitives on
-disjoint workers run at the same time.
+estimated times. The executor starts a primitive when its dependencies have ended, every
+primitive before it in the schedule's order that shares a worker with it has ended, and every
+worker it touches has the bytes it will allocate (checked against the worker's capacity with
+the bytes it holds now); primitives on disjoint workers run at the same time. The schedule's
+indices follow its planned start times and its primitives on one GPU never overlap, so each
+worker runs its primitives in the planner's order, one at a time: its bytes step through the
+same values as the planner's timeline of that GPU (from the bytes it holds at the start), and a
+primitive never finds less memory free than the planner gave it. (Started as soon as its
+dependencies ended, one could run ahead and take memory the timeline gave an earlier one: an
+Extend onto a GPU before the Split the planner ran there first, which then did not fit.)
 
 Before anything moves, the current units are held as the planner assumed
 (``nereus.runtime.residency``: read ones on their devices, at the start or loaded by their
@@ -241,6 +247,13 @@ class Executor:
         held = {d: s.held for d, s in zip(involved, stats)}
         cap = {d: s.capacity for d, s in zip(involved, stats)}
         offloaded = set(plan.offloaded_at_start)  # current units in host memory now
+        # each worker's primitives in the schedule's order: one starts when it is first of
+        # those not ended on every worker it touches (``turn``; the module docstring says why)
+        queue: dict[int, list[int]] = {}
+        for i, p in enumerate(prims):
+            for g in workers_of(p):
+                queue.setdefault(g, []).append(i)
+        turn = dict.fromkeys(queue, 0)  # worker -> position in its queue of its next one
 
         timings: dict[int, PrimitiveTiming] = {}
         done: set[int] = set()
@@ -254,7 +267,7 @@ class Executor:
                     if i in done or i in running or not deps[i] <= done:
                         continue
                     ws = workers_of(p)
-                    if busy.intersection(ws):
+                    if busy.intersection(ws) or any(queue[g][turn[g]] != i for g in ws):
                         continue
                     spec = self.specs[p.stage]
                     bucket = fit_bucket(p, spec, {g: cap[g] - held[g] for g in ws}, offloaded)
@@ -288,6 +301,8 @@ class Executor:
                     offloaded.difference_update(e.id for e in r.prim.inputs)  # loaded or gone
                     units.update({e.id: e for e in r.prim.outputs})
                     busy.difference_update(workers_of(r.prim))
+                    for g in workers_of(r.prim):
+                        turn[g] += 1
                     done.add(i)
                     self._event("end", i, r.prim)
                 if hung or any(r.errors for r in running.values()):

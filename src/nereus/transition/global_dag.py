@@ -26,8 +26,9 @@ replay fits that way, each unit is loaded by the first primitive that reads it a
 destroyed. Units of unchanged stages, units a transition only destroys and units it keeps as
 they are stay offloaded (destroying one frees no GPU memory), and every unit a primitive makes
 is on its GPUs. When neither fits, the transition is infeasible and says so (the controller
-then tries moves of fewer model-stages). The runtime, which keeps every unit it
-holds resident, checks its own capacity before each primitive.
+then tries moves of fewer model-stages). The runtime holds the state the same way
+(``nereus.runtime.residency`` derives it from the schedule) and runs each GPU's primitives in
+the schedule's order, so its bytes follow this timeline.
 """
 
 from __future__ import annotations
