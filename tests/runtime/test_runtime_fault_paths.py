@@ -77,6 +77,7 @@ class _Worker:
         self.capacity = capacity
         self.units: dict[str, _Arena] = {}
         self.offloaded: set[str] = set()  # held in host memory: not counted
+        self.in_use: dict[str, str] = {}  # an engine's key -> the unit it computes on
         self.pending: dict[str, Any] = {}
         self.extra = 0  # bytes it holds beyond its units (``_Pool(bloat=...)``)
         self.peak = 0
@@ -649,6 +650,41 @@ def test_executor_waits_for_a_running_primitive_before_a_memory_refusal() -> Non
     assert report.within_capacity()
     assert pool.held() == {0: ["actor_train/0"], 1: ["actor_train/1"], 2: ["actor_train/3"],
                            3: ["actor_train/2"]}
+
+
+def test_a_worker_the_transition_does_not_touch_is_left_alone() -> None:
+    """Worker 5 holds only a unit of a stage that does not change, and is stuck in a call:
+    the transition, which runs nowhere near it, runs, and worker 5's unit stays resident
+    (before, every worker holding a current unit was asked to offload it, and the stuck one
+    failed the transition before it began)."""
+    u, to3, _, _, size = _three_tp1_units()
+    ref = _units(_job(), REF, 1, 1, [[5]])
+    schedule = _schedule([(to3, ())], u, [*u, to3.output])
+    schedule = replace(schedule, initial={**schedule.initial, REF: ref})
+    pool = _Pool(range(6), mute=[5]).holding([*u, *ref], size)
+    report = Executor(pool, _specs()).run(schedule)
+    assert report.units[STAGE][-1].gpus == (3,)
+    assert not pool.workers[5].offloaded and ref[0].id in pool.workers[5].units
+
+
+def test_a_unit_an_engine_computes_on_is_not_offloaded_under_it() -> None:
+    """Worker 0, the source of the Extend, also holds a unit of a stage that does not
+    change, which the planner takes as offloaded at the boundary, while an engine computes
+    on it: refused in one line before anything changes, not offloaded under the engine's
+    views."""
+    u, to3, _, _, size = _three_tp1_units()
+    ref = _units(_job(), REF, 1, 1, [[0]])
+    schedule = _schedule([(to3, ())], u, [*u, to3.output])
+    schedule = replace(schedule, initial={**schedule.initial, REF: ref})
+    pool = _Pool(range(4)).holding([*u, *ref], size)
+    pool.workers[0].in_use["ref-engine"] = ref[0].id
+    with pytest.raises(InfeasibleError) as info:
+        Executor(pool, _specs()).run(schedule)
+    assert str(info.value) == (
+        f"transition: it holds idle state offloaded, and an engine computes on worker 0's "
+        f"{ref[0].id} (detach it first)")
+    assert _calls(pool, "submit") == []
+    assert all(not w.offloaded for w in pool.workers.values())
 
 
 def test_executor_refuses_memory_before_anything_moves_where_nothing_frees_it() -> None:

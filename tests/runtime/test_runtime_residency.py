@@ -58,6 +58,18 @@ def test_an_offloaded_unit_is_counted_only_once_loaded() -> None:
     ctx.free(st)
 
 
+def test_a_unit_an_engine_computes_on_is_not_offloaded() -> None:
+    ctx = WorkerContext(0, torch.device("cpu"), ONE)
+    mv.place_seeded(ctx, "a", SPEC, (1, 1), (0, 0), 3)
+    ctx.in_use["engine/a"] = "a"  # what engine.remote.attach records
+    with pytest.raises(RuntimeError, match="unit a is in use by engine/a; detach"):
+        ctx.offload("a")
+    assert not ctx.offloaded and ctx.memory.stats().held == ONE
+    assert mv.unit_residency(ctx)[2] == {"a"}
+    del ctx.in_use["engine/a"]  # detached
+    assert ctx.offload("a") == ONE
+
+
 JOB_A = {"model": "tiny-llama", "gpus": 3, "cluster": {
     "device": "cpu", "devices_per_node": 4, "device_memory_gib": 0.001034802860683865},
     "workload": {"param_dtype": "fp32"}}

@@ -91,11 +91,13 @@ def attach(ctx: Any, key: str, unit_id: str, pos: Position, names: GroupNames,
     eng = StageEngine(spec.model, spec.head, pos, st.params, groups, state, adam,
                       resident_bytes=lambda: ctx.memory.stats().held)
     ctx.scratch[key] = _Attached(eng, unit_id, st)
+    ctx.in_use[key] = unit_id  # the runtime does not offload it under the engine
     return int(spec.model.vocab_size)
 
 
 def detach(ctx: Any, key: str) -> None:
     ctx.scratch.pop(key, None)
+    ctx.in_use.pop(key, None)
 
 
 def release(ctx: Any, key: str, names: tuple[str, ...]) -> None:
@@ -109,6 +111,7 @@ def release(ctx: Any, key: str, names: tuple[str, ...]) -> None:
     from nereus.runtime.comm import leave_group
 
     ctx.scratch.pop(key, None)
+    ctx.in_use.pop(key, None)
     for name in names:
         leave_group(ctx, name)
     gc.collect()

@@ -449,23 +449,36 @@ class Executor:
         would then hold (another model-stage's state included), its primitives replayed in
         the schedule's order (the order the executor runs them in on that worker) with the
         bytes the memory check will ask; the first that would not fit is refused in one line
-        (``InfeasibleError``), as it would be part-way. Reads go to the workers' control
-        threads (one stuck in a call still answers)."""
-        ask = sorted(set(involved) | {g for e in res.units.values() for g in e.gpus
-                                      if g in self.pool.device_ids})
-        got = dict(zip(ask, ray.get([self.pool.submit_control(g, mv.unit_residency)
-                                     for g in ask], timeout=self.grace_s)))
+        (``InfeasibleError``), as it would be part-way. Only the transition's own workers
+        are touched: elsewhere no primitive runs, and a stage's state there stays as it is
+        (a worker busy with other work does not hold the transition up). A unit an engine
+        computes on is not offloaded under it: refused here, before anything changes. Reads
+        go to the workers' control threads (one stuck in a call still answers); the moves
+        wait as long as their bytes take at the slowest rate a live worker is assumed to
+        reach (``SLOW_BW``), as a primitive's calls do."""
+        got = dict(zip(involved, ray.get([self.pool.submit_control(g, mv.unit_residency)
+                                          for g in involved], timeout=self.grace_s)))
         calls: dict[int, tuple[Any, tuple[Any, ...]]] = {}
         held: dict[int, int] = {}
         cap: dict[int, int] = {}
-        for g, (stats, here) in got.items():
+        moved: dict[int, int] = {}
+        busy: dict[int, list[str]] = {}
+        for g, (stats, here, in_use) in got.items():
             off = [u for u, (_, host) in here.items()
                    if u in res.units and not host and u not in res.loaded_at_start]
             on = [u for u, (_, host) in here.items() if host and u in res.loaded_at_start]
             held[g] = stats.held - sum(here[u][0] for u in off) + sum(here[u][0] for u in on)
             cap[g] = stats.capacity
+            moved[g] = sum(here[u][0] for u in off + on)
+            if in_use & set(off):
+                busy[g] = sorted(in_use & set(off))
             if off or on:
                 calls[g] = (mv.set_residency, (off, on))
+        if busy:
+            raise InfeasibleError(
+                "transition: it holds idle state offloaded, and an engine computes on "
+                + "; ".join(f"worker {g}'s {', '.join(us)}" for g, us in busy.items())
+                + " (detach it first)")
         over = sorted(g for g in involved if held[g] > cap[g])
         if over:
             raise InfeasibleError(
@@ -473,7 +486,8 @@ class Executor:
                 "(" + ", ".join(f"{g}: {held[g]} > {cap[g]}" for g in over) + ")")
         replay(prims, self.specs, held, cap, res.offloaded_at_start)
         if calls:
-            self.pool.run(calls, self.grace_s)
+            most = max(moved[g] for g in calls)
+            self.pool.run(calls, self.min_timeout_s + most / SLOW_BW + self.grace_s)
 
     def _check_held(self, units: Mapping[str, Emu], involved: Sequence[int],
                     prims: Sequence[Primitive]) -> None:

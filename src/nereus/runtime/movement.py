@@ -439,10 +439,12 @@ def held_units(ctx: WorkerContext) -> dict[str, int]:
     return {k: v.nbytes for k, v in ctx.units.items()}
 
 
-def unit_residency(ctx: WorkerContext) -> tuple[MemoryStats, dict[str, tuple[int, bool]]]:
-    """(this worker's byte counter, each held unit's (arena bytes, offloaded))."""
+def unit_residency(ctx: WorkerContext
+                   ) -> tuple[MemoryStats, dict[str, tuple[int, bool]], frozenset[str]]:
+    """(this worker's byte counter, each held unit's (arena bytes, offloaded), the units an
+    engine computes on)."""
     units = {k: (v.nbytes, k in ctx.offloaded) for k, v in list(ctx.units.items())}
-    return ctx.memory.stats(), units
+    return ctx.memory.stats(), units, frozenset(ctx.in_use.values())
 
 
 def set_residency(ctx: WorkerContext, offload: Sequence[str], load: Sequence[str]) -> int:

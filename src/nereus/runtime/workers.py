@@ -70,6 +70,9 @@ class WorkerContext:
         # live in host memory and are not counted against the capacity until ``load``ed. On a
         # CPU worker host and device memory are one, so only the count differs.
         self.offloaded: set[str] = set()
+        # what computes on a unit's views (an engine: ``engine.remote.attach``): key -> unit
+        # id; such a unit is not offloaded under it (its views would keep the old arena)
+        self.in_use: dict[str, str] = {}
         # a Split's or Merge's new units whose primitive has not settled (``movement.
         # settle_member``): new id -> (source id, the host copy of a staged source, whether
         # that source was held offloaded)
@@ -204,6 +207,10 @@ class WorkerContext:
                 raise KeyError(f"worker {self.device_id} holds no unit {unit_id}")
             if unit_id in self.offloaded:
                 return 0
+            users = sorted(k for k, u in self.in_use.items() if u == unit_id)
+            if users:
+                raise RuntimeError(f"worker {self.device_id}: unit {unit_id} is in use by "
+                                   f"{', '.join(users)}; detach before it is offloaded")
             dev = self.units[unit_id]
         n = dev.nbytes
         host = dev
