@@ -652,6 +652,23 @@ def test_executor_waits_for_a_running_primitive_before_a_memory_refusal() -> Non
                            3: ["actor_train/2"]}
 
 
+def test_executor_refuses_memory_before_anything_moves_where_nothing_frees_it() -> None:
+    """The same without the Destroy: worker 2 keeps the unit #0 reads, and #1 needs a second
+    unit's bytes there. The preflight replays each worker's primitives in the schedule's
+    order and refuses #1 before any call: the error names worker 2 and the bytes short."""
+    u, _, to2, _, size = _three_tp1_units()
+    from3 = Extend.of(u[2], (3,), "actor_train/3")
+    schedule = _schedule([(from3, ()), (to2, ())], u, [*u, from3.output, to2.output])
+    pool = _tight_pool(u, size)
+    with pytest.raises(InfeasibleError) as info:
+        Executor(pool, _specs()).run(schedule)
+    assert str(info.value) == (
+        f"transition: Extend(actor_train) needs more memory than workers [2] have free "
+        f"(2: {size} > {size // 2}), when its turn comes (#1; nothing has moved)")
+    assert _calls(pool, "submit") == []
+    assert all(not w.offloaded for w in pool.workers.values())  # residency left as it was
+
+
 def test_a_worker_the_transition_does_not_touch_is_left_alone() -> None:
     """Worker 5 holds only a unit of a stage that does not change, and is stuck in a call:
     the transition, which runs nowhere near it, runs, and worker 5's unit stays resident
@@ -685,23 +702,6 @@ def test_a_unit_an_engine_computes_on_is_not_offloaded_under_it() -> None:
         f"{ref[0].id} (detach it first)")
     assert _calls(pool, "submit") == []
     assert all(not w.offloaded for w in pool.workers.values())
-
-
-def test_executor_refuses_memory_before_anything_moves_where_nothing_frees_it() -> None:
-    """The same without the Destroy: worker 2 keeps the unit #0 reads, and #1 needs a second
-    unit's bytes there. The preflight replays each worker's primitives in the schedule's
-    order and refuses #1 before any call: the error names worker 2 and the bytes short."""
-    u, _, to2, _, size = _three_tp1_units()
-    from3 = Extend.of(u[2], (3,), "actor_train/3")
-    schedule = _schedule([(from3, ()), (to2, ())], u, [*u, from3.output, to2.output])
-    pool = _tight_pool(u, size)
-    with pytest.raises(InfeasibleError) as info:
-        Executor(pool, _specs()).run(schedule)
-    assert str(info.value) == (
-        f"transition: Extend(actor_train) needs more memory than workers [2] have free "
-        f"(2: {size} > {size // 2}), when its turn comes (#1; nothing has moved)")
-    assert _calls(pool, "submit") == []
-    assert all(not w.offloaded for w in pool.workers.values())  # residency left as it was
 
 
 def test_executor_refuses_memory_once_nothing_runs_that_could_free_it() -> None:
