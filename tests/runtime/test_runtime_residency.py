@@ -18,9 +18,9 @@ from nereus.runtime import movement as mv
 from nereus.runtime.executor import Executor, replay, state_specs
 from nereus.runtime.loading import seeded_meta
 from nereus.runtime.placement import place_current, place_units
-from nereus.runtime.primitives import workers_of
-from nereus.runtime.residency import residency, unit_bytes
-from nereus.runtime.state import StateSpec, arena_layout
+from nereus.runtime.primitives import loads, workers_of
+from nereus.runtime.residency import residency
+from nereus.runtime.state import StateSpec, arena_layout, position_bytes
 from nereus.runtime.workers import WorkerContext, WorkerPool
 from nereus.spec.job import JobSpec, parse_job
 from nereus.spec.model import MODEL_PRESETS
@@ -200,20 +200,22 @@ def test_the_runtimes_residency_is_the_planners(model: str, memory_mib: float, s
         out: dict[int, int] = {}
         for u in ids:
             e = res.units[u]
-            for g, n in unit_bytes(e, specs[e.stage]).items():
-                out[g] = out.get(g, 0) + n
+            for i, g in enumerate(e.gpus):
+                out[g] = out.get(g, 0) + position_bytes(specs[e.stage], e.layout.tp,
+                                                        e.layout.pp, *e.position(i))
         return out
 
     start = bytes_of(res.loaded_at_start)
     assert start == {g: b for g, b in dag.initial_bytes.items() if b}
-    loads = res.loads()
+    offloaded = set(res.offloaded_at_start)  # as the executor tracks it
     for sp in schedule.primitives:
+        loaded = {u for us in loads(sp.primitive, offloaded).values() for u in us}
+        offloaded -= {e.id for e in sp.primitive.inputs}
         if sp.op == "Destroy":  # loads nothing (the planner charges an offloaded one zero)
             continue
         own = sp.primitive.memory(cost.sizes)
         charged = {g: own[g].before - m.before for g, m in sp.memory.items()}
-        assert bytes_of(loads.get(sp.index, ())) == {g: b for g, b in charged.items() if b}, \
-            (sp.index, sp.op)
+        assert bytes_of(loaded) == {g: b for g, b in charged.items() if b}, (sp.index, sp.op)
     prims = [sp.primitive for sp in schedule.primitives]
     gpus = {g for p in prims for g in workers_of(p)}
     peaks = replay(prims, specs, {g: start.get(g, 0) for g in gpus},
