@@ -554,22 +554,15 @@ def estimate_note(result: dict) -> str:
 
 
 def execution_summary(result: dict) -> str:
+    from nereus.runtime.demo import device_peak_note  # loaded already: the run used it
+
     verdict = ("bitwise equal" if result["bitwise_equal"]
                else "DIFFERS: " + "; ".join(result["differences"][:3]))
     return (f"L_tran estimated {result['estimated_s']:.4f} s (estimated), measured "
             f"{result['measured_s']:.4f} s (measured); state after the transition: {verdict}; "
             f"peak bytes within capacity (counted: runtime byte counter): "
             f"{'yes' if result['within_capacity'] else 'NO'}"
-            + _device_peak_note(result.get("device_peak_bytes") or {}))
-
-
-def _device_peak_note(device_peak: Mapping[str, int]) -> str:
-    """GPU workers' measured peaks (torch.cuda.max_memory_allocated), '' on CPU workers."""
-    if not device_peak:
-        return ""
-    g, most = max(device_peak.items(), key=lambda kv: kv[1])
-    return (f"; peak allocated {most / 2**20:.1f} MiB on GPU {g} (measured: "
-            "torch.cuda.max_memory_allocated)")
+            + device_peak_note(result.get("device_peak_bytes") or {}))
 
 
 def quiet_ray() -> None:
