@@ -6,32 +6,28 @@ A sub-unit's GPU list is ordered by its own ``pp_rank * tp_sub + tp_rank``. Spli
 inside each group of the ``m_tp * m_pp`` GPUs that share a T_sub-position; Merge is the inverse
 mapping and moves nothing. Shard ranges nest under this mapping (``spec.sharding``), which is
 what makes both local to those groups.
+
+The GPU mapping itself (``factors``, ``split_gpus``, ``merge_gpus``) is the plan layer's
+(``plan.nesting``), which placement reads too; it is imported here for the primitives.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from functools import lru_cache
 
 from nereus.cost.candidate import Layout
-from nereus.errors import InputError
+from nereus.plan.nesting import factors, merge_gpus, split_gpus
 from nereus.spec.model import ModelSpec
 from nereus.spec.sharding import layout_problem, padded_vocab
+
+__all__ = ["common_layout", "factors", "gather_groups", "merge_gpus", "nesting_problem",
+           "split_gpus", "sub_index"]
 
 
 def common_layout(a: Layout, b: Layout) -> Layout:
     """The largest layout both ``a`` and ``b`` split into: (gcd(tp, tp*), gcd(pp, pp*))."""
     return Layout(math.gcd(a.tp, b.tp), math.gcd(a.pp, b.pp))
-
-
-def factors(layout: Layout, sub: Layout) -> tuple[int, int]:
-    """(m_tp, m_pp) with layout = (sub.tp * m_tp, sub.pp * m_pp); raises if ``sub`` does not
-    divide ``layout``."""
-    if sub.tp < 1 or sub.pp < 1 or layout.tp % sub.tp or layout.pp % sub.pp:
-        raise InputError("layout", f"{sub} does not divide {layout}",
-                         "a sub-layout whose tp and pp divide the unit's")
-    return layout.tp // sub.tp, layout.pp // sub.pp
 
 
 def nesting_problem(model: ModelSpec, layout: Layout, sub: Layout) -> str | None:
@@ -46,40 +42,6 @@ def nesting_problem(model: ModelSpec, layout: Layout, sub: Layout) -> str | None
         return (f"vocabulary padding differs between tp={layout.tp} and tp={sub.tp}, "
                 "so embedding rows do not nest")
     return None
-
-
-def split_gpus(gpus: Sequence[int], layout: Layout, sub: Layout) -> tuple[tuple[int, ...], ...]:
-    """The GPU lists of the k sub-units (index j) that Split of a ``layout`` unit produces."""
-    m_tp, m_pp = factors(layout, sub)
-    if len(gpus) != layout.size:
-        raise InputError("gpus", f"{len(gpus)} GPUs for {layout}")
-    k = m_tp * m_pp
-    out: list[list[int]] = [[0] * sub.size for _ in range(k)]
-    tp = layout.tp
-    for i, g in enumerate(gpus):
-        t, r = i % tp, i // tp
-        j = t % m_tp + m_tp * (r % m_pp)
-        out[j][(r // m_pp) * sub.tp + t // m_tp] = g
-    return tuple(tuple(u) for u in out)
-
-
-def merge_gpus(units: Sequence[Sequence[int]], sub: Layout, layout: Layout) -> tuple[int, ...]:
-    """The GPU list of the ``layout`` unit that Merge of ``units`` (index j, layout ``sub``)
-    produces: unit j's GPU at sub-position (t', r') takes T-position
-    (t' * m_tp + j % m_tp, r' * m_pp + j // m_tp)."""
-    m_tp, m_pp = factors(layout, sub)
-    if len(units) != m_tp * m_pp:
-        raise InputError("units", f"{len(units)} units to merge {sub} into {layout}",
-                         f"exactly {m_tp * m_pp}")
-    out = [0] * layout.size
-    for j, unit in enumerate(units):
-        if len(unit) != sub.size:
-            raise InputError("units", f"unit {j} lists {len(unit)} GPUs for {sub}")
-        for s, g in enumerate(unit):
-            t_, r_ = s % sub.tp, s // sub.tp
-            t, r = t_ * m_tp + j % m_tp, r_ * m_pp + j // m_tp
-            out[r * layout.tp + t] = g
-    return tuple(out)
 
 
 @lru_cache(maxsize=256)
