@@ -10,7 +10,7 @@ from nereus.spec.job import parse_job
 from nereus.transition.instances import make_job
 from nereus.transition.planner import plan_transition
 
-from transition_testlib import sp
+from transition_testlib import job8b, sp
 
 PER_GPU = re.compile(r"GPU \d+ (stays|lacks)")
 
@@ -63,3 +63,18 @@ def test_clause_wording_for_one_gpu_equal_and_differing_amounts() -> None:
     assert _stay_clauses({"b": [5, 4], "a": [7]}, "c") == [
         "GPUs 4-5 stay with b, which runs concurrently with c",
         "GPU 7 stays with a, which runs concurrently with c"]
+
+
+def test_a_blocked_extend_names_only_the_stages_on_its_target_gpus() -> None:
+    """actor_train (GPUs 0-3) and critic_train (4-7) trade places and run concurrently; the
+    critic's Extend onto 0-3 is blocked. Its source GPUs 4-7 are not the blocked ones, so the
+    critic, which holds only 4-7, is not among what holds them (it was, from the source's
+    memory step)."""
+    job = job8b(8, device_memory_gib=40)
+    cur = Plan((sp("actor_train", 1, 4, [range(4)]), sp("critic_train", 1, 4, [range(4, 8)])))
+    tgt = Plan((sp("actor_train", 1, 4, [range(4, 8)]), sp("critic_train", 1, 4, [range(4)])))
+    s = plan_transition(job, cur, tgt)
+    assert not s.feasible
+    assert "critic_train: Extend of critic_train/0 onto GPUs 0-3 is blocked" in s.reason, \
+        s.reason
+    assert "held by actor_train)" in s.reason, s.reason

@@ -439,7 +439,9 @@ class _Replay:
 
     def _reason(self, i: int) -> str:
         p = self.prims[i]
-        gpus = sorted(self.mem[i])
+        # the GPUs it is blocked on: an Extend's memory steps include its source's GPUs too,
+        # which hold the source's stage whether or not anything else is there
+        gpus = p.targets if isinstance(p, Extend) else tuple(sorted(self.mem[i]))
         here = {s for g in gpus for s, n in self.present.get(g, {}).items() if n}
         moving = {q.stage for q in self.prims}  # loaded; the others stay offloaded
         held = ", ".join(sorted(here & moving)) or "nothing"
