@@ -3,14 +3,14 @@
 Both layouts split into T_sub = (gcd(tp, tp*), gcd(pp, pp*)). Every target unit is then a Merge
 of k* "slots", T_sub units on fixed GPU lists (the nesting mapping). A T_sub piece of a current
 unit that already sits on a slot's exact GPUs is kept there, so shards already on their target
-ranks are never copied; the other slots are filled by Extend from a kept or newly made unit
-(chains make a broadcast tree); the pieces nobody keeps are destroyed. A current unit is split
-only if one of its pieces is kept, or, when nothing is kept anywhere, if one of its pieces is
-an Extend's source (the sources are chosen over the pieces of every unit first, then only their
-units split); the others are destroyed whole, since a Split whose pieces are all destroyed moves
-a full all-gather for nothing. The last copy: when nothing is kept, a source is destroyed only
-after the Extends that copy it have ended, and a unit destroyed whole is never the last copy
-(a split unit's pieces are copies).
+ranks are never copied; the other slots are filled by Extend from a kept or newly made unit, or
+from a piece to be destroyed on the slot's node (chains make a broadcast tree); the pieces
+nobody keeps are destroyed. A current unit is split only if one of its pieces is kept, or, when
+nothing is kept anywhere, if one of its pieces is an Extend's source (the sources are chosen
+over the pieces of every unit first, then only their units split); the others are destroyed
+whole, since a Split whose pieces are all destroyed moves a full all-gather for nothing. The
+last copy: when nothing is kept, a source is destroyed only after the Extends that copy it have
+ended, and a unit destroyed whole is never the last copy (a split unit's pieces are copies).
 """
 
 from __future__ import annotations
@@ -350,7 +350,11 @@ def _through_split(current: Sequence[Emu], target: StagePlan, tgt_units: list[tu
         rest: list[tuple[int, int]] = []
         for s in pending:
             slot = slots[s[0]][s[1]]
-            best = src.best(slot, (0,) if kept else (0, 1))
+            # a piece to be destroyed on the slot's own node beats a kept copy across nodes
+            # (NVLink against the network); elsewhere it would only add one more sender, and
+            # while it sends it holds GPUs other stages may wait for: while a piece is kept,
+            # only kept and new units send across nodes
+            best = src.best(slot, (0, 1), (0,) if kept else (0, 1))
             if best is None and kept:
                 best = src.best(slot, (1,))
             if best is None:
@@ -443,7 +447,10 @@ class _Sources:
             (self.intra[i] if a // pn == b // pn else self.inter[i])
             for i, (a, b) in enumerate(zip(self.emu[sid].gpus, slot)))
 
-    def best(self, slot: Sequence[int], tiers: Sequence[int]) -> tuple[float, str] | None:
+    def best(self, slot: Sequence[int], tiers: Sequence[int],
+             far_tiers: Sequence[int] | None = None) -> tuple[float, str] | None:
+        """(finish, id) of the source in ``tiers`` that fills ``slot`` first, searching only
+        ``far_tiers`` (default: ``tiers``) off the slot's node; None when none may."""
         blocked: set[str] = set()
         for g in slot:
             blocked |= self.occupied.get(g, set())
@@ -457,7 +464,7 @@ class _Sources:
             cand = (self.avail[sid] + self.seconds(sid, slot), self.seq[sid], sid)
             if best is None or cand < best:
                 best = cand
-        for tier in tiers:
+        for tier in tiers if far_tiers is None else far_tiers:
             for t, seq, sid in self.lists[tier]:
                 if best is not None and t + self.far >= best[0]:
                     break
