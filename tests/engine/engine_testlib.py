@@ -227,7 +227,8 @@ def on_replica(spec: ModelSpec, head: Head, tp: int, pp: int,
 
         groups = ParallelGroups(tp=group("tp", f"tp/{r}/", t, tp),
                                 pp=group("pp", f"pp/{t}/", r, pp),
-                                pp_grad=group("pp_grad", f"ppg/{t}/", r, pp))
+                                pp_grad=group("pp_grad", f"ppg/{t}/", r, pp),
+                                stage=group("stage", "stage/", i, tp * pp))
         return fn(pos, shards_for(full, spec, head, tp, pp, t, r), groups)
 
     out = in_threads(tp * pp, one)

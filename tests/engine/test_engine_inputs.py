@@ -68,10 +68,26 @@ def test_a_step_whose_loss_fails_leaves_parameters_and_optimizer_state(
     def broken(self: TrainStep, losses: list[torch.Tensor]) -> float:
         raise RuntimeError("the loss all-reduce failed")
 
-    monkeypatch.setattr(TrainStep, "_loss", broken)
+    monkeypatch.setattr(TrainStep, "_commit", broken)
     ids = torch.randint(0, LLAMA.vocab_size, (2, 8), generator=torch.Generator().manual_seed(0))
     with pytest.raises(RuntimeError, match="loss all-reduce"):
         eng.train_step(Batch(ids, None, {"weight": torch.full((2, 7), 0.1)}), weighted_nll, 1)
+    assert _unchanged(eng, before)
+
+
+def test_a_step_with_a_non_finite_gradient_norm_is_refused_before_the_update() -> None:
+    """A nan loss makes every gradient nan: the update would write nan into every parameter
+    and moment. The step fails instead (every worker has the same norm, so all stop), and
+    nothing has moved."""
+    eng, shards = _engine()
+    before = {k: v.clone() for k, v in shards.items()}
+
+    def nan_loss(out: Any, mb: Batch) -> torch.Tensor:
+        return weighted_nll(out, mb) * float("nan")
+
+    ids = torch.randint(0, LLAMA.vocab_size, (2, 8), generator=torch.Generator().manual_seed(0))
+    with pytest.raises(FloatingPointError, match=r"gradient norm is nan: update skipped"):
+        eng.train_step(Batch(ids, None, {"weight": torch.full((2, 7), 0.1)}), nan_loss, 1)
     assert _unchanged(eng, before)
 
 

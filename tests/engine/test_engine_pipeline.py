@@ -122,7 +122,8 @@ def _on_blocks(pp: int, fn: Callable[[ParallelModel], Any], spec: Any = SPEC) ->
         return _Recorded(pg, P2P.setdefault((prefix, r), []))
 
     def block(r: int) -> Any:
-        groups = ParallelGroups(pp=group("pp/", r), pp_grad=group("ppg/", r))
+        groups = ParallelGroups(pp=group("pp/", r), pp_grad=group("ppg/", r),
+                                stage=group("stage/", r))
         shards = shards_for(full, spec, Head.LM, 1, pp, 0, r)
         return fn(ParallelModel(spec, Head.LM, Position(pp=pp, pp_rank=r), shards, groups))
 

@@ -64,6 +64,32 @@ def refusing_first_replica() -> LossFn:
     return loss
 
 
+def failing_before_the_update(replica: int) -> LossFn:
+    """``weighted_nll``; on ``replica``'s last block it also makes that worker's step fail
+    where the last collective before the update (the stage-wide all-reduce) would run: after
+    every other collective of the step, which the replica's first block has passed. The
+    patch is undone as it fires, so the worker is as before for later tests. A closure, so
+    Ray ships it by value."""
+
+    def loss(out: Output, batch: Batch) -> torch.Tensor:
+        from nereus.engine.train import TrainStep
+
+        per = batch.index is not None and int(batch.index.min()) // 4 == replica
+        if per and "_kept" not in TrainStep.__dict__:
+            kept = TrainStep.__dict__["_commit"]
+
+            def fail(self: TrainStep, losses: list[torch.Tensor]) -> float:
+                TrainStep._commit = kept  # type: ignore[method-assign]
+                del TrainStep._kept  # type: ignore[attr-defined]
+                raise RuntimeError("failed before the update")
+
+            TrainStep._kept = kept  # type: ignore[attr-defined]
+            TrainStep._commit = fail  # type: ignore[method-assign]
+        return weighted_nll(out, batch)
+
+    return loss
+
+
 def held_units_and_groups() -> Any:
     """``fn(ctx, key)``: the units a worker holds and the groups of runner ``key`` it is
     still in (a closure, so Ray ships it by value)."""
@@ -110,5 +136,30 @@ def test_a_step_failing_on_one_replica_frees_every_peer_and_keeps_the_state(
             res, _ = run.train_step(b, weighted_nll, micro_batch=2)
         assert torch.isfinite(torch.tensor(res.loss))
     finally:   # bounded: workers still blocked (the old runner) must fail the test, not hang it
+        pool.run({dev: (destroy_member, (e.id,)) for e in emus for dev in e.gpus},
+                 timeout_s=RUNNER_TIMEOUT_S)
+
+
+def test_a_step_failing_after_its_other_collectives_updates_no_worker(
+        runtime: tuple[WorkerPool, Rendezvous]) -> None:
+    """tp=1, pp=2, dp=2: replica 1's last block fails after the gradient all-reduces and the
+    norm's, which its first block has already passed. The stage-wide all-reduce that comes
+    last fails on every worker, so none updates: each unit gathers whole and unchanged (a
+    first block that had updated would leave its replica's positions with different step
+    counters, and the gather would refuse it)."""
+    pool, rv = runtime
+    spec = MODEL_PRESETS["tiny-llama"]
+    emus = layout_emus("actor_train", 1, 2, 2, "torn", trainable=True)
+    place_seeded_units(pool, emus, StateSpec(spec, Head.LM), SEED)
+    try:
+        before = [gather_unit(pool, e) for e in emus]
+        b = lm_batch(spec.vocab_size)
+        with (StageRunner(pool, emus, rv, ADAM, timeout_s=RUNNER_TIMEOUT_S) as run,
+              pytest.raises(WorkerCallsFailed,
+                            match=r"worker 3: RuntimeError: failed before the update")):
+            run.train_step(b, failing_before_the_update(1), micro_batch=2)
+        for e, was in zip(emus, before):
+            assert gather_unit(pool, e).first_difference(was) is None
+    finally:
         pool.run({dev: (destroy_member, (e.id,)) for e in emus for dev in e.gpus},
                  timeout_s=RUNNER_TIMEOUT_S)

@@ -59,7 +59,12 @@ class ParallelGroups:
     receives the activation, so on one communicator the two sends wait on each other once a
     message exceeds NCCL's buffer. One communicator per direction keeps each in the same order
     at both ends. Required on NCCL for pp > 1; optional on gloo, whose sends progress alone
-    (None: gradients go over ``pp``)."""
+    (None: gradients go over ``pp``).
+
+    ``stage``: every worker of the model-stage, ranked by (dp_rank, index in the replica): a
+    training step's last collective runs on it (``nereus.engine.train``), so that a failure
+    anywhere before the update stops every worker before theirs. Required to train on more
+    than one worker."""
 
     tp: Any = None
     pp: Any = None
@@ -68,6 +73,8 @@ class ParallelGroups:
     pp_intra: bool = True
     dp_intra: bool = True
     pp_grad: Any = None
+    stage: Any = None
+    stage_intra: bool = True
 
     def check(self, pos: Position) -> None:
         """The group sizes and local ranks agree with ``pos``."""
@@ -83,6 +90,12 @@ class ParallelGroups:
                 raise InputError(f"groups.{name}",
                                  f"group has rank {pg.rank()} of {pg.size()}, position says "
                                  f"{rank} of {size}")
+        workers = pos.tp * pos.pp * pos.dp
+        rank = pos.dp_rank * pos.tp * pos.pp + pos.index_in_replica
+        if self.stage is not None and (self.stage.size() != workers
+                                       or self.stage.rank() != rank):
+            raise InputError("groups.stage", f"group has rank {self.stage.rank()} of "
+                             f"{self.stage.size()}, position says {rank} of {workers}")
 
 
 def _is_nccl(pg: Any) -> bool:

@@ -92,10 +92,10 @@ def is_qk_norm(name: str) -> bool:
 def adam_update(params: Mapping[str, torch.Tensor], grads: Mapping[str, torch.Tensor],
                 state: AdamState, cfg: AdamConfig, scale: float, rec: Recorder) -> None:
     """One AdamW update of every parameter with gradient ``grads[name] * scale`` (fp32
-    gradients, scaled in place)."""
+    gradients, scaled in place; each one's buffer then holds its denominator). Allocates
+    nothing, so it cannot run out of memory halfway; the step counter moves last."""
     with rec.span(OpClass.OPTIMIZER):
-        state.step += 1
-        t = state.step
+        t = state.step + 1
         bias1 = 1.0 - cfg.beta1 ** t
         bias2_sqrt = math.sqrt(1.0 - cfg.beta2 ** t)
         for name, p in params.items():
@@ -108,7 +108,8 @@ def adam_update(params: Mapping[str, torch.Tensor], grads: Mapping[str, torch.Te
                 w.mul_(1.0 - cfg.lr * cfg.weight_decay)
             m.lerp_(g, 1.0 - cfg.beta1)
             v.mul_(cfg.beta2).addcmul_(g, g, value=1.0 - cfg.beta2)
-            denom = (v.sqrt() / bias2_sqrt).add_(cfg.eps)
+            denom = torch.sqrt(v, out=g).div_(bias2_sqrt).add_(cfg.eps)  # g is spent
             w.addcdiv_(m, denom, value=-cfg.lr / bias1)
             if w is not p:
                 p.copy_(w)
+        state.step = t

@@ -34,6 +34,8 @@ class GroupNames:
     pp_intra: bool = True
     dp_intra: bool = True
     pp_grad: str | None = None  # the PP members again: the gradients' communicator
+    stage: str | None = None    # every worker of the model-stage (a training step's last
+    stage_intra: bool = True    # collective): None where it has one worker, or never trains
 
 
 @dataclass
@@ -87,7 +89,8 @@ def attach(ctx: Any, key: str, unit_id: str, pos: Position, names: GroupNames,
                           st.meta.adam_step)
     groups = ParallelGroups(_backend(ctx, names.tp), _backend(ctx, names.pp),
                             _backend(ctx, names.dp), names.tp_intra, names.pp_intra,
-                            names.dp_intra, _backend(ctx, names.pp_grad))
+                            names.dp_intra, _backend(ctx, names.pp_grad),
+                            _backend(ctx, names.stage), names.stage_intra)
     eng = StageEngine(spec.model, spec.head, pos, st.params, groups, state, adam,
                       resident_bytes=lambda: ctx.memory.stats().held)
     ctx.scratch[key] = _Attached(eng, unit_id, st)

@@ -33,7 +33,7 @@ from nereus.errors import InputError, first_line
 from nereus.runtime.comm import Rendezvous, close_groups, open_groups
 from nereus.runtime.workers import WorkerCallsFailed, WorkerPool
 from nereus.spec.workload import largest_share
-from nereus.transition.emu import Emu
+from nereus.transition.emu import Emu, Holds
 
 if TYPE_CHECKING:
     from typing_extensions import Self
@@ -56,7 +56,9 @@ class Placement:
 def placements(emus: Sequence[Emu], key: str, same_node: Any = None) -> list[Placement]:
     """Positions and group names of every worker of ``emus`` (DP order = the given order).
 
-    ``same_node(ids) -> bool`` says whether devices share a node (default: all do)."""
+    ``same_node(ids) -> bool`` says whether devices share a node (default: all do). EMUs that
+    hold optimizer state (a training stage) of more than one worker get a stage-wide group too
+    (``ParallelGroups.stage``)."""
     if not emus:
         raise InputError("emus", "a model-stage needs at least one EMU")
     layout = emus[0].layout
@@ -65,6 +67,9 @@ def placements(emus: Sequence[Emu], key: str, same_node: Any = None) -> list[Pla
                          [str(e) for e in emus])
     tp, pp, dp = layout.tp, layout.pp, len(emus)
     intra = same_node or (lambda ids: True)
+    every = tuple(g for e in emus for g in e.gpus)
+    stage = (f"{key}/stage" if len(every) > 1 and emus[0].holds is Holds.THETA_OMEGA
+             else None)
     out = []
     for d, e in enumerate(emus):
         for i, dev in enumerate(e.gpus):
@@ -75,7 +80,7 @@ def placements(emus: Sequence[Emu], key: str, same_node: Any = None) -> list[Pla
             names = remote.GroupNames(
                 f"{key}/tp/{d}/{r}" if tp > 1 else None, f"{key}/pp/{d}/{t}" if pp > 1 else None,
                 f"{key}/dp/{t}/{r}" if dp > 1 else None, intra(tp_m), intra(pp_m), intra(dp_m),
-                f"{key}/ppg/{d}/{t}" if pp > 1 else None)
+                f"{key}/ppg/{d}/{t}" if pp > 1 else None, stage, intra(every))
             out.append(Placement(dev, e.id, Position(tp, pp, dp, t, r, d), names))
     return out
 
@@ -138,7 +143,9 @@ class StageRunner:
         members: dict[str, dict[int, int]] = {}
         for p in self.places:
             for name, rank in ((p.names.tp, p.pos.tp_rank), (p.names.pp, p.pos.pp_rank),
-                               (p.names.pp_grad, p.pos.pp_rank), (p.names.dp, p.pos.dp_rank)):
+                               (p.names.pp_grad, p.pos.pp_rank), (p.names.dp, p.pos.dp_rank),
+                               (p.names.stage, p.pos.dp_rank * self.tp * self.pp
+                                + p.pos.index_in_replica)):
                 if name is not None:
                     members.setdefault(name, {})[rank] = p.device
         return {n: tuple(m[r] for r in sorted(m)) for n, m in members.items()}

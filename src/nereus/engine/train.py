@@ -6,10 +6,19 @@ Loss convention: ``loss_fn(output, micro_batch)`` returns the micro-batch's shar
 loss, already normalised by the caller for the *global* batch (e.g. divided by the number of
 response tokens in all dp x b x a sequences). Gradients of all micro-batches and replicas are
 then summed, so the update is the same whatever dp, b and a are, up to reduction order.
+
+A failed step leaves the parameters and the optimizer state as they were, on every worker:
+everything that can fail (the loss, the collectives, a non-finite gradient norm) comes before
+the step's last collective, an all-reduce over every worker of the model-stage (the
+``stage`` group); a worker that fails earlier leaves its groups, so that all-reduce fails on
+every other worker too, and none updates. After it only the update runs, which allocates
+nothing. A worker that dies inside the update itself (its process killed) is the one case
+left: the others' updates stand, its own is partial.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,6 +29,7 @@ from nereus.engine.comm import all_reduce, recv, send
 from nereus.engine.model import ParallelModel
 from nereus.engine.optim import AdamConfig, AdamState, adam_update, counts_once, is_qk_norm
 from nereus.engine.pipeline import LossFn, train_pipeline
+from nereus.errors import InputError
 from nereus.spec.model import Head
 from nereus.spec.sharding import EMBED, LM_HEAD, is_kv
 
@@ -45,6 +55,11 @@ class TrainStep:
 
     def __init__(self, model: ParallelModel, state: AdamState, config: AdamConfig,
                  micro_batch: int, recompute: bool = False) -> None:
+        pos = model.pos
+        if pos.tp * pos.pp * pos.dp > 1 and model.groups.stage is None:
+            raise InputError("groups.stage", "missing: a training step on more than one worker "
+                             "ends on an all-reduce over all of them, its last collective "
+                             "before the update")
         self.model, self.state, self.cfg, self.micro_batch = model, state, config, micro_batch
         self.recompute = recompute
         self._main_grads: dict[str, torch.Tensor] = {}
@@ -65,12 +80,13 @@ class TrainStep:
             self._sync_dp(grads)
             self._sync_tied(grads)
             norm = self._global_norm(grads)
+            if not math.isfinite(norm):  # every worker has the same norm: all stop here
+                raise FloatingPointError(f"the gradient norm is {norm}: update skipped, "
+                                         "parameters and optimizer state unchanged")
             coef = 1.0
             if self.cfg.max_grad_norm is not None:
                 coef = min(1.0, self.cfg.max_grad_norm / (norm + 1e-6))
-            # everything that can still fail comes before the update: a failed step leaves
-            # the parameters and the optimizer state as they were
-            loss = self._loss(losses) if m.pos.last else None
+            loss = self._commit(losses)  # the last thing that can fail (module docstring)
             adam_update(m.params, grads, self.state, self.cfg, coef, m.rec)
         finally:
             m.recompute = False
@@ -192,11 +208,17 @@ class TrainStep:
         all_reduce(sq, m.groups.pp, m.rec, m.groups.pp_intra, wait_peers=True)
         return float(sq.sqrt())
 
-    def _loss(self, losses: list[torch.Tensor]) -> float:
+    def _commit(self, losses: list[torch.Tensor]) -> float | None:
+        """The step's last collective, over every worker of the model-stage: the update's loss
+        summed over the replicas (each last block's tp_rank 0 adds its replica's, every other
+        worker zero). Known on the last blocks, None elsewhere."""
         m = self.model
-        total = torch.stack(losses).sum().double().reshape(1)
-        all_reduce(total, m.groups.dp, m.rec, m.groups.dp_intra)
-        return float(total)
+        total = torch.zeros(1, dtype=torch.float64, device=m.device)
+        if m.pos.last and m.pos.tp_rank == 0:
+            total += torch.stack(losses).sum().double()
+        # the workers get here at different times (the first blocks end 1F1B's drain last)
+        all_reduce(total, m.groups.stage, m.rec, m.groups.stage_intra, wait_peers=True)
+        return float(total) if m.pos.last else None
 
 
 def _unflatten(flat: torch.Tensor, outs: list[torch.Tensor]) -> None:
