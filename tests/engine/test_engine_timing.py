@@ -21,6 +21,7 @@ import torch
 from nereus.cost.ops import OpClass
 from nereus.engine import comm, measure
 from nereus.engine import generate as generate_mod
+from nereus.engine import pipeline as pipeline_mod
 from nereus.engine.batch import Batch
 from nereus.engine.groups import ParallelGroups, Position
 from nereus.engine.layers import matmul
@@ -176,6 +177,110 @@ def test_a_pipeline_step_reports_its_bubble_as_wait_not_as_communication(
     assert both.op_s[WAIT] == 110 and both.op_s.get(P2P, 0.0) == 0.0
     tel = telemetry(0, [both], [0, 1], 1.0, 1)
     assert tel.op_time_s.get("actor_train", {}) == {}   # no op class took a tick
+
+
+def test_a_late_replica_is_wait_in_the_dp_all_reduce_not_a_slow_link(clock: Clock) -> None:
+    """dp = 2. Replica 1 computes 10 ticks in its loss while replica 0, done with its backward,
+    waits in the DP gradient all-reduce: those ticks are replica 0's wait for a peer, none of
+    them the all-reduce's transfer."""
+    import torch.distributed as dist
+
+    calls = FirstCalls()
+    n, s = 4, 8
+    ids = torch.randint(0, SPEC.vocab_size, (n, s), generator=torch.Generator().manual_seed(0))
+    weight = torch.full((n, s - 1), 1.0 / (n * (s - 1)))
+    full = logical_state(SPEC, Head.LM, seed=1)
+    store = dist.HashStore()
+
+    def late_loss(out: Any, mb: Batch) -> torch.Tensor:
+        if mb.index is not None and int(mb.index[0]) >= n // 2:   # replica 1's rows
+            assert calls.event("collective").wait(30)   # replica 0 is in the all-reduce
+            clock.tick(10)
+        return weighted_nll(out, mb)
+
+    def replica(d: int) -> Any:
+        dp = gloo_group(store, "dp/", d, 2)
+        groups = ParallelGroups(dp=Tapped(dp, calls) if d == 0 else dp,
+                                stage=gloo_group(store, "stage/", d, 2))
+        shards = shards_for(full, SPEC, Head.LM, 1, 1, 0, 0)
+        eng = StageEngine(SPEC, Head.LM, Position(dp=2, dp_rank=d), shards, groups,
+                          AdamState.zeros(shards), AdamConfig())
+        rows = slice(d * n // 2, (d + 1) * n // 2)
+        part = Batch(ids[rows], None, {"weight": weight[rows]}, torch.arange(n)[rows])
+        return eng.train_step(part, late_loss, micro_batch=2).measurement
+
+    early = in_threads(2, replica)[0]
+    assert early.op_s.get(WAIT) == 10 and early.op_s.get(ALLREDUCE, 0.0) == 0.0
+
+
+def test_a_send_kept_until_a_slow_next_block_takes_it_is_wait(
+        clock: Clock, monkeypatch: pytest.MonkeyPatch) -> None:
+    """pp = 2 forward: the last block computes 10 ticks in its first micro-batch's head while
+    the first block, having sent micro-batch 2, waits for it to take micro-batch 1 (gloo ends
+    a send only once its receive is posted, which the last block does after that head). The
+    first block's ticks are waiting, not its own work (``other``)."""
+    calls = FirstCalls()
+    settling = threading.local()
+    wait = comm.Sent.wait
+
+    class Links(pipeline_mod.PipeLinks):
+        def settle(self, tag: int) -> None:
+            settling.tag = tag
+            super().settle(tag)
+
+    def watched(self: comm.Sent) -> None:
+        if getattr(settling, "tag", None) == 2:   # micro-batch 1's send (tag 2 i + forward)
+            calls.event("settle").set()   # inside the first block's waiting span
+        wait(self)
+
+    monkeypatch.setattr(pipeline_mod, "PipeLinks", Links)
+    monkeypatch.setattr(comm.Sent, "wait", watched)
+    head = pipeline_mod.head_output
+    slow = [True]
+
+    def slow_head(*args: Any, **kwargs: Any) -> Any:
+        if slow[0]:
+            slow[0] = False
+            assert calls.event("settle").wait(30)
+            clock.tick(10)
+        return head(*args, **kwargs)
+
+    monkeypatch.setattr(pipeline_mod, "head_output", slow_head)
+    ids = torch.randint(0, SPEC.vocab_size, (4, 6), generator=torch.Generator().manual_seed(0))
+
+    def block(pos: Position, shards: dict[str, torch.Tensor], groups: ParallelGroups) -> Any:
+        return StageEngine(SPEC, Head.LM, pos, shards, groups).forward(Batch(ids), 1).measurement
+
+    first = on_replica(SPEC, Head.LM, 1, 2, block)[(0, 0)]
+    assert first.op_s.get(WAIT) == 10 and first.op_s.get(OTHER, 0.0) == 0.0
+
+
+def test_the_tied_embedding_exchange_is_timed_as_the_all_reduce_the_cost_model_prices(
+        ) -> None:
+    """tiny-qwen3 ties its embedding: at pp = 2 the first and last blocks add each other's
+    gradient with a send and a receive, which the cost model prices as a two-member
+    all-reduce; the transfer is timed under that class, so the calibrator compares like
+    with like."""
+    spec = MODEL_PRESETS["tiny-qwen3"]
+    assert spec.tie_embeddings
+
+    def block(pos: Position, shards: dict[str, torch.Tensor], groups: ParallelGroups) -> Any:
+        m = ParallelModel(spec, Head.LM, pos, shards, groups)
+        seen: list[str] = []
+        span = m.rec.span
+
+        def spy(cls: Any) -> Any:
+            seen.append(str(getattr(cls, "value", cls)))
+            return span(cls)
+
+        m.rec.span = spy  # type: ignore[method-assign]
+        step = TrainStep(m, AdamState.zeros(m.params), AdamConfig(), micro_batch=1)
+        step._sync_tied({n: torch.ones_like(p, dtype=torch.float32)
+                         for n, p in m.params.items()})
+        return seen
+
+    got = on_replica(spec, Head.LM, 1, 2, block)
+    assert got == {(0, 0): [ALLREDUCE], (1, 0): [ALLREDUCE]}
 
 
 def test_generation_times_the_wait_for_the_sampled_tokens_as_wait(

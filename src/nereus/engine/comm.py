@@ -112,17 +112,18 @@ def send(t: torch.Tensor, dst: int, pg: Any, tag: int) -> Sent:
                 (ready, data))
 
 
-def recv(t: torch.Tensor, src: int, pg: Any, rec: Recorder, tag: int, intra: bool = True
-         ) -> torch.Tensor:
+def recv(t: torch.Tensor, src: int, pg: Any, rec: Recorder, tag: int, intra: bool = True,
+         kind: str = "p2p") -> torch.Tensor:
     """Receive into ``t`` from group rank ``src`` (blocking): the wait for the sender's ready
-    message is timed as ``WAIT``, the data's transfer after it as p2p. Both receives are
-    posted first, so the data can flow right behind the ready message."""
+    message is timed as ``WAIT``, the data's transfer after it as ``kind`` (p2p, or the
+    collective a pair of messages implements). Both receives are posted first, so the data
+    can flow right behind the ready message."""
     ready = torch.empty(1, dtype=t.dtype, device=t.device)
     with rec.waiting():
         first = pg.recv([ready], src, _ready_tag(tag))
         data = pg.recv([t], src, tag)
         first.wait()
-    with rec.span(comm_class("p2p", intra)):
+    with rec.span(comm_class(kind, intra)):
         data.wait()
     return t
 

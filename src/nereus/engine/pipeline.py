@@ -95,10 +95,12 @@ class PipeLinks:
 
     def settle(self, tag: int) -> None:
         """Wait for the send of ``tag`` (if still kept) and let its tensor go. Call it once the
-        receiver has taken the message, or the wait blocks until it does."""
+        receiver has taken the message, or the wait blocks until it does (on gloo a send ends
+        only when its receive is posted): timed as ``WAIT``, the receiver's pace."""
         entry = self.pending.pop(tag, None)
         if entry is not None:
-            entry[0].wait()
+            with self.model.rec.waiting():
+                entry[0].wait()
 
     def recv(self, shape: tuple[int, ...], src: int, tag: int) -> torch.Tensor:
         m = self.model

@@ -176,11 +176,12 @@ class TrainStep:
             # The first block sends, then receives; the last receives, then sends: NCCL runs
             # a pair's sends and receives in order, and two sends first would wait on each
             # other (gloo would not mind either order)
+            # timed as the two-member all-reduce it is, which the cost model prices
             if pos.first:
                 work = send(mine, peer, pg, tag)
-                recv(theirs, peer, pg, m.rec, tag, intra)
+                recv(theirs, peer, pg, m.rec, tag, intra, kind="allreduce")
             else:
-                recv(theirs, peer, pg, m.rec, tag, intra)
+                recv(theirs, peer, pg, m.rec, tag, intra, kind="allreduce")
                 work = send(mine, peer, pg, tag)
             work.wait()
             mine.add_(theirs)
@@ -194,7 +195,9 @@ class TrainStep:
             return
         step = DP_BUCKET_BYTES // 4
         for i in range(0, self._flat.numel(), step):
-            all_reduce(self._flat[i:i + step], pg, m.rec, m.groups.dp_intra)
+            # the replicas end their backward at different times: the first bucket waits for
+            # all of them apart from its transfer
+            all_reduce(self._flat[i:i + step], pg, m.rec, m.groups.dp_intra, wait_peers=i == 0)
 
     def _global_norm(self, grads: dict[str, torch.Tensor]) -> float:
         """L2 norm of the logical gradient: every element once, summed over TP and PP."""
