@@ -126,6 +126,61 @@ def test_with_a_piece_kept_a_doomed_unit_on_the_targets_node_is_the_source() -> 
                                           rel=1e-6)
 
 
+@pytest.mark.parametrize(("stage", "tp", "pp", "gpus", "units", "chain"), [
+    # two units on node 0 seed nodes 1 and 2 side by side, then each node copies inside
+    ("critic_train", 1, 4, 24, 2, ("inter", "intra")),
+    # one unit: a copy beside it first, so that two can seed nodes 1 and 2 side by side
+    ("actor_train", 2, 2, 32, 1, ("intra", "inter", "intra")),
+])
+def test_a_dp_fan_out_seeds_every_node_once_then_copies_inside_it(
+        stage: str, tp: int, pp: int, gpus: int, units: int, chain: tuple[str, ...]) -> None:
+    """DP grows onto nodes 1 and 2 (GPUs 8-23, nodes of 8) from units on node 0. Slot by slot,
+    GPUs 8-11 took a free copy from node 0 and 12-15 a second one rather than wait for 8-11's,
+    which left node 2 waiting for a busy source: 2.743 s and 2.653 s, against 1.589 s and
+    1.632 s with one copy across the network per node."""
+    job = job8b(gpus)
+    four = [range(a, a + 4) for a in range(0, 24, 4)]
+    cur = Plan((sp(stage, tp, pp, four[:units]),))
+    tgt = Plan((sp(stage, tp, pp, four),))
+    dag, cost = transition_dag(job, cur, tgt)
+    assert dag.feasible, dag.problem
+    exts = [p for p in dag.primitives if isinstance(p, Extend)]
+    assert all(p.op == "Extend" for p in dag.primitives) and len(exts) == 6 - units
+    crossing = sorted(p.targets[0] // 8 for p in exts if p.emu.gpus[0] // 8 != p.targets[0] // 8)
+    assert crossing == [1, 2]
+    s = plan_transition(job, cur, tgt)
+    assert validate(job, cur, tgt, s) == []
+    u0 = dag.initial[stage][0]
+    took = {"intra": cost.seconds(Extend.of(u0, (4, 5, 6, 7), "x")),
+            "inter": cost.seconds(Extend.of(u0, (8, 9, 10, 11), "x"))}
+    assert s.estimated_s == pytest.approx(sum(took[c] for c in chain), rel=1e-6)
+
+
+def test_when_the_node_first_fan_outs_deadlock_the_dag_is_built_slot_by_slot() -> None:
+    """The two trainers of the benchmark's random-64-2, concurrent after the move: with the
+    fan-outs that seed every node first, the critic's Extend onto 32-46 waits for the actor to
+    leave 34 and 38, whose Destroy waits for the actor's Extend onto the critic's old GPUs,
+    which waits for the critic's Destroy there, after that Extend. Slot by slot the actor
+    copies from another piece; the transition falls back to it rather than be infeasible."""
+    from nereus.transition.global_dag import _joined
+    from nereus.transition.planner import capacity_bytes
+
+    job = job8b(64)
+    actor = (32, 25, 52, 41, 54, 34, 35, 33, 46, 36, 44, 39, 42, 45, 53, 31, 29, 48, 37, 40,
+             55, 49, 38, 47, 26, 30, 51, 43, 50, 27, 28, 24)
+    cur = Plan((sp("actor_train", 4, 8, [actor]), sp("critic_train", 2, 8, [range(16)])))
+    tgt = Plan((sp("actor_train", 8, 2, [range(16), range(16, 32)]),
+                sp("critic_train", 4, 4, [range(16, 32), range(32, 48)])),
+               groups=(("actor_train", "critic_train"),))
+    dag, cost = transition_dag(job, cur, tgt)
+    turns = _joined(job, cur, tgt, cost, capacity_bytes(job), True)
+    assert turns is not None and not turns.feasible
+    assert "GPUs 34,38 stay with actor_train" in (turns.problem or ""), turns.problem
+    assert dag.feasible, dag.problem
+    s = plan_transition(job, cur, tgt)
+    assert validate(job, cur, tgt, s) == []
+
+
 def test_pure_dp_shrink_is_destroys_alone() -> None:
     job = job8b(16)
     cur = Plan((sp("critic_infer", 1, 2, [range(2), range(2, 4), range(4, 6)]),))

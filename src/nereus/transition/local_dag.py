@@ -97,7 +97,8 @@ def _pieces(current: Sequence[Emu], tgt_units: Sequence[tuple[int, ...]], lay: L
 
 def local_dag(current: Sequence[Emu], target: StagePlan, model: ModelSpec,
               cost: TransitionCost, capacity_bytes: int | None = None,
-              reserved: Sequence[str] = (), hops: bool = True) -> LocalDag:
+              reserved: Sequence[str] = (), hops: bool = True, node_turns: bool = True
+              ) -> LocalDag:
     """The local DAG through the T_sub that moves the fewest bytes (full state copies split or
     extended), preferring larger T_sub; the largest common layout comes first on ties, and
     smaller ones serve when its pieces cannot reach the target GPUs or nothing nests there.
@@ -108,7 +109,8 @@ def local_dag(current: Sequence[Emu], target: StagePlan, model: ModelSpec,
     Unless even that fails, no unit outgrows a GPU: a Split or Merge that would is staged
     through host memory; and when every T_sub is still too big (a (2, 1) unit to (1, 8) goes
     through whole unsharded copies), the stage moves in two hops through the smallest layout
-    both split into (:func:`_two_hops`). ``reserved``: unit ids already taken."""
+    both split into (:func:`_two_hops`). ``reserved``: unit ids already taken. ``node_turns``
+    False: the Extends fill the slots in slot order only (see :func:`_node_turns`)."""
     stage = target.stage
     tgt_units = [tuple(r) for r in target.replicas]
     lay, tlay = current[0].layout, target.layout
@@ -138,7 +140,7 @@ def local_dag(current: Sequence[Emu], target: StagePlan, model: ModelSpec,
     first: LocalDag | None = None
     too_big: tuple[Layout, str] | None = None  # the largest T_sub whose Split or Merge alone
     for sub in ranked:                          # exceeds a GPU's capacity, and why
-        dag = _through(current, target, tgt_units, sub, cost, reserved)
+        dag = _through(current, target, tgt_units, sub, cost, reserved, node_turns)
         if (dag.problem is None and capacity_bytes is not None and not fits(sub)
                 and _over_capacity(dag, lay, tlay, sub, cost, capacity_bytes) is not None):
             dag = _staged(dag, cost, capacity_bytes)
@@ -152,7 +154,8 @@ def local_dag(current: Sequence[Emu], target: StagePlan, model: ModelSpec,
         first = first or dag
     if too_big is not None:  # memory, whatever runs first, stands in the way
         if hops and capacity_bytes is not None:
-            two = _two_hops(current, target, model, cost, capacity_bytes, reserved)
+            two = _two_hops(current, target, model, cost, capacity_bytes, reserved,
+                            node_turns)
             if two is not None:
                 return two
         return LocalDag(stage, (), (), (), too_big[1])
@@ -206,8 +209,8 @@ def _over_capacity(dag: LocalDag, lay: Layout, tlay: Layout, sub: Layout, cost: 
 
 
 def _two_hops(current: Sequence[Emu], target: StagePlan, model: ModelSpec,
-              cost: TransitionCost, capacity_bytes: int, reserved: Sequence[str]
-              ) -> LocalDag | None:
+              cost: TransitionCost, capacity_bytes: int, reserved: Sequence[str],
+              node_turns: bool = True) -> LocalDag | None:
     """current -> I -> target through one unit of an intermediate layout I on the target's GPUs,
     when every direct T_sub is too big for a GPU: a (2, 1) unit to (1, 8) would go through
     whole unsharded copies, but through (2, 4) each hop's T_sub is half the state or less.
@@ -239,12 +242,13 @@ def _two_hops(current: Sequence[Emu], target: StagePlan, model: ModelSpec,
         gpus = merge_gpus(pieces[:k], sub, mid)
         hop = StagePlan(target.stage, replace(target.candidate, layout=mid, dp=1), (gpus,))
         taken = [*reserved, *(e.id for e in current)]
-        first = local_dag(current, hop, model, cost, capacity_bytes, taken, hops=False)
+        first = local_dag(current, hop, model, cost, capacity_bytes, taken, hops=False,
+                          node_turns=node_turns)
         if first.problem is not None:
             continue
         taken += [e.id for p in first.primitives for e in p.outputs]
         second = local_dag(first.final, target, model, cost, capacity_bytes, taken,
-                           hops=False)
+                           hops=False, node_turns=node_turns)
         if second.problem is not None:
             continue
         # the second hop's primitives that read a unit the first made wait for its producer
@@ -259,13 +263,15 @@ def _two_hops(current: Sequence[Emu], target: StagePlan, model: ModelSpec,
 
 
 def _through(current: Sequence[Emu], target: StagePlan, tgt_units: list[tuple[int, ...]],
-             sub: Layout, cost: TransitionCost, reserved: Sequence[str] = ()) -> LocalDag:
+             sub: Layout, cost: TransitionCost, reserved: Sequence[str] = (),
+             node_turns: bool = True) -> LocalDag:
     """The local DAG through ``sub``. When no piece is kept, the Extends' sources are chosen
     over the pieces of every current unit; then only the units they come from are split (again,
     until each split unit feeds an Extend: fewer sources can pick differently on a tie)."""
     split: Sequence[int] | None = None
     while True:
-        dag, sources = _through_split(current, target, tgt_units, sub, cost, reserved, split)
+        dag, sources = _through_split(current, target, tgt_units, sub, cost, reserved, split,
+                                      node_turns)
         if dag.problem is not None or sources is None or len(sources) == len(split or current):
             return dag
         split = sorted(sources)
@@ -273,7 +279,8 @@ def _through(current: Sequence[Emu], target: StagePlan, tgt_units: list[tuple[in
 
 def _through_split(current: Sequence[Emu], target: StagePlan, tgt_units: list[tuple[int, ...]],
                    sub: Layout, cost: TransitionCost, reserved: Sequence[str],
-                   only: Sequence[int] | None) -> tuple[LocalDag, set[int] | None]:
+                   only: Sequence[int] | None, node_turns: bool = True
+                   ) -> tuple[LocalDag, set[int] | None]:
     """The local DAG through ``sub`` that splits the current units ``only`` (None: those with a
     kept piece; when none has, every one) and the current units whose pieces an Extend copies
     (None when a piece is kept or nothing is split: the split units need no choosing)."""
@@ -331,7 +338,7 @@ def _through_split(current: Sequence[Emu], target: StagePlan, tgt_units: list[tu
     doomed = [e for key, e in sorted(piece_emu.items()) if e.id not in kept]
 
     # fill the other slots by Extend, earliest estimated finish first
-    src = _Sources(cost, cost.sizes.of_layout(current[0].model, current[0].trainable, sub))
+    sub_bytes = cost.sizes.of_layout(current[0].model, current[0].trainable, sub)
     split_done = 0.0
     if k > 1 and split_units:
         split_done = cost.duration(prims[0]).seconds
@@ -339,43 +346,45 @@ def _through_split(current: Sequence[Emu], target: StagePlan, tgt_units: list[tu
     # does not use (copying from them delays only their own release); pieces on target GPUs
     # (their Destroy may be what makes room there, so they are the last resort)
     target_gpus = set(target.gpus)
-    for e in piece_emu.values():
-        t = split_done if producer.get(e.id) is not None else 0.0
-        src.offer(e, t, 0 if e.id in kept else 2 if target_gpus.intersection(e.gpus) else 1)
+    by_id = {e.id: e for e in piece_emu.values()}
 
-    extends_from: dict[str, list[int]] = {}
+    def offered() -> _Sources:
+        src = _Sources(cost, sub_bytes)
+        for e in piece_emu.values():
+            t = split_done if producer.get(e.id) is not None else 0.0
+            src.offer(e.id, e.gpus, t,
+                      0 if e.id in kept else 2 if target_gpus.intersection(e.gpus) else 1)
+        return src
+
     pending = [(q, j) for q, ss in enumerate(slots) for j in range(len(ss))
                if (q, j) not in slot_emu]
-    while pending:
-        rest: list[tuple[int, int]] = []
-        for s in pending:
-            slot = slots[s[0]][s[1]]
-            # a piece to be destroyed on the slot's own node beats a kept copy across nodes
-            # (NVLink against the network); elsewhere it would only add one more sender, and
-            # while it sends it holds GPUs other stages may wait for: while a piece is kept,
-            # only kept and new units send across nodes
-            best = src.best(slot, (0, 1), (0,) if kept else (0, 1))
-            if best is None and kept:
-                best = src.best(slot, (1,))
-            if best is None:
-                best = src.best(slot, (2,))
-            if best is None:
-                rest.append(s)
-                continue
-            fin, sid = best
-            ext = Extend.of(src.emu[sid], slot, ids())
-            i = add(ext, [producer.get(sid)])
-            extends_from.setdefault(sid, []).append(i)
-            producer[ext.output.id] = i
-            slot_emu[s] = ext.output
-            src.take(sid, fin)
-            src.offer(ext.output, fin, 0)
-        if len(rest) == len(pending):
-            q, j = rest[0]
-            return LocalDag(stage, (), (), (), (
-                f"{stage}: no copy can be extended onto GPUs {format_gpus(slots[q][j])}: every "
-                "unit holding the state shares GPUs with it (Extend needs disjoint GPUs)")), None
-        pending = rest
+    # the order the slots are taken in decides which copies pass the state on: slot by slot,
+    # a node's second slot takes a free copy from across the network rather than wait for the
+    # node's first, and the next node then waits for a busy one. Taking one slot per node in
+    # turn seeds every node first; the order whose whole fan-out ends first is kept
+    per_node = cost.cluster.devices_per_node
+    held = {g // per_node for e in piece_emu.values() for g in e.gpus}
+    fill, stuck = _fan_out(offered(), slots, pending, bool(kept))
+    if stuck is not None:
+        q, j = stuck
+        return LocalDag(stage, (), (), (), (
+            f"{stage}: no copy can be extended onto GPUs {format_gpus(slots[q][j])}: every "
+            "unit holding the state shares GPUs with it (Extend needs disjoint GPUs)")), None
+    if node_turns:
+        turns, _ = _fan_out(offered(), slots, _node_turns(pending, slots, held, per_node),
+                            bool(kept))
+        if _fan_out_key(turns) < _fan_out_key(fill):
+            fill = turns
+
+    extends_from: dict[str, list[int]] = {}
+    for s, sid, _ in fill:
+        e = by_id[sid]
+        ext = Extend.of(e, slots[s[0]][s[1]], ids())
+        i = add(ext, [producer.get(e.id)])
+        extends_from.setdefault(e.id, []).append(i)
+        producer[ext.output.id] = i
+        slot_emu[s] = ext.output
+        by_id[_copy_id(s)] = ext.output
 
     sources = {unit_of[sid] for sid in extends_from if sid in unit_of} if choosing else None
     if sources is not None and len(sources) < len(split_units):
@@ -402,6 +411,64 @@ def _through_split(current: Sequence[Emu], target: StagePlan, tgt_units: list[tu
     return LocalDag(stage, tuple(prims), tuple(sorted(set(edges))), tuple(final)), sources
 
 
+def _copy_id(slot: tuple[int, int]) -> str:
+    """The name :func:`_fan_out` gives the copy it makes on ``slot`` (no unit id is like it)."""
+    return f"slot {slot[0]}.{slot[1]}"
+
+
+def _fan_out(src: _Sources, slots: Sequence[Sequence[tuple[int, ...]]],
+             pending: Sequence[tuple[int, int]], kept: bool
+             ) -> tuple[list[tuple[tuple[int, int], str, float]], tuple[int, int] | None]:
+    """Each of the ``pending`` slots (taken in this order) filled from the source that fills
+    it first, as (slot, source id, estimated finish) in the order made; a new copy is a source
+    from its finish on, named :func:`_copy_id`. A slot every source shares GPUs with waits for
+    a copy elsewhere; the second value is the first slot none ever reaches (else None)."""
+    out: list[tuple[tuple[int, int], str, float]] = []
+    while pending:
+        rest: list[tuple[int, int]] = []
+        for s in pending:
+            slot = slots[s[0]][s[1]]
+            # a piece to be destroyed on the slot's own node beats a kept copy across nodes
+            # (NVLink against the network); elsewhere it would only add one more sender, and
+            # while it sends it holds GPUs other stages may wait for: while a piece is kept,
+            # only kept and new units send across nodes
+            best = src.best(slot, (0, 1), (0,) if kept else (0, 1))
+            if best is None and kept:
+                best = src.best(slot, (1,))
+            if best is None:
+                best = src.best(slot, (2,))
+            if best is None:
+                rest.append(s)
+                continue
+            fin, sid = best
+            out.append((s, sid, fin))
+            src.take(sid, fin)
+            src.offer(_copy_id(s), slot, fin, 0)
+        if len(rest) == len(pending):
+            return out, rest[0]
+        pending = rest
+    return out, None
+
+
+def _fan_out_key(fill: Sequence[tuple[tuple[int, int], str, float]]) -> tuple[float, float]:
+    """When the last copy ends, then the sum of the ends: the smaller fan-out is better."""
+    ends = [fin for _, _, fin in fill]
+    return max(ends, default=0.0), sum(ends)
+
+
+def _node_turns(pending: Sequence[tuple[int, int]], slots: Sequence[Sequence[tuple[int, ...]]],
+                held: set[int], per_node: int) -> list[tuple[int, int]]:
+    """``pending`` taken one slot per node in turn (a slot is on the node of its lowest GPU),
+    the nodes that hold the state first: each turn seeds every node that has none, and adds a
+    sender on each that has."""
+    by_node: dict[int, list[tuple[int, int]]] = {}
+    for s in pending:
+        by_node.setdefault(min(slots[s[0]][s[1]]) // per_node, []).append(s)
+    nodes = sorted(by_node, key=lambda n: (n not in held, n))
+    rounds = max((len(v) for v in by_node.values()), default=0)
+    return [by_node[n][r] for r in range(rounds) for n in nodes if r < len(by_node[n])]
+
+
 class _Sources:
     """Units an Extend may copy from, in tiers, each with the (estimated) time it is free.
 
@@ -420,19 +487,20 @@ class _Sources:
         self.tier: dict[str, int] = {}
         self.avail: dict[str, float] = {}
         self.seq: dict[str, int] = {}
-        self.emu: dict[str, Emu] = {}
+        self.gpus: dict[str, tuple[int, ...]] = {}
         self.occupied: dict[int, set[str]] = {}
         self.on_node: dict[int, set[str]] = {}
 
-    def offer(self, e: Emu, t: float, tier: int) -> None:
-        self.tier[e.id] = tier
-        self.avail[e.id] = t
-        self.seq[e.id] = len(self.seq)
-        self.emu[e.id] = e
-        bisect.insort(self.lists[tier], (t, self.seq[e.id], e.id))
-        for g in e.gpus:
-            self.occupied.setdefault(g, set()).add(e.id)
-            self.on_node.setdefault(g // self.per_node, set()).add(e.id)
+    def offer(self, sid: str, gpus: tuple[int, ...], t: float, tier: int) -> None:
+        """Unit ``sid`` on ``gpus`` may send from ``t`` on."""
+        self.tier[sid] = tier
+        self.avail[sid] = t
+        self.seq[sid] = len(self.seq)
+        self.gpus[sid] = gpus
+        bisect.insort(self.lists[tier], (t, self.seq[sid], sid))
+        for g in gpus:
+            self.occupied.setdefault(g, set()).add(sid)
+            self.on_node.setdefault(g // self.per_node, set()).add(sid)
 
     def take(self, sid: str, free_at: float) -> None:
         """``sid`` sends until ``free_at`` (its GPUs run one primitive at a time)."""
@@ -445,7 +513,7 @@ class _Sources:
         pn = self.per_node
         return self.setup + max(
             (self.intra[i] if a // pn == b // pn else self.inter[i])
-            for i, (a, b) in enumerate(zip(self.emu[sid].gpus, slot)))
+            for i, (a, b) in enumerate(zip(self.gpus[sid], slot)))
 
     def best(self, slot: Sequence[int], tiers: Sequence[int],
              far_tiers: Sequence[int] | None = None) -> tuple[float, str] | None:
