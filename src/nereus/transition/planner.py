@@ -44,10 +44,11 @@ def check_plans(job: JobSpec, current: Plan, target: Plan) -> None:
             p = layout_problem(job.model, sp.tp, sp.pp)
             if p:
                 raise InputError(f"{which}.{sp.stage}", p, layout_sizes(job.model))
-            bad = [g for g in sp.gpus if g < 0]
+            n = job.cluster.num_devices
+            bad = sorted({g for g in sp.gpus if not 0 <= g < n})
             if bad:
-                raise InputError(f"{which}.{sp.stage}.gpus", f"negative GPU ids {bad}",
-                                 "ids >= 0")
+                raise InputError(f"{which}.{sp.stage}.gpus", f"GPU ids {bad} outside the "
+                                 f"cluster's {n} devices", f"ids 0..{n - 1}")
 
 
 def transition_dag(job: JobSpec, current: Plan, target: Plan,
