@@ -74,7 +74,7 @@ def test_paper_examples_are_planned_in_one_pass_at_the_bound() -> None:
 def _hard_16() -> tuple:
     """A 16-GPU transition whose first pass misses the bound by more than 1 %."""
     job = make_job("llama-3.1-8b", 16)
-    rng = random.Random(13)
+    rng = random.Random(10)
     cur, tgt = random_pair(rng, job, rng.sample(stage_names(job, 6), rng.randint(2, 4)), 16, 16)
     return job, cur, tgt
 
