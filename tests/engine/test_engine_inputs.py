@@ -38,9 +38,11 @@ def _engine(spec: Any = LLAMA, seed: int = 1) -> tuple[StageEngine, dict[str, to
 
 
 def _unchanged(eng: StageEngine, before: dict[str, torch.Tensor]) -> bool:
-    assert eng.adam_state is not None
-    return eng.adam_state.step == 0 and all(torch.equal(eng.model.params[k], v)
-                                            for k, v in before.items())
+    """No update ran: step 0, the parameters as ``before``, Adam's moments still zero."""
+    st = eng.adam_state
+    assert st is not None
+    return (st.step == 0 and all(torch.equal(eng.model.params[k], v) for k, v in before.items())
+            and not any(t.any() for t in (*st.exp_avg.values(), *st.exp_avg_sq.values())))
 
 
 # ---------------------------------------------------------------- empty batches, failed steps
@@ -75,10 +77,10 @@ def test_a_step_whose_loss_fails_leaves_parameters_and_optimizer_state(
     assert _unchanged(eng, before)
 
 
-def test_a_step_with_a_non_finite_gradient_norm_is_refused_before_the_update() -> None:
+def test_a_step_with_a_non_finite_gradient_norm_skips_its_update() -> None:
     """A nan loss makes every gradient nan: the update would write nan into every parameter
-    and moment. The step fails instead (every worker has the same norm, so all stop), and
-    nothing has moved."""
+    and moment. It is skipped instead, as verl skips it (every worker has the same norm, so
+    all skip): the step says so and nothing has moved; the next step updates."""
     eng, shards = _engine()
     before = {k: v.clone() for k, v in shards.items()}
 
@@ -86,8 +88,36 @@ def test_a_step_with_a_non_finite_gradient_norm_is_refused_before_the_update() -
         return weighted_nll(out, mb) * float("nan")
 
     ids = torch.randint(0, LLAMA.vocab_size, (2, 8), generator=torch.Generator().manual_seed(0))
-    with pytest.raises(FloatingPointError, match=r"gradient norm is nan: update skipped"):
-        eng.train_step(Batch(ids, None, {"weight": torch.full((2, 7), 0.1)}), nan_loss, 1)
+    batch = Batch(ids, None, {"weight": torch.full((2, 7), 0.1)})
+    res = eng.train_step(batch, nan_loss, 1).result
+    assert res.skipped and math.isnan(res.grad_norm) and res.step == 0
+    assert _unchanged(eng, before)
+    res = eng.train_step(batch, weighted_nll, 1).result
+    assert not res.skipped and res.step == 1
+
+
+def test_a_last_all_reduce_that_did_not_count_every_worker_updates_nothing(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The step reads, on the host, how many workers its last all-reduce summed before it
+    updates (on NCCL an aborted all-reduce would otherwise let the queued update run): a
+    count short of the stage's workers fails the step with the state as it was."""
+    from nereus.engine import train as train_mod
+
+    eng, shards = _engine()
+    before = {k: v.clone() for k, v in shards.items()}
+    reduce = train_mod.all_reduce
+
+    def short(t: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        out = reduce(t, *args, **kwargs)
+        if t.dtype == torch.float64 and t.numel() == 2:  # the commit: (loss, workers)
+            out[1] -= 1
+        return out
+
+    monkeypatch.setattr(train_mod, "all_reduce", short)
+    ids = torch.randint(0, LLAMA.vocab_size, (2, 8), generator=torch.Generator().manual_seed(0))
+    with pytest.raises(RuntimeError, match=r"last all-reduce counted 0 of 1 workers: update "
+                                           r"skipped"):
+        eng.train_step(Batch(ids, None, {"weight": torch.full((2, 7), 0.1)}), weighted_nll, 1)
     assert _unchanged(eng, before)
 
 

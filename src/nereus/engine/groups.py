@@ -45,6 +45,12 @@ class Position:
         """The GPU index inside the replica (``pp_rank * tp + tp_rank``, TP innermost)."""
         return self.pp_rank * self.tp + self.tp_rank
 
+    @property
+    def stage_rank(self) -> int:
+        """The rank in the model-stage's ``stage`` group: replica by replica, each in
+        ``index_in_replica`` order (the runner's order of placements)."""
+        return self.dp_rank * self.tp * self.pp + self.index_in_replica
+
 
 @dataclass(frozen=True)
 class ParallelGroups:
@@ -91,11 +97,11 @@ class ParallelGroups:
                                  f"group has rank {pg.rank()} of {pg.size()}, position says "
                                  f"{rank} of {size}")
         workers = pos.tp * pos.pp * pos.dp
-        rank = pos.dp_rank * pos.tp * pos.pp + pos.index_in_replica
         if self.stage is not None and (self.stage.size() != workers
-                                       or self.stage.rank() != rank):
+                                       or self.stage.rank() != pos.stage_rank):
             raise InputError("groups.stage", f"group has rank {self.stage.rank()} of "
-                             f"{self.stage.size()}, position says {rank} of {workers}")
+                             f"{self.stage.size()}, position says {pos.stage_rank} of "
+                             f"{workers}")
 
 
 def _is_nccl(pg: Any) -> bool:

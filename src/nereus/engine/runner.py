@@ -144,8 +144,7 @@ class StageRunner:
         for p in self.places:
             for name, rank in ((p.names.tp, p.pos.tp_rank), (p.names.pp, p.pos.pp_rank),
                                (p.names.pp_grad, p.pos.pp_rank), (p.names.dp, p.pos.dp_rank),
-                               (p.names.stage, p.pos.dp_rank * self.tp * self.pp
-                                + p.pos.index_in_replica)):
+                               (p.names.stage, p.pos.stage_rank)):
                 if name is not None:
                     members.setdefault(name, {})[rank] = p.device
         return {n: tuple(m[r] for r in sorted(m)) for n, m in members.items()}

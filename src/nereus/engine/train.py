@@ -8,12 +8,17 @@ response tokens in all dp x b x a sequences). Gradients of all micro-batches and
 then summed, so the update is the same whatever dp, b and a are, up to reduction order.
 
 A failed step leaves the parameters and the optimizer state as they were, on every worker:
-everything that can fail (the loss, the collectives, a non-finite gradient norm) comes before
-the step's last collective, an all-reduce over every worker of the model-stage (the
-``stage`` group); a worker that fails earlier leaves its groups, so that all-reduce fails on
-every other worker too, and none updates. After it only the update runs, which allocates
-nothing. A worker that dies inside the update itself (its process killed) is the one case
-left: the others' updates stand, its own is partial.
+everything that can fail (the loss, the collectives) comes before the step's last collective,
+an all-reduce over every worker of the model-stage (the ``stage`` group) in which each worker
+also counts itself; a worker that fails earlier leaves its groups, so that all-reduce fails on
+every other worker too, and each worker reads the count on the host before it updates (on
+NCCL a wait returns before the kernel ends, and an aborted all-reduce would let a queued
+update run). After it only the update runs, which allocates nothing. A worker that dies inside
+the update itself (its process killed) is the case left: the others' updates stand, its own is
+partial.
+
+A gradient norm that is not finite (every worker has the same one) skips the update, as verl
+does: the step returns with ``skipped`` set and the state as it was.
 """
 
 from __future__ import annotations
@@ -40,13 +45,15 @@ DP_BUCKET_BYTES = 32 * 1024**2
 @dataclass(frozen=True)
 class TrainResult:
     """``loss``: the update's loss summed over the global batch (known on the last block, None
-    elsewhere); ``grad_norm``: global norm before clipping; ``clip_coef`` applied (<= 1)."""
+    elsewhere); ``grad_norm``: global norm before clipping; ``clip_coef`` applied (<= 1);
+    ``skipped``: the norm was not finite, so no update ran (``step`` did not move)."""
 
     loss: float | None
     grad_norm: float
     clip_coef: float
     micro_batches: int
     step: int
+    skipped: bool = False
 
 
 class TrainStep:
@@ -80,18 +87,17 @@ class TrainStep:
             self._sync_dp(grads)
             self._sync_tied(grads)
             norm = self._global_norm(grads)
-            if not math.isfinite(norm):  # every worker has the same norm: all stop here
-                raise FloatingPointError(f"the gradient norm is {norm}: update skipped, "
-                                         "parameters and optimizer state unchanged")
+            skip = not math.isfinite(norm)  # the same on every worker: all skip, or none
             coef = 1.0
-            if self.cfg.max_grad_norm is not None:
+            if self.cfg.max_grad_norm is not None and not skip:
                 coef = min(1.0, self.cfg.max_grad_norm / (norm + 1e-6))
             loss = self._commit(losses)  # the last thing that can fail (module docstring)
-            adam_update(m.params, grads, self.state, self.cfg, coef, m.rec)
+            if not skip:
+                adam_update(m.params, grads, self.state, self.cfg, coef, m.rec)
         finally:
             m.recompute = False
             self._disable_grads(hooks)
-        return TrainResult(loss, norm, coef, len(micros), self.state.step)
+        return TrainResult(loss, norm, coef, len(micros), self.state.step, skip)
 
     # ---------------------------------------------------------------- gradients
     def _enable_grads(self) -> list[Any]:
@@ -214,14 +220,21 @@ class TrainStep:
     def _commit(self, losses: list[torch.Tensor]) -> float | None:
         """The step's last collective, over every worker of the model-stage: the update's loss
         summed over the replicas (each last block's tp_rank 0 adds its replica's, every other
-        worker zero). Known on the last blocks, None elsewhere."""
+        worker zero) and the workers that got here, read on the host. Raises unless all did.
+        The loss is known on the last blocks, None elsewhere."""
         m = self.model
-        total = torch.zeros(1, dtype=torch.float64, device=m.device)
+        total = torch.zeros(2, dtype=torch.float64, device=m.device)
+        total[1] = 1.0
         if m.pos.last and m.pos.tp_rank == 0:
-            total += torch.stack(losses).sum().double()
+            total[0] += torch.stack(losses).sum().double()
         # the workers get here at different times (the first blocks end 1F1B's drain last)
         all_reduce(total, m.groups.stage, m.rec, m.groups.stage_intra, wait_peers=True)
-        return float(total) if m.pos.last else None
+        loss, got = total.tolist()
+        workers = m.pos.tp * m.pos.pp * m.pos.dp
+        if got != workers:
+            raise RuntimeError(f"the step's last all-reduce counted {got:g} of {workers} "
+                               "workers: update skipped")
+        return loss if m.pos.last else None
 
 
 def _unflatten(flat: torch.Tensor, outs: list[torch.Tensor]) -> None:
