@@ -162,7 +162,8 @@ def test_when_the_node_first_fan_outs_deadlock_the_dag_is_built_slot_by_slot() -
     leave 34 and 38, whose Destroy waits for the actor's Extend onto the critic's old GPUs,
     which waits for the critic's Destroy there, after that Extend. Slot by slot the actor
     copies from another piece; the transition falls back to it rather than be infeasible."""
-    from nereus.transition.global_dag import _joined
+    from nereus.transition.emu import phi
+    from nereus.transition.global_dag import _joined, _local_dags
     from nereus.transition.planner import capacity_bytes
 
     job = job8b(64)
@@ -173,12 +174,37 @@ def test_when_the_node_first_fan_outs_deadlock_the_dag_is_built_slot_by_slot() -
                 sp("critic_train", 4, 4, [range(16, 32), range(32, 48)])),
                groups=(("actor_train", "critic_train"),))
     dag, cost = transition_dag(job, cur, tgt)
-    turns = _joined(job, cur, tgt, cost, capacity_bytes(job), True)
-    assert turns is not None and not turns.feasible
+    initial = phi(job, cur)
+    eager = _local_dags(job, cur, tgt, cost, capacity_bytes(job), initial, eager=True)
+    turns = _joined(job, cur, tgt, cost, capacity_bytes(job), initial, eager)
+    assert not turns.feasible
     assert "GPUs 34,38 stay with actor_train" in (turns.problem or ""), turns.problem
     assert dag.feasible, dag.problem
     s = plan_transition(job, cur, tgt)
     assert validate(job, cur, tgt, s) == []
+
+
+def test_when_a_doomed_source_deadlocks_the_fallback_copies_from_the_kept_unit() -> None:
+    """actor_train and critic_train (2, 1), concurrent, trade GPUs: the actor keeps 0-1 and
+    moves 8-9 to 10-11, the critic moves 10-11 to 8-9. The actor's copy from its doomed 8-9
+    (NVLink) holds 8-9 until it ends, and it waits for the critic to leave 10-11, whose
+    Destroy waits for the critic's Extend onto 8-9. The fallback build takes the rules before
+    the eager fan-outs in full (only the kept unit sends while one is kept), so the actor
+    copies from 0-1 across nodes: feasible, 2.644 s as before them."""
+    job = job8b(16)
+    groups = (("actor_train", "critic_train"),)
+    cur = Plan((sp("actor_train", 2, 1, [[0, 1], [8, 9]]), sp("critic_train", 2, 1, [[10, 11]])),
+               groups=groups)
+    tgt = Plan((sp("actor_train", 2, 1, [[0, 1], [10, 11]]), sp("critic_train", 2, 1, [[8, 9]])),
+               groups=groups)
+    dag, _ = transition_dag(job, cur, tgt)
+    assert dag.feasible, dag.problem
+    exts = {(p.stage, p.emu.gpus, p.targets) for p in dag.primitives if isinstance(p, Extend)}
+    assert exts == {("actor_train", (0, 1), (10, 11)), ("critic_train", (10, 11), (8, 9))}
+    s = plan_transition(job, cur, tgt)
+    assert s.feasible, s.reason
+    assert validate(job, cur, tgt, s) == []
+    assert s.estimated_s == pytest.approx(2.644, abs=5e-4)
 
 
 def test_pure_dp_shrink_is_destroys_alone() -> None:

@@ -84,33 +84,41 @@ class TransitionDag:
 
 def build_dag(job: JobSpec, current: Plan, target: Plan, cost: TransitionCost,
               capacity_bytes: int) -> TransitionDag:
-    """The global DAG. When no replay fits, it is built once more from local DAGs whose
-    Extends fill their slots in slot order (``local_dag(node_turns=False)``), where those
-    differ: the fan-outs that seed every node first are faster, but which units they copy from
-    can leave two concurrent stages each waiting for the other's Destroy (random-64-2 of the
-    transition benchmark), and slot by slot can avoid it (or, as often, meet it instead)."""
-    dag = _joined(job, current, target, cost, capacity_bytes, True)
-    assert dag is not None
-    if dag.feasible or any(d.problem for d in dag.locals.values()):
+    """The global DAG. When no replay fits, it is built once more from the local DAGs of
+    ``local_dag(eager=False)``, where those differ: the eager fan-outs end sooner, but a source
+    they pick (a unit due for destruction, or one a node-first order reaches) can leave two
+    concurrent stages each waiting for the other's Destroy (random-64-2 of the transition
+    benchmark; two (2, 1) trainers trading GPUs 8-11 on 16 GPUs), and the rules before them
+    avoid it (or meet it instead). The first build is kept unless the second fits."""
+    initial = phi(job, current)
+    eager = _local_dags(job, current, target, cost, capacity_bytes, initial, eager=True)
+    dag = _joined(job, current, target, cost, capacity_bytes, initial, eager)
+    if dag.feasible or any(d.problem for d in eager.values()):
         return dag
-    again = _joined(job, current, target, cost, capacity_bytes, False, dag.locals)
-    return again if again is not None and again.feasible else dag
+    careful = _local_dags(job, current, target, cost, capacity_bytes, initial, eager=False)
+    if careful == eager:  # the same primitives: the same replays
+        return dag
+    again = _joined(job, current, target, cost, capacity_bytes, initial, careful)
+    return again if again.feasible else dag
+
+
+def _local_dags(job: JobSpec, current: Plan, target: Plan, cost: TransitionCost,
+                capacity_bytes: int, initial: Mapping[str, tuple[Emu, ...]], eager: bool
+                ) -> dict[str, LocalDag]:
+    """Each current model-stage's local DAG, in workflow stage order."""
+    order = {s.name: i for i, s in enumerate(job.workflow.stage_order())}
+    return {name: local_dag(initial[name], target.stage(name), job.model, cost, capacity_bytes,
+                            eager=eager)
+            for name in sorted(current.names, key=lambda n: order[n])}
 
 
 def _joined(job: JobSpec, current: Plan, target: Plan, cost: TransitionCost,
-            capacity_bytes: int, node_turns: bool, unless: Mapping[str, LocalDag] | None = None
-            ) -> TransitionDag | None:
-    """The local DAGs joined by resource edges; None when they are ``unless``'s."""
+            capacity_bytes: int, initial: Mapping[str, tuple[Emu, ...]],
+            locals_: Mapping[str, LocalDag]) -> TransitionDag:
+    """The local DAGs (of :func:`_local_dags`) joined by resource edges."""
     wf = job.workflow
     order = {s.name: i for i, s in enumerate(wf.stage_order())}
-    names = sorted(current.names, key=lambda n: order[n])
-    initial = phi(job, current)
-    locals_: dict[str, LocalDag] = {}
-    for name in names:
-        locals_[name] = local_dag(initial[name], target.stage(name), job.model, cost,
-                                  capacity_bytes, node_turns=node_turns)
-    if unless is not None and locals_ == unless:
-        return None
+    names = list(locals_)
     final = {n: d.final for n, d in locals_.items()}
     changed = tuple(n for n in names if locals_[n].changed)
 

@@ -97,7 +97,7 @@ def _pieces(current: Sequence[Emu], tgt_units: Sequence[tuple[int, ...]], lay: L
 
 def local_dag(current: Sequence[Emu], target: StagePlan, model: ModelSpec,
               cost: TransitionCost, capacity_bytes: int | None = None,
-              reserved: Sequence[str] = (), hops: bool = True, node_turns: bool = True
+              reserved: Sequence[str] = (), hops: bool = True, eager: bool = True
               ) -> LocalDag:
     """The local DAG through the T_sub that moves the fewest bytes (full state copies split or
     extended), preferring larger T_sub; the largest common layout comes first on ties, and
@@ -109,8 +109,17 @@ def local_dag(current: Sequence[Emu], target: StagePlan, model: ModelSpec,
     Unless even that fails, no unit outgrows a GPU: a Split or Merge that would is staged
     through host memory; and when every T_sub is still too big (a (2, 1) unit to (1, 8) goes
     through whole unsharded copies), the stage moves in two hops through the smallest layout
-    both split into (:func:`_two_hops`). ``reserved``: unit ids already taken. ``node_turns``
-    False: the Extends fill the slots in slot order only (see :func:`_node_turns`)."""
+    both split into (:func:`_two_hops`). ``reserved``: unit ids already taken.
+
+    ``eager`` (the default) picks the Extends' sources for the fastest fan-out: the order of
+    slot order and one slot per node in turn (:func:`_node_turns`) whose fan-out ends first,
+    and a piece due for destruction on a slot's own node may send to it even while another
+    piece is kept. Such a source holds its GPUs until its Extends end, and which copies pass
+    the state on changes which GPUs free when, so a concurrent stage waiting for those GPUs
+    can wait for a Destroy that itself waits for that stage's. ``eager`` False restores the
+    rules before both: slots in slot order, and while a piece is kept only kept and new units
+    send (a doomed piece only when none of those can); :func:`build_dag` falls back to it
+    when no replay of the eager DAG fits."""
     stage = target.stage
     tgt_units = [tuple(r) for r in target.replicas]
     lay, tlay = current[0].layout, target.layout
@@ -140,7 +149,7 @@ def local_dag(current: Sequence[Emu], target: StagePlan, model: ModelSpec,
     first: LocalDag | None = None
     too_big: tuple[Layout, str] | None = None  # the largest T_sub whose Split or Merge alone
     for sub in ranked:                          # exceeds a GPU's capacity, and why
-        dag = _through(current, target, tgt_units, sub, cost, reserved, node_turns)
+        dag = _through(current, target, tgt_units, sub, cost, reserved, eager)
         if (dag.problem is None and capacity_bytes is not None and not fits(sub)
                 and _over_capacity(dag, lay, tlay, sub, cost, capacity_bytes) is not None):
             dag = _staged(dag, cost, capacity_bytes)
@@ -154,8 +163,7 @@ def local_dag(current: Sequence[Emu], target: StagePlan, model: ModelSpec,
         first = first or dag
     if too_big is not None:  # memory, whatever runs first, stands in the way
         if hops and capacity_bytes is not None:
-            two = _two_hops(current, target, model, cost, capacity_bytes, reserved,
-                            node_turns)
+            two = _two_hops(current, target, model, cost, capacity_bytes, reserved, eager)
             if two is not None:
                 return two
         return LocalDag(stage, (), (), (), too_big[1])
@@ -210,7 +218,7 @@ def _over_capacity(dag: LocalDag, lay: Layout, tlay: Layout, sub: Layout, cost: 
 
 def _two_hops(current: Sequence[Emu], target: StagePlan, model: ModelSpec,
               cost: TransitionCost, capacity_bytes: int, reserved: Sequence[str],
-              node_turns: bool = True) -> LocalDag | None:
+              eager: bool = True) -> LocalDag | None:
     """current -> I -> target through one unit of an intermediate layout I on the target's GPUs,
     when every direct T_sub is too big for a GPU: a (2, 1) unit to (1, 8) would go through
     whole unsharded copies, but through (2, 4) each hop's T_sub is half the state or less.
@@ -243,12 +251,12 @@ def _two_hops(current: Sequence[Emu], target: StagePlan, model: ModelSpec,
         hop = StagePlan(target.stage, replace(target.candidate, layout=mid, dp=1), (gpus,))
         taken = [*reserved, *(e.id for e in current)]
         first = local_dag(current, hop, model, cost, capacity_bytes, taken, hops=False,
-                          node_turns=node_turns)
+                          eager=eager)
         if first.problem is not None:
             continue
         taken += [e.id for p in first.primitives for e in p.outputs]
         second = local_dag(first.final, target, model, cost, capacity_bytes, taken,
-                           hops=False, node_turns=node_turns)
+                           hops=False, eager=eager)
         if second.problem is not None:
             continue
         # the second hop's primitives that read a unit the first made wait for its producer
@@ -264,14 +272,14 @@ def _two_hops(current: Sequence[Emu], target: StagePlan, model: ModelSpec,
 
 def _through(current: Sequence[Emu], target: StagePlan, tgt_units: list[tuple[int, ...]],
              sub: Layout, cost: TransitionCost, reserved: Sequence[str] = (),
-             node_turns: bool = True) -> LocalDag:
+             eager: bool = True) -> LocalDag:
     """The local DAG through ``sub``. When no piece is kept, the Extends' sources are chosen
     over the pieces of every current unit; then only the units they come from are split (again,
     until each split unit feeds an Extend: fewer sources can pick differently on a tie)."""
     split: Sequence[int] | None = None
     while True:
         dag, sources = _through_split(current, target, tgt_units, sub, cost, reserved, split,
-                                      node_turns)
+                                      eager)
         if dag.problem is not None or sources is None or len(sources) == len(split or current):
             return dag
         split = sorted(sources)
@@ -279,7 +287,7 @@ def _through(current: Sequence[Emu], target: StagePlan, tgt_units: list[tuple[in
 
 def _through_split(current: Sequence[Emu], target: StagePlan, tgt_units: list[tuple[int, ...]],
                    sub: Layout, cost: TransitionCost, reserved: Sequence[str],
-                   only: Sequence[int] | None, node_turns: bool = True
+                   only: Sequence[int] | None, eager: bool = True
                    ) -> tuple[LocalDag, set[int] | None]:
     """The local DAG through ``sub`` that splits the current units ``only`` (None: those with a
     kept piece; when none has, every one) and the current units whose pieces an Extend copies
@@ -362,17 +370,20 @@ def _through_split(current: Sequence[Emu], target: StagePlan, tgt_units: list[tu
     # a node's second slot takes a free copy from across the network rather than wait for the
     # node's first, and the next node then waits for a busy one. Taking one slot per node in
     # turn seeds every node first; the order whose whole fan-out ends first is kept
-    per_node = cost.cluster.devices_per_node
-    held = {g // per_node for e in piece_emu.values() for g in e.gpus}
-    fill, stuck = _fan_out(offered(), slots, pending, bool(kept))
+    fill, stuck = _fan_out(offered(), slots, pending, bool(kept), eager)
     if stuck is not None:
         q, j = stuck
         return LocalDag(stage, (), (), (), (
             f"{stage}: no copy can be extended onto GPUs {format_gpus(slots[q][j])}: every "
             "unit holding the state shares GPUs with it (Extend needs disjoint GPUs)")), None
-    if node_turns:
-        turns, _ = _fan_out(offered(), slots, _node_turns(pending, slots, held, per_node),
-                            bool(kept))
+    if eager:
+        per_node = cost.cluster.devices_per_node
+        held = {g // per_node for e in piece_emu.values() for g in e.gpus}
+        turns, stuck = _fan_out(offered(), slots, _node_turns(pending, slots, held, per_node),
+                                bool(kept), eager)
+        # no order sticks where another fills every slot: of the slots one left, the first the
+        # other filled took a unit or a copy of a slot filled before it, which both orders had
+        assert stuck is None, stuck
         if _fan_out_key(turns) < _fan_out_key(fill):
             fill = turns
 
@@ -417,22 +428,25 @@ def _copy_id(slot: tuple[int, int]) -> str:
 
 
 def _fan_out(src: _Sources, slots: Sequence[Sequence[tuple[int, ...]]],
-             pending: Sequence[tuple[int, int]], kept: bool
+             pending: Sequence[tuple[int, int]], kept: bool, eager: bool = True
              ) -> tuple[list[tuple[tuple[int, int], str, float]], tuple[int, int] | None]:
     """Each of the ``pending`` slots (taken in this order) filled from the source that fills
     it first, as (slot, source id, estimated finish) in the order made; a new copy is a source
     from its finish on, named :func:`_copy_id`. A slot every source shares GPUs with waits for
-    a copy elsewhere; the second value is the first slot none ever reaches (else None)."""
+    a copy elsewhere; the second value is the first slot none ever reaches (else None).
+    ``kept``: a piece is kept; ``eager``: see :func:`local_dag`."""
+    # a piece to be destroyed on the slot's own node beats a kept copy across nodes (NVLink
+    # against the network); elsewhere it would only add one more sender, and while it sends it
+    # holds GPUs other stages may wait for: while a piece is kept, only kept and new units
+    # send across nodes (and, not eager, on the slot's node too)
+    near = (0, 1) if eager or not kept else (0,)
+    far = (0,) if kept else (0, 1)
     out: list[tuple[tuple[int, int], str, float]] = []
     while pending:
         rest: list[tuple[int, int]] = []
         for s in pending:
             slot = slots[s[0]][s[1]]
-            # a piece to be destroyed on the slot's own node beats a kept copy across nodes
-            # (NVLink against the network); elsewhere it would only add one more sender, and
-            # while it sends it holds GPUs other stages may wait for: while a piece is kept,
-            # only kept and new units send across nodes
-            best = src.best(slot, (0, 1), (0,) if kept else (0, 1))
+            best = src.best(slot, near, far)
             if best is None and kept:
                 best = src.best(slot, (1,))
             if best is None:
