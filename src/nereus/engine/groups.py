@@ -46,6 +46,11 @@ class Position:
         return self.pp_rank * self.tp + self.tp_rank
 
     @property
+    def workers(self) -> int:
+        """Workers of the model-stage: tp x pp x dp."""
+        return self.tp * self.pp * self.dp
+
+    @property
     def stage_rank(self) -> int:
         """The rank in the model-stage's ``stage`` group: replica by replica, each in
         ``index_in_replica`` order (the runner's order of placements)."""
@@ -96,12 +101,11 @@ class ParallelGroups:
                 raise InputError(f"groups.{name}",
                                  f"group has rank {pg.rank()} of {pg.size()}, position says "
                                  f"{rank} of {size}")
-        workers = pos.tp * pos.pp * pos.dp
-        if self.stage is not None and (self.stage.size() != workers
+        if self.stage is not None and (self.stage.size() != pos.workers
                                        or self.stage.rank() != pos.stage_rank):
             raise InputError("groups.stage", f"group has rank {self.stage.rank()} of "
                              f"{self.stage.size()}, position says {pos.stage_rank} of "
-                             f"{workers}")
+                             f"{pos.workers}")
 
 
 def _is_nccl(pg: Any) -> bool:

@@ -62,8 +62,7 @@ class TrainStep:
 
     def __init__(self, model: ParallelModel, state: AdamState, config: AdamConfig,
                  micro_batch: int, recompute: bool = False) -> None:
-        pos = model.pos
-        if pos.tp * pos.pp * pos.dp > 1 and model.groups.stage is None:
+        if model.pos.workers > 1 and model.groups.stage is None:
             raise InputError("groups.stage", "missing: a training step on more than one worker "
                              "ends on an all-reduce over all of them, its last collective "
                              "before the update")
@@ -181,8 +180,8 @@ class TrainStep:
             pg, tag, intra = m.groups.pp, 1 << 20, m.groups.pp_intra
             # The first block sends, then receives; the last receives, then sends: NCCL runs
             # a pair's sends and receives in order, and two sends first would wait on each
-            # other (gloo would not mind either order)
-            # timed as the two-member all-reduce it is, which the cost model prices
+            # other (gloo would not mind either order). The transfer is timed as the
+            # two-member all-reduce it is, which the cost model prices
             if pos.first:
                 work = send(mine, peer, pg, tag)
                 recv(theirs, peer, pg, m.rec, tag, intra, kind="allreduce")
@@ -230,10 +229,9 @@ class TrainStep:
         # the workers get here at different times (the first blocks end 1F1B's drain last)
         all_reduce(total, m.groups.stage, m.rec, m.groups.stage_intra, wait_peers=True)
         loss, got = total.tolist()
-        workers = m.pos.tp * m.pos.pp * m.pos.dp
-        if got != workers:
-            raise RuntimeError(f"the step's last all-reduce counted {got:g} of {workers} "
-                               "workers: update skipped")
+        if got != m.pos.workers:
+            raise RuntimeError(f"the step's last all-reduce counted {got:g} of "
+                               f"{m.pos.workers} workers: update skipped")
         return loss if m.pos.last else None
 
 
