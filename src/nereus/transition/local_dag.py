@@ -376,11 +376,11 @@ def _through_split(current: Sequence[Emu], target: StagePlan, tgt_units: list[tu
         return LocalDag(stage, (), (), (), (
             f"{stage}: no copy can be extended onto GPUs {format_gpus(slots[q][j])}: every "
             "unit holding the state shares GPUs with it (Extend needs disjoint GPUs)")), None
-    if eager:
-        per_node = cost.cluster.devices_per_node
-        held = {g // per_node for e in piece_emu.values() for g in e.gpus}
-        turns, stuck = _fan_out(offered(), slots, _node_turns(pending, slots, held, per_node),
-                                bool(kept), eager)
+    per_node = cost.cluster.devices_per_node
+    held = {g // per_node for e in piece_emu.values() for g in e.gpus}
+    order = _node_turns(pending, slots, held, per_node) if eager else pending
+    if order != pending:  # one node, or one slot per node: the same fan-out again
+        turns, stuck = _fan_out(offered(), slots, order, bool(kept), eager)
         # no order sticks where another fills every slot: of the slots one left, the first the
         # other filled took a unit or a copy of a slot filled before it, which both orders had
         assert stuck is None, stuck
