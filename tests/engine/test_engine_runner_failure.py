@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -90,6 +91,22 @@ def failing_before_the_update(replica: int) -> LossFn:
     return loss
 
 
+@contextmanager
+def seeded_pp2_dp2(pool: WorkerPool, tag: str) -> Iterator[tuple[list[Any], list[Any]]]:
+    """tiny-llama's actor_train at tp=1, pp=2, dp=2 on workers 0-3 (replica 0 on 0, its first
+    block, and 1; replica 1 on 2, 3), seeded: (EMUs, each unit gathered before the test).
+    Afterwards the units are dropped, bounded: workers still blocked fail the test, not hang
+    it."""
+    spec = MODEL_PRESETS["tiny-llama"]
+    emus = layout_emus("actor_train", 1, 2, 2, tag, trainable=True)
+    place_seeded_units(pool, emus, StateSpec(spec, Head.LM), SEED)
+    try:
+        yield emus, [gather_unit(pool, e) for e in emus]
+    finally:
+        pool.run({dev: (destroy_member, (e.id,)) for e in emus for dev in e.gpus},
+                 timeout_s=RUNNER_TIMEOUT_S)
+
+
 def held_units_and_groups() -> Any:
     """``fn(ctx, key)``: the units a worker holds and the groups of runner ``key`` it is
     still in (a closure, so Ray ships it by value)."""
@@ -105,13 +122,8 @@ def test_a_step_failing_on_one_replica_frees_every_peer_and_keeps_the_state(
     pool, rv = runtime
     torch.manual_seed(SEED)
     held_by = held_units_and_groups()
-    spec = MODEL_PRESETS["tiny-llama"]
-    # tp=1, pp=2, dp=2: replica 0 on workers 0 (first block), 1 (last); replica 1 on 2, 3
-    emus = layout_emus("actor_train", 1, 2, 2, "fail", trainable=True)
-    place_seeded_units(pool, emus, StateSpec(spec, Head.LM), SEED)
-    try:
-        before = [gather_unit(pool, e) for e in emus]
-        b = lm_batch(spec.vocab_size)
+    with seeded_pp2_dp2(pool, "fail") as (emus, before):
+        b = lm_batch(MODEL_PRESETS["tiny-llama"].vocab_size)
         with StageRunner(pool, emus, rv, ADAM, timeout_s=RUNNER_TIMEOUT_S) as run:
             key = run.key
             with pytest.raises(WorkerCallsFailed) as info:
@@ -135,9 +147,6 @@ def test_a_step_failing_on_one_replica_frees_every_peer_and_keeps_the_state(
         with StageRunner(pool, emus, rv, ADAM, timeout_s=RUNNER_TIMEOUT_S) as run:
             res, _ = run.train_step(b, weighted_nll, micro_batch=2)
         assert torch.isfinite(torch.tensor(res.loss))
-    finally:   # bounded: workers still blocked (the old runner) must fail the test, not hang it
-        pool.run({dev: (destroy_member, (e.id,)) for e in emus for dev in e.gpus},
-                 timeout_s=RUNNER_TIMEOUT_S)
 
 
 def test_a_step_failing_after_its_other_collectives_updates_no_worker(
@@ -148,18 +157,11 @@ def test_a_step_failing_after_its_other_collectives_updates_no_worker(
     first block that had updated would leave its replica's positions with different step
     counters, and the gather would refuse it)."""
     pool, rv = runtime
-    spec = MODEL_PRESETS["tiny-llama"]
-    emus = layout_emus("actor_train", 1, 2, 2, "torn", trainable=True)
-    place_seeded_units(pool, emus, StateSpec(spec, Head.LM), SEED)
-    try:
-        before = [gather_unit(pool, e) for e in emus]
-        b = lm_batch(spec.vocab_size)
+    with seeded_pp2_dp2(pool, "torn") as (emus, before):
+        b = lm_batch(MODEL_PRESETS["tiny-llama"].vocab_size)
         with (StageRunner(pool, emus, rv, ADAM, timeout_s=RUNNER_TIMEOUT_S) as run,
               pytest.raises(WorkerCallsFailed,
                             match=r"worker 3: RuntimeError: failed before the update")):
             run.train_step(b, failing_before_the_update(1), micro_batch=2)
         for e, was in zip(emus, before):
             assert gather_unit(pool, e).first_difference(was) is None
-    finally:
-        pool.run({dev: (destroy_member, (e.id,)) for e in emus for dev in e.gpus},
-                 timeout_s=RUNNER_TIMEOUT_S)

@@ -669,15 +669,21 @@ def test_executor_refuses_memory_before_anything_moves_where_nothing_frees_it() 
     assert all(not w.offloaded for w in pool.workers.values())  # residency left as it was
 
 
+def _extend_beside_ref(worker: int) -> tuple[tuple[Emu, ...], tuple[Emu, ...], Schedule, int]:
+    """The three tp=1 units' Extend onto worker 3, with an unchanged stage's unit on
+    ``worker``: (units, that unit, schedule, unit bytes)."""
+    u, to3, _, _, size = _three_tp1_units()
+    ref = _units(_job(), REF, 1, 1, [[worker]])
+    schedule = _schedule([(to3, ())], u, [*u, to3.output])
+    return u, ref, replace(schedule, initial={**schedule.initial, REF: ref}), size
+
+
 def test_a_worker_the_transition_does_not_touch_is_left_alone() -> None:
     """Worker 5 holds only a unit of a stage that does not change, and is stuck in a call:
     the transition, which runs nowhere near it, runs, and worker 5's unit stays resident
     (before, every worker holding a current unit was asked to offload it, and the stuck one
     failed the transition before it began)."""
-    u, to3, _, _, size = _three_tp1_units()
-    ref = _units(_job(), REF, 1, 1, [[5]])
-    schedule = _schedule([(to3, ())], u, [*u, to3.output])
-    schedule = replace(schedule, initial={**schedule.initial, REF: ref})
+    u, ref, schedule, size = _extend_beside_ref(5)
     pool = _Pool(range(6), mute=[5]).holding([*u, *ref], size)
     report = Executor(pool, _specs()).run(schedule)
     assert report.units[STAGE][-1].gpus == (3,)
@@ -689,10 +695,7 @@ def test_a_unit_an_engine_computes_on_is_not_offloaded_under_it() -> None:
     change, which the planner takes as offloaded at the boundary, while an engine computes
     on it: refused in one line before anything changes, not offloaded under the engine's
     views."""
-    u, to3, _, _, size = _three_tp1_units()
-    ref = _units(_job(), REF, 1, 1, [[0]])
-    schedule = _schedule([(to3, ())], u, [*u, to3.output])
-    schedule = replace(schedule, initial={**schedule.initial, REF: ref})
+    u, ref, schedule, size = _extend_beside_ref(0)
     pool = _Pool(range(4)).holding([*u, *ref], size)
     pool.workers[0].in_use["ref-engine"] = ref[0].id
     with pytest.raises(InfeasibleError) as info:

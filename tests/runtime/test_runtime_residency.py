@@ -31,7 +31,6 @@ from nereus.transition.schedule import Schedule, list_schedule
 from runtime_testlib import (
     check_stages,
     cpu_job,
-    leaves_nothing,
     plan_of,
     stage_seeds,
     worker_pool,
@@ -100,11 +99,6 @@ def pool() -> Iterator[WorkerPool]:
     with worker_pool(__name__, 8) as p:
         yield p
 
-
-@pytest.fixture()
-def clean(pool: WorkerPool) -> Iterator[WorkerPool]:
-    with leaves_nothing(pool):
-        yield pool
 
 
 @pytest.mark.parametrize("raw,pair", [(JOB_A, A), (JOB_B, B)], ids=["offload", "jit"])

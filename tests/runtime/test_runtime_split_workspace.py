@@ -38,7 +38,7 @@ from nereus.transition.schedule import Schedule
 from nereus.transition.sizes import StateSizes
 from nereus.transition.workspace import WINDOW, split_staging_bytes
 
-from runtime_testlib import check_stages, cpu_job, leaves_nothing, stage_seeds, worker_pool
+from runtime_testlib import check_stages, cpu_job, stage_seeds, worker_pool
 
 
 def _specs(job: JobSpec) -> dict[str, StateSpec]:
@@ -151,11 +151,6 @@ def pool() -> Iterator[WorkerPool]:
     with worker_pool(__name__, 8) as p:
         yield p
 
-
-@pytest.fixture()
-def clean(pool: WorkerPool) -> Iterator[WorkerPool]:
-    with leaves_nothing(pool):
-        yield pool
 
 
 def _pair(model: str, memory_mib: float, seed: int) -> tuple[JobSpec, Plan, Plan]:

@@ -50,7 +50,6 @@ from nereus.transition.sizes import StateSizes
 from runtime_testlib import (
     check_stages,
     cpu_job,
-    leaves_nothing,
     stage_seeds,
     worker_pool,
 )
@@ -162,12 +161,6 @@ def pool() -> Iterator[WorkerPool]:
     with worker_pool(__name__, 8) as p:
         yield p
 
-
-@pytest.fixture()
-def clean(pool: WorkerPool) -> Iterator[WorkerPool]:
-    """After the test, failing ones included: nothing left behind (``leaves_nothing``)."""
-    with leaves_nothing(pool):
-        yield pool
 
 
 def _staged(schedule: Schedule) -> Schedule:

@@ -49,7 +49,6 @@ from runtime_testlib import (
     clear_units,
     cpu_job,
     gone,
-    leaves_nothing,
     pids,
     plan_of,
     stage_seeds,
@@ -64,11 +63,8 @@ def pool() -> Iterator[WorkerPool]:
         yield p
 
 
-@pytest.fixture(autouse=True)
-def no_leaks(pool: WorkerPool) -> Iterator[None]:
-    """After every test, failing ones included: nothing left behind (``leaves_nothing``)."""
-    with leaves_nothing(pool):
-        yield
+# after every test, failing ones included: nothing left behind (conftest.py)
+pytestmark = pytest.mark.usefixtures("clean")
 
 
 def _fit_pool(pool: WorkerPool, ids: Sequence[int], exact: bool = False) -> None:

@@ -28,7 +28,6 @@ from nereus.transition.primitives import Destroy, Merge
 from runtime_testlib import (
     check_stages,
     cpu_job,
-    leaves_nothing,
     plan_of,
     stage_seeds,
     worker_pool,
@@ -45,10 +44,8 @@ def pool() -> Iterator[WorkerPool]:
         yield p
 
 
-@pytest.fixture(autouse=True)
-def no_leaks(pool: WorkerPool) -> Iterator[None]:
-    with leaves_nothing(pool):
-        yield
+# after every test, failing ones included: nothing left behind (conftest.py)
+pytestmark = pytest.mark.usefixtures("clean")
 
 
 def swapped_merge(p: Any, pool: WorkerPool, rv: Any, spec: Any, tag: str, timeout_s: float,
