@@ -554,13 +554,13 @@ def estimate_note(result: dict) -> str:
 
 
 def execution_summary(result: dict) -> str:
-    from nereus.runtime.demo import device_peak_note  # loaded already: the run used it
+    from nereus.runtime.demo import COUNTED, device_peak_note  # loaded: the run used it
 
     verdict = ("bitwise equal" if result["bitwise_equal"]
                else "DIFFERS: " + "; ".join(result["differences"][:3]))
     return (f"L_tran estimated {result['estimated_s']:.4f} s (estimated), measured "
             f"{result['measured_s']:.4f} s (measured); state after the transition: {verdict}; "
-            f"peak bytes within capacity (counted: runtime byte counter): "
+            f"peak bytes within capacity ({COUNTED}): "
             f"{'yes' if result['within_capacity'] else 'NO'}"
             + device_peak_note(result.get("device_peak_bytes") or {}))
 
