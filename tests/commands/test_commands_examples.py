@@ -66,6 +66,21 @@ def test_a_file_as_the_folder_is_refused(tmp_path: Path) -> None:
     f.write_text("")
     r = runner.invoke(app, ["examples", str(f)])
     assert r.exit_code == 2 and r.stderr.startswith("error: DEST: "), r.output
+    assert f"{f} is a file" in r.stderr
+
+
+def test_a_device_as_the_folder_is_named_as_one() -> None:
+    r = runner.invoke(app, ["examples", "/dev/null"])
+    assert r.exit_code == 2 and "/dev/null is a character device" in r.stderr, r.output
+
+
+def test_a_file_where_a_sub_folder_goes_is_named_before_anything_is_written(
+        tmp_path: Path) -> None:
+    (tmp_path / "layouts").write_text("mine")
+    r = runner.invoke(app, ["examples", str(tmp_path)])
+    assert r.exit_code == 2, r.output
+    assert f"{tmp_path / 'layouts'} is a file, not a folder" in r.stderr
+    assert [p.name for p in tmp_path.iterdir()] == ["layouts"]  # nothing written
 
 
 def test_python_dash_m_runs_the_cli() -> None:

@@ -8,6 +8,7 @@ other commands' help points here. Files that already exist are left alone unless
 from __future__ import annotations
 
 import shlex
+import stat
 from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -40,15 +41,37 @@ def shipped() -> dict[str, Traversable]:
     return out
 
 
+def _kind(path: Path) -> str:
+    """What ``path``, which exists and is not a folder, is: 'a file', 'a character device'..."""
+    try:
+        mode = path.stat().st_mode
+    except OSError:
+        return "not a folder"
+    for test, name in ((stat.S_ISREG, "a file"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISFIFO, "a named pipe"),
+                       (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return name
+    return "not a folder"
+
+
 def copy_examples(dest: Path, force: bool = False) -> list[Path]:
     """Write every shipped example under ``dest`` (made if missing) and return the files
     written. Refuses, before writing any, when one exists and ``force`` is off."""
     if exists(dest, "DEST") and not is_dir(dest, "DEST", writing=True):
-        raise InputError("DEST", f"{dest} is a file", "a folder, new or existing")
+        raise InputError("DEST", f"{dest} is {_kind(dest)}", "a folder, new or existing")
     files = shipped()
     if not files:  # a broken install: say so rather than copy nothing
         raise InputError("DEST", "this installation of nereus ships no examples",
                          "a reinstall of the package")
+    # a sub-folder the examples go into that exists as something else: said as such, before
+    # writing any (mkdir would fail with "file exists" on the file inside it)
+    subs = {"/".join(parts[:k]) for parts in (rel.split("/") for rel in files)
+            for k in range(1, len(parts))}
+    for sub in (dest / s for s in sorted(subs)):  # a folder before those inside it
+        if exists(sub, "DEST") and not is_dir(sub, "DEST", writing=True):
+            raise InputError("DEST", f"{sub} is {_kind(sub)}, not a folder",
+                             "a DEST whose sub-folders for the examples are folders or new")
     there = [rel for rel in files if exists(dest / rel, "DEST")]
     if there and not force:
         more = f" and {len(there) - 1} more" if len(there) > 1 else ""
