@@ -530,6 +530,28 @@ def test_plans_past_the_configs_pool_grow_it_and_say_so(tiny_plans: tuple[str, s
     assert r.exit_code == 0 and r.stderr.count("\n") == 1, r.stderr
 
 
+@pytest.mark.parametrize("ids,which,says", [
+    # the ids 2-3 of a 4-GPU cluster: the current plan's GPUs 0-1 are not the job's
+    ([2, 3], "current", ("current.stages.0.gpus.0: GPU 0 of replica 0 is not in the pool "
+                        "tiny.yaml gives (allowed: GPU ids 2-3)")),
+    # as many ids as the config's count would take: a list is not grown to the target's 4
+    ([0, 1], "target", ("target.stages.0.gpus.2: GPU 2 of replica 2 is not in the pool "
+                       "tiny.yaml gives (allowed: GPU ids 0-1)")),
+])
+def test_plans_outside_a_pool_the_config_lists_are_refused(
+        tiny_plans: tuple[str, str], tmp_path: Path, ids: list[int], which: str,
+        says: str) -> None:
+    """A config that lists its GPU ids says which GPUs the job has; a plan on others was
+    priced anyway (only their number was compared, and a list too short was grown like a
+    count), where ``plan --evaluate`` refuses the same GPUs."""
+    cfg = tmp_path / "tiny.yaml"
+    cfg.write_text(f"model: tiny-llama\ngpus: {ids}\ncluster: {{device: cpu, "
+                   "devices_per_node: 4}\n")
+    r = runner.invoke(app, ["transition", *tiny_plans, "--config", str(cfg)])
+    assert r.exit_code == 2, r.output
+    assert r.stderr == f"error: {says}\n", r.stderr
+
+
 @pytest.mark.parametrize("field,value,says", [
     ("tp", 0, "error: target.stages.0.tp: 0 is not allowed (allowed: >= 1)"),
     ("gpus", [[70_000]], ("error: target.stages.0.gpus.0.0: 70000 is not allowed (allowed: "

@@ -64,7 +64,7 @@ from nereus.files import existing_file, os_reason, read_json, read_yaml
 from nereus.interrupts import ctrl_c_deferred
 from nereus.plan.evaluate import StageLayoutSpec, evaluate_plan
 from nereus.plan.types import Plan
-from nereus.spec.cluster import MAX_DEVICES, GpuPool, format_gpus
+from nereus.spec.cluster import MAX_DEVICES, GpuPool, format_gpus, gpu_ranges
 from nereus.spec.job import JobSpec, check_groups, parse_job
 from nereus.spec.model import MODEL_PRESETS
 from nereus.transition.global_dag import FEWER_STAGES
@@ -287,15 +287,39 @@ def job_for_plans(gpu_ids: tuple[int, ...] | list[int], config: Path | None,
     if config is None:
         return build(None, max(needed, least))
     job = build(config, None)
-    if job.cluster.num_devices >= needed:
+    if job.cluster.num_devices >= needed or _pool_listed(config):
+        # a pool the config lists by id is the GPUs the job has: a plan on others is refused
+        # where its stages are checked (check_in_pool), not grown to
         return job
-    # plans made with --gpus beyond the config's (the README's grow-the-pool example): the
-    # cluster grows to hold them, and the user hears of it (a typo'd id is grown to as well)
+    # plans made with --gpus beyond the config's count (the README's grow-the-pool example):
+    # the cluster grows to hold them, and the user hears of it (a typo'd id is grown to as well)
     grown = build(config, needed)  # a cluster that cannot grow says so, with no note first
     err_console.print(f"note: the plans use GPU ids up to {needed - 1}; {config.name}'s "
                       f"{job.cluster.num_devices} GPUs are taken as {needed}", markup=False,
                       highlight=False, soft_wrap=True)
     return grown
+
+
+def _pool_listed(config: Path) -> bool:
+    """Whether ``config`` gives its pool as a list of GPU ids (``gpus: [8, 9, ...]``), not a
+    count: a count is grown to hold the plans' GPUs, a list is what the job may use."""
+    data = read_yaml(config, "config")
+    return isinstance(data, Mapping) and isinstance(data.get("gpus"), list)
+
+
+def check_in_pool(plan: Plan, job: JobSpec, which: str, config: Path | None) -> None:
+    """Every GPU a plan file's stages use must be in the job's pool (a pool a config lists by
+    id need not start at 0), named after the plan file's replica, as ``plan --evaluate`` names
+    a layout's."""
+    ids = set(job.pool.ids)
+    source = f" {config.name} gives" if config is not None else ""
+    for i, sp in enumerate(plan.stages):
+        for r, replica in enumerate(sp.replicas):
+            outside = sorted(set(replica) - ids)
+            if outside:
+                raise InputError(f"{which}.stages.{i}.gpus.{r}",
+                                 f"GPU {outside[0]} of replica {r} is not in the "
+                                 f"pool{source}", f"GPU ids {gpu_ranges(job.pool.ids)}")
 
 
 def _layout_gpus(specs: Mapping[str, StageLayoutSpec]) -> list[int]:
@@ -358,6 +382,9 @@ def plans_for_job(args: tuple[PlanArg, PlanArg], config: Path | None, model: str
     for a in args:
         check_record(a.record, job, a.which, a.path)
     out = {a.which: _plan_under(a, job, profile) for a in args}
+    for a in args:
+        if a.kind == "plan":  # a layout's GPU lists are checked where it is placed
+            check_in_pool(out[a.which], job, a.which, config)
     return job, out["current"], out["target"]
 
 
