@@ -57,11 +57,12 @@ from nereus.sim.traces import (
     busiest_window,
     congestion,
     constant,
+    format_runs,
     growth,
-    load_availability,
     load_drift,
     load_lengths,
     node_churn,
+    read_availability,
     read_spot_trace,
     spot_counts,
     spot_window,
@@ -531,19 +532,23 @@ def _onto(av: Availability, ids: Sequence[int]) -> Availability:
                         f"{av.source}; onto the job's GPUs {format_gpus(ids)}")
 
 
-def _within(av: Availability, ids: Sequence[int]) -> Availability:
-    """``av`` held to the job's GPUs ``ids``: at each time, the GPUs it lists that are the
-    job's. The job asked for those (``job.gpus``), so the others are not its to use; a trace
-    that never lists one of them gives the job nothing to run on."""
-    mine = set(ids)
-    pools = tuple(tuple(g for g in p if g in mine) for p in av.pools)
-    if pools == av.pools:
-        return av
-    if not any(pools):
+def _within(path: Path, ids: Sequence[int]) -> Availability:
+    """The availability file at ``path`` held to the job's GPUs ``ids``: at each time, the
+    GPUs it lists that are the job's. The job asked for those (``job.gpus``), so the others
+    are not its to use; a trace that never lists one of them gives the job nothing to run on.
+    Rows are cut to ``ids`` as they are read, so a file naming a million ids costs what the
+    job's GPUs do."""
+    av, listed = read_availability(path, ids)
+    if not listed:  # else the simulator finds it, with no file to name
+        raise InputError(f"availability ({path.name})", "the trace never gives a GPU",
+                         "at least one row with GPUs")
+    if not any(av.pools):
         raise InputError("job.gpus", f"the job's GPUs {format_gpus(ids)} are in no row of "
                          f"the availability trace ({av.source})",
-                         f"GPUs the trace lists, e.g. {format_gpus(sorted(av.ids()))}")
-    return Availability(av.times, pools, f"{av.source}; the job's GPUs of it "
+                         f"GPUs the trace lists, e.g. {format_runs(listed, most=8)}")
+    if sum(hi - lo + 1 for lo, hi in listed) == len(av.ids()):  # all the job's: as read
+        return av
+    return Availability(av.times, av.pools, f"{av.source}; the job's GPUs of it "
                         f"({format_gpus(ids)}, job.gpus)")
 
 
@@ -633,11 +638,7 @@ def load_scenario(path: str | Path) -> Scenario:
         # the file is the cluster's pool over time, read as it is written (ids past the job's
         # cluster too: a scheduler log of a larger cluster); the job holds the GPUs of it
         # that it asked for (job.gpus), as with a spot trace
-        pool_file = load_availability(read("availability.csv", str(cfg.availability.csv)))
-        if not any(pool_file.pools):  # else the simulator finds it, with no file to name
-            raise InputError(f"availability ({Path(str(cfg.availability.csv)).name})",
-                             "the trace never gives a GPU", "at least one row with GPUs")
-        avail = _within(pool_file, job.pool.ids)
+        avail = _within(read("availability.csv", str(cfg.availability.csv)), job.pool.ids)
     elif kind == "spot":
         sp = cfg.availability.spot
         spot_file = read("availability.spot.file", sp.file) if sp and sp.file is not None \

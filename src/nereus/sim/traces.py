@@ -39,7 +39,6 @@ from nereus.cost.efficiency import Efficiencies, peak_bound
 from nereus.cost.ops import OpClass
 from nereus.errors import InputError, count
 from nereus.files import read_json, read_text
-from nereus.spec.cluster import format_gpus
 
 T_ = TypeVar("T_")
 
@@ -438,13 +437,24 @@ def _node_ids(nodes: Iterable[int], per: int) -> tuple[int, ...]:
     return tuple(sorted(g for n in nodes for g in range(n * per, (n + 1) * per)))
 
 
-def parse_ids(text: str, field: str = "availability.gpus", max_gpus: int | None = None
-              ) -> tuple[int, ...]:
+def parse_ids(text: str, field: str = "availability.gpus", max_gpus: int | None = None,
+              keep: Sequence[int] | None = None) -> tuple[int, ...]:
     """``"16"`` -> 0..15; ``"0-7 12 13"`` -> those ids; ``""`` or ``"0"`` -> none.
 
     Counts and ids stay below ``max_gpus`` (the cluster's size, when known) and never past
-    MAX_DEVICES: the ids are built one by one, so a huge count is an error, not a MemoryError.
+    MAX_DEVICES. ``keep``: the only ids wanted (a job's GPUs); the others are dropped as the
+    field is read, so a range costs what its overlap with ``keep`` holds, not its length.
     """
+    runs = _id_runs(text, field, max_gpus)
+    if keep is None:
+        return tuple(g for lo, hi in runs for g in range(lo, hi + 1))
+    return _clip(runs, sorted(keep))
+
+
+def _id_runs(text: str, field: str, max_gpus: int | None = None) -> tuple[tuple[int, int], ...]:
+    """The ids a pool field lists, as sorted runs ``(first, last)`` with a gap between each two;
+    the checks of ``parse_ids``. Work and memory follow the number of ranges written, never
+    the ids they span (a row ``0-999999`` is one run, not a million ids)."""
     cap = MAX_DEVICES if max_gpus is None else min(max_gpus, MAX_DEVICES)
     allowed = (f"a count 0..{cap} or device ids 0..{cap - 1}, e.g. 16 or 0-7 12 (at most "
                f"{MAX_DEVICES:,} devices)")
@@ -463,26 +473,85 @@ def parse_ids(text: str, field: str = "availability.gpus", max_gpus: int | None 
         n = num(parts[0], parts[0])
         if n > cap:
             raise InputError(field, f"count {n} is above {cap:,}", allowed)
-        return tuple(range(n))
-    out: set[int] = set()
+        return ((0, n - 1),) if n else ()
+    runs: list[tuple[int, int]] = []
+    bad: InputError | None = None
     for p in parts:
-        a, sep, b = p.partition("-")
-        lo = num(a, p)
-        hi = num(b, p) if sep else lo
-        if hi < lo:
-            raise InputError(field, f"bad range {p!r}: its end is below its start",
-                             "ranges first-last with first <= last, e.g. 0-7")
-        if hi >= cap:
-            raise InputError(field, f"device id {hi} is above {cap - 1:,}", allowed)
-        # a repeated id is a typo for another device, as in a job's gpus: the set would hold
-        # fewer GPUs than the row lists
-        twice = out.intersection(range(lo, hi + 1))
-        if twice:
-            raise InputError(field, f"device id{'s' if len(twice) > 1 else ''} "
-                             f"{format_gpus(twice)} listed more than once",
-                             f"distinct device ids 0..{cap - 1:,}, e.g. 0-7 12")
-        out.update(range(lo, hi + 1))
-    return tuple(sorted(out))
+        try:
+            a, sep, b = p.partition("-")
+            lo = num(a, p)
+            hi = num(b, p) if sep else lo
+            if hi < lo:
+                raise InputError(field, f"bad range {p!r}: its end is below its start",
+                                 "ranges first-last with first <= last, e.g. 0-7")
+            if hi >= cap:
+                raise InputError(field, f"device id {hi} is above {cap - 1:,}", allowed)
+        except InputError as e:
+            bad = e  # said after a repeat in the ranges before it, as it is found in order
+            break
+        runs.append((lo, hi))
+    if _overlap(runs):
+        # a repeated id is a typo for another device, as in a job's gpus: the pool would hold
+        # fewer GPUs than the row lists. Name the first range (in the row's order) that
+        # repeats one before it: the smallest prefix that overlaps ends with it.
+        lo_m, hi_m = 2, len(runs)
+        while lo_m < hi_m:
+            mid = (lo_m + hi_m) // 2
+            lo_m, hi_m = (lo_m, mid) if _overlap(runs[:mid]) else (mid + 1, hi_m)
+        twice = _intersect(_union(runs[:lo_m - 1]), runs[lo_m - 1])
+        n = sum(hi - lo + 1 for lo, hi in twice)
+        raise InputError(field, f"device id{'s' if n > 1 else ''} {format_runs(twice)} "
+                         "listed more than once",
+                         f"distinct device ids 0..{cap - 1:,}, e.g. 0-7 12")
+    if bad is not None:
+        raise bad
+    return _union(runs)
+
+
+def _overlap(runs: Sequence[tuple[int, int]]) -> bool:
+    """Whether two of ``runs`` (first, last) share an id."""
+    ordered = sorted(runs)
+    return any(b[0] <= a[1] for a, b in itertools.pairwise(ordered))
+
+
+def _union(runs: Sequence[tuple[int, int]]) -> tuple[tuple[int, int], ...]:
+    """The ids of ``runs`` as sorted runs, touching or overlapping ones joined."""
+    out: list[tuple[int, int]] = []
+    for lo, hi in sorted(runs):
+        if out and lo <= out[-1][1] + 1:
+            out[-1] = (out[-1][0], max(out[-1][1], hi))
+        else:
+            out.append((lo, hi))
+    return tuple(out)
+
+
+def _intersect(runs: Sequence[tuple[int, int]], run: tuple[int, int]
+               ) -> tuple[tuple[int, int], ...]:
+    """The parts of ``run`` that sorted, gapped ``runs`` hold."""
+    lo, hi = run
+    i = bisect.bisect_left([r[1] for r in runs], lo)  # the first run that ends at lo or later
+    out = []
+    for a, b in runs[i:]:
+        if a > hi:
+            break
+        out.append((max(a, lo), min(b, hi)))
+    return tuple(out)
+
+
+def _clip(runs: Iterable[tuple[int, int]], keep: Sequence[int]) -> tuple[int, ...]:
+    """The ids of sorted ``runs`` that sorted ``keep`` holds, in order."""
+    out: list[int] = []
+    for lo, hi in runs:
+        out.extend(keep[bisect.bisect_left(keep, lo):bisect.bisect_right(keep, hi)])
+    return tuple(out)
+
+
+def format_runs(runs: Iterable[tuple[int, int]], most: int | None = None) -> str:
+    """Sorted runs (first, last) as ``0-7,12``; past ``most`` runs, the rest as ``...``."""
+    runs = list(runs)
+    shown = runs if most is None else runs[:most]
+    text = ",".join(f"{lo}-{hi}" if hi > lo else str(lo) for lo, hi in shown)
+    return text + (",..." if len(shown) < len(runs) else "")
 
 
 def save_availability(av: Availability, path: str | Path) -> None:
@@ -497,6 +566,27 @@ def save_availability(av: Availability, path: str | Path) -> None:
 def load_availability(path: str | Path, max_gpus: int | None = None) -> Availability:
     """The trace in a CSV file; ``max_gpus``: the cluster's device count, when known (ids
     and counts must stay below it)."""
+    times, rows = _pool_rows(path, max_gpus)
+    return _compress(times, [tuple(g for lo, hi in r for g in range(lo, hi + 1)) for r in rows],
+                     f"file {path}")
+
+
+@_names_its_file
+def read_availability(path: str | Path, keep: Sequence[int], max_gpus: int | None = None
+                      ) -> tuple[Availability, tuple[tuple[int, int], ...]]:
+    """The trace in a CSV file held to the GPUs ``keep`` (a job's), and every id its rows list
+    (sorted runs first, last). Each row is cut to ``keep`` as it is read: time and memory
+    follow the file's length and ``len(keep)``, never the ids it names (a row ``0-999999``
+    costs what ``0-15`` does)."""
+    times, rows = _pool_rows(path, max_gpus)
+    mine = sorted(keep)
+    return (_compress(times, [_clip(r, mine) for r in rows], f"file {path}"),
+            _union([run for r in rows for run in r]))
+
+
+def _pool_rows(path: str | Path, max_gpus: int | None
+               ) -> tuple[list[float], list[tuple[tuple[int, int], ...]]]:
+    """An availability CSV's times and each row's ids as runs (``_id_runs``), checked."""
     rows = _read_csv(path, ["time_s", "gpus"], "availability",
                      "; device ids separated by spaces, as in 0-7 12 13")
     times: list[float] = []
@@ -509,14 +599,14 @@ def load_availability(path: str | Path, max_gpus: int | None = None) -> Availabi
                              f"{Path(path).name} is not after the row before's {times[-1]:g}",
                              "increasing times")
         times.append(t)
-        pools.append(parse_ids(r["gpus"] or "", f"availability row {line}.gpus", max_gpus))
+        pools.append(_id_runs(r["gpus"] or "", f"availability row {line}.gpus", max_gpus))
     if not times:
         raise InputError("availability", f"{Path(path).name} has no rows",
                          "a header, then one row per change of the pool, the first at time 0")
     if times[0] != 0:
         raise InputError(f"availability row {rows[0][0]}", f"the first time is {times[0]:g}",
                          "0")
-    return _compress(times, pools, f"file {path}")
+    return times, pools
 
 
 # ------------------------------------------------------------------ efficiency drift
