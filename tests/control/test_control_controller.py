@@ -1348,3 +1348,62 @@ def test_restart_params_refuse_non_finite_values_and_say_the_right_bound(field, 
     with pytest.raises(InputError, match=f"^restart.{field}: {says}"):
         RestartParams(**{field: value})
     assert RestartParams(startup_s=0.0).startup_s == 0.0
+
+
+def _state(c):
+    """What a boundary may change: what the controller learned and counted."""
+    return (c.calibrator.samples, c.calibrator.efficiencies(), c.calibrator.memory_scale(),
+            dict(c._recent_longest), c.horizons, c.monitor, c._seen_pool, c.pool, c.pending,
+            c.steps_seen, c.stopped, c.plan)
+
+
+def test_a_longest_response_past_what_can_be_planned_is_refused_and_changes_nothing(job, plans):
+    """A rejected boundary leaves the calibrator, the length window and H_pool as they were:
+    the refusal names the telemetry's field and the longest it may be (the prompt plus it
+    within the model's context window), and the next valid step is decided as if the bad one
+    never came."""
+    p = plans["best16"]
+    c = Controller(job, p, on_log=lambda s: None)
+    c.on_boundary(_tel(job, p, 0, 2000))
+    before = _state(c)
+    bad = replace(_tel(job, p, 1, 2000, pool=range(8)), response_len_max=20_000_000)
+    for call in (c.on_boundary, c.on_failure):
+        with pytest.raises(InputError) as e:
+            call(bad)
+        assert e.value.field == "telemetry.response_len_max"
+        assert "20000000" in e.value.problem and "context window of 131,072" in e.value.problem
+        assert e.value.allowed == "a longest response up to 130,560 tokens"
+        assert _state(c) == before
+    d = c.on_boundary(_tel(job, p, 2, 2000))
+    assert d.action is Action.KEEP and d.reasons.triggers == ()
+
+
+def test_without_a_context_window_the_bound_is_the_margin_on_the_workloads_bound(job, plans):
+    from nereus.spec.workload import MAX_TOKENS
+    free = replace(job, model=replace(job.model, max_position_embeddings=None))
+    c = Controller(free, plans["best16"], on_log=lambda s: None)
+    most = math.floor(MAX_TOKENS / 1.05)
+    assert math.ceil(most * 1.05) <= MAX_TOKENS < math.ceil((most + 1) * 1.05)
+    with pytest.raises(InputError) as e:
+        c.on_boundary(Telemetry(0, 2000.0, most + 1, job.pool.ids))
+    assert e.value.field == "telemetry.response_len_max"
+    assert e.value.allowed == f"a longest response up to {most:,} tokens"
+    assert "5% margin" in e.value.problem
+
+
+def test_a_boundary_that_fails_after_learning_keeps_nothing_it_learned(job, plans):
+    """State is committed only when the boundary returns a decision: a replan that raises
+    (here the planner) leaves the calibrator, the window and the pool counters as they were."""
+    p = plans["best16"]
+    calls = []
+
+    def planner(j, cost, spread=False):
+        calls.append(j)
+        raise RuntimeError("planner down")
+
+    c = Controller(job, p, planner=planner, on_log=lambda s: None)
+    c.on_boundary(_tel(job, p, 0, 2000, eff=HIDDEN))
+    before = _state(c)
+    with pytest.raises(RuntimeError):
+        c.on_boundary(_tel(job, p, 1, 2000, pool=range(8), longest=5000, eff=HIDDEN))
+    assert calls and _state(c) == before

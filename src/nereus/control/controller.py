@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Protocol
@@ -74,6 +75,7 @@ from nereus.plan.types import Plan, stage_estimate
 from nereus.spec.cluster import GpuPool
 from nereus.spec.job import JobSpec
 from nereus.spec.workflow import StageKind, Workflow
+from nereus.spec.workload import MAX_TOKENS
 from nereus.transition.planner import plan_transition
 from nereus.transition.schedule import Schedule
 
@@ -445,15 +447,58 @@ class Controller:
 
     # ------------------------------------------------------------------ the boundary
     def on_boundary(self, tel: Telemetry) -> Decision:
-        self._check_pool(tel)
-        return self._boundary(tel, self._learn(tel))
+        self._check(tel)
+        with self._committed():
+            return self._boundary(tel, self._learn(tel))
 
-    def _check_pool(self, tel: Telemetry) -> None:
-        """Telemetry whose pool the cluster cannot hold is refused before it changes anything:
-        a rejected boundary leaves the calibrator, the length window and H_pool as they were.
+    def _check(self, tel: Telemetry) -> None:
+        """Telemetry this job cannot have produced is refused before it changes anything (an
+        InputError naming the telemetry's field): a pool the cluster cannot hold, a longest
+        response the controller cannot plan memory for, a stage the workflow does not have.
         An empty pool is valid (every GPU lost: the controller waits)."""
         if tel.pool:
             GpuPool(self.job.cluster, tel.pool)
+        most, why = self._longest_allowed()
+        if tel.response_len_max > most:
+            raise InputError("telemetry.response_len_max",
+                             f"{tel.response_len_max} tokens is longer than {why}",
+                             f"a longest response up to {most:,} tokens")
+
+    def _longest_allowed(self) -> tuple[int, str]:
+        """The longest response telemetry may report, and what bounds it: memory is planned
+        for it plus ``length_margin`` within the workload's bound (``MAX_TOKENS``), and a
+        prompt plus it must fit the model's context window where the model has one."""
+        m = 1.0 + self.config.length_margin
+        most = int(MAX_TOKENS / m)
+        while most > 1 and math.ceil(most * m) > MAX_TOKENS:
+            most -= 1
+        why = (f"the controller can plan memory for: {most:,} plus the "
+               f"{self.config.length_margin:.0%} margin reaches the workload's bound of "
+               f"{MAX_TOKENS:,}")
+        limit = self.job.model.max_position_embeddings
+        prompt = self.job.workload.prompt_len
+        if limit is not None and limit - prompt < most:
+            most = max(0, limit - prompt)
+            why = (f"a {prompt}-token prompt leaves in {self.job.model.name}'s context window "
+                   f"of {limit:,} tokens")
+        return most, why
+
+    @contextmanager
+    def _committed(self) -> Iterator[None]:
+        """Run a boundary whose state (the calibrator, the length window, H_x, references,
+        pool counters, the memory bound) is kept only when it returns a decision: a boundary
+        that raises leaves the controller as it was before it."""
+        saved = dict(self.__dict__)
+        window = dict(self._recent_longest)
+        learned = self.calibrator.snapshot()
+        try:
+            yield
+        except BaseException:
+            self.__dict__.clear()
+            self.__dict__.update(saved)
+            self._recent_longest = window
+            self.calibrator.restore(learned)
+            raise
 
     def _boundary(self, tel: Telemetry, shares: Mapping[str, float]) -> Decision:
         cfg = self.config
@@ -562,17 +607,18 @@ class Controller:
         after an unmeasured one never ran) is learned to need at least the whole device there
         (a lower bound: the stage that ran out measured none), so the restart plans for more
         memory."""
-        self._check_pool(tel)
-        shares = self._learn(tel)  # the plan ran until it crashed
-        if out_of_memory and not self.stopped and self.pool and tel.pool \
-                and not tel.transition_running:  # which plan ran out is not known then
-            self._learn_oom(tel)
-        self.stopped = True
-        # what the restart's log line says it restarts after
-        self._crash = (f"out of memory at step {tel.step} (longest response "
-                       f"{tel.response_len_max} tokens)" if out_of_memory
-                       else f"a crash at step {tel.step}")
-        return self._boundary(tel, shares)
+        self._check(tel)
+        with self._committed():
+            shares = self._learn(tel)  # the plan ran until it crashed
+            if out_of_memory and not self.stopped and self.pool and tel.pool \
+                    and not tel.transition_running:  # which plan ran out is not known then
+                self._learn_oom(tel)
+            self.stopped = True
+            # what the restart's log line says it restarts after
+            self._crash = (f"out of memory at step {tel.step} (longest response "
+                           f"{tel.response_len_max} tokens)" if out_of_memory
+                           else f"a crash at step {tel.step}")
+            return self._boundary(tel, shares)
 
     def _learn_oom(self, tel: Telemetry) -> None:
         """Memory evidence from an out-of-memory crash of ``self.plan`` at ``tel``'s lengths."""

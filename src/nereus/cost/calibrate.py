@@ -64,6 +64,17 @@ class _Row:
         return self.dense[1], self.dense[2]
 
 
+@dataclass(frozen=True)
+class CalibratorState:
+    """A :class:`Calibrator`'s learned state at one moment (``snapshot``)."""
+
+    rows: tuple[_Row, ...]
+    memory: Mapping[StageKind, tuple[float, ...]]
+    current: Efficiencies | None
+    spread: Mapping[OpClass, float]
+    step: int
+
+
 @dataclass
 class Calibrator:
     """Learns efficiencies per op class and a memory scale per stage kind from measurements.
@@ -136,6 +147,21 @@ class Calibrator:
     @property
     def samples(self) -> int:
         return len(self._rows)
+
+    def snapshot(self) -> CalibratorState:
+        """What the calibrator has learned so far, for :meth:`restore`: a caller that learns
+        from input it may still reject (the controller at a boundary) takes one first."""
+        return CalibratorState(tuple(self._rows), {k: tuple(v) for k, v in self._memory.items()},
+                               self._current, dict(self._spread), self._step)
+
+    def restore(self, state: CalibratorState) -> None:
+        """Forget everything learned since ``state`` was taken (in place: who holds this
+        calibrator keeps it)."""
+        self._rows = list(state.rows)
+        self._memory = {k: list(v) for k, v in state.memory.items()}
+        self._current = state.current
+        self._spread = dict(state.spread)
+        self._step = state.step
 
     # ---- the fit ----
     def efficiencies(self) -> Efficiencies:
