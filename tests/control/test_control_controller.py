@@ -1407,3 +1407,26 @@ def test_a_boundary_that_fails_after_learning_keeps_nothing_it_learned(job, plan
     with pytest.raises(RuntimeError):
         c.on_boundary(_tel(job, p, 1, 2000, pool=range(8), longest=5000, eff=HIDDEN))
     assert calls and _state(c) == before
+
+
+@pytest.mark.parametrize("field, value", [
+    ("latency_s", {"actor_trian": 3.0, "critic_tran": 5.0}),
+    ("peak_mem_bytes", {"actor_gen": 10, "actr_gen": 10}),
+    ("op_time_s", {"critic_tran": {"gemm": 1.0}}),
+])
+def test_telemetry_for_a_stage_the_workflow_does_not_have_is_refused(job, plans, field, value):
+    """A misspelt model-stage would be dropped without a word (the calibrator learning
+    nothing): it is refused, naming the field and the workflow's model-stages."""
+    p = plans["best16"]
+    c = Controller(job, p, on_log=lambda s: None)
+    before = _state(c)
+    bad = replace(Telemetry(0, 2000.0, 3000, job.pool.ids), **{field: value})
+    stage = next(s for s in value if s not in {sp.stage for sp in p.stages})
+    for call in (c.on_boundary, c.on_failure):
+        with pytest.raises(InputError) as e:
+            call(bad)
+        assert e.value.field == f"telemetry.{field}.{stage}"
+        assert "actor_train" in str(e.value) and "critic_train" in str(e.value)
+        assert _state(c) == before
+    d = c.on_boundary(_tel(job, p, 0, 2000))
+    assert d.action is Action.KEEP and c.calibrator.samples > 0

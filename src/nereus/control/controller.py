@@ -454,7 +454,8 @@ class Controller:
     def _check(self, tel: Telemetry) -> None:
         """Telemetry this job cannot have produced is refused before it changes anything (an
         InputError naming the telemetry's field): a pool the cluster cannot hold, a longest
-        response the controller cannot plan memory for, a stage the workflow does not have.
+        response the controller cannot plan memory for, a model-stage the workflow does not
+        have (a misspelt name, whose times and peaks would be dropped without a word).
         An empty pool is valid (every GPU lost: the controller waits)."""
         if tel.pool:
             GpuPool(self.job.cluster, tel.pool)
@@ -463,6 +464,13 @@ class Controller:
             raise InputError("telemetry.response_len_max",
                              f"{tel.response_len_max} tokens is longer than {why}",
                              f"a longest response up to {most:,} tokens")
+        names = [s.name for s in self.job.workflow.stages]
+        for fld in ("latency_s", "peak_mem_bytes", "op_time_s"):
+            for stage in getattr(tel, fld):
+                if stage not in names:
+                    raise InputError(f"telemetry.{fld}.{stage}",
+                                     f"unknown model-stage {stage!r} for "
+                                     f"{self.job.workflow.algo}", names)
 
     def _longest_allowed(self) -> tuple[int, str]:
         """The longest response telemetry may report, and what bounds it: memory is planned
