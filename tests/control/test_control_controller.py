@@ -1430,3 +1430,23 @@ def test_telemetry_for_a_stage_the_workflow_does_not_have_is_refused(job, plans,
         assert _state(c) == before
     d = c.on_boundary(_tel(job, p, 0, 2000))
     assert d.action is Action.KEEP and c.calibrator.samples > 0
+
+
+def test_a_deferred_memory_trigger_speaks_of_the_current_longest_response(job, plans):
+    """A plan known to fail from a shorter response still fails at a longer one; the trigger
+    listed then gives the peak predicted at the longer one, as a controller that saw only
+    the longer one predicts it."""
+    p = plans["best16"]
+
+    def seen(steps):
+        c = Controller(job, p, on_log=lambda s: None)
+        c.on_boundary(_tel(job, p, 0, 2000))
+        for k, longest in steps:
+            d = c.on_boundary(replace(_tel(job, p, k, 2000, longest=longest),
+                                      transition_running=True))
+        return next(t for t in d.reasons.triggers if t.kind is TriggerKind.MEMORY)
+
+    later = seen([(1, 20000), (2, 40000)])
+    alone = seen([(2, 40000)])
+    assert later == alone and later.describe() == alone.describe()
+    assert later.value != seen([(1, 20000)]).value

@@ -423,7 +423,11 @@ class Controller:
         if need <= fits_to:
             return True, None
         if need >= fails_from:
-            return False, trig
+            if need == fails_from:
+                return False, trig
+            # known to fail, but the trigger's numbers are the need's of this boundary
+            job = self._job(self.pool, min(tel.response_len_mean, need), need, margin=False)
+            return False, self._memory_trigger(job, reprice(job, self._cost(job), self.plan))
         step = MEMORY_BUCKET ** math.ceil(math.log(need) / math.log(MEMORY_BUCKET))
         for longest in (step, need):
             job = self._job(self.pool, min(tel.response_len_mean, longest), longest,
@@ -438,12 +442,18 @@ class Controller:
             bare = self._job(tel.pool, tel.response_len_mean, self._longest(tel), margin=False)
             if reprice(bare, self._cost(bare), self.plan).fits:
                 return True, None
-        limit = HEADROOM * job.cluster.device.memory_bytes
-        peaks = {sp.stage: sp.peak_mem_bytes for sp in priced.plan.stages} if priced.plan else {}
-        trig = memory_trigger(peaks, limit) or Trigger(
-            TriggerKind.MEMORY, "memory", True, detail="; ".join(priced.problems))
+        trig = self._memory_trigger(job, priced)
         self._mem_bound = (scale, fits_to, need, trig)
         return False, trig
+
+    @staticmethod
+    def _memory_trigger(job: JobSpec, priced: Priced) -> Trigger:
+        """The urgent memory trigger of the current plan ``priced`` for ``job``, with its
+        predicted peak against the limit."""
+        limit = HEADROOM * job.cluster.device.memory_bytes
+        peaks = {sp.stage: sp.peak_mem_bytes for sp in priced.plan.stages} if priced.plan else {}
+        return memory_trigger(peaks, limit) or Trigger(
+            TriggerKind.MEMORY, "memory", True, detail="; ".join(priced.problems))
 
     # ------------------------------------------------------------------ the boundary
     def on_boundary(self, tel: Telemetry) -> Decision:
