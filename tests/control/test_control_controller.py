@@ -926,7 +926,10 @@ def test_an_urgent_move_dearer_over_the_horizon_than_a_planned_restart_restarts(
     assert r.urgent and r.horizon_steps == 1.0 and r.current_step_s is None
     assert d.action is Action.RESTART and r.chosen == "planned checkpoint/restart"
     assert d.restart.lost_s == 0 and d.restart.save_s > 0          # planned: saved first
-    assert r.restart_s == r.l_tran_s == d.restart.seconds == pytest.approx(rc)
+    assert r.restart_s == d.restart.seconds == pytest.approx(rc)
+    # a restart runs no transition: its cost is restart_s, not L_tran
+    assert r.l_tran_s is None
+    assert "L_tran=" not in d.log_line() and f"restart={rc:.0f} s" in d.log_line()
     assert set(d.plan.gpus()) <= set(pool)
     move = next(v for v in r.verdicts if v.admitted)
     assert move.feasible and move.l_tran_s == 1e6
@@ -967,7 +970,10 @@ def test_a_planned_restart_that_gains_more_than_the_admitted_fallback_move_is_ta
     assert d.action is Action.RESTART and r.chosen == "planned checkpoint/restart"
     assert "no feasible transition to the best target" in r.summary
     assert d.restart.lost_s == 0 and d.restart.save_s > 0
-    assert r.restart_s == r.l_tran_s == d.restart.seconds == pytest.approx(rc)
+    assert r.restart_s == d.restart.seconds == pytest.approx(rc)
+    # a restart runs no transition: its cost is restart_s, not L_tran
+    assert r.l_tran_s is None
+    assert "L_tran=" not in d.log_line() and f"restart={rc:.0f} s" in d.log_line()
     best = r.verdicts[0]
     assert best.label == "best" and not best.feasible and r.target_step_s == best.step_s
     assert r.delta_l_s == pytest.approx(r.current_step_s - r.target_step_s)

@@ -159,7 +159,11 @@ class Action(str, Enum):
 
 @dataclass(frozen=True)
 class Reasons:
-    """Why a decision was taken, as data. Times in seconds, horizons in steps (estimated)."""
+    """Why a decision was taken, as data. Times in seconds, horizons in steps (estimated).
+
+    ``l_tran_s`` is a transition's cost (None where no transition runs: a keep without a
+    priced target, a restart); a restart's cost is ``restart_s``, and a planned restart's
+    ``payback_steps`` repay it."""
 
     step: int
     triggers: tuple[Trigger, ...] = ()
@@ -878,7 +882,7 @@ class Controller:
                                          + onward.estimated_s + (h - 1.0) * best_l)
             if rc.seconds + h * best_l < move_score and idx is not None:
                 r = Reasons(step, triggers, True, horizon, cfg.gamma, cur_s, s0.step_s, None,
-                            rc.seconds, None, rc.seconds, "planned checkpoint/restart", verdicts,
+                            None, None, rc.seconds, "planned checkpoint/restart", verdicts,
                             "restart + H·(L_step + risk) = "
                             f"{rc.seconds + h * best_l:.4g} s beats the "
                             f"best feasible move's {move_score:.4g} s over H = {h:.3g}",
@@ -889,7 +893,7 @@ class Controller:
             v = next(v for v in verdicts if v.admitted)
             gain = (v.delta_l_s or 0.0) * horizon - sched.estimated_s
             if restart is not None and restart.reasons.delta_l_s is not None and \
-                    restart.reasons.delta_l_s * horizon - (restart.reasons.l_tran_s or 0.0) > gain:
+                    restart.reasons.delta_l_s * horizon - (restart.reasons.restart_s or 0.0) > gain:
                 return restart
             r = Reasons(step, triggers, urgent, horizon, cfg.gamma, cur_s, opt.step_s,
                         v.delta_l_s, sched.estimated_s, v.payback_steps, None, opt.label,
@@ -957,7 +961,7 @@ class Controller:
             return None
         pb = payback_steps(rc.seconds, delta)
         r = Reasons(step, triggers, False, horizon, cfg.gamma, cur_s, best.step_s, delta,
-                    rc.seconds, pb, rc.seconds, "planned checkpoint/restart", verdicts,
+                    None, pb, rc.seconds, "planned checkpoint/restart", verdicts,
                     f"no feasible transition to the best target; a restart repays in {pb:.3g} "
                     f"steps <= γ·H = {cfg.gamma * horizon:.3g}", cur_risk, best.risk_s)
         return Decision(Action.RESTART, best.plan, None, rc, r)
