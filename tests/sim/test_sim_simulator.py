@@ -95,7 +95,10 @@ def test_static_restarts_on_a_loss_and_never_grows_back(node_loss):
 def test_oracle_moves_for_free_and_others_pay_for_moves(node_loss):
     _, res = node_loss
     o = res.results["oracle"]
-    assert o.restarts == 0 and o.transition_s == 0 and o.rows[-1].plan_gpus == 16
+    # its moves are free; the loss takes critic_train's one replica (on node 1), a restart
+    # for it as for every policy: no copy of that state is left to move
+    assert o.transition_s == 0 and o.rows[-1].plan_gpus == 16
+    assert o.restarts == res.results["static"].restarts == 1
     n = res.results["nereus"]
     assert n.rows[-1].plan_gpus == 16             # it took the node back
     moved = [e for e in n.events if e.kind in ("move", "restart")]
@@ -407,3 +410,23 @@ def test_a_step_no_plan_holds_stops_the_run_with_an_input_error(monkeypatch):
     with pytest.raises(InputError, match=r"step 12: nereus ran out of memory 5 times in a row "
                                          r"on this step \(longest response 16000 tokens"):
         sim.run(pols, sc.name)
+
+
+def test_the_oracle_restarts_where_a_loss_takes_the_last_copy_of_the_state():
+    """Node 0 gives way to node 1 mid-step: no GPU holding the state is left. The oracle moved
+    it for free (restart 0) where every other policy restarted from the checkpoint; a move of
+    state that no longer exists is no transition, so it restarts after a failure as they do
+    (its moves stay free)."""
+    from itertools import accumulate
+    sc = builtin("stationary", steps=12)
+    ends = list(accumulate(simulator(sc).nominal))
+    av = T.Availability((0.0, ends[5] + 0.5 * (ends[6] - ends[5])),
+                        (tuple(range(8)), tuple(range(8, 16))), "test: node 0 gives way")
+    res = run_scenario(replace(sc, availability=av, name="all-gone"), workers=1)
+    o, s = res.results["oracle"], res.results["static"]
+    assert s.restarts == 1
+    assert o.restarts == 1 and o.transition_s == 0
+    (restart,) = [e for e in o.events if e.kind == "restart"]
+    assert restart.seconds > 0 and restart.detail.startswith("no copy of the state left (lost")
+    assert "actor_train" in restart.detail
+    assert o.restart_s == pytest.approx(s.restart_s) and o.lost_s == pytest.approx(s.lost_s)

@@ -13,7 +13,10 @@
   whenever a faster feasible plan exists, whatever the move costs.
 - ``nereus``: the controller as §4 describes it (triggers, horizons, Eq. 2, urgent path).
 - ``oracle``: the best plan for every step, knowing that step's lengths and the true
-  efficiencies, with free transitions and no restarts but after a pause: the upper bound.
+  efficiencies, with free transitions: the upper bound. It restarts from the checkpoint only
+  where no policy could do otherwise: after a pause, and when a loss takes every copy of some
+  state (every replica of a training stage: the simulator's ``survive`` check), since there
+  is then nothing left to move.
 
 All of them pause while the pool is empty (the state on the GPUs is gone; they restart from the
 checkpoint when GPUs return), and all wait when no plan fits the pool.
@@ -49,7 +52,8 @@ ALL_POLICIES = POLICIES + EXTRA_POLICIES
 
 @dataclass(frozen=True)
 class Act:
-    """What a policy does at a boundary. ``free``: the move costs nothing (oracle)."""
+    """What a policy does at a boundary. ``free``: the move costs nothing (oracle), where the
+    state survives on the pool; where it does not, the simulator restarts after a failure."""
 
     kind: Action
     plan: Plan | None = None

@@ -2,7 +2,9 @@
 
 Per step, a policy's job: hands the last step's telemetry to the policy and carries out its
 answer -- a move costs the transition schedule's makespan under the hidden efficiencies (times
-noise); a restart costs start-up, the checkpoint load and, after a failure, the steps since the
+noise; the oracle's nothing), and a move whose state no GPU of the pool holds any more (every
+replica of a training stage gone: ``survive``) is a restart after a failure, the oracle's too;
+a restart costs start-up, the checkpoint load and, after a failure, the steps since the
 last checkpoint done again on the plan and GPUs it restarts on -- then runs the step (ground
 truth: ``Truth``). Every ``checkpoint_interval_steps`` steps it writes the checkpoint that a
 failure restarts from, and waits for the write (``checkpoint_write_s``, the formula a planned
@@ -321,13 +323,16 @@ class _Runner:
         if act.kind is Action.MOVE and act.plan is not None:
             if self.plan is not None and same_layouts(self.plan, act.plan):
                 self.plan = act.plan
-            elif act.free:
-                self.events.append(Event(k, self.t, "move", 0.0, "free (oracle)"))
-                self._moves += 1
-                self.plan = act.plan
             else:
                 source, lost, rebuilt = survive(self.plan, pool, sim.truth.job.workflow) \
                     if self.plan else (None, ("all",), ())
+                if act.free and source is not None:
+                    # the oracle's move, rebuilds included; a move of state no GPU holds any
+                    # more is no move: it restarts from the checkpoint below, as all do
+                    self.events.append(Event(k, self.t, "move", 0.0, "free (oracle)"))
+                    self._moves += 1
+                    self.plan = act.plan
+                    return True
                 if source is not None:
                     source = fill(source, act.plan)
                 sched = sim.truth.transition(source, act.plan, pool, k) if source else None
@@ -337,6 +342,7 @@ class _Runner:
                     self._restart(k, Act(Action.RESTART, act.plan, True, decision=act.decision),
                                   pool)
                     self.events[-1] = Event(k, self.t, "restart", self.events[-1].seconds,
+                                            f"no copy of the state left ({why})" if act.free else
                                             f"transition failed: {why}")
                     return True
                 secs = sched.estimated_s * sim.truth.factor(k, "transition")
