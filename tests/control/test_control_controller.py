@@ -156,6 +156,25 @@ def test_a_memory_trigger_beside_a_telemetry_trigger_is_labelled_estimated():
     assert always.log_line() == "step 3 keep [always] (estimated)"
 
 
+def test_an_efficiency_drift_is_labelled_estimated_from_the_telemetrys_times():
+    """An efficiency is the calibrator's fit to the step's times, not a value the telemetry
+    gave: its drift reads "estimated from simulated times" (or measured), beside a length
+    drift that reads the telemetry's own source."""
+    from nereus.control.controller import Decision, Reasons
+    from nereus.control.monitor import Trigger
+    eff = Trigger(TriggerKind.DRIFT, "eff.allreduce.intra", False, 0.2721, 0.5831, 0.2)
+    length = Trigger(TriggerKind.DRIFT, "response_len", False, 2700.0, 2000.0, 0.3)
+    alone = Decision(Action.KEEP, None, reasons=Reasons(4, (eff,)), observed="simulated")
+    assert alone.log_line().startswith(
+        "step 4 keep [eff.allreduce.intra 0.2721 vs ref 0.5831 (-53.3%, past δ=20%)] "
+        "(estimated from simulated times) "), alone.log_line()
+    both = Decision(Action.KEEP, None, reasons=Reasons(4, (length, eff)), observed="measured")
+    assert both.log_line().startswith(
+        "step 4 keep [response_len 2700 vs ref 2000 (+35.0%, past δ=30%) (measured); "
+        "eff.allreduce.intra 0.2721 vs ref 0.5831 (-53.3%, past δ=20%) "
+        "(estimated from measured times)] "), both.log_line()
+
+
 def test_a_plan_that_cannot_run_shows_only_the_targets_node_loss_risk():
     """An urgent move off a plan that lost its GPUs printed ``node-loss risk 0->8.83``: the 0
     read as the old plan's risk, which it is not (it has no step to price). The risk is shown

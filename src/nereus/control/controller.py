@@ -12,9 +12,10 @@
 4. references reset after every replan, admitted or not.
 
 The decision carries its reasons as data (triggers, ΔL, L_tran, H_x, payback) and as one log
-line. The triggers' values come from the telemetry (a pool change, a response length, an
-efficiency fitted to the step's times), and the line labels them with its source (measured,
-simulated); a memory trigger is a prediction, and every other number is estimated. The
+line. The triggers' values come from the telemetry (a pool change, a response length), and
+the line labels them with its source (measured, simulated); an efficiency's drift is the
+calibrator's fit to the telemetry's times (estimated from measured or simulated times), a
+memory trigger is a prediction, and every other number is estimated. The
 controller never imports the simulator: the planner and the transition planner are injectable
 so a simulator can cache them.
 """
@@ -200,8 +201,8 @@ class Decision:
 
     def log_line(self) -> str:
         """One line: the action, its triggers labelled with where their values came from
-        (the telemetry's source; a memory trigger is estimated), then the estimates (L, ΔL,
-        L_tran, H, payback, restart), labelled ``source``."""
+        (the telemetry's source; a memory trigger and a fitted efficiency are estimated), then
+        the estimates (L, ΔL, L_tran, H, payback, restart), labelled ``source``."""
         r = self.reasons
         parts = [f"step {r.step} {self.action.value} {_triggers(r.triggers, self.observed)}"]
         if r.current_step_s is not None and r.target_step_s is not None:
@@ -239,19 +240,28 @@ def _restart_terms(rc: RestartCost | None) -> str:
     return f" ({' + '.join(terms)} s)" if len(terms) > 1 else ""
 
 
-# triggers whose values the telemetry gave (a pool change, a drifting signal); a memory
-# trigger is the cost model's prediction, and the others carry no value
+# triggers whose values the telemetry gave (a pool change, a drifting response length); a
+# memory trigger is the cost model's prediction, an efficiency's drift the calibrator's fit to
+# the telemetry's times, and the others carry no value
 _OBSERVED = (TriggerKind.POOL_LOSS, TriggerKind.POOL_GAIN, TriggerKind.DRIFT)
+
+
+def _source(t: Trigger, observed: str) -> str:
+    """Where ``t``'s value came from: ``observed`` (the telemetry's source), ``estimated``
+    (a prediction, or an efficiency fitted to the ``observed`` times), or "" (no value)."""
+    if t.kind is TriggerKind.DRIFT and t.signal.startswith("eff."):
+        return f"estimated from {observed} times" if observed else "estimated"
+    if t.kind in _OBSERVED:
+        return observed
+    return "estimated" if t.kind is TriggerKind.MEMORY else ""
 
 
 def _triggers(triggers: Sequence[Trigger], observed: str) -> str:
     """``[t1; t2]`` followed by the source of their values when they share one, or each
-    trigger followed by its own when they differ: ``observed`` (the telemetry's) for a pool
-    change or a drift, ``estimated`` for a memory trigger."""
+    trigger followed by its own when they differ (``_source``)."""
     if not triggers:
         return "[no trigger]"
-    srcs = [observed if t.kind in _OBSERVED else
-            "estimated" if t.kind is TriggerKind.MEMORY else "" for t in triggers]
+    srcs = [_source(t, observed) for t in triggers]
     named = {x for x in srcs if x}
     if len(named) <= 1:
         tail = f" ({next(iter(named))})" if named else ""
