@@ -1039,3 +1039,27 @@ def test_gantt_of_an_infeasible_move_says_no_chart_was_written(tmp_path: Path) -
     assert reason.startswith("error: infeasible transition")
     without = runner.invoke(app, ["transition", cur, tgt, "--model", "llama-3.1-8b"])
     assert without.exit_code == 3 and without.stderr == reason + "\n"
+
+
+def test_a_plan_that_does_not_fit_memory_is_bad_input_naming_its_stage(tmp_path: Path) -> None:
+    """A plan file ``plan --evaluate`` scored ``fits: false`` (actor training unsharded on
+    each GPU) was taken as a plan, and the transition to it was infeasible, blamed on a Merge
+    of it: no move can reach or leave a plan that itself does not fit."""
+    lay = tmp_path / "over.yaml"
+    lay.write_text(LAYOUT_8B.read_text().replace("actor_train:     {tp: 4, pp: 2, dp: 2}",
+                                                 "actor_train:     {tp: 1, pp: 1, dp: 16}"))
+    r = runner.invoke(app, ["plan", "--config", CONFIG_8B, "--evaluate", str(lay), "--json"])
+    assert r.exit_code == 0 and json.loads(r.stdout)["fits"] is False, r.output
+    over = tmp_path / "over.json"
+    over.write_text(r.stdout)
+    now = _plan_8b(tmp_path, "now.json")
+    for args, which in (([over, now], "current"), ([now, over], "target")):
+        r = runner.invoke(app, ["transition", *map(str, args)])
+        assert r.exit_code == 2, r.output
+        assert r.stderr.startswith(f"error: {which}.stages.4: over.json's actor_train plan "
+                                   "exceeds memory: it needs 166.5 GiB on GPU 0 "), r.stderr
+        assert "(estimated)" in r.stderr and r.stderr.count("\n") == 1, r.stderr
+    r = runner.invoke(app, ["transition", str(lay), str(now), "--config", CONFIG_8B])
+    assert r.exit_code == 2, r.output
+    assert r.stderr.startswith("error: current.actor_train: over.yaml's actor_train plan "
+                               "exceeds memory"), r.stderr

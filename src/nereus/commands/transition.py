@@ -64,6 +64,7 @@ from nereus.files import existing_file, os_reason, read_json, read_yaml
 from nereus.interrupts import ctrl_c_deferred
 from nereus.plan.evaluate import StageLayoutSpec, evaluate_plan
 from nereus.plan.types import Plan
+from nereus.plan.validate import over_memory
 from nereus.spec.cluster import MAX_DEVICES, GpuPool, format_gpus, gpu_ranges
 from nereus.spec.job import JobSpec, check_groups, parse_job
 from nereus.spec.model import MODEL_PRESETS
@@ -415,13 +416,34 @@ def _check_option_values(ids: list[int], least: int, recorded: PlanArg | None,
 def _plan_under(a: PlanArg, job: JobSpec, profile: Path | None) -> Plan:
     """``a`` under ``job``: a plan file with its stages checked against the job, or a layout
     placed and priced."""
+    cost = _cost_model(job, profile)
     if a.kind == "layout":
         with renamed_field(a.which):
-            return evaluate_plan(job, layout_from_data(a.data, a.which),
-                                 _cost_model(job, profile))
-    plan = Plan.from_dict(a.data, a.which)
-    check_stages(job, plan, a.which)
+            plan = evaluate_plan(job, layout_from_data(a.data, a.which), cost)
+    else:
+        plan = Plan.from_dict(a.data, a.which)
+        check_stages(job, plan, a.which)
+    check_fits_memory(job, plan, cost, a)
     return plan
+
+
+def check_fits_memory(job: JobSpec, plan: Plan, cost: CostModel, a: PlanArg) -> None:
+    """Refuse a plan whose own stages do not fit the GPUs' memory (estimated, as plan
+    --evaluate reports ``fits: false``): no transition can reach or leave it, and the
+    transition layer would blame one of its primitives. Named after the file's stage (a plan
+    file's ``stages.N``, a layout's model-stage)."""
+    over = over_memory(job, plan, cost)
+    if not over:
+        return
+    first = over[0]
+    where = (f"{a.which}.stages.{plan.names.index(first.stage)}" if a.kind == "plan"
+             else f"{a.which}.{first.stage}")
+    beside = f" with {format_bytes(first.idle)} of idle state beside it" if first.idle else ""
+    limit = HEADROOM * job.cluster.device.memory_bytes
+    raise InputError(where, f"{a.path.name}'s {first.stage} plan exceeds memory: it needs "
+                     f"{format_bytes(first.peak)} on GPU {first.gpu}{beside}, over the "
+                     f"{format_bytes(int(limit))} a GPU may hold (estimated)",
+                     "a plan whose stages fit memory (nereus plan --evaluate reports fits: true)")
 
 
 def recorded_jobs(args: tuple[PlanArg, PlanArg]) -> tuple[JobSpec, JobSpec] | None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 
 from nereus.cost.candidate import Candidate
 from nereus.cost.estimate import HEADROOM
@@ -156,6 +157,49 @@ def batch_problems(stage: str, kind: StageKind, c: Candidate, batch: int) -> lis
     return []
 
 
+@dataclass(frozen=True)
+class OverMemory:
+    """A GPU on which a stage's estimated peak (``peak``, bytes), with the ``idle`` bytes of
+    the stages of its phase that share the GPU and wait for their turn, is over the limit."""
+
+    gpu: int
+    stage: str
+    peak: int
+    idle: int
+
+
+def over_memory(job: JobSpec, plan: Plan, cost: CostModel | None = None) -> list[OverMemory]:
+    """Memory, GPU by GPU: a running stage's peak plus the resident state of the stages of its
+    phase that share the GPU and wait for their turn, against ``HEADROOM`` of the device's
+    memory; the first stage over it on each GPU, GPUs in the plan's order. Stages the job's
+    workflow lacks are skipped (``validate_plan`` names them)."""
+    cost = cost or CostModel(job)
+    wf = job.workflow
+    known = {s.name for s in wf.stages}
+    by_phase: dict[Phase, list[str]] = defaultdict(list)
+    for sp in plan.stages:
+        if sp.stage in known:
+            by_phase[wf.stage(sp.stage).phase].append(sp.stage)
+    limit = HEADROOM * job.cluster.device.memory_bytes
+    out: list[OverMemory] = []
+    peaks: dict[tuple[str, int], int] = {}  # many GPUs hold the same stages: price each once
+    for stages in by_phase.values():
+        on_gpu: dict[int, list[str]] = defaultdict(list)
+        for s in stages:
+            for g in plan.stage(s).gpus:
+                on_gpu[g].append(s)
+        for g, here in on_gpu.items():
+            for s in here:
+                idle = sum(cost.resident_bytes(o, plan.stage(o).layout) for o in here if o != s)
+                if (s, idle) not in peaks:
+                    peaks[s, idle] = cost.estimate(s, plan.stage(s).candidate,
+                                                   idle).peak_mem_bytes
+                if peaks[s, idle] > limit:
+                    out.append(OverMemory(g, s, peaks[s, idle], idle))
+                    break
+    return out
+
+
 def validate_plan(job: JobSpec, plan: Plan, cost: CostModel | None = None) -> list[str]:
     """Every way ``plan`` breaks the rules of a valid plan for ``job`` (empty when valid)."""
     cost = cost or CostModel(job)
@@ -213,23 +257,11 @@ def validate_plan(job: JobSpec, plan: Plan, cost: CostModel | None = None) -> li
             problems.append(f"asynchronous generation shares GPUs {sorted(gen & rest)[:8]} with "
                             f"inference or training")
 
-    # memory, GPU by GPU: a running stage's peak plus the resident state of the stages of its
-    # phase that share the GPU and wait for their turn
     limit = HEADROOM * job.cluster.device.memory_bytes
-    for phase, stages in by_phase.items():
-        on_gpu: dict[int, list[str]] = defaultdict(list)
-        for s in stages:
-            for g in plan.stage(s).gpus:
-                on_gpu[g].append(s)
-        for g, here in on_gpu.items():
-            for s in here:
-                idle = sum(cost.resident_bytes(o, plan.stage(o).layout) for o in here if o != s)
-                peak = cost.estimate(s, plan.stage(s).candidate, idle).peak_mem_bytes
-                if peak > limit:
-                    problems.append(f"GPU {g}: {s} needs {peak / GiB:.1f} GiB with "
-                                    f"{idle / GiB:.1f} GiB of idle state beside it, over "
-                                    f"{limit / GiB:.1f} GiB (estimated)")
-                    break
+    for over in over_memory(job, plan, cost):
+        problems.append(f"GPU {over.gpu}: {over.stage} needs {over.peak / GiB:.1f} GiB with "
+                        f"{over.idle / GiB:.1f} GiB of idle state beside it, over "
+                        f"{limit / GiB:.1f} GiB (estimated)")
 
     # the colocated weight sync: training parameters and generation weights on one GPU at once
     pair = wf.colocated_sync()
