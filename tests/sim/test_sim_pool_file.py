@@ -67,3 +67,15 @@ def test_ids_held_to_keep_are_the_ids_read_then_cut_and_the_errors_the_same(text
 
     whole, held = read(), read(keep=keep)
     assert held == (whole if isinstance(whole, str) else tuple(g for g in whole if g in keep))
+
+
+def test_a_huge_time_in_a_pool_file_is_printed_short(tmp_path):
+    """A change at 1e308 s was printed with str(int(v)): a 309-digit number in a one-line
+    error."""
+    from nereus.sim.scenarios import simulator
+    (tmp_path / "a.csv").write_text("time_s,gpus\n0,16\n1e308,8\n")
+    (tmp_path / "s.yaml").write_text(JOB.replace("steps: 5", "steps: 3"))
+    with pytest.raises(InputError, match=r"^availability\.csv: the first change of the job's "
+                       r"pool in a\.csv, at 1e\+308 s, comes after the run ends") as e:
+        simulator(load_scenario(tmp_path / "s.yaml"))
+    assert len(str(e.value)) < 400

@@ -571,8 +571,12 @@ def _fits_context(job: JobSpec, longest: int, fld: str, how: str = "",
 
 
 def _tokens(v: float) -> str:
-    """A length as the YAML likely wrote it: 1000000, not 1e+06."""
-    return str(int(v)) if v == int(v) else f"{v:g}"
+    """A length or a time as the file likely wrote it: 1000000, not 1e+06; past
+    ``_DIGITS_AT_MOST`` digits as ``:g`` (a time of 1e308 s is 1e+308, not 309 digits)."""
+    return str(int(v)) if abs(v) < 10 ** _DIGITS_AT_MOST and v == int(v) else f"{v:g}"
+
+
+_DIGITS_AT_MOST = 15  # a float holds every whole number below this many digits exactly
 
 
 def _trace_fits_context(job: JobSpec, lengths: LengthTrace, fld: str, what: str,
