@@ -2,7 +2,8 @@
 command is a thin shell over one layer.
 
 Bad input (a job that fits nowhere included) prints one line naming the option or field and
-what is allowed, and exits 2 with no traceback; a transition that cannot run exits 3.
+what is allowed, and exits 2 with no traceback; a transition that cannot run exits 3. A
+reader of stdout that quits (``| head``) ends every command silently with 141 (128 + SIGPIPE).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from nereus.commands.common import (
 )
 from nereus.commands.common import click as _click
 from nereus.commands.jobopts import OPTION_OF
-from nereus.errors import EXIT_INPUT, InputError
+from nereus.errors import EXIT_INPUT, EXIT_OUTPUT_CLOSED, InputError
 from nereus.files import os_reason
 from nereus.spec.cluster import MAX_DEVICES
 from nereus.spec.job import ClusterConfig, JobConfig, WorkloadConfig
@@ -59,6 +60,10 @@ class _OneLineGroup(TyperGroup):
             if cmd is not None:
                 e.ctx, e.cmd = _click.Context(cmd, info_name=name, parent=ctx), cmd
             raise
+        except OSError as e:
+            if e.errno == errno.EPIPE:  # past click, which exits 1 on it: ``main`` ends it
+                raise _OutputClosed from e
+            raise
 
     def main(self, args: Sequence[str] | None = None, prog_name: str | None = None,
              complete_var: str | None = None, standalone_mode: bool = True,
@@ -71,10 +76,13 @@ class _OneLineGroup(TyperGroup):
                 release_pipes()
         try:
             rv = self._main(args, prog_name, complete_var, windows_expand_args, **extra)
+        except (_OutputClosed, BrokenPipeError):
+            # the reader of stdout quit (``| head``), while the command wrote or at the last
+            # flush: nothing to say, and, as a tool SIGPIPE ends, a code no command gives
+            # (1 is transition's "the state differs")
+            _discard_stdout()
+            sys.exit(EXIT_OUTPUT_CLOSED)
         except OSError as e:
-            if e.errno == errno.EPIPE:  # the reader of stdout quit (``| head``): nothing to say
-                _discard_stdout()
-                sys.exit(1)
             # the output refused (stdout on a full disk, a file written after its check
             # passed): an error that names no file is the stream's, not a bug's
             if e.filename is not None or e.errno not in _OUTPUT_ERRNOS:
@@ -126,6 +134,11 @@ class _OneLineGroup(TyperGroup):
                 raise
             _discard_stdout()
         return rv
+
+
+class _OutputClosed(Exception):
+    """The reader of stdout quit while a command wrote (EPIPE), carried past click's own
+    handling of it (exit 1, whatever the command) to ``_OneLineGroup.main``."""
 
 
 # what writing an output stream fails with when the fault is where it goes, not nereus

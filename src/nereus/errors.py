@@ -15,6 +15,8 @@ EXIT_INPUT = 2        # bad input: a field with a value that is not allowed
 EXIT_INFEASIBLE = 3   # a transition that cannot run (commands say where they use it)
 EXIT_RUN_FAILED = 4   # a run on real workers that failed (a worker died, a collective failed)
 EXIT_INTERRUPTED = 130  # Ctrl-C (128 + SIGINT, as a shell reports it)
+EXIT_OUTPUT_CLOSED = 141  # stdout's reader quit (``| head``): 128 + SIGPIPE, as a shell
+#                          reports a tool SIGPIPE ended; no command's own outcome
 
 
 class InputError(ValueError):

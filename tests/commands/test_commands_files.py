@@ -22,7 +22,7 @@ from typer.testing import CliRunner
 
 from nereus.cli import app
 from nereus.commands.common import Command, one_line_errors, output_path
-from nereus.errors import InputError
+from nereus.errors import EXIT_OUTPUT_CLOSED, InputError
 from nereus.files import existing_file, is_dir, path_stat, read_text
 
 runner = CliRunner()
@@ -352,17 +352,37 @@ def _no_unbuffered() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
 
 
-def test_stdout_whose_reader_quit_ends_quietly() -> None:
-    """``nereus plan --json | head -c 1`` printed a traceback of a BrokenPipeError."""
+def _closed_stdout(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """``nereus ARGS`` with a stdout whose reader quit before the first write."""
     read, write = os.pipe()
     os.close(read)
     try:
-        r = subprocess.run([sys.executable, "-m", "nereus", "plan", "--model", "llama-3.1-8b",
-                            "--gpus", "16", "--json"], stdout=write, stderr=subprocess.PIPE,
-                           text=True, timeout=300, env=_no_unbuffered(), check=False)
+        return subprocess.run([sys.executable, "-m", "nereus", *args], stdout=write,
+                              stderr=subprocess.PIPE, text=True, timeout=300, env=env,
+                              check=False)
     finally:
         os.close(write)
-    assert r.returncode == 1 and r.stderr == "", r.stderr
+
+
+def test_stdout_whose_reader_quit_ends_quietly() -> None:
+    """``nereus plan --json | head -c 1`` printed a traceback of a BrokenPipeError."""
+    r = _closed_stdout(["plan", "--model", "llama-3.1-8b", "--gpus", "16", "--json"],
+                       _no_unbuffered())
+    assert r.returncode == EXIT_OUTPUT_CLOSED and r.stderr == "", r.stderr
+
+
+@pytest.mark.parametrize("args", [
+    ["transition", "examples/layouts/verl-colocated-8b.yaml",
+     "examples/layouts/verl-colocated-8b.yaml", "--config", "examples/llama-3.1-8b-ppo.yaml"],
+    ["plan", "--model", "llama-3.1-8b", "--gpus", "16", "--explain"],
+    ["simulate", "--scenario", "stationary", "--steps", "2", "--log"],
+])
+def test_a_reader_that_quits_mid_output_ends_every_command_alike(args: list[str]) -> None:
+    """With stdout unbuffered (or past a buffer's worth) the write fails inside the command,
+    where click and Rich each exit 1 on it: for transition that is "the state differs".
+    Every command now ends as a tool SIGPIPE ended: no word, exit 141."""
+    r = _closed_stdout(args, {**os.environ, "PYTHONUNBUFFERED": "1"})
+    assert r.returncode == EXIT_OUTPUT_CLOSED == 141 and r.stderr == "", r.stderr
 
 
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="no /dev/full here")

@@ -32,9 +32,20 @@ F = TypeVar("F", bound=Callable[..., Any])
 # Tables are wide; when output goes to a pipe or a file, do not squeeze them into 80 columns,
 # and print each line of text whole (soft wrap): a line broken at 160 columns mid-sentence no
 # longer greps as one.
-console = Console(width=None if sys.stdout.isatty() else 160, soft_wrap=not sys.stdout.isatty())
-err_console = Console(stderr=True, width=None if sys.stderr.isatty() else 200,
-                      soft_wrap=not sys.stderr.isatty())
+class _Console(Console):
+    """Rich's console, less its own exit when the reader of its stream quits (``| head``):
+    Rich exits 1 there, which is a command's own outcome (transition: "the state differs").
+    The BrokenPipeError goes on, as ``print``'s does, to ``nereus.cli``, which ends every
+    command alike on it."""
+
+    def on_broken_pipe(self) -> None:
+        raise BrokenPipeError(errno.EPIPE, os.strerror(errno.EPIPE))
+
+
+console = _Console(width=None if sys.stdout.isatty() else 160,
+                   soft_wrap=not sys.stdout.isatty())
+err_console = _Console(stderr=True, width=None if sys.stderr.isatty() else 200,
+                       soft_wrap=not sys.stderr.isatty())
 
 
 class FitTable(Table):
