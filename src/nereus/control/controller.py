@@ -486,7 +486,7 @@ class Controller:
         most, why = self._longest_allowed()
         if tel.response_len_max > most:
             raise InputError("telemetry.response_len_max",
-                             f"{tel.response_len_max} tokens is longer than {why}",
+                             f"a longest response of {tel.response_len_max} tokens {why}",
                              f"a longest response up to {most:,} tokens")
         names = [s.name for s in self.job.workflow.stages]
         for fld in ("latency_s", "peak_mem_bytes", "op_time_s"):
@@ -504,15 +504,15 @@ class Controller:
         most = int(MAX_TOKENS / m)
         while most > 1 and math.ceil(most * m) > MAX_TOKENS:
             most -= 1
-        why = (f"the controller can plan memory for: {most:,} plus the "
+        why = (f"is longer than the controller can plan memory for: {most:,} plus the "
                f"{self.config.length_margin:.0%} margin reaches the workload's bound of "
                f"{MAX_TOKENS:,}")
         limit = self.job.model.max_position_embeddings
         prompt = self.job.workload.prompt_len
         if limit is not None and limit - prompt < most:
             most = max(0, limit - prompt)
-            why = (f"a {prompt}-token prompt leaves in {self.job.model.name}'s context window "
-                   f"of {limit:,} tokens")
+            why = (f"does not fit {self.job.model.name}'s context window of {limit:,} tokens "
+                   f"after a {prompt}-token prompt")
         return most, why
 
     @contextmanager
