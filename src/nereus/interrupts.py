@@ -1,4 +1,5 @@
-"""Ctrl-C held over work that must not be cut in half.
+"""Ctrl-C held over work that must not be cut in half; SIGTERM made an exception where a
+command has clean-up to do.
 
 Starting Ray and importing it are such work: a Ray shut down half-started crashed the process
 (SIGSEGV) and left its agents running, and a Ctrl-C inside ``import ray`` left a half-imported
@@ -37,3 +38,31 @@ def ctrl_c_deferred() -> Iterator[Callable[[], bool]]:
     finally:
         if signal.getsignal(signal.SIGINT) is hold:
             signal.signal(signal.SIGINT, again)
+
+
+class Terminated(BaseException):
+    """SIGTERM arrived inside ``sigterm_raises``. Not an Exception, so no ``except Exception``
+    swallows it; ``one_line_errors`` ends the command on it (exit 143)."""
+
+
+@contextlib.contextmanager
+def sigterm_raises() -> Iterator[None]:
+    """Make SIGTERM raise ``Terminated`` while the block runs, so its ``finally`` clauses run
+    (worker processes stopped) before the process ends; Python's default dies at once and
+    leaves them running. A second SIGTERM during that clean-up is ignored. Outside the main
+    thread, or where SIGTERM is ignored or handled already, nothing changes."""
+    before = signal.getsignal(signal.SIGTERM) \
+        if threading.current_thread() is threading.main_thread() else signal.SIG_IGN
+    if before is not signal.SIG_DFL:  # not this thread's, ignored, or someone else's handler
+        yield
+        return
+
+    def stop(signum: int, frame: object) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the clean-up runs once, whole
+        raise Terminated
+
+    signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)

@@ -24,8 +24,15 @@ from rich.table import Table
 from typer.core import TyperCommand
 from typer.models import ArgumentInfo, OptionInfo
 
-from nereus.errors import EXIT_INPUT, EXIT_INTERRUPTED, InfeasibleError, InputError
+from nereus.errors import (
+    EXIT_INPUT,
+    EXIT_INTERRUPTED,
+    EXIT_TERMINATED,
+    InfeasibleError,
+    InputError,
+)
 from nereus.files import is_dir, os_reason, path_stat
+from nereus.interrupts import Terminated
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -194,6 +201,8 @@ def one_line_errors(fn: F) -> F:
             raise fail(str(e)) from None
         except KeyboardInterrupt:
             raise fail("interrupted", EXIT_INTERRUPTED) from None
+        except Terminated:  # SIGTERM where the command set ``sigterm_raises``
+            raise fail("terminated", EXIT_TERMINATED) from None
 
     return wrapper  # type: ignore[return-value]
 

@@ -39,6 +39,7 @@ from nereus.commands.simplot import draw
 from nereus.control.restart import checkpoint_bytes, saved_bytes
 from nereus.errors import InputError, count
 from nereus.files import os_reason, read_yaml
+from nereus.interrupts import sigterm_raises
 from nereus.sim.policies import ALL_POLICIES, POLICIES, check_runs
 from nereus.sim.scenarios import (
     SCENARIOS,
@@ -317,9 +318,12 @@ def register(app: typer.Typer) -> None:
         # a bar is for a person watching: stderr sent to a file or a pipe gets none, and no
         # Progress at all (with rich 13.8 a disabled one still leaves an empty line there)
         watched = not as_json and err_console.is_terminal
-        with (Progress(TextColumn("simulating"), BarColumn(), MofNCompleteColumn(),
-                       TimeElapsedColumn(), console=err_console, transient=True)
-              if watched else nullcontext()) as bar:
+        # SIGTERM stops the worker processes before the command ends (exit 143); by default
+        # Python died at once and left them running, holding stdout open
+        with sigterm_raises(), (Progress(TextColumn("simulating"), BarColumn(),
+                                         MofNCompleteColumn(), TimeElapsedColumn(),
+                                         console=err_console, transient=True)
+                                if watched else nullcontext()) as bar:
             progress = None if bar is None else partial(
                 _show_step, bar, bar.add_task("steps", total=sc.steps))
             res = run_scenario(sc, names, progress, on_log, sim=sim)

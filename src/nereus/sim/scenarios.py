@@ -26,8 +26,13 @@ YAML (paths relative to the file)::
 
 from __future__ import annotations
 
+import ctypes
 import multiprocessing as mp
 import os
+import signal
+import sys
+import threading
+import time
 import traceback
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -800,6 +805,34 @@ def _worker(sim: Simulator, sc: Scenario, names: list[str], index: int, queue: A
                    RuntimeError(f"in a simulation worker:\n{traceback.format_exc()}"), None))
 
 
+def _child(parent: int, *args: Any) -> None:
+    """A worker process: ``_worker(*args)``, ending with its ``parent`` (pid) however that
+    ends. The parent stops its workers on an error, Ctrl-C or SIGTERM (``sigterm_raises``);
+    one killed outright (SIGKILL, the OOM killer) cannot, and its workers simulated on,
+    then blocked on a queue no one reads, holding the parent's stdout open."""
+    # the parent's SIGTERM handler, copied by fork, would raise into the simulation: the
+    # parent's terminate() must end the worker (SIGTERM is blocked until then)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+    if sys.platform.startswith("linux"):
+        # the kernel kills the worker when the parent's thread that forked it ends
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent:  # it ended before that: nothing will kill the worker
+            os._exit(1)
+    else:
+        def watch() -> None:
+            while os.getppid() == parent:
+                time.sleep(WORKER_POLL_S)
+            os._exit(1)
+
+        threading.Thread(target=watch, daemon=True).start()
+    _worker(*args)
+
+
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
 # How often the parent checks that its worker processes are alive while it waits for them
 # (seconds): a worker that dies without a word (killed, os._exit) is found within this long.
 WORKER_POLL_S = 1.0
@@ -890,10 +923,9 @@ def run_scenario(sc: Scenario, policies: Sequence[str] = POLICIES,
         return sim.run(pols, sc.name, progress, sc.notes)
     ctx = mp.get_context("fork")
     queue = ctx.Queue()
-    procs = [ctx.Process(target=_worker, args=(sim, sc, g, i, queue, on_log is not None),
-                         daemon=True) for i, g in enumerate(groups)]
-    for p in procs:
-        p.start()
+    procs = [ctx.Process(target=_child, args=(os.getpid(), sim, sc, g, i, queue,
+                                              on_log is not None), daemon=True)
+             for i, g in enumerate(groups)]
     done: dict[int, tuple[dict[str, Any], list[tuple[str, str]]]] = {}
     seen = [0] * len(groups)
 
@@ -908,6 +940,14 @@ def run_scenario(sc: Scenario, policies: Sequence[str] = POLICIES,
 
     finished = False
     try:
+        # SIGTERM held while forking: a worker unblocks it once it has put back the default
+        # action (``_child``), and a SIGTERM to the parent meanwhile stops the ones started
+        held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+        try:
+            for p in procs:
+                p.start()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, held)
         _collect(procs, groups, queue, on_message, WORKER_POLL_S)
         finished = True
     finally:
