@@ -282,6 +282,69 @@ def test_evaluate_given_the_job_file_says_so() -> None:
                                "--config reads), not a plan (allowed: a plan JSON"), r.stderr
 
 
+@pytest.mark.parametrize("edit,field,says", [
+    # read as a layout: its step_latency_s was taken for a model-stage
+    (lambda plan: plan.pop("stages"), "stages", "required field is missing"),
+    # silently tp = 1
+    (lambda plan: plan["stages"][0].pop("tp"), "stages.0.tp", "required field is missing"),
+    # dp = 5 beside 4 GPU lists: the error was about micro_batch
+    (lambda plan: plan["stages"][0].update(dp=5), "stages.0", "actor_gen: 4 GPU lists for dp = 5"),
+])
+def test_evaluate_names_a_plan_files_fields_as_transition_does(
+        tmp_path: Path, edit: object, field: str, says: str) -> None:
+    """A plan file that lost a field was read by plan --evaluate as a layout, and its errors
+    named other fields (or none) than transition's, which checks it as a plan file: both now
+    check a plan file alike."""
+    plan = json.loads(_written(tmp_path, "p.json", "--config", CONFIG).read_text())
+    edit(plan)  # type: ignore[operator]
+    p = tmp_path / "bad.json"
+    p.write_text(json.dumps(plan))
+    r = runner.invoke(app, ["plan", "--config", CONFIG, "--evaluate", str(p)])
+    assert r.exit_code == 2, r.output
+    assert r.stderr.startswith(f"error: evaluate.{field}: {says}"), r.stderr
+    r = runner.invoke(app, ["transition", str(p), str(tmp_path / "p.json")])
+    assert r.exit_code == 2, r.output
+    assert r.stderr.startswith(f"error: current.{field}: {says}"), r.stderr
+
+
+def test_evaluate_names_a_plan_files_unknown_stage_by_its_name_field(tmp_path: Path) -> None:
+    """It said ``evaluate.foo``: the plan file has no field foo, its stage 0 names foo."""
+    plan = json.loads(_written(tmp_path, "p.json", "--config", CONFIG).read_text())
+    plan["stages"][0]["name"] = "foo"
+    p = tmp_path / "bad.json"
+    p.write_text(json.dumps(plan))
+    r = runner.invoke(app, ["plan", "--config", CONFIG, "--evaluate", str(p)])
+    assert r.exit_code == 2, r.output
+    assert r.stderr.startswith("error: evaluate.stages.0.name: not a model-stage of this job"), \
+        r.stderr
+
+
+@pytest.mark.parametrize("args,what", [
+    (["plan", "--config", CONFIG, "--frontier", "actor_train", "--json"],
+     "a model-stage's latency-GPU frontier (as nereus plan --frontier --json writes)"),
+    (["simulate", "--scenario", "stationary", "--steps", "2", "--json"],
+     "a simulation's result (as nereus simulate --json writes)"),
+    (["transition", "examples/layouts/verl-colocated-8b.yaml",
+      "examples/layouts/verl-colocated-8b.yaml", "--config", CONFIG, "--json"],
+     "a transition's schedule (as nereus transition --json writes)"),
+])
+def test_another_commands_json_is_said_to_be_no_plan(tmp_path: Path, args: list[str],
+                                                     what: str) -> None:
+    """transition read these as plans that lack their stages; plan --evaluate said so of a
+    frontier only, and read the others as layouts whose fields are no model-stage."""
+    r = runner.invoke(app, args)
+    assert r.exit_code == 0, r.output
+    out = tmp_path / "out.json"
+    out.write_text(r.stdout)
+    plan = _written(tmp_path, "p.json", "--config", CONFIG)
+    r = runner.invoke(app, ["transition", str(out), str(plan)])
+    assert r.exit_code == 2, r.output
+    assert r.stderr.startswith(f"error: current: out.json is {what}, not a plan"), r.stderr
+    r = runner.invoke(app, ["plan", "--config", CONFIG, "--evaluate", str(out)])
+    assert r.exit_code == 2, r.output
+    assert r.stderr.startswith(f"error: --evaluate: out.json is {what}, not a plan"), r.stderr
+
+
 def test_evaluate_refuses_gpu_ids_outside_the_pool(tmp_path: Path) -> None:
     """GPUs 100-107 on a 16-GPU pool were placed, priced and said to fit."""
     plan = json.loads(_written(tmp_path, "p.json", "--config", CONFIG).read_text())

@@ -109,9 +109,22 @@ def test_layout_fields_are_strict(change, field):
 
 def test_missing_degrees_default_to_one_and_plan_json_keys_are_accepted():
     specs = layout_spec_from_data({"stages": [{"name": "x", "dp": 4, "latency_s": 1.0,
-                                               "peak_mem_bytes": 10}], "step_latency_s": 3.0,
-                                   "fits": True, "problems": [], "groups": []})
+                                               "peak_mem_bytes": 10}]})
     assert specs == {"x": StageLayoutSpec(1, 1, 4)}
+    full = {"name": "x", "tp": 1, "pp": 1, "dp": 2, "gpus": [[0], [1]], "latency_s": 1.0,
+            "peak_mem_bytes": 10}
+    specs = layout_spec_from_data({"stages": [full], "step_latency_s": 3.0, "fits": True,
+                                   "problems": [], "groups": []})
+    assert specs == {"x": StageLayoutSpec(1, 1, 2, ((0,), (1,)))}
+
+
+def test_a_plan_json_is_checked_as_a_plan_file():
+    """A file with a plan JSON's fields is one ``nereus plan --json`` wrote: a degree it
+    lacks was cut from it, not left to default to 1 (transition, which reads it as a plan
+    file, says so)."""
+    with pytest.raises(InputError, match=r"^evaluate\.stages\.0\.tp: required field"):
+        layout_spec_from_data({"stages": [{"name": "x", "pp": 1, "dp": 4, "gpus": [[0]] * 4}],
+                               "step_latency_s": 3.0})
 
 
 @pytest.mark.parametrize("shape,prefix", [

@@ -22,7 +22,13 @@ from nereus.commands.common import (
     refuse_together,
 )
 from nereus.commands.jobopts import JOB_HELP, job_and_fields_from_options
-from nereus.commands.planfile import check_record, job_shaped, split_record, with_record
+from nereus.commands.planfile import (
+    check_record,
+    job_shaped,
+    output_kind,
+    split_record,
+    with_record,
+)
 from nereus.cost.calibrate import Calibrator
 from nereus.cost.estimate import HEADROOM
 from nereus.cost.model import CostModel
@@ -346,7 +352,10 @@ def _check_stage_names(job: JobSpec, specs: Mapping[str, StageLayoutSpec]) -> No
         return
     missing = [n for n in names if n not in specs]
     lacks = f"; the layout lacks {', '.join(missing)}" if missing else ""
-    raise InputError(f"evaluate.{extra[0]}", f"not a model-stage of this job{lacks}", names)
+    # a layout's key is the name; a plan file's stage (``evaluate.stages.0``) has a name field
+    at = specs[extra[0]].where or f"evaluate.{extra[0]}"
+    field = at if at.endswith(f".{extra[0]}") else f"{at}.name"
+    raise InputError(field, f"not a model-stage of this job{lacks}", names)
 
 
 @contextmanager
@@ -612,10 +621,8 @@ def register(app: typer.Typer) -> None:
         if job_shaped(data):  # --evaluate given the --config
             raise InputError("--evaluate", f"{path.name} is a job file (as --config reads), "
                              "not a plan", plan_files)
-        if isinstance(data, Mapping) and {"frontier", "stage"} <= set(data):  # --frontier --json
-            raise InputError("--evaluate", f"{path.name} is a model-stage's latency-GPU "
-                             "frontier (as plan --frontier --json writes), not a plan",
-                             plan_files)
+        if (what := output_kind(data)) is not None:  # another command's --json output
+            raise InputError("--evaluate", f"{path.name} is {what}, not a plan", plan_files)
         check_record(record, job, "evaluate", path)
         specs = layout_from_data(raw)
         _check_stage_names(job, specs)

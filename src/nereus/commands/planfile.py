@@ -71,6 +71,21 @@ def model_source(given: str) -> str:
 PLAN_FIELDS = tuple(k for k in PLAN_FILE_KEYS if k != "stages")
 
 
+def output_kind(data: Any) -> str | None:
+    """What another command's ``--json`` output ``data`` is, in words, where it is one (a
+    frontier, a simulation, a transition's schedule or run): no plan, though a plan's reader
+    would otherwise name a field of it as wrong; None for anything else."""
+    if not isinstance(data, Mapping) or "stages" in data:
+        return None
+    if {"frontier", "stage"} <= set(data):
+        return "a model-stage's latency-GPU frontier (as nereus plan --frontier --json writes)"
+    if {"scenario", "policies"} <= set(data):
+        return "a simulation's result (as nereus simulate --json writes)"
+    if "primitives" in data:
+        return "a transition's schedule (as nereus transition --json writes)"
+    return None
+
+
 def job_shaped(data: Any) -> bool:
     """Whether ``data`` has a job YAML's fields (model, gpus, ...): a job file, not a plan."""
     return isinstance(data, Mapping) and any(k in JobConfig.model_fields for k in data)

@@ -45,6 +45,7 @@ from nereus.commands.planfile import (
     architecture,
     check_record,
     job_shaped,
+    output_kind,
     record_options,
     recorded_job,
     split_record,
@@ -106,6 +107,10 @@ def _kind(path: Path, field: str) -> PlanArg:
         raise InputError(field, f"{path.name} is empty", "a plan .json (nereus plan --json), "
                          "a layout (as nereus plan --evaluate reads) or a job .yaml")
     data, record = split_record(raw, field)
+    if (what := output_kind(data)) is not None:  # another command's --json output
+        raise InputError(field, f"{path.name} is {what}, not a plan",
+                         "a plan .json (nereus plan --json), a layout (as nereus plan "
+                         "--evaluate reads) or a job .yaml")
     if suffix in PLAN_SUFFIXES:
         # a plan JSON lists its stages; anything else that is no mapping of model-stages (a
         # plan that lost its stages included) is read as a plan, whose errors say what a plan

@@ -191,6 +191,12 @@ def layout_spec_from_data(data: Any) -> dict[str, StageLayoutSpec]:
     shape = "a plan JSON or a YAML mapping of model-stage to {tp, pp, dp}"
     if not isinstance(data, Mapping):
         raise InputError("evaluate", "must map each model-stage to {tp, pp, dp}", shape)
+    # a plan file as ``nereus plan --json`` writes it (one that lost its stages, or a stage's
+    # tp, included) is checked as every reader of plan files checks one, so its errors name
+    # the same fields (``stages``, ``stages.0.tp``), where its stages read as a layout pass
+    plan_file = any(k in data for k in PLAN_FILE_KEYS if k != "stages")
+    if plan_file and "stages" not in data:
+        Plan.from_dict(data, "evaluate")  # says which field is missing
     if "stages" not in data:
         return {str(k): _stage(f"evaluate.{k}", v, str(k)) for k, v in data.items()}
     # a plan file's keys (its stages are checked one by one below; the rest evaluation
@@ -215,6 +221,8 @@ def layout_spec_from_data(data: Any) -> dict[str, StageLayoutSpec]:
             raise InputError(f"evaluate.stages.{i}.name", f"model-stage {f.name!r} listed twice",
                              f"each model-stage once ({out[f.name].where} is {f.name})")
         out[f.name] = f.to_spec(f"evaluate.stages.{i}")
+    if plan_file:
+        Plan.from_dict(data, "evaluate")
     return out
 
 
