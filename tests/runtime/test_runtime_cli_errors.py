@@ -1,10 +1,14 @@
-"""``nereus transition --execute``: a run that fails ends in one line and exit code 4."""
+"""``nereus transition --execute``: a run that fails ends in one line and exit code 4; one
+that SIGTERM stops, in one line and exit code 143."""
+
+import signal
+import sys
 
 import pytest
 from typer.testing import CliRunner
 
 from nereus.cli import app
-from nereus.errors import EXIT_RUN_FAILED
+from nereus.errors import EXIT_RUN_FAILED, EXIT_TERMINATED
 from nereus.runtime import demo
 from nereus.runtime.memory import CapacityError
 from nereus.transition.instances import paper_example_b
@@ -156,3 +160,69 @@ def test_an_ignored_sigint_stays_ignored_while_ray_starts() -> None:
         assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
     finally:
         signal.signal(signal.SIGINT, before)
+
+
+def _terminated_inside_ray() -> SystemError:
+    """What SIGTERM's ``Terminated`` reaches the command as where the signal found Ray's
+    compiled code calling back into Python (seen: ``ray.get`` deserialising a result)."""
+    from nereus.interrupts import Terminated
+
+    try:
+        raise Terminated
+    except Terminated as t:
+        try:
+            raise SystemError("<built-in method __new__ of type object> returned a result "
+                              "with an exception set") from t
+        except SystemError as e:
+            return e
+
+
+@pytest.mark.parametrize("error", [
+    _terminated_inside_ray(),
+    # a run the executor stopped and reported, whose cause was the signal
+    demo.RunFailed("the transition did not run to its end (TransitionFailed): stopped"),
+])
+def test_sigterm_mid_run_is_one_line_and_exit_143(monkeypatch, tmp_path, error) -> None:
+    """SIGTERM printed Ray's native crash dump ('*** SIGTERM received at time=...') and
+    exited 1, the code for a state that differs; where the signal surfaced inside Ray, a
+    traceback of a SystemError. It now ends as Ctrl-C does, with its own code."""
+    if isinstance(error, demo.RunFailed):
+        error.__context__ = _terminated_inside_ray()
+    r = _execute_raising(monkeypatch, tmp_path, error)
+    assert r.exit_code == EXIT_TERMINATED == 143, r.output
+    assert r.stderr == "error: terminated\n", r.output
+
+
+def test_ray_init_leaves_the_callers_sigterm_handler(monkeypatch) -> None:
+    """ray.init puts in its own SIGTERM handler (and its core worker a native one, which
+    prints a crash dump): the command's, which stops the workers, is put back."""
+    from nereus.interrupts import sigterm_raises
+    from nereus.runtime import workers
+
+    def ray_init(**kwargs):  # what ray.init does to SIGTERM's handler
+        signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(signum))
+
+    monkeypatch.setattr(workers.ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(workers.ray, "init", ray_init)
+    with sigterm_raises():
+        mine = signal.getsignal(signal.SIGTERM)
+        workers._init_ray(None, 1, "slot")
+        assert signal.getsignal(signal.SIGTERM) is mine
+
+
+def test_sigterm_while_ray_starts_is_terminated_and_stops_ray(monkeypatch) -> None:
+    """A SIGTERM inside ray.init meets Ray's handler, sys.exit(15): exit 15, and Ray's
+    agents left running. It is the command's Terminated, after Ray is shut down."""
+    from nereus.interrupts import Terminated, sigterm_raises
+    from nereus.runtime import workers
+
+    def ray_init(**kwargs):
+        raise SystemExit(signal.SIGTERM)
+
+    stopped: list[bool] = []
+    monkeypatch.setattr(workers.ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(workers.ray, "init", ray_init)
+    monkeypatch.setattr(workers.ray, "shutdown", lambda: stopped.append(True))
+    with pytest.raises(Terminated), sigterm_raises():
+        workers._init_ray(None, 1, "slot")
+    assert stopped == [True]

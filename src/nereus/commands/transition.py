@@ -62,7 +62,7 @@ from nereus.errors import (
     InputError,
 )
 from nereus.files import existing_file, os_reason, read_json, read_yaml
-from nereus.interrupts import ctrl_c_deferred
+from nereus.interrupts import Terminated, ctrl_c_deferred, sigterm_raises
 from nereus.plan.evaluate import StageLayoutSpec, evaluate_plan
 from nereus.plan.types import Plan
 from nereus.plan.validate import over_memory
@@ -619,6 +619,23 @@ def execution_summary(result: dict) -> str:
             + device_peak_note(result.get("device_peak_bytes") or {}))
 
 
+def by_sigterm(e: BaseException) -> bool:
+    """Whether ``e`` comes of a SIGTERM (``Terminated`` in its chain of causes): raised where
+    the signal found the run, it reaches the command wrapped (a failed run's report, or a
+    SystemError where Ray's compiled code called back into Python)."""
+    todo: list[BaseException | None] = [e]
+    seen: set[int] = set()
+    while todo:
+        x = todo.pop()
+        if x is None or id(x) in seen:
+            continue
+        if isinstance(x, Terminated):
+            return True
+        seen.add(id(x))
+        todo += [x.__cause__, x.__context__]
+    return False
+
+
 def quiet_ray() -> None:
     """Keep Ray's own driver log lines (a token-authentication notice, 'Started a local Ray
     instance') off the user's terminal: the command says what ran and what failed itself.
@@ -736,7 +753,8 @@ def register(app: typer.Typer) -> None:
         does.
 
         Exit 2 for bad input, 3 when no memory-safe schedule exists; with --execute, 1 when
-        the state after the move differs and 4 when the run on the workers failed.
+        the state after the move differs, 4 when the run on the workers failed, 130 on Ctrl-C
+        and 143 on SIGTERM.
         """
         output_path(gantt_path, "--gantt", FIGURE_FORMATS)
         writable(gantt_path, "--gantt")
@@ -815,15 +833,24 @@ def register(app: typer.Typer) -> None:
                 # processes have been started" notice): stderr is theirs, stdout the command's
                 # a person at a terminal sees that it runs (Ray's start alone takes seconds)
                 n = len(schedule.primitives)
-                with (err_console.status(f"running {n} primitive{'s' if n != 1 else ''} on "
-                                         "local Ray workers ...")
-                      if err_console.is_terminal else contextlib.nullcontext()), \
+                # SIGTERM stops the workers and Ray before the command ends, in one line
+                # (exit 143), where Ray's own handler printed a native crash dump and exit 1
+                with sigterm_raises(), \
+                        (err_console.status(f"running {n} primitive{'s' if n != 1 else ''} on "
+                                            "local Ray workers ...")
+                         if err_console.is_terminal else contextlib.nullcontext()), \
                         contextlib.redirect_stdout(sys.stderr):
                     code = cli_execute(job, cur, tgt, schedule, as_json=True,
                                        echo=printed.append)
             except RunFailed as e:
+                if by_sigterm(e):
+                    raise Terminated from None
                 raise fail(str(e), EXIT_INTERRUPTED if isinstance(e, RunInterrupted)
                            else EXIT_RUN_FAILED) from None
+            except Exception as e:
+                if by_sigterm(e):  # Terminated raised inside Ray's Cython: a SystemError
+                    raise Terminated from None
+                raise
             result = measured_json(json.loads(printed[-1]), schedule, profile,
                                    job.cluster.device.name)
         if not as_json:

@@ -23,6 +23,7 @@ import contextlib
 import gc
 import os
 import re
+import signal
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -471,6 +472,8 @@ def _init_ray(address: str | None, slots: int, slot_resource: str) -> None:
         return
     # Ctrl-C while Ray starts waits until it has started, then stops it: shutting down a
     # half-started Ray crashed the process (SIGSEGV) and left its agents running
+    sigterm = signal.getsignal(signal.SIGTERM) \
+        if threading.current_thread() is threading.main_thread() else None
     with ctrl_c_deferred() as interrupted:
         try:
             if address is None:  # a local Ray: this machine offers the device slots (a
@@ -482,10 +485,22 @@ def _init_ray(address: str | None, slots: int, slot_resource: str) -> None:
         except KeyboardInterrupt:  # a second Ctrl-C: stop what started, as well as it goes
             ray.shutdown()
             raise
+        except SystemExit as e:  # Ray's SIGTERM handler, set while ray.init runs: sys.exit(15)
+            ray.shutdown()  # its agents would outlive the process
+            if callable(sigterm) and e.code == signal.SIGTERM:
+                sigterm(signal.SIGTERM, None)  # the caller's: its exception, not exit 15
+            raise
         except (OSError, RuntimeError, ValueError) as e:  # ConnectionError is an OSError
             ray.shutdown()
             raise RayStartFailed(f"Ray could not start ({type(e).__name__}: "
                                  f"{first_line(e)})") from e
+        finally:
+            # (not where the caller's handler ran and ignores a second SIGTERM: it cleans up)
+            if callable(sigterm) and signal.getsignal(signal.SIGTERM) is not signal.SIG_IGN:
+                # the caller's SIGTERM handler (its clean-up on SIGTERM) back in place of
+                # Ray's: ray.init sets its own (sys.exit), and its core worker a native one
+                # that prints a crash dump before the process dies
+                signal.signal(signal.SIGTERM, sigterm)
     if interrupted():
         ray.shutdown()
         raise KeyboardInterrupt
