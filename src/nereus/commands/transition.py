@@ -387,10 +387,9 @@ def plans_for_job(args: tuple[PlanArg, PlanArg], config: Path | None, model: str
                         least)
     for a in args:
         check_record(a.record, job, a.which, a.path)
+    for which, plan in plans.items():  # a layout's GPU lists are checked where it is placed
+        check_in_pool(plan, job, which, config)
     out = {a.which: _plan_under(a, job, profile) for a in args}
-    for a in args:
-        if a.kind == "plan":  # a layout's GPU lists are checked where it is placed
-            check_in_pool(out[a.which], job, a.which, config)
     return job, out["current"], out["target"]
 
 
