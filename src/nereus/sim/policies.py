@@ -13,10 +13,11 @@
   whenever a faster feasible plan exists, whatever the move costs.
 - ``nereus``: the controller as §4 describes it (triggers, horizons, Eq. 2, urgent path).
 - ``oracle``: the best plan for every step, knowing that step's lengths and the true
-  efficiencies, with free transitions: the upper bound. It restarts from the checkpoint only
-  where no policy could do otherwise: after a pause, and when a loss takes every copy of some
-  state (every replica of a training stage: the simulator's ``survive`` check), since there
-  is then nothing left to move.
+  efficiencies, with free transitions: the bound on what moving gains. It restarts from the
+  checkpoint where a loss takes every copy of some state (every replica of a training stage:
+  the simulator's ``survive`` check), since there is then nothing left to move, and after a
+  pause. Its plan is each step's fastest, blind to the next loss, so under node churn it can
+  restart more often than Nereus, which prices that risk: it is no bound on restarts.
 
 All of them pause while the pool is empty (the state on the GPUs is gone; they restart from the
 checkpoint when GPUs return), and all wait when no plan fits the pool.
