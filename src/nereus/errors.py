@@ -17,7 +17,7 @@ EXIT_RUN_FAILED = 4   # a run on real workers that failed (a worker died, a coll
 EXIT_INTERRUPTED = 130  # Ctrl-C (128 + SIGINT, as a shell reports it)
 EXIT_OUTPUT_CLOSED = 141  # stdout's reader quit (``| head``): 128 + SIGPIPE, as a shell
 #                          reports a tool SIGPIPE ended; no command's own outcome
-EXIT_TERMINATED = 143  # SIGTERM where a command stops its workers first (simulate)
+EXIT_TERMINATED = 143  # SIGTERM, where a command stops its workers first (sigterm_raises)
 
 
 class InputError(ValueError):
