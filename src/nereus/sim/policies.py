@@ -13,11 +13,12 @@
   whenever a faster feasible plan exists, whatever the move costs.
 - ``nereus``: the controller as §4 describes it (triggers, horizons, Eq. 2, urgent path).
 - ``oracle``: the best plan for every step, knowing that step's lengths and the true
-  efficiencies, with free transitions: the bound on what moving gains. It restarts from the
-  checkpoint where a loss takes every copy of some state (every replica of a training stage:
-  the simulator's ``survive`` check), since there is then nothing left to move, and after a
-  pause. Its plan is each step's fastest, blind to the next loss, so under node churn it can
-  restart more often than Nereus, which prices that risk: it is no bound on restarts.
+  efficiencies, with free transitions: the bound on what moving gains. It also knows which GPUs
+  leave during each step (``Policy.foresee``) and takes the fastest plan no such loss hits
+  where one fits (on the GPUs that stay), so a loss costs it neither work nor state. Where none
+  fits, or the pool empties, it restarts from the checkpoint as every policy does when a loss
+  takes every copy of some state (every replica of a training stage: the simulator's
+  ``survive`` check), since there is then nothing left to move, and after a pause.
 
 All of them pause while the pool is empty (the state on the GPUs is gone; they restart from the
 checkpoint when GPUs return), and all wait when no plan fits the pool.
@@ -81,6 +82,10 @@ class Policy:
     def efficiencies(self) -> Efficiencies | None:
         """The efficiencies the policy believes (for the calibration error); None if none."""
         return None
+
+    def foresee(self, stays: Sequence[frozenset[int]]) -> None:
+        """Per step, the GPUs of its starting pool that no change during the step takes away
+        (empty where the pool empties): the future, which only the oracle may look at."""
 
 
 class StaticPolicy(Policy):
@@ -181,10 +186,18 @@ class OraclePolicy(Policy):
         self.cache = cache
         self.plan: Plan | None = None
         self.stopped = False
+        self.stays: Sequence[frozenset[int]] = ()  # ``foresee``
+
+    def foresee(self, stays: Sequence[frozenset[int]]) -> None:
+        self.stays = stays
 
     def _best(self, pool: tuple[int, ...], step: int, mean: float, longest: int) -> Plan | None:
         """The fastest plan at this step by the ground truth: its lengths, its efficiencies and
-        its memory rule (the whole device).
+        its memory rule (the whole device); where GPUs leave during the step (``foresee``),
+        the fastest among the plans on the GPUs that stay, if one fits, since it loses no work
+        and keeps its state (a plan blind to the loss lost the step so far, and restarted
+        where the loss took a training stage's last replica: under churn more often than
+        Nereus, which prices that risk).
 
         The plan cache solves each response-length bucket at its upper edge, up to 10 %
         longer than the step's longest response, with the planner's 10 % memory headroom; the
@@ -197,17 +210,26 @@ class OraclePolicy(Policy):
         eff = tr.efficiencies(step)
         cands: list[Plan] = []
         below = int(self.cache.ratio ** (bucket(longest, self.cache.ratio) - 1))  # bucket b-1
-        for need in dict.fromkeys((longest, min(longest, max(1, below)))):
-            job = tr.job_at(pool, min(mean, need), need)
-            try:
-                cands.append(self.cache(job, CostModel(job, eff)))
-            except InfeasibleError:
-                pass
+        # where GPUs leave during the step, the plans on those that stay are candidates too
+        stay = tuple(g for g in pool if g in self.stays[step]) \
+            if step < len(self.stays) else pool
+        pools = (pool, stay) if stay and len(stay) < len(pool) else (pool,)
+        for gpus in pools:
+            for need in dict.fromkeys((longest, min(longest, max(1, below)))):
+                job = tr.job_at(gpus, min(mean, need), need)
+                try:
+                    cands.append(self.cache(job, CostModel(job, eff)))
+                except InfeasibleError:
+                    pass
         if self.plan is not None and set(self.plan.gpus()) <= set(pool):
             cands.append(self.plan)
+        kept = set(stay)
         priced = [(tr.price(p, pool, step, mean, longest), p) for p in cands]
-        fit = [(q.step_s, i, p) for i, (q, p) in enumerate(priced) if tr.fits(q)]
-        return min(fit, key=lambda x: (x[0], x[1]))[2] if fit else None
+        # a plan that no change of the step hits first (it loses no work and needs no copy of
+        # the state to survive), then the fastest
+        fit = [(not set(p.gpus()) <= kept, q.step_s, i, p) for i, (q, p) in enumerate(priced)
+               if tr.fits(q)]
+        return min(fit, key=lambda x: x[:3])[3] if fit else None
 
     def start(self, pool: tuple[int, ...], mean: float, longest: int) -> Plan | None:
         self.plan = self._best(pool, 0, mean, longest)

@@ -568,6 +568,11 @@ class Simulator:
     def run(self, policies: Sequence[Policy], scenario: str = "",
             progress: Callable[[int], None] | None = None,
             notes: Mapping[str, str] | None = None) -> SimResult:
+        stays = [frozenset() if any(gap > 0 for _, gap, _ in ev.changes) else
+                 frozenset(ev.pool).intersection(*(q for _, _, q in ev.changes))
+                 for ev in self.events]
+        for p in policies:
+            p.foresee(stays)
         runners = [_Runner(p, self) for p in policies]
         for k in range(self.steps):
             for r in runners:
