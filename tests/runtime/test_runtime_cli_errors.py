@@ -193,7 +193,16 @@ def test_sigterm_mid_run_is_one_line_and_exit_143(monkeypatch, tmp_path, error) 
     assert r.stderr == "error: terminated\n", r.output
 
 
-def test_ray_init_leaves_the_callers_sigterm_handler(monkeypatch) -> None:
+@pytest.fixture
+def default_sigterm():
+    """SIGTERM's handler as a new nereus process has it (the default), whatever an earlier
+    test's real ray.init left in this pytest process; put back afterwards."""
+    before = signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    yield
+    signal.signal(signal.SIGTERM, before)
+
+
+def test_ray_init_leaves_the_callers_sigterm_handler(monkeypatch, default_sigterm) -> None:
     """ray.init puts in its own SIGTERM handler (and its core worker a native one, which
     prints a crash dump): the command's, which stops the workers, is put back."""
     from nereus.interrupts import sigterm_raises
@@ -210,7 +219,7 @@ def test_ray_init_leaves_the_callers_sigterm_handler(monkeypatch) -> None:
         assert signal.getsignal(signal.SIGTERM) is mine
 
 
-def test_sigterm_while_ray_starts_is_terminated_and_stops_ray(monkeypatch) -> None:
+def test_sigterm_while_ray_starts_is_terminated_and_stops_ray(monkeypatch, default_sigterm) -> None:
     """A SIGTERM inside ray.init meets Ray's handler, sys.exit(15): exit 15, and Ray's
     agents left running. It is the command's Terminated, after Ray is shut down."""
     from nereus.interrupts import Terminated, sigterm_raises
