@@ -108,6 +108,17 @@ def test_a_job_no_pool_fits_names_what_would_fix_it(tmp_path: Path, args: list[s
     assert err.startswith(f"error: {field}: ") and f"(allowed: {allowed}" in err, err
 
 
+def test_a_device_of_a_few_mib_is_not_called_0_gib(tmp_path: Path) -> None:
+    """'a device with more than 0.0 GiB per GPU' (and '0.0 GiB allowed (90 % of 0.0 GiB')
+    where cluster.device_memory_gib was 0.01: the figures were rounded to one decimal."""
+    cfg = tmp_path / "job.yaml"
+    cfg.write_text("model: llama-3.1-8b\ngpus: 16\ncluster: {device_memory_gib: 0.01}\n")
+    err = one_line(["plan", "--config", str(cfg)])
+    assert err.startswith("error: cluster.device_memory_gib: "), err
+    assert "(allowed: a device with more than 0.01 GiB per GPU)" in err, err
+    assert " 0.0 GiB" not in err and "(90 % of 0.01 GiB" in err, err
+
+
 @pytest.mark.parametrize("args,says", [
     # one replica of the 70B actor_train needs more than a node's 8 GPUs: more do not help
     (["--model", "llama-3.3-70b", "--gpus", "128"],

@@ -42,7 +42,7 @@ from nereus.plan.search import MAX_REPLACEMENTS, MAX_REPRICED, Planner, ReplicaE
 from nereus.plan.types import Plan, stage_estimate, weight_sync_estimate
 from nereus.plan.validate import validate_plan
 from nereus.spec.cluster import gpu_ranges
-from nereus.spec.device import DEVICE_PRESETS
+from nereus.spec.device import DEVICE_PRESETS, gib
 from nereus.spec.job import JobSpec
 from nereus.spec.workflow import Execution
 
@@ -87,7 +87,7 @@ def plan_table(job: JobSpec, plan: Plan, title: str) -> Table:
                  fold=("model-stage", "phase", "GPUs"),
                  caption=f"shares: model-stages of a phase with the same letter run one after "
                          f"another on the same GPUs (-: on GPUs of its own in its phase); "
-                         f"limit: {HEADROOM * 100:.0f} % of {mem / GiB:.1f} GiB per GPU{split}",
+                         f"limit: {HEADROOM * 100:.0f} % of {gib(mem)} per GPU{split}",
                  caption_justify="left")
     for col in ("model-stage", "phase", "tp", "pp", "dp", "b x a", "recomp", "GPUs", "shares",
                 "latency s", "peak/limit GiB"):
@@ -270,7 +270,7 @@ def no_plan_error(e: InfeasibleError, job: JobSpec, fields: Mapping[str, Any],
     else:
         field = "cluster.device"
     more = [name for name, d in DEVICE_PRESETS.items() if d.memory_bytes > device.memory_bytes]
-    allowed = f"a device with more than {device.memory_bytes / GiB:.1f} GiB per GPU"
+    allowed = f"a device with more than {gib(device.memory_bytes)} per GPU"
     if field != "cluster.device_memory_gib" and more:
         allowed += f": {', '.join(more)}"
     return InputError(field, f"{e}; no pool of up to {MAX_SUGGESTED_GPUS:,} GPUs of "

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, replace
 from enum import Enum
 
 from nereus.spec.cluster import gpu_ranges
+from nereus.spec.device import gib
 
 
 class TriggerKind(str, Enum):
@@ -88,8 +89,8 @@ def memory_trigger(peaks: Mapping[str, int], limit_bytes: float) -> Trigger | No
         return None
     worst = max(over, key=over.__getitem__)
     return Trigger(TriggerKind.MEMORY, "memory", True, float(over[worst]), float(limit_bytes),
-                   None, f"{worst} predicted {over[worst] / 2**30:.1f} GiB > "
-                   f"{limit_bytes / 2**30:.1f} GiB allowed")
+                   None, f"{worst} predicted {gib(over[worst])} > "
+                   f"{gib(limit_bytes)} allowed")
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,7 @@ from nereus.plan.evaluate import StageLayoutSpec, evaluate_plan
 from nereus.plan.overlap import step_and_terms
 from nereus.plan.types import Plan, StagePlan, stage_estimate, weight_sync_estimate
 from nereus.plan.validate import batch_problems
+from nereus.spec.device import gib
 from nereus.spec.job import JobSpec
 from nereus.spec.workflow import Execution, Phase, StageKind, Workflow
 
@@ -252,16 +253,16 @@ def problems(job: JobSpec, cost: CostModel, plan: Plan) -> list[str]:
         if off:
             problems.append(f"{sp.stage}: GPUs {off[:8]} are not in the pool")
         if sp.peak_mem_bytes > limit:
-            problems.append(f"{sp.stage}: {sp.peak_mem_bytes / 2**30:.1f} GiB > "
-                            f"{limit / 2**30:.1f} GiB per GPU (estimated)")
+            problems.append(f"{sp.stage}: {gib(sp.peak_mem_bytes)} > "
+                            f"{gib(limit)} per GPU (estimated)")
     wf = job.workflow
     pair = wf.colocated_sync()
     if pair is not None:
         t, g = plan.stage(pair[0]).layout, plan.stage(pair[1]).layout
         held = cost.weight_sync_peak_bytes(t, g)
         if held > limit:
-            problems.append(f"weight sync {pair[0]} -> {pair[1]}: {held / 2**30:.1f} GiB > "
-                            f"{limit / 2**30:.1f} GiB per GPU (estimated)")
+            problems.append(f"weight sync {pair[0]} -> {pair[1]}: {gib(held)} > "
+                            f"{gib(limit)} per GPU (estimated)")
     if wf.execution is Execution.ASYNC:
         gen = {g for sp in plan.stages if wf.stage(sp.stage).phase is Phase.GENERATION
                for g in sp.gpus}

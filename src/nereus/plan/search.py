@@ -61,11 +61,9 @@ from nereus.plan.placement import (
 from nereus.plan.types import Plan, StagePlan, idle_bytes, weight_sync_estimate
 from nereus.plan.validate import blocks_of, contained_stages, merge_need, need_of
 from nereus.spec.cluster import GpuPool
+from nereus.spec.device import gib
 from nereus.spec.job import JobSpec
 from nereus.spec.workflow import Execution, ModelStage, Phase, StageKind
-
-GiB = 1024**3
-
 
 # which candidates of a model-stage a search may use (``Planner``'s ``keep``)
 Keep = Callable[[ModelStage, Candidate], bool]
@@ -299,13 +297,13 @@ def _fits_nowhere(cost: CostModel, stage: ModelStage, ev: Evaluation | None) -> 
     state = cost.resident_bytes(stage, Layout(1, 1))  # one replica's state, unsharded
     need = math.ceil(state / limit)
     widest = max(c.layout.tp * c.layout.pp for c in ev.candidates)
-    why = (f"; its state alone, {state / GiB:.1f} GiB, needs at least {count(need, 'GPU')} per "
+    why = (f"; its state alone, {gib(state)}, needs at least {count(need, 'GPU')} per "
            f"replica, and the widest layout on {count(cost.job.pool.size, 'GPU')} spans {widest}"
            if need > widest else "")
     return InfeasibleError(
         f"model-stage {stage.name} fits nowhere: its smallest footprint is "
-        f"{small.peak_mem_bytes / GiB:.1f} GiB per GPU ({small.candidate}) vs "
-        f"{limit / GiB:.1f} GiB allowed (90 % of {cost.device.memory_bytes / GiB:.1f} GiB "
+        f"{gib(small.peak_mem_bytes)} per GPU ({small.candidate}) vs "
+        f"{gib(limit)} allowed (90 % of {gib(cost.device.memory_bytes)} "
         f"on {cost.device.name}){why} (estimated)")
 
 

@@ -17,13 +17,11 @@ from nereus.cost.candidate import Candidate
 from nereus.cost.estimate import HEADROOM
 from nereus.cost.model import CostModel
 from nereus.plan.types import Plan
+from nereus.spec.device import gib
 from nereus.spec.job import JobSpec
 from nereus.spec.sharding import layout_problem
 from nereus.spec.workflow import Execution, Phase, StageKind
 from nereus.spec.workload import largest_share
-
-GiB = 1024**3
-
 
 # ---- TP groups inside nodes: where the pool can keep them there ----
 # A TP group needs its GPUs inside one node where that is possible for the plan as a whole, not
@@ -259,9 +257,9 @@ def validate_plan(job: JobSpec, plan: Plan, cost: CostModel | None = None) -> li
 
     limit = HEADROOM * job.cluster.device.memory_bytes
     for over in over_memory(job, plan, cost):
-        problems.append(f"GPU {over.gpu}: {over.stage} needs {over.peak / GiB:.1f} GiB with "
-                        f"{over.idle / GiB:.1f} GiB of idle state beside it, over "
-                        f"{limit / GiB:.1f} GiB (estimated)")
+        problems.append(f"GPU {over.gpu}: {over.stage} needs {gib(over.peak)} with "
+                        f"{gib(over.idle)} of idle state beside it, over "
+                        f"{gib(limit)} (estimated)")
 
     # the colocated weight sync: training parameters and generation weights on one GPU at once
     pair = wf.colocated_sync()
@@ -270,6 +268,6 @@ def validate_plan(job: JobSpec, plan: Plan, cost: CostModel | None = None) -> li
         sync_bytes = cost.weight_sync_peak_bytes(train_sp.layout, gen_sp.layout)
         if sync_bytes > limit:
             problems.append(f"weight sync {pair[0]} -> {pair[1]}: its fullest GPU holds "
-                            f"{sync_bytes / GiB:.1f} GiB (training parameters, generation weights, "
-                            f"gather buffer), over {limit / GiB:.1f} GiB (estimated)")
+                            f"{gib(sync_bytes)} (training parameters, generation weights, "
+                            f"gather buffer), over {gib(limit)} (estimated)")
     return problems

@@ -15,6 +15,14 @@ MiB = 1024**2
 GB = 1e9
 
 
+def gib(nbytes: float) -> str:
+    """Bytes in GiB for a message: one decimal from 1 GiB up, three significant digits below,
+    so that a device or a state of a few MiB never reads '0.0 GiB' (a device set to
+    ``device_memory_gib: 0.01`` was one 'with more than 0.0 GiB')."""
+    v = nbytes / GiB
+    return f"{v:.1f} GiB" if abs(v) >= 1 else f"{v:.3g} GiB"
+
+
 @dataclass(frozen=True)
 class DeviceSpec:
     """One accelerator (or one CPU device slot). Bandwidths are per device, per direction."""
