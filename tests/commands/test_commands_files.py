@@ -21,7 +21,7 @@ import typer
 from typer.testing import CliRunner
 
 from nereus.cli import app
-from nereus.commands.common import Command, one_line_errors, output_path
+from nereus.commands.common import FIGURE_FORMATS, Command, one_line_errors, output_path
 from nereus.errors import EXIT_OUTPUT_CLOSED, InputError
 from nereus.files import existing_file, is_dir, path_stat, read_text
 
@@ -205,6 +205,25 @@ def test_an_output_in_a_folder_that_cannot_be_entered_is_one_line(
     err = one_line([a.format(d=folder, plan=plan_json) for a in args])
     assert err == (f"error: {field}: cannot write {folder / name}: permission denied "
                    "(allowed: a file in a folder you can write)"), err
+
+
+@pytest.mark.parametrize("args,field,name", [
+    (["simulate", "--csv", "{p}", "--steps", "2"], "--csv", "out.csv"),
+    (["simulate", "--plot", "{p}", "--steps", "2"], "--plot", "out.png"),
+    (["transition", "{plan}", "{plan}", *TINY, "--gantt", "{p}"], "--gantt", "g.png"),
+])
+@pytest.mark.parametrize("end", ["/", "/."])
+def test_an_output_path_naming_a_folder_is_refused_before_the_work(
+        tmp_path: Path, plan_json: Path, args: list[str], field: str, name: str,
+        end: str) -> None:
+    """`--gantt g.png/` wrote g.png: the path, read as a Path, had lost its slash."""
+    given = f"{tmp_path / 'out' / name}{end}"
+    (tmp_path / "out").mkdir()
+    suffixes = (".csv",) if field == "--csv" else FIGURE_FORMATS
+    err = one_line([a.format(p=given, plan=plan_json) for a in args])
+    assert err == (f"error: {field}: {given} names a folder, not a file (allowed: a file path "
+                   f"ending in {' or '.join(suffixes)})"), err
+    assert not any((tmp_path / "out").iterdir())
 
 
 # ---- a file without read permission ----

@@ -247,13 +247,23 @@ def refuse_together(first: str, first_on: bool, second: str, second_on: bool,
 FIGURE_FORMATS = (".png", ".pdf", ".svg")
 
 
-def output_path(path: Path | None, field: str, suffixes: tuple[str, ...]) -> Path | None:
+def output_path(given: str | Path | None, field: str, suffixes: tuple[str, ...]
+                ) -> Path | None:
     """Check an output file before the work that fills it: a known suffix, an existing
-    folder, not a folder itself (a typo should not cost a finished run)."""
-    if path is None:
+    folder, not a folder itself (a typo should not cost a finished run). ``given`` as typed:
+    an option declared as a Path has lost a trailing slash (``--gantt g.png/`` reads as
+    ``g.png``, and g.png was written), so output options are declared as strings and this
+    makes the Path."""
+    if given is None:
         return None
-    if str(path) in ("", "."):  # typer reads an empty argument ("$UNSET") as Path("") == "."
+    text = os.fspath(given)
+    if text in ("", "."):  # typer reads an empty argument ("$UNSET") as Path("") == "."
         raise InputError(field, "the path is empty or '.' (the working folder)",
+                         f"a file path ending in {' or '.join(suffixes)}")
+    path = Path(text)
+    # a folder's path whatever is there: it ends in a separator, '.' or '..'
+    if os.path.basename(text) in ("", ".", ".."):
+        raise InputError(field, f"{text} names a folder, not a file",
                          f"a file path ending in {' or '.join(suffixes)}")
     # before the suffix: a directory has none, and that is not the problem
     if is_dir(path, field, writing=True):

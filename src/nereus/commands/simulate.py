@@ -237,14 +237,15 @@ def register(app: typer.Typer) -> None:
         policies: str = typer.Option(",".join(POLICIES), help="policies to compare, "
                                      "comma-separated; also static_verl: static within the "
                                      "plans a verl user can configure"),
-        plot_path: Path | None = typer.Option(
-            None, "--plot", metavar="OUT.png", readable=False,
+        # strings, both: a Path loses a trailing slash (output_path)
+        plot_given: str | None = typer.Option(
+            None, "--plot", metavar="OUT.png",
             help="draw, over steps: each step's time without checkpoint writes, restarts "
                  "and lost work; the time lost so far behind the oracle (without it, the "
                  "fastest policy), all counted; the pool and response length (.png, .pdf or "
                  ".svg)"),
-        csv_path: Path | None = typer.Option(
-            None, "--csv", metavar="OUT.csv", readable=False,
+        csv_given: str | None = typer.Option(
+            None, "--csv", metavar="OUT.csv",
             help="write per-step rows of every policy; a row's transitions (moves before the "
                  "step, the oracle's free ones too) sum to the table's"),
         as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
@@ -267,12 +268,12 @@ def register(app: typer.Typer) -> None:
                         "--log with the tables, or --json alone")
         # --notes simulates nothing: an output of the run cannot come with it
         for option, given in (("--json", as_json), ("--log", log),
-                              ("--csv", csv_path is not None), ("--plot", plot_path is not None)):
+                              ("--csv", csv_given is not None), ("--plot", plot_given is not None)):
             refuse_together(option, given, "--notes", notes, f"--notes alone (it lists the "
                             f"sources without simulating), or {option} without it")
         names = _policies(policies)
-        output_path(plot_path, "--plot", FIGURE_FORMATS)
-        output_path(csv_path, "--csv", (".csv",))
+        plot_path = output_path(plot_given, "--plot", FIGURE_FORMATS)
+        csv_path = output_path(csv_given, "--csv", (".csv",))
         writable(plot_path, "--plot")  # before the run: its results must not be lost
         writable(csv_path, "--csv")
         if gamma is not None and not 0.0 <= gamma <= 1.0:

@@ -718,8 +718,8 @@ def register(app: typer.Typer) -> None:
         device: str | None = typer.Option(None, help=JOB_HELP["device"]),
         devices_per_node: int | None = typer.Option(None, help=JOB_HELP["devices_per_node"]),
         profile: Path | None = typer.Option(None, readable=False, help=JOB_HELP["profile"]),
-        gantt_path: Path | None = typer.Option(None, "--gantt", metavar="OUT.png",
-                                               readable=False,
+        # a string: a Path loses a trailing slash (output_path)
+        gantt_given: str | None = typer.Option(None, "--gantt", metavar="OUT.png",
                                                help="draw a Gantt chart per GPU (.png, "
                                                ".pdf or .svg)"),
         as_json: bool = typer.Option(False, "--json", help="print one JSON object: source "
@@ -755,7 +755,7 @@ def register(app: typer.Typer) -> None:
         the state after the move differs, 4 when the run on the workers failed, 130 on Ctrl-C
         and 143 on SIGTERM.
         """
-        output_path(gantt_path, "--gantt", FIGURE_FORMATS)
+        gantt_path = output_path(gantt_given, "--gantt", FIGURE_FORMATS)
         writable(gantt_path, "--gantt")
         args = (_kind(current, "current"), _kind(target, "target"))
         kinds = tuple(a.kind for a in args)
