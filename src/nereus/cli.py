@@ -21,8 +21,10 @@ from typer.core import TyperGroup
 from nereus import __version__
 from nereus.commands import register
 from nereus.commands.common import (
+    NotAnInteger,
     OneLineUsageError,
     err_console,
+    number_kind,
     once_only,
     plain_flags,
     release_pipes,
@@ -161,28 +163,19 @@ def _not_a_number(e: Exception) -> str | None:
     job field allows, as its YAML error says it), instead of the parser's "Input should be a
     valid integer"; None for any other usage error."""
     param = getattr(e, "param", None)
-    kind = _number_kind(param)
+    kind = number_kind(param)
     if kind is None or not isinstance(e, _exc.BadParameter):
         return None
-    assert param is not None  # _number_kind(None) is None
+    assert param is not None  # number_kind(None) is None
     option = next((o for o in param.opts if o.startswith("--")), param.opts[0])
     # typer converts with pydantic, whose error keeps the value; click's did not
     errors = getattr(e.__cause__, "errors", None)
     given = errors()[0].get("input") if callable(errors) and errors() else None
+    if isinstance(e, NotAnInteger):  # a float's text, which pydantic took
+        given = e.given
     what = "an integer" if kind is int else "a number"
     problem = f"{given!r} is not {what}" if isinstance(given, str) else f"not {what}"
     return str(InputError(option, problem, _ALLOWS.get(option, what)))
-
-
-def _number_kind(param: Any) -> type | None:
-    """int or float where ``param`` is an option that takes one, else None."""
-    if getattr(param, "param_type_name", None) != "option":
-        return None
-    kind = getattr(getattr(param, "type_descriptor", None), "annotation", None)
-    if kind in (int, float):
-        return kind
-    # older typers: click's INT and FLOAT types
-    return {"integer": int, "float": float}.get(getattr(getattr(param, "type", None), "name", ""))
 
 
 def _field_allows(field: str) -> str | None:

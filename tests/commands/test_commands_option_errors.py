@@ -174,3 +174,18 @@ def test_a_count_option_given_a_fraction_names_the_option_and_the_range(args: li
     integer", with no allowed range; `gpus: 16.5` in a YAML says what a pool size may be."""
     err = error(args)
     assert err.startswith(f"error: {says}"), err
+
+
+@pytest.mark.parametrize("args,says", [
+    (["plan", "--model", "llama-3.1-8b", "--gpus", "16.0"],
+     "--gpus: '16.0' is not an integer (allowed: a pool size 1..65,536)\n"),
+    ([*JOB, "--prompts", "512.0"],
+     "--prompts: '512.0' is not an integer (allowed: an integer 1..1,048,576)\n"),
+    (["simulate", "--steps", "2.0"], "--steps: '2.0' is not an integer (allowed: an integer)"),
+])
+def test_a_count_option_given_a_whole_float_is_refused_as_in_a_config(args: list[str],
+                                                                     says: str) -> None:
+    """`--gpus 16.0` planned 16 GPUs while `gpus: 16.0` in a config is refused: typer reads
+    an int option's text with pydantic, which takes a float's text without a fraction."""
+    err = error(args)
+    assert err.startswith(f"error: {says}"), err

@@ -104,9 +104,10 @@ def reflowed(text: str) -> str:
 click = getattr(typer.core, "_click", None) or typer.core.click  # type: ignore[attr-defined]
 
 
-# the base as a name: mypy reads ``click`` (a module chosen at run time) as Any, and takes
+# the bases as names: mypy reads ``click`` (a module chosen at run time) as Any, and takes
 # an Any only through a name as a base class
 _BadOptionUsage: Any = click.exceptions.BadOptionUsage
+_BadParameter: Any = click.exceptions.BadParameter
 
 
 class OneLineUsageError(_BadOptionUsage):
@@ -120,11 +121,58 @@ def once_only(parser: Any) -> Any:
     each value, so ``--config=B``, ``-c B`` and a value that looks like an option count as
     click reads them. Flags may repeat (``--json --json`` says the same thing again), and so
     may options that collect their values (``multiple``, counts)."""
-    options = {id(o): o for o in (*parser._long_opt.values(), *parser._short_opt.values())}
-    for opt in options.values():
-        if opt.action == "store":
-            opt.process = _stored_once(opt, opt.process, parser.ctx)
+    for opt in _stored(parser):
+        opt.process = _stored_once(opt, opt.process, parser.ctx)
     return parser
+
+
+def _stored(parser: Any) -> list[Any]:
+    """The parser's options that take one value (each once, under all its names)."""
+    options = {id(o): o for o in (*parser._long_opt.values(), *parser._short_opt.values())}
+    return [o for o in options.values() if o.action == "store"]
+
+
+def number_kind(param: Any) -> type | None:
+    """int or float where ``param`` is an option that takes one, else None."""
+    if getattr(param, "param_type_name", None) != "option":
+        return None
+    kind = getattr(getattr(param, "type_descriptor", None), "annotation", None)
+    if kind in (int, float):
+        return kind
+    # older typers: click's INT and FLOAT types
+    return {"integer": int, "float": float}.get(getattr(getattr(param, "type", None), "name", ""))
+
+
+class NotAnInteger(_BadParameter):
+    """An integer option's value that is no integer's text; ``given``: the text."""
+
+    def __init__(self, given: str, ctx: Any, param: Any) -> None:
+        super().__init__(f"{given!r} is not an integer", ctx=ctx, param=param)
+        self.given = given
+
+
+def integers_only(parser: Any) -> Any:
+    """Refuse ``--gpus 16.0`` as a config's ``gpus: 16.0`` is refused: newer typers read an
+    int option's text with pydantic, which takes a float's text without a fraction, and
+    planned 16 GPUs. The text must be what ``int`` reads, as click's INT (older typers) read
+    it; the rest (``2.5``, ``abc``) typer refuses on its own."""
+    for opt in _stored(parser):
+        if number_kind(opt.obj) is int:
+            opt.process = _integer_text(opt.obj, opt.process, parser.ctx)
+    return parser
+
+
+def _integer_text(param: Any, process: Callable[[Any, Any], None], ctx: Any
+                  ) -> Callable[[Any, Any], None]:
+    def checked(value: Any, state: Any) -> None:
+        # resilient parsing (shell completion) reads what is typed so far, refusing nothing
+        if isinstance(value, str) and not getattr(ctx, "resilient_parsing", False):
+            try:
+                int(value)
+            except ValueError:
+                raise NotAnInteger(value, ctx, param) from None
+        process(value, state)
+    return checked
 
 
 def _stored_once(opt: Any, process: Callable[[Any, Any], None], ctx: Any
@@ -159,7 +207,7 @@ class Command(TyperCommand):
         return plain_flags(super().get_params(ctx))
 
     def make_parser(self, ctx: Any) -> Any:
-        return once_only(super().make_parser(ctx))
+        return integers_only(once_only(super().make_parser(ctx)))
 
     def collect_usage_pieces(self, ctx: Any) -> list[str]:
         return [_REQUIRED_PIECE.sub(r"\1\2", p) for p in super().collect_usage_pieces(ctx)]
