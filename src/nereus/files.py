@@ -241,9 +241,11 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep)
 
 
-def read_yaml(path: str | Path, field: str) -> Any:
+def read_yaml(path: str | Path, field: str, kind: str = "YAML",
+              allowed: str = "a YAML mapping of fields") -> Any:
     """YAML, and so JSON too (YAML is a superset of JSON); a key given twice in one mapping is
-    an error, not the last one winning."""
+    an error, not the last one winning. ``kind`` and ``allowed`` say what the field takes
+    where it is not a YAML of fields alone (``--evaluate``: a plan JSON or a layout YAML)."""
     p = Path(path)
     text = read_text(p, field)
     try:
@@ -256,8 +258,7 @@ def read_yaml(path: str | Path, field: str) -> Any:
         mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
         what = getattr(e, "problem", None) or str(e).splitlines()[0]
         at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-        raise InputError(field, f"{p} is not valid YAML ({what}{at})",
-                         "a YAML mapping of fields") from None
+        raise InputError(field, f"{p} is not valid {kind} ({what}{at})", allowed) from None
     except RecursionError:
         raise _too_deep(p, field) from None
 

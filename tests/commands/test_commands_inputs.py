@@ -360,6 +360,20 @@ def test_a_yaml_syntax_error_says_where(tmp_path: Path, text: str, where: str) -
     assert f"at {where})" in err, err
 
 
+@pytest.mark.parametrize("name", ["plan.json", "layout.yaml"])
+def test_a_broken_plan_for_evaluate_is_not_called_only_yaml(tmp_path: Path, name: str) -> None:
+    """A cut-off plan JSON given to --evaluate said 'is not valid YAML' and allowed 'a YAML
+    mapping of fields': the option takes a plan JSON or a layout YAML."""
+    plan = runner.invoke(app, ["plan", "--config", CONFIG, "--json"]).stdout
+    broken = tmp_path / name
+    broken.write_text(plan[:300])
+    err = one_line(["plan", "--config", CONFIG, "--evaluate", str(broken)])
+    assert err.startswith(f"error: --evaluate: {broken} is not valid JSON or YAML ("), err
+    assert err.endswith("(allowed: a plan JSON (nereus plan --json) or a layout YAML of tp, "
+                        "pp, dp and gpus per model-stage (nereus examples writes two, under "
+                        "layouts/))\n"), err
+
+
 @pytest.mark.parametrize("name,text,args", [
     ("deep.json", "[" * 100_000, ["transition", "{f}", "{f}", "--model", "tiny-llama"]),
     ("deep.yaml", "a:\n" + "".join(" " * k + "- \n" for k in range(1, 3000)),

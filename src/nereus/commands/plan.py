@@ -33,9 +33,14 @@ from nereus.cost.calibrate import Calibrator
 from nereus.cost.estimate import HEADROOM
 from nereus.cost.model import CostModel
 from nereus.errors import InfeasibleError, InputError, count
-from nereus.files import read_yaml
 from nereus.plan.candidates import frontier
-from nereus.plan.evaluate import StageLayoutSpec, evaluate_plan, layout_spec_from_data
+from nereus.plan.evaluate import (
+    PLAN_FILES,
+    StageLayoutSpec,
+    evaluate_plan,
+    layout_spec_from_data,
+    read_plan_file,
+)
 from nereus.plan.exposure import exposed_by_node, spans_nodes
 from nereus.plan.frameworks import best_verl_plan, verl_overrides
 from nereus.plan.search import MAX_REPLACEMENTS, MAX_REPRICED, Planner, ReplicaExceedsNode
@@ -614,15 +619,13 @@ def register(app: typer.Typer) -> None:
         """Score the user's plan beside the best one. Where no plan fits the job, the user's
         is still scored and printed, then ``no_plan``'s error ends it (exit 2), as the plain
         command's does: a script reading only the exit code is not told the job fits."""
-        raw = read_yaml(path, "evaluate")
+        raw = read_plan_file(path)
         data, record = split_record(raw, "evaluate")
-        plan_files = ("a plan JSON (nereus plan --json) or a layout YAML of tp, pp, dp and gpus "
-                      "per model-stage (nereus examples writes two, under layouts/)")
         if job_shaped(data):  # --evaluate given the --config
             raise InputError("--evaluate", f"{path.name} is a job file (as --config reads), "
-                             "not a plan", plan_files)
+                             "not a plan", PLAN_FILES)
         if (what := output_kind(data)) is not None:  # another command's --json output
-            raise InputError("--evaluate", f"{path.name} is {what}, not a plan", plan_files)
+            raise InputError("--evaluate", f"{path.name} is {what}, not a plan", PLAN_FILES)
         check_record(record, job, "evaluate", path)
         specs = layout_from_data(raw)
         _check_stage_names(job, specs)

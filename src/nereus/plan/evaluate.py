@@ -180,10 +180,21 @@ def _check_replicas(at: str, spec: StageLayoutSpec, pool: Sequence[int]) -> None
             seen[g] = i
 
 
+# what ``--evaluate`` reads, as its errors say it
+PLAN_FILES = ("a plan JSON (nereus plan --json) or a layout YAML of tp, pp, dp and gpus per "
+              "model-stage (nereus examples writes two, under layouts/)")
+
+
+def read_plan_file(path: str | Path) -> Any:
+    """A plan JSON or a layout YAML, parsed; one that does not parse is 'not valid JSON or
+    YAML', not 'not valid YAML' alone (a cut-off plan JSON was said to be bad YAML)."""
+    return read_yaml(path, "evaluate", "JSON or YAML", PLAN_FILES)
+
+
 def load_layout_spec(path: str | Path) -> dict[str, StageLayoutSpec]:
     """A plan JSON (``nereus plan --json``: ``stages`` a list of ``{name, tp, pp, dp, ...}``), or a
     YAML mapping stage -> {tp, pp, dp, ...}, at the top level or under ``stages``."""
-    return layout_spec_from_data(read_yaml(path, "evaluate"))
+    return layout_spec_from_data(read_plan_file(path))
 
 
 def layout_spec_from_data(data: Any) -> dict[str, StageLayoutSpec]:
