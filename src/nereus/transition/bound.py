@@ -25,7 +25,7 @@ from operator import add
 from nereus.transition.global_dag import TransitionDag
 
 
-def critical_paths(dur: Sequence[float], succ: Sequence[Sequence[int]], order: Sequence[int]
+def critical_paths(dur: list[float], succ: list[list[int]], order: list[int]
                    ) -> tuple[list[float], list[float]]:
     """(head, tail) per primitive: the longest path into it and out of it after it ends,
     ``order`` being topological."""
@@ -56,7 +56,8 @@ def lower_bound(dur: Sequence[float], succ: Sequence[Sequence[int]], order: Sequ
     ids: dict[Hashable, int] = {}
     dense = [[ids.setdefault(g, len(ids)) for g in touched] for touched in gpus]
     return bound_from_paths(dur, paths if paths is not None else
-                            critical_paths(dur, succ, order), dense, len(ids))
+                            critical_paths(list(dur), [list(s) for s in succ], list(order)),
+                            dense, len(ids))
 
 
 def bound_from_paths(dur: Sequence[float], paths: tuple[Sequence[float], Sequence[float]],

@@ -61,7 +61,8 @@ class TransitionDag:
     primitives: tuple[Primitive, ...]
     edges: tuple[tuple[int, int, str], ...]          # (before, after, kind)
     order: tuple[int, ...]                           # a serial order that fits memory
-    memory: tuple[Mapping[int, MemStep], ...]        # per primitive, per GPU
+    memory: tuple[dict[int, MemStep], ...]           # per primitive, per GPU (dicts: the
+    # compiled scheduler iterates them natively)
     initial_bytes: Mapping[int, int]                 # per GPU, before the first primitive
     capacity_bytes: int
     initial: Mapping[str, tuple[Emu, ...]]
@@ -168,7 +169,7 @@ def _replayed(prims: list[Primitive], edges: list[tuple[int, int, str]],
               rank: Sequence[tuple[int, int, int]], initial: Mapping[str, tuple[Emu, ...]],
               changed: Sequence[str], present: Mapping[int, Mapping[str, int]], own: Ownership,
               cost: TransitionCost, capacity_bytes: int, just_in_time: bool
-              ) -> tuple[list[Mapping[int, MemStep]], _Result, dict[int, int],
+              ) -> tuple[list[dict[int, MemStep]], _Result, dict[int, int],
                          list[Primitive]] | str:
     """Memory per primitive and a replay order that fits it (or why none was found).
 
@@ -242,8 +243,8 @@ def _replayed(prims: list[Primitive], edges: list[tuple[int, int, str]],
     return first.problem
 
 
-def loaded(mem: Mapping[int, MemStep], loads: Mapping[int, int] | None
-           ) -> Mapping[int, MemStep]:
+def loaded(mem: dict[int, MemStep], loads: Mapping[int, int] | None
+           ) -> dict[int, MemStep]:
     """A primitive's memory when it first loads units from host memory (``loads``: bytes per
     GPU): they are not on the GPU before it, and are from its start."""
     if not loads:
@@ -281,7 +282,7 @@ class _Result:
 class _Replay:
     """One-at-a-time replay that adds resource edges where an acquisition is blocked."""
 
-    def __init__(self, prims: list[Primitive], mem: list[Mapping[int, MemStep]],
+    def __init__(self, prims: list[Primitive], mem: list[dict[int, MemStep]],
                  rank: Sequence[tuple[int, int, int]], edges: list[tuple[int, int, str]],
                  usage: dict[int, int], present: dict[int, dict[str, int]], own: Ownership,
                  cap: int, promoted: Sequence[int] = (), sizes: StateSizes | None = None,
