@@ -33,6 +33,10 @@ from nereus.transition.bound import critical_paths, refutes
 from nereus.transition.global_dag import TransitionDag
 from nereus.transition.primitives import Destroy, Primitive
 
+# Whether this module runs compiled (``NEREUS_MYPYC=1`` at install, setup.py) or interpreted:
+# the same schedules either way, about twice as fast compiled
+COMPILED = not __file__.endswith(".py")
+
 TOLERANCE = 0.01     # a schedule within 1 % of the lower bound is not improved further
 
 # The first pass: the rule that meets the bound most often on the benchmark instances (as often
@@ -56,7 +60,7 @@ IMPROVE_ROUNDS = 3   # forward-backward rounds at most per starting point
 # first ends more than TOLERANCE above the bound. The search carries on where it stopped, so a
 # larger budget never gives a worse schedule. The second costs up to about 80 ms on a
 # 256-GPU transition, and only the rare ones the first leaves 4-6 % above the bound pay it.
-WORK_BUDGETS = (8000, 32000)
+WORK_BUDGETS: tuple[int, ...] = (8000, 32000)  # (any length: a test cuts it short)
 MIN_PASSES = 3       # per budget
 MAX_PASSES = 70      # per budget
 # Then, on the best schedule still above the goal, the moves on its critical chain
@@ -105,11 +109,12 @@ class _Problem:
     def __init__(self, dur: list[float], succ: list[list[int]], npred: list[int],
                  order: list[int], res: list[list[int]],
                  steps: list[list[tuple[int, int, int]]], initial: list[int], cap: int,
-                 prims: Sequence[Primitive], work: int):
+                 prims: Sequence[Primitive], width: list[int]):
         self.dur, self.succ, self.npred, self.order = dur, succ, npred, order
         self.res, self.steps, self.initial, self.cap = res, steps, initial, cap
         self.prims = prims  # what the priority rules look at
-        self.work = work    # (primitive, GPU) pairs: what a pass on single GPUs updates
+        self.width = width  # GPUs per primitive (its memory's; ``Extend.gpus`` adds tuples)
+        self.work = sum(width)  # (primitive, GPU) pairs: what a pass on single GPUs updates
         self.tracked = any(steps)  # memory binds somewhere
         # ``_run_free`` may run its passes: memory binds nowhere, and no primitive takes no
         # time (one that ends as it starts frees its GPUs within the same instant, which only
@@ -209,7 +214,7 @@ class _Problem:
             if v > bound:
                 bound = v
         prob = cls(dur, succ, npred, order, res, steps, initial, cap, dag.primitives,
-                   sum(map(len, memory)))
+                   list(map(len, memory)))
         prob.paths, prob.bound = paths, bound
         return prob
 
@@ -227,7 +232,7 @@ class _Problem:
                 final[g] += net
         steps = [[(g, extra - net, -net) for g, extra, net in st] for st in self.steps]
         return _Problem(self.dur, succ, npred, self.order[::-1], self.res, steps, final,
-                        self.cap, self.prims, self.work)
+                        self.cap, self.prims, self.width)
 
     def memory_succ(self) -> list[list[int]]:
         """Release -> later acquisitions on its GPU that would not fit without it (in the
@@ -750,15 +755,15 @@ class _Search:
     def rule(self, name: str) -> list[int]:
         """The primitives in the order a priority rule gives (highest priority first), ties
         broken by the serial order."""
-        tail, prims = self.tail(), self.fwd.prims
+        tail, prims, width = self.tail(), self.fwd.prims, self.fwd.width
         # stable sorts from the last key to the first, starting from the serial order: the
         # same order as one sort by (first key, ..., position in the serial order)
         if name == "wide":
-            wide = [t * len(p.gpus) for t, p in zip(tail, prims)]  # tail x GPUs, largest first
+            wide = [t * w for t, w in zip(tail, width)]  # tail x GPUs, largest first
             return sorted(self.fwd.order, key=wide.__getitem__, reverse=True)
         if name == "wide_succ":  # tail x GPUs x (1 + successors): a copy that seeds a node
             succ = self.fwd.succ  # (others copy from it) before one that feeds nothing
-            wide = [t * len(p.gpus) * (1 + len(s)) for t, p, s in zip(tail, prims, succ)]
+            wide = [t * w * (1 + len(s)) for t, w, s in zip(tail, width, succ)]
             return sorted(self.fwd.order, key=wide.__getitem__, reverse=True)
         by = sorted(self.fwd.order, key=tail.__getitem__, reverse=True)  # longest tail first
         if name == "release":  # Destroys first
