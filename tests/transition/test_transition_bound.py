@@ -205,7 +205,7 @@ def test_a_primitive_that_takes_no_time_is_scheduled_as_run_schedules_it() -> No
     """``_run_free`` assumes every primitive takes time; with a zero duration the passes fall
     back to ``_run_plain``, which orders what happens within one instant as ``run`` does."""
     prob = search_mod._Problem([0.0, 1.0, 1.0], [[], [], []], [0, 0, 0], [0, 1, 2],
-                               [[0], [0, 1], [1]], [[], [], []], [0, 0], 1, (), 3)
+                               [[0], [0, 1], [1]], [[], [], []], [0, 0], 1, (), [1, 1, 1])
     assert not prob.free
     plain = search_mod._Pass(prob, [0, 1, 2], reserve=False).run()
     general = search_mod._Pass(prob, [0, 1, 2], reserve=False)._run_general()
@@ -218,7 +218,7 @@ def _idle_pays() -> search_mod._Problem:
     for Q and runs S after it (7 s)."""
     return search_mod._Problem([1.0, 3.0, 3.0, 2.0], [[1], [2], [], []], [0, 1, 1, 0],
                                [0, 1, 2, 3], [[0], [0, 1], [2], [1]], [[], [], [], []],
-                               [0, 0, 0], 1, (), 5)
+                               [0, 0, 0], 1, (), [1, 2, 1, 1])
 
 
 def test_the_serial_pass_leaves_a_gpu_idle_where_that_pays() -> None:
@@ -354,7 +354,7 @@ def test_the_search_stops_where_no_schedule_ends_within_tolerance_of_it(
     ends the search, with the raised bound, which never exceeds the makespan."""
     prob = search_mod._Problem([5.0, 2.0, 2.0, 1.0], [[1, 2], [], [], []], [0, 1, 1, 0],
                                [0, 1, 2, 3], [[1], [0], [0], [0]], [[], [], [], []],
-                               [0, 0], 1, (), 4)
+                               [0, 0], 1, (), [1, 1, 1, 1])
     prob.paths = critical_paths(prob.dur, prob.succ, prob.order)
     prob.bound = 7.0
     s = search_mod._Search(prob, 7.0 * (1 + TOLERANCE), ())
@@ -367,7 +367,7 @@ def test_the_critical_chain_ends_at_primitives_that_take_no_time() -> None:
     """Two primitives that take no time, on one resource, end where they start: each is what
     the other waited for, and following the chain went round them for ever."""
     prob = search_mod._Problem([0.0, 0.0, 1.0], [[], [], []], [0, 0, 0], [0, 1, 2],
-                               [[0], [0], [0]], [[], [], []], [0], 1, (), 3)
+                               [[0], [0], [0]], [[], [], []], [0], 1, (), [1, 1, 1])
     s = search_mod._Search(prob, 0.0, ())
     run = search_mod._Pass(prob, [1, 2, 0], reserve=False)._run_general()
     assert run.start == [1.0, 1.0, 0.0]
