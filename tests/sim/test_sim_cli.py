@@ -168,6 +168,25 @@ def test_errors_building_the_simulator_are_one_line(tmp_path, pool, problem):
     assert len(lines) == 1 and lines[0].startswith("error: ") and problem in lines[0], r.output
 
 
+@pytest.mark.parametrize("gpus, availability, field", [
+    (3, "", "job.gpus"),                              # the whole job fits no plan
+    (16, "availability: {csv: pool.csv}\n", "availability"),  # the trace never gives 16
+])
+def test_no_plan_on_the_largest_pool_names_the_field_to_change(tmp_path, gpus, availability,
+                                                                field):
+    """It said ``scenario:``, a field the file does not have, where ``job.gpus`` was too few
+    (or the trace never gave the job enough of them)."""
+    (tmp_path / "pool.csv").write_text("time_s,gpus\n0,1\n")
+    (tmp_path / "run.yaml").write_text(
+        f"job: {{model: llama-3.1-8b, gpus: {gpus}, cluster: {{devices_per_node: 8}}}}\n"
+        "steps: 3\n" + availability)
+    r = _run("--config", str(tmp_path / "run.yaml"), "--policies", "static")
+    assert r.exit_code == 2, r.output
+    lines = [ln for ln in r.output.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith(f"error: {field}: no plan fits"), r.output
+    assert "(allowed: " in lines[0]
+
+
 @pytest.mark.parametrize("trace, text, problem", [
     ("lengths", "step,response_len_mena,response_len_max\n0,500,700\n",
      "lengths: trace.csv has an unknown column 'response_len_mena' in its header"),

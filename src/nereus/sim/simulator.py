@@ -600,8 +600,14 @@ def nominal_clock(truth: Truth, lengths: LengthTrace, av: Availability, steps: i
     try:
         plan = best_plan(truth.job_at(full, max(means), top), truth.hidden)
     except InfeasibleError as e:
-        raise InputError("scenario", f"no plan fits the largest pool of the trace "
-                         f"({count(len(full), 'GPU')}) at the longest responses: {e}") from None
+        # the field to change: the job's GPUs where the trace gives them all at once, else
+        # the trace that never does
+        whole = set(full) >= set(truth.job.pool.ids)
+        raise InputError("job.gpus" if whole else "availability",
+                         f"no plan fits the largest pool of the trace "
+                         f"({count(len(full), 'GPU')}) at the longest responses: {e}",
+                         "more GPUs, or shorter responses (lengths)" if whole else
+                         "a trace that gives a pool some plan fits") from None
     grid = np.linspace(min(means), max(means), samples)
     secs = [truth.price(plan, full, 0, float(m), top).step_s for m in grid]
     nominal = [float(np.interp(m, grid, secs)) for m in means]
