@@ -363,7 +363,8 @@ def test_an_empty_config_says_it_is_empty(tmp_path, text):
     cfg = tmp_path / "empty.yaml"
     cfg.write_text(text)
     err = _one_line_error(["plan", "-c", str(cfg)], "--config")
-    assert "empty.yaml is empty" in err and "(allowed: a YAML mapping of job fields" in err
+    # the path as typed, as the other file errors say it (it said the file's name alone)
+    assert f"--config: {cfg} is empty" in err and "(allowed: a YAML mapping of job fields" in err
 
 
 def test_a_misspelt_stage_of_a_layout_is_named(tmp_path):

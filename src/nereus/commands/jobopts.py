@@ -130,7 +130,7 @@ def job_and_fields_from_options(
     if config is not None:
         loaded = read_yaml(config, "config")
         if loaded is None:  # nothing but blanks or comments: YAML reads that as null
-            raise InputError("config", f"{config.name} is empty", "a YAML mapping of job "
+            raise InputError("config", f"{config} is empty", "a YAML mapping of job "
                              "fields, model and gpus at least (nereus examples writes some)")
         if not isinstance(loaded, dict):
             raise InputError("config", "must be a YAML mapping of fields",

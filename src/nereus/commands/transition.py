@@ -104,7 +104,7 @@ def _kind(path: Path, field: str) -> PlanArg:
                          "--evaluate reads) or a job .yaml")
     raw = read_json(path, field) if suffix in PLAN_SUFFIXES else read_yaml(path, field)
     if raw is None:  # a YAML file with nothing (or only comments) in it is no job file
-        raise InputError(field, f"{path.name} is empty", "a plan .json (nereus plan --json), "
+        raise InputError(field, f"{path} is empty", "a plan .json (nereus plan --json), "
                          "a layout (as nereus plan --evaluate reads) or a job .yaml")
     data, record = split_record(raw, field)
     if (what := output_kind(data)) is not None:  # another command's --json output

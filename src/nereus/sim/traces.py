@@ -843,7 +843,7 @@ def _read_csv(path: str | Path, columns: list[str], what: str, note: str = ""
     # blank (or whitespace-only) lines skipped, not renumbered
     lines = [(reader.line_num, r) for r in reader if r and not (len(r) == 1 and not r[0].strip())]
     if not lines:  # not "lacks column ...": there is no header to lack it
-        raise InputError(what, f"{p.name} is empty", f"a header naming {', '.join(columns)}, "
+        raise InputError(what, f"{p} is empty", f"a header naming {', '.join(columns)}, "
                          "then a row per entry")
     header = [h.strip() for h in lines[0][1]]
     missing = [c for c in columns if c not in header]
