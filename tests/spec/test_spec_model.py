@@ -174,3 +174,20 @@ def test_a_hub_id_that_is_not_cached_still_says_how_to_fetch_it():
     with pytest.raises(InputError, match=r"^model: unknown model 'org/nope'; to read it from "
                        r"the hub, `hf download org/nope config.json` first"):
         get_model("org/nope")
+
+
+@pytest.mark.parametrize("value, there", [("some/job.yaml", False), ("job.yaml", True),
+                                          ("layout.YML", True)])
+def test_a_yaml_file_as_the_model_says_what_model_takes(value, there, tmp_path, monkeypatch):
+    """A job YAML given to --model was read as JSON ("not valid JSON ... (allowed: a JSON
+    object)"), and where no file was there taken for a hub id (`hf download some/job.yaml`):
+    neither said what --model takes."""
+    monkeypatch.chdir(tmp_path)
+    if there:
+        (tmp_path / value).write_text("model: llama-3.1-8b\ngpus: 8\n")
+    with pytest.raises(InputError, match=rf"^model: {re.escape(value)} is a YAML file, not a "
+                       r"model's config\.json \(a job YAML is what --config reads\) \(allowed: "
+                       r"a preset \(llama-3\.1-8b, .*config\.json or its folder, or a Hugging "
+                       r"Face id \(ORG/NAME\)\)$") as e:
+        get_model(value)
+    assert "hf download" not in str(e.value)

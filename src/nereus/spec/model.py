@@ -458,6 +458,13 @@ def get_model(name_or_path: str) -> ModelSpec:
     if not name_or_path.strip():  # Path("") is the working directory
         raise InputError("model", "empty", [*MODEL_PRESETS, "a path to a Hugging Face config.json",
                                             "a Hugging Face id (ORG/NAME)"])
+    if key.endswith((".yaml", ".yml")):
+        # a job or layout YAML given as the model: it was read as JSON ("not valid JSON"),
+        # or, where there is no such file, taken for a hub id to `hf download`
+        raise InputError("model", f"{name_or_path} is a YAML file, not a model's config.json "
+                         "(a job YAML is what --config reads)",
+                         f"a preset ({', '.join(MODEL_PRESETS)}), a path to a Hugging Face "
+                         "config.json or its folder, or a Hugging Face id (ORG/NAME)")
     if exists(name_or_path, "model"):
         return ModelSpec.from_hf_config(name_or_path)
     if _looks_like_path(name_or_path):  # no preset or id has a .json suffix or a ./ in it
