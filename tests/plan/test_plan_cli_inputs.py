@@ -385,3 +385,14 @@ def test_evaluate_of_frontier_output_says_it_is_no_plan(tmp_path):
     path.write_text(r.stdout)
     err = _one_line_error(["plan", "-c", CONFIG, "--evaluate", str(path)], "--evaluate")
     assert "frontier.json is a model-stage's latency-GPU frontier" in err and "not a plan" in err
+
+
+@pytest.mark.parametrize("name, text", [("empty.yaml", ""), ("empty.yaml", "# later\n"),
+                                        ("empty.json", "\n")])
+def test_an_empty_evaluate_file_says_it_is_empty(tmp_path, name, text):
+    """It said "must map each model-stage to {tp, pp, dp}", and named no file."""
+    p = tmp_path / name
+    p.write_text(text)
+    err = _one_line_error(["plan", "--model", "llama-3.1-8b", "--gpus", "8", "--evaluate",
+                           str(p)], "--evaluate")
+    assert err.startswith(f"error: --evaluate: {p} is empty (allowed: a plan JSON"), err
