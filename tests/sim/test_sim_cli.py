@@ -168,6 +168,17 @@ def test_errors_building_the_simulator_are_one_line(tmp_path, pool, problem):
     assert len(lines) == 1 and lines[0].startswith("error: ") and problem in lines[0], r.output
 
 
+@pytest.mark.parametrize("text", ["", "# nothing yet\n"])
+def test_an_empty_scenario_says_it_is_empty(tmp_path, text):
+    """It said "must be a mapping of fields", and named no file."""
+    p = tmp_path / "empty.yaml"
+    p.write_text(text)
+    r = _run("--config", str(p))
+    assert r.exit_code == 2, r.output
+    assert r.output.strip() == (f"error: --config: {p} is empty (allowed: a scenario YAML "
+                                "(nereus examples writes two, under scenarios/))"), r.output
+
+
 @pytest.mark.parametrize("gpus, availability, field", [
     (3, "", "job.gpus"),                              # the whole job fits no plan
     (16, "availability: {csv: pool.csv}\n", "availability"),  # the trace never gives 16
