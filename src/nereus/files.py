@@ -244,12 +244,14 @@ class _UniqueKeyLoader(yaml.SafeLoader):
 def read_yaml(path: str | Path, field: str, kind: str = "YAML",
               allowed: str = "a YAML mapping of fields") -> Any:
     """YAML, and so JSON too (YAML is a superset of JSON); a key given twice in one mapping is
-    an error, not the last one winning. ``kind`` and ``allowed`` say what the field takes
-    where it is not a YAML of fields alone (``--evaluate``: a plan JSON or a layout YAML)."""
+    an error, not the last one winning, and so is a file with nothing but blanks or comments
+    (YAML reads it as null; no caller takes that). ``kind`` and ``allowed`` say what the field
+    takes where it is not a YAML of fields alone (``--evaluate``: a plan JSON or a layout
+    YAML)."""
     p = Path(path)
     text = read_text(p, field)
     try:
-        return yaml.load(text, Loader=_UniqueKeyLoader)
+        data = yaml.load(text, Loader=_UniqueKeyLoader)
     except _DuplicateKey as e:
         raise InputError(field, f"{p} sets {e.key!r} twice (line {e.first}, then line "
                          f"{e.line})", "each key once per mapping") from None
@@ -261,6 +263,9 @@ def read_yaml(path: str | Path, field: str, kind: str = "YAML",
         raise InputError(field, f"{p} is not valid {kind} ({what}{at})", allowed) from None
     except RecursionError:
         raise _too_deep(p, field) from None
+    if data is None:
+        raise InputError(field, f"{p} is empty", allowed)
+    return data
 
 
 def validate(model: type[M], data: object, field: str = "config", prefix: str = "") -> M:

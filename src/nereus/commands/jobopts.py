@@ -128,10 +128,8 @@ def job_and_fields_from_options(
     (``nereus transition`` sizes ``gpus`` to its plan files): their errors name the field."""
     data: dict[str, Any] = {}
     if config is not None:
-        loaded = read_yaml(config, "config")
-        if loaded is None:  # nothing but blanks or comments: YAML reads that as null
-            raise InputError("config", f"{config} is empty", "a YAML mapping of job "
-                             "fields, model and gpus at least (nereus examples writes some)")
+        loaded = read_yaml(config, "config", allowed="a YAML mapping of job fields, model "
+                           "and gpus at least (nereus examples writes some)")
         if not isinstance(loaded, dict):
             raise InputError("config", "must be a YAML mapping of fields",
                              list(JobConfig.model_fields))

@@ -42,6 +42,7 @@ from nereus.files import os_reason, read_yaml
 from nereus.interrupts import sigterm_raises
 from nereus.sim.policies import ALL_POLICIES, POLICIES, check_runs
 from nereus.sim.scenarios import (
+    SCENARIO_FILES,
     SCENARIOS,
     Scenario,
     builtin,
@@ -70,13 +71,10 @@ def _scenario_file(path: Path) -> Path:
         data = read_yaml(path, "--config")
     except InputError:
         return path  # load_scenario says what is wrong with it
-    if data is None:  # nothing but blanks or comments: not "must be a mapping of fields"
-        raise InputError("--config", f"{path} is empty", "a scenario YAML (nereus examples "
-                         "writes two, under scenarios/)")
     if isinstance(data, dict) and "job" not in data and "model" in data:
         raise InputError("--config", f"{path.name} is a job file (as nereus plan reads); a "
                          "scenario puts the job under job:, beside its traces",
-                         "a scenario YAML (nereus examples writes two, under scenarios/)")
+                         SCENARIO_FILES)
     return path
 
 

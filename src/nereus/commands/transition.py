@@ -76,6 +76,9 @@ from nereus.transition.sizes import StateSizes, format_bytes
 
 PLAN_SUFFIXES = (".json",)
 JOB_SUFFIXES = (".yaml", ".yml")
+# what CURRENT and TARGET take
+PLAN_ARGS = ("a plan .json (nereus plan --json), a layout (as nereus plan --evaluate reads) or "
+             "a job .yaml")
 OPS = ("Split", "Destroy", "Extend", "Merge")
 
 
@@ -99,18 +102,12 @@ def _kind(path: Path, field: str) -> PlanArg:
     existing_file(path, field, "a plan .json, a layout or a job .yaml")
     suffix = path.suffix.lower()
     if suffix not in PLAN_SUFFIXES + JOB_SUFFIXES:
-        raise InputError(field, f"{path.name}: unknown file type",
-                         "a plan .json (nereus plan --json), a layout (as nereus plan "
-                         "--evaluate reads) or a job .yaml")
-    raw = read_json(path, field) if suffix in PLAN_SUFFIXES else read_yaml(path, field)
-    if raw is None:  # a YAML file with nothing (or only comments) in it is no job file
-        raise InputError(field, f"{path} is empty", "a plan .json (nereus plan --json), "
-                         "a layout (as nereus plan --evaluate reads) or a job .yaml")
+        raise InputError(field, f"{path.name}: unknown file type", PLAN_ARGS)
+    raw = read_json(path, field) if suffix in PLAN_SUFFIXES else \
+        read_yaml(path, field, allowed=PLAN_ARGS)
     data, record = split_record(raw, field)
     if (what := output_kind(data)) is not None:  # another command's --json output
-        raise InputError(field, f"{path.name} is {what}, not a plan",
-                         "a plan .json (nereus plan --json), a layout (as nereus plan "
-                         "--evaluate reads) or a job .yaml")
+        raise InputError(field, f"{path.name} is {what}, not a plan", PLAN_ARGS)
     if suffix in PLAN_SUFFIXES:
         # a plan JSON lists its stages; anything else that is no mapping of model-stages (a
         # plan that lost its stages included) is read as a plan, whose errors say what a plan

@@ -188,10 +188,7 @@ PLAN_FILES = ("a plan JSON (nereus plan --json) or a layout YAML of tp, pp, dp a
 def read_plan_file(path: str | Path) -> Any:
     """A plan JSON or a layout YAML, parsed; one that does not parse is 'not valid JSON or
     YAML', not 'not valid YAML' alone (a cut-off plan JSON was said to be bad YAML)."""
-    data = read_yaml(path, "evaluate", "JSON or YAML", PLAN_FILES)
-    if data is None:  # nothing but blanks or comments: not "must map each model-stage"
-        raise InputError("evaluate", f"{path} is empty", PLAN_FILES)
-    return data
+    return read_yaml(path, "evaluate", "JSON or YAML", PLAN_FILES)
 
 
 def load_layout_spec(path: str | Path) -> dict[str, StageLayoutSpec]:

@@ -596,10 +596,13 @@ def _trace_fits_context(job: JobSpec, lengths: LengthTrace, fld: str, what: str,
                   f"must stay under {room}")
 
 
+SCENARIO_FILES = "a scenario YAML (nereus examples writes two, under scenarios/)"
+
+
 def load_scenario(path: str | Path) -> Scenario:
     """A scenario from YAML; every value not in the file comes from the defaults above."""
     p = Path(path)
-    raw = read_yaml(p, "--config")
+    raw = read_yaml(p, "--config", allowed=SCENARIO_FILES)
     cfg = validate(_ScenarioFile, raw, "--config")
     try:
         job = parse_job(cfg.job)
