@@ -9,6 +9,10 @@ steps; the default scenario (four policies) in under a minute on a 2-core machin
 Beside them, not timed with them: Nereus against ``static_verl`` (static within the plans a
 verl user can configure, ``nereus.plan.frameworks``) and the steps on which that policy ran
 static's plan because verl's space had none for the pool.
+And where static's time goes beyond the oracle's (``gap_to_oracle``): the oracle runs the best
+plan every step with free moves, so no policy's throughput exceeds its; the split says how much
+of static's extra time is its plan (steps on the whole pool), running on fewer GPUs than the
+pool holds (it grows back only at a restart), and restarts with their redone steps.
 Throughputs are simulated; times are measured on this machine (wall and CPU).
 The last line is one JSON object.
 """
@@ -24,6 +28,7 @@ from typing import Any
 
 from nereus.sim.policies import VerlStaticPolicy
 from nereus.sim.scenarios import builtin, run_scenario, simulator
+from nereus.sim.simulator import PolicyResult
 
 
 def _cpu() -> float:
@@ -31,6 +36,32 @@ def _cpu() -> float:
     own = resource.getrusage(resource.RUSAGE_SELF)
     kids = resource.getrusage(resource.RUSAGE_CHILDREN)
     return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def gap_to_oracle(static: PolicyResult, oracle: PolicyResult) -> dict[str, Any]:
+    """Static's busy time beyond the oracle's, split by cause (simulated seconds), and static's
+    step time against the oracle's on the steps both ran on the whole pool."""
+    same, plan_s, short_s, short_steps = [], 0.0, 0.0, 0
+    for s, o in zip(static.rows, oracle.rows, strict=True):
+        extra = s.step_s - o.step_s
+        if s.plan_gpus < s.pool_gpus:
+            short_s += extra
+            short_steps += 1
+        else:
+            plan_s += extra
+            if o.plan_gpus == o.pool_gpus == s.pool_gpus:
+                same.append(s.step_s / o.step_s)
+    same.sort()
+    return {
+        "extra_busy_s": round(static.busy_s - oracle.busy_s),
+        "plan_s": round(plan_s), "fewer_gpus_s": round(short_s),
+        "restarts_and_redone_s": round(static.restart_s + static.lost_s
+                                       - oracle.restart_s - oracle.lost_s),
+        "static_steps_on_fewer_gpus": short_steps,
+        "whole_pool_steps": len(same),
+        "whole_pool_step_ratio_median": round(same[len(same) // 2], 4) if same else None,
+        "whole_pool_step_ratio_max": round(same[-1], 4) if same else None,
+    }
 
 
 def main() -> None:
@@ -57,6 +88,7 @@ def main() -> None:
             "oracle_vs_static": round(o.tokens_per_s / s.tokens_per_s, 3),
             "nereus_transitions_after_first_plan": n.transitions,
             "calibration_error_step10": round(n.calib_error_at(10) or 0.0, 4),
+            "static_gap_to_oracle": gap_to_oracle(s, o),
         }
         sim = simulator(sc)
         verl = VerlStaticPolicy(sim.truth, sc.lengths)
@@ -74,6 +106,13 @@ def main() -> None:
               f"{row['calibration_error_step10']:.2%}; Nereus {row['nereus_vs_static_verl']}x "
               f"static in verl's space ({row['static_verl_fallback_steps']} steps on static's "
               f"plan)")
+        g = row["static_gap_to_oracle"]
+        print(f"{'':<11} static's {g['extra_busy_s']} s beyond the oracle: plan {g['plan_s']} s "
+              f"(on {g['whole_pool_steps']} steps on the whole pool its step is "
+              f"{g['whole_pool_step_ratio_median']}x the oracle's, median, "
+              f"{g['whole_pool_step_ratio_max']}x at most), fewer GPUs than the pool "
+              f"{g['fewer_gpus_s']} s ({g['static_steps_on_fewer_gpus']} steps), restarts and "
+              f"redone steps {g['restarts_and_redone_s']} s")
     print(json.dumps(out))
 
 
