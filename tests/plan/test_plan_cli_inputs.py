@@ -396,3 +396,21 @@ def test_an_empty_evaluate_file_says_it_is_empty(tmp_path, name, text):
     err = _one_line_error(["plan", "--model", "llama-3.1-8b", "--gpus", "8", "--evaluate",
                            str(p)], "--evaluate")
     assert err.startswith(f"error: --evaluate: {p} is empty (allowed: a plan JSON"), err
+
+
+def test_the_reward_models_stage_in_a_job_scored_by_a_rule_is_explained(tmp_path):
+    # 'reward_infer' is a model-stage of PPO with a reward model; with --reward rule there is
+    # none, and "unknown model-stage 'reward_infer' for ppo" alone reads as a typo
+    why = ": a rule scores the responses here, with no reward model (allowed: actor_gen, "
+    err = _one_line_error(["plan", "-c", CONFIG, "--reward", "rule", "--frontier",
+                           "reward_infer"], "--frontier")
+    assert f"unknown model-stage 'reward_infer' for ppo{why}" in err, err
+    path = tmp_path / "layout.yaml"
+    path.write_text(json.dumps(LAYOUT))  # a layout written for the reward-model job
+    err = _one_line_error(["plan", "-c", CONFIG, "--reward", "rule", "--evaluate", str(path)],
+                          "evaluate.reward_infer")
+    assert f"not a model-stage of this job{why}" in err, err
+    # a name that is no model-stage of any PPO job gets no such reason
+    err = _one_line_error(["plan", "-c", CONFIG, "--reward", "rule", "--frontier",
+                           "reward_infr"], "--frontier")
+    assert "reward model" not in err and "for ppo (allowed: " in err, err

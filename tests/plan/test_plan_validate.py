@@ -119,3 +119,12 @@ def test_the_idle_state_of_co_resident_stages_counts_toward_memory() -> None:
         assert p.startswith("GPU ") and "of idle state beside it, over 54.0 GiB" in p, problems
         assert " with 0.0 GiB of idle state" not in p, problems
     assert any(": actor_train needs " in p for p in problems), problems
+
+
+def test_the_reward_models_stage_in_a_job_scored_by_a_rule_is_caught_with_why() -> None:
+    """A plan made for PPO with a reward model, checked against the same job scored by a
+    rule: its reward_infer is no model-stage there, and the problem says why."""
+    _, plan = planned()
+    rule = parse_job({"model": "llama-3.1-8b", "gpus": 16, "reward": "rule"})
+    why = "a rule scores the responses here, with no reward model"
+    assert validate_plan(rule, plan) == [f"reward_infer: not a model-stage of ppo: {why}"]

@@ -360,7 +360,8 @@ def _check_stage_names(job: JobSpec, specs: Mapping[str, StageLayoutSpec]) -> No
     # a layout's key is the name; a plan file's stage (``evaluate.stages.0``) has a name field
     at = specs[extra[0]].where or f"evaluate.{extra[0]}"
     field = at if at.endswith(f".{extra[0]}") else f"{at}.name"
-    raise InputError(field, f"not a model-stage of this job{lacks}", names)
+    raise InputError(field, f"not a model-stage of this job"
+                     f"{job.workflow.absence(extra[0])}{lacks}", names)
 
 
 @contextmanager

@@ -494,7 +494,8 @@ class Controller:
                 if stage not in names:
                     raise InputError(f"telemetry.{fld}.{stage}",
                                      f"unknown model-stage {stage!r} for "
-                                     f"{self.job.workflow.algo}", names)
+                                     f"{self.job.workflow.algo}"
+                                     f"{self.job.workflow.absence(stage)}", names)
 
     def _longest_allowed(self) -> tuple[int, str]:
         """The longest response telemetry may report, and what bounds it: memory is planned

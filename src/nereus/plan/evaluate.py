@@ -357,8 +357,8 @@ def evaluate_plan(job: JobSpec, specs: Mapping[str, StageLayoutSpec],
                          [s.name for s in wf.stages])
     extra = sorted(set(specs) - {s.name for s in wf.stages})
     if extra:
-        raise InputError(f"evaluate.{extra[0]}", "not a model-stage of this job",
-                         [s.name for s in wf.stages])
+        raise InputError(f"evaluate.{extra[0]}", "not a model-stage of this job"
+                         f"{wf.absence(extra[0])}", [s.name for s in wf.stages])
     # every option of a stage has the same layout and dp, so the same GPUs: place with the
     # first, and choose (b, a, recompute) once the stages that share its GPUs are known
     opts = {s.name: _options(cost, s.name, specs[s.name]) for s in wf.stages}

@@ -212,7 +212,8 @@ def validate_plan(job: JobSpec, plan: Plan, cost: CostModel | None = None) -> li
     for sp in plan.stages:
         c = sp.candidate
         if sp.stage not in {s.name for s in wf.stages}:
-            problems.append(f"{sp.stage}: not a model-stage of {wf.algo}")
+            problems.append(f"{sp.stage}: not a model-stage of {wf.algo}"
+                            f"{wf.absence(sp.stage)}")
             continue
         bad = sorted(set(sp.gpus) - pool)
         if bad:

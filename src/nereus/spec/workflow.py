@@ -115,14 +115,22 @@ class Workflow:
                 return m
         raise KeyError(name)
 
+    def absence(self, name: str) -> str:
+        """Why ``name`` is no model-stage here, where a reason beyond its name applies (for a
+        message that already says it is none): the reward model's stage in a workflow scored
+        by a rule. Else empty."""
+        if self.reward == "rule" and name == _REW_INF.name:
+            return ": a rule scores the responses here, with no reward model"
+        return ""
+
     def stage(self, name: str, field: str = "stage") -> ModelStage:
         """The model-stage ``name``; an unknown name is an InputError naming ``field`` (the
         option or file field the name came from) and this workflow's model-stages."""
         for s in self.stages:
             if s.name == name:
                 return s
-        raise InputError(field, f"unknown model-stage {name!r} for {self.algo}",
-                         [s.name for s in self.stages])
+        raise InputError(field, f"unknown model-stage {name!r} for {self.algo}"
+                         f"{self.absence(name)}", [s.name for s in self.stages])
 
     def trained_by(self, model: str) -> str | None:
         """The model-stage that trains ``model`` (None for a frozen model)."""
