@@ -200,15 +200,16 @@ def test_no_plan_on_the_largest_pool_names_the_field_to_change(tmp_path, gpus, a
 
 @pytest.mark.parametrize("trace, text, problem", [
     ("lengths", "step,response_len_mena,response_len_max\n0,500,700\n",
-     "lengths: trace.csv has an unknown column 'response_len_mena' in its header"),
+     "lengths: {csv} has an unknown column 'response_len_mena' in its header"),
     ("availability", "time_s,gpus\n0,16\n300,8,12\n",
-     "availability row 3: 3 fields in trace.csv"),
+     "availability row 3: 3 fields in {csv}"),
 ], ids=["misspelt-header", "stray-field"])
 def test_a_trace_file_with_a_column_it_does_not_read_is_one_line_and_exit_2(tmp_path, trace,
                                                                              text, problem):
     """It ran: the misspelt column was only reported as the one it replaced, and the stray
     field dropped (``300,8,12`` read as 8 GPUs)."""
     (tmp_path / "trace.csv").write_text(text)
+    problem = problem.format(csv=tmp_path / "trace.csv")  # resolved beside run.yaml
     (tmp_path / "run.yaml").write_text(_JOB + f"{trace}: {{csv: trace.csv}}\nsteps: 3\n")
     r = _run("--config", str(tmp_path / "run.yaml"), "--policies", "static")
     assert r.exit_code == 2, r.output

@@ -397,7 +397,7 @@ def test_a_spot_trace_of_your_own_in_the_shipped_format(tmp_path):
     shipped = load_scenario(p)
     assert (sc.availability.times, sc.availability.pools) == (shipped.availability.times,
                                                               shipped.availability.pools)
-    assert "spot trace mine.json from tick 3372" in sc.availability.source
+    assert f"spot trace {mine} from tick 3372" in sc.availability.source
     assert SPOT_TRACE in shipped.availability.source
 
 
@@ -468,7 +468,7 @@ def test_a_lengths_row_past_the_context_window_names_its_file_and_row(tmp_path):
     p.write_text(_job("16").replace("steps: 8\n", "") + "lengths: {csv: l.csv}\n")
     with pytest.raises(InputError) as e:
         load_scenario(p)
-    assert e.value.field == "lengths (l.csv) row 3.response_len_max", e.value
+    assert e.value.field == f"lengths ({tmp_path / 'l.csv'}) row 3.response_len_max", e.value
     assert "512 + longest response 200000 = 200512 tokens exceed llama-3.1-8b's context " \
            "window of 131072 tokens" in str(e.value)
 

@@ -1,5 +1,7 @@
 """Trace generators, CSV formats, the shipped spot trace, and progress alignment."""
 
+import re
+
 import numpy as np
 import pytest
 
@@ -31,7 +33,8 @@ def test_length_csv_round_trip_and_errors(tmp_path):
     with pytest.raises(InputError, match="response_len_max"):
         T.load_lengths(p)
     p.write_text("step,response_len_mean,response_len_max\n0,100,50\n")
-    with pytest.raises(InputError, match=r"lengths \(lengths.csv\) row 2: response_len_mean"):
+    with pytest.raises(InputError, match=rf"lengths \({re.escape(str(p))}\) row 2: "
+                       r"response_len_mean"):
         T.load_lengths(p)
     p.write_text("step,response_len_mean,response_len_max\n0,500.5,500.7\n")
     assert T.load_lengths(p).longest == (501,)  # a fractional longest rounds up
@@ -164,9 +167,9 @@ def test_a_drift_period_must_start_inside_the_run(tmp_path):
     a note only --notes printed."""
     p = tmp_path / "drift.csv"
     p.write_text("start_step,end_step,op_class,factor\n0,10,gemm,0.5\n\n60,70,gemm,0.5\n")
-    with pytest.raises(InputError, match=r"^drift \(drift\.csv\) row 4\.start_step: 60 is past "
-                       r"the run's last step 59 \(60 steps\).*\(allowed: 0\.\.59, or a "
-                       r"longer run\)$") as e:
+    with pytest.raises(InputError, match=rf"^drift \({re.escape(str(p))}\) row 4\.start_step: "
+                       r"60 is past the run's last step 59 \(60 steps\).*\(allowed: 0\.\.59, "
+                       r"or a longer run\)$") as e:
         T.load_drift(p, 60)
     assert "\n" not in str(e.value)
     assert len(T.load_drift(p, 61).periods) == 2 and len(T.load_drift(p).periods) == 2
@@ -185,7 +188,8 @@ def test_drift_factors_have_a_floor(tmp_path):
     p = tmp_path / "drift.csv"
     p.write_text("start_step,end_step,op_class,factor\n0,10,gemm,1e-300\n")
     with pytest.raises(InputError,
-                       match=rf"^drift \(\w+\.csv\) row 2\.factor: .*{T.MIN_DRIFT_FACTOR:g}"):
+                       match=rf"^drift \({re.escape(str(p))}\) row 2\.factor: "
+                             rf".*{T.MIN_DRIFT_FACTOR:g}"):
         T.load_drift(p)
     with pytest.raises(InputError, match=r"^drift\.congestion\.factor"):
         T.congestion(100, factor=1e-300)
@@ -224,7 +228,8 @@ def test_availability_gpu_counts_and_ids_are_capped(tmp_path, gpus):
     p = tmp_path / "pool.csv"
     p.write_text(f"time_s,gpus\n0,16\n600,{gpus}\n")
     with pytest.raises(InputError,
-                       match=rf"^availability \(\w+\.csv\) row 3\.gpus: .*{T.MAX_DEVICES:,}"
+                       match=rf"^availability \({re.escape(str(p))}\) row 3\.gpus: "
+                             rf".*{T.MAX_DEVICES:,}"
                        ) as e:
         T.load_availability(p)
     assert "\n" not in str(e.value)
@@ -235,10 +240,12 @@ def test_availability_gpu_counts_and_ids_are_capped(tmp_path, gpus):
 def test_availability_ids_are_bounded_by_the_cluster_when_given(tmp_path):
     p = tmp_path / "pool.csv"
     p.write_text("time_s,gpus\n0,16\n600,17\n")
-    with pytest.raises(InputError, match=r"^availability \(\w+\.csv\) row 3\.gpus: .*0\.\.15"):
+    with pytest.raises(InputError, match=rf"^availability \({re.escape(str(p))}\) row 3\.gpus: "
+                       r".*0\.\.15"):
         T.load_availability(p, max_gpus=16)
     p.write_text("time_s,gpus\n0,0-7\n600,8-16\n")
-    with pytest.raises(InputError, match=r"^availability \(\w+\.csv\) row 3\.gpus: .*16"):
+    with pytest.raises(InputError, match=rf"^availability \({re.escape(str(p))}\) row 3\.gpus: "
+                       r".*16"):
         T.load_availability(p, max_gpus=16)
 
 
@@ -246,7 +253,8 @@ def test_availability_ids_are_bounded_by_the_cluster_when_given(tmp_path):
 def test_a_reversed_range_is_an_error_not_an_empty_pool(tmp_path, gpus):
     p = tmp_path / "pool.csv"
     p.write_text(f"time_s,gpus\n0,16\n600,{gpus}\n")
-    with pytest.raises(InputError, match=r"^availability \(\w+\.csv\) row 3\.gpus: .*range"):
+    with pytest.raises(InputError, match=rf"^availability \({re.escape(str(p))}\) row 3\.gpus: "
+                       r".*range"):
         T.load_availability(p)
 
 
@@ -280,17 +288,17 @@ def _one_line_error(load, path, pattern: str) -> None:
 
 @pytest.mark.parametrize("what", list(_HEADERS))
 @pytest.mark.parametrize("extra, problem", [
-    ("note", r"t\.csv has an unknown column 'note' in its header"),
-    ("", r"column {n} of the header of t\.csv has no name"),
-    ("{first}", r"t\.csv names column '{first}' twice in its header"),
+    ("note", r"{p} has an unknown column 'note' in its header"),
+    ("", r"column {n} of the header of {p} has no name"),
+    ("{first}", r"{p} names column '{first}' twice in its header"),
 ], ids=["stray", "unnamed", "doubled"])
 def test_a_trace_header_names_exactly_its_columns(tmp_path, what, extra, problem):
     """A stray column was read past (its values dropped unread), an unnamed one too, and of a
     doubled one the last value counted."""
     h, row = _HEADERS[what]
     cols = h.split(",")
-    problem = problem.format(n=len(cols) + 1, first=cols[0])
     p = tmp_path / "t.csv"
+    problem = problem.format(n=len(cols) + 1, first=cols[0], p=re.escape(str(p)))
     p.write_text(f"{h},{extra.format(first=cols[0])}\n{row},{row.split(',')[0]}\n")
     _one_line_error(_LOADERS[what], p, rf"^{what}: {problem} \(allowed: {', '.join(cols)}\)$")
 
@@ -299,7 +307,7 @@ def test_a_misspelt_column_is_named_beside_the_one_it_replaced(tmp_path):
     """It was reported only as the column it replaced ('lacks column response_len_mean')."""
     p = tmp_path / "lengths.csv"
     p.write_text("step,response_len_mena,response_len_max\n0,100,200\n")
-    with pytest.raises(InputError, match=r"^lengths: lengths\.csv has an unknown column "
+    with pytest.raises(InputError, match=rf"^lengths: {re.escape(str(p))} has an unknown column "
                        r"'response_len_mena' in its header, and lacks column "
                        r"'response_len_mean' \(allowed: step, response_len_mean, "
                        r"response_len_max\)$"):
@@ -316,15 +324,15 @@ def test_a_trace_row_has_a_field_for_each_column(tmp_path, what, more):
     n = h.count(",") + 1 + (1 if more else -1)
     p = tmp_path / "t.csv"
     p.write_text(f"{h}\n{row}\n{bad}\n")
-    _one_line_error(_LOADERS[what], p, rf"^{what} row 3: {n} fields? in t\.csv, but its header "
-                    rf"has {h.count(',') + 1} columns \(allowed: a field for each of "
-                    rf"{h.replace(',', ', ')}")
+    _one_line_error(_LOADERS[what], p, rf"^{what} row 3: {n} fields? in {re.escape(str(p))}, "
+                    rf"but its header has {h.count(',') + 1} columns \(allowed: a field for "
+                    rf"each of {h.replace(',', ', ')}")
 
 
 def test_comma_separated_device_ids_are_an_error_that_says_how_to_write_them(tmp_path):
     p = tmp_path / "pool.csv"
     p.write_text("time_s,gpus\n0,16\n600,8,12\n")
-    with pytest.raises(InputError, match=r"^availability row 3: 3 fields in pool\.csv.*"
+    with pytest.raises(InputError, match=rf"^availability row 3: 3 fields in {re.escape(str(p))}.*"
                                          r"separated by spaces, as in 0-7 12 13"):
         T.load_availability(p)
     p.write_text("time_s,gpus\n0,16\n600,\n1200,8 12\n")   # an empty field: no GPU
@@ -339,7 +347,7 @@ def test_a_row_is_named_by_its_line_in_the_file_blank_lines_included(tmp_path):
     with pytest.raises(InputError, match=r"^availability row 5: 3 fields"):
         T.load_availability(p)
     p.write_text("time_s,gpus\n0,8\n\n600,x\n")
-    with pytest.raises(InputError, match=r"^availability \(pool\.csv\) row 4\.gpus"):
+    with pytest.raises(InputError, match=rf"^availability \({re.escape(str(p))}\) row 4\.gpus"):
         T.load_availability(p)
     p.write_text("step,response_len_mean,response_len_max\n\n0,10,20\n1,nan,20\n")
     with pytest.raises(InputError, match=r"^lengths row 4\.response_len_mean"):
@@ -365,36 +373,57 @@ def test_a_lengths_row_out_of_order_says_which_step_is_missing(tmp_path, rows, p
     with pytest.raises(InputError) as e:
         T.load_lengths(p)
     msg = str(e.value)
-    assert msg.startswith("lengths (l.csv) ") and problem in msg, msg
+    assert msg.startswith(f"lengths ({p}) ") and problem in msg, msg
     assert f"(allowed: {allowed}" in msg and "\n" not in msg
+
+
+def test_files_of_the_same_name_in_different_folders_are_told_apart(tmp_path, monkeypatch):
+    """A trace file was named by its basename: a bad row in b/lengths.csv read as one in
+    lengths.csv, which a/lengths.csv is too. It is named by its path as given."""
+    monkeypatch.chdir(tmp_path)
+    head = "step,response_len_mean,response_len_max\n0,500,700\n"
+    for folder, row in (("a", "1,510,720"), ("b", "2,510,720")):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "lengths.csv").write_text(f"{head}{row}\n")
+    assert T.load_lengths("a/lengths.csv").mean == (500, 510)
+    with pytest.raises(InputError) as e:
+        T.load_lengths("b/lengths.csv")
+    assert str(e.value) == ("lengths (b/lengths.csv) row 3.step: step 2 where step 1 is "
+                            "expected: step 1 missing (allowed: step 1 on this row; the rows "
+                            "number the steps 0, 1, 2, ... in order, one row each)")
+    # a message that names the file in its problem names it the same way
+    (tmp_path / "b" / "lengths.csv").write_text(f"{head}x,510,720\n")
+    with pytest.raises(InputError, match=r"^lengths row 3\.step: 'x' in b/lengths\.csv is not "
+                       r"an integer \(allowed: an integer, step 1 on this row;"):
+        T.load_lengths("b/lengths.csv")
 
 
 @pytest.mark.parametrize("what, text, pattern", [
     ("lengths", "step,response_len_mean,response_len_max\n0,abc,700\n",
-     (r"^lengths row 2\.response_len_mean: 'abc' in t\.csv is not a finite number \(allowed: a "
+     (r"^lengths row 2\.response_len_mean: 'abc' in {p} is not a finite number \(allowed: a "
      r"finite number of tokens >= 1\)$")),
     ("lengths", "step,response_len_mean,response_len_max\n0.0,500,700\n",
-     (r"^lengths row 2\.step: '0\.0' in t\.csv is not an integer \(allowed: an integer, step 0 "
+     (r"^lengths row 2\.step: '0\.0' in {p} is not an integer \(allowed: an integer, step 0 "
      r"on this row; the rows number the steps 0, 1, 2, \.\.\. in order, one row each\)$")),
     ("availability", "time_s,gpus\n0,16\nnan,8\n",
-     (r"^availability row 3\.time_s: 'nan' in t\.csv is not a finite number \(allowed: a finite "
+     (r"^availability row 3\.time_s: 'nan' in {p} is not a finite number \(allowed: a finite "
      r"number of seconds >= 0")),
     ("drift", "start_step,end_step,op_class,factor\n0,x,gemm,0.5\n",
-     (r"^drift row 2\.end_step: 'x' in t\.csv is not an integer \(allowed: a step number, "
+     (r"^drift row 2\.end_step: 'x' in {p} is not an integer \(allowed: a step number, "
      r"0 <= start_step < end_step\)$")),
     ("drift", "start_step,end_step,op_class,factor\n0,5,gemm,abc\n",
-     (r"^drift row 2\.factor: 'abc' in t\.csv is not a finite number \(allowed: a finite number "
+     (r"^drift row 2\.factor: 'abc' in {p} is not a finite number \(allowed: a finite number "
      r">= 0\.01\)$")),
     ("drift", "start_step,end_step,op_class,factor\n5,5,gemm,0.5\n",
-     (r"^drift \(t\.csv\) row 2: start_step 5 and end_step 5 \(allowed: 0 <= start_step < "
+     (r"^drift \({p}\) row 2: start_step 5 and end_step 5 \(allowed: 0 <= start_step < "
      r"end_step")),
     ("lengths", "step,response_len_mean,response_len_max\n",
-     r"^lengths: t\.csv has no rows \(allowed: a header, then one row per step\)$"),
+     r"^lengths: {p} has no rows \(allowed: a header, then one row per step\)$"),
 ])
 def test_a_bad_csv_value_says_what_is_allowed(tmp_path, what, text, pattern):
     p = tmp_path / "t.csv"
     p.write_text(text)
-    _one_line_error(_LOADERS[what], p, pattern)
+    _one_line_error(_LOADERS[what], p, pattern.format(p=re.escape(str(p))))
 
 
 def test_overlapping_drift_periods_say_their_factors_multiply():
@@ -432,7 +461,8 @@ def test_csv_numbers_are_plain_decimals(tmp_path, what, text, column):
     '0,5_00,7_00' loaded as 500 and 700 tokens."""
     p = tmp_path / "t.csv"
     p.write_text(text, encoding="utf-8")
-    with pytest.raises(InputError, match=rf"^{what} row 2\.{column}: '.+' in t\.csv is not "):
+    with pytest.raises(InputError,
+                       match=rf"^{what} row 2\.{column}: '.+' in {re.escape(str(p))} is not "):
         _LOADERS[what](p)
 
 

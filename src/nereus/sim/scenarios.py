@@ -545,7 +545,7 @@ def _within(path: Path, ids: Sequence[int]) -> Availability:
     job's GPUs do."""
     av, listed = read_availability(path, ids)
     if not listed:  # else the simulator finds it, with no file to name
-        raise InputError(f"availability ({path.name})", "the trace never gives a GPU",
+        raise InputError(f"availability ({path})", "the trace never gives a GPU",
                          "at least one row with GPUs")
     if not any(av.pools):
         raise InputError("job.gpus", f"the job's GPUs {format_gpus(ids)} are in no row of "
@@ -863,7 +863,7 @@ def _pool_file_changes_in_the_run(sc: Scenario, sim: Simulator) -> None:
     end = sum(sim.nominal) + sum(e.pause_s + sum(c[1] for c in e.changes) for e in sim.events)
     if first is not None and first >= end:
         raise InputError("availability.csv", f"the first change of the job's pool in "
-                         f"{path.name}, at {_tokens(first)} s, comes after the run ends: its "
+                         f"{path}, at {_tokens(first)} s, comes after the run ends: its "
                          f"{count(sc.steps, 'step')} take about {end:.0f} s on the nominal "
                          f"clock (README: trace time is replayed on it), so the pool never "
                          f"changes", f"a change before {end:.0f} s, or a longer run")

@@ -137,7 +137,7 @@ def _names_its_file(load: Callable[..., T_]) -> Callable[..., T_]:
         try:
             return load(path, *args, **kwargs)
         except InputError as e:
-            name = Path(path).name
+            name = str(path)
             if name in e.problem:  # the message names the file already
                 raise
             head, _, rest = e.field.partition(" ")
@@ -159,7 +159,7 @@ def load_lengths(path: str | Path, fits: Callable[[int, str], None] | None = Non
         try:
             step = int(_plain(r["step"], _INTEGER))
         except (TypeError, ValueError):
-            raise InputError(f"lengths row {line}.step", f"{r['step']!r} in {Path(path).name} "
+            raise InputError(f"lengths row {line}.step", f"{r['step']!r} in {path} "
                              "is not an integer",
                              f"an integer, step {i} on this row; {in_order}") from None
         tokens = "a finite number of tokens >= 1"
@@ -188,7 +188,7 @@ def load_lengths(path: str | Path, fits: Callable[[int, str], None] | None = Non
         mean.append(m)
         longest.append(math.ceil(x))  # a token count: a fractional max rounds up, never down
     if not mean:
-        raise InputError("lengths", f"{Path(path).name} has no rows",
+        raise InputError("lengths", f"{path} has no rows",
                          "a header, then one row per step")
     return LengthTrace(tuple(mean), tuple(longest), f"file {path}")
 
@@ -273,7 +273,7 @@ def read_spot_trace(path: str | Path, field: str = "availability.spot.file"
     """Instance counts and tick length of a spot trace a user supplies, in the format of the
     one shipped (``SPOT_FORMAT``: skypilot-org/spot-traces' files)."""
     data = read_json(path, field)
-    name = Path(path).name
+    name = str(path)
     layout = f"a JSON object {SPOT_FORMAT}, as skypilot-org/spot-traces writes its files"
     if not isinstance(data, dict):
         raise InputError(field, f"{name} holds {_json_kind(data)}, not an object with "
@@ -351,7 +351,7 @@ def spot_window(start_tick: int, name: str = SPOT_TRACE, max_gpus: int | None = 
     window = counts[start_tick:]
     if max_gpus is not None:
         window = [min(n, max_gpus) for n in window]
-    what = f"spot trace {Path(path).name}" if path is not None else \
+    what = f"spot trace {path}" if path is not None else \
         f"real AWS spot trace {name}"
     return from_counts(window, tick, f"{what} from tick {start_tick} ({tick:g} s ticks); n "
                        "instances -> GPU ids 0..n-1")
@@ -596,12 +596,12 @@ def _pool_rows(path: str | Path, max_gpus: int | None
                     "a finite number of seconds >= 0, increasing from 0 on the first row")
         if times and t <= times[-1]:
             raise InputError(f"availability row {line}.time_s", f"{t:g} in "
-                             f"{Path(path).name} is not after the row before's {times[-1]:g}",
+                             f"{path} is not after the row before's {times[-1]:g}",
                              "increasing times")
         times.append(t)
         pools.append(_id_runs(r["gpus"] or "", f"availability row {line}.gpus", max_gpus))
     if not times:
-        raise InputError("availability", f"{Path(path).name} has no rows",
+        raise InputError("availability", f"{path} has no rows",
                          "a header, then one row per change of the pool, the first at time 0")
     if times[0] != 0:
         raise InputError(f"availability row {rows[0][0]}", f"the first time is {times[0]:g}",
@@ -770,7 +770,7 @@ def load_drift(path: str | Path, steps: int | None = None) -> DriftTrace:
                 ends.append(int(_plain(r[col], _INTEGER)))
             except (TypeError, ValueError):
                 raise InputError(f"drift row {line}.{col}", f"{r[col]!r} in "
-                                 f"{Path(path).name} is not an integer",
+                                 f"{path} is not an integer",
                                  "a step number, 0 <= start_step < end_step") from None
         a, b = ends
         f = _finite(r, "factor", "drift", line, path, f"a finite number >= {MIN_DRIFT_FACTOR:g}")
@@ -816,7 +816,7 @@ def _finite(row: dict[str, str], col: str, what: str, line: int, path: str | Pat
     except (TypeError, ValueError):
         v = math.nan
     if not math.isfinite(v):
-        raise InputError(f"{what} row {line}.{col}", f"{text!r} in {Path(path).name} is not a "
+        raise InputError(f"{what} row {line}.{col}", f"{text!r} in {path} is not a "
                          "finite number", allowed)
     return v
 
@@ -850,22 +850,22 @@ def _read_csv(path: str | Path, columns: list[str], what: str, note: str = ""
     unknown = [h for h in header if h not in columns]
     lacks = f", and lacks column {missing[0]!r}" if missing else ""
     if "" in unknown:
-        raise InputError(what, f"column {header.index('') + 1} of the header of {p.name} has "
+        raise InputError(what, f"column {header.index('') + 1} of the header of {p} has "
                          f"no name{lacks}", columns)
     if unknown:
-        raise InputError(what, f"{p.name} has an unknown column {unknown[0]!r} in its "
+        raise InputError(what, f"{p} has an unknown column {unknown[0]!r} in its "
                          f"header{lacks}", columns)
     twice = next((h for k, h in enumerate(header) if h in header[:k]), None)
     if twice is not None:
-        raise InputError(what, f"{p.name} names column {twice!r} twice in its header", columns)
+        raise InputError(what, f"{p} names column {twice!r} twice in its header", columns)
     if missing:
-        raise InputError(what, f"{p.name} lacks column {missing[0]!r}", columns)
+        raise InputError(what, f"{p} lacks column {missing[0]!r}", columns)
     rows = []
     for line, fields in lines[1:]:
         if len(fields) != len(header):
             n = len(fields)
             raise InputError(f"{what} row {line}", f"{n} field{'s' if n != 1 else ''} in "
-                             f"{p.name}, but its header has {len(header)} columns",
+                             f"{p}, but its header has {len(header)} columns",
                              f"a field for each of {', '.join(header)}{note}")
         rows.append((line, {h: v.strip() for h, v in zip(header, fields)}))
     return rows
