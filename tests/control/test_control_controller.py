@@ -1475,3 +1475,15 @@ def test_a_deferred_memory_trigger_speaks_of_the_current_longest_response(job, p
     alone = seen([(2, 40000)])
     assert later == alone and later.describe() == alone.describe()
     assert later.value != seen([(1, 20000)]).value
+
+
+def test_telemetry_for_the_reward_model_of_a_job_scored_by_a_rule_says_why_it_is_refused():
+    """With a rule reward there is no reward_infer: times reported for it (a framework that
+    still names the stage) are refused with the reason, not only as an unknown name."""
+    job = parse_job({"model": "llama-3.1-8b", "gpus": 16, "reward": "rule"})
+    c = Controller(job, best_plan(job), on_log=lambda s: None)
+    with pytest.raises(InputError) as e:
+        c.on_boundary(Telemetry(0, 2000.0, 3000, job.pool.ids, {"reward_infer": 2.0}))
+    assert e.value.field == "telemetry.latency_s.reward_infer"
+    assert e.value.problem == ("unknown model-stage 'reward_infer' for ppo: a rule scores the "
+                               "responses here, with no reward model")
