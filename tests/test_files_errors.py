@@ -175,7 +175,7 @@ def test_repeated_gpu_ids_name_the_trace_file_row_and_column(tmp_path: Path) -> 
     p = tmp_path / "pool.csv"
     p.write_text("time_s,gpus\n0,0-15\n600,0 0 1 2\n")
     e = said(load_availability, p)
-    assert str(e).startswith("availability (pool.csv) row 3.gpus: device id 0 listed more "
+    assert str(e).startswith(f"availability ({p}) row 3.gpus: device id 0 listed more "
                              "than once (allowed: distinct device ids"), str(e)
 
 

@@ -112,13 +112,15 @@ def test_the_note_on_too_many_steps_still_comes_on_a_run(tmp_path: Path) -> None
 def test_repeated_gpu_ids_in_a_pool_file_are_refused(tmp_path: Path) -> None:
     """'0-15 15' was read as 16 GPUs and '0 0 1 2' as 3, silently."""
     err = one_line(["simulate", "--config", str(_scenario(tmp_path, "0,0-15 15\n"))])
-    assert err.startswith("error: availability (pool.csv) row 2.gpus: device id 15 listed "
+    pool = tmp_path / "pool.csv"  # the path the scenario names, from the scenario's folder
+    assert err.startswith(f"error: availability ({pool}) row 2.gpus: device id 15 listed "
                           "more than once (allowed: distinct device ids"), err
 
 
 def test_a_pool_file_without_gpus_names_the_file(tmp_path: Path) -> None:
     err = one_line(["simulate", "--config", str(_scenario(tmp_path, "0,0\n"))])
-    assert err == ("error: availability (pool.csv): the trace never gives a GPU (allowed: at "
+    assert err == (f"error: availability ({tmp_path / 'pool.csv'}): the trace never gives a "
+                   "GPU (allowed: at "
                    "least one row with GPUs)"), err
 
 

@@ -563,8 +563,9 @@ def test_lengths_past_the_context_window_are_refused_naming_the_field(tmp_path: 
     cfg = _scenario(tmp_path, "c.yaml", lengths={"csv": "l.csv"})
     r = runner.invoke(app, ["simulate", "--config", str(cfg), "--policies", "static"])
     assert r.exit_code == 2, r.output
-    assert r.stderr.strip().startswith("error: lengths (l.csv) row 2.response_len_max: prompt "
-                                       "512 + longest response 200000 = 200512 tokens exceed")
+    assert r.stderr.strip().startswith(f"error: lengths ({tmp_path / 'l.csv'}) row "
+                                       "2.response_len_max: prompt 512 + longest response "
+                                       "200000 = 200512 tokens exceed")
 
 
 def test_notes_list_the_sources_without_simulating(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -665,8 +666,8 @@ def test_a_drift_period_past_the_run_is_refused_naming_its_row(tmp_path: Path,
     line = r.stderr.strip()
     assert len(line.splitlines()) == 1 and "Traceback" not in r.output
     last = fields.get("steps", 5)
-    assert line.startswith(f"error: drift (d.csv) row 3.start_step: {start} is past the run's "
-                           f"last step {last - 1}"), line
+    assert line.startswith(f"error: drift ({tmp_path / 'd.csv'}) row 3.start_step: {start} is "
+                           f"past the run's last step {last - 1}"), line
     assert line.endswith(f"(allowed: 0..{last - 1}, or a longer run)"), line
 
 
@@ -692,8 +693,8 @@ def test_an_availability_file_that_changes_only_after_the_run_is_refused(tmp_pat
     line = r.stderr.strip()
     assert len(line.splitlines()) == 1 and "Traceback" not in r.output
     assert line.startswith("error: availability.csv: the first change of the job's pool in "
-                           "pool.csv, at 99999999 s, comes after the run ends: its 5 steps "
-                           "take about "), line
+                           f"{tmp_path / 'pool.csv'}, at 99999999 s, comes after the run ends: "
+                           "its 5 steps take about "), line
     assert "(allowed: a change before " in line, line
     # --steps cuts the run short on purpose (as it cuts drift periods): it runs
     r = runner.invoke(app, ["simulate", "--config", str(cfg), "--policies", "static",
