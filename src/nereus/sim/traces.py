@@ -137,11 +137,11 @@ def _names_its_file(load: Callable[..., T_]) -> Callable[..., T_]:
         try:
             return load(path, *args, **kwargs)
         except InputError as e:
-            name = str(path)
-            if name in e.problem:  # the message names the file already
+            shown = str(path)  # as given: two folders' lengths.csv are told apart
+            if shown in e.problem:  # the message names the file already
                 raise
             head, _, rest = e.field.partition(" ")
-            field = f"{head} ({name}) {rest}" if rest else f"{head} ({name})"
+            field = f"{head} ({shown}) {rest}" if rest else f"{head} ({shown})"
             raise InputError(field, e.problem, e.allowed) from None
 
     return wrapped
@@ -273,29 +273,29 @@ def read_spot_trace(path: str | Path, field: str = "availability.spot.file"
     """Instance counts and tick length of a spot trace a user supplies, in the format of the
     one shipped (``SPOT_FORMAT``: skypilot-org/spot-traces' files)."""
     data = read_json(path, field)
-    name = str(path)
+    shown = str(path)
     layout = f"a JSON object {SPOT_FORMAT}, as skypilot-org/spot-traces writes its files"
     if not isinstance(data, dict):
-        raise InputError(field, f"{name} holds {_json_kind(data)}, not an object with "
+        raise InputError(field, f"{shown} holds {_json_kind(data)}, not an object with "
                          "metadata and data", layout)
     meta = data.get("metadata", _MISSING)
     if not isinstance(meta, dict):
-        raise InputError(f"{field}.metadata", f"{name}: metadata {_json_value(meta)}, not an "
+        raise InputError(f"{field}.metadata", f"{shown}: metadata {_json_value(meta)}, not an "
                          "object with gap_seconds", layout)
     gap = meta.get("gap_seconds", _MISSING)
     if isinstance(gap, bool) or not isinstance(gap, (int, float)) or not math.isfinite(gap) \
             or gap <= 0:
-        raise InputError(f"{field}.metadata.gap_seconds", f"{name}: metadata.gap_seconds "
+        raise InputError(f"{field}.metadata.gap_seconds", f"{shown}: metadata.gap_seconds "
                          f"{_json_value(gap)}, not a tick length",
                          f"a number of seconds > 0, in {SPOT_FORMAT}")
     counts = data.get("data", _MISSING)
     if not isinstance(counts, list) or not counts:
         what = "is an empty list" if counts == [] else _json_value(counts)
-        raise InputError(f"{field}.data", f"{name}: data {what}, not a list of instance counts",
+        raise InputError(f"{field}.data", f"{shown}: data {what}, not a list of instance counts",
                          f"a non-empty list of integers 0..{MAX_DEVICES:,}, in {SPOT_FORMAT}")
     for i, n in enumerate(counts):
         if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= MAX_DEVICES:
-            raise InputError(f"{field}.data.{i}", f"{name}: data[{i}] {_json_value(n)}, "
+            raise InputError(f"{field}.data.{i}", f"{shown}: data[{i}] {_json_value(n)}, "
                              "not an instance count", f"an integer 0..{MAX_DEVICES:,}")
     return counts, float(gap)
 
