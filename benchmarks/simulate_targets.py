@@ -88,7 +88,7 @@ def main() -> None:
             "oracle_vs_static": round(o.tokens_per_s / s.tokens_per_s, 3),
             "nereus_transitions_after_first_plan": n.transitions,
             "calibration_error_step10": round(n.calib_error_at(10) or 0.0, 4),
-            "static_gap_to_oracle": gap_to_oracle(s, o),
+            "static_gap_to_oracle": {"source": "simulated", **gap_to_oracle(s, o)},
         }
         sim = simulator(sc)
         verl = VerlStaticPolicy(sim.truth, sc.lengths)
@@ -107,7 +107,8 @@ def main() -> None:
               f"static in verl's space ({row['static_verl_fallback_steps']} steps on static's "
               f"plan)")
         g = row["static_gap_to_oracle"]
-        print(f"{'':<11} static's {g['extra_busy_s']} s beyond the oracle: plan {g['plan_s']} s "
+        print(f"{'':<11} static's {g['extra_busy_s']} s beyond the oracle (simulated): plan "
+              f"{g['plan_s']} s "
               f"(on {g['whole_pool_steps']} steps on the whole pool its step is "
               f"{g['whole_pool_step_ratio_median']}x the oracle's, median, "
               f"{g['whole_pool_step_ratio_max']}x at most), fewer GPUs than the pool "
